@@ -1,0 +1,5 @@
+"""``python -m raysaga`` is the ``raysaga`` command."""
+
+from raysaga.orchestrator.cli import main
+
+main()

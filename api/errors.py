@@ -1,0 +1,118 @@
+"""Every error raysaga raises, under one root.
+
+    RaySagaError
+    ├── UserError                 a mistake in how raysaga is called; fix the call
+    │   ├── WorkflowDefinitionError   bad DAG: cycle, unknown dependency, duplicate step...
+    │   ├── InvalidInputError         run input that is not JSON or fails validation
+    │   └── WorkflowLoadError         MODULE:WORKFLOW that cannot be imported
+    ├── StoreError                the durable store refused or could not do something
+    │   ├── RunNotFoundError
+    │   ├── RunExistsError
+    │   ├── ConcurrencyConflict       a compare-and-set lost to another writer
+    │   ├── IllegalTransitionError    a run state change the state machine forbids
+    │   ├── LeaseHeldError            another driver owns the run right now
+    │   ├── LeaseLostError            this driver's fence is stale: stop at once
+    │   └── SchemaVersionError        the database is newer than this raysaga
+    ├── NotJSONableError          a value that cannot be stored as JSON
+    └── StepFailure               raised by user step code to classify its own failure
+        ├── Permanent                 never retried
+        └── Transient                 retried with backoff
+
+Exceptions carrying constructor arguments define ``__reduce__`` so they survive the
+pickling Ray does when a task raises them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RaySagaError(Exception):
+    """Root of every raysaga error."""
+
+
+class UserError(RaySagaError):
+    """The caller used raysaga wrongly; the message says how to fix it."""
+
+
+class WorkflowDefinitionError(UserError):
+    """The workflow's DAG or a step's declaration is invalid."""
+
+
+class InvalidInputError(UserError):
+    """A run input that is not JSON, or does not match the declared input type."""
+
+
+class WorkflowLoadError(UserError):
+    """A ``MODULE:WORKFLOW`` reference that cannot be imported or is not a Workflow."""
+
+
+class NotJSONableError(RaySagaError):
+    """A value (a step output, an input) that cannot be stored as strict JSON."""
+
+
+class StoreError(RaySagaError):
+    """The durable store refused an operation."""
+
+
+class RunNotFoundError(StoreError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"no run with id {run_id!r}: `raysaga list` shows the runs in this store")
+        self.run_id = run_id
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.run_id,))
+
+
+class RunExistsError(StoreError):
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"a run with id {run_id!r} already exists: resume it or choose another --run-id")
+        self.run_id = run_id
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.run_id,))
+
+
+class ConcurrencyConflict(StoreError):
+    """A compare-and-set found another version than expected: someone else wrote first."""
+
+
+class IllegalTransitionError(StoreError):
+    """The run state machine forbids this transition (terminal states never change)."""
+
+
+class LeaseHeldError(StoreError):
+    """Another live driver holds the run's lease; this one must back off."""
+
+
+class LeaseLostError(StoreError):
+    """This driver's fence is stale: another driver took the run. Make no further calls."""
+
+
+class SchemaVersionError(StoreError):
+    """The database schema is newer than this raysaga understands."""
+
+
+class StepFailure(RaySagaError):
+    """Raised from step code to say how a failure must be treated."""
+
+    transient: bool = False
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.message,))
+
+
+class Permanent(StepFailure):
+    """A failure that retrying cannot fix (bad input, refused, not found)."""
+
+    transient = False
+
+
+class Transient(StepFailure):
+    """A failure worth retrying (a timeout, an overloaded dependency)."""
+
+    transient = True

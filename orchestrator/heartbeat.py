@@ -1,0 +1,65 @@
+"""Keeps a driver's lease alive and brings operator signals to it, off the hot path."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from raysaga.errors import LeaseLostError
+from raysaga.state import Lease, SignalRecord, Store
+
+log = logging.getLogger("raysaga.driver")
+
+
+class Heartbeat:
+    """A daemon thread: renew the lease every ``period`` s and poll signals.
+
+    If a renewal finds the fence moved, ``lost`` is set and the driver stops before its next
+    call. The main thread also renews synchronously when its local view of the lease is
+    about to expire (a process stopped for longer than the TTL wakes up to a stale lease).
+    """
+
+    def __init__(self, store: Store, lease: Lease, period: float) -> None:
+        self._store = store
+        self.lease = lease
+        self._period = period
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self.signals: list[SignalRecord] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"raysaga-heartbeat-{lease.run_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def renew(self) -> Lease:
+        with self._lock:
+            try:
+                self.lease = self._store.renew(self.lease)
+            except LeaseLostError:
+                self.lost.set()
+                raise
+            return self.lease
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self.renew()
+                signals = self._store.pending_signals(self.lease.run_id)
+                with self._lock:
+                    self.signals = signals
+            except LeaseLostError:
+                log.warning("run %s: lease lost; this driver stops", self.lease.run_id)
+                return
+            except Exception as exc:  # a database hiccup: try again next beat
+                log.warning("run %s: heartbeat failed: %s", self.lease.run_id, exc)
+
+    def take_signals(self) -> list[SignalRecord]:
+        with self._lock:
+            signals, self.signals = self.signals, []
+            return signals

@@ -1,0 +1,63 @@
+"""Failure classification and backoff maths (pure; durable timers live in the driver).
+
+Transient: timeouts, connection errors, HTTP 408/425/429/5xx (incl. Anthropic's 529
+overloaded), a lost Ray worker, ``Transient``. Permanent: everything else, ``Permanent``, or
+what the step's ``RetryPolicy`` declares.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from raysaga.errors import NotJSONableError, StepFailure, UserError
+from raysaga.orchestrator.options import RetryPolicy
+
+TRANSIENT_HTTP = frozenset({408, 425, 429})
+
+#: Exception class names (from libraries we do not import here) that mean "try again".
+_TRANSIENT_NAMES = frozenset({
+    "APIConnectionError", "APITimeoutError", "ConnectTimeout", "ReadTimeout", "ConnectError",
+    "RemoteProtocolError", "WorkerCrashedError", "NodeDiedError", "RaySystemError", "LocalRayletDiedError",
+    "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "OwnerDiedError", "ActorDiedError",
+})
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries, if any (httpx, anthropic, requests, urllib)."""
+    for holder in (exc, getattr(exc, "response", None)):
+        for attr in ("status_code", "status", "code"):
+            value = getattr(holder, attr, None)
+            if isinstance(value, int) and 100 <= value <= 599:
+                return value
+    return None
+
+
+def is_transient(exc: BaseException, policy: RetryPolicy | None = None) -> bool:
+    """Classify one failure. User declarations win, then raysaga's own markers, then the rules."""
+    if policy is not None:
+        if policy.permanent and isinstance(exc, policy.permanent):
+            return False
+        if policy.transient and isinstance(exc, policy.transient):
+            return True
+    if isinstance(exc, StepFailure):
+        return exc.transient
+    if isinstance(exc, NotJSONableError | UserError):
+        return False
+    status = http_status(exc)
+    if status is not None:
+        return status in TRANSIENT_HTTP or status >= 500
+    if isinstance(exc, TimeoutError | ConnectionError):
+        return True
+    return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
+
+
+def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
+    """Full-jitter delay after failed attempt ``attempt`` (1-based)."""
+    ceiling = min(policy.cap, policy.base * (2 ** max(0, attempt - 1)))
+    return rng.uniform(0.0, ceiling)
+
+
+def describe(exc: BaseException) -> dict[str, Any]:
+    """The JSON record of a failure kept in the store (never the exception object)."""
+    return {"type": type(exc).__name__, "message": str(exc)[:2000]}

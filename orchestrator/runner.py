@@ -1,0 +1,159 @@
+"""The public way to start, resume, cancel and retry runs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from raysaga.errors import LeaseHeldError, UserError
+from raysaga.orchestrator.driver import Driver, driver_id
+from raysaga.orchestrator.executor import Executor, make_executor
+from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import (
+    Batch,
+    NewRun,
+    NodeStatus,
+    NodeWrite,
+    RunRecord,
+    RunStatus,
+    RunUpdate,
+    SqlStore,
+    Store,
+    open_store,
+)
+from raysaga.state.models import PARKED, TERMINAL
+
+ExecutorArg = str | Executor
+ProgressHook = Callable[[Any], None]
+
+
+def _store(store: Store | str | None) -> Store:
+    if isinstance(store, Store):
+        return store
+    return open_store(store)
+
+
+def _executor(executor: ExecutorArg, address: str | None) -> Executor:
+    return executor if isinstance(executor, Executor) else make_executor(executor, address=address)
+
+
+def new_run_id(workflow: Workflow) -> str:
+    return f"{workflow.name}-{uuid.uuid4().hex[:12]}"
+
+
+def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | None = None,
+               run_id: str | None = None, options: RunOptions | None = None,
+               workflow_ref: str | None = None) -> RunRecord:
+    """Record a new run (``pending``) without driving it. ``workflow_ref`` (MODULE:ATTR) lets
+    ``raysaga resume RUN`` find the definition again."""
+    options = options or RunOptions()
+    workflow.validate()
+    checked = workflow.check_input(input)
+    if run_id is not None and (not run_id or len(run_id) > 200):
+        raise UserError("--run-id must be 1 to 200 characters")
+    return _store(store).create_run(NewRun(
+        run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
+        definition_hash=workflow.definition_hash, workflow_ref=workflow_ref, input=checked,
+        deadline_at=time.time() + options.deadline if options.deadline else None,
+        retry_budget=options.retry_budget, trace_id=uuid.uuid4().hex,
+    ))
+
+
+def run(workflow: Workflow, input: Any = None, *, store: Store | str | None = None, run_id: str | None = None,
+        executor: ExecutorArg = "ray", address: str | None = None, options: RunOptions | None = None,
+        on_progress: ProgressHook | None = None, workflow_ref: str | None = None) -> RunRecord:
+    """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run."""
+    st = _store(store)
+    if run_id is not None:
+        try:
+            existing = st.get_run(run_id)
+        except Exception:
+            existing = None
+        if existing is not None:
+            if existing.workflow_name != workflow.name:
+                raise UserError(f"run {run_id!r} belongs to workflow {existing.workflow_name!r}, "
+                                f"not {workflow.name!r}")
+            return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
+                          on_progress=on_progress)
+    record = create_run(workflow, input, store=st, run_id=run_id, options=options, workflow_ref=workflow_ref)
+    return resume(workflow, record.run_id, store=st, executor=executor, address=address, options=options,
+                  on_progress=on_progress)
+
+
+def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
+           address: str | None = None, options: RunOptions | None = None,
+           on_progress: ProgressHook | None = None) -> RunRecord:
+    """Continue a run from the store: completed nodes are never re-run. Raises ``LeaseHeldError``
+    if another live driver owns it."""
+    st = _store(store)
+    st.get_run(run_id)  # RunNotFoundError before starting Ray
+    ex = _executor(executor, address)
+    try:
+        driver = Driver(workflow, st, ex, run_id, options=options)
+        if on_progress is not None:
+            driver.progress.listeners.append(on_progress)
+        return driver.drive()
+    finally:
+        if not isinstance(executor, Executor):
+            ex.shutdown()
+
+
+def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "cancelled by operator",
+           wait: float = 30.0) -> RunRecord:
+    """Cancel a run. A live driver is told through a signal and stops dispatching; a run with no
+    live driver is cancelled here. Committed effects stand."""
+    st = _store(store)
+    run = st.get_run(run_id)
+    if run.status in TERMINAL:
+        return run
+    try:
+        lease = st.claim(run_id, driver_id(), ttl=10.0)
+    except LeaseHeldError:
+        st.send_signal(run_id, "cancel", payload={"reason": reason})
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            run = st.get_run(run_id)
+            if run.status in TERMINAL or run.status in PARKED:
+                return run
+            time.sleep(0.1)  # polling the store for another process's progress
+        raise UserError(f"run {run_id!r}: the cancel signal is queued; its driver has not acted on it "
+                        f"within {wait:.0f}s") from None
+    try:
+        current = st.get_run(run_id)
+        nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
+                           attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
+                 for n in st.nodes(run_id) if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING)]
+        if current.status not in TERMINAL:
+            st.commit(lease, Batch(nodes=nodes, run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
+    finally:
+        st.release(lease)
+    return st.get_run(run_id)
+
+
+def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
+          address: str | None = None, options: RunOptions | None = None,
+          on_progress: ProgressHook | None = None) -> RunRecord:
+    """Operator retry of a parked (``failed``) run: failed and skipped nodes run again, with the
+    same idempotency keys; completed nodes and committed effects stand."""
+    st = _store(store)
+    run = st.get_run(run_id)
+    if run.status != RunStatus.FAILED:
+        raise UserError(f"run {run_id!r} is {run.status.value}: only a failed run can be retried")
+    lease = st.claim(run_id, driver_id(), ttl=10.0)
+    try:
+        reset = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.PENDING, attempt=0)
+                 for n in st.nodes(run_id)
+                 if n.status in (NodeStatus.FAILED, NodeStatus.SKIPPED, NodeStatus.CANCELLED, NodeStatus.RETRYING)]
+        st.commit(lease, Batch(nodes=reset, run=RunUpdate(
+            status=RunStatus.RUNNING, status_reason="operator retry", retries_delta=-run.retries_used,
+            error=None, set_error=True)))
+    finally:
+        st.release(lease)
+    return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
+                  on_progress=on_progress)
+
+
+__all__ = ["SqlStore", "cancel", "create_run", "new_run_id", "resume", "retry", "run"]

@@ -1,0 +1,86 @@
+"""The ready set: a pure function of the DAG and node outcomes, updated in O(1) per completion.
+
+Each step keeps a counter of unfinished upstream steps; a completion decrements its
+dependents' counters and a counter reaching zero makes that step ready. A fan-out step,
+once ready, is expanded by the driver into one item per element of its upstream list.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from raysaga.orchestrator.workflow import Workflow
+
+NodeKey = tuple[str, int]  # (step name, fan-out index or -1)
+
+
+class Scheduler:
+    def __init__(self, workflow: Workflow) -> None:
+        self._wf = workflow
+        self._waiting_on = {s: len(workflow.steps[s].deps) for s in workflow.order}
+        self._items_left: dict[str, int] = {}
+        self.completed: set[str] = set()
+        self.closed: set[str] = set()  # failed or skipped: will never complete
+        self._ready: deque[NodeKey] = deque((s, -1) for s in workflow.order if self._waiting_on[s] == 0)
+
+    def pop_ready(self) -> list[NodeKey]:
+        ready = list(self._ready)
+        self._ready.clear()
+        return ready
+
+    def push(self, key: NodeKey) -> None:
+        """Put a node back to be dispatched (a retry whose timer fired)."""
+        self._ready.append(key)
+
+    def expand(self, step: str, count: int) -> list[str]:
+        """Fan a ready map step out into ``count`` items; a zero-item fan-out completes at once."""
+        self._items_left[step] = count
+        if count == 0:
+            return self._complete_step(step)
+        self._ready.extend((step, i) for i in range(count))
+        return []
+
+    def complete(self, key: NodeKey) -> list[str]:
+        """Record a finished node; return the steps this completed (a fan-out's parent included)."""
+        step, index = key
+        if step in self.closed or step in self.completed:
+            return []
+        if index >= 0:
+            self._items_left[step] -= 1
+            if self._items_left[step] > 0:
+                return []
+        return self._complete_step(step)
+
+    def _complete_step(self, step: str) -> list[str]:
+        self.completed.add(step)
+        for child in self._wf.graph.successors(step):
+            self._waiting_on[child] -= 1
+            if self._waiting_on[child] == 0 and child not in self.closed:
+                self._ready.append((child, -1))
+        return [step]
+
+    def close(self, step: str) -> list[str]:
+        """A step failed for good (non-critical): every step downstream of it is skipped.
+
+        Returns the newly skipped steps, in topological order.
+        """
+        self.closed.add(step)
+        skipped = []
+        for child in _descendants_in_order(self._wf, step):
+            if child not in self.closed and child not in self.completed:
+                self.closed.add(child)
+                skipped.append(child)
+        return skipped
+
+    def settled(self) -> bool:
+        return len(self.completed) + len(self.closed) == len(self._waiting_on)
+
+    def items_left(self, step: str) -> int:
+        return self._items_left.get(step, 0)
+
+
+def _descendants_in_order(workflow: Workflow, step: str) -> list[str]:
+    import networkx as nx
+
+    below = nx.descendants(workflow.graph, step)
+    return [s for s in workflow.order if s in below]

@@ -1,0 +1,57 @@
+"""The frozen description of one step, built by the DSL and read by the driver and workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysaga.orchestrator.options import RetryPolicy
+
+#: Returned by a ``reconcile`` hook when the downstream shows the effect never happened.
+NOT_APPLIED: Any = type("NotApplied", (), {"__repr__": lambda self: "NOT_APPLIED"})()
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One node kind of the DAG: a user function plus how raysaga must treat it."""
+
+    name: str
+    fn: Callable[..., Any]
+    deps: tuple[str, ...]
+    """Every upstream step, data or ordering."""
+    param_deps: tuple[str, ...]
+    """Parameters that receive an upstream step's output (param name == step name)."""
+    input_param: str | None
+    ctx_param: str | None
+    param_types: dict[str, Any]
+    output_type: Any
+    map_over: str | None = None
+    """Fan-out: run once per element of this upstream step's (list) output."""
+    critical: bool = True
+    effect: bool = False
+    effect_name: str = ""
+    retry: RetryPolicy | None = None
+    timeout: float | None = None
+    compensate: Callable[..., Any] | None = None
+    reconcile: Callable[..., Any] | None = None
+    kind: str = "step"
+    is_async: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def signature_for_hash(self) -> dict[str, Any]:
+        """What identifies the step's place and contract in the DAG (not its body)."""
+        retry = self.retry
+        return {
+            "name": self.name,
+            "deps": sorted(self.deps),
+            "params": sorted(self.param_deps),
+            "map_over": self.map_over,
+            "critical": self.critical,
+            "effect": self.effect,
+            "effect_name": self.effect_name,
+            "kind": self.kind,
+            "retry": None if retry is None else [retry.max_attempts, retry.base, retry.cap],
+            "timeout": self.timeout,
+            "compensate": self.compensate is not None,
+        }

@@ -1,0 +1,122 @@
+"""Definition-time checks of a workflow's DAG (networkx) and its steps' contracts."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any
+
+import networkx as nx
+from pydantic import BaseModel
+from raysaga.errors import WorkflowDefinitionError
+from raysaga.orchestrator.spec import StepSpec
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def build_graph(steps: dict[str, StepSpec]) -> nx.DiGraph:
+    graph = nx.DiGraph()
+    for name in steps:
+        graph.add_node(name)
+    for spec in steps.values():
+        for dep in spec.deps:
+            graph.add_edge(dep, spec.name)
+    return graph
+
+
+def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict[str, Any]) -> nx.DiGraph:
+    """Raise one ``WorkflowDefinitionError`` listing every problem, each naming its culprit and fix."""
+    problems: list[str] = []
+    if not steps:
+        problems.append("it has no steps: decorate at least one function with @workflow.step")
+    for spec in steps.values():
+        for dep in spec.deps:
+            if dep == spec.name:
+                problems.append(f"step {spec.name!r} depends on itself: remove {dep!r} from its parameters/after=")
+            elif dep not in steps:
+                problems.append(
+                    f"step {spec.name!r} depends on unknown step {dep!r}: define a step named {dep!r} "
+                    "or rename the parameter (use 'input' for the run input, 'ctx' for the context)"
+                )
+        if spec.map_over is not None and spec.map_over not in spec.param_deps:
+            problems.append(f"step {spec.name!r} maps over {spec.map_over!r}, which is not one of its parameters")
+        bad = json_type_problem(spec.output_type)
+        if bad:
+            problems.append(
+                f"step {spec.name!r} returns {_type_name(spec.output_type)}, which is not JSON-able ({bad}): "
+                "return a pydantic model, dict, list, str, int, float, bool or None"
+            )
+    for target in compensations:
+        if target not in steps:
+            problems.append(f"a compensation is registered for unknown step {target!r}: "
+                            f"known steps are {sorted(steps)}")
+    graph = build_graph({k: v for k, v in steps.items()})
+    graph.remove_edges_from(list(nx.selfloop_edges(graph)))
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        path = " -> ".join([edge[0] for edge in cycle] + [cycle[0][0]])
+        problems.append(f"it has a cycle {path}: a workflow must be a DAG; break one of these dependencies")
+    if problems:
+        raise WorkflowDefinitionError(
+            f"workflow {workflow_name!r} is invalid:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+    return graph
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")  # type: ignore[return-value]
+
+
+def json_type_problem(tp: Any) -> str | None:
+    """Why an annotated type cannot round-trip through JSON, or None if it can."""
+    if tp is None or tp is Any or tp is typing.Any or tp in _SCALARS:
+        return None
+    if isinstance(tp, typing.TypeVar):
+        return None
+    origin = typing.get_origin(tp)
+    if origin is None:
+        if isinstance(tp, type):
+            if issubclass(tp, BaseModel):
+                return None
+            if tp in (list, dict, tuple):
+                return None
+            if _is_typeddict(tp):
+                return None
+            return f"{tp.__name__} has no JSON form"
+        return f"{tp!r} is not a type"
+    args = typing.get_args(tp)
+    if origin is typing.Literal:
+        return None if all(isinstance(a, _SCALARS) for a in args) else "a Literal of non-JSON values"
+    if origin is typing.Annotated:
+        return json_type_problem(args[0])
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            problem = json_type_problem(arg)
+            if problem:
+                return problem
+        return None
+    if origin in (list, tuple):
+        for arg in args:
+            if arg is Ellipsis:
+                continue
+            problem = json_type_problem(arg)
+            if problem:
+                return problem
+        return None
+    if origin is dict:
+        key, value = args or (str, Any)
+        if key is not str:
+            return "dict keys must be str in JSON"
+        return json_type_problem(value)
+    if origin in (set, frozenset):
+        return "sets have no order and no JSON form; use a list"
+    return f"{origin.__name__ if isinstance(origin, type) else origin} has no JSON form"
+
+
+def _is_typeddict(tp: type) -> bool:
+    return isinstance(tp, type) and issubclass(tp, dict) and hasattr(tp, "__annotations__") and hasattr(
+        tp, "__total__"
+    )

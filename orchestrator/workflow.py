@@ -1,0 +1,261 @@
+"""The workflow DSL: a named, versioned DAG of steps declared with decorators.
+
+    wf = Workflow("order", version="1")
+
+    @wf.step()
+    def reserve(input: Order) -> Reservation: ...
+
+    @wf.step(effect=True, retry=RetryPolicy(max_attempts=5), compensate=refund)
+    def charge(ctx: StepContext, input: Order, reserve: Reservation) -> Charge: ...
+
+A parameter named after another step receives that step's output (a dependency); ``input``
+receives the run's input; ``ctx`` (or any parameter annotated ``StepContext``) the context.
+Decorators return the function unchanged, so it stays callable and testable on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import typing
+from collections.abc import Callable, Iterable
+from functools import cached_property
+from typing import Any, ParamSpec, TypeVar
+
+import networkx as nx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
+from raysaga.orchestrator.context import StepContext
+from raysaga.orchestrator.options import RetryPolicy
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.validation import json_type_problem, validate
+from raysaga.state import jsoncodec
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+INPUT_PARAM = "input"
+CTX_PARAM = "ctx"
+
+
+class Workflow:
+    """A DAG definition. Validated (networkx) the first time it is used or ``validate()`` is called."""
+
+    def __init__(self, name: str, *, version: str = "1", description: str = "") -> None:
+        if not name or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise WorkflowDefinitionError(
+                f"workflow name {name!r} is not valid: use letters, digits, '_', '-' or '.'"
+            )
+        self.name = name
+        self.version = str(version)
+        self.description = description
+        self.steps: dict[str, StepSpec] = {}
+        self.compensations: dict[str, Callable[..., Any]] = {}
+        self._graph: nx.DiGraph | None = None
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, version={self.version!r}, steps={list(self.steps)})"
+
+    # ------------------------------------------------------------------ decorators
+
+    def step(
+        self,
+        fn: Callable[P, R] | None = None,
+        *,
+        name: str | None = None,
+        after: Iterable[str] = (),
+        critical: bool = True,
+        effect: bool = False,
+        effect_name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        compensate: Callable[..., Any] | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        map_over: str | None = None,
+    ) -> Any:
+        """Declare a step. Keyword-only options:
+
+        Args:
+            name: step name (default: the function's name).
+            after: extra upstream steps to wait for, with no data passed.
+            critical: a permanent failure fails the run (and, with compensations, rolls it back).
+            effect: the step changes the world; it gets ``ctx.idempotency_key`` and runs through
+                the ledger, so a resume never repeats a committed effect.
+            effect_name: name used in the idempotency key (default: the step name).
+            retry: the step's ``RetryPolicy`` (default: 3 attempts, full jitter).
+            timeout: seconds before an attempt is cancelled and counted a transient failure.
+            compensate: undo for this step, run in reverse order when the run rolls back.
+            reconcile: ``fn(ctx, **same_args) -> result | NOT_APPLIED`` asked on resume of an effect
+                whose call may or may not have happened, before re-issuing it.
+            map_over: fan out: run once per element of this upstream step's list output.
+        """
+
+        def decorate(func: Callable[P, R]) -> Callable[P, R]:
+            self._add(self._make_spec(func, name=name, after=tuple(after), critical=critical, effect=effect,
+                                      effect_name=effect_name, retry=retry, timeout=timeout, compensate=compensate,
+                                      reconcile=reconcile, map_over=map_over))
+            return func
+
+        if fn is not None:
+            return decorate(fn)
+        return decorate
+
+    def map(self, over: str, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Fan-out sugar: ``@wf.map("plan")`` is ``@wf.step(map_over="plan")``."""
+        decorator: Callable[[Callable[P, R]], Callable[P, R]] = self.step(map_over=over, **options)
+        return decorator
+
+    def compensation(self, step_name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register ``fn`` as the compensation of step ``step_name`` (checked at validation)."""
+
+        def decorate(func: Callable[P, R]) -> Callable[P, R]:
+            if step_name in self.compensations:
+                raise WorkflowDefinitionError(f"step {step_name!r} already has a compensation")
+            self.compensations[step_name] = func
+            self._graph = None
+            return func
+
+        return decorate
+
+    # ------------------------------------------------------------------ building
+
+    def _make_spec(self, func: Callable[..., Any], *, name: str | None, after: tuple[str, ...], critical: bool,
+                   effect: bool, effect_name: str | None, retry: RetryPolicy | None, timeout: float | None,
+                   compensate: Callable[..., Any] | None, reconcile: Callable[..., Any] | None,
+                   map_over: str | None) -> StepSpec:
+        step_name = name or getattr(func, "__name__", None)
+        if not callable(func) or not step_name:
+            raise WorkflowDefinitionError(f"@{self.name}.step decorates functions, got {func!r}")
+        if timeout is not None and timeout <= 0:
+            raise WorkflowDefinitionError(f"step {step_name!r}: timeout must be > 0 seconds, got {timeout}")
+        if compensate is not None and not callable(compensate):
+            raise WorkflowDefinitionError(f"step {step_name!r}: compensate= must be a function")
+        if reconcile is not None and not effect:
+            raise WorkflowDefinitionError(f"step {step_name!r}: reconcile= only makes sense with effect=True")
+        try:
+            hints = typing.get_type_hints(func)
+        except Exception as exc:
+            raise WorkflowDefinitionError(f"step {step_name!r}: its annotations cannot be resolved: {exc}") from None
+        sig = inspect.signature(func)
+        param_deps: list[str] = []
+        input_param = ctx_param = None
+        param_types: dict[str, Any] = {}
+        for pname, param in sig.parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise WorkflowDefinitionError(
+                    f"step {step_name!r}: *args/**kwargs are not supported; name each input")
+            annotation = hints.get(pname, Any)
+            if annotation is StepContext or pname == CTX_PARAM:
+                ctx_param = pname
+            elif pname == INPUT_PARAM:
+                input_param = pname
+                param_types[pname] = annotation
+            elif pname == step_name:
+                raise WorkflowDefinitionError(
+                    f"step {step_name!r} depends on itself (parameter {pname!r}): rename the parameter")
+            elif param.default is not inspect.Parameter.empty and pname not in self.steps:
+                continue  # an optional knob with a default, not a dependency
+            else:
+                param_deps.append(pname)
+                param_types[pname] = annotation
+        if map_over is not None and map_over not in param_deps:
+            raise WorkflowDefinitionError(
+                f"step {step_name!r} maps over {map_over!r}: add a parameter named {map_over!r} that receives "
+                "one element of that step's list output")
+        for dep in after:
+            if dep == step_name:
+                raise WorkflowDefinitionError(f"step {step_name!r} depends on itself (after={dep!r})")
+        return StepSpec(
+            name=step_name, fn=func, deps=tuple(dict.fromkeys([*param_deps, *after])), param_deps=tuple(param_deps),
+            input_param=input_param, ctx_param=ctx_param, param_types=param_types,
+            output_type=hints.get("return", Any), map_over=map_over, critical=critical, effect=effect,
+            effect_name=effect_name or step_name, retry=retry, timeout=timeout, compensate=compensate,
+            reconcile=reconcile, is_async=asyncio.iscoroutinefunction(func),
+        )
+
+    def _add(self, spec: StepSpec) -> None:
+        if spec.name in self.steps:
+            raise WorkflowDefinitionError(
+                f"workflow {self.name!r} already has a step named {spec.name!r}: "
+                "give one of them another name (name=...)")
+        self.steps[spec.name] = spec
+        self._graph = None
+
+    # ------------------------------------------------------------------ validated views
+
+    def validate(self) -> Workflow:
+        """Check the DAG; raise ``WorkflowDefinitionError`` naming every culprit."""
+        if self._graph is None:
+            self._graph = validate(self.name, self.steps, self.compensations)
+            self.__dict__.pop("order", None)
+            self.__dict__.pop("definition_hash", None)
+        return self
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        self.validate()
+        assert self._graph is not None
+        return self._graph
+
+    @cached_property
+    def order(self) -> list[str]:
+        """Steps in a deterministic topological order."""
+        return list(nx.lexicographical_topological_sort(self.graph))
+
+    def dependents(self, step: str) -> list[str]:
+        return sorted(self.graph.successors(step))
+
+    def sinks(self) -> list[str]:
+        return [s for s in self.order if self.graph.out_degree(s) == 0]
+
+    def compensation_for(self, step: str) -> Callable[..., Any] | None:
+        return self.compensations.get(step) or self.steps[step].compensate
+
+    @cached_property
+    def definition_hash(self) -> str:
+        """Hash of the DAG's shape and contracts; a resume refuses a run started under another one."""
+        self.validate()
+        shape = {"name": self.name, "version": self.version,
+                 "steps": [self.steps[s].signature_for_hash() for s in self.order],
+                 "compensations": sorted(self.compensations)}
+        return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()
+
+    @property
+    def input_type(self) -> Any:
+        """The annotation of the ``input`` parameters (they must agree), or Any."""
+        types = {spec.param_types[spec.input_param] for spec in self.steps.values()
+                 if spec.input_param and spec.param_types.get(spec.input_param) is not Any}
+        if len(types) > 1:
+            raise WorkflowDefinitionError(
+                f"workflow {self.name!r}: steps annotate 'input' with different types {sorted(map(str, types))}: "
+                "use one input type")
+        return types.pop() if types else Any
+
+    def check_input(self, value: Any) -> Any:
+        """Validate a run input against the declared input type; return its JSON form."""
+        tp = self.input_type
+        if tp is not Any:
+            problem = json_type_problem(tp)
+            if problem:
+                raise WorkflowDefinitionError(f"workflow {self.name!r}: input type {tp} is not JSON-able ({problem})")
+            try:
+                value = TypeAdapter(tp).validate_python(value)
+            except ValidationError as exc:
+                raise InvalidInputError(
+                    f"input does not match {getattr(tp, '__name__', tp)} of workflow {self.name!r}: "
+                    f"{exc.errors(include_url=False)}") from None
+        try:
+            return jsoncodec.to_jsonable(value, "input")
+        except NotJSONableError as exc:
+            raise InvalidInputError(str(exc)) from None
+
+
+def coerce(tp: Any, value: Any) -> Any:
+    """Turn stored JSON back into the type a step's parameter declares (pydantic models etc.)."""
+    if tp is Any or tp is None:
+        return value
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp.model_validate(value)
+    return TypeAdapter(tp).validate_python(value)

@@ -1,0 +1,1 @@
+"""raysaga.sagas: compensation registry and executor."""

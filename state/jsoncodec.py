@@ -1,0 +1,85 @@
+"""Strict, canonical JSON: the only format raysaga writes at rest.
+
+Python's ``json`` happily writes ``NaN``, turns tuples into lists silently and encodes lone
+surrogates that no other JSON reader accepts. Values here are checked first, so a bad
+value is a clear error naming where it sits, not a corrupt row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any
+
+from pydantic import BaseModel
+from raysaga.errors import NotJSONableError
+
+JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
+
+
+def to_jsonable(value: Any, where: str = "value") -> JSONValue:
+    """Return ``value`` as plain JSON data, or raise naming the offending path.
+
+    Pydantic models are dumped in JSON mode (their declared types decide); everything else
+    must already be JSON: no sets, bytes, arbitrary objects, NaN/inf or lone surrogates.
+    """
+    if isinstance(value, BaseModel):
+        value = value.model_dump(mode="json")
+    return _check(value, where)
+
+
+def _check(value: Any, where: str) -> JSONValue:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise NotJSONableError(f"{where} is {value!r}: JSON has no NaN or infinity; use None or a string")
+        return value
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise NotJSONableError(
+                f"{where} holds a lone surrogate at index {exc.start}: it is not valid UTF-8 text"
+            ) from None
+        return value
+    if isinstance(value, list | tuple):
+        return [_check(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        out: dict[str, JSONValue] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise NotJSONableError(f"{where} has key {key!r} of type {type(key).__name__}: keys must be str")
+            _check(key, f"{where} key")
+            out[key] = _check(item, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, BaseModel):
+        return _check(value.model_dump(mode="json"), where)
+    raise NotJSONableError(
+        f"{where} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
+        "a dict, a list, a str, a number, a bool or None"
+    )
+
+
+def dumps(value: Any, where: str = "value") -> str:
+    """Canonical JSON text (sorted keys, no spaces) of a checked value."""
+    return json.dumps(to_jsonable(value, where), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False)
+
+
+def loads(text: str | bytes) -> JSONValue:
+    """Parse JSON, refusing NaN/Infinity constants."""
+    def _no_constants(name: str) -> Any:
+        raise NotJSONableError(f"JSON constant {name} is not allowed")
+    return json.loads(text, parse_constant=_no_constants)
+
+
+def digest(data: bytes) -> str:
+    """Content address of a blob."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def fingerprint(value: Any) -> str:
+    """Short stable hash of a JSON value (idempotency keys, argument digests)."""
+    return hashlib.sha256(dumps(value).encode("utf-8")).hexdigest()

@@ -1,0 +1,250 @@
+"""Records read from and written to the store, and the run state machine's rules."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    WAITING_HUMAN = "waiting_human"
+    WAITING_TIMER = "waiting_timer"
+    PAUSED = "paused"
+    COMPENSATING = "compensating"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+    CANCELLED = "cancelled"
+
+
+#: Automatic processes never move a run out of these.
+TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.COMPENSATED, RunStatus.CANCELLED})
+#: Parked for an operator: terminal for drivers, but ``raysaga retry`` may revive them.
+PARKED = frozenset({RunStatus.FAILED, RunStatus.COMPENSATION_FAILED})
+
+_WAITING = {RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED}
+ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.PENDING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    RunStatus.RUNNING: frozenset(
+        _WAITING | {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATING, RunStatus.CANCELLED}
+    ),
+    RunStatus.WAITING_HUMAN: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING}),
+    RunStatus.WAITING_TIMER: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING}),
+    RunStatus.PAUSED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING}),
+    RunStatus.COMPENSATING: frozenset({RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED}),
+    # operator retry revives a parked run; cancel-with-compensation rolls it back
+    RunStatus.FAILED: frozenset({RunStatus.RUNNING, RunStatus.COMPENSATING, RunStatus.CANCELLED}),
+    RunStatus.COMPENSATION_FAILED: frozenset({RunStatus.COMPENSATING}),
+    RunStatus.COMPLETED: frozenset(),
+    RunStatus.COMPENSATED: frozenset(),
+    RunStatus.CANCELLED: frozenset(),
+}
+
+
+def can_transition(old: RunStatus, new: RunStatus) -> bool:
+    return new in ALLOWED[old]
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"  # never written: a node with no row is pending
+    RUNNING = "running"
+    RETRYING = "retrying"  # failed an attempt, waiting for not_before
+    COMPLETED = "completed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+class EffectStatus(StrEnum):
+    PENDING = "pending"
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class RunRecord(_Record):
+    run_id: str
+    workflow_name: str
+    workflow_version: str
+    definition_hash: str
+    workflow_ref: str | None = None
+    status: RunStatus
+    status_reason: str | None = None
+    version: int
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    fence: int = 0
+    event_seq: int = 0
+    input: Any = None
+    output: Any = None
+    error: Any = None
+    deadline_at: float | None = None
+    retry_budget: int | None = None
+    retries_used: int = 0
+    tokens_used: int = 0
+    cost_used: float = 0.0
+    trace_id: str
+    created_at: float
+    updated_at: float
+
+
+class NodeRecord(_Record):
+    run_id: str
+    node_id: str
+    fan_index: int = -1
+    status: NodeStatus
+    attempt: int = 0
+    not_before: float | None = None
+    output: Any = None
+    output_digest: str | None = None
+    error: Any = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    duration: float | None = None
+
+    @property
+    def label(self) -> str:
+        return node_label(self.node_id, self.fan_index)
+
+
+def node_label(node_id: str, fan_index: int) -> str:
+    return node_id if fan_index < 0 else f"{node_id}[{fan_index}]"
+
+
+class EffectRecord(_Record):
+    idempotency_key: str
+    run_id: str
+    node_id: str
+    fan_index: int = -1
+    effect_name: str
+    args_digest: str
+    status: EffectStatus
+    result: Any = None
+    external_id: str | None = None
+    created_at: float
+    updated_at: float
+
+
+class EventRecord(_Record):
+    run_id: str
+    seq: int
+    at: float
+    kind: str
+    node_id: str | None = None
+    fan_index: int | None = None
+    data: Any = None
+
+
+class SignalRecord(_Record):
+    id: int
+    run_id: str
+    kind: str
+    node_id: str | None = None
+    payload: Any = None
+    created_at: float
+    consumed_at: float | None = None
+
+
+class NewRun(BaseModel):
+    """What a caller gives to create a run."""
+
+    run_id: str
+    workflow_name: str
+    workflow_version: str
+    definition_hash: str
+    workflow_ref: str | None = None
+    input: Any = None
+    deadline_at: float | None = None
+    retry_budget: int | None = None
+    trace_id: str
+
+
+class Lease(_Record):
+    """A driver's claim on a run. ``fence`` guards every write it makes."""
+
+    run_id: str
+    owner: str
+    fence: int
+    expires_at: float
+    ttl: float
+
+
+class NewEvent(BaseModel):
+    kind: str
+    node_id: str | None = None
+    fan_index: int | None = None
+    data: Any = None
+
+
+class NodeWrite(BaseModel):
+    """An upsert of one node's checkpoint."""
+
+    node_id: str
+    fan_index: int = -1
+    status: NodeStatus
+    attempt: int = 0
+    not_before: float | None = None
+    output: Any = None
+    output_digest: str | None = None
+    error: Any = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    duration: float | None = None
+
+
+class EffectWrite(BaseModel):
+    """Insert-once of a ledger row (status pending), or an update of its status."""
+
+    idempotency_key: str
+    node_id: str
+    fan_index: int = -1
+    effect_name: str
+    args_digest: str
+    status: EffectStatus
+    result: Any = None
+    external_id: str | None = None
+
+
+class RunUpdate(BaseModel):
+    """A run transition and/or counters to change in the same transaction."""
+
+    status: RunStatus | None = None
+    status_reason: str | None = None
+    output: Any = None
+    set_output: bool = False
+    error: Any = None
+    set_error: bool = False
+    retries_delta: int = 0
+    tokens_delta: int = 0
+    cost_delta: float = 0.0
+
+
+class Batch(BaseModel):
+    """Everything one driver commit writes, in one transaction (group commit)."""
+
+    nodes: list[NodeWrite] = Field(default_factory=list)
+    effects: list[EffectWrite] = Field(default_factory=list)
+    events: list[NewEvent] = Field(default_factory=list)
+    blobs: dict[str, bytes] = Field(default_factory=dict)
+    run: RunUpdate | None = None
+    consumed_signals: list[int] = Field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.nodes or self.effects or self.events or self.blobs or self.run or self.consumed_signals)
+
+
+class RunSnapshot(_Record):
+    """A whole run as a resume needs it, read in a constant number of queries."""
+
+    run: RunRecord
+    nodes: list[NodeRecord]
+    effects: list[EffectRecord]
+    signals: list[SignalRecord]

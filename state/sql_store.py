@@ -1,0 +1,362 @@
+"""The SQLAlchemy implementation of ``Store`` for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from raysaga.errors import (
+    ConcurrencyConflict,
+    IllegalTransitionError,
+    LeaseHeldError,
+    LeaseLostError,
+    RunExistsError,
+    RunNotFoundError,
+)
+from raysaga.state import migrate
+from raysaga.state.engine import make_engine, normalize_url, redact
+from raysaga.state.models import (
+    Batch,
+    EffectRecord,
+    EffectStatus,
+    EventRecord,
+    Lease,
+    NewEvent,
+    NewRun,
+    NodeRecord,
+    RunRecord,
+    RunSnapshot,
+    RunStatus,
+    SignalRecord,
+    can_transition,
+)
+from raysaga.state.schema import blobs, effects, events, nodes, runs, signals
+from raysaga.state.store import Store
+from sqlalchemy import Connection, Engine, Row, Table, and_, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
+
+class SqlStore(Store):
+    """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
+
+    def __init__(self, url: str, *, migrate_schema: bool = True) -> None:
+        self.url = normalize_url(url)
+        self.engine: Engine = make_engine(self.url)
+        if migrate_schema:
+            migrate.upgrade(self.engine)
+        else:
+            migrate.check_version(migrate.current_version(self.engine))
+
+    def __repr__(self) -> str:
+        return f"SqlStore({redact(self.url)!r})"
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---------------------------------------------------------------- runs
+
+    def create_run(self, new: NewRun) -> RunRecord:
+        now = time.time()
+        values = new.model_dump()
+        values.update(status=RunStatus.PENDING.value, version=0, fence=0, event_seq=1, retries_used=0,
+                      tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(insert(runs).values(**values))
+                conn.execute(insert(events).values(run_id=new.run_id, seq=1, at=now, kind="run_created",
+                                                   data={"workflow": new.workflow_name}))
+        except IntegrityError:
+            raise RunExistsError(new.run_id) from None
+        return self.get_run(new.run_id)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        with self.engine.connect() as conn:
+            return self._get_run(conn, run_id)
+
+    def _get_run(self, conn: Connection, run_id: str) -> RunRecord:
+        row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
+        if row is None:
+            raise RunNotFoundError(run_id)
+        return RunRecord.model_validate(row._asdict())
+
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
+        if status is not None:
+            query = query.where(runs.c.status == status.value)
+        with self.engine.connect() as conn:
+            return [RunRecord.model_validate(r._asdict()) for r in conn.execute(query)]
+
+    def snapshot(self, run_id: str) -> RunSnapshot:
+        with self.engine.connect() as conn:
+            run = self._get_run(conn, run_id)
+            node_rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)).all()
+            effect_rows = conn.execute(select(effects).where(effects.c.run_id == run_id)).all()
+            signal_rows = conn.execute(
+                select(signals).where(signals.c.run_id == run_id, signals.c.consumed_at.is_(None))
+                .order_by(signals.c.id)
+            ).all()
+        return RunSnapshot(
+            run=run,
+            nodes=_records(NodeRecord, node_rows),
+            effects=_records(EffectRecord, effect_rows),
+            signals=_records(SignalRecord, signal_rows),
+        )
+
+    def transition(self, run_id: str, expected_version: int, status: RunStatus, *, reason: str | None = None,
+                   data: Any = None) -> RunRecord:
+        now = time.time()
+        with self.engine.begin() as conn:
+            current = self._get_run(conn, run_id)
+            if current.version != expected_version:
+                raise ConcurrencyConflict(
+                    f"run {run_id!r} is at version {current.version}, not {expected_version}: re-read and retry"
+                )
+            _check_transition(current, status)
+            result = conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run_id, runs.c.version == expected_version)
+                .values(status=status.value, status_reason=reason, version=runs.c.version + 1,
+                        event_seq=runs.c.event_seq + 1, updated_at=now)
+                .returning(runs.c.event_seq)
+            ).first()
+            if result is None:
+                raise ConcurrencyConflict(f"run {run_id!r} changed under this transition: re-read and retry")
+            conn.execute(insert(events).values(
+                run_id=run_id, seq=result[0], at=now, kind="run_" + status.value,
+                data={"from": current.status.value, "reason": reason, **(data or {})},
+            ))
+            return self._get_run(conn, run_id)
+
+    # ---------------------------------------------------------------- leases
+
+    def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+        now = time.time()
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run_id,
+                       or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now))
+                .values(lease_owner=owner, lease_expires_at=now + ttl, fence=runs.c.fence + 1,
+                        event_seq=runs.c.event_seq + 1, updated_at=now)
+                .returning(runs.c.fence, runs.c.event_seq)
+            ).first()
+            if row is None:
+                current = self._get_run(conn, run_id)  # raises RunNotFoundError
+                left = (current.lease_expires_at or now) - now
+                raise LeaseHeldError(
+                    f"run {run_id!r} is being driven by {current.lease_owner} (lease expires in {left:.1f}s): "
+                    "it is live, so this driver backs off; `raysaga status` shows its progress"
+                )
+            fence, seq = row
+            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed",
+                                               data={"owner": owner, "fence": fence}))
+        return Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl)
+
+    def renew(self, lease: Lease) -> Lease:
+        now = time.time()
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                update(runs)
+                .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
+                .values(lease_expires_at=now + lease.ttl)
+            )
+            if result.rowcount != 1:
+                raise LeaseLostError(f"run {lease.run_id!r}: fence {lease.fence} is stale; another driver owns it")
+        return lease.model_copy(update={"expires_at": now + lease.ttl})
+
+    def release(self, lease: Lease) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(runs)
+                .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
+                .values(lease_owner=None, lease_expires_at=None)
+            )
+
+    # ---------------------------------------------------------------- the driver's commit
+
+    def commit(self, lease: Lease, batch: Batch) -> RunRecord | None:
+        now = time.time()
+        if batch.run is not None and batch.run.status is not None:
+            # every transition appends its event, in the same transaction
+            batch = batch.model_copy(update={"events": [*batch.events, NewEvent(
+                kind="run_" + batch.run.status.value, data={"reason": batch.run.status_reason})]})
+        with self.engine.begin() as conn:
+            seq_end = self._fence_guard(conn, lease, len(batch.events), now)
+            changed: RunRecord | None = None
+            if batch.run is not None:
+                changed = self._apply_run_update(conn, lease, batch, now)
+            if batch.blobs:
+                _insert_ignore(conn, blobs, [{"digest": d, "size": len(b), "data": b} for d, b in batch.blobs.items()],
+                               ["digest"])
+            if batch.nodes:
+                rows = [{"run_id": lease.run_id, **n.model_dump()} for n in batch.nodes]
+                _upsert(conn, nodes, rows, ["run_id", "node_id", "fan_index"])
+            if batch.effects:
+                self._write_effects(conn, lease.run_id, batch, now)
+            if batch.events:
+                first = seq_end - len(batch.events) + 1
+                conn.execute(insert(events), [
+                    {"run_id": lease.run_id, "seq": first + i, "at": now, **e.model_dump()}
+                    for i, e in enumerate(batch.events)
+                ])
+            if batch.consumed_signals:
+                conn.execute(update(signals).where(signals.c.id.in_(batch.consumed_signals),
+                                                   signals.c.run_id == lease.run_id).values(consumed_at=now))
+            return changed
+
+    def _fence_guard(self, conn: Connection, lease: Lease, n_events: int, now: float) -> int:
+        """First statement of every driver transaction: proves the fence and reserves event seqs.
+
+        It also takes the run row's write lock, so a claim by another driver waits for this
+        transaction, and any claim that already happened makes it write nothing.
+        """
+        row = conn.execute(
+            update(runs)
+            .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
+            .values(event_seq=runs.c.event_seq + n_events, updated_at=now)
+            .returning(runs.c.event_seq)
+        ).first()
+        if row is None:
+            raise LeaseLostError(
+                f"run {lease.run_id!r}: fence {lease.fence} is stale; another driver took the run, "
+                "this one stops without writing"
+            )
+        return int(row[0])
+
+    def _apply_run_update(self, conn: Connection, lease: Lease, batch: Batch, now: float) -> RunRecord:
+        assert batch.run is not None
+        upd = batch.run
+        values: dict[str, Any] = {}
+        if upd.status is not None:
+            current = self._get_run(conn, lease.run_id)
+            _check_transition(current, upd.status)
+            values.update(status=upd.status.value, status_reason=upd.status_reason, version=runs.c.version + 1)
+        if upd.set_output:
+            values["output"] = upd.output
+        if upd.set_error:
+            values["error"] = upd.error
+        if upd.retries_delta:
+            values["retries_used"] = runs.c.retries_used + upd.retries_delta
+        if upd.tokens_delta:
+            values["tokens_used"] = runs.c.tokens_used + upd.tokens_delta
+        if upd.cost_delta:
+            values["cost_used"] = runs.c.cost_used + upd.cost_delta
+        if values:
+            conn.execute(update(runs).where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
+                         .values(**values))
+        return self._get_run(conn, lease.run_id)
+
+    def _write_effects(self, conn: Connection, run_id: str, batch: Batch, now: float) -> None:
+        pending = [e for e in batch.effects if e.status == EffectStatus.PENDING]
+        final = [e for e in batch.effects if e.status != EffectStatus.PENDING]
+        if pending:
+            rows = [{"run_id": run_id, "created_at": now, "updated_at": now, **e.model_dump()} for e in pending]
+            # insert-once: an existing row keeps its key and status, except that a failed
+            # effect an operator retries becomes pending again (same key)
+            stmt = _insert_for(conn, effects)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["idempotency_key"],
+                set_={"status": EffectStatus.PENDING.value, "updated_at": now},
+                where=effects.c.status == EffectStatus.FAILED.value,
+            )
+            conn.execute(stmt, rows)
+        if final:
+            rows = [{"run_id": run_id, "created_at": now, "updated_at": now, **e.model_dump()} for e in final]
+            _upsert(conn, effects, rows, ["idempotency_key"], keep=("created_at",))
+
+    # ---------------------------------------------------------------- reads
+
+    def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(set(digests))
+        if not wanted:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(blobs.c.digest, blobs.c.data).where(blobs.c.digest.in_(wanted))).all()
+        return {d: bytes(b) for d, b in rows}
+
+    def put_blobs(self, blobs_by_digest: dict[str, bytes]) -> None:
+        if not blobs_by_digest:
+            return
+        with self.engine.begin() as conn:
+            _insert_ignore(conn, blobs, [{"digest": d, "size": len(b), "data": b}
+                                         for d, b in blobs_by_digest.items()], ["digest"])
+
+    def nodes(self, run_id: str) -> list[NodeRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)
+                                .order_by(nodes.c.started_at, nodes.c.node_id, nodes.c.fan_index)).all()
+        return _records(NodeRecord, rows)
+
+    def effects(self, run_id: str) -> list[EffectRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(effects).where(effects.c.run_id == run_id)
+                                .order_by(effects.c.created_at)).all()
+        return _records(EffectRecord, rows)
+
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[EventRecord]:
+        query = select(events).where(events.c.run_id == run_id, events.c.seq > after_seq).order_by(events.c.seq)
+        if limit is not None:
+            query = query.limit(limit)
+        with self.engine.connect() as conn:
+            return _records(EventRecord, conn.execute(query).all())
+
+    def count_events(self, run_id: str) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(select(func.count()).select_from(events).where(events.c.run_id == run_id))
+                       .scalar_one())
+
+    # ---------------------------------------------------------------- signals
+
+    def send_signal(self, run_id: str, kind: str, node_id: str | None = None, payload: Any = None) -> SignalRecord:
+        now = time.time()
+        with self.engine.begin() as conn:
+            self._get_run(conn, run_id)
+            row = conn.execute(
+                insert(signals).values(run_id=run_id, kind=kind, node_id=node_id, payload=payload, created_at=now)
+                .returning(*signals.c)
+            ).one()
+        return SignalRecord.model_validate(row._asdict())
+
+    def pending_signals(self, run_id: str) -> list[SignalRecord]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(signals).where(and_(signals.c.run_id == run_id,
+                                                           signals.c.consumed_at.is_(None)))
+                                .order_by(signals.c.id)).all()
+        return _records(SignalRecord, rows)
+
+
+def _check_transition(current: RunRecord, new: RunStatus) -> None:
+    if not can_transition(current.status, new):
+        raise IllegalTransitionError(
+            f"run {current.run_id!r} cannot go from {current.status.value} to {new.value}"
+        )
+
+
+def _records(model: Any, rows: Sequence[Row[Any]]) -> list[Any]:
+    return [model.model_validate(r._asdict()) for r in rows]
+
+
+def _insert_for(conn: Connection, table: Table) -> Any:
+    if conn.dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
+
+
+def _insert_ignore(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    conn.execute(_insert_for(conn, table).on_conflict_do_nothing(index_elements=keys), rows)
+
+
+def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str],
+            keep: tuple[str, ...] = ()) -> None:
+    stmt = _insert_for(conn, table)
+    cols = [c for c in rows[0] if c not in keys and c not in keep]
+    stmt = stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in cols})
+    conn.execute(stmt, rows)
+
+

@@ -1,0 +1,103 @@
+"""The ``Store`` interface: everything raysaga keeps durably goes through it.
+
+One implementation (``SqlStore``) serves SQLite and PostgreSQL. The orchestrator never
+writes SQL; it hands the store a ``Batch`` under a ``Lease`` and the store applies it in
+one transaction guarded by the lease's fence.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any
+
+from raysaga.state.models import (
+    Batch,
+    EffectRecord,
+    EventRecord,
+    Lease,
+    NewRun,
+    NodeRecord,
+    RunRecord,
+    RunSnapshot,
+    RunStatus,
+    SignalRecord,
+)
+
+
+class Store(ABC):
+    """Durable state of runs. Every method is one transaction."""
+
+    @abstractmethod
+    def create_run(self, new: NewRun) -> RunRecord:
+        """Insert a run in ``pending``; ``RunExistsError`` if the id is taken."""
+
+    @abstractmethod
+    def get_run(self, run_id: str) -> RunRecord:
+        """The run row; ``RunNotFoundError`` if absent."""
+
+    @abstractmethod
+    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
+        """Newest first."""
+
+    @abstractmethod
+    def snapshot(self, run_id: str) -> RunSnapshot:
+        """The run with all its nodes, effects and unconsumed signals, in a constant number of queries."""
+
+    @abstractmethod
+    def transition(
+        self,
+        run_id: str,
+        expected_version: int,
+        status: RunStatus,
+        *,
+        reason: str | None = None,
+        data: Any = None,
+    ) -> RunRecord:
+        """Compare-and-set the run's status and append an event; for callers without a lease
+        (operators). ``ConcurrencyConflict`` if the version moved, ``IllegalTransitionError``
+        if the state machine forbids it."""
+
+    @abstractmethod
+    def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+        """Take the run's lease if free or expired, incrementing its fence; else ``LeaseHeldError``."""
+
+    @abstractmethod
+    def renew(self, lease: Lease) -> Lease:
+        """Extend the lease; ``LeaseLostError`` if the fence moved."""
+
+    @abstractmethod
+    def release(self, lease: Lease) -> None:
+        """Give the lease up (no error if it was already lost)."""
+
+    @abstractmethod
+    def commit(self, lease: Lease, batch: Batch) -> RunRecord | None:
+        """Apply a driver's batch atomically under ``AND fence = ?``; ``LeaseLostError`` on a stale
+        fence (nothing is written). Returns the run row when the batch changed its status."""
+
+    @abstractmethod
+    def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """Blob bytes by digest (missing digests are absent from the result)."""
+
+    @abstractmethod
+    def put_blobs(self, blobs: dict[str, bytes]) -> None:
+        """Store blobs (insert-once by digest)."""
+
+    @abstractmethod
+    def nodes(self, run_id: str) -> list[NodeRecord]: ...
+
+    @abstractmethod
+    def effects(self, run_id: str) -> list[EffectRecord]: ...
+
+    @abstractmethod
+    def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[EventRecord]: ...
+
+    @abstractmethod
+    def send_signal(self, run_id: str, kind: str, node_id: str | None = None, payload: Any = None) -> SignalRecord:
+        """Queue an operator signal (cancel, approve, reject) for the run's driver."""
+
+    @abstractmethod
+    def pending_signals(self, run_id: str) -> list[SignalRecord]: ...
+
+    @abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,119 @@
+"""Shared fixtures: store URLs for SQLite and PostgreSQL, one local Ray cluster per session.
+
+PostgreSQL tests run when ``RAYSAGA_TEST_PG_URL`` names a server database (``.ci/run`` sets
+it); each test session creates a fresh database there and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raysaga.state import SqlStore
+
+PG_ENV = "RAYSAGA_TEST_PG_URL"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_admin(url: str, sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        conn.execute(sql)
+
+
+def make_pg_database(base_url: str) -> str:
+    """Create a fresh database on the server of ``base_url`` and return its URL."""
+    name = "raysaga_t_" + uuid.uuid4().hex[:12]
+    _pg_admin(base_url, f'CREATE DATABASE "{name}"')
+    head, _, _ = base_url.rpartition("/")
+    return f"{head}/{name}"
+
+
+def drop_pg_database(base_url: str, url: str) -> None:
+    name = url.rpartition("/")[2]
+    _pg_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def pg_base_url() -> str:
+    url = os.environ.get(PG_ENV)
+    if not url:
+        pytest.skip(f"{PG_ENV} is not set: PostgreSQL tests need a server (see README)")
+    return url
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_base_url: str) -> Iterator[str]:
+    """A database created for this test session, dropped afterwards."""
+    url = make_pg_database(pg_base_url)
+    yield url
+    drop_pg_database(pg_base_url, url)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """Every store test runs on a SQLite file and, when configured, on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'raysaga.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[SqlStore]:
+    s = SqlStore(store_url)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'raysaga.db'}"
+
+
+@pytest.fixture(scope="session")
+def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One local Ray head for the whole session; tests and their subprocess drivers join it."""
+    ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
+    assert ray_bin, "the ray CLI is not installed"
+    port = _free_port()
+    temp_dir = tmp_path_factory.mktemp("ray")
+    subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+         f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+        check=True, capture_output=True, timeout=120,
+    )
+    address = f"127.0.0.1:{port}"
+    os.environ["RAY_ADDRESS"] = address
+    try:
+        yield address
+    finally:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        os.environ.pop("RAY_ADDRESS", None)
+
+
+@pytest.fixture(scope="session")
+def ray_session(ray_address: str) -> str:
+    """This test process connected to the session's Ray cluster."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(address=ray_address, logging_level="ERROR", log_to_driver=False)
+    return ray_address
