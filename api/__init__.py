@@ -33,9 +33,7 @@ from raysaga.state import RunRecord, RunStatus, Store, open_store
 __version__ = "0.1.0"
 
 __all__ = [
-    # defining workflows
     "NOT_APPLIED",
-    # errors
     "InvalidInputError",
     "LeaseHeldError",
     "LeaseLostError",
@@ -45,7 +43,6 @@ __all__ = [
     "RetryPolicy",
     "RunNotFoundError",
     "RunOptions",
-    # the store
     "RunRecord",
     "RunStatus",
     "StepContext",
@@ -54,7 +51,6 @@ __all__ = [
     "UserError",
     "Workflow",
     "WorkflowDefinitionError",
-    # running them
     "cancel",
     "create_run",
     "open_store",

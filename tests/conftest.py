@@ -6,8 +6,10 @@ it); each test session creates a fresh database there and drops it at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -91,9 +93,12 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert ray_bin, "the ray CLI is not installed"
     port = _free_port()
     temp_dir = tmp_path_factory.mktemp("ray")
+    # a local test cluster on loopback needs no token; and a token written to ~/.ray by one
+    # cluster would break another cluster on the same machine
+    os.environ["RAY_AUTH_MODE"] = "disabled"
     subprocess.run(
         [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+         "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
         check=True, capture_output=True, timeout=120,
     )
     address = f"127.0.0.1:{port}"
@@ -105,8 +110,22 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120)
+        _kill_processes_mentioning(str(temp_dir))  # only this session's cluster, not `ray stop`'s all
         os.environ.pop("RAY_ADDRESS", None)
+
+
+def _kill_processes_mentioning(marker: str) -> None:
+    """SIGKILL every process whose command line contains ``marker`` (our Ray head's temp dir)."""
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            with contextlib.suppress(OSError):
+                os.kill(int(proc_dir.name), signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
