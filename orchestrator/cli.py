@@ -15,6 +15,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
 from raysaga.errors import LeaseHeldError, LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator import runner
 from raysaga.orchestrator.loader import load_workflow
@@ -23,9 +27,6 @@ from raysaga.orchestrator.render import dot, mermaid, status_json
 from raysaga.state import RunRecord, RunStatus, SqlStore, open_store
 from raysaga.state.engine import default_url, make_engine, redact
 from raysaga.state.migrate import upgrade
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="raysaga: crash-proof multi-agent workflows on Ray.")

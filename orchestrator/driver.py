@@ -161,6 +161,11 @@ class Driver:
             self._restored[key] = node
             self._attempts[key] = node.attempt
             if node.status == NodeStatus.COMPLETED:
+                if node.fan_index < 0 and self.wf.steps[node.node_id].map_over is not None:
+                    # A fan-out parent's row holds no output (None): its output is the list of
+                    # its items', which _output_of collects. Restoring the None made every
+                    # dependent of a parent completed before the crash receive None on resume.
+                    continue
                 if node.output_digest:
                     self._outputs[key] = jsoncodec.loads(blobs[node.output_digest])
                 else:
@@ -344,7 +349,9 @@ class Driver:
         batch = self._pending_batch
         for handle in finished:
             key = handle.key
-            flight = self._inflight.pop(key)
+            flight = self._inflight.pop(key, None)
+            if flight is None:  # cancelled while this batch was absorbed (a closed fan-out's sibling)
+                continue
             outcome = handle.outcome
             assert outcome is not None
             if outcome.ok:
@@ -554,7 +561,11 @@ class Driver:
                 flight.recorded = True
                 batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.RUNNING,
                                              attempt=flight.attempt, started_at=flight.started_at))
-        labels = [node_label(n.node_id, n.fan_index) for n in batch.nodes]
+        # Crash points before_commit/after_commit name the nodes whose *outcome* this batch makes
+        # durable. A 'running' row (an effect's pending write, an in-flight node) is no outcome:
+        # counting it made `before_commit:<effect>` fire on the pending flush, before the call,
+        # so the window "call returned, result not yet durable" was never exercised.
+        labels = [node_label(n.node_id, n.fan_index) for n in batch.nodes if n.status != NodeStatus.RUNNING]
         self.faults.hit("before_commit", labels)
         self._pending_batch = Batch()
         return self._commit(batch, labels)

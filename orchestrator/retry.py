@@ -60,4 +60,9 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
 
 def describe(exc: BaseException) -> dict[str, Any]:
     """The JSON record of a failure kept in the store (never the exception object)."""
-    return {"type": type(exc).__name__, "message": str(exc)[:2000]}
+    return {"type": type(exc).__name__, "message": printable(str(exc)[:2000])}
+
+
+def printable(text: str) -> str:
+    """Text safe to store: a lone surrogate in an exception message becomes an escape."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.errors import LeaseHeldError, UserError
+from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
@@ -78,7 +78,15 @@ def run(workflow: Workflow, input: Any = None, *, store: Store | str | None = No
                                 f"not {workflow.name!r}")
             return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                           on_progress=on_progress)
-    record = create_run(workflow, input, store=st, run_id=run_id, options=options, workflow_ref=workflow_ref)
+    try:
+        record = create_run(workflow, input, store=st, run_id=run_id, options=options, workflow_ref=workflow_ref)
+    except RunExistsError:
+        # Another process created this run between the look-up above and this insert (two drivers
+        # started together with one run id). It is an existing run now: take the resume path, so
+        # the loser backs off on the lease (LeaseHeldError) like any second driver, instead of
+        # failing with "already exists".
+        return run(workflow, input, store=st, run_id=run_id, executor=executor, address=address,
+                   options=options, on_progress=on_progress, workflow_ref=workflow_ref)
     return resume(workflow, record.run_id, store=st, executor=executor, address=address, options=options,
                   on_progress=on_progress)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.orchestrator.options import RetryPolicy
+from raysaga.sagas.policy import ALL, FanOutPolicy
 
 #: Returned by a ``reconcile`` hook when the downstream shows the effect never happened.
 NOT_APPLIED: Any = type("NotApplied", (), {"__repr__": lambda self: "NOT_APPLIED"})()
@@ -35,6 +36,10 @@ class StepSpec:
     timeout: float | None = None
     compensate: Callable[..., Any] | None = None
     reconcile: Callable[..., Any] | None = None
+    fan_out_policy: FanOutPolicy = ALL
+    """A fan-out's partial-failure policy; anything but ALL hands dependents a FanOutResult."""
+    on_failure: str = "skip"
+    """A non-critical step's failure: 'skip' its dependents, or 'pass' them a StepFailed record."""
     kind: str = "step"
     is_async: bool = False
     options: dict[str, Any] = field(default_factory=dict)
@@ -54,4 +59,6 @@ class StepSpec:
             "retry": None if retry is None else [retry.max_attempts, retry.base, retry.cap],
             "timeout": self.timeout,
             "compensate": self.compensate is not None,
+            "policy": self.fan_out_policy.kind,
+            "on_failure": self.on_failure,
         }

@@ -14,7 +14,7 @@ from typing import Any
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.retry import describe, is_transient
+from raysaga.orchestrator.retry import describe, is_transient, printable
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
@@ -46,7 +46,7 @@ class NodeOutcome:
     def failure(exc: BaseException, *, transient: bool, started_at: float) -> NodeOutcome:
         error = describe(exc)
         error["transient"] = transient
-        error["traceback"] = "".join(traceback.format_exception(exc, limit=-8))[-4000:]
+        error["traceback"] = printable("".join(traceback.format_exception(exc, limit=-8))[-4000:])
         return NodeOutcome(ok=False, error=error, transient=transient, started_at=started_at,
                            finished_at=time.time())
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import types
 import typing
 from typing import Any
 
 import networkx as nx
 from pydantic import BaseModel
+
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.spec import StepSpec
 
@@ -46,10 +48,17 @@ def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict
                 f"step {spec.name!r} returns {_type_name(spec.output_type)}, which is not JSON-able ({bad}): "
                 "return a pydantic model, dict, list, str, int, float, bool or None"
             )
-    for target in compensations:
+    for target, fn in compensations.items():
         if target not in steps:
             problems.append(f"a compensation is registered for unknown step {target!r}: "
                             f"known steps are {sorted(steps)}")
+        elif steps[target].compensate is not None:
+            problems.append(f"step {target!r} has two compensations (compensate= and @compensation): keep one")
+        else:
+            problems.extend(compensation_problems(steps[target], fn))
+    for spec in steps.values():
+        if spec.compensate is not None:
+            problems.extend(compensation_problems(spec, spec.compensate))
     graph = build_graph({k: v for k, v in steps.items()})
     graph.remove_edges_from(list(nx.selfloop_edges(graph)))
     try:
@@ -64,6 +73,27 @@ def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict
             f"workflow {workflow_name!r} is invalid:\n" + "\n".join(f"  - {p}" for p in problems)
         )
     return graph
+
+
+#: What a compensation may ask for by parameter name, besides the step's own parameters.
+COMPENSATION_PARAMS = frozenset({"ctx", "input", "output"})
+
+
+def compensation_problems(spec: StepSpec, fn: Any) -> list[str]:
+    """A compensation takes ``ctx``, ``input``, ``output`` (the step's committed output, or None
+    if the step's outcome is unknown) and any of the step's own parameters, by name."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return [f"the compensation of step {spec.name!r} is not a function"]
+    allowed = COMPENSATION_PARAMS | set(spec.param_deps) | ({spec.input_param} if spec.input_param else set())
+    return [
+        f"compensation {getattr(fn, '__name__', fn)!r} of step {spec.name!r} takes parameter {name!r}, which "
+        f"nothing provides: use ctx, input, output or one of the step's parameters {sorted(spec.param_deps)}"
+        for name, p in params.items()
+        if name not in allowed and p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    ]
 
 
 def _type_name(tp: Any) -> str:

@@ -26,11 +26,13 @@ from typing import Any, ParamSpec, TypeVar
 
 import networkx as nx
 from pydantic import BaseModel, TypeAdapter, ValidationError
+
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.validation import json_type_problem, validate
+from raysaga.sagas.policy import ALL, FanOutPolicy
 from raysaga.state import jsoncodec
 
 P = ParamSpec("P")
@@ -74,6 +76,8 @@ class Workflow:
         compensate: Callable[..., Any] | None = None,
         reconcile: Callable[..., Any] | None = None,
         map_over: str | None = None,
+        policy: FanOutPolicy | None = None,
+        on_failure: str = "skip",
     ) -> Any:
         """Declare a step. Keyword-only options:
 
@@ -90,12 +94,18 @@ class Workflow:
             reconcile: ``fn(ctx, **same_args) -> result | NOT_APPLIED`` asked on resume of an effect
                 whose call may or may not have happened, before re-issuing it.
             map_over: fan out: run once per element of this upstream step's list output.
+            policy: a fan-out's partial-failure policy (``raysaga.sagas``: ``ALL`` (default),
+                ``quorum(k)``, ``min_success_ratio(r)``, ``BEST_EFFORT``, ``on_partial_failure(fn)``).
+                Anything but ``ALL`` hands dependents a ``FanOutResult`` instead of a list.
+            on_failure: for a non-critical step, ``"skip"`` its dependents when it fails for good,
+                or ``"pass"`` them a ``StepFailed`` record in place of its output.
         """
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
             self._add(self._make_spec(func, name=name, after=tuple(after), critical=critical, effect=effect,
                                       effect_name=effect_name, retry=retry, timeout=timeout, compensate=compensate,
-                                      reconcile=reconcile, map_over=map_over))
+                                      reconcile=reconcile, map_over=map_over, policy=policy,
+                                      on_failure=on_failure))
             return func
 
         if fn is not None:
@@ -114,7 +124,7 @@ class Workflow:
             if step_name in self.compensations:
                 raise WorkflowDefinitionError(f"step {step_name!r} already has a compensation")
             self.compensations[step_name] = func
-            self._graph = None
+            self._invalidate()
             return func
 
         return decorate
@@ -124,7 +134,8 @@ class Workflow:
     def _make_spec(self, func: Callable[..., Any], *, name: str | None, after: tuple[str, ...], critical: bool,
                    effect: bool, effect_name: str | None, retry: RetryPolicy | None, timeout: float | None,
                    compensate: Callable[..., Any] | None, reconcile: Callable[..., Any] | None,
-                   map_over: str | None) -> StepSpec:
+                   map_over: str | None, policy: FanOutPolicy | None = None,
+                   on_failure: str = "skip") -> StepSpec:
         step_name = name or getattr(func, "__name__", None)
         if not callable(func) or not step_name:
             raise WorkflowDefinitionError(f"@{self.name}.step decorates functions, got {func!r}")
@@ -132,6 +143,15 @@ class Workflow:
             raise WorkflowDefinitionError(f"step {step_name!r}: timeout must be > 0 seconds, got {timeout}")
         if compensate is not None and not callable(compensate):
             raise WorkflowDefinitionError(f"step {step_name!r}: compensate= must be a function")
+        if policy is not None and map_over is None:
+            raise WorkflowDefinitionError(f"step {step_name!r}: policy= applies to fan-outs; add map_over=")
+        if policy is not None and not isinstance(policy, FanOutPolicy):
+            raise WorkflowDefinitionError(
+                f"step {step_name!r}: policy={policy!r} is not a fan-out policy: use raysaga.sagas.quorum(k), "
+                "min_success_ratio(r), BEST_EFFORT, ALL or on_partial_failure(fn)")
+        if on_failure not in ("skip", "pass"):
+            raise WorkflowDefinitionError(
+                f"step {step_name!r}: on_failure must be 'skip' or 'pass', not {on_failure!r}")
         if reconcile is not None and not effect:
             raise WorkflowDefinitionError(f"step {step_name!r}: reconcile= only makes sense with effect=True")
         try:
@@ -173,6 +193,7 @@ class Workflow:
             output_type=hints.get("return", Any), map_over=map_over, critical=critical, effect=effect,
             effect_name=effect_name or step_name, retry=retry, timeout=timeout, compensate=compensate,
             reconcile=reconcile, is_async=asyncio.iscoroutinefunction(func),
+            fan_out_policy=policy or ALL, on_failure=on_failure,
         )
 
     def _add(self, spec: StepSpec) -> None:
@@ -181,7 +202,13 @@ class Workflow:
                 f"workflow {self.name!r} already has a step named {spec.name!r}: "
                 "give one of them another name (name=...)")
         self.steps[spec.name] = spec
+        self._invalidate()
+
+    def _invalidate(self) -> None:
+        """Drop the validated graph and what is cached from it."""
         self._graph = None
+        self.__dict__.pop("order", None)
+        self.__dict__.pop("definition_hash", None)
 
     # ------------------------------------------------------------------ validated views
 

@@ -1,21 +1,25 @@
 """Engines for the two supported databases, configured for a crash-proof store.
 
 SQLite: WAL journal, ``synchronous=FULL`` (a commit survives power loss, not only a killed
-process), a busy timeout, and ``BEGIN IMMEDIATE`` for every transaction so a
-read-then-write never fails midway with "database is locked".
+process), a busy timeout, and ``BEGIN IMMEDIATE`` for every write transaction so a
+read-then-write never fails midway with "database is locked". Reads use a second engine with
+plain (deferred) ``BEGIN``: under WAL they never wait for, nor block, a writer.
 PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it.
 """
 
 from __future__ import annotations
 
 import os
+import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
-from raysaga.errors import UserError
-from raysaga.state import jsoncodec
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+
+from raysaga.errors import NotJSONableError, UserError
+from raysaga.state import jsoncodec
 
 DEFAULT_DIR = ".raysaga"
 DEFAULT_FILE = "raysaga.db"
@@ -53,7 +57,8 @@ def _json_serializer(value: Any) -> str:
     return jsoncodec.dumps(value)
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, for_reads: bool = False) -> Engine:
+    """An engine for ``url``. ``for_reads``: on SQLite, transactions start deferred (read-only use)."""
     url = normalize_url(url)
     try:
         parsed = make_url(url)
@@ -61,18 +66,18 @@ def make_engine(url: str) -> Engine:
         raise UserError(f"database URL {url!r} is not valid: {exc}") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return _sqlite_engine(url, parsed.database)
+        return _unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads))
     if backend == "postgresql":
-        return create_engine(
+        return _unwrap_json_errors(create_engine(
             url,
             json_serializer=_json_serializer,
             json_deserializer=jsoncodec.loads,
             pool_pre_ping=True,
-        )
+        ))
     raise UserError(f"database {redact(url)} is not supported: use a sqlite:/// file or postgresql:// URL")
 
 
-def _sqlite_engine(url: str, database: str | None) -> Engine:
+def _sqlite_engine(url: str, database: str | None, *, immediate: bool) -> Engine:
     if not database or database == ":memory:":
         raise UserError("an in-memory SQLite database cannot be shared by a driver and its tools: use a file")
     Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
@@ -88,14 +93,47 @@ def _sqlite_engine(url: str, database: str | None) -> Engine:
         # let SQLAlchemy, not pysqlite, emit BEGIN, so it can be BEGIN IMMEDIATE
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        _enable_wal(cur)
+        cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
+    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        conn.exec_driver_sql(begin)
+
+    return engine
+
+
+def _enable_wal(cur: Any) -> None:
+    """Switch the file to WAL (a persistent setting, so this changes a file once).
+
+    The switch needs an exclusive lock, and SQLite answers SQLITE_BUSY at once, without calling
+    the busy handler, while another connection holds the file (two processes opening one fresh
+    database): retry until the busy timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)  # SQLite's own busy handler is not called for this pragma
+
+
+def _unwrap_json_errors(engine: Engine) -> Engine:
+    """Raise a value's ``NotJSONableError`` as itself. pysqlite serializes bind parameters before
+    executing, and SQLAlchemy wraps what that raises in ``StatementError``; psycopg does not."""
+
+    @event.listens_for(engine, "handle_error")
+    def _reraise(ctx: Any) -> None:
+        if isinstance(ctx.original_exception, NotJSONableError):
+            raise ctx.original_exception
 
     return engine

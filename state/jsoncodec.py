@@ -13,6 +13,7 @@ import math
 from typing import Any
 
 from pydantic import BaseModel
+
 from raysaga.errors import NotJSONableError
 
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]

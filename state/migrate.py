@@ -6,9 +6,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import Engine, inspect, select, text
+
 from raysaga.errors import SchemaVersionError
 from raysaga.state.schema import SCHEMA_VERSION, schema_info
-from sqlalchemy import Engine, inspect, select, text
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 

@@ -6,6 +6,10 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sqlalchemy import Connection, Engine, Row, Table, and_, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+
 from raysaga.errors import (
     ConcurrencyConflict,
     IllegalTransitionError,
@@ -33,9 +37,6 @@ from raysaga.state.models import (
 )
 from raysaga.state.schema import blobs, effects, events, nodes, runs, signals
 from raysaga.state.store import Store
-from sqlalchemy import Connection, Engine, Row, Table, and_, func, insert, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 
 
 class SqlStore(Store):
@@ -44,6 +45,9 @@ class SqlStore(Store):
     def __init__(self, url: str, *, migrate_schema: bool = True) -> None:
         self.url = normalize_url(url)
         self.engine: Engine = make_engine(self.url)
+        # reads on their own engine: on SQLite they then never take the write lock
+        self.reader: Engine = make_engine(self.url, for_reads=True) if self.dialect_of(self.url) == "sqlite" \
+            else self.engine
         if migrate_schema:
             migrate.upgrade(self.engine)
         else:
@@ -56,8 +60,14 @@ class SqlStore(Store):
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    @staticmethod
+    def dialect_of(url: str) -> str:
+        return "sqlite" if url.startswith("sqlite") else "postgresql"
+
     def close(self) -> None:
         self.engine.dispose()
+        if self.reader is not self.engine:
+            self.reader.dispose()
 
     # ---------------------------------------------------------------- runs
 
@@ -76,7 +86,7 @@ class SqlStore(Store):
         return self.get_run(new.run_id)
 
     def get_run(self, run_id: str) -> RunRecord:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return self._get_run(conn, run_id)
 
     def _get_run(self, conn: Connection, run_id: str) -> RunRecord:
@@ -89,11 +99,11 @@ class SqlStore(Store):
         query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if status is not None:
             query = query.where(runs.c.status == status.value)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [RunRecord.model_validate(r._asdict()) for r in conn.execute(query)]
 
     def snapshot(self, run_id: str) -> RunSnapshot:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             run = self._get_run(conn, run_id)
             node_rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)).all()
             effect_rows = conn.execute(select(effects).where(effects.c.run_id == run_id)).all()
@@ -163,7 +173,8 @@ class SqlStore(Store):
         with self.engine.begin() as conn:
             result = conn.execute(
                 update(runs)
-                .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
+                .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence,
+                       runs.c.lease_owner == lease.owner)  # a released lease stays released
                 .values(lease_expires_at=now + lease.ttl)
             )
             if result.rowcount != 1:
@@ -276,7 +287,7 @@ class SqlStore(Store):
         wanted = list(set(digests))
         if not wanted:
             return {}
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(blobs.c.digest, blobs.c.data).where(blobs.c.digest.in_(wanted))).all()
         return {d: bytes(b) for d, b in rows}
 
@@ -288,26 +299,27 @@ class SqlStore(Store):
                                          for d, b in blobs_by_digest.items()], ["digest"])
 
     def nodes(self, run_id: str) -> list[NodeRecord]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)
-                                .order_by(nodes.c.started_at, nodes.c.node_id, nodes.c.fan_index)).all()
+                                .order_by(nodes.c.started_at.is_(None), nodes.c.started_at, nodes.c.node_id,
+                                          nodes.c.fan_index)).all()
         return _records(NodeRecord, rows)
 
     def effects(self, run_id: str) -> list[EffectRecord]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(effects).where(effects.c.run_id == run_id)
-                                .order_by(effects.c.created_at)).all()
+                                .order_by(effects.c.created_at, effects.c.idempotency_key)).all()
         return _records(EffectRecord, rows)
 
     def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[EventRecord]:
         query = select(events).where(events.c.run_id == run_id, events.c.seq > after_seq).order_by(events.c.seq)
         if limit is not None:
             query = query.limit(limit)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return _records(EventRecord, conn.execute(query).all())
 
     def count_events(self, run_id: str) -> int:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(events).where(events.c.run_id == run_id))
                        .scalar_one())
 
@@ -324,7 +336,7 @@ class SqlStore(Store):
         return SignalRecord.model_validate(row._asdict())
 
     def pending_signals(self, run_id: str) -> list[SignalRecord]:
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             rows = conn.execute(select(signals).where(and_(signals.c.run_id == run_id,
                                                            signals.c.consumed_at.is_(None)))
                                 .order_by(signals.c.id)).all()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from alembic import context
+
 from raysaga.state.schema import metadata
 
 connection = context.config.attributes["connection"]

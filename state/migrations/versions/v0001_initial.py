@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
+
 from raysaga.state.schema import blobs, effects, events, nodes, runs, schema_info, signals
 
 revision = "0001"

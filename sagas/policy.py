@@ -1,0 +1,161 @@
+"""Partial failure in a fan-out: what the items produced, and what the workflow decides.
+
+A mapped step whose policy is not ``ALL`` hands its dependents a ``FanOutResult`` (the
+successes and the annotated failures) instead of a plain list. The policy looks at it once
+every item has settled and returns a ``Decision`` that the driver records as an event and obeys.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from raysaga.errors import WorkflowDefinitionError
+
+
+class ItemSuccess(BaseModel):
+    index: int
+    output: Any = None
+
+
+class ItemFailure(BaseModel):
+    index: int
+    error_type: str
+    message: str
+    attempts: int
+
+
+class FanOutResult(BaseModel):
+    """What a fan-out produced: successes in index order and the annotated failures."""
+
+    total: int
+    successes: list[ItemSuccess] = Field(default_factory=list)
+    failures: list[ItemFailure] = Field(default_factory=list)
+    round: int = 1
+    """1 for the first pass; +1 each time the policy answered ``RetryFailed``."""
+
+    @property
+    def outputs(self) -> list[Any]:
+        return [s.output for s in self.successes]
+
+    @property
+    def success_ratio(self) -> float:
+        return len(self.successes) / self.total if self.total else 1.0
+
+
+class Verdict(StrEnum):
+    CONTINUE = "continue"
+    RETRY_FAILED = "retry_failed"
+    FAIL = "fail"
+    COMPENSATE = "compensate"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str = ""
+
+
+def Continue(reason: str = "") -> Decision:
+    """Go on with the successes; dependents receive the ``FanOutResult``."""
+    return Decision(Verdict.CONTINUE, reason)
+
+
+def RetryFailed(reason: str = "") -> Decision:
+    """Dispatch the failed items again (same idempotency keys); decide again afterwards."""
+    return Decision(Verdict.RETRY_FAILED, reason)
+
+
+def Fail(reason: str = "") -> Decision:
+    """The fan-out step fails (a critical one fails the run and rolls it back)."""
+    return Decision(Verdict.FAIL, reason)
+
+
+def Compensate(reason: str = "") -> Decision:
+    """Roll the run back now, even if the step is not critical."""
+    return Decision(Verdict.COMPENSATE, reason)
+
+
+DecisionFn = Callable[[FanOutResult], Decision]
+
+
+@dataclass(frozen=True)
+class FanOutPolicy:
+    """How a fan-out treats failed items. Build with the helpers below, not directly."""
+
+    kind: str
+    quorum: int | None = None
+    min_ratio: float | None = None
+    decide_fn: DecisionFn | None = None
+
+    @property
+    def partial(self) -> bool:
+        """Item failures are collected rather than failing the step at once."""
+        return self.kind != "all"
+
+    def decide(self, result: FanOutResult) -> Decision:
+        n_ok, n = len(result.successes), result.total
+        if self.kind == "all":
+            return Continue("all items succeeded") if not result.failures else Fail(
+                f"{len(result.failures)} of {n} items failed")
+        if self.kind == "best_effort":
+            return Continue(f"{n_ok} of {n} items succeeded (best effort)")
+        if self.kind == "quorum":
+            assert self.quorum is not None
+            need = min(self.quorum, n)
+            if n_ok >= need:
+                return Continue(f"quorum met: {n_ok} of {n} succeeded, {need} needed")
+            return Fail(f"quorum not met: {n_ok} of {n} succeeded, {need} needed")
+        if self.kind == "ratio":
+            assert self.min_ratio is not None
+            if result.success_ratio >= self.min_ratio:
+                return Continue(f"{n_ok} of {n} succeeded (ratio {result.success_ratio:.2f} >= {self.min_ratio})")
+            return Fail(f"only {n_ok} of {n} succeeded (ratio {result.success_ratio:.2f} < {self.min_ratio})")
+        assert self.decide_fn is not None
+        decision = self.decide_fn(result)
+        if not isinstance(decision, Decision):
+            raise TypeError(f"on_partial_failure returned {decision!r}: return Continue(), RetryFailed(), Fail() "
+                            "or Compensate()")
+        return decision
+
+    def unreachable(self, total: int, failed: int) -> bool:
+        """True once enough items failed that the policy can only say Fail (stop waiting early)."""
+        if self.kind == "quorum" and self.quorum is not None:
+            return total - failed < min(self.quorum, total)
+        if self.kind == "ratio" and self.min_ratio is not None and total:
+            return (total - failed) / total < self.min_ratio
+        return False
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "quorum": self.quorum, "min_ratio": self.min_ratio,
+                "decide": getattr(self.decide_fn, "__qualname__", None)}
+
+
+ALL = FanOutPolicy("all")
+BEST_EFFORT = FanOutPolicy("best_effort")
+
+
+def quorum(k: int) -> FanOutPolicy:
+    """Continue when at least ``k`` items succeed (all of them, if fewer than ``k`` exist)."""
+    if k < 1:
+        raise WorkflowDefinitionError(f"quorum({k}): k must be >= 1")
+    return FanOutPolicy("quorum", quorum=k)
+
+
+def min_success_ratio(ratio: float) -> FanOutPolicy:
+    """Continue when at least this fraction of the items succeed."""
+    if not (0.0 < ratio <= 1.0) or math.isnan(ratio):
+        raise WorkflowDefinitionError(f"min_success_ratio({ratio}): use a ratio in (0, 1]")
+    return FanOutPolicy("ratio", min_ratio=ratio)
+
+
+def on_partial_failure(fn: DecisionFn) -> FanOutPolicy:
+    """Let a function decide: ``fn(result: FanOutResult) -> Continue() | RetryFailed() | Fail() | Compensate()``."""
+    if not callable(fn):
+        raise WorkflowDefinitionError("on_partial_failure(fn): fn must be callable")
+    return FanOutPolicy("decide", decide_fn=fn)

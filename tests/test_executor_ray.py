@@ -1,0 +1,144 @@
+"""The Ray executor against the session's local cluster (``ray_session`` in conftest).
+
+Steps travel to the workers pickled by value, so the tests do not depend on the workers'
+import path (pytest's cwd, ``--import-mode=importlib``); the same functions run inline and on Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import raysaga
+from raysaga import RetryPolicy, RunStatus, StepContext, Workflow
+from raysaga.state import NodeStatus, SqlStore
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _pickle_this_module_by_value() -> None:
+    cloudpickle = pytest.importorskip("ray.cloudpickle")
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _fan_out_workflow() -> Workflow:
+    wf = Workflow("squares")
+
+    @wf.step()
+    def plan(input: dict[str, int]) -> list[int]:
+        return list(range(input["n"]))
+
+    @wf.map("plan")
+    def square(ctx: StepContext, plan: int) -> dict[str, int]:
+        return {"i": plan, "sq": plan * plan, "fan_index": ctx.fan_index}
+
+    @wf.step()
+    def total(square: list[dict[str, int]], input: dict[str, int]) -> dict[str, Any]:
+        return {"sum": sum(s["sq"] for s in square), "order": [s["i"] for s in square], "n": input["n"]}
+
+    @wf.step()
+    def side(plan: list[int]) -> int:
+        return len(plan)
+
+    return wf
+
+
+def _outputs(url: str, run_id: str) -> dict[tuple[str, int], Any]:
+    store = SqlStore(url)
+    try:
+        return {(n.node_id, n.fan_index): (n.status, n.output, n.attempt) for n in store.nodes(run_id)}
+    finally:
+        store.close()
+
+
+def test_ray_and_inline_give_identical_outputs(ray_session: str, tmp_path: Any) -> None:
+    wf = _fan_out_workflow()
+    inline_url, ray_url = f"sqlite:///{tmp_path / 'inline.db'}", f"sqlite:///{tmp_path / 'ray.db'}"
+    inline = raysaga.run(wf, {"n": 5}, store=inline_url, executor="inline", run_id="same-id")
+    on_ray = raysaga.run(wf, {"n": 5}, store=ray_url, executor="ray", address=ray_session, run_id="same-id")
+    assert inline.status == on_ray.status == RunStatus.COMPLETED
+    assert on_ray.output == inline.output == {"total": {"sum": 30, "order": [0, 1, 2, 3, 4], "n": 5}, "side": 5}
+    inline_nodes, ray_nodes = _outputs(inline_url, "same-id"), _outputs(ray_url, "same-id")
+    assert ray_nodes == inline_nodes
+    assert ray_nodes[("square", 3)] == (NodeStatus.COMPLETED, {"i": 3, "sq": 9, "fan_index": 3}, 1)
+    assert len(ray_nodes) == 1 + 1 + 5 + 1 + 1  # plan, square parent, 5 items, total, side
+
+
+def _wait_for_exit(pid: int, timeout: float) -> bool:
+    """True once process ``pid`` has exited (a pidfd becomes readable), False on timeout."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        readable, _, _ = select.select([fd], [], [], timeout)
+        return bool(readable)
+    finally:
+        os.close(fd)
+
+
+def test_node_timeout_on_ray_is_cancelled_retried_and_exhausted(
+        ray_session: str, sqlite_url: str, tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    wf = Workflow("slow")
+
+    @wf.step(timeout=0.5, retry=RetryPolicy(max_attempts=2, base=0.01, cap=0.01))
+    def stuck(ctx: StepContext, input: str) -> int:
+        with open(input, "a") as fh:
+            fh.write(f"{os.getpid()}\n")
+        time.sleep(60)  # the workload: longer than the node timeout
+        return ctx.attempt
+
+    started = time.monotonic()
+    record = raysaga.run(wf, str(pids), store=sqlite_url, executor="ray", address=ray_session)
+    elapsed = time.monotonic() - started
+    assert record.status == RunStatus.FAILED
+    assert elapsed < 30, "the attempts were not cut at their timeout"
+    store = SqlStore(sqlite_url)
+    node = next(n for n in store.nodes(record.run_id) if n.node_id == "stuck")
+    assert (node.status, node.attempt) == (NodeStatus.FAILED, 2)
+    assert node.error["type"] == "TimeoutError" and node.error["transient"] is True
+    assert "timeout" in node.error["message"] and node.error["reason"] == "2 attempts exhausted"
+    retries = [e for e in store.events(record.run_id) if e.kind == "retry_scheduled"]
+    assert [(e.node_id, e.data["attempt"], e.data["error"]["type"]) for e in retries] == [
+        ("stuck", 1, "TimeoutError")]
+    assert "'stuck'" in (record.status_reason or "")
+    store.close()
+    # each attempt ran in a Ray worker that the cancel killed: nothing keeps sleeping
+    worker_pids = [int(p) for p in pids.read_text().split()]
+    assert len(worker_pids) == 2
+    for pid in worker_pids:
+        assert _wait_for_exit(pid, timeout=20), f"worker {pid} of a timed-out attempt still runs"
+
+
+def test_ray_task_names_are_run_and_node(ray_session: str, sqlite_url: str) -> None:
+    wf = Workflow("names")
+
+    @wf.step()
+    def plan() -> list[int]:
+        return [10, 20]
+
+    @wf.map("plan")
+    def item(plan: int) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_task_name())
+
+    @wf.step()
+    def single(plan: list[int]) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_task_name())
+
+    record = raysaga.run(wf, None, store=sqlite_url, executor="ray", address=ray_session, run_id="named-run")
+    assert record.status == RunStatus.COMPLETED
+    nodes = _outputs(sqlite_url, "named-run")
+    assert nodes[("single", -1)][1] == "named-run:single"
+    assert [nodes[("item", i)][1] for i in range(2)] == ["named-run:item[0]", "named-run:item[1]"]
