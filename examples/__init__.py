@@ -1,0 +1,1 @@
+"""Runnable examples; each folder has a README and one module a test runs."""

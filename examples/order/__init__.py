@@ -1,0 +1,1 @@
+"""The order example: reserve, charge (effect), email (effect), ship."""
