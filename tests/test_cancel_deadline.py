@@ -75,7 +75,7 @@ def test_cancel_reaches_a_live_driver_and_cancels_the_inflight_task(
         result = raysaga.cancel("c1", store=sqlite_url, reason="operator says stop")
         assert result.status == RunStatus.CANCELLED
         assert result.status_reason == "operator says stop"
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 1, err
@@ -110,7 +110,7 @@ def test_deadline_stops_the_run_cleanly(flow_file: Path, sqlite_url: str, tmp_pa
                                         ray_address: str) -> None:
     inp = {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate-never-opens")}
     proc = _start_driver(flow_file, sqlite_url, "d1", inp, "--executor", "ray", "--deadline", "3")
-    out, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     run = open_store(sqlite_url).get_run("d1")
     assert run.status == RunStatus.FAILED

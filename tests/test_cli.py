@@ -99,7 +99,9 @@ def test_failed_run_exits_1_and_status_shows_reason(flow: str, sqlite_url: str) 
 )
 def test_usage_errors_exit_2_with_one_line(args: list[str], message: str, flow: str, sqlite_url: str) -> None:
     path = flow.rpartition(":")[0]
-    argv = [a.replace("{flow}", flow).replace("{path}", path) for a in args] + ["--db", sqlite_url] * (args[0] != "graph")
+    argv = [a.replace("{flow}", flow).replace("{path}", path) for a in args]
+    if args[0] != "graph":
+        argv += ["--db", sqlite_url]
     code, out, err = invoke(*argv)
     assert code == 2, (out, err)
     assert message in err

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import Engine, event, inspect, select, text, update
+
 from raysaga.errors import SchemaVersionError
 from raysaga.state import NewRun, SqlStore, migrate
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION, metadata, runs, schema_info
-from sqlalchemy import Engine, event, inspect, select, text, update
-
 from tests.conftest import drop_pg_database, make_pg_database
 
 CTX = multiprocessing.get_context("spawn")

@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
+
 import raysaga
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,6 +20,9 @@ from collections import deque
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select, update
+from sqlalchemy.exc import StatementError
+
 from raysaga.errors import (
     ConcurrencyConflict,
     IllegalTransitionError,
@@ -45,8 +48,6 @@ from raysaga.state import (
 from raysaga.state.jsoncodec import digest
 from raysaga.state.models import ALLOWED, TERMINAL
 from raysaga.state.schema import blobs, effects, events, nodes, runs, signals
-from sqlalchemy import func, select, update
-from sqlalchemy.exc import StatementError
 
 # ------------------------------------------------------------------ helpers
 

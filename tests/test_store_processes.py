@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+
 from raysaga.state import NewRun, NodeStatus, RunStatus, SqlStore
 
 CTX = multiprocessing.get_context("spawn")
