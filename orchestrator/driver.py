@@ -3,7 +3,8 @@
 It claims the run's lease, rebuilds the run from the store (constant number of queries),
 dispatches ready nodes through an executor, drains every finished attempt and commits their
 checkpoints in one transaction, and repeats. Every write carries the lease's fence; a stale
-fence stops the driver before it makes another call.
+fence stops the driver before it makes another call. When a critical node fails for good the
+same loop runs the rollback (``raysaga.orchestrator.rollback``) instead of the forward DAG.
 
 Delivery guarantees: an ``effect=True`` step runs through the ledger (``pending`` is durable
 before the call, ``committed`` with the result after), so it takes effect at most once per
@@ -26,14 +27,18 @@ from typing import Any
 from raysaga.errors import LeaseLostError, UserError
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.executor import Executor, Handle
+from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.keys import args_digest, effect_key
 from raysaga.orchestrator.options import DEFAULT_RETRY, RunOptions
-from raysaga.orchestrator.retry import backoff_delay
+from raysaga.orchestrator.retry import backoff_delay, printable
+from raysaga.orchestrator.rollback import Rollback, is_compensation
 from raysaga.orchestrator.scheduler import NodeKey, Scheduler
+from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
+from raysaga.sagas.policy import Decision, Fail, Verdict
 from raysaga.state import (
     Batch,
     EffectStatus,
@@ -85,8 +90,14 @@ class _Progress:
             listener(self)
 
 
+def step_failed_record(step: str, error: dict[str, Any]) -> dict[str, Any]:
+    """What dependents of a non-critical ``on_failure="pass"`` step receive instead of its output."""
+    return {"failed": True, "step": step, "error_type": str(error.get("type", "Error")),
+            "message": str(error.get("message") or error.get("reason") or "")}
+
+
 class Driver:
-    """Advances one run to a resting state (completed, failed, cancelled, or lease lost)."""
+    """Advances one run to a resting state (completed, failed, compensated, cancelled, or lease lost)."""
 
     def __init__(self, workflow: Workflow, store: Store, executor: Executor, run_id: str, *,
                  options: RunOptions | None = None, clock: Callable[[], float] = time.time,
@@ -101,18 +112,23 @@ class Driver:
         self.faults = faults or Faults()
         self.owner = driver_id()
         self.progress = _Progress()
+        self.specs: dict[str, StepSpec] = dict(self.wf.steps)  # + compensations, added by the rollback
+        self.outputs: dict[NodeKey, Any] = {}
         self._sched = Scheduler(self.wf)
-        self._outputs: dict[NodeKey, Any] = {}
+        self._fanout = FanOutBook()
         self._restored: dict[NodeKey, NodeRecord] = {}
         self._ledger: dict[str, tuple[EffectStatus, Any]] = {}
+        self._keys: dict[NodeKey, str] = {}  # idempotency key of each effect node dispatched
         self._attempts: dict[NodeKey, int] = {}
         self._timers: list[tuple[float, NodeKey]] = []
         self._inflight: dict[NodeKey, _InFlight] = {}
         self._pending_batch = Batch()
         self._handled_signals: set[int] = set()
         self._parents_done: set[str] = set()  # fan-out parents already durable as completed
+        self._failure: tuple[str, dict[str, Any]] | None = None
+        self._rollback: Rollback | None = None
         self._retries_used = 0
-        self._run: RunRecord | None = None
+        self.run: RunRecord | None = None
         self._hb: Heartbeat | None = None
 
     # ------------------------------------------------------------------ entry point
@@ -132,11 +148,13 @@ class Driver:
                 )
             if run.status in TERMINAL or run.status in PARKED:
                 return run
-            self._run = run
+            self.run = run
             self._hb.start()
             self._restore(snapshot)
             if run.status == RunStatus.PENDING:
                 self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+            elif run.status == RunStatus.COMPENSATING:  # a rollback was under way: finish it
+                self._rollback = Rollback(self, run.status_reason or "rollback")
             return self._loop()
         except LeaseLostError:
             lost = True
@@ -156,25 +174,24 @@ class Driver:
         blobs = self.store.get_blobs(n.output_digest for n in snap.nodes if n.output_digest)
         for node in snap.nodes:
             key = (node.node_id, node.fan_index)
-            if node.node_id not in self.wf.steps:
-                continue
+            spec = self.wf.steps.get(node.node_id)
+            if spec is None:
+                continue  # a compensation's row: the rollback reads those itself
             self._restored[key] = node
             self._attempts[key] = node.attempt
-            if node.status == NodeStatus.COMPLETED:
-                if node.fan_index < 0 and self.wf.steps[node.node_id].map_over is not None:
-                    # A fan-out parent's row holds no output (None): its output is the list of
-                    # its items', which _output_of collects. Restoring the None made every
-                    # dependent of a parent completed before the crash receive None on resume.
+            if spec.map_over is not None and node.fan_index < 0:
+                self._fanout.set_round(node.node_id, max(1, node.attempt))
+                if spec.fan_out_policy.kind == "all":
+                    # An ALL fan-out's parent row holds no output: its output is the list of its
+                    # items', which output_of collects (restoring the None broke its dependents).
                     continue
-                if node.output_digest:
-                    self._outputs[key] = jsoncodec.loads(blobs[node.output_digest])
-                else:
-                    self._outputs[key] = node.output
+            if node.status == NodeStatus.COMPLETED:
+                self.outputs[key] = jsoncodec.loads(blobs[node.output_digest]) if node.output_digest \
+                    else node.output
         for effect in snap.effects:
             self._ledger[effect.idempotency_key] = (effect.status, effect.result)
-        for signal in snap.signals:
-            if self._hb is not None:
-                self._hb.signals.append(signal)
+        assert self._hb is not None
+        self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)
 
     # ------------------------------------------------------------------ the loop
@@ -184,26 +201,31 @@ class Driver:
         while True:
             if self._hb.lost.is_set():
                 raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
-            terminal = self._check_signals_and_deadline()
+            if self._rollback is None:
+                terminal = self._check_signals_and_deadline()
+                if terminal is not None:
+                    return terminal
+            self._fire_timers()
+            terminal = self._dispatch_ready()
             if terminal is not None:
                 return terminal
-            self._fire_timers()
-            failed = self._dispatch_ready()
-            if failed is not None:
-                return failed
             if not self._inflight:
                 if self._timers:
                     self._sleep_until(self._timers[0][0])
                     continue
+                if self._rollback is not None:
+                    if not self._rollback.plan.settled():
+                        continue
+                    return self._finish_rollback()
                 if not self._sched.settled():  # settled nodes made others ready: dispatch them
                     continue
                 return self._finish()
             finished = self.executor.wait([f.handle for f in self._inflight.values()], self._wait_timeout())
             finished += self._expire_timeouts()
             if finished:
-                failed = self._absorb(finished)
-                if failed is not None:
-                    return failed
+                terminal = self._absorb(finished)
+                if terminal is not None:
+                    return terminal
             elif self._pending_batch.empty():
                 continue
             self._flush()
@@ -229,19 +251,25 @@ class Driver:
         now = self.clock()
         while self._timers and self._timers[0][0] <= now:
             _, key = heapq.heappop(self._timers)
-            self._sched.push(key)
+            if self._rollback is not None and is_compensation(key[0]):
+                self._rollback.retry_later(key)
+            elif self._rollback is None:
+                self._sched.push(key)
 
     def _dispatch_ready(self) -> RunRecord | None:
-        to_submit: list[tuple[NodeKey, NodeCall]] = []
         batch = self._pending_batch
-        while keys := self._sched.pop_ready():  # settling a node can make more ready
-            for key in keys:
-                call = self._prepare(key, batch)
-                if call is not None:
-                    to_submit.append((key, call))
-        failed = self._pop_failure()
-        if failed is not None:
-            return failed
+        to_submit: list[tuple[NodeKey, NodeCall]] = []
+        if self._rollback is not None:
+            to_submit = self._rollback.ready_calls(batch)
+        else:
+            while keys := self._sched.pop_ready():  # settling a node can make more ready
+                for key in keys:
+                    call = self._prepare(key, batch)
+                    if call is not None:
+                        to_submit.append((key, call))
+            terminal = self._pop_failure()
+            if terminal is not None or self._rollback is not None:
+                return terminal
         if not to_submit:
             return None
         if batch.effects:
@@ -252,20 +280,25 @@ class Driver:
         self._ensure_lease()
         now = self.clock()
         for key, call in to_submit:
-            spec = self.wf.steps[key[0]]
+            spec = self.specs[key[0]]
             handle = self.executor.submit(spec, call, f"{self.run_id}:{node_label(*key)}")
             self._inflight[key] = _InFlight(handle, call.ctx.attempt, now,
                                             now + spec.timeout if spec.timeout else None,
-                                            recorded=spec.effect)
+                                            recorded=self._records_before_dispatch(spec))
         return None
 
+    def _records_before_dispatch(self, spec: StepSpec) -> bool:
+        """Effects and compensated steps are durable as 'running' before their call, so a rollback
+        that starts while they are in flight (or after a crash) knows to compensate them."""
+        return spec.effect or (spec.name in self.wf.steps and self.wf.compensation_for(spec.name) is not None)
+
     def _prepare(self, key: NodeKey, batch: Batch) -> NodeCall | None:
-        """Turn a ready node into a call, or settle it without one (restored or fan-out parent)."""
+        """Turn a ready forward node into a call, or settle it without one (restored, fan-out parent)."""
         step, index = key
         spec = self.wf.steps[step]
         row = self._restored.pop(key, None)
         if row is not None and row.status in (NodeStatus.FAILED, NodeStatus.SKIPPED):
-            self._settle_failed(key, batch, row.error or {}, write=False)
+            self._settle_failed(key, batch, row.error or {}, write=False, attempts=row.attempt)
             return None
         if spec.map_over is not None and index < 0:
             self._expand(step, row, batch)
@@ -277,71 +310,101 @@ class Driver:
                 and row.not_before > self.clock()):
             heapq.heappush(self._timers, (row.not_before, key))  # a durable backoff survives the crash
             return None
+        kwargs = self.kwargs(step, index)
+        ekey = effect_key(self.run_id, step, index, spec.effect_name, kwargs) if spec.effect else None
+        return self.make_call(key, spec, kwargs, ekey, batch)
+
+    def make_call(self, key: NodeKey, spec: StepSpec, kwargs: dict[str, Any], ekey: str | None,
+                  batch: Batch) -> NodeCall | None:
+        """The shared half of dispatch: attempt count, ledger (pending before the call), pre-records."""
+        node_id, index = key
         attempt = self._attempts.get(key, 0) + 1
         self._attempts[key] = attempt
-        kwargs = self._kwargs(spec.name, index)
-        ekey = None
         reconciling = False
-        if spec.effect:
-            ekey = effect_key(self.run_id, step, index, spec.effect_name, kwargs)
+        if ekey is not None:
+            self._keys[key] = ekey
             status, result = self._ledger.get(ekey, (None, None))
-            if status == EffectStatus.COMMITTED:
-                self._outputs[key] = result
-                self._settle_completed(key, batch, write=True, attempt=attempt)
+            if status == EffectStatus.COMMITTED:  # its result is durable: never call it again
+                if isinstance(result, dict) and set(result) == {"blob"}:
+                    result = jsoncodec.loads(self.store.get_blobs([result["blob"]])[result["blob"]])
+                self.outputs[key] = result
+                batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.COMPLETED,
+                                             attempt=attempt, output=result, finished_at=self.clock()))
+                batch.events.append(NewEvent(kind="node_completed", node_id=node_id, fan_index=index,
+                                             data={"attempt": attempt, "from": "ledger"}))
+                self._after_success(key, batch)
                 return None
             reconciling = status == EffectStatus.PENDING
             self._ledger[ekey] = (EffectStatus.PENDING, None)
-            batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=step, fan_index=index,
+            batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=node_id, fan_index=index,
                                              effect_name=spec.effect_name, args_digest=args_digest(kwargs),
                                              status=EffectStatus.PENDING))
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=index, status=NodeStatus.RUNNING,
+        if self._records_before_dispatch(spec):
+            batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RUNNING,
                                          attempt=attempt, started_at=self.clock()))
-        ctx = StepContext(run_id=self.run_id, node_id=step, fan_index=index, attempt=attempt,
-                          trace_id=self._run.trace_id if self._run else "", idempotency_key=ekey,
+        ctx = StepContext(run_id=self.run_id, node_id=node_id, fan_index=index, attempt=attempt,
+                          trace_id=self.run.trace_id if self.run else "", idempotency_key=ekey,
                           reconciling=reconciling)
         return NodeCall(ctx=ctx, kwargs=kwargs, max_output_bytes=self.options.max_output_bytes,
                         reconcile=reconciling)
 
-    def _kwargs(self, step: str, index: int) -> dict[str, Any]:
+    def schedule(self, when: float, key: NodeKey) -> None:
+        """Dispatch ``key`` again at ``when`` (a durable retry timer)."""
+        heapq.heappush(self._timers, (when, key))
+
+    def restore_attempts(self, key: NodeKey, attempts: int) -> None:
+        self._attempts[key] = attempts
+
+    def kwargs(self, step: str, index: int) -> dict[str, Any]:
+        """The JSON inputs of a forward node: run input, upstream outputs, its fan-out item."""
         spec = self.wf.steps[step]
         kwargs: dict[str, Any] = {}
         if spec.input_param:
-            kwargs[spec.input_param] = self._run.input if self._run else None
+            kwargs[spec.input_param] = self.run.input if self.run else None
         for dep in spec.param_deps:
-            value = self._output_of(dep)
+            value = self.output_of(dep)
             kwargs[dep] = value[index] if dep == spec.map_over else value
         return kwargs
 
-    def _output_of(self, step: str) -> Any:
+    def output_of(self, step: str) -> Any:
         key = (step, -1)
-        if key not in self._outputs and self.wf.steps[step].map_over is not None:
-            self._outputs[key] = self._collect_items(step)
-        return self._outputs[key]
+        if key not in self.outputs and self.wf.steps[step].map_over is not None:
+            self.outputs[key] = self._collect_items(step)
+        return self.outputs[key]
 
     def _collect_items(self, step: str) -> list[Any]:
+        return [self.outputs[(step, i)] for i in range(self._fan_total(step))]
+
+    def _fan_total(self, step: str) -> int:
         upstream = self.wf.steps[step].map_over
         assert upstream is not None
-        count = len(self._output_of(upstream))
-        return [self._outputs[(step, i)] for i in range(count)]
+        return len(self.output_of(upstream))
 
     def _expand(self, step: str, row: NodeRecord | None, batch: Batch) -> None:
         spec = self.wf.steps[step]
         assert spec.map_over is not None
-        items = self._output_of(spec.map_over)
+        if row is not None and row.status == NodeStatus.COMPLETED and spec.fan_out_policy.partial:
+            # its FanOutResult was restored with the parent row: the items need not be replayed
+            self._parents_done.add(step)
+            self._count_done(self._sched.expand(step, 0))
+            return
+        items = self.output_of(spec.map_over)
         if not isinstance(items, list):
             error = {"type": "FanOutError", "transient": False,
                      "message": f"step {step!r} maps over {spec.map_over!r}, whose output is a "
                                 f"{type(items).__name__}, not a list"}
-            self._settle_failed((step, -1), batch, error, write=True)
-            return None
+            self._fail_node((step, -1), batch, error, attempts=0)
+            return
         if row is None:
             batch.events.append(NewEvent(kind="fanout_expanded", node_id=step, data={"items": len(items)}))
         elif row.status == NodeStatus.COMPLETED:
             self._parents_done.add(step)
         done = self._sched.expand(step, len(items))
-        if done:  # zero items
-            self._settle_completed((step, -1), batch, write=row is None)
-        return None
+        if done:  # zero items: nothing failed, the policy has nothing to weigh
+            if spec.fan_out_policy.partial:
+                self.outputs[(step, -1)] = self._fanout.result(step, self.outputs, 0).model_dump(mode="json")
+            self._write_parent_done(step, batch)
+            self._count_done(done)
 
     # ------------------------------------------------------------------ outcomes
 
@@ -358,50 +421,60 @@ class Driver:
                 self._on_success(key, flight, outcome, batch)
             else:
                 self._on_failure(key, flight, outcome, batch)
+        if self._rollback is not None:
+            return None
         return self._pop_failure()
 
     def _on_success(self, key: NodeKey, flight: _InFlight, outcome: NodeOutcome, batch: Batch) -> None:
         assert outcome.output_json is not None
-        step, index = key
-        spec = self.wf.steps[step]
+        node_id, index = key
+        spec = self.specs[node_id]
         value = jsoncodec.loads(outcome.output_json)
-        self._outputs[key] = value
+        self.outputs[key] = value
         data = outcome.output_json.encode("utf-8")
         digest = None
         if len(data) > self.options.blob_threshold:
             digest = jsoncodec.digest(data)
             batch.blobs[digest] = data
-        if spec.effect:
-            ekey = effect_key(self.run_id, step, index, spec.effect_name, self._kwargs(step, index))
+        ekey = self._keys.get(key)
+        if ekey is not None:
             self._ledger[ekey] = (EffectStatus.COMMITTED, value)
             batch.effects.append(EffectWrite(
-                idempotency_key=ekey, node_id=step, fan_index=index, effect_name=spec.effect_name,
+                idempotency_key=ekey, node_id=node_id, fan_index=index, effect_name=spec.effect_name,
                 args_digest="", status=EffectStatus.COMMITTED,
                 result={"blob": digest} if digest else value))
         batch.nodes.append(NodeWrite(
-            node_id=step, fan_index=index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
+            node_id=node_id, fan_index=index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
             output=None if digest else value, output_digest=digest, started_at=outcome.started_at,
             finished_at=outcome.finished_at, duration=outcome.finished_at - outcome.started_at))
-        batch.events.append(NewEvent(kind="node_completed", node_id=step, fan_index=index,
+        batch.events.append(NewEvent(kind="node_completed", node_id=node_id, fan_index=index,
                                      data={"attempt": flight.attempt}))
-        self._settle_completed(key, batch, write=False)
+        self._after_success(key, batch)
+
+    def _after_success(self, key: NodeKey, batch: Batch) -> None:
+        if is_compensation(key[0]):
+            assert self._rollback is not None
+            self._rollback.completed(key)
+        else:
+            self._settle_completed(key, batch, write=False)
 
     def _on_failure(self, key: NodeKey, flight: _InFlight, outcome: NodeOutcome, batch: Batch) -> None:
-        step, index = key
-        spec = self.wf.steps[step]
+        node_id, index = key
+        spec = self.specs[node_id]
         policy = spec.retry or DEFAULT_RETRY
         error = dict(outcome.error or {})
-        budget = self._run.retry_budget if self._run else None
+        compensating = is_compensation(node_id)  # a rollback is not stopped by the run's retry budget
+        budget = self.run.retry_budget if self.run and not compensating else None
         budget_left = budget is None or self._retries_used < budget
         if outcome.transient and flight.attempt < policy.max_attempts and budget_left:
             delay = backoff_delay(flight.attempt, policy, self.rng)
             not_before = self.clock() + delay
             self._retries_used += 1
             batch.run = _merge_run(batch.run, RunUpdate(retries_delta=1))
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=index, status=NodeStatus.RETRYING,
+            batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RETRYING,
                                          attempt=flight.attempt, not_before=not_before, error=error,
                                          started_at=outcome.started_at, finished_at=outcome.finished_at))
-            batch.events.append(NewEvent(kind="retry_scheduled", node_id=step, fan_index=index,
+            batch.events.append(NewEvent(kind="retry_scheduled", node_id=node_id, fan_index=index,
                                          data={"attempt": flight.attempt, "delay": round(delay, 4),
                                                "error": _short(error)}))
             heapq.heappush(self._timers, (not_before, key))
@@ -410,50 +483,79 @@ class Driver:
             error["reason"] = "retry budget exhausted"
         elif outcome.transient:
             error["reason"] = f"{flight.attempt} attempts exhausted"
-        if spec.effect:
-            ekey = effect_key(self.run_id, step, index, spec.effect_name, self._kwargs(step, index))
+        ekey = self._keys.get(key)
+        if ekey is not None:
             self._ledger[ekey] = (EffectStatus.FAILED, None)
-            batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=step, fan_index=index,
+            batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=node_id, fan_index=index,
                                              effect_name=spec.effect_name, args_digest="",
                                              status=EffectStatus.FAILED, result={"error": _short(error)}))
-        batch.nodes.append(NodeWrite(node_id=step, fan_index=index, status=NodeStatus.FAILED,
+        batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.FAILED,
                                      attempt=flight.attempt, error=error, started_at=outcome.started_at,
                                      finished_at=outcome.finished_at))
-        batch.events.append(NewEvent(kind="node_failed", node_id=step, fan_index=index,
+        batch.events.append(NewEvent(kind="node_failed", node_id=node_id, fan_index=index,
                                      data={"attempt": flight.attempt, "error": _short(error)}))
-        self._settle_failed(key, batch, error, write=False)
+        if compensating:
+            assert self._rollback is not None
+            self._rollback.failed(key, error)
+        else:
+            self._settle_failed(key, batch, error, write=False, attempts=flight.attempt)
 
-    def _settle_completed(self, key: NodeKey, batch: Batch, *, write: bool, attempt: int = 0) -> None:
+    # ------------------------------------------------------------------ forward settling
+
+    def _settle_completed(self, key: NodeKey, batch: Batch, *, write: bool) -> None:
         step, index = key
-        if write:
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=index, status=NodeStatus.COMPLETED,
-                                         attempt=attempt, output=self._outputs.get(key),
-                                         finished_at=self.clock()))
-            batch.events.append(NewEvent(kind="node_completed", node_id=step, fan_index=index,
-                                         data={"attempt": attempt, "from": "ledger" if attempt else "fanout"}))
-        for done in self._sched.complete(key):
-            self.progress.done += 1
-            if (done != step or index >= 0) and done not in self._parents_done:
-                # a fan-out parent finished with its last item
-                batch.nodes.append(NodeWrite(node_id=done, fan_index=-1, status=NodeStatus.COMPLETED,
-                                             finished_at=self.clock()))
-                batch.events.append(NewEvent(kind="node_completed", node_id=done, data={"fanout": True}))
+        done = self._sched.complete(key)
+        for finished in done:
+            if finished != step or index >= 0:  # a fan-out parent finished with its last item
+                self._write_parent_done(finished, batch)
+        self._count_done(done)
+        if index >= 0 and self._sched.awaiting_decision(step):
+            self._decide(step, batch)
+
+    def _write_parent_done(self, step: str, batch: Batch) -> None:
+        if step in self._parents_done:
+            return
+        output = self.outputs.get((step, -1)) if self.wf.steps[step].fan_out_policy.partial else None
+        batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.COMPLETED,
+                                     attempt=self._fanout.round(step), output=output, finished_at=self.clock()))
+        batch.events.append(NewEvent(kind="node_completed", node_id=step, data={"fanout": True}))
+
+    def _count_done(self, steps: list[str]) -> None:
+        self.progress.done += len(steps)
         self.progress.notify()
 
-    _failure: tuple[str, dict[str, Any]] | None = None
-
-    def _settle_failed(self, key: NodeKey, batch: Batch, error: dict[str, Any], *, write: bool) -> None:
+    def _settle_failed(self, key: NodeKey, batch: Batch, error: dict[str, Any], *, write: bool,
+                       attempts: int = 0) -> None:
+        """A forward node failed for good: a partial fan-out's item is recorded for its policy;
+        anything else fails its step."""
         step, index = key
         spec = self.wf.steps[step]
         if write:
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=index, status=NodeStatus.FAILED, error=error,
-                                         finished_at=self.clock()))
-            batch.events.append(NewEvent(kind="node_failed", node_id=step, fan_index=index,
-                                         data={"error": _short(error)}))
+            self._write_failed(key, batch, error, attempts)
         self.progress.failed += 1
-        if step in self._sched.closed:
+        if step in self._sched.closed or step in self._sched.completed:
             return
-        if spec.critical:
+        if index >= 0 and spec.fan_out_policy.partial:
+            self._fanout.record_failure(step, index, error, attempts)
+            if self._sched.fail_item(key):
+                self._decide(step, batch)
+            return
+        self._step_failed(step, index, batch, error)
+
+    def _write_failed(self, key: NodeKey, batch: Batch, error: dict[str, Any], attempts: int) -> None:
+        batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.FAILED, error=error,
+                                     attempt=attempts, finished_at=self.clock()))
+        batch.events.append(NewEvent(kind="node_failed", node_id=key[0], fan_index=key[1],
+                                     data={"error": _short(error)}))
+
+    def _fail_node(self, key: NodeKey, batch: Batch, error: dict[str, Any], attempts: int) -> None:
+        self._settle_failed(key, batch, error, write=True, attempts=attempts)
+
+    def _step_failed(self, step: str, index: int, batch: Batch, error: dict[str, Any],
+                     force_rollback: bool = False) -> None:
+        """Route a step's final failure: critical (or forced) → stop and roll back; else skip or pass."""
+        spec = self.wf.steps[step]
+        if spec.critical or force_rollback:
             if self._failure is None:
                 self._failure = (node_label(step, index), error)
             return
@@ -461,9 +563,13 @@ class Driver:
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED,
                                          error={"type": "FanOutItemFailed", "message": f"item {index} failed"},
                                          finished_at=self.clock()))
+        self._cancel_steps({step}, batch)
+        if spec.on_failure == "pass":
+            self.outputs[(step, -1)] = step_failed_record(step, error)
+            self._count_done(self._sched.decided(step))
+            return
         skipped_steps = self._sched.close(step)
-        for k in [k for k in self._inflight if k[0] == step or k[0] in skipped_steps]:
-            self.executor.cancel(self._inflight.pop(k).handle)
+        self._cancel_steps(set(skipped_steps), batch)
         for skipped in skipped_steps:
             self._restored.pop((skipped, -1), None)
             batch.nodes.append(NodeWrite(node_id=skipped, status=NodeStatus.SKIPPED,
@@ -472,18 +578,87 @@ class Driver:
             batch.events.append(NewEvent(kind="node_skipped", node_id=skipped, data={"because": step}))
         self.progress.notify()
 
+    def _cancel_steps(self, steps: set[str], batch: Batch) -> None:
+        for key in [k for k in self._inflight if k[0] in steps]:
+            flight = self._inflight.pop(key)
+            self.executor.cancel(flight.handle)
+            batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.CANCELLED,
+                                         attempt=flight.attempt, error={"reason": "its step failed"},
+                                         started_at=flight.started_at, finished_at=self.clock()))
+
+    def _decide(self, step: str, batch: Batch) -> None:
+        """Every item of a partial fan-out settled: ask its policy, record the decision, obey it."""
+        spec = self.wf.steps[step]
+        result = self._fanout.result(step, self.outputs, self._fan_total(step))
+        try:
+            decision = spec.fan_out_policy.decide(result)
+        except Exception as exc:  # a user's decision function that raises fails the step, visibly
+            decision = Fail(f"on_partial_failure raised {type(exc).__name__}: {printable(str(exc))}")
+        batch.events.append(NewEvent(kind="fanout_decision", node_id=step, data={
+            "verdict": decision.verdict.value, "reason": decision.reason, "round": result.round,
+            "successes": len(result.successes), "failures": [f.index for f in result.failures],
+            "policy": spec.fan_out_policy.describe()}))
+        self._obey(step, decision, result.model_dump(mode="json"), batch)
+
+    def _obey(self, step: str, decision: Decision, result: dict[str, Any], batch: Batch) -> None:
+        if decision.verdict == Verdict.CONTINUE:
+            self.outputs[(step, -1)] = result
+            self._write_parent_done(step, batch)
+            self._count_done(self._sched.decided(step))
+        elif decision.verdict == Verdict.RETRY_FAILED:
+            indexes = self._fanout.start_retry(step)
+            for i in indexes:
+                self._attempts[(step, i)] = 0  # a new round: the items get their attempts again
+            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.RUNNING,
+                                         attempt=self._fanout.round(step), started_at=self.clock()))
+            self._sched.retry_items(step, indexes)
+        else:
+            error = {"type": "FanOutPolicy", "message": decision.reason, "verdict": decision.verdict.value}
+            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED, error=error,
+                                         attempt=self._fanout.round(step), finished_at=self.clock()))
+            self._step_failed(step, -1, batch, error, force_rollback=decision.verdict == Verdict.COMPENSATE)
+
+    # ------------------------------------------------------------------ failure, rollback, finish
+
     def _pop_failure(self) -> RunRecord | None:
-        """A critical node failed for good: stop dispatching, cancel what is in flight, fail the run."""
+        """A critical node failed for good: stop dispatching, cancel what is in flight, roll back
+        what was done (or fail the run when nothing needs undoing)."""
         if self._failure is None:
             return None
         label, error = self._failure
+        reason = f"critical step {label!r} failed: {error.get('message') or error.get('reason') or ''}"[:500]
+        return self._stop_forward(reason, {"node": label, **_short(error)})
+
+    def _stop_forward(self, reason: str, error: dict[str, Any] | None, *,
+                      final: RunStatus = RunStatus.FAILED, signal_id: int | None = None) -> RunRecord | None:
+        self._cancel_inflight(self._pending_batch, reason=reason)
+        self._flush()  # the failure and the cancellations are durable before the rollback reads them
+        rollback = Rollback(self, reason)
         batch = self._pending_batch
-        self._cancel_inflight(batch, reason=f"critical step {label!r} failed")
-        batch.run = _merge_run(batch.run, RunUpdate(
-            status=RunStatus.FAILED, status_reason=f"critical step {label!r} failed: {error.get('message', '')}"[:500],
-            error={"node": label, **_short(error)}, set_error=True))
-        self.faults.hit("before_transition", [label])
+        if signal_id is not None:  # consumed with the transition, so a crash in between re-reads it
+            batch.consumed_signals.append(signal_id)
+        if final == RunStatus.COMPENSATING or rollback.plan.targets:
+            batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason,
+                                                        error=error, set_error=error is not None))
+            batch.events.append(NewEvent(kind="rollback_started",
+                                         data={"reason": reason, "targets": len(rollback.plan.targets)}))
+            self.faults.hit("before_transition", ["*"])
+            self._flush()
+            self._rollback = rollback
+            return None
+        batch.run = _merge_run(batch.run, RunUpdate(status=final, status_reason=reason, error=error,
+                                                    set_error=error is not None))
+        self.faults.hit("before_transition", ["*"])
         return self._flush()
+
+    def _finish_rollback(self) -> RunRecord:
+        assert self._rollback is not None
+        batch = self._pending_batch
+        batch.run = _merge_run(batch.run, self._rollback.outcome())
+        self.faults.hit("before_transition", ["*"])
+        record = self._flush()
+        assert record is not None
+        return record
 
     def _cancel_inflight(self, batch: Batch, reason: str) -> None:
         for key, flight in list(self._inflight.items()):
@@ -492,6 +667,7 @@ class Driver:
                                          attempt=flight.attempt, error={"reason": reason},
                                          started_at=flight.started_at, finished_at=self.clock()))
         self._inflight.clear()
+        self._timers = [(t, k) for t, k in self._timers if is_compensation(k[0])]
 
     def _expire_timeouts(self) -> list[Handle]:
         now = self.clock()
@@ -499,14 +675,12 @@ class Driver:
         for key, flight in self._inflight.items():
             if flight.deadline is not None and now >= flight.deadline and flight.handle.outcome is None:
                 self.executor.cancel(flight.handle)
-                spec = self.wf.steps[key[0]]
+                spec = self.specs[key[0]]
                 flight.handle.outcome = NodeOutcome.failure(
                     TimeoutError(f"step {node_label(*key)!r} exceeded its timeout of {spec.timeout}s"),
                     transient=True, started_at=flight.started_at)
                 expired.append(flight.handle)
         return expired
-
-    # ------------------------------------------------------------------ signals, deadline, finish
 
     def _check_signals_and_deadline(self) -> RunRecord | None:
         assert self._hb is not None
@@ -515,25 +689,23 @@ class Driver:
                 continue
             self._handled_signals.add(signal.id)
             if signal.kind == "cancel":
+                payload = signal.payload if isinstance(signal.payload, dict) else {}
+                reason = str(payload.get("reason") or "cancelled by operator")
+                if payload.get("compensate"):
+                    return self._stop_forward(reason, None, final=RunStatus.COMPENSATING, signal_id=signal.id)
                 batch = self._pending_batch
                 self._cancel_inflight(batch, reason="run cancelled")
                 batch.consumed_signals.append(signal.id)
-                reason = (signal.payload or {}).get("reason") if isinstance(signal.payload, dict) else None
-                batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED,
-                                                            status_reason=reason or "cancelled by operator"))
+                batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
                 return self._flush()
-        run = self._run
+        run = self.run
         if run is not None and run.deadline_at is not None and self.clock() >= run.deadline_at:
-            batch = self._pending_batch
-            self._cancel_inflight(batch, reason="run deadline passed")
-            batch.run = _merge_run(batch.run, RunUpdate(
-                status=RunStatus.FAILED, status_reason="deadline",
-                error={"type": "DeadlineExceeded", "message": "the run passed its deadline"}, set_error=True))
-            return self._flush()
+            return self._stop_forward("deadline", {"type": "DeadlineExceeded",
+                                                   "message": "the run passed its deadline"})
         return None
 
     def _finish(self) -> RunRecord:
-        output = {s: self._output_of(s) for s in self.wf.sinks() if s in self._sched.completed}
+        output = {s: self.output_of(s) for s in self.wf.sinks() if s in self._sched.completed}
         batch = self._pending_batch
         batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.COMPLETED, output=output, set_output=True))
         self.faults.hit("before_transition", ["*"])
@@ -574,7 +746,7 @@ class Driver:
         assert self._hb is not None
         record = self.store.commit(self._hb.lease, batch)
         if record is not None:
-            self._run = record
+            self.run = record
         self.faults.hit("after_commit", labels or [])
         return record
 

@@ -19,6 +19,7 @@ class Scheduler:
         self._wf = workflow
         self._waiting_on = {s: len(workflow.steps[s].deps) for s in workflow.order}
         self._items_left: dict[str, int] = {}
+        self._held: set[str] = set()  # fan-outs whose policy must decide once all items settled
         self.completed: set[str] = set()
         self.closed: set[str] = set()  # failed or skipped: will never complete
         self._ready: deque[NodeKey] = deque((s, -1) for s in workflow.order if self._waiting_on[s] == 0)
@@ -47,9 +48,27 @@ class Scheduler:
             return []
         if index >= 0:
             self._items_left[step] -= 1
-            if self._items_left[step] > 0:
+            if self._items_left[step] > 0 or step in self._held:
                 return []
         return self._complete_step(step)
+
+    def fail_item(self, key: NodeKey) -> bool:
+        """An item of a partial-failure fan-out failed for good. True once every item has settled
+        (the policy must then decide)."""
+        step, _ = key
+        self._held.add(step)
+        self._items_left[step] -= 1
+        return self._items_left[step] == 0
+
+    def decided(self, step: str) -> list[str]:
+        """The fan-out's policy said continue: the step completes with its successes."""
+        self._held.discard(step)
+        return self._complete_step(step)
+
+    def retry_items(self, step: str, indexes: list[int]) -> None:
+        """The policy said retry the failed items: they become ready again."""
+        self._items_left[step] += len(indexes)
+        self._ready.extend((step, i) for i in indexes)
 
     def _complete_step(self, step: str) -> list[str]:
         self.completed.add(step)
@@ -71,6 +90,10 @@ class Scheduler:
                 self.closed.add(child)
                 skipped.append(child)
         return skipped
+
+    def awaiting_decision(self, step: str) -> bool:
+        return step in self._held and self._items_left.get(step, 0) == 0 and step not in self.completed \
+            and step not in self.closed
 
     def settled(self) -> bool:
         return len(self.completed) + len(self.closed) == len(self._waiting_on)

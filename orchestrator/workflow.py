@@ -196,6 +196,12 @@ class Workflow:
             fan_out_policy=policy or ALL, on_failure=on_failure,
         )
 
+    def make_spec(self, func: Callable[..., Any], *, name: str, effect: bool = False, effect_name: str | None = None,
+                  retry: RetryPolicy | None = None, timeout: float | None = None) -> StepSpec:
+        """A spec for a function run outside the DAG (a compensation), bound the same way as steps."""
+        return self._make_spec(func, name=name, after=(), critical=True, effect=effect, effect_name=effect_name,
+                               retry=retry, timeout=timeout, compensate=None, reconcile=None, map_over=None)
+
     def _add(self, spec: StepSpec) -> None:
         if spec.name in self.steps:
             raise WorkflowDefinitionError(
@@ -281,7 +287,7 @@ class Workflow:
 
 def coerce(tp: Any, value: Any) -> Any:
     """Turn stored JSON back into the type a step's parameter declares (pydantic models etc.)."""
-    if tp is Any or tp is None:
+    if tp is Any or tp is None or value is None:
         return value
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp.model_validate(value)

@@ -1,0 +1,153 @@
+"""The compensating phase of a run: undo what was done, in reverse, durably.
+
+The driver runs it with the same lease, executor, ledger and group commits as the forward
+DAG; ``raysaga.sagas.RollbackPlan`` decides the order. What gets compensated is read from
+the store when the rollback starts (or resumes): every node of a step with a compensation
+that completed, or whose outcome is unknown (it was in flight, or its retries ran out on
+transient errors). Each compensation is an effect with its own idempotency key, the step's
+key + ``:compensate``; it is retried like any step and never runs twice for one key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from raysaga.orchestrator.keys import effect_key
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall
+from raysaga.sagas.plan import CompensationTarget, RollbackPlan
+from raysaga.state import Batch, NodeStatus, RunStatus, RunUpdate, jsoncodec, node_label
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.driver import Driver
+
+COMPENSATE_SUFFIX = ":compensate"
+NodeKey = tuple[str, int]
+
+#: Node states whose outcome is unknown: the step may have taken effect.
+_UNKNOWN = frozenset({NodeStatus.RUNNING, NodeStatus.CANCELLED, NodeStatus.RETRYING})
+
+
+def is_compensation(node_id: str) -> bool:
+    return node_id.endswith(COMPENSATE_SUFFIX)
+
+
+def compensation_node(step: str) -> str:
+    return step + COMPENSATE_SUFFIX
+
+
+class Rollback:
+    def __init__(self, driver: Driver, reason: str) -> None:
+        self._d = driver
+        self.reason = reason
+        wf = driver.wf
+        rows = driver.store.nodes(driver.run_id)
+        blobs = driver.store.get_blobs(r.output_digest for r in rows if r.output_digest)
+        targets: list[CompensationTarget] = []
+        self._outputs: dict[NodeKey, Any] = {}
+        comp_rows = {}
+        for row in rows:
+            if is_compensation(row.node_id):
+                comp_rows[(row.node_id[: -len(COMPENSATE_SUFFIX)], row.fan_index)] = row
+                continue
+            spec = wf.steps.get(row.node_id)
+            if spec is None or wf.compensation_for(row.node_id) is None:
+                continue
+            if spec.map_over is not None and row.fan_index < 0:
+                continue  # a fan-out's items are compensated one by one, not its parent
+            key = (row.node_id, row.fan_index)
+            if row.status == NodeStatus.COMPLETED:
+                targets.append(CompensationTarget(key, row.finished_at or 0.0))
+                self._outputs[key] = jsoncodec.loads(blobs[row.output_digest]) if row.output_digest else row.output
+            elif row.status in _UNKNOWN or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
+                targets.append(CompensationTarget(key, math.inf))  # in flight at the failure: the latest
+                self._outputs[key] = None
+        wanted = {t.key for t in targets}
+        settled = [k for k, r in comp_rows.items() if k in wanted and r.status == NodeStatus.COMPLETED]
+        self.plan = RollbackPlan(wf.graph, targets, settled)
+        self.errors: dict[NodeKey, Any] = {}
+        self._not_before: dict[NodeKey, float] = {}
+        for key, row in comp_rows.items():
+            if key not in wanted:
+                continue
+            driver.restore_attempts((compensation_node(key[0]), key[1]), row.attempt)
+            if row.status == NodeStatus.FAILED:
+                self.plan.fail(key)
+                self.errors[key] = row.error
+            elif row.status == NodeStatus.RETRYING and row.not_before:
+                self._not_before[key] = row.not_before
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _spec(self, step: str) -> StepSpec:
+        name = compensation_node(step)
+        spec = self._d.specs.get(name)
+        if spec is None:
+            wf = self._d.wf
+            original = wf.steps[step]
+            fn = wf.compensation_for(step)
+            assert fn is not None
+            spec = wf.make_spec(fn, name=name, effect=True, effect_name=original.effect_name + COMPENSATE_SUFFIX,
+                                retry=original.retry, timeout=original.timeout)
+            self._d.specs[name] = spec
+        return spec
+
+    def ready_calls(self, batch: Batch) -> list[tuple[NodeKey, NodeCall]]:
+        calls = []
+        for key in self.plan.ready():
+            step, index = key
+            comp_key = (compensation_node(step), index)
+            not_before = self._not_before.pop(key, None)
+            if not_before is not None and not_before > self._d.clock():
+                self._d.schedule(not_before, comp_key)  # a durable backoff survives the crash
+                continue
+            spec = self._spec(step)
+            original = self._d.wf.steps[step]
+            step_kwargs = self._d.kwargs(step, index)
+            kwargs: dict[str, Any] = {}
+            for name in spec.param_deps:
+                kwargs[name] = self._outputs[key] if name == "output" else step_kwargs.get(name)
+            if spec.input_param:
+                kwargs[spec.input_param] = self._d.run.input if self._d.run else None
+            step_key = effect_key(self._d.run_id, step, index, original.effect_name, step_kwargs)
+            call = self._d.make_call(comp_key, spec, kwargs, step_key + COMPENSATE_SUFFIX, batch)
+            if call is not None:
+                calls.append((comp_key, call))
+        return calls
+
+    # ------------------------------------------------------------------ outcomes
+
+    @staticmethod
+    def _original(comp_key: NodeKey) -> NodeKey:
+        return (comp_key[0][: -len(COMPENSATE_SUFFIX)], comp_key[1])
+
+    def retry_later(self, comp_key: NodeKey) -> None:
+        self.plan.retry(self._original(comp_key))
+
+    def completed(self, comp_key: NodeKey) -> None:
+        self.plan.complete(self._original(comp_key))
+
+    def failed(self, comp_key: NodeKey, error: Any) -> None:
+        key = self._original(comp_key)
+        self.plan.fail(key)
+        self.errors[key] = {k: v for k, v in (error or {}).items() if k != "traceback"}
+
+    def outcome(self) -> RunUpdate:
+        """Compensated, or parked for an operator with every failing and blocked compensation named."""
+        failed = sorted(self.plan.failed)
+        blocked = self.plan.blocked()
+        if not failed and not blocked:
+            return RunUpdate(status=RunStatus.COMPENSATED, status_reason=f"{self.reason}; rolled back"[:500])
+        names = ", ".join(node_label(*k) for k in failed)
+        reason = f"compensation failed for {names or 'none'}"
+        if blocked:
+            reason += f"; not compensated (waiting on those): {', '.join(node_label(*k) for k in blocked)}"
+        cause = self._d.run.error if self._d.run else None
+        return RunUpdate(
+            status=RunStatus.COMPENSATION_FAILED,
+            status_reason=(reason + "; fix and run `raysaga retry RUN --compensations`")[:1000],
+            error={"failed_compensations": [{"node": node_label(*k), **(self.errors.get(k) or {})} for k in failed],
+                   "blocked_compensations": [node_label(*k) for k in blocked], "cause": cause},
+            set_error=True,
+        )
