@@ -28,23 +28,44 @@ from raysaga.orchestrator import (
     retry,
     run,
 )
+from raysaga.sagas import (
+    ALL,
+    BEST_EFFORT,
+    Compensate,
+    Continue,
+    Fail,
+    FanOutResult,
+    RetryFailed,
+    min_success_ratio,
+    on_partial_failure,
+    quorum,
+)
+from raysaga.sagas.saga import Saga
 from raysaga.state import RunRecord, RunStatus, Store, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ALL",
+    "BEST_EFFORT",
     "NOT_APPLIED",
+    "Compensate",
+    "Continue",
+    "Fail",
+    "FanOutResult",
     "InvalidInputError",
     "LeaseHeldError",
     "LeaseLostError",
     "NotJSONableError",
     "Permanent",
     "RaySagaError",
+    "RetryFailed",
     "RetryPolicy",
     "RunNotFoundError",
     "RunOptions",
     "RunRecord",
     "RunStatus",
+    "Saga",
     "StepContext",
     "Store",
     "Transient",
@@ -53,7 +74,10 @@ __all__ = [
     "WorkflowDefinitionError",
     "cancel",
     "create_run",
+    "min_success_ratio",
+    "on_partial_failure",
     "open_store",
+    "quorum",
     "resume",
     "retry",
     "run",

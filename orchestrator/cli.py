@@ -100,7 +100,8 @@ def _summary(store: SqlStore, run: RunRecord, as_json: bool) -> None:
     if as_json:
         out.print_json(json.dumps(data, default=str))
         return
-    colour = {"completed": "green", "failed": "red", "cancelled": "yellow"}.get(run.status.value, "cyan")
+    colour = {"completed": "green", "failed": "red", "cancelled": "yellow", "compensated": "yellow",
+              "compensation_failed": "red"}.get(run.status.value, "cyan")
     out.print(f"run [bold]{run.run_id}[/] ({run.workflow_name} v{run.workflow_version}): "
               f"[{colour}]{run.status.value}[/]" + (f" — {run.status_reason}" if run.status_reason else ""),
               highlight=False)
@@ -198,15 +199,19 @@ def retry(
     executor: ExecutorOpt = "ray",
     address: AddressOpt = None,
     lease_ttl: LeaseOpt = 15.0,
+    compensations: Annotated[bool, typer.Option(
+        "--compensations", help="Retry the failed compensations of a compensation_failed run.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
-    """Operator retry of a failed (dead-lettered) run: failed and skipped nodes run again."""
+    """Operator retry of a parked run (same idempotency keys): a failed run's failed and skipped
+    nodes run again; with --compensations, a compensation_failed run's rollback is completed."""
     with _errors():
         store = open_store(db)
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: runner.retry(wf, run_id, store=store, executor=executor, address=address,
-                                                  options=_options(lease_ttl), on_progress=hook),
+                                                  options=_options(lease_ttl), on_progress=hook,
+                                                  compensations=compensations),
                         len(wf.steps), quiet or as_json)
         _summary(store, result, as_json)
     _exit_for(result)
@@ -216,13 +221,24 @@ def retry(
 def cancel(
     run_id: Annotated[str, typer.Argument()],
     reason: Annotated[str, typer.Option(help="Recorded with the cancellation.")] = "cancelled by operator",
+    compensate: Annotated[bool, typer.Option(
+        "--compensate", help="Also roll back committed effects (compensations in reverse).")] = False,
+    workflow: Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")] = None,
     db: DbOpt = None,
+    executor: ExecutorOpt = "ray",
+    address: AddressOpt = None,
 ) -> None:
-    """Stop a run: no more dispatching, in-flight tasks cancelled. Committed effects stand."""
+    """Stop a run: no more dispatching, in-flight tasks cancelled. Committed effects stand,
+    unless --compensate rolls them back."""
     with _errors():
         store = open_store(db)
-        result = runner.cancel(run_id, store=store, reason=reason)
-        out.print(f"run {run_id}: {result.status.value}", highlight=False)
+        wf = _workflow_for(store, run_id, workflow) if compensate else None
+        result = runner.cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
+                               executor=executor, address=address)
+        out.print(f"run {run_id}: {result.status.value}" + (f" — {result.status_reason}"
+                                                             if result.status_reason else ""), highlight=False)
+    if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -11,6 +11,7 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.rollback import is_compensation
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -110,54 +111,85 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
 
 
 def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "cancelled by operator",
-           wait: float = 30.0) -> RunRecord:
-    """Cancel a run. A live driver is told through a signal and stops dispatching; a run with no
-    live driver is cancelled here. Committed effects stand."""
+           compensate: bool = False, workflow: Workflow | None = None, executor: ExecutorArg = "ray",
+           address: str | None = None, wait: float = 60.0) -> RunRecord:
+    """Cancel a run. Committed effects stand, unless ``compensate``: then the run is rolled back
+    (compensations in reverse) and ends ``compensated``. A live driver is told through a signal;
+    a run with no live driver is handled here (rolling back needs its ``workflow``)."""
     st = _store(store)
     run = st.get_run(run_id)
-    if run.status in TERMINAL:
+    if run.status in TERMINAL or (run.status in PARKED and not compensate):
         return run
+    if compensate and workflow is None:
+        raise UserError("cancel with compensation runs the workflow's compensations: pass the workflow "
+                        "(CLI: the run's recorded workflow, or --workflow MODULE:WORKFLOW)")
+    payload = {"reason": reason, "compensate": compensate}
     try:
         lease = st.claim(run_id, driver_id(), ttl=10.0)
-    except LeaseHeldError:
-        st.send_signal(run_id, "cancel", payload={"reason": reason})
-        deadline = time.time() + wait
-        while time.time() < deadline:
-            run = st.get_run(run_id)
-            if run.status in TERMINAL or run.status in PARKED:
-                return run
-            time.sleep(0.1)  # polling the store for another process's progress
-        raise UserError(f"run {run_id!r}: the cancel signal is queued; its driver has not acted on it "
-                        f"within {wait:.0f}s") from None
+    except LeaseHeldError:  # a live driver: it acts on the signal at its next heartbeat
+        st.send_signal(run_id, "cancel", payload=payload)
+        return _wait_for_rest(st, run_id, wait)
     try:
         current = st.get_run(run_id)
-        nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
-                           attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
-                 for n in st.nodes(run_id) if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING)]
-        if current.status not in TERMINAL:
+        if compensate and current.status in PARKED:
+            st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason)))
+        elif compensate:
+            st.send_signal(run_id, "cancel", payload=payload)  # the driver below acts on it first thing
+        elif current.status not in TERMINAL:
+            nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
+                               attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
+                     for n in st.nodes(run_id) if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING)]
             st.commit(lease, Batch(nodes=nodes, run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
     finally:
         st.release(lease)
+    if compensate:
+        assert workflow is not None
+        return resume(workflow, run_id, store=st, executor=executor, address=address)
     return st.get_run(run_id)
+
+
+def _wait_for_rest(st: Store, run_id: str, wait: float) -> RunRecord:
+    deadline = time.time() + wait
+    while time.time() < deadline:
+        run = st.get_run(run_id)
+        if run.status in TERMINAL or run.status in PARKED:
+            return run
+        time.sleep(0.1)  # polling the store for another process's progress
+    raise UserError(f"run {run_id!r}: the cancel signal is queued; its driver has not finished acting on it "
+                    f"within {wait:.0f}s (`raysaga status {run_id}` shows where it is)")
 
 
 def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
           address: str | None = None, options: RunOptions | None = None,
-          on_progress: ProgressHook | None = None) -> RunRecord:
-    """Operator retry of a parked (``failed``) run: failed and skipped nodes run again, with the
-    same idempotency keys; completed nodes and committed effects stand."""
+          on_progress: ProgressHook | None = None, compensations: bool = False) -> RunRecord:
+    """Operator retry of a parked run, with the same idempotency keys.
+
+    A ``failed`` run: its failed and skipped nodes run again; completed nodes and committed
+    effects stand. With ``compensations``, a ``compensation_failed`` run: its failed
+    compensations run again and the rollback completes.
+    """
     st = _store(store)
     run = st.get_run(run_id)
-    if run.status != RunStatus.FAILED:
-        raise UserError(f"run {run_id!r} is {run.status.value}: only a failed run can be retried")
+    wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
+    if run.status != wanted:
+        hint = " (use --compensations for a compensation_failed run)" \
+            if run.status == RunStatus.COMPENSATION_FAILED else ""
+        raise UserError(f"run {run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
+                        f"{'with' if compensations else 'without'} --compensations{hint}")
     lease = st.claim(run_id, driver_id(), ttl=10.0)
     try:
-        reset = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.PENDING, attempt=0)
-                 for n in st.nodes(run_id)
-                 if n.status in (NodeStatus.FAILED, NodeStatus.SKIPPED, NodeStatus.CANCELLED, NodeStatus.RETRYING)]
-        st.commit(lease, Batch(nodes=reset, run=RunUpdate(
-            status=RunStatus.RUNNING, status_reason="operator retry", retries_delta=-run.retries_used,
-            error=None, set_error=True)))
+        nodes = st.nodes(run_id)
+        if compensations:
+            reset = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.PENDING, attempt=0)
+                     for n in nodes if is_compensation(n.node_id) and n.status == NodeStatus.FAILED]
+            update = RunUpdate(status=RunStatus.COMPENSATING, status_reason="operator retry of compensations")
+        else:
+            reset = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.PENDING, attempt=0)
+                     for n in nodes if not is_compensation(n.node_id) and n.status in (
+                         NodeStatus.FAILED, NodeStatus.SKIPPED, NodeStatus.CANCELLED, NodeStatus.RETRYING)]
+            update = RunUpdate(status=RunStatus.RUNNING, status_reason="operator retry",
+                               retries_delta=-run.retries_used, error=None, set_error=True)
+        st.commit(lease, Batch(nodes=reset, run=update))
     finally:
         st.release(lease)
     return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
