@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import LeaseLostError, UserError
+from raysaga.orchestrator.agentloop import AgentNode, is_agent_call, split_call
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.fanout import FanOutBook
@@ -36,13 +37,14 @@ from raysaga.orchestrator.retry import backoff_delay, printable
 from raysaga.orchestrator.rollback import Rollback, is_compensation
 from raysaga.orchestrator.scheduler import NodeKey, Scheduler
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome
+from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.policy import Decision, Fail, Verdict
 from raysaga.state import (
     Batch,
     EffectStatus,
     EffectWrite,
+    MemoryEntry,
     NewEvent,
     NodeRecord,
     NodeStatus,
@@ -127,6 +129,12 @@ class Driver:
         self._parents_done: set[str] = set()  # fan-out parents already durable as completed
         self._failure: tuple[str, dict[str, Any]] | None = None
         self._rollback: Rollback | None = None
+        self._agents: dict[NodeKey, AgentNode] = {}
+        self._agent_rows: dict[NodeKey, list[NodeRecord]] = {}
+        self._agents_due: set[NodeKey] = set()
+        self._pause_reason: str | None = None
+        self._tokens = 0
+        self._cost = 0.0
         self._retries_used = 0
         self.run: RunRecord | None = None
         self._hb: Heartbeat | None = None
@@ -151,6 +159,14 @@ class Driver:
             self.run = run
             self._hb.start()
             self._restore(snapshot)
+            budgets = self._new_budgets(run)
+            if budgets is not None:
+                self.run = self._commit(Batch(run=budgets)) or run
+            if run.status == RunStatus.PAUSED:
+                stop = self.budget_stop()
+                if stop is not None:  # still over budget: it stays paused until the budget is raised
+                    return self.run
+                self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
             if run.status == RunStatus.PENDING:
                 self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
             elif run.status == RunStatus.COMPENSATING:  # a rollback was under way: finish it
@@ -168,12 +184,27 @@ class Driver:
 
     # ------------------------------------------------------------------ restore
 
+    def _new_budgets(self, run: RunRecord) -> RunUpdate | None:
+        """Budgets given to this resume (raising a spent one lets a paused run go on)."""
+        tokens = self.options.token_budget if self.options.token_budget is not None else run.token_budget
+        cost = self.options.cost_budget if self.options.cost_budget is not None else run.cost_budget
+        if (tokens, cost) == (run.token_budget, run.cost_budget):
+            return None
+        return RunUpdate(token_budget=tokens, cost_budget=cost, set_budgets=True)
+
     def _restore(self, snap: RunSnapshot) -> None:
         run = snap.run
         self._retries_used = run.retries_used
+        self._tokens, self._cost = run.tokens_used, run.cost_used
         blobs = self.store.get_blobs(n.output_digest for n in snap.nodes if n.output_digest)
         for node in snap.nodes:
             key = (node.node_id, node.fan_index)
+            if is_agent_call(node.node_id):  # a model turn or tool call: its agent node replays it
+                self._agent_rows.setdefault((split_call(node.node_id)[0], node.fan_index), []).append(node)
+                if node.status == NodeStatus.COMPLETED:
+                    self.outputs[key] = jsoncodec.loads(blobs[node.output_digest]) if node.output_digest \
+                        else node.output
+                continue
             spec = self.wf.steps.get(node.node_id)
             if spec is None:
                 continue  # a compensation's row: the rollback reads those itself
@@ -209,6 +240,8 @@ class Driver:
             terminal = self._dispatch_ready()
             if terminal is not None:
                 return terminal
+            if self._pause_reason is not None:
+                return self._pause()
             if not self._inflight:
                 if self._timers:
                     self._sleep_until(self._timers[0][0])
@@ -253,6 +286,10 @@ class Driver:
             _, key = heapq.heappop(self._timers)
             if self._rollback is not None and is_compensation(key[0]):
                 self._rollback.retry_later(key)
+            elif self._rollback is None and is_agent_call(key[0]):
+                owner = (split_call(key[0])[0], key[1])
+                self._agents[owner].due(key)
+                self._agents_due.add(owner)
             elif self._rollback is None:
                 self._sched.push(key)
 
@@ -262,11 +299,17 @@ class Driver:
         if self._rollback is not None:
             to_submit = self._rollback.ready_calls(batch)
         else:
-            while keys := self._sched.pop_ready():  # settling a node can make more ready
-                for key in keys:
-                    call = self._prepare(key, batch)
-                    if call is not None:
-                        to_submit.append((key, call))
+            while True:
+                while keys := self._sched.pop_ready():  # settling a node can make more ready
+                    for key in keys:
+                        call = self._prepare(key, batch)
+                        if call is not None:
+                            to_submit.append((key, call))
+                if not self._agents_due:
+                    break
+                due, self._agents_due = self._agents_due, set()
+                for owner in sorted(due):
+                    to_submit += self._agents[owner].advance(batch)
             terminal = self._pop_failure()
             if terminal is not None or self._rollback is not None:
                 return terminal
@@ -305,6 +348,9 @@ class Driver:
             return None
         if row is not None and row.status == NodeStatus.COMPLETED:
             self._settle_completed(key, batch, write=False)
+            return None
+        if spec.kind == "agent":
+            self._start_agent(key, spec, row, batch)
             return None
         if (row is not None and row.status == NodeStatus.RETRYING and row.not_before
                 and row.not_before > self.clock()):
@@ -452,7 +498,11 @@ class Driver:
         self._after_success(key, batch)
 
     def _after_success(self, key: NodeKey, batch: Batch) -> None:
-        if is_compensation(key[0]):
+        if is_agent_call(key[0]):
+            owner = (split_call(key[0])[0], key[1])
+            self._agents[owner].on_success(key, self.outputs[key], batch)
+            self._agents_due.add(owner)
+        elif is_compensation(key[0]):
             assert self._rollback is not None
             self._rollback.completed(key)
         else:
@@ -497,8 +547,93 @@ class Driver:
         if compensating:
             assert self._rollback is not None
             self._rollback.failed(key, error)
+        elif is_agent_call(node_id):
+            owner = (split_call(node_id)[0], index)
+            self._agents[owner].on_failure(key, error, batch)
+            self._agents_due.add(owner)
         else:
             self._settle_failed(key, batch, error, write=False, attempts=flight.attempt)
+
+    # ------------------------------------------------------------------ agent nodes
+
+    def _start_agent(self, key: NodeKey, spec: StepSpec, row: NodeRecord | None, batch: Batch) -> None:
+        """Build the prompt (the decorated function, run here: it must be cheap and pure) and
+        hand the node to its loop, which replays whatever turns are already durable."""
+        outcome = execute(spec, NodeCall(
+            ctx=StepContext(run_id=self.run_id, node_id=key[0], fan_index=key[1], attempt=1,
+                            trace_id=self.run.trace_id if self.run else ""),
+            kwargs=self.kwargs(*key), max_output_bytes=self.options.max_output_bytes))
+        prompt = jsoncodec.loads(outcome.output_json) if outcome.ok and outcome.output_json else None
+        if not isinstance(prompt, str):
+            error = outcome.error or {"type": "PromptError", "message": f"the prompt builder of {key[0]!r} "
+                                      f"returned {type(prompt).__name__}, not a str"}
+            self._fail_node(key, batch, {**error, "transient": False}, attempts=1)
+            return
+        if row is None:
+            batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.RUNNING, attempt=1,
+                                         started_at=self.clock()))
+        self._agents[key] = AgentNode(self, key, spec, prompt, self._agent_rows.pop(key, []))
+        self._agents_due.add(key)
+
+    def agent_finished(self, key: NodeKey, output: Any, batch: Batch) -> None:
+        self.outputs[key] = output
+        text = jsoncodec.dumps(output, f"answer of agent node {node_label(*key)!r}")
+        digest = None
+        if len(text.encode()) > self.options.blob_threshold:
+            digest = jsoncodec.digest(text.encode())
+            batch.blobs[digest] = text.encode()
+        batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.COMPLETED, attempt=1,
+                                     output=None if digest else output, output_digest=digest,
+                                     finished_at=self.clock()))
+        batch.events.append(NewEvent(kind="node_completed", node_id=key[0], fan_index=key[1],
+                                     data={"agent": True}))
+        self._settle_completed(key, batch, write=False)
+
+    def agent_failed(self, key: NodeKey, error: dict[str, Any], batch: Batch) -> None:
+        for sub in [k for k in self._inflight if is_agent_call(k[0]) and (split_call(k[0])[0], k[1]) == key]:
+            self.executor.cancel(self._inflight.pop(sub).handle)
+        self._fail_node(key, batch, error, attempts=1)
+
+    @property
+    def pending_batch(self) -> Batch:
+        return self._pending_batch
+
+    def restored_timer(self, when: float, key: NodeKey) -> None:
+        self.schedule(when, key)
+
+    def charge(self, tokens: int, cost: float, batch: Batch) -> None:
+        """Count a model response's usage against the run (durable with the response itself)."""
+        self._tokens += tokens
+        self._cost += cost
+        batch.run = _merge_run(batch.run, RunUpdate(tokens_delta=tokens, cost_delta=cost))
+
+    def budget_stop(self) -> str | None:
+        """Why no further model call may start (the run's token or cost budget is spent), or None."""
+        run = self.run
+        if run is None:
+            return None
+        if run.token_budget is not None and self._tokens >= run.token_budget:
+            return f"budget: {self._tokens} tokens used of a budget of {run.token_budget}"
+        if run.cost_budget is not None and self._cost >= run.cost_budget:
+            return f"budget: ${self._cost:.4f} spent of a budget of ${run.cost_budget:.4f}"
+        return None
+
+    def request_pause(self, reason: str) -> None:
+        self._pause_reason = self._pause_reason or reason
+
+    def _pause(self) -> RunRecord:
+        reason = self._pause_reason or "paused"
+        batch = self._pending_batch
+        self._cancel_inflight(batch, reason=reason)
+        batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
+        record = self._flush()
+        assert record is not None
+        return record
+
+    def memory_cas(self, key: str, value: Any, expected_version: int, writer: str) -> MemoryEntry:
+        assert self._hb is not None
+        self._flush()  # what led to this write is durable first
+        return self.store.memory_cas(self._hb.lease, key, value, expected_version, writer)
 
     # ------------------------------------------------------------------ forward settling
 
@@ -558,6 +693,14 @@ class Driver:
         if spec.critical or force_rollback:
             if self._failure is None:
                 self._failure = (node_label(step, index), error)
+                if index >= 0:
+                    # An item failing an ALL fan-out fails its step: its parent row says so, as it
+                    # does for a non-critical fan-out (it had no row at all: `status` never showed
+                    # the failed step, only its items). Once: a second upsert of one row in a
+                    # batch is refused by PostgreSQL.
+                    batch.nodes.append(NodeWrite(
+                        node_id=step, fan_index=-1, status=NodeStatus.FAILED, finished_at=self.clock(),
+                        error={"type": "FanOutItemFailed", "message": f"item {index} failed"}))
             return
         if index >= 0:
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED,
@@ -609,6 +752,14 @@ class Driver:
             indexes = self._fanout.start_retry(step)
             for i in indexes:
                 self._attempts[(step, i)] = 0  # a new round: the items get their attempts again
+            # The retried items' rows go back to pending in the decision's own commit. Left
+            # 'failed', a crash after this commit made the resume read them as failures of the
+            # new round: it decided again without re-running them (resume != uninterrupted).
+            # (Their earlier writes in this batch are dropped: one upsert per row per statement.)
+            again = {(step, i) for i in indexes}
+            batch.nodes[:] = [n for n in batch.nodes if (n.node_id, n.fan_index) not in again]
+            batch.nodes.extend(NodeWrite(node_id=step, fan_index=i, status=NodeStatus.PENDING, attempt=0)
+                               for i in indexes)
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.RUNNING,
                                          attempt=self._fanout.round(step), started_at=self.clock()))
             self._sched.retry_items(step, indexes)

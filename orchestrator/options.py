@@ -50,4 +50,9 @@ class RunOptions:
     """Outputs larger than this many bytes of JSON go to the blob store by digest."""
     max_output_bytes: int = 16 * 1024 * 1024
     """Outputs larger than this fail their node permanently with a clear error."""
+    token_budget: int | None = None
+    """Model tokens (input + output) the whole run may spend; at the budget agents stop calling
+    the model (the run pauses, or the node fails, as each agent declares). Raise it on resume."""
+    cost_budget: float | None = None
+    """Model cost in USD the whole run may spend (prices: ``raysaga.agents.price_of``)."""
     labels: dict[str, str] = field(default_factory=dict)

@@ -59,7 +59,8 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
         definition_hash=workflow.definition_hash, workflow_ref=workflow_ref, input=checked,
         deadline_at=time.time() + options.deadline if options.deadline else None,
-        retry_budget=options.retry_budget, trace_id=uuid.uuid4().hex,
+        retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
+        trace_id=uuid.uuid4().hex,
     ))
 
 

@@ -38,6 +38,12 @@ class Scheduler:
         self._items_left[step] = count
         if count == 0:
             return self._complete_step(step)
+        if self._wf.steps[step].fan_out_policy.partial:
+            # A partial-failure fan-out always waits for its policy's decision, failures or not.
+            # Held only on a first failure, an all-success fan-out completed without a decision
+            # and handed its dependents a plain list instead of the FanOutResult they declare
+            # (also after a resume into a RetryFailed round, where no failure was restored).
+            self._held.add(step)
         self._ready.extend((step, i) for i in range(count))
         return []
 

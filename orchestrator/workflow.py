@@ -16,6 +16,7 @@ Decorators return the function unchanged, so it stays callable and testable on i
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -110,6 +111,31 @@ class Workflow:
 
         if fn is not None:
             return decorate(fn)
+        return decorate
+
+    def agent(self, agent: Any, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """An LLM sub-agent node (``raysaga.agents.Agent``). The decorated function builds the
+        agent's prompt from its inputs (upstream outputs, ``input``, a fan-out item) and runs in
+        the driver, so keep it cheap and pure; the node's output is the agent's final answer
+        (validated against ``agent.output_type``). Takes the same options as ``step``."""
+        from raysaga.agents.agent import Agent
+
+        if not isinstance(agent, Agent):
+            raise WorkflowDefinitionError(f"@{self.name}.agent takes a raysaga.agents.Agent, got {agent!r}")
+        if options.get("effect"):
+            raise WorkflowDefinitionError("an agent node is not an effect itself: declare effect=True on its tools")
+
+        def decorate(func: Callable[P, R]) -> Callable[P, R]:
+            spec = self._make_spec(func, name=options.get("name"), after=tuple(options.get("after", ())),
+                                   critical=options.get("critical", True), effect=False, effect_name=None,
+                                   retry=options.get("retry"), timeout=options.get("timeout"),
+                                   compensate=options.get("compensate"), reconcile=None,
+                                   map_over=options.get("map_over"), policy=options.get("policy"),
+                                   on_failure=options.get("on_failure", "skip"))
+            self._add(dataclasses.replace(spec, kind="agent", options={"agent": agent},
+                                          output_type=agent.output_type or Any))
+            return func
+
         return decorate
 
     def map(self, over: str, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:

@@ -7,11 +7,13 @@ the event log, blobs and signals, and guards every driver write with the run's f
 from raysaga.state.engine import default_url, redact
 from raysaga.state.models import (
     Batch,
+    BreakerRecord,
     EffectRecord,
     EffectStatus,
     EffectWrite,
     EventRecord,
     Lease,
+    MemoryEntry,
     NewEvent,
     NewRun,
     NodeRecord,
@@ -35,11 +37,13 @@ def open_store(url: str | None = None) -> SqlStore:
 
 __all__ = [
     "Batch",
+    "BreakerRecord",
     "EffectRecord",
     "EffectStatus",
     "EffectWrite",
     "EventRecord",
     "Lease",
+    "MemoryEntry",
     "NewEvent",
     "NewRun",
     "NodeRecord",

@@ -18,6 +18,9 @@ from raysaga.errors import NotJSONableError
 
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
 
+#: Deeper values are refused: real data is never this deep, and hostile data must not blow the stack.
+MAX_DEPTH = 100
+
 
 def to_jsonable(value: Any, where: str = "value") -> JSONValue:
     """Return ``value`` as plain JSON data, or raise naming the offending path.
@@ -27,10 +30,10 @@ def to_jsonable(value: Any, where: str = "value") -> JSONValue:
     """
     if isinstance(value, BaseModel):
         value = value.model_dump(mode="json")
-    return _check(value, where)
+    return _check(value, where, 0)
 
 
-def _check(value: Any, where: str) -> JSONValue:
+def _check(value: Any, where: str, depth: int) -> JSONValue:
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
@@ -45,18 +48,20 @@ def _check(value: Any, where: str) -> JSONValue:
                 f"{where} holds a lone surrogate at index {exc.start}: it is not valid UTF-8 text"
             ) from None
         return value
+    if depth >= MAX_DEPTH and isinstance(value, list | tuple | dict):
+        raise NotJSONableError(f"{where} is nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, list | tuple):
-        return [_check(item, f"{where}[{i}]") for i, item in enumerate(value)]
+        return [_check(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
     if isinstance(value, dict):
         out: dict[str, JSONValue] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise NotJSONableError(f"{where} has key {key!r} of type {type(key).__name__}: keys must be str")
-            _check(key, f"{where} key")
-            out[key] = _check(item, f"{where}[{key!r}]")
+            _check(key, f"{where} key", depth + 1)
+            out[key] = _check(item, f"{where}[{key!r}]", depth + 1)
         return out
     if isinstance(value, BaseModel):
-        return _check(value.model_dump(mode="json"), where)
+        return _check(value.model_dump(mode="json"), where, depth)
     raise NotJSONableError(
         f"{where} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
         "a dict, a list, a str, a number, a bool or None"

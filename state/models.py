@@ -91,6 +91,8 @@ class RunRecord(_Record):
     retries_used: int = 0
     tokens_used: int = 0
     cost_used: float = 0.0
+    token_budget: int | None = None
+    cost_budget: float | None = None
     trace_id: str
     created_at: float
     updated_at: float
@@ -164,6 +166,8 @@ class NewRun(BaseModel):
     input: Any = None
     deadline_at: float | None = None
     retry_budget: int | None = None
+    token_budget: int | None = None
+    cost_budget: float | None = None
     trace_id: str
 
 
@@ -225,6 +229,9 @@ class RunUpdate(BaseModel):
     retries_delta: int = 0
     tokens_delta: int = 0
     cost_delta: float = 0.0
+    token_budget: int | None = None
+    cost_budget: float | None = None
+    set_budgets: bool = False
 
 
 class Batch(BaseModel):
@@ -248,3 +255,20 @@ class RunSnapshot(_Record):
     nodes: list[NodeRecord]
     effects: list[EffectRecord]
     signals: list[SignalRecord]
+
+
+class MemoryEntry(_Record):
+    """One key of a run's shared blackboard."""
+
+    key: str
+    value: Any = None
+    version: int = 0
+    writer: str | None = None
+
+
+class BreakerRecord(_Record):
+    name: str
+    state: str = "closed"
+    failures: int = 0
+    opened_at: float | None = None
+    version: int = 0

@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 metadata = MetaData()
 
@@ -59,6 +59,9 @@ runs = Table(
     Column("retries_used", Integer, nullable=False, default=0),
     Column("tokens_used", BigInteger, nullable=False, default=0),
     Column("cost_used", Double, nullable=False, default=0.0),
+    # schema 2: per-run model budgets (None: unlimited)
+    Column("token_budget", BigInteger, nullable=True),
+    Column("cost_budget", Double, nullable=True),
     Column("trace_id", String(64), nullable=False),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
@@ -131,4 +134,31 @@ signals = Table(
     Column("created_at", Double, nullable=False),
     Column("consumed_at", Double, nullable=True),
     Index("ix_raysaga_signals_run", "run_id", "consumed_at"),
+)
+
+
+# schema 2 -------------------------------------------------------------------
+
+memory = Table(
+    "raysaga_memory",
+    metadata,
+    # a per-run blackboard that parallel agents share; every write is a compare-and-set on version
+    Column("run_id", String(200), ForeignKey("raysaga_runs.run_id", ondelete="CASCADE"), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("value", JSON, nullable=True),
+    Column("version", Integer, nullable=False),
+    Column("writer", String(120), nullable=True),  # idempotency key of the write that set this version
+    Column("updated_at", Double, nullable=False),
+)
+
+breakers = Table(
+    "raysaga_breakers",
+    metadata,
+    # one circuit breaker per tool/dependency, shared by every driver on this store
+    Column("name", String(200), primary_key=True),
+    Column("state", String(16), nullable=False),  # closed | open | half_open
+    Column("failures", Integer, nullable=False),
+    Column("opened_at", Double, nullable=True),
+    Column("version", Integer, nullable=False),
+    Column("updated_at", Double, nullable=False),
 )

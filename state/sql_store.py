@@ -22,10 +22,12 @@ from raysaga.state import migrate
 from raysaga.state.engine import make_engine, normalize_url, redact
 from raysaga.state.models import (
     Batch,
+    BreakerRecord,
     EffectRecord,
     EffectStatus,
     EventRecord,
     Lease,
+    MemoryEntry,
     NewEvent,
     NewRun,
     NodeRecord,
@@ -35,7 +37,7 @@ from raysaga.state.models import (
     SignalRecord,
     can_transition,
 )
-from raysaga.state.schema import blobs, effects, events, nodes, runs, signals
+from raysaga.state.schema import blobs, breakers, effects, events, memory, nodes, runs, signals
 from raysaga.state.store import Store
 
 
@@ -258,6 +260,8 @@ class SqlStore(Store):
             values["tokens_used"] = runs.c.tokens_used + upd.tokens_delta
         if upd.cost_delta:
             values["cost_used"] = runs.c.cost_used + upd.cost_delta
+        if upd.set_budgets:
+            values.update(token_budget=upd.token_budget, cost_budget=upd.cost_budget)
         if values:
             conn.execute(update(runs).where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
                          .values(**values))
@@ -341,6 +345,68 @@ class SqlStore(Store):
                                                            signals.c.consumed_at.is_(None)))
                                 .order_by(signals.c.id)).all()
         return _records(SignalRecord, rows)
+
+
+    # ---------------------------------------------------------------- shared memory (blackboard)
+
+    def memory_get(self, run_id: str, key: str) -> MemoryEntry:
+        with self.reader.connect() as conn:
+            row = conn.execute(select(memory).where(memory.c.run_id == run_id, memory.c.key == key)).first()
+        if row is None:
+            return MemoryEntry(key=key)
+        return MemoryEntry(key=key, value=row.value, version=row.version, writer=row.writer)
+
+    def memory_cas(self, lease: Lease, key: str, value: Any, expected_version: int, writer: str) -> MemoryEntry:
+        """Write ``key`` if it is still at ``expected_version`` (0: absent); fenced like every driver write.
+
+        Returns the entry as it now stands: ``version == expected_version + 1`` and ``writer`` this
+        writer's key on success, else the newer entry that won. Re-applying the same ``writer`` is a
+        no-op success (a resumed driver re-issuing a write it already made).
+        """
+        now = time.time()
+        with self.engine.begin() as conn:
+            self._fence_guard(conn, lease, 0, now)
+            row = conn.execute(select(memory).where(memory.c.run_id == lease.run_id, memory.c.key == key)).first()
+            current = 0 if row is None else int(row.version)
+            if row is not None and row.writer == writer:
+                return MemoryEntry(key=key, value=row.value, version=current, writer=writer)
+            if current != expected_version:
+                return MemoryEntry(key=key, value=None if row is None else row.value, version=current,
+                                   writer=None if row is None else row.writer)
+            values = {"value": value, "version": current + 1, "writer": writer, "updated_at": now}
+            if row is None:
+                conn.execute(insert(memory).values(run_id=lease.run_id, key=key, **values))
+            else:
+                conn.execute(update(memory).where(memory.c.run_id == lease.run_id, memory.c.key == key,
+                                                  memory.c.version == current).values(**values))
+            return MemoryEntry(key=key, value=value, version=current + 1, writer=writer)
+
+    # ---------------------------------------------------------------- circuit breakers (fleet-wide)
+
+    def breaker_get(self, name: str) -> BreakerRecord:
+        with self.reader.connect() as conn:
+            row = conn.execute(select(breakers).where(breakers.c.name == name)).first()
+        if row is None:
+            return BreakerRecord(name=name)
+        return BreakerRecord(name=name, state=row.state, failures=row.failures, opened_at=row.opened_at,
+                             version=row.version)
+
+    def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
+        """Store a breaker's new state if nobody changed it since ``expected_version``."""
+        now = time.time()
+        values = {"state": record.state, "failures": record.failures, "opened_at": record.opened_at,
+                  "version": expected_version + 1, "updated_at": now}
+        with self.engine.begin() as conn:
+            if expected_version == 0:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(insert(breakers).values(name=record.name, **values))
+                    return True
+                except IntegrityError:
+                    return False
+            result = conn.execute(update(breakers).where(breakers.c.name == record.name,
+                                                         breakers.c.version == expected_version).values(**values))
+            return result.rowcount == 1
 
 
 def _check_transition(current: RunRecord, new: RunStatus) -> None:

@@ -13,9 +13,11 @@ from typing import Any
 
 from raysaga.state.models import (
     Batch,
+    BreakerRecord,
     EffectRecord,
     EventRecord,
     Lease,
+    MemoryEntry,
     NewRun,
     NodeRecord,
     RunRecord,
@@ -98,6 +100,22 @@ class Store(ABC):
 
     @abstractmethod
     def pending_signals(self, run_id: str) -> list[SignalRecord]: ...
+
+    @abstractmethod
+    def memory_get(self, run_id: str, key: str) -> MemoryEntry:
+        """A key of the run's shared blackboard (version 0 if never written)."""
+
+    @abstractmethod
+    def memory_cas(self, lease: Lease, key: str, value: Any, expected_version: int, writer: str) -> MemoryEntry:
+        """Compare-and-set a blackboard key under the lease's fence; returns the entry as it stands."""
+
+    @abstractmethod
+    def breaker_get(self, name: str) -> BreakerRecord:
+        """A circuit breaker's state (closed with no failures if never recorded)."""
+
+    @abstractmethod
+    def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
+        """Store a breaker's new state unless another driver changed it first."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from raysaga.orchestrator.cli import app
 from raysaga.state import open_store
+from raysaga.state.schema import SCHEMA_VERSION
 
 FLOW = textwrap.dedent('''
     from pydantic import BaseModel
@@ -139,7 +140,7 @@ def test_events_are_json_lines_in_order(flow: str, sqlite_url: str) -> None:
 
 def test_db_upgrade_and_console_script(sqlite_url: str, tmp_path: Path) -> None:
     code, out, _ = invoke("db", "upgrade", "--db", sqlite_url)
-    assert code == 0 and "schema version 1" in out
+    assert code == 0 and f"schema version {SCHEMA_VERSION}" in out
     exe = Path(sys.executable).with_name("raysaga")
     proc = subprocess.run([str(exe), "status", "nothing-here", "--db", sqlite_url], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "60"}, timeout=60, cwd=tmp_path)

@@ -1,0 +1,42 @@
+"""Circuit breaker state transitions (pure); the state itself is a store row shared by the fleet.
+
+closed → open after ``threshold`` consecutive failures → half-open once ``cooldown`` has
+passed (one probe call goes through) → closed on its success, open again on its failure.
+Kept in the store rather than a Ray actor so every driver on the store, on any cluster, and
+any driver started after a crash, sees the same state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raysaga.state import BreakerRecord
+
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    threshold: int = 5
+    cooldown: float = 30.0
+
+
+def admit(record: BreakerRecord, now: float, policy: BreakerPolicy) -> tuple[bool, float, BreakerRecord | None]:
+    """May a call go through now? Returns (allowed, seconds until it may, the state to store if it changes)."""
+    if record.state == "closed":
+        return True, 0.0, None
+    opened = record.opened_at or now
+    if record.state == "open":
+        wait = opened + policy.cooldown - now
+        if wait > 0:
+            return False, wait, None
+        return True, 0.0, record.model_copy(update={"state": "half_open"})  # this caller is the probe
+    # half-open: a probe is out; others wait for its verdict
+    return False, max(1.0, policy.cooldown / 10), None
+
+
+def after_call(record: BreakerRecord, ok: bool, now: float, policy: BreakerPolicy) -> BreakerRecord:
+    if ok:
+        return record.model_copy(update={"state": "closed", "failures": 0, "opened_at": None})
+    failures = record.failures + 1
+    if record.state == "half_open" or failures >= policy.threshold:
+        return record.model_copy(update={"state": "open", "failures": failures, "opened_at": now})
+    return record.model_copy(update={"failures": failures})

@@ -1,0 +1,42 @@
+"""What crosses between the driver and a model call: JSON-only request and response records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class ModelRequest(BaseModel):
+    """One Messages API call, as JSON (no client, no key)."""
+
+    model: str
+    system: str = ""
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    max_tokens: int = 1024
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelResponse(BaseModel):
+    """A model's answer as persisted (before any tool it asks for runs)."""
+
+    content: list[dict[str, Any]] = Field(default_factory=list)
+    stop_reason: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+    model: str = ""
+
+    def tool_uses(self) -> list[dict[str, Any]]:
+        return [b for b in self.content if b.get("type") == "tool_use"]
+
+    def text(self) -> str:
+        return "".join(str(b.get("text", "")) for b in self.content if b.get("type") == "text")

@@ -1,0 +1,158 @@
+"""Model backends behind one small protocol: the real Anthropic SDK, and a scripted one.
+
+A backend object crosses into a Ray task, so it holds configuration only: the Anthropic
+client is built on the worker and the API key is read there from the environment. It is
+never an attribute, never serialized, never stored.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import urlparse
+
+from raysaga.agents.messages import ModelRequest, ModelResponse, Usage
+from raysaga.errors import Permanent
+
+#: Set by raysaga's own test suite: a model call that would reach the real API fails at once.
+FORBID_ENV = "RAYSAGA_FORBID_REAL_API"
+REAL_API_HOST = "api.anthropic.com"
+
+#: USD per million tokens (input, output); override per model with ``prices=``.
+DEFAULT_PRICES: dict[str, tuple[float, float]] = {
+    "claude-opus-4": (15.0, 75.0),
+    "claude-sonnet-4": (3.0, 15.0),
+    "claude-haiku-4": (1.0, 5.0),
+    "claude-3-5-haiku": (0.8, 4.0),
+}
+
+
+def price_of(model: str, usage: Usage, prices: dict[str, tuple[float, float]] | None = None) -> float:
+    """Cost in USD of one response, by the longest matching model-name prefix (0 if unknown)."""
+    table = {**DEFAULT_PRICES, **(prices or {})}
+    match = max((k for k in table if model.startswith(k)), key=len, default=None)
+    if match is None:
+        return 0.0
+    per_in, per_out = table[match]
+    return (usage.input_tokens * per_in + usage.output_tokens * per_out) / 1_000_000
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A backend: one request in, one response out; transport errors raised (the driver retries)."""
+
+    name: str
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+    def cost(self, usage: Usage) -> float: ...
+
+
+_CLIENTS: dict[tuple[str | None, float, str], Any] = {}
+
+
+@dataclass(frozen=True)
+class AnthropicModel:
+    """Claude through the official ``anthropic`` SDK. ``max_retries=0``: raysaga retries, durably."""
+
+    name: str
+    max_tokens: int = 1024
+    base_url: str | None = None
+    timeout: float = 60.0
+    api_key_env: str = "ANTHROPIC_API_KEY"
+    prices: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def _client(self) -> Any:
+        import anthropic
+
+        base_url = self.base_url or os.environ.get("ANTHROPIC_BASE_URL")
+        host = urlparse(base_url).hostname if base_url else REAL_API_HOST
+        if os.environ.get(FORBID_ENV) and host == REAL_API_HOST:
+            raise Permanent(f"{FORBID_ENV} is set: this process may not call the real Anthropic API")
+        key = (base_url, self.timeout, self.api_key_env)
+        client = _CLIENTS.get(key)
+        if client is None:
+            api_key = os.environ.get(self.api_key_env)
+            if not api_key:
+                raise Permanent(f"{self.api_key_env} is not set on the worker: export it, or use ScriptedModel")
+            client = anthropic.Anthropic(api_key=api_key, base_url=base_url, timeout=self.timeout, max_retries=0)
+            _CLIENTS[key] = client
+        return client
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        client = self._client()
+        kwargs: dict[str, Any] = {"model": request.model or self.name, "messages": request.messages,
+                                  "max_tokens": request.max_tokens or self.max_tokens}
+        if request.system:
+            kwargs["system"] = request.system
+        if request.tools:
+            kwargs["tools"] = request.tools
+        if request.metadata:
+            kwargs["metadata"] = request.metadata
+        message = client.messages.create(**kwargs)
+        return ModelResponse(
+            content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
+            stop_reason=message.stop_reason,
+            usage=Usage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens),
+            model=message.model,
+        )
+
+    def cost(self, usage: Usage) -> float:
+        return price_of(self.name, usage, self.prices)
+
+    def __repr__(self) -> str:  # never the key: there is none to show
+        return f"AnthropicModel({self.name!r}, base_url={self.base_url!r})"
+
+
+@dataclass(frozen=True)
+class ScriptedModel:
+    """Deterministic responses for tests and the offline demo.
+
+    ``script`` maps a conversation (the first user message's text) to the responses of its
+    turns in order; turn n is answered with the n-th response, however often it is asked, so
+    a replayed turn is answered the same. ``default`` answers conversations with no script.
+    """
+
+    script: dict[str, list[ModelResponse]] = field(default_factory=dict)
+    default: tuple[ModelResponse, ...] = ()
+    name: str = "scripted"
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        conversation = first_user_text(request.messages)
+        turns = self.script.get(conversation, list(self.default))
+        turn = sum(1 for m in request.messages if m.get("role") == "assistant")
+        if not turns:
+            raise Permanent(f"ScriptedModel has no script for conversation {conversation[:60]!r}")
+        return turns[min(turn, len(turns) - 1)]
+
+    def cost(self, usage: Usage) -> float:
+        return 0.0
+
+
+def first_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in messages:
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+    return ""
+
+
+def text_reply(text: str, *, input_tokens: int = 10, output_tokens: int = 10) -> ModelResponse:
+    """A final answer (for ``ScriptedModel`` scripts)."""
+    return ModelResponse(content=[{"type": "text", "text": text}], stop_reason="end_turn",
+                         usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens), model="scripted")
+
+
+def tool_reply(*calls: tuple[str, dict[str, Any]], text: str = "", input_tokens: int = 10,
+               output_tokens: int = 10) -> ModelResponse:
+    """A turn asking for tools: ``tool_reply(("search", {"q": "x"}), ...)``."""
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    for i, (name, args) in enumerate(calls):
+        content.append({"type": "tool_use", "id": f"toolu_{i:02d}_{name}", "name": name, "input": args})
+    return ModelResponse(content=content, stop_reason="tool_use",
+                         usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens), model="scripted")

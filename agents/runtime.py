@@ -1,0 +1,41 @@
+"""What runs inside the Ray tasks of an agent: one model call, or one tool call.
+
+Both return JSON only. A model response whose tool input is not storable JSON (too deep,
+NaN...) is kept, with that input replaced by a marker, so the agent can be told its call was
+malformed instead of the whole node dying.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raysaga.agents.messages import ModelRequest
+from raysaga.agents.models import Model
+from raysaga.agents.tools import Tool, run_tool
+from raysaga.errors import NotJSONableError, Permanent
+from raysaga.orchestrator.context import StepContext
+from raysaga.state import jsoncodec
+
+INVALID_INPUT = "$raysaga_invalid_input"
+
+
+def model_turn(model: Model, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        response = model.complete(ModelRequest.model_validate(request))
+    except RecursionError:
+        raise Permanent("the model's response is nested too deeply to parse") from None
+    content = []
+    for block in response.content:
+        if block.get("type") == "tool_use":
+            try:
+                jsoncodec.to_jsonable(block.get("input"), "tool input")
+            except (NotJSONableError, RecursionError) as exc:
+                block = {**block, "input": {INVALID_INPUT: str(exc)[:300]}}
+        content.append(block)
+    data = response.model_copy(update={"content": content}).model_dump(mode="json")
+    jsoncodec.to_jsonable(data, "model response")
+    return data
+
+
+def tool_call(tool: Tool, args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+    return run_tool(tool, args, ctx.idempotency_key)

@@ -1,0 +1,116 @@
+"""Tools an agent may call: a function, its JSON schema, and how it touches the world.
+
+A tool that changes the world declares ``effect=True``; its idempotency key comes from the
+run, the agent node, the tool name and its canonical arguments (``key=`` narrows which
+arguments count), never from the model's wording. A tool signals a *semantic* error (bad
+arguments, not found, a refusal) by raising ``ToolError``: the model sees it as an
+``is_error`` result and no code retries it. Any other exception is classified like a step's
+failure: transient ones are retried with backoff, invisible to the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError, create_model
+
+from raysaga.errors import RaySagaError, WorkflowDefinitionError
+from raysaga.orchestrator.options import RetryPolicy
+from raysaga.state import jsoncodec
+
+
+class ToolError(RaySagaError):
+    """A semantic tool error: shown to the model as an ``is_error`` result, never retried in code."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.message,))
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    input_model: type[BaseModel]
+    effect: bool = False
+    key: tuple[str, ...] | None = None
+    """Arguments that identify the effect (default: all of them)."""
+    retry: RetryPolicy | None = None
+    timeout: float | None = None
+    breaker: str | None = None
+    """Name of the dependency whose circuit breaker guards this tool (default: the tool's name)."""
+
+    @property
+    def breaker_name(self) -> str:
+        return self.breaker or self.name
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as the Messages API takes it."""
+        schema = self.input_model.model_json_schema()
+        schema.pop("title", None)
+        return {"name": self.name, "description": self.description, "input_schema": schema}
+
+    def validate(self, args: Any) -> dict[str, Any]:
+        """Check the model's arguments; ``ToolError`` (shown to the model) if they do not fit."""
+        if not isinstance(args, dict):
+            raise ToolError(f"the input of {self.name} must be a JSON object, got {type(args).__name__}")
+        try:
+            return self.input_model.model_validate(args).model_dump(mode="json")
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}"
+                                 for e in exc.errors(include_url=False))
+            raise ToolError(f"invalid arguments for {self.name}: {problems}") from None
+
+    def key_args(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {k: args.get(k) for k in self.key} if self.key else args
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+         effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
+         timeout: float | None = None, breaker: str | None = None) -> Any:
+    """Make a ``Tool`` from a typed function; its parameters become the JSON schema."""
+
+    def build(func: Callable[..., Any]) -> Tool:
+        tool_name = name or func.__name__
+        fields: dict[str, Any] = {}
+        for pname, param in inspect.signature(func).parameters.items():
+            if pname == "idempotency_key":
+                continue  # filled in by raysaga for effect tools, never by the model
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise WorkflowDefinitionError(f"tool {tool_name!r}: *args/**kwargs cannot be described to a model")
+            annotation = param.annotation if param.annotation is not inspect.Parameter.empty else Any
+            default = param.default if param.default is not inspect.Parameter.empty else ...
+            fields[pname] = (annotation, default)
+        if key:
+            unknown = set(key) - set(fields)
+            if unknown:
+                raise WorkflowDefinitionError(f"tool {tool_name!r}: key= names unknown arguments {sorted(unknown)}")
+        model = create_model(f"{tool_name}_input", **fields)
+        doc = description or inspect.getdoc(func) or tool_name
+        return Tool(name=tool_name, description=doc, fn=func, input_model=model, effect=effect,
+                    key=tuple(key) if key else None, retry=retry, timeout=timeout, breaker=breaker)
+
+    if fn is not None:
+        return build(fn)
+    return build
+
+
+def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
+    """Inside the Ray task: call the tool. Semantic errors come back as data, others raise."""
+    try:
+        valid = tool.validate(args)
+        fn_params = inspect.signature(tool.fn).parameters
+        if "idempotency_key" in fn_params and "idempotency_key" not in valid:
+            valid["idempotency_key"] = idempotency_key
+        result = tool.fn(**valid)
+    except ToolError as exc:
+        return {"content": exc.message, "is_error": True}
+    content = result if isinstance(result, str) else jsoncodec.dumps(result, f"result of tool {tool.name!r}")
+    return {"content": content, "is_error": False}
