@@ -23,6 +23,9 @@ from raysaga.state import SqlStore
 
 PG_ENV = "RAYSAGA_TEST_PG_URL"
 
+# The guard: no test may reach the real Anthropic API (AnthropicModel refuses at once).
+os.environ["RAYSAGA_FORBID_REAL_API"] = "1"
+
 
 def _free_port() -> int:
     with socket.socket() as s:
