@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
@@ -70,6 +70,16 @@ class Tool:
 
     def key_args(self, args: dict[str, Any]) -> dict[str, Any]:
         return {k: args.get(k) for k in self.key} if self.key else args
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, *, name: str | None = None, description: str | None = None, effect: bool = False,
+         key: Sequence[str] | None = None, retry: RetryPolicy | None = None, timeout: float | None = None,
+         breaker: str | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,

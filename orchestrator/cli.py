@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from raysaga.errors import LeaseHeldError, LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator import runner
@@ -102,9 +103,9 @@ def _summary(store: SqlStore, run: RunRecord, as_json: bool) -> None:
         return
     colour = {"completed": "green", "failed": "red", "cancelled": "yellow", "compensated": "yellow",
               "compensation_failed": "red"}.get(run.status.value, "cyan")
-    out.print(f"run [bold]{run.run_id}[/] ({run.workflow_name} v{run.workflow_version}): "
-              f"[{colour}]{run.status.value}[/]" + (f" — {run.status_reason}" if run.status_reason else ""),
-              highlight=False)
+    line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
+                         (run.status.value, colour), f" — {run.status_reason}" if run.status_reason else "")
+    out.print(line, highlight=False)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for col in ("node", "status", "attempts", "seconds", "note"):
         table.add_column(col)
@@ -116,7 +117,7 @@ def _summary(store: SqlStore, run: RunRecord, as_json: bool) -> None:
         if n["error"]:
             note = str(n["error"].get("message") or n["error"].get("reason") or "")[:70]
         secs = f"{n['duration']:.3f}" if n["duration"] is not None else ""
-        table.add_row(n["node"], n["status"], str(n["attempts"]), secs, note)
+        table.add_row(Text(n["node"]), n["status"], str(n["attempts"]), secs, Text(note))
     out.print(table)
     items = [n for n in nodes if n["index"] is not None]
     if items:
@@ -124,9 +125,9 @@ def _summary(store: SqlStore, run: RunRecord, as_json: bool) -> None:
         out.print(f"fan-out items: {done}/{len(items)} completed")
     if run.output is not None:
         text = json.dumps(run.output)
-        out.print("output: " + (text if len(text) < 600 else text[:600] + " …"), highlight=False)
+        out.print("output: " + (text if len(text) < 600 else text[:600] + " …"), highlight=False, markup=False)
     if run.error:
-        out.print(f"error: {run.error}", highlight=False)
+        out.print(f"error: {run.error}", highlight=False, markup=False)
 
 
 def _exit_for(run: RunRecord) -> None:

@@ -23,7 +23,7 @@ import json
 import typing
 from collections.abc import Callable, Iterable
 from functools import cached_property
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 import networkx as nx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -62,6 +62,28 @@ class Workflow:
         return f"Workflow({self.name!r}, version={self.version!r}, steps={list(self.steps)})"
 
     # ------------------------------------------------------------------ decorators
+
+    @overload
+    def step(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+
+    @overload
+    def step(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        after: Iterable[str] = (),
+        critical: bool = True,
+        effect: bool = False,
+        effect_name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        compensate: Callable[..., Any] | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        map_over: str | None = None,
+        policy: FanOutPolicy | None = None,
+        on_failure: str = "skip",
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def step(
         self,

@@ -34,8 +34,8 @@ class Saga:
              retry: RetryPolicy | None = None, timeout: float | None = None) -> Saga:
         """Append an action (and its undo). Returns the saga, so calls can chain."""
         after = (self._last,) if self._last else ()
-        self.workflow.step(action, name=name, after=after, effect=effect, retry=retry, timeout=timeout,
-                           compensate=compensate)
+        self.workflow.step(name=name, after=after, effect=effect, retry=retry, timeout=timeout,
+                           compensate=compensate)(action)
         self._last = name or action.__name__
         return self
 
