@@ -99,7 +99,8 @@ class Turn:
     results: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
-def messages_for(prompt: str, turns: list[Turn]) -> list[dict[str, Any]]:
+def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | None = None,
+                 ) -> list[dict[str, Any]]:
     """The Messages API conversation implied by the persisted turns (the last one unanswered)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     for turn in turns:
@@ -117,7 +118,9 @@ def messages_for(prompt: str, turns: list[Turn]) -> list[dict[str, Any]]:
                                "content": result.get("content", ""), "is_error": bool(result.get("is_error"))})
             messages.append({"role": "user", "content": blocks})
         else:
-            feedback = final_answer_problem(turn.response, None)
+            # the agent's output_type, not None: with None an answer failing validation was fed
+            # back as "Continue.", so the model never learned what was wrong with it
+            feedback = final_answer_problem(turn.response, output_type)
             messages.append({"role": "user", "content": feedback or "Continue."})
     return messages
 

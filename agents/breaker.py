@@ -28,8 +28,13 @@ def admit(record: BreakerRecord, now: float, policy: BreakerPolicy) -> tuple[boo
         wait = opened + policy.cooldown - now
         if wait > 0:
             return False, wait, None
-        return True, 0.0, record.model_copy(update={"state": "half_open"})  # this caller is the probe
-    # half-open: a probe is out; others wait for its verdict
+        # this caller is the probe; opened_at now dates the probe (see below)
+        return True, 0.0, record.model_copy(update={"state": "half_open", "opened_at": now})
+    # half-open: a probe is out; others wait for its verdict. A probe whose verdict never comes
+    # (its driver died mid-call, its run was cancelled or paused) held the breaker half-open
+    # forever, for the whole fleet: after another cooldown the next caller probes instead.
+    if now - opened >= policy.cooldown:
+        return True, 0.0, record.model_copy(update={"opened_at": now})
     return False, max(1.0, policy.cooldown / 10), None
 
 

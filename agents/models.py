@@ -42,7 +42,10 @@ def price_of(model: str, usage: Usage, prices: dict[str, tuple[float, float]] | 
 class Model(Protocol):
     """A backend: one request in, one response out; transport errors raised (the driver retries)."""
 
-    name: str
+    # Read-only: a plain ``name: str`` member asks for a settable attribute, which the frozen
+    # dataclasses below are not, so mypy rejected ``Agent("a", ScriptedModel())`` in user code.
+    @property
+    def name(self) -> str: ...
 
     def complete(self, request: ModelRequest) -> ModelResponse: ...
 

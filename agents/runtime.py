@@ -30,7 +30,12 @@ def model_turn(model: Model, request: dict[str, Any]) -> dict[str, Any]:
             try:
                 jsoncodec.to_jsonable(block.get("input"), "tool input")
             except (NotJSONableError, RecursionError) as exc:
-                block = {**block, "input": {INVALID_INPUT: str(exc)[:300]}}
+                # keep the end: the message is "<path> is <problem>", and for a deeply nested
+                # input the path alone is longer than the cut, which left the model no reason
+                reason = str(exc)
+                if len(reason) > 300:
+                    reason = "..." + reason[-297:]
+                block = {**block, "input": {INVALID_INPUT: reason}}
         content.append(block)
     data = response.model_copy(update={"content": content}).model_dump(mode="json")
     jsoncodec.to_jsonable(data, "model response")

@@ -86,6 +86,10 @@ class AgentNode:
                 self.turns[turn].results[k] = self._failure_result(turn, k, row.error or {})
             elif row.status == NodeStatus.RETRYING and row.not_before and row.not_before > self._d.clock():
                 self._d.restored_timer(row.not_before, sub)  # the backoff survives the crash
+                # ... and holds the call until it fires. Without this, advance() issued the call at
+                # once (ignoring the backoff) and the timer then issued it a second time, replacing
+                # a committed result; for a model call, re-rolling a turn whose tools had run.
+                self.inflight.add(sub)
 
     # ------------------------------------------------------------------ advancing
 
@@ -100,12 +104,16 @@ class AgentNode:
         if self._due:
             reissued: list[tuple[NodeKey, NodeCall]] = []
             for sub in sorted(self._due):
+                if sub not in self._calls:  # restored mid-backoff: built and issued below, like any
+                    self.inflight.discard(sub)  # unanswered call of the current turn
+                    continue
                 spec, kwargs, ekey = self._calls[sub]
                 call = self._d.make_call(sub, spec, kwargs, ekey, batch)
                 if call is not None:
                     reissued.append((sub, call))
             self._due.clear()
-            return reissued
+            if reissued or self.inflight:
+                return reissued
         if self.inflight:
             return []
         if not self.turns:
@@ -151,7 +159,8 @@ class AgentNode:
     def _request(self, t: int) -> dict[str, Any]:
         agent = self.agent
         return ModelRequest(model=agent.model.name, system=agent.system, tools=agent.tool_definitions(),
-                            messages=messages_for(self.prompt, self.turns[:t]), max_tokens=agent.max_tokens,
+                            messages=messages_for(self.prompt, self.turns[:t], agent.output_type),
+                            max_tokens=agent.max_tokens,
                             ).model_dump(mode="json")
 
     @functools.cached_property
@@ -199,6 +208,15 @@ class AgentNode:
         ekey = None
         if tool.effect:
             ekey = effect_key(self._d.run_id, self.step, self.index, f"tool:{tool.name}", tool.key_args(valid))
+            # One call per key at a time. Two calls of one turn with the same key both went out
+            # (the second as a "reconcile" of the first's pending row); the second, a replay or a
+            # refusal at the provider, then overwrote the first's committed ledger row: a refusal
+            # left the ledger saying "failed" for an effect that took place. The twin is answered here.
+            if any(self._calls.get(other, (None, None, None))[2] == ekey for other in self.inflight):
+                return self._answer(sub, t, k, {
+                    "content": f"not run: an earlier {tool.name} call of this turn has the same "
+                               f"{'/'.join(tool.key) if tool.key else 'arguments'} and is the one that counts",
+                    "is_error": True}, batch)
         return self._issue(sub, spec, {"args": valid}, ekey, batch)
 
     def _answer(self, sub: NodeKey, t: int, k: int, result: dict[str, Any],
@@ -232,7 +250,15 @@ class AgentNode:
             return message
         reason = f"loop: agent {self.agent.name!r} keeps calling {name} with the same arguments"
         if policy.then == "pause":
+            # The call is answered (durable with the pause) with the warning: unanswered, a resume
+            # replayed to the same decision and paused again at once, so an operator had no way on.
+            # Resumed, the model sees the warning; one more repeat pauses the run again.
+            self._answer((f"{self.step}{SEP}{t}.{k}", self.index), t, k,
+                         {"content": message, "is_error": True, "loop": True}, self._d.pending_batch)
             self._d.request_pause(reason)
+            # nothing more from this node before the pause: without this, advance() went on to
+            # the next turn and called the model with this tool_use left unanswered
+            self.finished = True
         else:
             self._fail(self._d.pending_batch, "LoopDetected", reason)
         return "stop"

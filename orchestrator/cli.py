@@ -130,8 +130,8 @@ def _summary(store: SqlStore, run: RunRecord, as_json: bool) -> None:
         out.print(f"error: {run.error}", highlight=False, markup=False)
 
 
-def _exit_for(run: RunRecord) -> None:
-    if run.status != RunStatus.COMPLETED:
+def _exit_for(run: RunRecord, success: RunStatus = RunStatus.COMPLETED) -> None:
+    if run.status != success:
         raise typer.Exit(1)
 
 
@@ -215,7 +215,7 @@ def retry(
                                                   compensations=compensations),
                         len(wf.steps), quiet or as_json)
         _summary(store, result, as_json)
-    _exit_for(result)
+    _exit_for(result, RunStatus.COMPENSATED if compensations else RunStatus.COMPLETED)
 
 
 @app.command()

@@ -310,6 +310,11 @@ class Driver:
                 due, self._agents_due = self._agents_due, set()
                 for owner in sorted(due):
                     to_submit += self._agents[owner].advance(batch)
+            if self._failure is not None:  # prepared in this round but never to be sent
+                for key, call in to_submit:
+                    batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.CANCELLED,
+                                                 attempt=call.ctx.attempt, error={"reason": "not sent: the run failed"},
+                                                 finished_at=self.clock()))
             terminal = self._pop_failure()
             if terminal is not None or self._rollback is not None:
                 return terminal
@@ -623,12 +628,33 @@ class Driver:
 
     def _pause(self) -> RunRecord:
         reason = self._pause_reason or "paused"
+        self._drain_model_calls()
         batch = self._pending_batch
         self._cancel_inflight(batch, reason=reason)
         batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
         record = self._flush()
         assert record is not None
         return record
+
+    def _drain_model_calls(self) -> None:
+        """Before a pause: let the agents' model calls in flight finish, and keep their answers
+        (committed with the pause). They used to be cancelled with the rest: an answer already
+        given, and billed, was lost, so the resume asked that turn again (a re-roll, invariant 3)
+        and the run counted fewer tokens than the provider billed. A call that fails, or passes
+        its timeout, is cancelled as before: it left no answer to keep."""
+        assert self._hb is not None
+        waiting = {key for key in self._inflight if is_agent_call(key[0]) and split_call(key[0])[2] is None}
+        while waiting:
+            if self._hb.lost.is_set():
+                raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
+            now = self.clock()
+            waiting = {key for key in waiting if (self._inflight[key].deadline or now + 1) > now}
+            handles = [self._inflight[key].handle for key in waiting]
+            for handle in self.executor.wait(handles, self._wait_timeout()) if handles else []:
+                waiting.discard(handle.key)
+                if handle.outcome is not None and handle.outcome.ok:
+                    self._on_success(handle.key, self._inflight.pop(handle.key), handle.outcome,
+                                     self._pending_batch)
 
     def memory_cas(self, key: str, value: Any, expected_version: int, writer: str) -> MemoryEntry:
         assert self._hb is not None
@@ -890,8 +916,12 @@ class Driver:
         # so the window "call returned, result not yet durable" was never exercised.
         labels = [node_label(n.node_id, n.fan_index) for n in batch.nodes if n.status != NodeStatus.RUNNING]
         self.faults.hit("before_commit", labels)
-        self._pending_batch = Batch()
-        return self._commit(batch, labels)
+        # Commit a copy and empty the pending batch in place: callers mid-round (an agent's
+        # advance, a dispatch) hold a reference to it and go on appending to it after a flush.
+        committed = batch.model_copy()
+        for name, info in Batch.model_fields.items():
+            setattr(batch, name, info.get_default(call_default_factory=True))
+        return self._commit(committed, labels)
 
     def _commit(self, batch: Batch, labels: list[str] | None = None) -> RunRecord | None:
         assert self._hb is not None

@@ -137,13 +137,20 @@ class Rollback:
         """Compensated, or parked for an operator with every failing and blocked compensation named."""
         failed = sorted(self.plan.failed)
         blocked = self.plan.blocked()
+        cause = self._d.run.error if self._d.run else None
+        # After `retry --compensations` the run's error is the earlier attempt's report: take its
+        # cause, so a compensated run does not keep naming failures that were fixed, and a second
+        # failure does not nest the first report inside its "cause".
+        retried = False
+        if isinstance(cause, dict) and "failed_compensations" in cause:
+            retried, cause = True, cause.get("cause")
         if not failed and not blocked:
-            return RunUpdate(status=RunStatus.COMPENSATED, status_reason=f"{self.reason}; rolled back"[:500])
+            return RunUpdate(status=RunStatus.COMPENSATED, status_reason=f"{self.reason}; rolled back"[:500],
+                             error=cause, set_error=retried)
         names = ", ".join(node_label(*k) for k in failed)
         reason = f"compensation failed for {names or 'none'}"
         if blocked:
             reason += f"; not compensated (waiting on those): {', '.join(node_label(*k) for k in blocked)}"
-        cause = self._d.run.error if self._d.run else None
         return RunUpdate(
             status=RunStatus.COMPENSATION_FAILED,
             status_reason=(reason + "; fix and run `raysaga retry RUN --compensations`")[:1000],

@@ -432,6 +432,9 @@ def _insert_ignore(conn: Connection, table: Table, rows: list[dict[str, Any]], k
 
 def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str],
             keep: tuple[str, ...] = ()) -> None:
+    # one row per key, the last one written wins: PostgreSQL refuses an INSERT ... ON CONFLICT
+    # that would touch the same row twice
+    rows = list({tuple(r[k] for k in keys): r for r in rows}.values())
     stmt = _insert_for(conn, table)
     cols = [c for c in rows[0] if c not in keys and c not in keep]
     stmt = stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in cols})

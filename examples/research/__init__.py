@@ -1,0 +1,1 @@
+"""The research example: a planner, five parallel researchers (one fails), a quorum, a writer."""
