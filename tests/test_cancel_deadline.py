@@ -109,7 +109,7 @@ def test_cancel_without_a_live_driver_is_immediate(sqlite_url: str) -> None:
 def test_deadline_stops_the_run_cleanly(flow_file: Path, sqlite_url: str, tmp_path: Path,
                                         ray_address: str) -> None:
     inp = {"started": str(tmp_path / "started"), "gate": str(tmp_path / "gate-never-opens")}
-    proc = _start_driver(flow_file, sqlite_url, "d1", inp, "--executor", "ray", "--deadline", "3")
+    proc = _start_driver(flow_file, sqlite_url, "d1", inp, "--executor", "ray", "--deadline", "8")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err
     run = open_store(sqlite_url).get_run("d1")
