@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysaga.errors import LeaseLostError, UserError
+from raysaga.errors import LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator.agentloop import AgentNode, is_agent_call, split_call
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.executor import Executor, Handle
@@ -251,7 +251,10 @@ class Driver:
                         continue
                     return self._finish_rollback()
                 if not self._sched.settled():  # settled nodes made others ready: dispatch them
-                    continue
+                    if self._sched.has_ready() or self._agents_due:
+                        continue
+                    raise RaySagaError(f"run {self.run_id!r} cannot progress: nothing is ready, running or "
+                                       "waiting, yet steps are unfinished (a raysaga bug: please report it)")
                 return self._finish()
             finished = self.executor.wait([f.handle for f in self._inflight.values()], self._wait_timeout())
             finished += self._expire_timeouts()

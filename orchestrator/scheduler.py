@@ -97,6 +97,9 @@ class Scheduler:
                 skipped.append(child)
         return skipped
 
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
     def awaiting_decision(self, step: str) -> bool:
         return step in self._held and self._items_left.get(step, 0) == 0 and step not in self.completed \
             and step not in self.closed
