@@ -21,30 +21,30 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator.agentloop import AgentNode, is_agent_call, split_call
 from raysaga.orchestrator.context import StepContext
+from raysaga.orchestrator.driver_agents import AgentHooks
+from raysaga.orchestrator.driver_base import InFlight, Progress
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.keys import args_digest, effect_key
 from raysaga.orchestrator.options import DEFAULT_RETRY, RunOptions
-from raysaga.orchestrator.retry import backoff_delay, printable
+from raysaga.orchestrator.records import merge_run, short_error
+from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.rollback import Rollback, is_compensation
 from raysaga.orchestrator.scheduler import NodeKey, Scheduler
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.sagas.policy import Decision, Fail, Verdict
 from raysaga.state import (
     Batch,
     EffectStatus,
     EffectWrite,
-    MemoryEntry,
     NewEvent,
     NodeRecord,
     NodeStatus,
@@ -69,36 +69,7 @@ def driver_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-@dataclass
-class _InFlight:
-    handle: Handle
-    attempt: int
-    started_at: float
-    deadline: float | None
-    recorded: bool = False  # a 'running' row is durable
-
-
-@dataclass
-class _Progress:
-    """Counters a progress display reads."""
-
-    total: int = 0
-    done: int = 0
-    failed: int = 0
-    listeners: list[Callable[[_Progress], None]] = field(default_factory=list)
-
-    def notify(self) -> None:
-        for listener in self.listeners:
-            listener(self)
-
-
-def step_failed_record(step: str, error: dict[str, Any]) -> dict[str, Any]:
-    """What dependents of a non-critical ``on_failure="pass"`` step receive instead of its output."""
-    return {"failed": True, "step": step, "error_type": str(error.get("type", "Error")),
-            "message": str(error.get("message") or error.get("reason") or "")}
-
-
-class Driver:
+class Driver(AgentHooks):
     """Advances one run to a resting state (completed, failed, compensated, cancelled, or lease lost)."""
 
     def __init__(self, workflow: Workflow, store: Store, executor: Executor, run_id: str, *,
@@ -113,7 +84,7 @@ class Driver:
         self.rng = rng or random.Random()
         self.faults = faults or Faults()
         self.owner = driver_id()
-        self.progress = _Progress()
+        self.progress = Progress()
         self.specs: dict[str, StepSpec] = dict(self.wf.steps)  # + compensations, added by the rollback
         self.outputs: dict[NodeKey, Any] = {}
         self._sched = Scheduler(self.wf)
@@ -123,7 +94,7 @@ class Driver:
         self._keys: dict[NodeKey, str] = {}  # idempotency key of each effect node dispatched
         self._attempts: dict[NodeKey, int] = {}
         self._timers: list[tuple[float, NodeKey]] = []
-        self._inflight: dict[NodeKey, _InFlight] = {}
+        self._inflight: dict[NodeKey, InFlight] = {}
         self._pending_batch = Batch()
         self._handled_signals: set[int] = set()
         self._parents_done: set[str] = set()  # fan-out parents already durable as completed
@@ -333,7 +304,7 @@ class Driver:
         for key, call in to_submit:
             spec = self.specs[key[0]]
             handle = self.executor.submit(spec, call, f"{self.run_id}:{node_label(*key)}")
-            self._inflight[key] = _InFlight(handle, call.ctx.attempt, now,
+            self._inflight[key] = InFlight(handle, call.ctx.attempt, now,
                                             now + spec.timeout if spec.timeout else None,
                                             recorded=self._records_before_dispatch(spec))
         return None
@@ -479,7 +450,7 @@ class Driver:
             return None
         return self._pop_failure()
 
-    def _on_success(self, key: NodeKey, flight: _InFlight, outcome: NodeOutcome, batch: Batch) -> None:
+    def _on_success(self, key: NodeKey, flight: InFlight, outcome: NodeOutcome, batch: Batch) -> None:
         assert outcome.output_json is not None
         node_id, index = key
         spec = self.specs[node_id]
@@ -516,7 +487,7 @@ class Driver:
         else:
             self._settle_completed(key, batch, write=False)
 
-    def _on_failure(self, key: NodeKey, flight: _InFlight, outcome: NodeOutcome, batch: Batch) -> None:
+    def _on_failure(self, key: NodeKey, flight: InFlight, outcome: NodeOutcome, batch: Batch) -> None:
         node_id, index = key
         spec = self.specs[node_id]
         policy = spec.retry or DEFAULT_RETRY
@@ -528,13 +499,13 @@ class Driver:
             delay = backoff_delay(flight.attempt, policy, self.rng)
             not_before = self.clock() + delay
             self._retries_used += 1
-            batch.run = _merge_run(batch.run, RunUpdate(retries_delta=1))
+            batch.run = merge_run(batch.run, RunUpdate(retries_delta=1))
             batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RETRYING,
                                          attempt=flight.attempt, not_before=not_before, error=error,
                                          started_at=outcome.started_at, finished_at=outcome.finished_at))
             batch.events.append(NewEvent(kind="retry_scheduled", node_id=node_id, fan_index=index,
                                          data={"attempt": flight.attempt, "delay": round(delay, 4),
-                                               "error": _short(error)}))
+                                               "error": short_error(error)}))
             heapq.heappush(self._timers, (not_before, key))
             return
         if outcome.transient and not budget_left:
@@ -546,12 +517,12 @@ class Driver:
             self._ledger[ekey] = (EffectStatus.FAILED, None)
             batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=node_id, fan_index=index,
                                              effect_name=spec.effect_name, args_digest="",
-                                             status=EffectStatus.FAILED, result={"error": _short(error)}))
+                                             status=EffectStatus.FAILED, result={"error": short_error(error)}))
         batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.FAILED,
                                      attempt=flight.attempt, error=error, started_at=outcome.started_at,
                                      finished_at=outcome.finished_at))
         batch.events.append(NewEvent(kind="node_failed", node_id=node_id, fan_index=index,
-                                     data={"attempt": flight.attempt, "error": _short(error)}))
+                                     data={"attempt": flight.attempt, "error": short_error(error)}))
         if compensating:
             assert self._rollback is not None
             self._rollback.failed(key, error)
@@ -562,242 +533,6 @@ class Driver:
         else:
             self._settle_failed(key, batch, error, write=False, attempts=flight.attempt)
 
-    # ------------------------------------------------------------------ agent nodes
-
-    def _start_agent(self, key: NodeKey, spec: StepSpec, row: NodeRecord | None, batch: Batch) -> None:
-        """Build the prompt (the decorated function, run here: it must be cheap and pure) and
-        hand the node to its loop, which replays whatever turns are already durable."""
-        outcome = execute(spec, NodeCall(
-            ctx=StepContext(run_id=self.run_id, node_id=key[0], fan_index=key[1], attempt=1,
-                            trace_id=self.run.trace_id if self.run else ""),
-            kwargs=self.kwargs(*key), max_output_bytes=self.options.max_output_bytes))
-        prompt = jsoncodec.loads(outcome.output_json) if outcome.ok and outcome.output_json else None
-        if not isinstance(prompt, str):
-            error = outcome.error or {"type": "PromptError", "message": f"the prompt builder of {key[0]!r} "
-                                      f"returned {type(prompt).__name__}, not a str"}
-            self._fail_node(key, batch, {**error, "transient": False}, attempts=1)
-            return
-        if row is None:
-            batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.RUNNING, attempt=1,
-                                         started_at=self.clock()))
-        self._agents[key] = AgentNode(self, key, spec, prompt, self._agent_rows.pop(key, []))
-        self._agents_due.add(key)
-
-    def agent_finished(self, key: NodeKey, output: Any, batch: Batch) -> None:
-        self.outputs[key] = output
-        text = jsoncodec.dumps(output, f"answer of agent node {node_label(*key)!r}")
-        digest = None
-        if len(text.encode()) > self.options.blob_threshold:
-            digest = jsoncodec.digest(text.encode())
-            batch.blobs[digest] = text.encode()
-        batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.COMPLETED, attempt=1,
-                                     output=None if digest else output, output_digest=digest,
-                                     finished_at=self.clock()))
-        batch.events.append(NewEvent(kind="node_completed", node_id=key[0], fan_index=key[1],
-                                     data={"agent": True}))
-        self._settle_completed(key, batch, write=False)
-
-    def agent_failed(self, key: NodeKey, error: dict[str, Any], batch: Batch) -> None:
-        for sub in [k for k in self._inflight if is_agent_call(k[0]) and (split_call(k[0])[0], k[1]) == key]:
-            self.executor.cancel(self._inflight.pop(sub).handle)
-        self._fail_node(key, batch, error, attempts=1)
-
-    @property
-    def pending_batch(self) -> Batch:
-        return self._pending_batch
-
-    def restored_timer(self, when: float, key: NodeKey) -> None:
-        self.schedule(when, key)
-
-    def charge(self, tokens: int, cost: float, batch: Batch) -> None:
-        """Count a model response's usage against the run (durable with the response itself)."""
-        self._tokens += tokens
-        self._cost += cost
-        batch.run = _merge_run(batch.run, RunUpdate(tokens_delta=tokens, cost_delta=cost))
-
-    def budget_stop(self) -> str | None:
-        """Why no further model call may start (the run's token or cost budget is spent), or None."""
-        run = self.run
-        if run is None:
-            return None
-        if run.token_budget is not None and self._tokens >= run.token_budget:
-            return f"budget: {self._tokens} tokens used of a budget of {run.token_budget}"
-        if run.cost_budget is not None and self._cost >= run.cost_budget:
-            return f"budget: ${self._cost:.4f} spent of a budget of ${run.cost_budget:.4f}"
-        return None
-
-    def request_pause(self, reason: str) -> None:
-        self._pause_reason = self._pause_reason or reason
-
-    def _pause(self) -> RunRecord:
-        reason = self._pause_reason or "paused"
-        self._drain_model_calls()
-        batch = self._pending_batch
-        self._cancel_inflight(batch, reason=reason)
-        batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
-        record = self._flush()
-        assert record is not None
-        return record
-
-    def _drain_model_calls(self) -> None:
-        """Before a pause: let the agents' model calls in flight finish, and keep their answers
-        (committed with the pause). They used to be cancelled with the rest: an answer already
-        given, and billed, was lost, so the resume asked that turn again (a re-roll, invariant 3)
-        and the run counted fewer tokens than the provider billed. A call that fails, or passes
-        its timeout, is cancelled as before: it left no answer to keep."""
-        assert self._hb is not None
-        waiting = {key for key in self._inflight if is_agent_call(key[0]) and split_call(key[0])[2] is None}
-        while waiting:
-            if self._hb.lost.is_set():
-                raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
-            now = self.clock()
-            waiting = {key for key in waiting if (self._inflight[key].deadline or now + 1) > now}
-            handles = [self._inflight[key].handle for key in waiting]
-            for handle in self.executor.wait(handles, self._wait_timeout()) if handles else []:
-                waiting.discard(handle.key)
-                if handle.outcome is not None and handle.outcome.ok:
-                    self._on_success(handle.key, self._inflight.pop(handle.key), handle.outcome,
-                                     self._pending_batch)
-
-    def memory_cas(self, key: str, value: Any, expected_version: int, writer: str) -> MemoryEntry:
-        assert self._hb is not None
-        self._flush()  # what led to this write is durable first
-        return self.store.memory_cas(self._hb.lease, key, value, expected_version, writer)
-
-    # ------------------------------------------------------------------ forward settling
-
-    def _settle_completed(self, key: NodeKey, batch: Batch, *, write: bool) -> None:
-        step, index = key
-        done = self._sched.complete(key)
-        for finished in done:
-            if finished != step or index >= 0:  # a fan-out parent finished with its last item
-                self._write_parent_done(finished, batch)
-        self._count_done(done)
-        if index >= 0 and self._sched.awaiting_decision(step):
-            self._decide(step, batch)
-
-    def _write_parent_done(self, step: str, batch: Batch) -> None:
-        if step in self._parents_done:
-            return
-        output = self.outputs.get((step, -1)) if self.wf.steps[step].fan_out_policy.partial else None
-        batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.COMPLETED,
-                                     attempt=self._fanout.round(step), output=output, finished_at=self.clock()))
-        batch.events.append(NewEvent(kind="node_completed", node_id=step, data={"fanout": True}))
-
-    def _count_done(self, steps: list[str]) -> None:
-        self.progress.done += len(steps)
-        self.progress.notify()
-
-    def _settle_failed(self, key: NodeKey, batch: Batch, error: dict[str, Any], *, write: bool,
-                       attempts: int = 0) -> None:
-        """A forward node failed for good: a partial fan-out's item is recorded for its policy;
-        anything else fails its step."""
-        step, index = key
-        spec = self.wf.steps[step]
-        if write:
-            self._write_failed(key, batch, error, attempts)
-        self.progress.failed += 1
-        if step in self._sched.closed or step in self._sched.completed:
-            return
-        if index >= 0 and spec.fan_out_policy.partial:
-            self._fanout.record_failure(step, index, error, attempts)
-            if self._sched.fail_item(key):
-                self._decide(step, batch)
-            return
-        self._step_failed(step, index, batch, error)
-
-    def _write_failed(self, key: NodeKey, batch: Batch, error: dict[str, Any], attempts: int) -> None:
-        batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.FAILED, error=error,
-                                     attempt=attempts, finished_at=self.clock()))
-        batch.events.append(NewEvent(kind="node_failed", node_id=key[0], fan_index=key[1],
-                                     data={"error": _short(error)}))
-
-    def _fail_node(self, key: NodeKey, batch: Batch, error: dict[str, Any], attempts: int) -> None:
-        self._settle_failed(key, batch, error, write=True, attempts=attempts)
-
-    def _step_failed(self, step: str, index: int, batch: Batch, error: dict[str, Any],
-                     force_rollback: bool = False) -> None:
-        """Route a step's final failure: critical (or forced) → stop and roll back; else skip or pass."""
-        spec = self.wf.steps[step]
-        if spec.critical or force_rollback:
-            if self._failure is None:
-                self._failure = (node_label(step, index), error)
-                if index >= 0:
-                    # An item failing an ALL fan-out fails its step: its parent row says so, as it
-                    # does for a non-critical fan-out (it had no row at all: `status` never showed
-                    # the failed step, only its items). Once: a second upsert of one row in a
-                    # batch is refused by PostgreSQL.
-                    batch.nodes.append(NodeWrite(
-                        node_id=step, fan_index=-1, status=NodeStatus.FAILED, finished_at=self.clock(),
-                        error={"type": "FanOutItemFailed", "message": f"item {index} failed"}))
-            return
-        if index >= 0:
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED,
-                                         error={"type": "FanOutItemFailed", "message": f"item {index} failed"},
-                                         finished_at=self.clock()))
-        self._cancel_steps({step}, batch)
-        if spec.on_failure == "pass":
-            self.outputs[(step, -1)] = step_failed_record(step, error)
-            self._count_done(self._sched.decided(step))
-            return
-        skipped_steps = self._sched.close(step)
-        self._cancel_steps(set(skipped_steps), batch)
-        for skipped in skipped_steps:
-            self._restored.pop((skipped, -1), None)
-            batch.nodes.append(NodeWrite(node_id=skipped, status=NodeStatus.SKIPPED,
-                                         error={"reason": f"upstream step {step!r} failed"},
-                                         finished_at=self.clock()))
-            batch.events.append(NewEvent(kind="node_skipped", node_id=skipped, data={"because": step}))
-        self.progress.notify()
-
-    def _cancel_steps(self, steps: set[str], batch: Batch) -> None:
-        for key in [k for k in self._inflight if k[0] in steps]:
-            flight = self._inflight.pop(key)
-            self.executor.cancel(flight.handle)
-            batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.CANCELLED,
-                                         attempt=flight.attempt, error={"reason": "its step failed"},
-                                         started_at=flight.started_at, finished_at=self.clock()))
-
-    def _decide(self, step: str, batch: Batch) -> None:
-        """Every item of a partial fan-out settled: ask its policy, record the decision, obey it."""
-        spec = self.wf.steps[step]
-        result = self._fanout.result(step, self.outputs, self._fan_total(step))
-        try:
-            decision = spec.fan_out_policy.decide(result)
-        except Exception as exc:  # a user's decision function that raises fails the step, visibly
-            decision = Fail(f"on_partial_failure raised {type(exc).__name__}: {printable(str(exc))}")
-        batch.events.append(NewEvent(kind="fanout_decision", node_id=step, data={
-            "verdict": decision.verdict.value, "reason": decision.reason, "round": result.round,
-            "successes": len(result.successes), "failures": [f.index for f in result.failures],
-            "policy": spec.fan_out_policy.describe()}))
-        self._obey(step, decision, result.model_dump(mode="json"), batch)
-
-    def _obey(self, step: str, decision: Decision, result: dict[str, Any], batch: Batch) -> None:
-        if decision.verdict == Verdict.CONTINUE:
-            self.outputs[(step, -1)] = result
-            self._write_parent_done(step, batch)
-            self._count_done(self._sched.decided(step))
-        elif decision.verdict == Verdict.RETRY_FAILED:
-            indexes = self._fanout.start_retry(step)
-            for i in indexes:
-                self._attempts[(step, i)] = 0  # a new round: the items get their attempts again
-            # The retried items' rows go back to pending in the decision's own commit. Left
-            # 'failed', a crash after this commit made the resume read them as failures of the
-            # new round: it decided again without re-running them (resume != uninterrupted).
-            # (Their earlier writes in this batch are dropped: one upsert per row per statement.)
-            again = {(step, i) for i in indexes}
-            batch.nodes[:] = [n for n in batch.nodes if (n.node_id, n.fan_index) not in again]
-            batch.nodes.extend(NodeWrite(node_id=step, fan_index=i, status=NodeStatus.PENDING, attempt=0)
-                               for i in indexes)
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.RUNNING,
-                                         attempt=self._fanout.round(step), started_at=self.clock()))
-            self._sched.retry_items(step, indexes)
-        else:
-            error = {"type": "FanOutPolicy", "message": decision.reason, "verdict": decision.verdict.value}
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED, error=error,
-                                         attempt=self._fanout.round(step), finished_at=self.clock()))
-            self._step_failed(step, -1, batch, error, force_rollback=decision.verdict == Verdict.COMPENSATE)
-
     # ------------------------------------------------------------------ failure, rollback, finish
 
     def _pop_failure(self) -> RunRecord | None:
@@ -807,7 +542,7 @@ class Driver:
             return None
         label, error = self._failure
         reason = f"critical step {label!r} failed: {error.get('message') or error.get('reason') or ''}"[:500]
-        return self._stop_forward(reason, {"node": label, **_short(error)})
+        return self._stop_forward(reason, {"node": label, **short_error(error)})
 
     def _stop_forward(self, reason: str, error: dict[str, Any] | None, *,
                       final: RunStatus = RunStatus.FAILED, signal_id: int | None = None) -> RunRecord | None:
@@ -818,7 +553,7 @@ class Driver:
         if signal_id is not None:  # consumed with the transition, so a crash in between re-reads it
             batch.consumed_signals.append(signal_id)
         if final == RunStatus.COMPENSATING or rollback.plan.targets:
-            batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason,
+            batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason,
                                                         error=error, set_error=error is not None))
             batch.events.append(NewEvent(kind="rollback_started",
                                          data={"reason": reason, "targets": len(rollback.plan.targets)}))
@@ -826,7 +561,7 @@ class Driver:
             self._flush()
             self._rollback = rollback
             return None
-        batch.run = _merge_run(batch.run, RunUpdate(status=final, status_reason=reason, error=error,
+        batch.run = merge_run(batch.run, RunUpdate(status=final, status_reason=reason, error=error,
                                                     set_error=error is not None))
         self.faults.hit("before_transition", ["*"])
         return self._flush()
@@ -834,7 +569,7 @@ class Driver:
     def _finish_rollback(self) -> RunRecord:
         assert self._rollback is not None
         batch = self._pending_batch
-        batch.run = _merge_run(batch.run, self._rollback.outcome())
+        batch.run = merge_run(batch.run, self._rollback.outcome())
         self.faults.hit("before_transition", ["*"])
         record = self._flush()
         assert record is not None
@@ -876,7 +611,7 @@ class Driver:
                 batch = self._pending_batch
                 self._cancel_inflight(batch, reason="run cancelled")
                 batch.consumed_signals.append(signal.id)
-                batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
+                batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
                 return self._flush()
         run = self.run
         if run is not None and run.deadline_at is not None and self.clock() >= run.deadline_at:
@@ -887,7 +622,7 @@ class Driver:
     def _finish(self) -> RunRecord:
         output = {s: self.output_of(s) for s in self.wf.sinks() if s in self._sched.completed}
         batch = self._pending_batch
-        batch.run = _merge_run(batch.run, RunUpdate(status=RunStatus.COMPLETED, output=output, set_output=True))
+        batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.COMPLETED, output=output, set_output=True))
         self.faults.hit("before_transition", ["*"])
         record = self._flush()
         assert record is not None
@@ -933,24 +668,3 @@ class Driver:
             self.run = record
         self.faults.hit("after_commit", labels or [])
         return record
-
-
-def _merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:
-    if old is None:
-        return new
-    merged = old.model_copy()
-    merged.retries_delta += new.retries_delta
-    merged.tokens_delta += new.tokens_delta
-    merged.cost_delta += new.cost_delta
-    for field_name in ("status", "status_reason"):
-        if getattr(new, field_name) is not None:
-            setattr(merged, field_name, getattr(new, field_name))
-    if new.set_output:
-        merged.output, merged.set_output = new.output, True
-    if new.set_error:
-        merged.error, merged.set_error = new.error, True
-    return merged
-
-
-def _short(error: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in error.items() if k != "traceback"}

@@ -1,0 +1,34 @@
+"""Small record helpers shared by the driver's parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raysaga.state import RunUpdate
+
+
+def step_failed_record(step: str, error: dict[str, Any]) -> dict[str, Any]:
+    """What dependents of a non-critical ``on_failure="pass"`` step receive instead of its output."""
+    return {"failed": True, "step": step, "error_type": str(error.get("type", "Error")),
+            "message": str(error.get("message") or error.get("reason") or "")}
+
+
+def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:
+    if old is None:
+        return new
+    merged = old.model_copy()
+    merged.retries_delta += new.retries_delta
+    merged.tokens_delta += new.tokens_delta
+    merged.cost_delta += new.cost_delta
+    for field_name in ("status", "status_reason"):
+        if getattr(new, field_name) is not None:
+            setattr(merged, field_name, getattr(new, field_name))
+    if new.set_output:
+        merged.output, merged.set_output = new.output, True
+    if new.set_error:
+        merged.error, merged.set_error = new.error, True
+    return merged
+
+
+def short_error(error: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in error.items() if k != "traceback"}
