@@ -30,7 +30,7 @@ from raysaga.state import (
 )
 
 if TYPE_CHECKING:
-    from raysaga.orchestrator.driver import Driver  # noqa: F401 - named in a cast
+    from raysaga.orchestrator.driver import Driver
 
 
 class AgentHooks(ForwardSettling):
