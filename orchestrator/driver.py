@@ -656,10 +656,7 @@ class Driver(AgentHooks):
         self.faults.hit("before_commit", labels)
         # Commit a copy and empty the pending batch in place: callers mid-round (an agent's
         # advance, a dispatch) hold a reference to it and go on appending to it after a flush.
-        committed = batch.model_copy()
-        for name, info in Batch.model_fields.items():
-            setattr(batch, name, info.get_default(call_default_factory=True))
-        return self._commit(committed, labels)
+        return self._commit(batch.take(), labels)
 
     def _commit(self, batch: Batch, labels: list[str] | None = None) -> RunRecord | None:
         assert self._hb is not None

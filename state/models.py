@@ -247,6 +247,13 @@ class Batch(BaseModel):
     def empty(self) -> bool:
         return not (self.nodes or self.effects or self.events or self.blobs or self.run or self.consumed_signals)
 
+    def take(self) -> Batch:
+        """Move everything into a new batch and leave this one empty (same object, for its holders)."""
+        taken = Batch.model_construct(nodes=self.nodes, effects=self.effects, events=self.events, blobs=self.blobs,
+                                      run=self.run, consumed_signals=self.consumed_signals)
+        self.nodes, self.effects, self.events, self.blobs, self.run, self.consumed_signals = [], [], [], {}, None, []
+        return taken
+
 
 class RunSnapshot(_Record):
     """A whole run as a resume needs it, read in a constant number of queries."""

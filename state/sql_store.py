@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Row, Table, and_, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -229,12 +229,8 @@ class SqlStore(Store):
         It also takes the run row's write lock, so a claim by another driver waits for this
         transaction, and any claim that already happened makes it write nothing.
         """
-        row = conn.execute(
-            update(runs)
-            .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
-            .values(event_seq=runs.c.event_seq + n_events, updated_at=now)
-            .returning(runs.c.event_seq)
-        ).first()
+        row = conn.execute(_GUARD, {"g_run": lease.run_id, "g_fence": lease.fence, "g_n": n_events,
+                                    "g_now": now}).first()
         if row is None:
             raise LeaseLostError(
                 f"run {lease.run_id!r}: fence {lease.fence} is stale; another driver took the run, "
@@ -409,6 +405,14 @@ class SqlStore(Store):
             return result.rowcount == 1
 
 
+#: Built once: statement construction costs more than its execution on a hot path.
+_GUARD = (update(runs)
+          .where(runs.c.run_id == bindparam("g_run"), runs.c.fence == bindparam("g_fence"))
+          .values(event_seq=runs.c.event_seq + bindparam("g_n"), updated_at=bindparam("g_now"))
+          .returning(runs.c.event_seq))
+_UPSERTS: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
+
+
 def _check_transition(current: RunRecord, new: RunStatus) -> None:
     if not can_transition(current.status, new):
         raise IllegalTransitionError(
@@ -435,9 +439,13 @@ def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: li
     # one row per key, the last one written wins: PostgreSQL refuses an INSERT ... ON CONFLICT
     # that would touch the same row twice
     rows = list({tuple(r[k] for k in keys): r for r in rows}.values())
-    stmt = _insert_for(conn, table)
-    cols = [c for c in rows[0] if c not in keys and c not in keep]
-    stmt = stmt.on_conflict_do_update(index_elements=keys, set_={c: stmt.excluded[c] for c in cols})
+    cols = tuple(c for c in rows[0] if c not in keys and c not in keep)
+    cache_key = (table.name, conn.dialect.name, tuple(keys), cols)
+    stmt = _UPSERTS.get(cache_key)
+    if stmt is None:
+        base = _insert_for(conn, table)
+        stmt = _UPSERTS[cache_key] = base.on_conflict_do_update(
+            index_elements=keys, set_={c: base.excluded[c] for c in cols})
     conn.execute(stmt, rows)
 
 
