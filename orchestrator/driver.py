@@ -464,15 +464,15 @@ class Driver(AgentHooks):
         ekey = self._keys.get(key)
         if ekey is not None:
             self._ledger[ekey] = (EffectStatus.COMMITTED, value)
-            batch.effects.append(EffectWrite(
+            batch.effects.append(EffectWrite.model_construct(
                 idempotency_key=ekey, node_id=node_id, fan_index=index, effect_name=spec.effect_name,
                 args_digest="", status=EffectStatus.COMMITTED,
                 result={"blob": digest} if digest else value))
-        batch.nodes.append(NodeWrite(
+        batch.nodes.append(NodeWrite.model_construct(
             node_id=node_id, fan_index=index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
             output=None if digest else value, output_digest=digest, started_at=outcome.started_at,
             finished_at=outcome.finished_at, duration=outcome.finished_at - outcome.started_at))
-        batch.events.append(NewEvent(kind="node_completed", node_id=node_id, fan_index=index,
+        batch.events.append(NewEvent.model_construct(kind="node_completed", node_id=node_id, fan_index=index,
                                      data={"attempt": flight.attempt}))
         self._after_success(key, batch)
 

@@ -110,9 +110,13 @@ class RayExecutor(Executor):
             if ready and rest:  # group commit: drain everything else that is already finished
                 more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
                 ready += more
-            for ref in ready:
+            try:  # one ray.get for the lot; a task that raised (its worker died) is fetched alone
+                outcomes: list[NodeOutcome] = self._ray.get(ready)
+            except Exception:
+                outcomes = [self._result(ref) for ref in ready]
+            for ref, outcome in zip(ready, outcomes, strict=True):
                 handle = by_ref[ref]
-                handle.outcome = self._result(ref)
+                handle.outcome = outcome
                 done.append(handle)
         return done
 

@@ -6,6 +6,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import Connection, Engine, Row, Table, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
@@ -208,14 +209,14 @@ class SqlStore(Store):
                 _insert_ignore(conn, blobs, [{"digest": d, "size": len(b), "data": b} for d, b in batch.blobs.items()],
                                ["digest"])
             if batch.nodes:
-                rows = [{"run_id": lease.run_id, **n.model_dump()} for n in batch.nodes]
+                rows = [{"run_id": lease.run_id, **_fields(n)} for n in batch.nodes]
                 _upsert(conn, nodes, rows, ["run_id", "node_id", "fan_index"])
             if batch.effects:
                 self._write_effects(conn, lease.run_id, batch, now)
             if batch.events:
                 first = seq_end - len(batch.events) + 1
                 conn.execute(insert(events), [
-                    {"run_id": lease.run_id, "seq": first + i, "at": now, **e.model_dump()}
+                    {"run_id": lease.run_id, "seq": first + i, "at": now, **_fields(e)}
                     for i, e in enumerate(batch.events)
                 ])
             if batch.consumed_signals:
@@ -411,6 +412,13 @@ _GUARD = (update(runs)
           .values(event_seq=runs.c.event_seq + bindparam("g_n"), updated_at=bindparam("g_now"))
           .returning(runs.c.event_seq))
 _UPSERTS: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
+
+
+def _fields(record: BaseModel) -> dict[str, Any]:
+    """A flat record's fields as a dict: what ``model_dump`` gives for these models, at a tenth of
+    the cost on the commit path (their fields are plain values; JSON ones are serialized by the
+    column type)."""
+    return dict(record.__dict__)
 
 
 def _check_transition(current: RunRecord, new: RunStatus) -> None:
