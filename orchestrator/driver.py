@@ -95,6 +95,8 @@ class Driver(AgentHooks):
         self._attempts: dict[NodeKey, int] = {}
         self._timers: list[tuple[float, NodeKey]] = []
         self._inflight: dict[NodeKey, InFlight] = {}
+        self._timed: dict[NodeKey, InFlight] = {}  # in flight with a deadline (may hold stale entries)
+        self._unrecorded: list[NodeKey] = []  # dispatched, no 'running' row yet (may hold stale keys)
         self._pending_batch = Batch()
         self._handled_signals: set[int] = set()
         self._parents_done: set[str] = set()  # fan-out parents already durable as completed
@@ -227,23 +229,44 @@ class Driver(AgentHooks):
                     raise RaySagaError(f"run {self.run_id!r} cannot progress: nothing is ready, running or "
                                        "waiting, yet steps are unfinished (a raysaga bug: please report it)")
                 return self._finish()
-            finished = self.executor.wait([f.handle for f in self._inflight.values()], self._wait_timeout())
-            finished += self._expire_timeouts()
+            finished = self.executor.wait(None, self._wait_timeout())
+            if self._timed:
+                finished += self._expire_timeouts()
             if finished:
                 terminal = self._absorb(finished)
                 if terminal is not None:
                     return terminal
-            elif self._pending_batch.empty():
-                continue
-            self._flush()
+                if self._may_dispatch_before_commit(finished):
+                    terminal = self._dispatch_ready()
+                    if terminal is not None:
+                        return terminal
+                self._flush()
+            elif self._unrecorded:
+                self._flush(running=True)  # a quiet tick: attempts still in flight become durable as 'running'
+            elif not self._pending_batch.empty():
+                self._flush()
+
+    def _may_dispatch_before_commit(self, finished: list[Handle]) -> bool:
+        """Whether what these completions made ready may start while their batch is being committed.
+
+        Overlapping the next attempts with the fsync is what lets a chain run at Ray's pace. It is
+        safe for plain steps: they are at-least-once, and a crash before the commit re-runs both.
+        It is not for a batch holding an effect's result or ledger row (the result is durable
+        before anything else happens), nor for a model turn (invariant 3: a response is persisted
+        before any tool it asked for runs), nor during a rollback or once a pause is asked for.
+        """
+        return (self._rollback is None and self._pause_reason is None and not self._pending_batch.effects
+                and not any(is_agent_call(h.key[0]) for h in finished))
 
     def _wait_timeout(self) -> float:
         now = self.clock()
         horizon = now + IDLE_TICK
         if self._timers:
             horizon = min(horizon, self._timers[0][0])
-        for flight in self._inflight.values():
-            if flight.deadline is not None:
+        for key, flight in list(self._timed.items()):
+            if self._inflight.get(key) is not flight:
+                del self._timed[key]  # finished or cancelled
+            elif flight.deadline is not None:
                 horizon = min(horizon, flight.deadline)
         return max(0.0, horizon - now)
 
@@ -304,9 +327,15 @@ class Driver(AgentHooks):
         for key, call in to_submit:
             spec = self.specs[key[0]]
             handle = self.executor.submit(spec, call, f"{self.run_id}:{node_label(*key)}")
-            self._inflight[key] = InFlight(handle, call.ctx.attempt, now,
-                                            now + spec.timeout if spec.timeout else None,
-                                            recorded=self._records_before_dispatch(spec))
+            flight = self._inflight[key] = InFlight(handle, call.ctx.attempt, now,
+                                                    now + spec.timeout if spec.timeout else None,
+                                                    recorded=self._records_before_dispatch(spec))
+            if flight.deadline is not None:
+                self._timed[key] = flight
+            if not flight.recorded:
+                self._unrecorded.append(key)
+        if len(self._unrecorded) > 2 * len(self._inflight) + 64:  # amortised O(1): drop keys no longer in flight
+            self._unrecorded = [k for k in self._unrecorded if k in self._inflight]
         return None
 
     def _records_before_dispatch(self, spec: StepSpec) -> bool:
@@ -464,15 +493,15 @@ class Driver(AgentHooks):
         ekey = self._keys.get(key)
         if ekey is not None:
             self._ledger[ekey] = (EffectStatus.COMMITTED, value)
-            batch.effects.append(EffectWrite.model_construct(
+            batch.effects.append(EffectWrite(
                 idempotency_key=ekey, node_id=node_id, fan_index=index, effect_name=spec.effect_name,
                 args_digest="", status=EffectStatus.COMMITTED,
                 result={"blob": digest} if digest else value))
-        batch.nodes.append(NodeWrite.model_construct(
+        batch.nodes.append(NodeWrite(
             node_id=node_id, fan_index=index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
             output=None if digest else value, output_digest=digest, started_at=outcome.started_at,
             finished_at=outcome.finished_at, duration=outcome.finished_at - outcome.started_at))
-        batch.events.append(NewEvent.model_construct(kind="node_completed", node_id=node_id, fan_index=index,
+        batch.events.append(NewEvent(kind="node_completed", node_id=node_id, fan_index=index,
                                      data={"attempt": flight.attempt}))
         self._after_success(key, batch)
 
@@ -582,12 +611,16 @@ class Driver(AgentHooks):
                                          attempt=flight.attempt, error={"reason": reason},
                                          started_at=flight.started_at, finished_at=self.clock()))
         self._inflight.clear()
+        self._timed.clear()
         self._timers = [(t, k) for t, k in self._timers if is_compensation(k[0])]
 
     def _expire_timeouts(self) -> list[Handle]:
         now = self.clock()
         expired = []
-        for key, flight in self._inflight.items():
+        for key, flight in list(self._timed.items()):
+            if self._inflight.get(key) is not flight:
+                del self._timed[key]  # finished or cancelled
+                continue
             if flight.deadline is not None and now >= flight.deadline and flight.handle.outcome is None:
                 self.executor.cancel(flight.handle)
                 spec = self.specs[key[0]]
@@ -638,16 +671,23 @@ class Driver(AgentHooks):
         if time.time() > self._hb.lease.expires_at - self.options.lease_ttl / 3:
             self._hb.renew()
 
-    def _flush(self) -> RunRecord | None:
+    def _flush(self, *, running: bool = False) -> RunRecord | None:
         batch = self._pending_batch
+        if running:
+            # Attempts still in flight at a quiet tick become durable as 'running'. One that finishes
+            # before goes straight to 'completed': recovery needs no 'running' row for a plain step (a
+            # node without a row is pending, and a resume re-runs an unfinished attempt either way;
+            # effects and compensated steps are recorded before their call), and skipping it halves
+            # the node writes of short steps.
+            for key in self._unrecorded:
+                flight = self._inflight.get(key)
+                if flight is not None and not flight.recorded:
+                    flight.recorded = True
+                    batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.RUNNING,
+                                                 attempt=flight.attempt, started_at=flight.started_at))
+            self._unrecorded = []
         if batch.empty():
             return None
-        # in-flight nodes not yet durable as 'running' become so in the same transaction
-        for key, flight in self._inflight.items():
-            if not flight.recorded:
-                flight.recorded = True
-                batch.nodes.append(NodeWrite(node_id=key[0], fan_index=key[1], status=NodeStatus.RUNNING,
-                                             attempt=flight.attempt, started_at=flight.started_at))
         # Crash points before_commit/after_commit name the nodes whose *outcome* this batch makes
         # durable. A 'running' row (an effect's pending write, an in-flight node) is no outcome:
         # counting it made `before_commit:<effect>` fire on the pending flush, before the call,

@@ -8,16 +8,19 @@ with the same idempotency key.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import sys
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute, execute_many
 
 
 @dataclass(eq=False)
@@ -30,14 +33,21 @@ class Handle:
 
 
 class Executor(ABC):
+    """Runs attempts, and tracks what it has in flight itself."""
+
     name: str
 
     @abstractmethod
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle: ...
 
     @abstractmethod
-    def wait(self, handles: list[Handle], timeout: float) -> list[Handle]:
-        """Block up to ``timeout`` for one attempt, then return every finished one (outcome set)."""
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        """Block up to ``timeout`` for one attempt, then return every finished one (outcome set).
+
+        ``handles=None`` means any attempt of this executor (the driver's main loop: O(finished),
+        not O(in flight)); a collection waits for those only, and others that finish meanwhile
+        are returned by a later wait. A cancelled attempt is never returned.
+        """
 
     @abstractmethod
     def cancel(self, handle: Handle) -> None: ...
@@ -46,28 +56,73 @@ class Executor(ABC):
         """Release what the executor started."""
 
 
+_CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancelled"})
+
+
 class InlineExecutor(Executor):
     """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt it)."""
 
     name = "inline"
 
-    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
-        return Handle(key=(call.ctx.node_id, call.ctx.fan_index), outcome=execute(spec, call))
+    def __init__(self) -> None:
+        self._done: list[Handle] = []
 
-    def wait(self, handles: list[Handle], timeout: float) -> list[Handle]:
-        done = [h for h in handles if h.outcome is not None]
+    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
+        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index), outcome=execute(spec, call))
+        self._done.append(handle)
+        return handle
+
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        if handles is None:
+            done, self._done = self._done, []
+        else:
+            wanted = set(handles)
+            done = [h for h in self._done if h in wanted]
+            self._done = [h for h in self._done if h not in wanted]
         if not done and timeout > 0:
             time.sleep(timeout)  # nothing in flight can finish: this is a timer wait, not a sync
         return done
 
     def cancel(self, handle: Handle) -> None:
-        handle.outcome = handle.outcome or NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancelled"})
+        handle.outcome = handle.outcome or _CANCELLED
+        if handle in self._done:
+            self._done.remove(handle)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """The queued items of one fan-out step, sent as chunks sized from the items' measured duration."""
+
+    spec: StepSpec
+    queue: deque[tuple[Handle, NodeCall, str]] = field(default_factory=deque)
+    tasks: int = 0  # Ray tasks of this lane in flight
+    items_done: int = 0
+    busy: float = 0.0  # seconds the finished items ran, summed
+
+    def chunk_size(self, target: float, largest: int) -> int:
+        if self.items_done == 0:
+            return 1  # nothing measured yet: an item might take minutes
+        mean = self.busy / self.items_done
+        return max(1, min(largest, int(target / max(mean, 1e-6))))
 
 
 class RayExecutor(Executor):
-    """Each attempt is a Ray task named ``<run_id>:<node>`` (readable in Ray's dashboard)."""
+    """Each attempt is a Ray task named ``<run_id>:<node>`` (readable in Ray's dashboard).
+
+    Fan-out items (of a ``map_over`` step without ``effect=`` or ``timeout=``) go through a lane
+    per step: at most ``LANE_TASKS_PER_CPU`` tasks per cluster CPU in flight, and once items are
+    measured to be short, several per task (``<run_id>:<step>[i..j]``, running ``execute_many``),
+    sized so a chunk runs ~``CHUNK_SECONDS``. A Ray task costs ~0.4 ms of cluster CPU, more than
+    a cheap item; a slow item keeps a task of its own, so a failure or a cancel is seen as soon
+    as that item's own attempt ends.
+    """
 
     name = "ray"
+    CHUNK_SECONDS = 0.01
+    MAX_CHUNK = 64
+    LANE_TASKS_PER_CPU = 4
+    #: ``ray.wait`` looks at the oldest this-many tasks in flight (bounds its O(n) cost per call).
+    WAIT_WINDOW = 1024
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
         import ray
@@ -83,53 +138,124 @@ class RayExecutor(Executor):
                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
             self._started_here = True
         self._remote = ray.remote(max_retries=0, retry_exceptions=False)(execute)
-        self._spec_refs: dict[int, Any] = {}
-        self._spec_uses: dict[int, int] = {}
+        self._remote_many = ray.remote(max_retries=0, retry_exceptions=False)(execute_many)
+        cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
+        self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
+        self._inflight: dict[Any, tuple[list[Handle], _Lane | None]] = {}  # task ref -> its attempts, lane
+        self._lanes: dict[str, _Lane] = {}
+        self._finished: dict[Handle, None] = {}  # outcome set, not returned yet (an ordered set)
 
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
-        # A spec is put in the object store once, and only when it is reused (a fan-out's items):
-        # for a one-off step, passing it inline costs less than a put plus a fetch on the worker.
-        uses = self._spec_uses[id(spec)] = self._spec_uses.get(id(spec), 0) + 1
-        spec_arg: Any = spec
-        if uses > 1:
-            spec_arg = self._spec_refs.get(id(spec))
-            if spec_arg is None:
-                spec_arg = self._spec_refs[id(spec)] = self._ray.put(spec)
-        ref = self._remote.options(name=task_name).remote(spec_arg, call)
-        return Handle(key=(call.ctx.node_id, call.ctx.fan_index), ref=ref)
+        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
+        if (call.ctx.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect
+                and spec.timeout is None):
+            lane = self._lanes.get(spec.name)
+            if lane is None or lane.spec is not spec:
+                lane = self._lanes[spec.name] = _Lane(spec)
+            lane.queue.append((handle, call, task_name))  # sent by _pump, at the next wait
+        else:
+            self._send(spec, [(handle, call, task_name)], None)
+        return handle
 
-    def wait(self, handles: list[Handle], timeout: float) -> list[Handle]:
-        by_ref = {h.ref: h for h in handles if h.outcome is None}
-        done = [h for h in handles if h.outcome is not None]
-        if by_ref and not done:
-            refs = list(by_ref)
-            # ray.wait costs O(len(refs)) per call: with many in flight, ask for a slice of them
-            # (bounded by a short timeout) so the loop, and the commits, come in larger groups
-            want = 1 if len(refs) < 32 else len(refs) // 16
-            ready, rest = self._ray.wait(refs, num_returns=want, timeout=timeout if want == 1 else min(timeout, 0.05))
-            if ready and rest:  # group commit: drain everything else that is already finished
-                more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
-                ready += more
-            try:  # one ray.get for the lot; a task that raised (its worker died) is fetched alone
-                outcomes: list[NodeOutcome] = self._ray.get(ready)
-            except Exception:
-                outcomes = [self._result(ref) for ref in ready]
-            for ref, outcome in zip(ready, outcomes, strict=True):
-                handle = by_ref[ref]
-                handle.outcome = outcome
-                done.append(handle)
+    def _pump(self) -> None:
+        for lane in self._lanes.values():
+            while lane.queue and lane.tasks < self._lane_tasks:
+                size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
+                self._send(lane.spec, [lane.queue.popleft() for _ in range(size)], lane)
+
+    def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall, str]], lane: _Lane | None) -> None:
+        # the spec goes by value (~0.5 KB pickled): a ray.put ref costs the worker a fetch per task
+        ref: Any
+        if len(items) == 1:
+            _, call, name = items[0]
+            ref = self._remote.options(name=name).remote(spec, call)
+        else:
+            first, last = items[0][1].ctx, items[-1][1].ctx
+            ref = self._remote_many.options(name=f"{first.run_id}:{first.node_id}[{first.fan_index}..{last.fan_index}]"
+                                            ).remote(spec, [call for _, call, _ in items])
+        handles = [handle for handle, _, _ in items]
+        for handle in handles:
+            handle.ref = ref
+        self._inflight[ref] = (handles, lane)
+        if lane is not None:
+            lane.tasks += 1
+
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        self._pump()
+        wanted = None if handles is None else set(handles)
+        done = self._take(wanted)
+        if done:
+            return done
+        if wanted is None:
+            refs = list(itertools.islice(self._inflight, self.WAIT_WINDOW))
+        else:
+            refs = list(dict.fromkeys(h.ref for h in wanted if h.ref in self._inflight))
+        if not refs:
+            if timeout > 0:
+                time.sleep(timeout)
+            return []
+        ready, rest = self._ray.wait(refs, num_returns=1, timeout=timeout)
+        if ready and rest:  # group commit: drain everything else that is already finished
+            more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        for ref, result in zip(ready, self._results(ready), strict=True):
+            carried, lane = self._inflight.pop(ref)
+            outcomes = result if isinstance(result, list) else [result] * len(carried)
+            if lane is not None:
+                lane.tasks -= 1
+                for outcome in outcomes:
+                    if outcome.finished_at and outcome.started_at:
+                        lane.items_done += 1
+                        lane.busy += outcome.finished_at - outcome.started_at
+            for handle, outcome in zip(carried, outcomes, strict=True):
+                if handle.outcome is None:  # not cancelled meanwhile
+                    handle.outcome = outcome
+                    self._finished[handle] = None
+        if ready:
+            self._pump()  # the next chunks run while the driver commits these
+        return self._take(wanted)
+
+    def _take(self, wanted: set[Handle] | None) -> list[Handle]:
+        if wanted is None:
+            done = list(self._finished)
+            self._finished.clear()
+        else:
+            done = [h for h in self._finished if h in wanted]
+            for handle in done:
+                del self._finished[handle]
         return done
 
-    def _result(self, ref: Any) -> NodeOutcome:
+    def _results(self, refs: list[Any]) -> list[Any]:
+        """Each ref's value: a NodeOutcome, a list of them (a chunk), or one failure for all it carried."""
         started = time.time()
         try:
-            outcome: NodeOutcome = self._ray.get(ref)
-            return outcome
-        except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
-            return NodeOutcome.failure(exc, transient=True, started_at=started)
+            values: list[Any] = self._ray.get(refs)
+            return values
+        except Exception:  # some task failed: take them one by one
+            pass
+        out: list[Any] = []
+        for ref in refs:
+            try:
+                out.append(self._ray.get(ref))
+            except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
+                out.append(NodeOutcome.failure(exc, transient=True, started_at=started))
+        return out
 
     def cancel(self, handle: Handle) -> None:
-        if handle.ref is not None and handle.outcome is None:
+        self._finished.pop(handle, None)
+        if handle.outcome is not None:
+            return
+        handle.outcome = _CANCELLED  # wait() never returns it
+        if handle.ref is None:  # queued in a lane, not sent
+            for lane in self._lanes.values():
+                if any(item[0] is handle for item in lane.queue):
+                    lane.queue = deque(item for item in lane.queue if item[0] is not handle)
+            return
+        entry = self._inflight.get(handle.ref)
+        if entry is not None and all(h.outcome is not None for h in entry[0]):
+            del self._inflight[handle.ref]
+            if entry[1] is not None:
+                entry[1].tasks -= 1
             with contextlib.suppress(Exception):  # it may have finished meanwhile
                 self._ray.cancel(handle.ref, force=True)
 
