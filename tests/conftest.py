@@ -7,6 +7,7 @@ it); each test session creates a fresh database there and drops it at the end.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -16,6 +17,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -25,6 +27,19 @@ PG_ENV = "RAYSAGA_TEST_PG_URL"
 
 # The guard: no test may reach the real Anthropic API (AnthropicModel refuses at once).
 os.environ["RAYSAGA_FORBID_REAL_API"] = "1"
+
+
+def load_helper(name: str) -> ModuleType:
+    """Import a sibling helper module (``crash_driver``, ``agent_flows``...) by path: tests/ is no
+    package, and the same files also run as driver scripts in subprocesses."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _free_port() -> int:

@@ -14,12 +14,9 @@ left uncounted.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import threading
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,22 +28,10 @@ from raysaga.agents import Agent, AnthropicModel, price_of, tool
 from raysaga.agents.messages import Usage
 from raysaga.orchestrator.cli import app
 from raysaga.state import NodeStatus, RunStatus, SqlStore
+from tests.conftest import load_helper
 
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package; pytest runs with importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ms = _load("messages_server")
-af = _load("agent_flows")
+ms = load_helper("messages_server")
+af = load_helper("agent_flows")
 af.use_test_key()  # the Ray test's workers read it from their environment
 
 MODEL = "claude-haiku-4-5"

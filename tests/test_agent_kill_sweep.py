@@ -28,17 +28,14 @@ The whole sweep runs inline in CI; with Ray, two points do (all with ``RAYSAGA_F
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -46,22 +43,10 @@ from typer.testing import CliRunner
 
 from raysaga.orchestrator.cli import app
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from tests.conftest import load_helper
 
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package; pytest runs with importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load("crash_driver")
-af = _load("agent_flows")
+harness = load_helper("crash_driver")
+af = load_helper("agent_flows")
 ms = af.ms
 FakeServices = af.fake_services.FakeServices
 

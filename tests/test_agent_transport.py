@@ -19,14 +19,11 @@ The agent's model is ``AnthropicModel`` (client built with ``max_retries=0``) po
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import threading
 import uuid
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -37,23 +34,11 @@ from raysaga import RetryPolicy, Workflow
 from raysaga.agents import Agent, AnthropicModel, ToolError, tool
 from raysaga.orchestrator.cli import app
 from raysaga.state import NodeStatus, RunStatus, SqlStore
+from tests.conftest import load_helper
 
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package; pytest runs with importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ms = _load("messages_server")
-harness = _load("crash_driver")
-af = _load("agent_flows")
+ms = load_helper("messages_server")
+harness = load_helper("crash_driver")
+af = load_helper("agent_flows")
 
 MODEL = "claude-haiku-4-5"
 PROMPT = "Compare the weather in Lisbon and Porto."

@@ -21,7 +21,6 @@ CI; with Ray a representative subset does, and all of it with ``RAYSAGA_FULL_SWE
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import subprocess
@@ -29,27 +28,14 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from tests.conftest import load_helper
 
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package; pytest runs with importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load("crash_driver")
+harness = load_helper("crash_driver")
 flows = harness.load_flows()
 FakeServices = flows.fake_services.FakeServices
 

@@ -9,34 +9,19 @@ log's oracles (``repeated_requests``, ``usage_totals``) count what they claim to
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import anthropic
 import pytest
 from anthropic.types import Message, TextBlock, ToolUseBlock
 
+from tests.conftest import load_helper
 
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package; pytest runs with importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ms = _load("messages_server")
+ms = load_helper("messages_server")
 
 MODEL = "claude-haiku-4-5"
 KEY = "test-key"

@@ -25,33 +25,18 @@ compensated); and around the critical failure (``before_commit``/``after_commit`
 
 from __future__ import annotations
 
-import importlib.util
 import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from tests.conftest import load_helper
 
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package; pytest runs with importlib mode)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-harness = _load("saga_driver")
+harness = load_helper("saga_driver")
 flows = harness.load_flows()
 trip = flows.trip_example
 
