@@ -20,14 +20,12 @@ resume.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -43,6 +41,7 @@ from examples.order.fake_services import FakeServices  # noqa: E402
 from raysaga.agents import Agent, LoopPolicy, tool  # noqa: E402
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore  # noqa: E402
 from raysaga.testing import FORBID_ENV, ScriptedModel, forbid_real_api, text_reply, tool_reply  # noqa: E402
+from tests.conftest import load_helper  # noqa: E402
 
 QUESTION = example.DEFAULT_QUESTION
 SUBS = script.sub_questions(QUESTION)
@@ -51,18 +50,6 @@ ANSWER = script.final_answer(QUESTION, SUBS, REPORTS)
 TOKENS = sum(r.usage.total for turns in script.conversations(QUESTION).values() for r in turns)
 MODEL_CALLS = 1 + 3 * len(SUBS) + 1  # planner, three turns per researcher, writer
 LINE = re.compile(r"^  research\[(\d)\]\s+report\s+(\S+)\s+raw=(\d+) effective=(\d+)$", re.M)
-
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path (tests/ is no package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -242,7 +229,7 @@ def test_real_api_path_is_refused_by_the_guard(tmp_path: Path, capsys: pytest.Ca
 def test_through_the_sdk_against_the_local_messages_server(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The AnthropicModel path end to end, with the scripted conversation served over HTTP."""
-    ms = _load("messages_server")
+    ms = load_helper("messages_server")
 
     def as_reply(response: Any) -> Any:
         blocks = [ms.text_block(b["text"]) if b["type"] == "text" else ms.tool_use_block(b["name"], b["input"])
