@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute, execute_many
+from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
 
 
 @dataclass(eq=False)
@@ -111,10 +112,10 @@ class RayExecutor(Executor):
 
     Fan-out items (of a ``map_over`` step without ``effect=`` or ``timeout=``) go through a lane
     per step: at most ``LANE_TASKS_PER_CPU`` tasks per cluster CPU in flight, and once items are
-    measured to be short, several per task (``<run_id>:<step>[i..j]``, running ``execute_many``),
-    sized so a chunk runs ~``CHUNK_SECONDS``. A Ray task costs ~0.4 ms of cluster CPU, more than
-    a cheap item; a slow item keeps a task of its own, so a failure or a cancel is seen as soon
-    as that item's own attempt ends.
+    measured to be short, several per task (``<run_id>:<step>[i..j]``), sized so a chunk runs
+    ~``CHUNK_SECONDS``. A Ray task costs ~0.4 ms of cluster CPU, more than a cheap item; a slow
+    item keeps a task of its own, so a failure or a cancel is seen as soon as that item's own
+    attempt ends. What a task carries, either way, is one packed ``bytes`` (see ``wire``).
     """
 
     name = "ray"
@@ -137,8 +138,8 @@ class RayExecutor(Executor):
                      logging_level=logging.ERROR, log_to_driver=False, configure_logging=True,
                      runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
             self._started_here = True
-        self._remote = ray.remote(max_retries=0, retry_exceptions=False)(execute)
-        self._remote_many = ray.remote(max_retries=0, retry_exceptions=False)(execute_many)
+        self._remote = ray.remote(max_retries=0, retry_exceptions=False)(run_packed)
+        self._packer = SpecPacker()
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
         self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
         self._inflight: dict[Any, tuple[list[Handle], _Lane | None]] = {}  # task ref -> its attempts, lane
@@ -164,15 +165,13 @@ class RayExecutor(Executor):
                 self._send(lane.spec, [lane.queue.popleft() for _ in range(size)], lane)
 
     def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall, str]], lane: _Lane | None) -> None:
-        # the spec goes by value (~0.5 KB pickled): a ray.put ref costs the worker a fetch per task
-        ref: Any
         if len(items) == 1:
-            _, call, name = items[0]
-            ref = self._remote.options(name=name).remote(spec, call)
+            name = items[0][2]
         else:
             first, last = items[0][1].ctx, items[-1][1].ctx
-            ref = self._remote_many.options(name=f"{first.run_id}:{first.node_id}[{first.fan_index}..{last.fan_index}]"
-                                            ).remote(spec, [call for _, call, _ in items])
+            name = f"{first.run_id}:{first.node_id}[{first.fan_index}..{last.fan_index}]"
+        payload = self._packer.pack_calls(spec, [call for _, call, _ in items])
+        ref: Any = self._remote.options(name=name).remote(payload)
         handles = [handle for handle, _, _ in items]
         for handle in handles:
             handle.ref = ref
@@ -200,7 +199,7 @@ class RayExecutor(Executor):
             ready += more
         for ref, result in zip(ready, self._results(ready), strict=True):
             carried, lane = self._inflight.pop(ref)
-            outcomes = result if isinstance(result, list) else [result] * len(carried)
+            outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * len(carried)
             if lane is not None:
                 lane.tasks -= 1
                 for outcome in outcomes:
@@ -226,7 +225,7 @@ class RayExecutor(Executor):
         return done
 
     def _results(self, refs: list[Any]) -> list[Any]:
-        """Each ref's value: a NodeOutcome, a list of them (a chunk), or one failure for all it carried."""
+        """Each ref's value: packed outcomes (``bytes``), or one failure for every call it carried."""
         started = time.time()
         try:
             values: list[Any] = self._ray.get(refs)

@@ -79,11 +79,6 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
         return NodeOutcome.failure(exc, transient=is_transient(exc, spec.retry), started_at=started)
 
 
-def execute_many(spec: StepSpec, calls: list[NodeCall]) -> list[NodeOutcome]:
-    """Run several fan-out items of one step in one Ray task, each classified on its own."""
-    return [execute(spec, call) for call in calls]
-
-
 def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
     result = fn(**kwargs)
     if asyncio.iscoroutine(result):
