@@ -27,7 +27,7 @@ from raysaga.errors import LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator.agentloop import AgentNode, is_agent_call, split_call
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.driver_agents import AgentHooks
-from raysaga.orchestrator.driver_base import InFlight, Progress
+from raysaga.orchestrator.driver_base import SETTLE_SECONDS, InFlight, Progress
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.faults import Faults
@@ -149,11 +149,14 @@ class Driver(AgentHooks):
             lost = True
             raise
         finally:
-            self._hb.stop()
-            for flight in self._inflight.values():
-                self.executor.cancel(flight.handle)
-            if not lost and not self._hb.lost.is_set():
-                self.store.release(self._hb.lease)
+            try:
+                for flight in self._inflight.values():
+                    self.executor.cancel(flight.handle)
+                self._settle_cancelled("the driver stops", SETTLE_SECONDS / 10)
+            finally:
+                self._hb.stop()
+                if not lost and not self._hb.lost.is_set():
+                    self.store.release(self._hb.lease)
 
     # ------------------------------------------------------------------ restore
 
@@ -576,6 +579,7 @@ class Driver(AgentHooks):
     def _stop_forward(self, reason: str, error: dict[str, Any] | None, *,
                       final: RunStatus = RunStatus.FAILED, signal_id: int | None = None) -> RunRecord | None:
         self._cancel_inflight(self._pending_batch, reason=reason)
+        self._settle_cancelled("rolling back or failing the run", SETTLE_SECONDS)
         self._flush()  # the failure and the cancellations are durable before the rollback reads them
         rollback = Rollback(self, reason)
         batch = self._pending_batch
@@ -614,6 +618,14 @@ class Driver(AgentHooks):
         self._timed.clear()
         self._timers = [(t, k) for t, k in self._timers if is_compensation(k[0])]
 
+    def _settle_cancelled(self, then: str, timeout: float) -> None:
+        """Wait for cancelled attempts to stop: one still running could land an effect after its
+        compensation, or after the run says it ended."""
+        left = self.executor.settle_cancelled(timeout)
+        if left:
+            log.warning("run %s: %d cancelled attempt(s) still running after %.0fs; %s anyway",
+                        self.run_id, left, timeout, then)
+
     def _expire_timeouts(self) -> list[Handle]:
         now = self.clock()
         expired = []
@@ -643,6 +655,7 @@ class Driver(AgentHooks):
                     return self._stop_forward(reason, None, final=RunStatus.COMPENSATING, signal_id=signal.id)
                 batch = self._pending_batch
                 self._cancel_inflight(batch, reason="run cancelled")
+                self._settle_cancelled("the run is cancelled", SETTLE_SECONDS)
                 batch.consumed_signals.append(signal.id)
                 batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
                 return self._flush()

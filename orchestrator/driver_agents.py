@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 from raysaga.errors import LeaseLostError
 from raysaga.orchestrator.agentloop import AgentNode, is_agent_call, split_call
 from raysaga.orchestrator.context import StepContext
+from raysaga.orchestrator.driver_base import SETTLE_SECONDS
 from raysaga.orchestrator.driver_settle import ForwardSettling
 from raysaga.orchestrator.records import merge_run
 from raysaga.orchestrator.scheduler import NodeKey
@@ -107,6 +108,7 @@ class AgentHooks(ForwardSettling):
         self._drain_model_calls()
         batch = self._pending_batch
         self._cancel_inflight(batch, reason=reason)
+        self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
         batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
         record = self._flush()
         assert record is not None

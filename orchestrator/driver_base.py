@@ -25,6 +25,10 @@ from raysaga.state import Batch, NodeRecord, RunRecord, Store
 if TYPE_CHECKING:
     from raysaga.orchestrator.agentloop import AgentNode
 
+#: How long a driver waits for cancelled attempts to stop before it compensates, pauses or ends
+#: the run (a force-cancel kills the worker: this is a bound, not a wait one expects to reach).
+SETTLE_SECONDS = 30.0
+
 
 @dataclass
 class InFlight:
@@ -97,4 +101,7 @@ class DriverBase:
         raise NotImplementedError
 
     def _cancel_inflight(self, batch: Batch, reason: str) -> None:
+        raise NotImplementedError
+
+    def _settle_cancelled(self, then: str, timeout: float) -> None:
         raise NotImplementedError

@@ -53,6 +53,15 @@ class Executor(ABC):
     @abstractmethod
     def cancel(self, handle: Handle) -> None: ...
 
+    def settle_cancelled(self, timeout: float) -> int:
+        """Block until every cancelled attempt has stopped, up to ``timeout``; return how many have not.
+
+        A cancel is a request: until the attempt is seen to end, it may still be calling out. The
+        driver settles before compensating (an effect must not land after its undo) and before
+        recording a final state. Nothing to settle by default (an inline attempt is never running).
+        """
+        return 0
+
     def shutdown(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Release what the executor started."""
 
@@ -145,6 +154,8 @@ class RayExecutor(Executor):
         self._inflight: dict[Any, tuple[list[Handle], _Lane | None]] = {}  # task ref -> its attempts, lane
         self._lanes: dict[str, _Lane] = {}
         self._finished: dict[Handle, None] = {}  # outcome set, not returned yet (an ordered set)
+        self._cancelled: dict[Any, None] = {}  # refs cancelled, not yet seen to end (an ordered set)
+        self._recancel_at = 0.0
 
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
         handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
@@ -181,6 +192,8 @@ class RayExecutor(Executor):
 
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         self._pump()
+        if self._cancelled and time.monotonic() >= self._recancel_at:
+            self._recancel()
         wanted = None if handles is None else set(handles)
         done = self._take(wanted)
         if done:
@@ -255,8 +268,39 @@ class RayExecutor(Executor):
             del self._inflight[handle.ref]
             if entry[1] is not None:
                 entry[1].tasks -= 1
+            self._cancelled[handle.ref] = None
             with contextlib.suppress(Exception):  # it may have finished meanwhile
                 self._ray.cancel(handle.ref, force=True)
+
+    #: how often a cancelled task not yet seen to end is cancelled again
+    RECANCEL_EVERY = 0.1
+
+    def _recancel(self) -> list[Any]:
+        """Forget the cancelled tasks that have ended; cancel the others again, return them.
+
+        Ray can lose a force-cancel that races the task's start on a worker (seen on Ray 2.60 about
+        one time in three, a sibling starting as a fan-out closed): the task then runs to its end.
+        A cancel repeated once it runs kills its worker.
+        """
+        refs = list(self._cancelled)
+        ended, running = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ended:
+            del self._cancelled[ref]
+        for ref in running:
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+        self._recancel_at = time.monotonic() + self.RECANCEL_EVERY
+        return list(running)
+
+    def settle_cancelled(self, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while self._cancelled:
+            running = self._recancel()
+            left = deadline - time.monotonic()
+            if not running or left <= 0:
+                break
+            self._ray.wait(running, num_returns=len(running), timeout=min(left, self.RECANCEL_EVERY))
+        return len(self._cancelled)
 
     def shutdown(self) -> None:
         if self._started_here:
