@@ -325,8 +325,11 @@ class AgentNode:
     def on_failure(self, sub: NodeKey, error: dict[str, Any], batch: Batch) -> None:
         self.inflight.discard(sub)
         _, t, k = split_call(sub[0])
-        if k is None:  # the model could not be reached: transport retries are spent
-            self._fail(batch, "ModelUnavailable",
+        if k is None:
+            # transient: the model could not be reached and the transport retries are spent;
+            # permanent: the API refused the call (400, 401) or its answer could not be used
+            kind = "ModelUnavailable" if error.get("transient") else "ModelCallFailed"
+            self._fail(batch, kind,
                        f"model call for turn {t} failed: {error.get('type')}: {error.get('message', '')}"[:500])
             return
         self.turns[t].results[k] = self._failure_result(t, k, error)

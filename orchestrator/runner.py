@@ -183,7 +183,13 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
         if compensations:
             reset = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.PENDING, attempt=0)
                      for n in nodes if is_compensation(n.node_id) and n.status == NodeStatus.FAILED]
-            update = RunUpdate(status=RunStatus.COMPENSATING, status_reason="operator retry of compensations")
+            # the rollback keeps the reason it started with (the forward failure), so the run's
+            # final word names what was rolled back, not just that an operator retried
+            started = [e for e in st.events(run_id) if e.kind == "rollback_started"]
+            reason = str(started[-1].data.get("reason") or "") if started else ""
+            update = RunUpdate(status=RunStatus.COMPENSATING,
+                               status_reason=f"{reason} (operator retry of compensations)" if reason
+                               else "operator retry of compensations")
         else:
             reset = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.PENDING, attempt=0)
                      for n in nodes if not is_compensation(n.node_id) and n.status in (

@@ -1,12 +1,15 @@
 """A driver process the crash tests can kill, and the helpers the tests launch it with.
 
-As a script, it drives one run of a workflow from ``tests/crash_flows.py`` (imported by file
-path) to a resting state and prints the final record as one ``RESULT {json}`` line::
+As a script, it drives one run of a workflow from ``tests/crash_flows.py`` (or the module
+``--flows`` names, e.g. ``saga_flows``; imported by file path) to a resting state and prints the
+final record as one ``RESULT {json}`` line::
 
     python tests/crash_driver.py --flow order|wide|gate|workerkill --db URL --run-id ID \\
-        --executor inline|ray --input JSON [--lease-ttl S] [--resume | --create-only]
+        --executor inline|ray --input JSON [--lease-ttl S] [--resume | --create-only] \\
+        [--flows MODULE] [--any-state-ok]
 
-Exit codes follow the CLI's: 0 completed, 1 the run ended failed or cancelled, 3 another live
+Exit codes follow the CLI's: 0 completed (with ``--any-state-ok``: any resting state, which the
+rollback tests read from the store), 1 the run ended failed or cancelled, 3 another live
 driver holds the lease, 4 this driver lost its lease. Crash points come from ``RAYSAGA_FAULTS``
 (the driver SIGKILLs itself there); a Ray driver joins the cluster named by ``RAY_ADDRESS``.
 
@@ -40,21 +43,21 @@ GO_TIMEOUT = 300.0
 T = TypeVar("T")
 
 
-def load_flows() -> ModuleType:
-    """Import ``tests/crash_flows.py`` by path, as module ``crash_flows``.
+def load_flows(name: str = "crash_flows") -> ModuleType:
+    """Import ``tests/<name>.py`` by path, as module ``name``.
 
     Registered in ``sys.modules`` under that name so Ray pickles its steps by reference; Ray
     workers import it again from the PYTHONPATH the executor hands them (this folder is on it).
     """
-    if "crash_flows" in sys.modules:
-        return sys.modules["crash_flows"]
+    if name in sys.modules:
+        return sys.modules[name]
     for path in (str(TESTS), str(REPO)):
         if path not in sys.path:
             sys.path.append(path)
-    spec = importlib.util.spec_from_file_location("crash_flows", TESTS / "crash_flows.py")
+    spec = importlib.util.spec_from_file_location(name, TESTS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["crash_flows"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -70,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor", choices=["inline", "ray"], default="inline")
     parser.add_argument("--input", default="null", help="the run input, as JSON")
     parser.add_argument("--lease-ttl", type=float, default=None)
+    parser.add_argument("--flows", default="crash_flows", help="the tests/ module that holds FLOWS")
+    parser.add_argument("--any-state-ok", action="store_true", help="exit 0 for any resting state")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="resume an existing run (never create one)")
     mode.add_argument("--create-only", action="store_true", help="record the run as pending and exit")
@@ -81,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     import raysaga
     from raysaga.errors import LeaseHeldError, LeaseLostError
 
-    flow = load_flows().FLOWS[args.flow]
+    flow = load_flows(args.flows).FLOWS[args.flow]
     if args.go_file:
         go = Path(args.go_file)
         wait_until(go.exists, timeout=GO_TIMEOUT, what=f"the go file {go}")
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"run_id": record.run_id, "status": record.status.value, "output": record.output,
               "error": record.error, "status_reason": record.status_reason, "pid": os.getpid()}
     print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
-    if args.create_only or record.status == raysaga.RunStatus.COMPLETED:
+    if args.create_only or args.any_state_ok or record.status == raysaga.RunStatus.COMPLETED:
         return 0
     return EXIT_FAILED
 
@@ -131,7 +136,7 @@ class Finished:
 
 def command(flow: str, db: str, run_id: str, *, executor: str = "inline", run_input: Any = None,
             lease_ttl: float | None = None, resume: bool = False, create_only: bool = False,
-            go_file: Path | None = None) -> list[str]:
+            go_file: Path | None = None, flows: str = "crash_flows", any_state_ok: bool = False) -> list[str]:
     cmd = [sys.executable, str(SCRIPT), "--flow", flow, "--db", db, "--run-id", run_id, "--executor", executor,
            "--input", json.dumps(run_input)]
     if lease_ttl:
@@ -142,6 +147,10 @@ def command(flow: str, db: str, run_id: str, *, executor: str = "inline", run_in
         cmd.append("--create-only")
     if go_file is not None:
         cmd += ["--go-file", str(go_file)]
+    if flows != "crash_flows":
+        cmd += ["--flows", flows]
+    if any_state_ok:
+        cmd.append("--any-state-ok")
     return cmd
 
 

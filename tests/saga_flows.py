@@ -1,4 +1,4 @@
-"""Workflows the rollback tests drive, in-process or in ``tests/saga_driver.py`` subprocesses.
+"""Workflows the rollback tests drive, in-process or in driver subprocesses (``tests/saga_driver.py``).
 
 Not a test module: it is imported by file path (as ``saga_flows``; Ray workers import it again
 from the PYTHONPATH the Ray executor hands them, which holds this folder). Every forward effect

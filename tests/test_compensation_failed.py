@@ -124,6 +124,9 @@ def test_failed_compensation_blocks_upstream_then_operator_retry_finishes(
         run = store.get_run(RUN_ID)
         assert run.status == RunStatus.COMPENSATED
         assert run.error == error["cause"], "a compensated run must not keep naming fixed failures"
+        # the final word still names the failure that was rolled back, not only the retry
+        assert "critical step 'book_hotel' failed" in (run.status_reason or ""), run.status_reason
+        assert (run.status_reason or "").endswith("rolled back"), run.status_reason
         rows = {n.label: n for n in store.nodes(RUN_ID)}
         effects = {e.node_id: e for e in store.effects(RUN_ID)}
     finally:

@@ -89,7 +89,9 @@ def test_node_timeout_on_ray_is_cancelled_retried_and_exhausted(
     pids = tmp_path / "pids"
     wf = Workflow("slow")
 
-    @wf.step(timeout=0.5, retry=RetryPolicy(max_attempts=2, base=0.01, cap=0.01))
+    # the timeout counts from dispatch, so it includes a Ray worker's start-up (~1 s on a loaded
+    # 2-core machine): 0.5 s cut some attempts before they began, and the pid check below failed
+    @wf.step(timeout=2.0, retry=RetryPolicy(max_attempts=2, base=0.01, cap=0.01))
     def stuck(ctx: StepContext, input: str) -> int:
         with open(input, "a") as fh:
             fh.write(f"{os.getpid()}\n")

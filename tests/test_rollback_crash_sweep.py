@@ -3,7 +3,7 @@ compensation takes effect exactly once by key, none skipped, still in reverse or
 
 The flow is the trip example (``examples.trip``): book_flight → charge_card → book_hotel,
 whose provider refuses (no rooms); the rollback refunds the card, then cancels the flight.
-A golden run goes uninterrupted. Then, for each crash point, a ``tests/saga_driver.py``
+A golden run goes uninterrupted. Then, for each crash point, a driver
 subprocess runs with ``RAYSAGA_FAULTS=<point>:<label>`` and must die of SIGKILL there; once
 its lease has expired (polled in the store) a second subprocess resumes the run, and:
 
