@@ -86,6 +86,10 @@ class RunRecord(_Record):
     input: Any = None
     output: Any = None
     error: Any = None
+    input_digest: str | None = None
+    """Set when the input is kept as a blob (it was large); ``input`` holds the value regardless."""
+    output_digest: str | None = None
+    """Set when the output is kept as a blob (it was large); ``output`` holds the value regardless."""
     deadline_at: float | None = None
     retry_budget: int | None = None
     retries_used: int = 0

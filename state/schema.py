@@ -22,7 +22,7 @@ from sqlalchemy import (
 )
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 metadata = MetaData()
 
@@ -54,6 +54,10 @@ runs = Table(
     Column("input", JSON, nullable=True),
     Column("output", JSON, nullable=True),
     Column("error", JSON, nullable=True),
+    # schema 3: an input or output above the store's inline limit lives in raysaga_blobs; the
+    # JSON column is then NULL and this names the blob (readers get the value either way)
+    Column("input_digest", String(80), nullable=True),
+    Column("output_digest", String(80), nullable=True),
     Column("deadline_at", Double, nullable=True),
     Column("retry_budget", Integer, nullable=True),
     Column("retries_used", Integer, nullable=False, default=0),

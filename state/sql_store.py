@@ -42,12 +42,19 @@ from raysaga.state.models import (
 from raysaga.state.schema import blobs, breakers, effects, events, memory, nodes, runs, signals
 from raysaga.state.store import Store
 
+#: A run's input or output whose JSON is larger than this is kept in raysaga_blobs, not in its
+#: row (DESIGN: rows stay small; ``list`` and every transition read the row). The default of
+#: ``RunOptions.blob_threshold``, which does the same for node outputs.
+RUN_VALUE_INLINE_LIMIT = 64 * 1024
+
 
 class SqlStore(Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
-    def __init__(self, url: str, *, migrate_schema: bool = True) -> None:
+    def __init__(self, url: str, *, migrate_schema: bool = True,
+                 run_value_inline_limit: int = RUN_VALUE_INLINE_LIMIT) -> None:
         self.url = normalize_url(url)
+        self.run_value_inline_limit = run_value_inline_limit
         self.engine: Engine = make_engine(self.url)
         # reads on their own engine: on SQLite they then never take the write lock
         self.reader: Engine = make_engine(self.url, for_reads=True) if self.dialect_of(self.url) == "sqlite" \
@@ -82,6 +89,7 @@ class SqlStore(Store):
                       tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
         try:
             with self.engine.begin() as conn:
+                values["input"], values["input_digest"] = self._run_value(conn, new.input, "input")
                 conn.execute(insert(runs).values(**values))
                 conn.execute(insert(events).values(run_id=new.run_id, seq=1, at=now, kind="run_created",
                                                    data={"workflow": new.workflow_name}))
@@ -97,14 +105,38 @@ class SqlStore(Store):
         row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
         if row is None:
             raise RunNotFoundError(run_id)
-        return RunRecord.model_validate(row._asdict())
+        return self._run_record(conn, row)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
         query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
         if status is not None:
             query = query.where(runs.c.status == status.value)
         with self.reader.connect() as conn:
-            return [RunRecord.model_validate(r._asdict()) for r in conn.execute(query)]
+            return [self._run_record(conn, r) for r in conn.execute(query).all()]
+
+    def _run_value(self, conn: Connection, value: Any, what: str) -> tuple[Any, str | None]:
+        """A run's input or output as (inline value, None), or (None, digest) once it is large."""
+        if value is None:
+            return None, None
+        data = jsoncodec.dumps(value, f"run {what}").encode("utf-8")
+        if len(data) <= self.run_value_inline_limit:
+            return value, None
+        digest = jsoncodec.digest(data)
+        _insert_ignore(conn, blobs, [{"digest": digest, "size": len(data), "data": data}], ["digest"])
+        return None, digest
+
+    @staticmethod
+    def _run_record(conn: Connection, row: Row[Any]) -> RunRecord:
+        values = row._asdict()
+        wanted = [d for d in (values["input_digest"], values["output_digest"]) if d]
+        if wanted:
+            found = {d: bytes(b) for d, b in conn.execute(select(blobs.c.digest, blobs.c.data)
+                                                          .where(blobs.c.digest.in_(wanted)))}
+            for name in ("input", "output"):
+                digest = values[f"{name}_digest"]
+                if digest:
+                    values[name] = jsoncodec.loads(found[digest])
+        return RunRecord.model_validate(values)
 
     def snapshot(self, run_id: str) -> RunSnapshot:
         with self.reader.connect() as conn:
@@ -263,7 +295,7 @@ class SqlStore(Store):
             _check_transition(current, upd.status)
             values.update(status=upd.status.value, status_reason=upd.status_reason, version=runs.c.version + 1)
         if upd.set_output:
-            values["output"] = upd.output
+            values["output"], values["output_digest"] = self._run_value(conn, upd.output, "output")
         if upd.set_error:
             values["error"] = upd.error
         if upd.retries_delta:

@@ -28,7 +28,7 @@ from raysaga import (
     Workflow,
 )
 from raysaga.state import NodeStatus, SqlStore, jsoncodec
-from raysaga.state.schema import blobs
+from raysaga.state.schema import blobs, runs
 
 
 class Reading(BaseModel):
@@ -253,6 +253,34 @@ def test_large_fan_out_items_go_to_blobs_and_are_collected(store_url: str) -> No
     assert len(digests) == 3 and set(store.get_blobs(digests)) == digests
     assert _blob_count(store_url) <= blobs_before + 3  # content-addressed: an equal blob is shared
     store.close()
+
+
+def test_a_large_run_input_and_output_are_blobs_and_read_back_whole(store_url: str) -> None:
+    """The run row keeps neither a 200 KB input nor the sink's 400 KB output (both blobs), and
+    every reader still gets the values: the driver's steps, the returned record, a later resume."""
+    wf = Workflow("big-run")
+
+    @wf.step()
+    def echo(input: dict[str, str]) -> dict[str, str]:
+        return {"twice": input["text"] * 2}
+
+    text = "ü" * 100_000  # 200 KB of UTF-8
+    record = raysaga.run(wf, {"text": text}, store=store_url, executor="inline")
+    assert record.status == RunStatus.COMPLETED
+    assert record.input == {"text": text} and record.output == {"echo": {"twice": text * 2}}
+    assert record.input_digest is not None and record.output_digest is not None
+    store = SqlStore(store_url)
+    try:
+        with store.engine.connect() as conn:
+            row = conn.execute(select(runs.c.input, runs.c.output, func.length(runs.c.input_digest))
+                               .where(runs.c.run_id == record.run_id)).one()
+        assert row[0] is None and row[1] is None and row[2] < 100  # the row holds digests only
+        assert set(store.get_blobs([record.input_digest, record.output_digest])) == {
+            record.input_digest, record.output_digest}
+    finally:
+        store.close()
+    again = raysaga.resume(wf, record.run_id, store=store_url, executor="inline")
+    assert again.output == record.output and again.input == record.input
 
 
 def test_resume_of_an_unknown_run_names_it(store_url: str) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from alembic import command
+from alembic.config import Config
 from sqlalchemy import Engine, event, inspect, select, text, update
 
 from raysaga.errors import SchemaVersionError
@@ -98,6 +100,41 @@ def test_migrate_from_empty_creates_every_table_and_records_version(fresh_url: s
         assert len(alembic_rows(store.engine)) == 1
         # the schema works: a run can be written and read back
         assert store.create_run(new_run("r1")).version == 0
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("older", ["0001", "0002"])
+def test_an_older_database_with_runs_is_upgraded_in_place(fresh_url: str, older: str) -> None:
+    """A database left at an earlier revision, holding a run, is upgraded on open; the run reads
+    back as it was, and what the new schema adds (budgets, run blobs) works on it."""
+    engine = make_engine(fresh_url)
+    try:
+        with engine.begin() as conn:
+            cfg = Config()
+            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
+            cfg.attributes["connection"] = conn
+            command.upgrade(cfg, older)
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
+                "version, fence, event_seq, input, retries_used, tokens_used, cost_used, trace_id, created_at, "
+                "updated_at) VALUES ('old', 'wf', '1', :h, 'completed', 3, 1, 4, :inp, 0, 0, 0.0, 't', 1.0, 2.0)"
+            ), {"h": "d" * 64, "inp": '{"kept": [1, 2]}'})
+        assert migrate.current_version(engine) == int(older)
+    finally:
+        engine.dispose()
+
+    store = SqlStore(fresh_url)
+    try:
+        assert schema_rows(store.engine) == [(1, SCHEMA_VERSION)]
+        runs_columns = {c["name"] for c in inspect(store.engine).get_columns("raysaga_runs")}
+        assert runs_columns == {c.name for c in runs.columns}
+        old = store.get_run("old")
+        assert (old.status.value, old.version, old.input, old.input_digest, old.token_budget) == (
+            "completed", 3, {"kept": [1, 2]}, None, None)
+        big = {"text": "x" * (store.run_value_inline_limit + 1)}
+        assert store.create_run(new_run("new").model_copy(update={"input": big})).input == big
     finally:
         store.close()
 

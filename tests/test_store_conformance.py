@@ -750,3 +750,40 @@ def test_non_json_in_driver_and_operator_writes_raises_and_writes_nothing(store:
     if all(is_known_wrapping_bug(exc) for exc in raised.values() if exc is not None):
         pytest.xfail("known bug: NotJSONableError arrives wrapped in sqlalchemy StatementError on SQLite")
     assert {name: type(exc).__name__ for name, exc in raised.items()} == dict.fromkeys(writes, "NotJSONableError")
+
+
+# ---------------------------------------------------------------------- large run input and output
+
+
+def test_a_large_run_input_and_output_live_in_blobs_and_read_back_whole(store: SqlStore) -> None:
+    """DESIGN: rows stay small. A run's input or output above the inline limit is a blob; the
+    row holds its digest, and every reader (get_run, list_runs, snapshot, commit) gets the value."""
+    big_in = {"pages": ["é" * 1000 + uuid.uuid4().hex for _ in range(80)]}  # ~160 KB of UTF-8
+    small_out = {"ok": True}
+    run_id = uid("big")
+    created = store.create_run(new_run(run_id, input=big_in))
+    assert created.input == big_in and created.input_digest is not None
+    assert store.get_blobs([created.input_digest]) != {}
+    with store.engine.connect() as conn:
+        row = conn.execute(select(runs.c.input, runs.c.input_digest).where(runs.c.run_id == run_id)).one()
+    assert row[0] is None and row[1] == created.input_digest
+
+    lease = store.claim(run_id, "driver", 30.0)
+    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+    big_out = {"report": "x" * (store.run_value_inline_limit + 1)}
+    done = store.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPLETED, output=big_out, set_output=True)))
+    assert done is not None and done.output == big_out and done.output_digest is not None
+    for record in (store.get_run(run_id), store.snapshot(run_id).run,
+                   next(r for r in store.list_runs(limit=1000) if r.run_id == run_id)):
+        assert (record.input, record.output) == (big_in, big_out)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(runs.c.output).where(runs.c.run_id == run_id)).scalar_one() is None
+
+    # at the limit it stays inline: no blob, no digest
+    small_id = uid("small")
+    store.create_run(new_run(small_id, input={"n": 1}))
+    lease = store.claim(small_id, "driver", 30.0)
+    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPLETED, output=small_out, set_output=True)))
+    small = store.get_run(small_id)
+    assert (small.input, small.output, small.input_digest, small.output_digest) == ({"n": 1}, small_out, None, None)

@@ -18,7 +18,7 @@ depends_on = None
 _TABLES = (schema_info, runs, nodes, effects, events, blobs, signals)
 #: Columns later migrations add: version 1 is created without them, so a database made by
 #: this file is exactly a version-1 database and every later migration runs on it.
-ADDED_LATER = {"raysaga_runs": {"token_budget", "cost_budget"}}
+ADDED_LATER = {"raysaga_runs": {"token_budget", "cost_budget", "input_digest", "output_digest"}}
 
 
 def _as_of_v1(table: sa.Table) -> sa.Table:
