@@ -278,9 +278,9 @@ class RayExecutor(Executor):
     def _recancel(self) -> list[Any]:
         """Forget the cancelled tasks that have ended; cancel the others again, return them.
 
-        Ray can lose a force-cancel that races the task's start on a worker (seen on Ray 2.60 about
-        one time in three, a sibling starting as a fan-out closed): the task then runs to its end.
-        A cancel repeated once it runs kills its worker.
+        ``ray.cancel`` only asks: the worker dies a moment later, and a force-cancel that races
+        the task's start on a worker can be lost (seen on Ray 2.60 as a fan-out closed), leaving
+        the task to run to its end. A cancel repeated once it runs kills its worker.
         """
         refs = list(self._cancelled)
         ended, running = self._ray.wait(refs, num_returns=len(refs), timeout=0)

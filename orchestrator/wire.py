@@ -3,7 +3,7 @@
 Ray serialises a task's arguments and result one object at a time through its own
 serialisation context (it looks for nested ``ObjectRef``\\ s, keeps out-of-band buffers). For a
 dataclass argument that costs ~0.2 ms a side, measured, more than the step itself when the step
-is cheap: a 200-node chain paid ~0.5 ms a node for it. A ``bytes`` object crosses as-is. So the
+is cheap: a 200-node chain paid ~0.3-0.5 ms a node for it. A ``bytes`` object crosses as-is. So the
 driver packs a call into plain tuples and pickles it once (``pack_calls``), the worker unpacks
 it (``run_packed``) and packs its outcomes the same way.
 

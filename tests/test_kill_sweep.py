@@ -16,7 +16,8 @@ has expired (polled in the store) a second subprocess resumes the run, and the t
 The crash points: ``after_commit`` of every node (the node boundaries), ``before_pending``,
 ``after_pending``, ``before_commit`` and ``after_commit`` of every effect node, and
 ``before_transition`` of the final ``completed`` transition. The whole sweep runs inline in
-CI; with Ray a representative subset does, and all of it with ``RAYSAGA_FULL_SWEEP=1``.
+CI; with Ray a representative subset does, and all of it with ``RAYSAGA_FULL_SWEEP=1``. The
+order flow's sweep runs again with the store on PostgreSQL (when ``RAYSAGA_TEST_PG_URL`` is set).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import pytest
 
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
+from tests.conftest import drop_pg_database, load_helper, make_pg_database
 
 harness = load_helper("crash_driver")
 flows = harness.load_flows()
@@ -82,6 +83,7 @@ INLINE_CASES = [(flow, point, label) for flow in ("order", "wide") for point, la
 RAY_CI_CASES = [("order", "before_commit", "charge_card"), ("order", "after_pending", "send_email"),
                 ("order", "after_commit", "reserve_stock")]
 RAY_FULL_CASES = [case for case in INLINE_CASES if case not in RAY_CI_CASES]
+PG_CASES = [("order", point, label) for point, label in kill_points("order")]
 
 
 def test_the_sweep_covers_what_it_claims() -> None:
@@ -149,8 +151,8 @@ def golden_run(flow: str, executor: str, services: Any, goldens: dict[tuple[str,
 
 
 def kill_and_resume(flow: str, point: str, label: str, executor: str, golden: Golden, services: Any,
-                    tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'run.db'}"
+                    tmp_path: Path, db: str | None = None) -> None:
+    db = db or f"sqlite:///{tmp_path / 'run.db'}"
     ttl = LEASE_TTL[executor]
     go = tmp_path / "go"
     services.reset()
@@ -229,6 +231,20 @@ def test_kill_sweep_inline(flow: str, point: str, label: str, services: Any, gol
                            tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
     kill_and_resume(flow, point, label, "inline", golden, services, tmp_path)
+
+
+@pytest.mark.parametrize(("flow", "point", "label"), PG_CASES, ids=_ids(PG_CASES))
+def test_kill_sweep_inline_on_postgresql(flow: str, point: str, label: str, services: Any,
+                                         goldens: dict[Any, Golden], pg_base_url: str,
+                                         tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
+    """The order flow's every crash point with the store on PostgreSQL (a database per case): the
+    golden run is the SQLite one, since outputs and keys do not depend on the store."""
+    golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
+    url = make_pg_database(pg_base_url)
+    try:
+        kill_and_resume(flow, point, label, "inline", golden, services, tmp_path, db=url)
+    finally:
+        drop_pg_database(pg_base_url, url)
 
 
 @pytest.mark.ray
