@@ -269,8 +269,8 @@ class Driver(AgentHooks):
         for key, flight in list(self._timed.items()):
             if self._inflight.get(key) is not flight:
                 del self._timed[key]  # finished or cancelled
-            elif flight.deadline is not None:
-                horizon = min(horizon, flight.deadline)
+            elif (deadline := flight.deadline_from(now)) is not None:
+                horizon = min(horizon, deadline)
         return max(0.0, horizon - now)
 
     def _sleep_until(self, when: float) -> None:
@@ -330,10 +330,10 @@ class Driver(AgentHooks):
         for key, call in to_submit:
             spec = self.specs[key[0]]
             handle = self.executor.submit(spec, call, f"{self.run_id}:{node_label(*key)}")
-            flight = self._inflight[key] = InFlight(handle, call.ctx.attempt, now,
-                                                    now + spec.timeout if spec.timeout else None,
+            flight = self._inflight[key] = InFlight(handle, call.ctx.attempt, now, timeout=spec.timeout,
                                                     recorded=self._records_before_dispatch(spec))
-            if flight.deadline is not None:
+            if spec.timeout is not None:
+                flight.deadline_from(now)
                 self._timed[key] = flight
             if not flight.recorded:
                 self._unrecorded.append(key)
@@ -633,7 +633,8 @@ class Driver(AgentHooks):
             if self._inflight.get(key) is not flight:
                 del self._timed[key]  # finished or cancelled
                 continue
-            if flight.deadline is not None and now >= flight.deadline and flight.handle.outcome is None:
+            deadline = flight.deadline_from(now)
+            if deadline is not None and now >= deadline and flight.handle.outcome is None:
                 self.executor.cancel(flight.handle)
                 spec = self.specs[key[0]]
                 flight.handle.outcome = NodeOutcome.failure(

@@ -126,7 +126,7 @@ class AgentHooks(ForwardSettling):
             if self._hb.lost.is_set():
                 raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
             now = self.clock()
-            waiting = {key for key in waiting if (self._inflight[key].deadline or now + 1) > now}
+            waiting = {key for key in waiting if (self._inflight[key].deadline_from(now) or now + 1) > now}
             handles = [self._inflight[key].handle for key in waiting]
             for handle in self.executor.wait(handles, self._wait_timeout()) if handles else []:
                 waiting.discard(handle.key)

@@ -35,8 +35,15 @@ class InFlight:
     handle: Handle
     attempt: int
     started_at: float
-    deadline: float | None
+    timeout: float | None = None
     recorded: bool = False  # a 'running' row is durable
+    deadline: float | None = None  # set once the attempt is sent: a queued one's timeout has not begun
+
+    def deadline_from(self, now: float) -> float | None:
+        """The attempt's deadline; its clock starts at ``now`` if it was sent since last asked."""
+        if self.deadline is None and self.timeout is not None and self.handle.sent:
+            self.deadline = now + self.timeout
+        return self.deadline
 
 
 @dataclass

@@ -31,6 +31,8 @@ class Handle:
     key: tuple[str, int]
     ref: Any = None
     outcome: NodeOutcome | None = None
+    sent: bool = False
+    """Handed to the engine. A queued attempt has not started: its timeout does not run yet."""
 
 
 class Executor(ABC):
@@ -78,7 +80,7 @@ class InlineExecutor(Executor):
         self._done: list[Handle] = []
 
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
-        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index), outcome=execute(spec, call))
+        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index), outcome=execute(spec, call), sent=True)
         self._done.append(handle)
         return handle
 
@@ -101,16 +103,22 @@ class InlineExecutor(Executor):
 
 @dataclass(eq=False)
 class _Lane:
-    """The queued items of one fan-out step, sent as chunks sized from the items' measured duration."""
+    """Attempts queued in the driver, sent while the lane has fewer than ``limit`` tasks in flight.
 
-    spec: StepSpec
-    queue: deque[tuple[Handle, NodeCall, str]] = field(default_factory=deque)
+    A fan-out step's lane (``chunked``) sends its items as chunks sized from their measured
+    duration; the lane of attempts with a timeout sends one per task, one task per CPU.
+    """
+
+    limit: int
+    chunked: bool
+    spec: StepSpec | None = None  # a chunked lane's step; the timed lane's items carry their own
+    queue: deque[tuple[Handle, NodeCall, str, StepSpec]] = field(default_factory=deque)
     tasks: int = 0  # Ray tasks of this lane in flight
     items_done: int = 0
     busy: float = 0.0  # seconds the finished items ran, summed
 
     def chunk_size(self, target: float, largest: int) -> int:
-        if self.items_done == 0:
+        if not self.chunked or self.items_done == 0:
             return 1  # nothing measured yet: an item might take minutes
         mean = self.busy / self.items_done
         return max(1, min(largest, int(target / max(mean, 1e-6))))
@@ -125,6 +133,10 @@ class RayExecutor(Executor):
     ~``CHUNK_SECONDS``. A Ray task costs ~0.4 ms of cluster CPU, more than a cheap item; a slow
     item keeps a task of its own, so a failure or a cancel is seen as soon as that item's own
     attempt ends. What a task carries, either way, is one packed ``bytes`` (see ``wire``).
+
+    An attempt with a timeout waits in the driver for a CPU (at most one such task per cluster
+    CPU in flight): its timeout starts when it is sent, not while it would sit in Ray's queue.
+    Counted from dispatch, the last wave of a wide fan-out timed out having run for an instant.
     """
 
     name = "ray"
@@ -152,28 +164,36 @@ class RayExecutor(Executor):
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
         self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
         self._inflight: dict[Any, tuple[list[Handle], _Lane | None]] = {}  # task ref -> its attempts, lane
-        self._lanes: dict[str, _Lane] = {}
+        self._lanes: dict[str, _Lane] = {}  # fan-out step -> its lane
+        self._timed = _Lane(limit=max(1, cpus), chunked=False)
         self._finished: dict[Handle, None] = {}  # outcome set, not returned yet (an ordered set)
         self._cancelled: dict[Any, None] = {}  # refs cancelled, not yet seen to end (an ordered set)
         self._recancel_at = 0.0
 
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
         handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
-        if (call.ctx.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect
-                and spec.timeout is None):
+        lane: _Lane | None = None
+        if spec.timeout is not None:
+            lane = self._timed
+        elif call.ctx.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
-                lane = self._lanes[spec.name] = _Lane(spec)
-            lane.queue.append((handle, call, task_name))  # sent by _pump, at the next wait
-        else:
+                lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
+        if lane is None:
             self._send(spec, [(handle, call, task_name)], None)
+            return handle
+        lane.queue.append((handle, call, task_name, spec))  # sent by _pump, at the next wait
         return handle
 
+    def _all_lanes(self) -> list[_Lane]:
+        return [*self._lanes.values(), self._timed]
+
     def _pump(self) -> None:
-        for lane in self._lanes.values():
-            while lane.queue and lane.tasks < self._lane_tasks:
+        for lane in self._all_lanes():
+            while lane.queue and lane.tasks < lane.limit:
                 size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
-                self._send(lane.spec, [lane.queue.popleft() for _ in range(size)], lane)
+                items = [lane.queue.popleft() for _ in range(size)]
+                self._send(items[0][3], [(handle, call, name) for handle, call, name, _ in items], lane)
 
     def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall, str]], lane: _Lane | None) -> None:
         if len(items) == 1:
@@ -186,6 +206,7 @@ class RayExecutor(Executor):
         handles = [handle for handle, _, _ in items]
         for handle in handles:
             handle.ref = ref
+            handle.sent = True
         self._inflight[ref] = (handles, lane)
         if lane is not None:
             lane.tasks += 1
@@ -198,7 +219,8 @@ class RayExecutor(Executor):
         done = self._take(wanted)
         if done:
             return done
-        if wanted is None:
+        if wanted is None or any(h.ref is None and h.outcome is None for h in wanted):
+            # any attempt; or some wanted ones are still queued, and only others ending frees their lane
             refs = list(itertools.islice(self._inflight, self.WAIT_WINDOW))
         else:
             refs = list(dict.fromkeys(h.ref for h in wanted if h.ref in self._inflight))
@@ -259,7 +281,7 @@ class RayExecutor(Executor):
             return
         handle.outcome = _CANCELLED  # wait() never returns it
         if handle.ref is None:  # queued in a lane, not sent
-            for lane in self._lanes.values():
+            for lane in self._all_lanes():
                 if any(item[0] is handle for item in lane.queue):
                     lane.queue = deque(item for item in lane.queue if item[0] is not handle)
             return

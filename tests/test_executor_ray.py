@@ -144,3 +144,34 @@ def test_ray_task_names_are_run_and_node(ray_session: str, sqlite_url: str) -> N
     nodes = _outputs(sqlite_url, "named-run")
     assert nodes[("single", -1)][1] == "named-run:single"
     assert [nodes[("item", i)][1] for i in range(2)] == ["named-run:item[0]", "named-run:item[1]"]
+
+
+def test_a_node_timeout_counts_from_its_start_not_from_its_wait_for_a_cpu(
+        ray_session: str, sqlite_url: str, tmp_path: Path) -> None:
+    """Eight 1 s items with a 3 s timeout on a 2-CPU cluster run in four waves: the last starts
+    ~3 s after the fan-out is dispatched. Counted from dispatch, it (and only it) timed out while
+    running for less than a second; counted from its start, none does."""
+    wf = Workflow("queued")
+
+    @wf.step()
+    def plan() -> list[int]:
+        return list(range(8))
+
+    @wf.map("plan", timeout=3.0, retry=RetryPolicy(max_attempts=1))
+    def item(plan: int) -> int:
+        time.sleep(1.0)  # the workload: one second of a CPU
+        return plan
+
+    record = raysaga.run(wf, None, store=sqlite_url, executor="ray", address=ray_session)
+    assert record.status == RunStatus.COMPLETED, record.status_reason
+    store = SqlStore(sqlite_url)
+    try:
+        items = [n for n in store.nodes(record.run_id) if n.node_id == "item" and n.fan_index >= 0]
+        assert [(n.status, n.attempt) for n in sorted(items, key=lambda n: n.fan_index)] == [
+            (NodeStatus.COMPLETED, 1)] * 8
+        assert not [e for e in store.events(record.run_id) if e.kind in ("retry_scheduled", "node_failed")]
+        # they did wait for a CPU: the last items started well after the first
+        starts = sorted(n.started_at or 0.0 for n in items)
+        assert starts[-1] - starts[0] > 2.0
+    finally:
+        store.close()
