@@ -11,7 +11,7 @@ from typing import Any
 
 from raysaga.agents.messages import ModelRequest
 from raysaga.agents.models import Model
-from raysaga.agents.tools import Tool, run_tool
+from raysaga.agents.tools import Tool, run_compensation, run_tool
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
 from raysaga.state import jsoncodec
@@ -44,3 +44,8 @@ def model_turn(model: Model, request: dict[str, Any]) -> dict[str, Any]:
 
 def tool_call(tool: Tool, args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
     return run_tool(tool, args, ctx.idempotency_key)
+
+
+def tool_undo(tool: Tool, args: dict[str, Any], output: Any, ctx: StepContext) -> Any:
+    """The compensation of one call of an effect tool (the rollback's Ray task)."""
+    return run_compensation(tool, args, output, ctx)

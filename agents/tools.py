@@ -17,7 +17,7 @@ from typing import Any, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
-from raysaga.errors import RaySagaError, WorkflowDefinitionError
+from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.state import jsoncodec
 
@@ -46,6 +46,10 @@ class Tool:
     timeout: float | None = None
     breaker: str | None = None
     """Name of the dependency whose circuit breaker guards this tool (default: the tool's name)."""
+    compensate: Callable[..., Any] | None = None
+    """Undoes one call of an effect tool when the run rolls back. It binds by name: the tool's own
+    arguments, ``output`` (the call's result, decoded; None when its outcome is unknown) and
+    ``ctx`` (a ``StepContext`` whose ``idempotency_key`` is the undo's own)."""
 
     @property
     def breaker_name(self) -> str:
@@ -79,13 +83,18 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 @overload
 def tool(fn: None = None, *, name: str | None = None, description: str | None = None, effect: bool = False,
          key: Sequence[str] | None = None, retry: RetryPolicy | None = None, timeout: float | None = None,
-         breaker: str | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+         breaker: str | None = None, compensate: Callable[..., Any] | None = None,
+         ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
          effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
-         timeout: float | None = None, breaker: str | None = None) -> Any:
-    """Make a ``Tool`` from a typed function; its parameters become the JSON schema."""
+         timeout: float | None = None, breaker: str | None = None,
+         compensate: Callable[..., Any] | None = None) -> Any:
+    """Make a ``Tool`` from a typed function; its parameters become the JSON schema.
+
+    ``compensate=`` registers the undo of an effect tool's call, run when the run rolls back.
+    """
 
     def build(func: Callable[..., Any]) -> Tool:
         tool_name = name or func.__name__
@@ -102,14 +111,61 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
             unknown = set(key) - set(fields)
             if unknown:
                 raise WorkflowDefinitionError(f"tool {tool_name!r}: key= names unknown arguments {sorted(unknown)}")
+        if compensate is not None:
+            _check_compensation(tool_name, compensate, effect, set(fields))
         model = create_model(f"{tool_name}_input", **fields)
         doc = description or inspect.getdoc(func) or tool_name
         return Tool(name=tool_name, description=doc, fn=func, input_model=model, effect=effect,
-                    key=tuple(key) if key else None, retry=retry, timeout=timeout, breaker=breaker)
+                    key=tuple(key) if key else None, retry=retry, timeout=timeout, breaker=breaker,
+                    compensate=compensate)
 
     if fn is not None:
         return build(fn)
     return build
+
+
+#: What a tool's compensation may take besides the tool's own arguments.
+COMPENSATION_PARAMS = frozenset({"ctx", "output"})
+
+
+def _check_compensation(tool_name: str, undo: Callable[..., Any], effect: bool, args: set[str]) -> None:
+    if not effect:
+        raise WorkflowDefinitionError(
+            f"tool {tool_name!r}: compensate= needs effect=True (only an effect has something to undo)")
+    try:
+        params = inspect.signature(undo).parameters
+    except (TypeError, ValueError):
+        raise WorkflowDefinitionError(f"tool {tool_name!r}: compensate= must be a function") from None
+    unknown = [p for p, param in params.items() if p not in args | COMPENSATION_PARAMS
+               and param.default is inspect.Parameter.empty and param.kind not in (param.VAR_KEYWORD,
+                                                                                   param.VAR_POSITIONAL)]
+    if unknown:
+        raise WorkflowDefinitionError(
+            f"tool {tool_name!r}: its compensation {getattr(undo, '__name__', undo)!r} takes {unknown}, which "
+            f"nothing provides: it may take the tool's arguments {sorted(args)}, 'output' and 'ctx'")
+
+
+def tool_output(result: dict[str, Any]) -> Any:
+    """A recorded call's result as the tool returned it: its text decoded when it is JSON."""
+    content = result.get("content")
+    if not isinstance(content, str):
+        return content
+    try:
+        return jsoncodec.loads(content)
+    except (ValueError, NotJSONableError):  # a str result that is not JSON text
+        return content
+
+
+def run_compensation(tool: Tool, args: dict[str, Any], output: Any, ctx: Any) -> Any:
+    """Inside the Ray task: undo one call of ``tool``; its parameters are bound by name."""
+    assert tool.compensate is not None
+    available = {**tool.validate(args), "output": output, "ctx": ctx}
+    params = inspect.signature(tool.compensate).parameters
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        kwargs = available
+    else:
+        kwargs = {name: available[name] for name in params if name in available}
+    return tool.compensate(**kwargs)
 
 
 def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from raysaga.agents.breaker import BreakerPolicy, admit, after_call
 from raysaga.agents.messages import ModelRequest, ModelResponse
 from raysaga.agents.runtime import INVALID_INPUT, model_turn, tool_call
 from raysaga.agents.tools import ToolError
-from raysaga.orchestrator.keys import effect_key
+from raysaga.orchestrator.keys import effect_key, is_compensation
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.state import Batch, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
@@ -40,7 +40,8 @@ SEP = "@"
 
 
 def is_agent_call(node_id: str) -> bool:
-    return SEP in node_id
+    """A model turn or tool call of an agent (not the compensation of a tool call: the rollback's)."""
+    return SEP in node_id and not is_compensation(node_id)
 
 
 def split_call(node_id: str) -> tuple[str, int, int | None]:

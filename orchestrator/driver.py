@@ -32,11 +32,11 @@ from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
-from raysaga.orchestrator.keys import args_digest, effect_key
+from raysaga.orchestrator.keys import args_digest, effect_key, is_compensation
 from raysaga.orchestrator.options import DEFAULT_RETRY, RunOptions
 from raysaga.orchestrator.records import merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
-from raysaga.orchestrator.rollback import Rollback, is_compensation
+from raysaga.orchestrator.rollback import Rollback
 from raysaga.orchestrator.scheduler import NodeKey, Scheduler
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome

@@ -15,3 +15,15 @@ def effect_key(run_id: str, node_id: str, fan_index: int, effect_name: str, args
 
 def args_digest(args: Any) -> str:
     return jsoncodec.fingerprint(args)
+
+
+#: A compensation's node id is the compensated node's + this; its key, the effect's key + this.
+COMPENSATE_SUFFIX = ":compensate"
+
+
+def is_compensation(node_id: str) -> bool:
+    return node_id.endswith(COMPENSATE_SUFFIX)
+
+
+def compensation_node(node_id: str) -> str:
+    return node_id + COMPENSATE_SUFFIX

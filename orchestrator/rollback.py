@@ -6,35 +6,45 @@ the store when the rollback starts (or resumes): every node of a step with a com
 that completed, or whose outcome is unknown (it was in flight, or its retries ran out on
 transient errors). Each compensation is an effect with its own idempotency key, the step's
 key + ``:compensate``; it is retried like any step and never runs twice for one key.
+
+An agent's effect tools may register an undo too (``tool(compensate=...)``): each call of such a
+tool that took effect (or may have) is a target of its own, node ``<step>@<turn>.<k>``, undone
+latest first and before anything upstream of the agent, under the call's key + ``:compensate``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raysaga.orchestrator.keys import effect_key
+from raysaga.agents.messages import ModelResponse
+from raysaga.agents.runtime import tool_undo
+from raysaga.agents.tools import Tool, ToolError, tool_output
+from raysaga.orchestrator.agentloop import SEP, is_agent_call, split_call
+from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key, is_compensation
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.sagas.plan import CompensationTarget, RollbackPlan
-from raysaga.state import Batch, NodeStatus, RunStatus, RunUpdate, jsoncodec, node_label
+from raysaga.state import Batch, NodeRecord, NodeStatus, RunStatus, RunUpdate, jsoncodec, node_label
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.driver import Driver
 
-COMPENSATE_SUFFIX = ":compensate"
 NodeKey = tuple[str, int]
 
 #: Node states whose outcome is unknown: the step may have taken effect.
 _UNKNOWN = frozenset({NodeStatus.RUNNING, NodeStatus.CANCELLED, NodeStatus.RETRYING})
 
 
-def is_compensation(node_id: str) -> bool:
-    return node_id.endswith(COMPENSATE_SUFFIX)
+@dataclass(frozen=True)
+class _ToolCall:
+    """A recorded call of an effect tool with an undo: what its compensation is called with."""
 
-
-def compensation_node(step: str) -> str:
-    return step + COMPENSATE_SUFFIX
+    tool: Tool
+    args: dict[str, Any]
+    key: str  # the call's idempotency key
 
 
 class Rollback:
@@ -63,6 +73,8 @@ class Rollback:
             elif row.status in _UNKNOWN or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
                 targets.append(CompensationTarget(key, math.inf))  # in flight at the failure: the latest
                 self._outputs[key] = None
+        self._tool_calls: dict[NodeKey, _ToolCall] = {}
+        targets += self._tool_targets(rows, blobs)
         wanted = {t.key for t in targets}
         settled = [k for k, r in comp_rows.items() if k in wanted and r.status == NodeStatus.COMPLETED]
         self.plan = RollbackPlan(wf.graph, targets, settled)
@@ -78,7 +90,67 @@ class Rollback:
             elif row.status == NodeStatus.RETRYING and row.not_before:
                 self._not_before[key] = row.not_before
 
+    def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, bytes]) -> list[CompensationTarget]:
+        """The calls of effect tools with an undo, per agent node: each undone after the later ones."""
+        wf = self._d.wf
+
+        def output(row: NodeRecord) -> Any:
+            return jsoncodec.loads(blobs[row.output_digest]) if row.output_digest else row.output
+
+        calls = [(split_call(r.node_id), r) for r in rows if is_agent_call(r.node_id)]
+        uses_of = {(step, turn, r.fan_index): ModelResponse.model_validate(output(r)).tool_uses()
+                   for (step, turn, k), r in calls if k is None and r.status == NodeStatus.COMPLETED}
+        found: list[tuple[NodeKey, int, int, CompensationTarget]] = []  # (agent node, turn, k, target)
+        for (step, turn, k), row in calls:
+            spec = wf.steps.get(step)
+            uses = uses_of.get((step, turn, row.fan_index))
+            if k is None or spec is None or spec.kind != "agent" or uses is None:
+                continue
+            use = uses[k] if k < len(uses) else {}
+            tool = spec.options["agent"].tool(str(use.get("name", "")))
+            if tool is None or tool.compensate is None:
+                continue
+            try:
+                args = tool.validate(use.get("input"))
+            except ToolError:
+                continue  # refused before any call
+            key = (row.node_id, row.fan_index)
+            if row.status == NodeStatus.COMPLETED:
+                result = output(row)
+                if not isinstance(result, dict) or result.get("is_error"):
+                    continue  # answered without an effect: a refusal, a breaker, a loop stop
+                finished, self._outputs[key] = row.finished_at or 0.0, tool_output(result)
+            elif row.status in _UNKNOWN or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
+                finished, self._outputs[key] = math.inf, None
+            else:
+                continue
+            call_key = effect_key(self._d.run_id, step, row.fan_index, f"tool:{tool.name}", tool.key_args(args))
+            self._tool_calls[key] = _ToolCall(tool, args, call_key)
+            found.append(((step, row.fan_index), turn, k, CompensationTarget(key, finished, step=step)))
+        found.sort(key=lambda f: (f[0], f[1], f[2]))
+        targets = []
+        for i, (agent, _, _, target) in enumerate(found):  # one by one per agent node, the latest call first
+            later = found[i + 1] if i + 1 < len(found) and found[i + 1][0] == agent else None
+            targets.append(CompensationTarget(target.key, target.finished_at, step=target.step,
+                                              after=(later[3].key,) if later else ()))
+        return targets
+
     # ------------------------------------------------------------------ dispatch
+
+    def _tool_call(self, key: NodeKey, batch: Batch) -> tuple[NodeKey, NodeCall] | None:
+        call = self._tool_calls[key]
+        comp_key = (compensation_node(key[0]), key[1])
+        spec = self._d.specs.get(comp_key[0])
+        if spec is None:
+            tool = call.tool
+            spec = self._d.specs[comp_key[0]] = StepSpec(
+                name=f"{split_call(key[0])[0]}{SEP}tool:{tool.name}{COMPENSATE_SUFFIX}",
+                fn=functools.partial(tool_undo, tool), deps=(), param_deps=("args", "output"), input_param=None,
+                ctx_param="ctx", param_types={"args": Any, "output": Any}, output_type=Any, effect=True,
+                effect_name=f"tool:{tool.name}{COMPENSATE_SUFFIX}", retry=tool.retry, timeout=tool.timeout)
+        made = self._d.make_call(comp_key, spec, {"args": call.args, "output": self._outputs[key]},
+                                 call.key + COMPENSATE_SUFFIX, batch)
+        return None if made is None else (comp_key, made)
 
     def _spec(self, step: str) -> StepSpec:
         name = compensation_node(step)
@@ -101,6 +173,11 @@ class Rollback:
             not_before = self._not_before.pop(key, None)
             if not_before is not None and not_before > self._d.clock():
                 self._d.schedule(not_before, comp_key)  # a durable backoff survives the crash
+                continue
+            if key in self._tool_calls:
+                made = self._tool_call(key, batch)
+                if made is not None:
+                    calls.append(made)
                 continue
             spec = self._spec(step)
             original = self._d.wf.steps[step]

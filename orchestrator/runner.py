@@ -10,8 +10,8 @@ from typing import Any
 from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
+from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.rollback import is_compensation
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
