@@ -199,6 +199,15 @@ def wait_until(condition: Callable[[], T], *, timeout: float, what: str, interva
         time.sleep(interval)
 
 
+def process_gone(pid: int) -> bool:
+    """True once process ``pid`` has exited (no /proc entry, or a zombie waiting to be reaped)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "\nState:\tZ" in status
+
+
 def wait_lease_expired(store: Any, run_id: str, *, timeout: float = 60.0) -> Any:
     """Poll the run row until no live lease is recorded (released, or expired by the clock)."""
 

@@ -7,26 +7,12 @@ which from the store): ``spawn``/``run_driver`` pass ``--flows saga_flows --any-
 from __future__ import annotations
 
 import functools
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+
+from tests.conftest import load_helper
 
 FLOWS = "saga_flows"
 
-
-def _crash_driver() -> ModuleType:
-    if "crash_driver" in sys.modules:  # tests/conftest.py's load_helper registers it by this name
-        return sys.modules["crash_driver"]
-    spec = importlib.util.spec_from_file_location("crash_driver", Path(__file__).with_name("crash_driver.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["crash_driver"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-crash_driver = _crash_driver()
+crash_driver = load_helper("crash_driver")
 Finished = crash_driver.Finished
 finish = crash_driver.finish
 stop = crash_driver.stop

@@ -21,17 +21,17 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 import raysaga
 from raysaga.orchestrator.loader import load_workflow
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from tests.conftest import load_helper
 
-T = TypeVar("T")
+harness = load_helper("crash_driver")  # its wait_until and process_gone
 
 FLOW = textwrap.dedent('''
     import os
@@ -88,17 +88,6 @@ FLOW = textwrap.dedent('''
 REASON = "customer changed their mind"
 
 
-def _wait_until(condition: Callable[[], T], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # polling a condition in another process, with a deadline
-
-
 class Case:
     """One run of the flow: its files, store and driver process."""
 
@@ -118,8 +107,8 @@ class Case:
              self.run_id, "--input", json.dumps(inp), "--executor", executor, "--quiet", *extra],
             cwd=self.flow_file.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ))
-        _wait_until(lambda: self.ship_pid() is not None or self.proc.poll() is not None,  # type: ignore[union-attr]
-                    "the driver to reach the blocking step 'ship'")
+        harness.wait_until(lambda: self.ship_pid() is not None or self.proc.poll() is not None,  # type: ignore[union-attr]
+                           timeout=60.0, what="the driver to reach the blocking step 'ship'")
         assert self.ship_pid() is not None, self.finish()
 
     def lines(self) -> list[str]:
@@ -145,8 +134,9 @@ class Case:
         self.proc.communicate(timeout=30)
         store = SqlStore(self.db)
         try:  # the dead driver's lease runs out (lease_ttl): poll the row, no sleeps
-            _wait_until(lambda: (r := store.get_run(self.run_id)).lease_expires_at is not None
-                        and r.lease_expires_at < time.time(), "the dead driver's lease to expire")
+            harness.wait_until(lambda: (r := store.get_run(self.run_id)).lease_expires_at is not None
+                               and r.lease_expires_at < time.time(), timeout=60.0,
+                               what="the dead driver's lease to expire")
         finally:
             store.close()
 
@@ -234,9 +224,8 @@ def test_cancel_with_compensation_rolls_back_under_a_live_driver(
     assert started.at - asked < 3.0, "the live driver took too long to act on the cancel"
     ship_pid = case.ship_pid()
     assert ship_pid is not None
-    _wait_until(lambda: not Path(f"/proc/{ship_pid}").exists()
-                or "\nState:\tZ" in Path(f"/proc/{ship_pid}/status").read_text(),
-                "the Ray worker running 'ship' to be killed", timeout=30)
+    harness.wait_until(lambda: harness.process_gone(ship_pid), timeout=30.0,
+                       what="the Ray worker running 'ship' to be killed")
 
 
 @pytest.mark.ray

@@ -48,6 +48,9 @@ from raysaga import (
 )
 from raysaga.sagas import Decision, FanOutPolicy
 from raysaga.state import EventRecord, NodeRecord, NodeStatus, SqlStore
+from tests.conftest import load_helper
+
+harness = load_helper("crash_driver")  # its wait_until and process_gone
 
 N = 20
 
@@ -221,25 +224,6 @@ def _pickle_by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def _gone(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return True
-    return "\nState:\tZ" in status
-
-
-def _wait_until(condition: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)  # polling a condition in another process, with a deadline
-
-
 BLOCK_LIMIT = 60.0
 
 
@@ -296,7 +280,8 @@ def test_all_failed_item_on_ray_cancels_the_in_flight_siblings(ray_session: str,
         started = {int(p.read_text()) for p in tmp_path.glob("started-*")}
         assert set(running) <= started
         for pid in started:
-            _wait_until(lambda pid=pid: _gone(pid), f"the Ray worker {pid} of a cancelled item to exit")
+            harness.wait_until(lambda pid=pid: harness.process_gone(pid), timeout=30.0,
+                               what=f"the Ray worker {pid} of a cancelled item to exit")
     finally:
         (tmp_path / "gate").write_text("open")  # lets any straggler finish: the cluster is shared
 
@@ -598,8 +583,9 @@ def test_crash_mid_fan_out_then_resume_decides_like_an_uninterrupted_run(tmp_pat
             assert [(d["verdict"], d["round"]) for d in decided] == [("retry_failed", 1)]
             assert rows["item"][0] == NodeStatus.RUNNING and rows["item"][2] == 2
             assert rows["item[3]"][0] == rows["item[7]"][0] == NodeStatus.PENDING
-        run = _wait_until(lambda: (r := store.get_run("r")).lease_expires_at is not None
-                          and r.lease_expires_at < time.time() and r, "the dead driver's lease to expire")
+        run = harness.wait_until(lambda: (r := store.get_run("r")).lease_expires_at is not None
+                                 and r.lease_expires_at < time.time() and r, timeout=30.0,
+                                 what="the dead driver's lease to expire")
         assert run.status == RunStatus.RUNNING
 
         resumed = raysaga.resume(wf, "r", store=store, executor="inline")
