@@ -4,7 +4,9 @@
     ├── UserError                 a mistake in how raysaga is called; fix the call
     │   ├── WorkflowDefinitionError   bad DAG: cycle, unknown dependency, duplicate step...
     │   ├── InvalidInputError         run input that is not JSON or fails validation
-    │   └── WorkflowLoadError         MODULE:WORKFLOW that cannot be imported
+    │   │   └── InputTooLargeError        run input above the configured size cap
+    │   ├── WorkflowLoadError         MODULE:WORKFLOW that cannot be imported
+    │   └── SecretUnavailableError    a secret the run needs is not available to this process
     ├── StoreError                the durable store refused or could not do something
     │   ├── RunNotFoundError
     │   ├── RunExistsError
@@ -12,7 +14,11 @@
     │   ├── IllegalTransitionError    a run state change the state machine forbids
     │   ├── LeaseHeldError            another driver owns the run right now
     │   ├── LeaseLostError            this driver's fence is stale: stop at once
-    │   └── SchemaVersionError        the database is newer than this raysaga
+    │   ├── SchemaVersionError        the database is newer than this raysaga
+    │   ├── StoreUnavailableError     the store cannot be opened or reached
+    │   ├── CorruptRecordError        a stored row cannot be read back (only its run is affected)
+    │   └── BlobIntegrityError        a blob is missing or does not match its content address
+    ├── DriverInterrupted         SIGINT/SIGTERM: the driver settled and released its lease
     ├── NotJSONableError          a value that cannot be stored as JSON
     └── StepFailure               raised by user step code to classify its own failure
         ├── Permanent                 never retried
@@ -45,6 +51,14 @@ class InvalidInputError(UserError):
 
 class WorkflowLoadError(UserError):
     """A ``MODULE:WORKFLOW`` reference that cannot be imported or is not a Workflow."""
+
+
+class InputTooLargeError(InvalidInputError):
+    """A run input above the configured size cap."""
+
+
+class SecretUnavailableError(UserError):
+    """A secret the run needs is not available to this process (never stored: re-supply it)."""
 
 
 class NotJSONableError(RaySagaError):
@@ -91,6 +105,40 @@ class LeaseLostError(StoreError):
 
 class SchemaVersionError(StoreError):
     """The database schema is newer than this raysaga understands."""
+
+
+class StoreUnavailableError(StoreError):
+    """The store cannot be opened or reached: a bad URL, a file that is not a database, a
+    directory, a read-only location, a server that refuses, a missing database driver."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored row cannot be read back (not JSON, an unknown status): only its run is affected."""
+
+
+class BlobIntegrityError(StoreError):
+    """A blob is missing or its bytes do not match their content address; the data is never used."""
+
+    def __init__(self, digest: str, problem: str, where: str = "") -> None:
+        super().__init__(f"blob {digest} {problem}" + (f" ({where})" if where else "")
+                         + ": the store was changed outside raysaga; the data is not used")
+        self.digest, self.problem, self.where = digest, problem, where
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.digest, self.problem, self.where))
+
+
+class DriverInterrupted(RaySagaError):
+    """The driver was stopped by SIGINT or SIGTERM: it stopped dispatching, settled what was in
+    flight and released its lease, so ``raysaga resume`` (or another driver) continues at once."""
+
+    def __init__(self, run_id: str, signal_name: str) -> None:
+        super().__init__(f"run {run_id!r}: driver stopped by {signal_name}; its lease is released and "
+                         f"`raysaga resume {run_id}` continues it")
+        self.run_id, self.signal_name = run_id, signal_name
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.run_id, self.signal_name))
 
 
 class StepFailure(RaySagaError):
