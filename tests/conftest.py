@@ -1,11 +1,16 @@
 """Shared fixtures: store URLs for SQLite and PostgreSQL, one local Ray cluster per session.
 
 PostgreSQL tests run when ``RAYSAGA_TEST_PG_URL`` names a server database (``.ci/run`` sets
-it); each test session creates a fresh database there and drops it at the end.
+it); each test session creates a fresh database there and drops it at the end. Every test that
+touches PostgreSQL carries the ``postgres`` marker (``pytest -m postgres`` runs just those).
+
+No test writes into the user's home: ``RAYSAGA_HOME`` points at a temporary folder for the
+whole session (subprocesses inherit it), so the default store lands there.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -14,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +33,22 @@ PG_ENV = "RAYSAGA_TEST_PG_URL"
 
 # The guard: no test may reach the real Anthropic API (AnthropicModel refuses at once).
 os.environ["RAYSAGA_FORBID_REAL_API"] = "1"
+# The default store (``~/.raysaga``) of every test and of the drivers they spawn lives here.
+os.environ["RAYSAGA_HOME"] = tempfile.mkdtemp(prefix="raysaga-test-home-")
+atexit.register(shutil.rmtree, os.environ["RAYSAGA_HOME"], True)
+os.environ.pop("RAYSAGA_DB", None)
+
+_PG_FIXTURES = {"pg_url", "pg_base_url"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that touches PostgreSQL (a pg fixture, or the ``store_url`` postgres case)."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        callspec = getattr(item, "callspec", None)
+        params = callspec.params.values() if callspec is not None else ()
+        if names & _PG_FIXTURES or any(isinstance(p, str) and p == "postgres" for p in params):
+            item.add_marker(pytest.mark.postgres)
 
 
 def load_helper(name: str) -> ModuleType:
