@@ -14,7 +14,7 @@
     │   ├── IllegalTransitionError    a run state change the state machine forbids
     │   ├── LeaseHeldError            another driver owns the run right now
     │   ├── LeaseLostError            this driver's fence is stale: stop at once
-    │   ├── SchemaVersionError        the database is newer than this raysaga
+    │   ├── SchemaVersionError        a schema this raysaga cannot use: newer, or older when read-only
     │   ├── StoreUnavailableError     the store cannot be opened or reached
     │   ├── CorruptRecordError        a stored row cannot be read back (only its run is affected)
     │   └── BlobIntegrityError        a blob is missing or does not match its content address
@@ -104,7 +104,8 @@ class LeaseLostError(StoreError):
 
 
 class SchemaVersionError(StoreError):
-    """The database schema is newer than this raysaga understands."""
+    """A schema this raysaga cannot use: newer than it understands, or older when opened read-only
+    (``raysaga db upgrade`` migrates it)."""
 
 
 class StoreUnavailableError(StoreError):

@@ -4,7 +4,8 @@ Knows nothing of Ray or models: it keeps runs, per-node checkpoints, the effect 
 the event log, blobs and signals, and guards every driver write with the run's fence.
 """
 
-from raysaga.state.engine import default_url, redact
+from raysaga.state import migrate
+from raysaga.state.engine import default_url, describe_store, normalize_url, probe_sqlite_store, redact
 from raysaga.state.models import (
     Batch,
     BreakerRecord,
@@ -30,9 +31,27 @@ from raysaga.state.sql_store import SqlStore
 from raysaga.state.store import Store
 
 
-def open_store(url: str | None = None) -> SqlStore:
-    """Open (and migrate if needed) the store at ``url``, ``RAYSAGA_DB`` or ``./.raysaga/raysaga.db``."""
-    return SqlStore(url or default_url())
+def open_store(url: str | None = None, *, create: bool = True) -> SqlStore:
+    """Open the store at ``url``, else ``default_url()`` (``RAYSAGA_DB``, ``$RAYSAGA_HOME/raysaga.db``
+    or ``~/.raysaga/raysaga.db``).
+
+    ``create=True`` (commands that write): create the database file and its folder if missing and
+    migrate the schema. ``create=False`` (commands that only read): nothing is created, migrated
+    or written; a missing store, a database without raysaga's tables and an older schema are
+    errors that say what to do. Either way the store is connected once before this returns, so a
+    store that cannot be opened raises ``StoreUnavailableError`` (or ``SchemaVersionError``) here.
+    """
+    url = normalize_url(url or default_url())
+    if create:
+        return SqlStore(url)
+    probe_sqlite_store(url)  # a SQLite file that is no raysaga store is refused before an engine touches it
+    store = SqlStore(url, migrate_schema=False)
+    try:
+        migrate.require_current(store.engine)
+    except BaseException:
+        store.close()
+        raise
+    return store
 
 
 __all__ = [
@@ -57,6 +76,7 @@ __all__ = [
     "SqlStore",
     "Store",
     "default_url",
+    "describe_store",
     "node_label",
     "open_store",
     "redact",

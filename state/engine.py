@@ -4,7 +4,13 @@ SQLite: WAL journal, ``synchronous=FULL`` (a commit survives power loss, not onl
 process), a busy timeout, and ``BEGIN IMMEDIATE`` for every write transaction so a
 read-then-write never fails midway with "database is locked". Reads use a second engine with
 plain (deferred) ``BEGIN``: under WAL they never wait for, nor block, a writer.
-PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it.
+PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it, with a short connect
+timeout so an unreachable server fails in seconds.
+
+Every engine hides SQL parameters from its errors (``hide_parameters``): a crash's traceback
+must not print a run's input. Errors of opening a store (a file that is not a database, a
+directory, a read-only location, an unknown database, role or host, a missing driver) are
+translated here into one-line ``StoreUnavailableError``s naming the store and the fix.
 """
 
 from __future__ import annotations
@@ -12,32 +18,73 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
-from raysaga.errors import NotJSONableError, UserError
+from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
 from raysaga.state import jsoncodec
 
+#: The folder of the default store under the home directory, when ``RAYSAGA_HOME`` is not set.
 DEFAULT_DIR = ".raysaga"
 DEFAULT_FILE = "raysaga.db"
 BUSY_TIMEOUT_MS = 30_000
+#: Seconds a PostgreSQL connection attempt may take (libpq ``connect_timeout``) unless the URL
+#: sets its own: an unreachable server is an error in seconds, not after the TCP timeout.
+PG_CONNECT_TIMEOUT_S = 5
+#: The advice every "there is no store here" message ends with.
+WHERE_ADVICE = "check --db / RAYSAGA_DB / RAYSAGA_HOME"
+
+
+def store_home() -> Path:
+    """``$RAYSAGA_HOME``, else ``~/.raysaga``: the folder of the default store (absolute)."""
+    home = os.environ.get("RAYSAGA_HOME")
+    folder = Path(home).expanduser() if home else Path.home() / DEFAULT_DIR
+    return Path(os.path.abspath(folder))
 
 
 def default_url() -> str:
-    """``RAYSAGA_DB`` when set, else a SQLite file under ``./.raysaga/``."""
+    """The store used when none is given, the same from every folder: ``RAYSAGA_DB`` (a URL or a
+    path) when set, else ``$RAYSAGA_HOME/raysaga.db``, else ``~/.raysaga/raysaga.db``."""
     env = os.environ.get("RAYSAGA_DB")
     if env:
-        return env
-    return f"sqlite:///{Path(DEFAULT_DIR) / DEFAULT_FILE}"
+        return normalize_url(env)
+    return f"sqlite:///{store_home() / DEFAULT_FILE}"
+
+
+def describe_store(url: str | None = None) -> str:
+    """Where the store at ``url`` (default: ``default_url()``) is, for people: the absolute path
+    of a SQLite file, or the URL with its password hidden. Either can be passed back as ``--db``."""
+    url = normalize_url(url or default_url())
+    path = sqlite_path(url)
+    if path is not None:
+        return str(path)
+    shown = redact(url)
+    driver = "postgresql+psycopg://"
+    return "postgresql://" + shown[len(driver):] if shown.startswith(driver) else shown
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The absolute path of a SQLite URL's file; None for another backend or an in-memory one."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except Exception:
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    return Path(os.path.abspath(Path(parsed.database).expanduser()))
 
 
 def normalize_url(url: str) -> str:
-    """Accept ``postgresql://``/``postgres://`` for psycopg 3 and plain file paths for SQLite."""
+    """Accept ``postgresql://``/``postgres://`` for psycopg 3 and plain file paths for SQLite
+    (a plain path may start with ``~``; it is made absolute)."""
     if "://" not in url:
-        return f"sqlite:///{url}"
+        return f"sqlite:///{os.path.abspath(Path(url).expanduser())}"
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://"):
@@ -57,34 +104,61 @@ def _json_serializer(value: Any) -> str:
     return jsoncodec.dumps(value)
 
 
-def make_engine(url: str, *, for_reads: bool = False) -> Engine:
-    """An engine for ``url``. ``for_reads``: on SQLite, transactions start deferred (read-only use)."""
+def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> Engine:
+    """An engine for ``url``. ``for_reads``: on SQLite, transactions start deferred (read-only use).
+    ``create``: a SQLite file's folder is created if missing (else a missing file is an error and
+    nothing is created). Raises ``StoreUnavailableError`` for what can be told before connecting."""
     url = normalize_url(url)
     try:
         parsed = make_url(url)
-    except Exception as exc:
-        raise UserError(f"database URL {url!r} is not valid: {exc}") from None
+    except Exception:
+        raise UserError("the database URL (--db / RAYSAGA_DB) is not valid: use a file path, "
+                        "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return _unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads))
+        return _unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads, create=create))
     if backend == "postgresql":
-        return _unwrap_json_errors(create_engine(
-            url,
-            json_serializer=_json_serializer,
-            json_deserializer=jsoncodec.loads,
-            pool_pre_ping=True,
-        ))
+        connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
+        try:
+            engine = create_engine(
+                url,
+                json_serializer=_json_serializer,
+                json_deserializer=jsoncodec.loads,
+                pool_pre_ping=True,
+                hide_parameters=True,
+                connect_args=connect_args,
+            )
+        except ImportError:
+            raise StoreUnavailableError(
+                f"cannot open the PostgreSQL store {describe_store(url)}: its driver (psycopg) is not installed: "
+                "pip install 'raysaga[postgres]'") from None
+        return _unwrap_json_errors(engine)
     raise UserError(f"database {redact(url)} is not supported: use a sqlite:/// file or postgresql:// URL")
 
 
-def _sqlite_engine(url: str, database: str | None, *, immediate: bool) -> Engine:
+def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: bool) -> Engine:
     if not database or database == ":memory:":
         raise UserError("an in-memory SQLite database cannot be shared by a driver and its tools: use a file")
-    Path(database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+    path = Path(os.path.abspath(Path(database).expanduser()))
+    if path.is_dir():
+        raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
+                                    f"give a file path, such as {path / DEFAULT_FILE}")
+    if not create and not path.is_file():
+        raise StoreUnavailableError(f"no raysaga store at {path}: nothing has run with this --db yet "
+                                    f"({WHERE_ADVICE})")
+    if create:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailableError(f"cannot create the folder of the store {path}: {exc.strerror or exc}: "
+                                        "choose another --db / RAYSAGA_HOME, or fix the folder's permissions") from None
+    # an absolute path: the same file whatever the current folder of whoever opens it later
+    url = make_url(url).set(database=str(path)).render_as_string(hide_password=False)
     engine = create_engine(
         url,
         json_serializer=_json_serializer,
         json_deserializer=jsoncodec.loads,
+        hide_parameters=True,
         connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
     )
 
@@ -137,3 +211,132 @@ def _unwrap_json_errors(engine: Engine) -> Engine:
             raise ctx.original_exception
 
     return engine
+
+
+@contextmanager
+def opening(url: str) -> Iterator[None]:
+    """Raise what opening the store at ``url`` fails with as one ``StoreUnavailableError`` that
+    names the store and the fix: a file that is not a database, a read-only location, an unknown
+    database, role or host, a server that does not answer. Used at the edge (the first connect
+    and the migration), never around every store method. Lock contention is left as it is."""
+    try:
+        yield
+    except (sa_exc.DBAPIError, sqlite3.Error) as exc:
+        message = str(getattr(exc, "orig", None) or exc).strip()
+        denied = isinstance(exc, sa_exc.ProgrammingError) and "permission denied" in message.lower()
+        if type(exc) not in _OPENING_ERRORS and not denied:
+            raise  # an IntegrityError, another ProgrammingError...: not about reaching the store
+        if "locked" in message or "busy" in message.lower():
+            raise  # contention, not unavailability: the caller's retry or busy timeout handles it
+        raise StoreUnavailableError(explain_open_error(url, message)) from None
+
+
+_OPENING_ERRORS = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DatabaseError,
+                   sqlite3.OperationalError, sqlite3.DatabaseError)
+
+
+def explain_open_error(url: str, message: str) -> str:
+    """One line for a driver's ``message`` on opening the store at ``url``: what and how to fix it."""
+    first = message.splitlines()[0] if message else "unknown error"
+    path = sqlite_path(url)
+    if path is not None:
+        return _explain_sqlite(path, first)
+    try:
+        parsed = make_url(normalize_url(url))
+    except Exception:
+        return f"cannot open the store: {first}"
+    shown = describe_store(url)
+    where = f"{parsed.host or 'localhost'}:{parsed.port or 5432}"
+    lowered = message.lower()
+    if "does not exist" in lowered and "database" in lowered:
+        return (f"the PostgreSQL database {parsed.database!r} does not exist on {where}: create it "
+                f"(createdb {parsed.database}) or fix the database in the URL {shown}")
+    if "role" in lowered and "does not exist" in lowered:
+        return (f"PostgreSQL at {where} has no role {parsed.username!r}: fix the user in the URL {shown} "
+                "or create the role")
+    if "password authentication failed" in lowered or "no password supplied" in lowered:
+        return f"PostgreSQL at {where} refused the credentials of {parsed.username!r}: fix the URL {shown}"
+    if "pg_hba.conf" in lowered:
+        return (f"PostgreSQL at {where} does not accept this connection (pg_hba.conf): ask its administrator "
+                f"to allow {parsed.username!r}, or fix the URL {shown}")
+    if "permission denied" in lowered:
+        return (f"PostgreSQL user {parsed.username!r} lacks a permission raysaga needs in the database "
+                f"{parsed.database!r} ({first}): grant it (the first `raysaga run` or `raysaga db upgrade` "
+                f"creates raysaga's tables there), or use another user in the URL {shown}")
+    if "resolve host" in lowered or "translate host name" in lowered:
+        return f"cannot resolve the PostgreSQL host {parsed.host!r}: fix the host in the URL {shown}"
+    if "connection refused" in lowered:
+        return (f"cannot reach PostgreSQL at {where} (connection refused): is the server running there? "
+                f"Check the host and port of {shown}")
+    if "timeout" in lowered or "timed out" in lowered:
+        limit = parsed.query.get("connect_timeout", PG_CONNECT_TIMEOUT_S)
+        return (f"cannot reach PostgreSQL at {where}: no answer within {limit} s: is the server up and "
+                f"reachable from here? Check the host and port of {shown}")
+    return f"cannot open the PostgreSQL store {shown}: {first}"
+
+
+def _explain_sqlite(path: Path, first: str) -> str:
+    lowered = first.lower()
+    if "not a database" in lowered:
+        return (f"{path} is not a SQLite database ({first}): point --db at a raysaga store, "
+                "or move this file out of the way")
+    sidecars = f"{path.name}-wal and {path.name}-shm"
+    if "readonly" in lowered or "read-only" in lowered or "unable to open" in lowered:
+        for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if p.exists() and not os.access(p, os.W_OK):
+                return (f"the store {path} is read-only ({p.name} cannot be written): raysaga writes to its "
+                        f"store, and SQLite in WAL mode also writes {sidecars} beside it: make them writable")
+        if path.parent.is_dir() and not os.access(path.parent, os.W_OK | os.X_OK):
+            return (f"the folder {path.parent} of the store {path} is read-only: SQLite in WAL mode creates "
+                    f"{sidecars} next to the database: make the folder writable, or choose another --db")
+    return f"cannot open the SQLite store {path}: {first}"
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def probe_sqlite_store(url: str) -> None:
+    """For read-only use: refuse, before any engine touches it (an engine switches the file to
+    WAL), a SQLite store that is missing, a directory, not a SQLite database, or a database
+    without raysaga's tables. Nothing is created or written. No-op for PostgreSQL."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    if path.is_dir():
+        raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
+                                    f"give a file path, such as {path / DEFAULT_FILE}")
+    if not path.is_file():
+        raise StoreUnavailableError(f"no raysaga store at {path}: nothing has run with this --db yet "
+                                    f"({WHERE_ADVICE})")
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        raise StoreUnavailableError(f"cannot read the store {path}: {exc.strerror or exc}") from None
+    if not header:
+        raise StoreUnavailableError(f"no raysaga store at {path}: the file is empty ({WHERE_ADVICE})")
+    if header != SQLITE_HEADER:
+        raise StoreUnavailableError(_explain_sqlite(path, "file is not a database"))
+    try:  # read-only: mode=ro never creates nor writes the file
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'raysaga_schema'"
+                                 ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return  # cannot tell from here (say, a WAL file in a read-only folder): opening it explains
+    if found is None:
+        raise StoreUnavailableError(f"{path} is a SQLite database but not a raysaga store (it has no "
+                                    f"raysaga tables): {WHERE_ADVICE}")
+
+
+def check_writable(url: str) -> None:
+    """For a store about to be written: refuse a read-only SQLite file (or its -wal/-shm) now, with
+    the fix, rather than at the first write of a run. No-op for PostgreSQL (its server decides)."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if p.exists() and not os.access(p, os.W_OK):
+            raise StoreUnavailableError(_explain_sqlite(path, "attempt to write a readonly database"))

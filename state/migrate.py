@@ -1,25 +1,78 @@
-"""Schema migrations (alembic), applied on first use, and the refuse-newer check."""
+"""Schema migrations (alembic), applied on first use, and the refuse-newer check.
+
+These are the store's first connections, so what opening it fails with (not a database, a
+read-only file, an unknown PostgreSQL database...) is translated here, by ``engine.opening``,
+into a one-line ``StoreUnavailableError``.
+"""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, select, text
 
-from raysaga.errors import SchemaVersionError
+from raysaga.errors import SchemaVersionError, StoreUnavailableError
+from raysaga.state.engine import WHERE_ADVICE, check_writable, describe_store, opening
 from raysaga.state.schema import SCHEMA_VERSION, schema_info
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+ALEMBIC_TABLE = "alembic_version"
+
+
+def _url(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
 
 
 def current_version(engine: Engine) -> int | None:
     """The schema version recorded in the database, or None for an empty database."""
-    if not inspect(engine).has_table(schema_info.name):
-        return None
-    with engine.connect() as conn:
-        return conn.execute(select(schema_info.c.version).where(schema_info.c.id == 1)).scalar_one_or_none()
+    with opening(_url(engine)):
+        if not inspect(engine).has_table(schema_info.name):
+            return None
+        with engine.connect() as conn:
+            return conn.execute(select(schema_info.c.version).where(schema_info.c.id == 1)).scalar_one_or_none()
+
+
+@functools.cache
+def known_revisions() -> frozenset[str]:
+    """Every alembic revision this raysaga ships."""
+    return frozenset(script.revision for script in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions())
+
+
+def check_revisions(engine: Engine) -> None:
+    """Refuse a database whose alembic revision this raysaga does not know (a newer raysaga
+    migrated it): alembic itself would fail with "Can't locate revision"."""
+    with opening(_url(engine)):
+        if not inspect(engine).has_table(ALEMBIC_TABLE):
+            return
+        with engine.connect() as conn:
+            found = [r[0] for r in conn.execute(text(f"SELECT version_num FROM {ALEMBIC_TABLE}"))]
+    unknown = sorted(set(found) - known_revisions())
+    if unknown:
+        raise SchemaVersionError(
+            f"the store {describe_store(_url(engine))} is at migration {unknown[0]!r}, which this raysaga "
+            f"does not know (it knows up to schema version {SCHEMA_VERSION}): a newer raysaga wrote it: "
+            "upgrade raysaga (pip install -U raysaga) before using it")
+
+
+def require_current(engine: Engine) -> int:
+    """For read-only use (nothing is created or migrated): the schema version, which must be this
+    raysaga's; an empty database, an older or a newer schema is an error that says what to do."""
+    found = current_version(engine)
+    where = describe_store(_url(engine))
+    if found is None:
+        raise StoreUnavailableError(f"no raysaga store at {where}: the database has no raysaga tables, "
+                                    f"nothing has run with this --db yet ({WHERE_ADVICE})")
+    check_version(found)
+    check_revisions(engine)
+    if found < SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"the store {where} has schema version {found}, older than this raysaga's ({SCHEMA_VERSION}): "
+            f"run `raysaga db upgrade --db {where}` (or any `raysaga run` on it) to migrate it")
+    return found
 
 
 def check_version(found: int | None) -> None:
@@ -34,9 +87,11 @@ def upgrade(engine: Engine) -> int:
     """Bring the database to this raysaga's schema; return the version now in force."""
     found = current_version(engine)
     check_version(found)
+    check_revisions(engine)
+    check_writable(_url(engine))
     if found == SCHEMA_VERSION:
         return found
-    with engine.begin() as conn:
+    with opening(_url(engine)), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # two processes migrating one database at once: the second waits, then finds it done
             conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
