@@ -1,92 +1,110 @@
-"""The ``raysaga`` command line (typer).
+"""The ``raysaga`` command line (typer). See docs/cli.md.
 
-Exit codes: 0 the run completed (or the command succeeded); 1 the run ended failed, cancelled
-or needing an operator; 2 a usage error (bad module path, unknown workflow or run, malformed
-input); 3 another live driver owns the run; 4 this driver lost its lease mid-run.
+Exit codes: 0 the run completed (or the command succeeded); 1 the run ended not completed
+(failed, cancelled, compensated, waiting), or a cancel found nothing to cancel; 2 a usage or
+store error (bad module path, unknown workflow or run, malformed input, a store that cannot be
+opened); 3 another live driver owns the run; 4 this driver lost its lease mid-run; 130 interrupted
+by SIGINT (Ctrl-C); 143 stopped by SIGTERM. Errors are one line; ``--debug`` (or
+``RAYSAGA_DEBUG=1``) adds the traceback. User data (run ids, messages, names) is never read as
+markup.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
-from raysaga.errors import LeaseHeldError, LeaseLostError, RaySagaError, UserError
-from raysaga.orchestrator import runner
-from raysaga.orchestrator.loader import load_workflow
+from raysaga.errors import UserError
+from raysaga.orchestrator import cli_input, cli_status, runner
+from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
+from raysaga.orchestrator.cli_store import describe, open_for_reads, open_for_writes, store_url
+from raysaga.orchestrator.loader import load_recorded_workflow, load_workflow, recordable_ref
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.render import dot, mermaid, status_json
-from raysaga.state import RunRecord, RunStatus, SqlStore, open_store
-from raysaga.state.engine import default_url, make_engine, redact
+from raysaga.orchestrator.render import dot, mermaid
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import RunRecord, RunStatus, SqlStore, queries
+from raysaga.state.engine import default_url, make_engine
 from raysaga.state.migrate import upgrade
+from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.prune import PRUNABLE
+from raysaga.state.prune import prune as prune_runs
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="raysaga: crash-proof multi-agent workflows on Ray.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  rich_markup_mode=None, help="raysaga: crash-proof multi-agent workflows on Ray.")
 db_app = typer.Typer(no_args_is_help=True, help="Database maintenance.")
 app.add_typer(db_app, name="db")
-out = Console(soft_wrap=True)
-err = Console(stderr=True, soft_wrap=True)
 
-DbOpt = Annotated[str | None, typer.Option("--db", envvar="RAYSAGA_DB",
-                                           help="Store URL (default: sqlite file ./.raysaga/raysaga.db).")]
+DbOpt = Annotated[str | None, typer.Option(
+    "--db", envvar="RAYSAGA_DB",
+    help="Store URL (default: $RAYSAGA_HOME/raysaga.db or ~/.raysaga/raysaga.db; `raysaga --version` shows it).")]
 ExecutorOpt = Annotated[str, typer.Option("--executor", help="ray (default) or inline (in this process).")]
 AddressOpt = Annotated[str | None, typer.Option("--address", envvar="RAY_ADDRESS",
                                                 help="Ray cluster to join (default: a local Ray started on demand).")]
 LeaseOpt = Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead driver's lease blocks a takeover.")]
+RunIdArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
+WorkflowOpt = Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")]
+
+#: Most runs one ``raysaga list`` page shows.
+MAX_LIST = 1000
+#: Events read per round trip by ``raysaga events``.
+EVENT_PAGE = 1000
 
 
-@contextmanager
-def _errors() -> Iterator[None]:
-    """One-line messages and the documented exit codes instead of tracebacks."""
-    try:
-        yield
-    except LeaseHeldError as exc:
-        err.print(f"[yellow]busy:[/] {exc}")
-        raise typer.Exit(3) from None
-    except LeaseLostError as exc:
-        err.print(f"[red]lease lost:[/] {exc}")
-        raise typer.Exit(4) from None
-    except RaySagaError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+@dataclass
+class _Current:
+    """The run a command drives, for the message after a Ctrl-C."""
+
+    run_id: str | None = None
 
 
-def _parse_input(raw: str | None) -> Any:
-    if raw is None:
-        return None
-    source = "--input"
-    if raw.startswith("@"):
-        path = Path(raw[1:])
-        if not path.is_file():
-            raise UserError(f"--input file {str(path)!r} does not exist")
-        source, raw = f"--input file {str(path)!r}", path.read_text(encoding="utf-8")
-    try:
-        return json.loads(raw, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise UserError(f"{source} is not valid JSON: {exc}") from None
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = metadata.version("raysaga")
+        except metadata.PackageNotFoundError:
+            version = "(not installed)"
+        with errors():
+            where = describe(default_url())
+        say(out, f"raysaga {version}")
+        say(out, f"store: {where} (--db or RAYSAGA_DB to change it)")
+        raise typer.Exit(0)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="Print tracebacks (also RAYSAGA_DEBUG=1).")] = False,
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_version,
+                                          help="Print the version and the default store, then exit.")] = False,
+) -> None:
+    """raysaga: crash-proof multi-agent workflows on Ray."""
+    settings.debug = debug
+
+
+def _run_id(value: str) -> str:
+    checked = cli_input.check_run_id(value)
+    assert checked is not None
+    return checked
 
 
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None) -> RunOptions:
+    cli_input.positive_seconds("--lease-ttl", lease_ttl)
+    cli_input.positive_seconds("--deadline", deadline)
+    cli_input.int_in_range("--retry-budget", retry_budget, 0)
     return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget)
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
     if quiet or not err.is_terminal:
         return action(lambda _p: None)
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         task = progress.add_task("steps", total=total_hint)
 
@@ -96,49 +114,25 @@ def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int
         return action(update)
 
 
-def _summary(store: SqlStore, run: RunRecord, as_json: bool) -> None:
-    data = status_json(store, run)
+def _report(store: SqlStore, run: RunRecord, as_json: bool) -> None:
+    run = store.get_run(run.run_id)  # as it stands now: the driver has released its lease
     if as_json:
-        out.print_json(json.dumps(data, default=str))
-        return
-    colour = {"completed": "green", "failed": "red", "cancelled": "yellow", "compensated": "yellow",
-              "compensation_failed": "red"}.get(run.status.value, "cyan")
-    line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
-                         (run.status.value, colour), f" — {run.status_reason}" if run.status_reason else "")
-    out.print(line, highlight=False)
-    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-    for col in ("node", "status", "attempts", "seconds", "note"):
-        table.add_column(col)
-    nodes = data["nodes"]
-    shown = [n for n in nodes if n["index"] is None] + [n for n in nodes if n["index"] is not None
-                                                        and n["status"] != "completed"][:20]
-    for n in shown:
-        note = ""
-        if n["error"]:
-            note = str(n["error"].get("message") or n["error"].get("reason") or "")[:70]
-        secs = f"{n['duration']:.3f}" if n["duration"] is not None else ""
-        table.add_row(Text(n["node"]), n["status"], str(n["attempts"]), secs, Text(note))
-    out.print(table)
-    items = [n for n in nodes if n["index"] is not None]
-    if items:
-        done = sum(1 for n in items if n["status"] == "completed")
-        out.print(f"fan-out items: {done}/{len(items)} completed")
-    if run.output is not None:
-        text = json.dumps(run.output)
-        out.print("output: " + (text if len(text) < 600 else text[:600] + " …"), highlight=False, markup=False)
-    if run.error:
-        out.print(f"error: {run.error}", highlight=False, markup=False)
+        cli_status.stream_json(store, run, sys.stdout)
+    else:
+        cli_status.print_status(out, store, run, store_text=describe(store.url))
 
 
 def _exit_for(run: RunRecord, success: RunStatus = RunStatus.COMPLETED) -> None:
     if run.status != success:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_NOT_COMPLETED)
 
 
 @app.command()
 def run(
-    workflow: Annotated[str, typer.Argument(help="MODULE:WORKFLOW, e.g. examples.order.workflow:wf")],
-    input: Annotated[str | None, typer.Option("--input", "-i", help="Run input: JSON text or @file.json")] = None,
+    workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW",
+                                            help="e.g. examples.order.workflow:wf or flows.py:wf")],
+    input: Annotated[str | None, typer.Option(
+        "--input", "-i", help="Run input: JSON text, @file.json, or @- for stdin.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Id for the run; an existing id resumes it.")] = None,
     db: DbOpt = None,
     executor: ExecutorOpt = "ray",
@@ -149,31 +143,36 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
 ) -> None:
-    """Start a run of WORKFLOW and drive it to the end (Ctrl-C or a kill: `raysaga resume` continues it)."""
-    with _errors():
-        value = _parse_input(input)
+    """Start a run of WORKFLOW and drive it to the end (Ctrl-C or a kill: `raysaga resume RUN` continues it)."""
+    current = _Current()
+    with errors(current):
+        cli_input.check_run_id(run_id, "--run-id")
+        options = _options(lease_ttl, deadline, retry_budget)
+        value = cli_input.parse_input(input)
         wf = load_workflow(workflow)
-        store = open_store(db)
+        cli_input.check_input(wf, value, input is not None)
+        store = open_for_writes(db)
+        current.run_id = run_id = run_id or runner.new_run_id(wf)
         result = _drive(lambda hook: runner.run(
             wf, value, store=store, run_id=run_id, executor=executor, address=address,
-            options=_options(lease_ttl, deadline, retry_budget), on_progress=hook, workflow_ref=workflow,
+            options=options, on_progress=hook, workflow_ref=recordable_ref(workflow),
         ), len(wf.steps), quiet or as_json)
-        _summary(store, result, as_json)
+        _report(store, result, as_json)
     _exit_for(result)
 
 
-def _workflow_for(store: SqlStore, run_id: str, ref: str | None) -> Any:
-    run = store.get_run(run_id)
-    ref = ref or run.workflow_ref
-    if not ref:
-        raise UserError(f"run {run_id!r} does not record where its workflow lives: pass --workflow MODULE:WORKFLOW")
-    return load_workflow(ref)
+def _workflow_for(store: SqlStore, run_id: str, ref: str | None) -> Workflow:
+    """The run's workflow: the one the operator names (``--workflow``), else the module the run
+    recorded (``load_recorded_workflow``: a stored ref is never a file path)."""
+    if ref:
+        return load_workflow(ref)
+    return load_recorded_workflow(store.get_run(run_id).workflow_ref, run_id)
 
 
 @app.command()
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The run to continue.")],
-    workflow: Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")] = None,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run to continue.")],
+    workflow: WorkflowOpt = None,
     db: DbOpt = None,
     executor: ExecutorOpt = "ray",
     address: AddressOpt = None,
@@ -182,20 +181,22 @@ def resume(
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
 ) -> None:
     """Continue a run from the store: completed nodes are not re-run, committed effects not repeated."""
-    with _errors():
-        store = open_store(db)
+    with errors(_Current(run_id)):
+        _run_id(run_id)
+        options = _options(lease_ttl)
+        store = open_for_writes(db, run_id)
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: runner.resume(wf, run_id, store=store, executor=executor, address=address,
-                                                   options=_options(lease_ttl), on_progress=hook),
+                                                   options=options, on_progress=hook),
                         len(wf.steps), quiet or as_json)
-        _summary(store, result, as_json)
+        _report(store, result, as_json)
     _exit_for(result)
 
 
 @app.command()
 def retry(
-    run_id: Annotated[str, typer.Argument(help="A failed run to retry with the same idempotency keys.")],
-    workflow: Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")] = None,
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="A failed run to retry with the same idempotency keys.")],
+    workflow: WorkflowOpt = None,
     db: DbOpt = None,
     executor: ExecutorOpt = "ray",
     address: AddressOpt = None,
@@ -207,62 +208,105 @@ def retry(
 ) -> None:
     """Operator retry of a parked run (same idempotency keys): a failed run's failed and skipped
     nodes run again; with --compensations, a compensation_failed run's rollback is completed."""
-    with _errors():
-        store = open_store(db)
+    with errors(_Current(run_id)):
+        _run_id(run_id)
+        options = _options(lease_ttl)
+        store = open_for_writes(db, run_id)
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: runner.retry(wf, run_id, store=store, executor=executor, address=address,
-                                                  options=_options(lease_ttl), on_progress=hook,
+                                                  options=options, on_progress=hook,
                                                   compensations=compensations),
                         len(wf.steps), quiet or as_json)
-        _summary(store, result, as_json)
+        _report(store, result, as_json)
     _exit_for(result, RunStatus.COMPENSATED if compensations else RunStatus.COMPLETED)
 
 
 @app.command()
 def cancel(
-    run_id: Annotated[str, typer.Argument()],
+    run_id: RunIdArg,
     reason: Annotated[str, typer.Option(help="Recorded with the cancellation.")] = "cancelled by operator",
     compensate: Annotated[bool, typer.Option(
         "--compensate", help="Also roll back committed effects (compensations in reverse).")] = False,
-    workflow: Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")] = None,
+    workflow: WorkflowOpt = None,
     db: DbOpt = None,
     executor: ExecutorOpt = "ray",
     address: AddressOpt = None,
 ) -> None:
     """Stop a run: no more dispatching, in-flight tasks cancelled. Committed effects stand,
-    unless --compensate rolls them back."""
-    with _errors():
-        store = open_store(db)
+    unless --compensate rolls them back. Exit 1 when there was nothing to cancel."""
+    with errors(_Current(run_id)):
+        _run_id(run_id)
+        store = open_for_writes(db, run_id)
+        before = store.get_run(run_id)
+        if before.status in TERMINAL or (before.status in PARKED and not compensate):
+            say(out, f"run {run_id} is already {before.status.value}: nothing to cancel ", _finished_note(before))
+            raise typer.Exit(EXIT_NOT_COMPLETED)
         wf = _workflow_for(store, run_id, workflow) if compensate else None
         result = runner.cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
                                executor=executor, address=address)
-        out.print(f"run {run_id}: {result.status.value}" + (f" — {result.status_reason}"
-                                                             if result.status_reason else ""), highlight=False)
+        say(out, f"run {run_id}: {result.status.value}"
+            + (f" — {result.status_reason}" if result.status_reason else ""))
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _finished_note(run: RunRecord) -> str:
+    if run.status == RunStatus.COMPLETED:
+        return ("(a completed run's effects stand; raysaga does not roll back a completed run: undo its effects "
+                "with a new run or by hand)")
+    if run.status in (RunStatus.COMPENSATED, RunStatus.CANCELLED):
+        return f"(a {run.status.value} run never changes again)"
+    return (f"(a {run.status.value} run is parked for an operator: `raysaga retry {run.run_id}` revives it, "
+            f"`raysaga cancel {run.run_id} --compensate` rolls it back)")
 
 
 @app.command()
 def status(
-    run_id: Annotated[str, typer.Argument()],
+    run_id: RunIdArg,
     db: DbOpt = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Every node's status, attempts and timings as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Every node's status, attempts and timings as JSON (streamed; schema_version 1).")] = False,
+    summary: Annotated[bool, typer.Option(
+        "--summary", help="With --json: counts per state per step and the failures, instead of every node.")] = False,
+    errors_: Annotated[bool, typer.Option(
+        "--errors", help="Every failed attempt of every failed node, with the latest traceback.")] = False,
+    node: Annotated[str | None, typer.Option(
+        "--node", help="One node's attempts and traceback, e.g. charge or square[3].")] = None,
+    nodes_limit: Annotated[int | None, typer.Option(
+        "--nodes-limit", help="With --json: at most this many nodes (see next_nodes_after).")] = None,
+    nodes_after: Annotated[str | None, typer.Option(
+        "--nodes-after", help="With --json: the nodes after this one (the previous page's next_nodes_after).")] = None,
+    workflow: Annotated[str | None, typer.Option(
+        "--workflow", help="MODULE:WORKFLOW to list steps that never started (imports that code).")] = None,
 ) -> None:
-    """Where a run stands."""
-    with _errors():
-        store = open_store(db)
-        _summary(store, store.get_run(run_id), as_json)
+    """Where a run stands: every node in the order it ran, the driver, the store."""
+    with errors():
+        _run_id(run_id)
+        cli_input.int_in_range("--nodes-limit", nodes_limit, 1)
+        wf = load_workflow(workflow) if workflow else None
+        store = open_for_reads(db, run_id)
+        record = store.get_run(run_id)
+        if errors_ or node is not None:
+            cli_status.print_errors(out, store, record, node)
+        elif as_json:
+            cli_status.stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
+                                   nodes_after=nodes_after)
+        else:
+            cli_status.print_status(out, store, record, store_text=describe(store.url), wf=wf)
 
 
 @app.command("list")
 def list_runs(
     status: Annotated[str | None, typer.Option("--status", help="Only runs in this state.")] = None,
-    limit: Annotated[int, typer.Option(help="At most this many, newest first.")] = 50,
+    workflow: Annotated[str | None, typer.Option("--workflow", help="Only runs of this workflow (its name).")] = None,
+    limit: Annotated[int, typer.Option(help=f"At most this many, newest first (1 to {MAX_LIST}).")] = 50,
+    before: Annotated[str | None, typer.Option(
+        "--before", help="The next page: runs created before this run (the last one listed).")] = None,
     db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """The runs in the store, newest first."""
-    with _errors():
+    """The runs in the store, newest first (times in UTC)."""
+    with errors():
         wanted = None
         if status is not None:
             try:
@@ -270,54 +314,126 @@ def list_runs(
             except ValueError:
                 raise UserError(f"--status {status!r} is not a run state; use one of "
                                 f"{', '.join(s.value for s in RunStatus)}") from None
-        runs = open_store(db).list_runs(wanted, limit)
+        cli_input.int_in_range("--limit", limit, 1, MAX_LIST)
+        cli_input.check_run_id(before, "--before run id")
+        store = open_for_reads(db)
+        cursor = queries.run_cursor(store, before) if before is not None else None
+        rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor)
         if as_json:
-            out.print_json(json.dumps([{"run_id": r.run_id, "workflow": r.workflow_name, "status": r.status.value,
-                                        "created_at": r.created_at} for r in runs]))
+            sys.stdout.write(json.dumps([{
+                "run_id": r.run_id, "workflow": r.workflow_name, "version": r.workflow_version,
+                "status": r.status.value if r.status is not None else None,
+                "reason": r.status_reason, "created_at": r.created_at, "updated_at": r.updated_at,
+                "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at, "corrupt": r.corrupt,
+            } for r in rows]) + "\n")
             return
-        table = Table("run", "workflow", "status", "reason", box=None)
-        for r in runs:
-            table.add_row(r.run_id, f"{r.workflow_name} v{r.workflow_version}", r.status.value, r.status_reason or "")
-        out.print(table)
+        if not rows:
+            say(out, "no runs" + (" on that page" if before else "") + f" in {describe(store.url)}")
+            return
+        table = [["run", "workflow", "status", "created (UTC)", "updated (UTC)", "reason"]]
+        for r in rows:
+            state = f"corrupt: {r.corrupt}" if r.corrupt or r.status is None else r.status.value
+            flat = cli_status.flat
+            table.append([flat(r.run_id), flat(f"{r.workflow_name} v{r.workflow_version}"), flat(state),
+                          cli_status.utc(r.created_at).removesuffix(" UTC"),
+                          cli_status.utc(r.updated_at).removesuffix(" UTC"), flat(r.status_reason or "")[:120]])
+        for line in cli_status.columns(table):
+            say(out, line)
+        if len(rows) == limit:
+            again = " ".join(a for a in (f"--status {status}" if status else "",
+                                         f"--workflow {shlex.quote(workflow)}" if workflow else "",
+                                         f"--limit {limit}" if limit != 50 else "") if a)
+            say(out, f"more: raysaga list --before {shlex.quote(rows[-1].run_id)}" + (f" {again}" if again else ""))
 
 
 @app.command()
 def events(
-    run_id: Annotated[str, typer.Argument()],
+    run_id: RunIdArg,
     db: DbOpt = None,
     after: Annotated[int, typer.Option(help="Only events after this sequence number.")] = 0,
+    limit: Annotated[int | None, typer.Option(help="At most this many events.")] = None,
 ) -> None:
     """The run's append-only event log, one JSON object per line."""
-    with _errors():
-        store = open_store(db)
+    with errors():
+        _run_id(run_id)
+        cli_input.int_in_range("--after", after, 0)
+        cli_input.int_in_range("--limit", limit, 1)
+        store = open_for_reads(db, run_id)
         store.get_run(run_id)
-        for e in store.events(run_id, after_seq=after):
-            sys.stdout.write(e.model_dump_json() + "\n")
+        left, seq = limit, after
+        while left is None or left > 0:
+            page = store.events(run_id, after_seq=seq, limit=EVENT_PAGE if left is None else min(EVENT_PAGE, left))
+            for e in page:
+                sys.stdout.write(e.model_dump_json() + "\n")
+            if not page:
+                break
+            seq = page[-1].seq
+            left = None if left is None else left - len(page)
 
 
 @app.command()
 def graph(
-    workflow: Annotated[str, typer.Argument(help="MODULE:WORKFLOW")],
+    workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW", help="The workflow to draw.")],
     format: Annotated[str, typer.Option("--format", "-f", help="mermaid or dot")] = "mermaid",
 ) -> None:
     """Print the workflow's DAG."""
-    with _errors():
-        wf = load_workflow(workflow)
-        if format == "mermaid":
-            sys.stdout.write(mermaid(wf))
-        elif format == "dot":
-            sys.stdout.write(dot(wf))
-        else:
+    with errors():
+        if format not in ("mermaid", "dot"):
             raise UserError(f"--format {format!r} is not known: use mermaid or dot")
+        wf = load_workflow(workflow)
+        sys.stdout.write(mermaid(wf) if format == "mermaid" else dot(wf))
+
+
+_PRUNABLE = sorted(s.value for s in PRUNABLE)
+
+
+@app.command()
+def prune(
+    older_than: Annotated[str, typer.Option(
+        "--older-than", help="Delete runs not updated for this long: 30d, 12h, 90m, 3600s.")],
+    status: Annotated[str | None, typer.Option(
+        "--status", help=f"States to delete, comma-separated (default: all of {','.join(_PRUNABLE)}).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")] = False,
+    batch_size: Annotated[int, typer.Option(help="Runs deleted per transaction (1 to 10000).")] = 500,
+    db: DbOpt = None,
+) -> None:
+    """Delete finished runs (and their nodes, events, effects and unshared blobs) older than
+    --older-than. Running, waiting and compensating runs are never touched."""
+    with errors():
+        seconds = cli_input.parse_duration("--older-than", older_than)
+        cli_input.int_in_range("--batch-size", batch_size, 1, 10_000)
+        statuses: list[RunStatus] | None = None
+        if status is not None:
+            statuses = []
+            for name in (s.strip() for s in status.split(",") if s.strip()):
+                try:
+                    state = RunStatus(name)
+                except ValueError:
+                    raise UserError(f"--status {name!r} is not a run state; prunable: {', '.join(_PRUNABLE)}") \
+                        from None
+                if state not in PRUNABLE:
+                    raise UserError(f"--status {name!r} is not a state at rest: only {', '.join(_PRUNABLE)} "
+                                    "runs can be pruned (cancel a live run first)")
+                statuses.append(state)
+            if not statuses:
+                raise UserError(f"--status names no state; prunable: {', '.join(_PRUNABLE)}")
+        store = open_for_writes(db, must_exist=True)
+        report = prune_runs(store, seconds, statuses=statuses, batch_size=batch_size, dry_run=dry_run)
+        verb = "would delete" if dry_run else "deleted"
+        say(out, f"{verb} {report.runs} run(s) in {', '.join(report.statuses)} not updated since "
+                 f"{cli_status.utc(report.cutoff)} ({older_than} ago) from {describe(store.url)}")
+        say(out, f"  with {report.nodes} nodes, {report.events} events, {report.effects} effects, "
+                 f"{report.signals} signals, {report.memory} memory keys, {report.blobs} blobs "
+                 f"({report.blob_bytes} bytes)")
 
 
 @db_app.command("upgrade")
 def db_upgrade(db: DbOpt = None) -> None:
     """Create or migrate the store's schema (also done automatically on first use)."""
-    with _errors():
-        url = db or default_url()
+    with errors():
+        url = store_url(db)
         version = upgrade(make_engine(url))
-        out.print(f"{redact(url)}: schema version {version}", highlight=False)
+        say(out, f"{describe(url)}: schema version {version}")
 
 
 def main() -> None:

@@ -123,7 +123,9 @@ def test_graph_mermaid_and_dot(flow: str) -> None:
 def test_resume_of_completed_run_is_a_no_op(flow: str, sqlite_url: str) -> None:
     assert invoke("run", flow, "-i", '{"n": 1}', "--db", sqlite_url, "--executor", "inline", "--run-id", "x")[0] == 0
     events_before = len(open_store(sqlite_url).events("x"))
-    code, out, _ = invoke("resume", "x", "--db", sqlite_url, "--executor", "inline")
+    # the flow was started from a file path, which is never recorded as the run's workflow_ref
+    # (a path read from the store is never imported): the operator names the workflow again
+    code, out, _ = invoke("resume", "x", "--db", sqlite_url, "--executor", "inline", "--workflow", flow)
     assert code == 0 and "completed" in out
     # a resume claims the lease (one event) and changes nothing else
     store = open_store(sqlite_url)

@@ -1,0 +1,119 @@
+"""The CLI's error edge: every exception becomes one plain line and a documented exit code.
+
+Exit codes: 0 the run completed (or the command succeeded); 1 the run ended not completed
+(failed, cancelled, compensated, waiting, or a cancel that found nothing to cancel); 2 a usage
+or store error; 3 another live driver owns the run; 4 this driver lost its lease; 130 interrupted
+by SIGINT (Ctrl-C); 143 stopped by SIGTERM. Without ``--debug`` (or ``RAYSAGA_DEBUG=1``) no
+traceback is printed; user data is never read as rich markup.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError
+
+EXIT_OK, EXIT_NOT_COMPLETED, EXIT_USAGE, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 0, 1, 2, 3, 4
+EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
+
+out = Console(soft_wrap=True, highlight=False, emoji=False)
+err = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+
+#: Longest message printed for an exception raysaga did not raise itself.
+MAX_FOREIGN_MESSAGE = 500
+
+
+class _Settings:
+    debug: bool = False
+
+
+settings = _Settings()
+
+
+def debug_enabled() -> bool:
+    return settings.debug or os.environ.get("RAYSAGA_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def say(console: Console, *parts: str | tuple[str, str]) -> None:
+    """Print plain text parts (or (text, style) pairs): never parsed as markup or emoji codes."""
+    console.print(Text.assemble(*parts), highlight=False)
+
+
+def _one_line(message: str, limit: int | None = None) -> str:
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    if limit is not None and len(first) > limit:
+        first = first[:limit] + " …"
+    return first
+
+
+def _fail(label: str, style: str, message: str, code: int, *, hint: bool = False) -> typer.Exit:
+    if debug_enabled():
+        sys.stderr.write(traceback.format_exc())
+    if label:
+        say(err, (label, style), " ", message)
+    else:
+        say(err, (message, style))
+    if hint and not debug_enabled():
+        say(err, "(run with --debug for the traceback)")
+    return typer.Exit(code)
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def interrupted_message(signal_name: str | None, run_id: str | None) -> str:
+    """``signal_name`` given: the driver settled and released its lease (DriverInterrupted)."""
+    head = f"interrupted by {signal_name}: lease released" if signal_name else "interrupted"
+    if run_id:
+        return f"{head}; `raysaga resume {run_id}` continues it" if signal_name \
+            else f"{head}: `raysaga resume {run_id}` continues it"
+    return head
+
+
+@contextmanager
+def errors(current: object = None) -> Iterator[None]:
+    """One-line messages and the documented exit codes instead of tracebacks. ``current``: an
+    object whose ``run_id`` (read when the error happens) is the run this command drives, named in
+    the message after a Ctrl-C."""
+    try:
+        yield
+    except (typer.Exit, click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+        raise
+    except LeaseHeldError as exc:
+        raise _fail("busy:", "yellow", str(exc), EXIT_LEASE_HELD) from None
+    except LeaseLostError as exc:
+        raise _fail("lease lost:", "red", str(exc), EXIT_LEASE_LOST) from None
+    except DriverInterrupted as exc:
+        run_id = getattr(current, "run_id", None)
+        code = EXIT_SIGTERM if exc.signal_name == "SIGTERM" else EXIT_SIGINT
+        raise _fail("", "yellow", interrupted_message(exc.signal_name, exc.run_id or run_id), code) from None
+    except KeyboardInterrupt:
+        run_id = getattr(current, "run_id", None)
+        raise _fail("", "yellow", interrupted_message(None, run_id), EXIT_SIGINT) from None
+    except BrokenPipeError:  # `raysaga status --json | head`: the reader left; stop quietly
+        _silence_stdout()
+        raise typer.Exit(EXIT_BROKEN_PIPE) from None
+    except RaySagaError as exc:
+        raise _fail("error:", "red", str(exc), EXIT_USAGE) from None
+    except RecursionError:
+        raise _fail("error:", "red", "RecursionError: a value is nested too deeply to handle", EXIT_USAGE,
+                    hint=True) from None
+    except Exception as exc:  # anything else: one line, the type named, the traceback behind --debug
+        message = _one_line(str(exc), MAX_FOREIGN_MESSAGE)
+        raise _fail("error:", "red", f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
+                    EXIT_USAGE, hint=True) from None

@@ -1,0 +1,202 @@
+"""What the CLI accepts, checked at the edge: ``--input`` (JSON text, ``@file`` or ``@-``), run
+ids, durations and numeric options. Every refusal is a ``UserError`` naming the option and how to
+fix it; nothing here has touched the store yet."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
+from raysaga.orchestrator.workflow import Workflow
+
+#: Default cap on a run's input (``RAYSAGA_MAX_INPUT_BYTES`` changes it).
+DEFAULT_MAX_INPUT_BYTES = 16 * 1024 * 1024
+#: Deepest nesting accepted in ``--input`` (deeper JSON breaks Python's recursion limit downstream).
+MAX_INPUT_DEPTH = 500
+MAX_RUN_ID = 200
+
+
+def max_input_bytes() -> int:
+    raw = os.environ.get("RAYSAGA_MAX_INPUT_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_INPUT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UserError(f"RAYSAGA_MAX_INPUT_BYTES={raw!r} is not a whole number of bytes") from None
+    if value <= 0:
+        raise UserError(f"RAYSAGA_MAX_INPUT_BYTES={raw!r} must be positive")
+    return value
+
+
+def _too_large(source: str, size: int | str, cap: int) -> InputTooLargeError:
+    return InputTooLargeError(f"{source} is {size} bytes, above the input cap of {cap} bytes: pass a reference "
+                              "(a path, a URL, an id) instead, or raise RAYSAGA_MAX_INPUT_BYTES")
+
+
+def _read_capped(stream: BinaryIO, source: str, cap: int) -> bytes:
+    data = stream.read(cap + 1)
+    if len(data) > cap:
+        raise _too_large(source, f"more than {cap}", cap)
+    return data
+
+
+def _read_file(spec: str, cap: int) -> tuple[str, bytes]:
+    if spec == "-":
+        return "--input from stdin", _read_capped(sys.stdin.buffer, "--input from stdin", cap)
+    path = Path(spec).expanduser()
+    source = f"--input file {spec!r}"
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise UserError(f"{source} does not exist") from None
+    except OSError as exc:
+        raise UserError(f"{source} cannot be read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise UserError(f"{source} is a directory: name a JSON file in it")
+    if stat.S_ISREG(info.st_mode) and info.st_size > cap:  # checked before reading a byte of it
+        raise _too_large(source, info.st_size, cap)
+    try:
+        with path.open("rb") as stream:
+            return source, _read_capped(stream, source, cap)
+    except OSError as exc:
+        raise UserError(f"{source} cannot be read: {exc.strerror or exc}") from None
+
+
+def parse_input(raw: str | None) -> Any:
+    """``--input``: JSON text, ``@path`` (a file) or ``@-`` (stdin); strict JSON (no NaN), at most
+    the input cap, at most ``MAX_INPUT_DEPTH`` levels deep."""
+    if raw is None:
+        return None
+    cap = max_input_bytes()
+    if raw.startswith("@"):
+        source, data = _read_file(raw[1:], cap)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidInputError(f"{source} is not UTF-8: byte {exc.start} (0x{data[exc.start]:02x}) "
+                                    "cannot be decoded") from None
+        text = text.removeprefix("\ufeff")
+    else:
+        source, text = "--input", raw
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > cap:
+            raise _too_large(source, size, cap)
+    try:
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidInputError(f"{source} is not valid JSON: nested deeper than this parser allows "
+                                f"(at most {MAX_INPUT_DEPTH} levels are accepted)") from None
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise InvalidInputError(f"{source} is not valid JSON: {exc}") from None
+    depth = _depth(value)
+    if depth > MAX_INPUT_DEPTH:
+        raise InvalidInputError(f"{source} is not valid JSON for raysaga: nested {depth} levels deep, "
+                                f"at most {MAX_INPUT_DEPTH} are accepted")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth, computed without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            deepest = max(deepest, level)
+            stack.extend((v, level + 1) for v in item)
+    return deepest
+
+
+def check_input(wf: Workflow, value: Any, given: bool) -> None:
+    """The workflow's declared input type against the value, with a readable message: a missing
+    ``--input`` names the model and its fields; a mismatch is one ``field: problem`` per field."""
+    tp = wf.input_type
+    if tp is Any:
+        return
+    name = getattr(tp, "__name__", str(tp))
+    if not given:
+        try:
+            TypeAdapter(tp).validate_python(None)
+            return
+        except ValidationError:
+            pass
+        fields = ""
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            fields = f" (fields: {', '.join(tp.model_fields)})"
+        raise InvalidInputError(f"--input is required: workflow {wf.name} takes {_article(name)} {name}{fields}")
+    try:
+        TypeAdapter(tp).validate_python(value)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors(include_url=False)[:20]:
+            where = ".".join(str(p) for p in e.get("loc", ())) or "(the input)"
+            got = e.get("input")
+            shown = json.dumps(got, default=str)[:60] if got is not None and e.get("type") != "missing" else ""
+            problems.append(f"{where}: {e.get('msg', 'invalid')}" + (f" (got {shown})" if shown else ""))
+        raise InvalidInputError(f"input does not match {name} of workflow {wf.name!r}: "
+                                + "; ".join(problems)) from None
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+def check_run_id(value: str | None, what: str = "run id") -> str | None:
+    """Run ids: 1 to 200 printable characters (no NUL, no control characters)."""
+    if value is None:
+        return None
+    if not value or len(value) > MAX_RUN_ID:
+        raise UserError(f"a {what} is 1 to {MAX_RUN_ID} characters (got {len(value)})")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise UserError(f"a {what} is printable text: this one contains {bad!a}")
+    return value
+
+
+def positive_seconds(option: str, value: float | None) -> float | None:
+    """A positive, finite number of seconds (NaN, inf, 0 and negatives refused)."""
+    if value is None:
+        return None
+    if not math.isfinite(value) or value <= 0:
+        raise UserError(f"{option} must be a positive number of seconds, got {value}")
+    return value
+
+
+def int_in_range(option: str, value: int | None, low: int, high: int | None = None) -> int | None:
+    if value is None:
+        return None
+    if value < low or (high is not None and value > high):
+        bound = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise UserError(f"{option} must be {bound}, got {value}")
+    return value
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+
+
+def parse_duration(option: str, text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` or plain seconds; positive and finite."""
+    match = _DURATION.match(text)
+    if not match:
+        raise UserError(f"{option} {text!r} is not a duration: use e.g. 30d, 12h, 90m or 3600s")
+    seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise UserError(f"{option} {text!r} must be a positive duration")
+    return seconds

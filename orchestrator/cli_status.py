@@ -1,0 +1,321 @@
+"""``raysaga status``: where a run stands, for people and as streamed JSON.
+
+Nodes are listed step by step in the order the run started them (a step starts only after every
+step it depends on completed, so this is a topological order of what ran), fan-out items by index.
+``status`` never imports the run's recorded workflow code; with ``--workflow MODULE:WF`` (code the
+operator names) steps that never started are listed too, as pending, in the workflow's order.
+
+``--json`` writes the document incrementally, one node at a time, so a 50,000-node run costs a few
+seconds and a bounded amount of memory. Its keys (``schema_version`` 1): run_id, workflow, version,
+status, reason, trace_id, created_at, updated_at, lease_owner, lease_expires_at, retries_used,
+retry_budget, tokens_used, cost_used, input, output, error, node_counts, nodes, effects,
+next_nodes_after (and steps/failures with ``--summary``, which leaves nodes out).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+from rich.console import Console
+from rich.text import Text
+
+from raysaga.errors import UserError
+from raysaga.orchestrator.ownership import describe_lease
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import RunRecord, SqlStore, node_label, queries
+
+SCHEMA_VERSION = 1
+#: Fan-out items listed by name in the human view (the rest are counted).
+ITEMS_SHOWN = 20
+STATUS_COLOURS = {"completed": "green", "failed": "red", "cancelled": "yellow", "compensated": "yellow",
+                  "compensation_failed": "red", "running": "cyan", "retrying": "yellow", "skipped": "dim",
+                  "pending": "dim"}
+
+
+def utc(at: float | None) -> str:
+    """A store timestamp as people read it (UTC, to the second)."""
+    if at is None:
+        return ""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
+    except (OverflowError, ValueError, OSError):
+        return "(bad time)"
+
+
+def clock(at: float | None) -> str:
+    """Time of day (UTC) for a node's start."""
+    if at is None:
+        return ""
+    try:
+        return time.strftime("%H:%M:%S", time.gmtime(at))
+    except (OverflowError, ValueError, OSError):
+        return "?"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return ""
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 120:
+        return f"{value:.1f}s"
+    if value < 7200:
+        return f"{value / 60:.1f}m"
+    return f"{value / 3600:.1f}h"
+
+
+def error_line(error: Any, limit: int | None = 200) -> str:
+    """A stored error as one readable line: ``Type: message (reason)``, never a dict."""
+    if error is None:
+        return ""
+    if isinstance(error, dict):
+        kind, message, reason = error.get("type"), error.get("message"), error.get("reason")
+        text = f"{kind}: {message}" if kind and message else str(message or kind or "")
+        if reason and str(reason) not in text:
+            text = f"{text} ({reason})" if text else str(reason)
+        if not text:
+            text = ", ".join(f"{k}={v}" for k, v in error.items() if k != "traceback")
+    else:
+        text = str(error)
+    text = " ".join(text.split())
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + " …"
+    return text
+
+
+def parse_label(label: str) -> tuple[str, int]:
+    """``step`` or ``step[3]`` to (node_id, fan_index)."""
+    if label.endswith("]") and "[" in label:
+        head, _, index = label[:-1].rpartition("[")
+        if index.isdigit():
+            return head, int(index)
+    return label, -1
+
+
+def step_order(store: SqlStore, run_id: str, wf: Workflow | None) -> tuple[list[queries.StepInfo], list[str]]:
+    """The run's steps with rows, and the order to list them in (see the module docstring)."""
+    infos = queries.steps(store, run_id)
+    order = [s.node_id for s in infos]
+    if wf is not None:
+        rank = {name: i for i, name in enumerate(wf.order)}
+        known = {s.node_id for s in infos}
+        order = sorted(known | set(wf.order), key=lambda n: (rank.get(n.split("@")[0].split(":")[0], len(rank)),
+                                                            n not in rank, order.index(n) if n in known else 0, n))
+    return infos, order
+
+
+def _node_json(row: dict[str, Any]) -> dict[str, Any]:
+    index = row["fan_index"]
+    return {
+        "node": node_label(row["node_id"], index),
+        "step": row["node_id"],
+        "index": index if index >= 0 else None,
+        "status": row["status"],
+        "attempts": row["attempt"],
+        "started_at": row["started_at"],
+        "finished_at": row["finished_at"],
+        "duration": row["duration"],
+        "not_before": row["not_before"],
+        "error": row["error"],
+        "output_digest": row["output_digest"],
+    }
+
+
+def _pending_json(step: str) -> dict[str, Any]:
+    return {"node": step, "step": step, "index": None, "status": "pending", "attempts": 0, "started_at": None,
+            "finished_at": None, "duration": None, "not_before": None, "error": None, "output_digest": None}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflow | None = None,
+                summary: bool = False, nodes_limit: int | None = None, nodes_after: str | None = None) -> None:
+    """Write ``status --json`` to ``stream`` piece by piece (never the whole document in memory)."""
+    infos, order = step_order(store, run.run_id, wf)
+    counts: dict[str, int] = {}
+    for info in infos:
+        for state, n in info.counts.items():
+            counts[state] = counts.get(state, 0) + n
+    head = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run.run_id, "workflow": run.workflow_name, "version": run.workflow_version,
+        "status": run.status.value, "reason": run.status_reason, "trace_id": run.trace_id,
+        "created_at": run.created_at, "updated_at": run.updated_at, "lease_owner": run.lease_owner,
+        "lease_expires_at": run.lease_expires_at, "retries_used": run.retries_used,
+        "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
+        "input": run.input, "output": run.output, "error": run.error, "node_counts": counts,
+    }
+    stream.write(_dumps(head)[:-1])
+    next_after: str | None = None
+    if summary:
+        steps = [{"step": s.node_id, "nodes": s.rows, "counts": s.counts, "first_started_at": s.first_started}
+                 for s in infos]
+        stream.write(', "steps": ' + _dumps(steps))
+        failures = [{"node": node_label(f["node_id"], f["fan_index"]), "attempts": f["attempt"],
+                     "error": error_line(f["error"], None)} for f in queries.failed_nodes(store, run.run_id, 1000)]
+        stream.write(', "failures": ' + _dumps(failures))
+    else:
+        stream.write(', "nodes": [')
+        first = True
+        last: str | None = None
+        shown = 0
+        for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, nodes_after, nodes_limit):
+            stream.write(("\n" if first else ",\n") + _dumps(item))
+            first, last, shown = False, item["node"], shown + 1
+        stream.write("]")
+        if nodes_limit is not None and shown == nodes_limit and last is not None:
+            more = list(_nodes(store, run.run_id, order, {s.node_id for s in infos}, last, 1))
+            next_after = last if more else None
+    stream.write(', "effects": [')
+    for i, e in enumerate(store.effects(run.run_id)):
+        stream.write(("\n" if i == 0 else ",\n") + _dumps({
+            "key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
+            "status": e.status.value}))
+    stream.write('], "next_nodes_after": ' + _dumps(next_after) + "}\n")
+    stream.flush()
+
+
+def _nodes(store: SqlStore, run_id: str, order: list[str], with_rows: set[str], after: str | None,
+           limit: int | None) -> Iterator[dict[str, Any]]:
+    """Node JSON in listing order: rows from the store, pending entries for steps without any."""
+    start = 0
+    after_key: tuple[str, int] | None = None
+    if after is not None:
+        after_key = parse_label(after)
+        if after_key[0] not in order:
+            raise UserError(f"--nodes-after {after!r} is not a node of this run (use a label from the listing, "
+                            "e.g. plan or square[41])")
+        start = order.index(after_key[0])
+    left = limit
+    for position in range(start, len(order)):
+        step = order[position]
+        if left is not None and left <= 0:
+            return
+        if step not in with_rows:
+            if after_key is not None and position == start:
+                continue
+            left = None if left is None else left - 1
+            yield _pending_json(step)
+            continue
+        resume_from = after_key if after_key is not None and position == start else None
+        for row in queries.iter_nodes(store, run_id, [step], after=resume_from, limit=left):
+            left = None if left is None else left - 1
+            yield _node_json(row)
+
+
+def columns(rows: list[list[str]]) -> list[str]:
+    """Plain aligned columns: never truncated, never wrapped, never read as markup."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+
+
+def flat(text: str) -> str:
+    """One line of printable text (newlines and control characters shown escaped)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
+
+
+def _styled(status: str) -> Text:
+    return Text(status, style=STATUS_COLOURS.get(status, ""))
+
+
+def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_text: str,
+                 wf: Workflow | None = None) -> None:
+    """The human view: header, store, driver, one row per step, fan-outs counted, output, error."""
+    colour = STATUS_COLOURS.get(run.status.value, "cyan")
+    line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
+                         (run.status.value, colour))
+    if run.status_reason:
+        line.append(" — " + run.status_reason)
+    console.print(line)
+    console.print(Text(f"created {utc(run.created_at)}, updated {utc(run.updated_at)} "
+                       f"({seconds(max(0.0, run.updated_at - run.created_at))} in all)"))
+    console.print(Text(f"driver: {describe_lease(run, time.time())}"))
+    console.print(Text(f"store: {store_text}"))
+    infos, order = step_order(store, run.run_id, wf)
+    by_step = {s.node_id: s for s in infos}
+    table = [["node", "status", "attempts", "started", "took", "note"]]
+    fan_notes: list[str] = []
+
+    def add(label: str, row: dict[str, Any]) -> None:
+        table.append([flat(label), row["status"], str(row["attempt"]), clock(row["started_at"]),
+                      seconds(row["duration"]), flat(error_line(row["error"], 120))])
+
+    for step in order:
+        info = by_step.get(step)
+        if info is None:
+            table.append([flat(step), "pending", "0", "", "", "not started"])
+            continue
+        plain = [r for r in queries.iter_nodes(store, run.run_id, [step], limit=1) if r["fan_index"] < 0]
+        for row in plain:
+            add(step, row)
+        items = dict(info.counts)
+        for row in plain:
+            items[row["status"]] -= 1
+        total = sum(items.values())
+        if total > 0:
+            parts = ", ".join(f"{n} {state}" for state, n in sorted(items.items()) if n)
+            fan_notes.append(f"{step}: {total} items — {parts}")
+            unfinished = total - items.get("completed", 0)
+            if unfinished:
+                for row in _problem_items(store, run.run_id, step):
+                    add(node_label(step, row["fan_index"]), row)
+                if unfinished > ITEMS_SHOWN:
+                    fan_notes[-1] += (f" (the first {ITEMS_SHOWN} not completed are listed; "
+                                      f"`raysaga status {run.run_id} --json --summary` counts them all)")
+    for text in columns(table):
+        console.print(Text(text))
+    for note in fan_notes:
+        console.print(Text("fan-out " + flat(note)))
+    if run.output is not None:
+        text = json.dumps(run.output, default=str)
+        console.print(Text("output: " + (text if len(text) < 600 else text[:600] + " …")))
+    if run.error:
+        console.print(Text("error: " + error_line(run.error, 600)))
+    failed = sum(s.counts.get("failed", 0) for s in infos)
+    if failed:
+        console.print(Text(f"{failed} failed node(s): `raysaga status {run.run_id} --errors` shows each attempt "
+                           "and its traceback"))
+
+
+def _problem_items(store: SqlStore, run_id: str, step: str) -> Iterable[dict[str, Any]]:
+    return queries.unfinished_items(store, run_id, step, ITEMS_SHOWN)
+
+
+def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | None) -> None:
+    """Every failed attempt from the event log, and the latest traceback of each failed node."""
+    if node is not None:
+        node_id, index = parse_label(node)
+        found = queries.node_error(store, run.run_id, node_id, index)
+        if found is None:
+            raise UserError(f"run {run.run_id!r} has no node {node!r} (`raysaga status {run.run_id}` lists them)")
+        targets = [(node_id, index, found[0], found[1])]
+    else:
+        targets = [(f["node_id"], f["fan_index"], "failed", f["error"])
+                   for f in queries.failed_nodes(store, run.run_id)]
+        if not targets:
+            console.print(Text(f"run {run.run_id}: no failed nodes"))
+    for node_id, index, state, error in targets:
+        console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state)))
+        attempts = queries.attempt_failures(store, run.run_id, node_id, index)
+        for event in attempts:
+            data = event.data if isinstance(event.data, dict) else {}
+            what = "retried" if event.kind == "retry_scheduled" else "failed for good"
+            delay = f" after {seconds(data['delay'])}" if isinstance(data.get("delay"), int | float) else ""
+            console.print(Text(f"  attempt {data.get('attempt', '?')} at {utc(event.at)}: "
+                               f"{error_line(data.get('error'), 300)} — {what}{delay}"))
+            trace = data.get("error", {}).get("traceback") if isinstance(data.get("error"), dict) else None
+            if trace:
+                console.print(Text("    " + str(trace).rstrip().replace("\n", "\n    ")))
+        if error:
+            if not attempts:
+                console.print(Text(f"  {error_line(error, 300)}"))
+            trace = error.get("traceback") if isinstance(error, dict) else None
+            if trace:
+                console.print(Text("  latest traceback:"))
+                console.print(Text("    " + str(trace).rstrip().replace("\n", "\n    ")))

@@ -1,0 +1,65 @@
+"""How the CLI opens and describes the store.
+
+Read commands (status, list, events) open it with ``create=False``: they never create a file,
+a directory or a schema, so a typo in ``--db`` is a clean error that leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy.engine import make_url
+
+from raysaga.errors import StoreUnavailableError
+from raysaga.state import SqlStore, describe_store, open_store
+from raysaga.state import engine as _engine
+
+
+def store_url(db: str | None) -> str:
+    return db or _engine.default_url()
+
+
+def describe(url: str) -> str:
+    """Where the store is, for people (absolute path, or the URL with its password hidden)."""
+    return describe_store(url)
+
+
+def _sqlite_file(url: str) -> Path | None:
+    normalized = _engine.normalize_url(url)
+    try:
+        parsed = make_url(normalized)
+    except Exception:
+        return None
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return None
+    return Path(parsed.database).expanduser()
+
+
+def _require_existing(url: str, run_id: str | None) -> None:
+    """Refuse a SQLite store file that does not exist, before any engine (which would create its
+    folder) is made: a typo in ``--db`` must leave nothing behind."""
+    path = _sqlite_file(url)
+    if path is None or path.is_file():
+        return
+    where = f"there is no raysaga store at {path}"
+    fix = "check --db or RAYSAGA_DB (`raysaga run` creates a store; this command never does)"
+    if run_id is not None:
+        raise StoreUnavailableError(f"no run with id {run_id!r}: {where}; {fix}")
+    raise StoreUnavailableError(f"{where}: {fix}")
+
+
+def open_for_reads(db: str | None, run_id: str | None = None) -> SqlStore:
+    """The store, never created nor migrated (``StoreUnavailableError`` if it is not there).
+    ``run_id``: the run the command is about, named when there is no store at all."""
+    url = store_url(db)
+    _require_existing(url, run_id)
+    return open_store(url, create=False)
+
+
+def open_for_writes(db: str | None, run_id: str | None = None, *, must_exist: bool = False) -> SqlStore:
+    """The store, migrated if needed. With ``run_id`` (resume, retry, cancel: the run must exist)
+    a missing SQLite file is refused instead of created."""
+    url = store_url(db)
+    if run_id is not None or must_exist:
+        _require_existing(url, run_id)
+    return open_store(url)

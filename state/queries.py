@@ -1,0 +1,150 @@
+"""Read-only queries for the CLI's bounded views: the paging key of a run, a run's nodes
+streamed step by step, per-step counts, and the per-attempt failures in the event log.
+
+Each reads only the columns it shows (never a run's input or output, never a node's output), so
+``raysaga status --json`` on a 50,000-node run stays small in memory (run summaries for
+``raysaga list`` are ``Store.list_runs``). Everything here is a plain SELECT on the store's read
+engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, or_, select
+
+from raysaga.errors import RunNotFoundError
+from raysaga.state.models import EventRecord, NodeStatus
+from raysaga.state.schema import events, nodes, runs
+from raysaga.state.sql_store import SqlStore
+
+#: Rows fetched per round trip when streaming nodes.
+NODE_CHUNK = 2000
+#: Event kinds that record one failed attempt of a node.
+FAILURE_KINDS = ("retry_scheduled", "node_failed")
+
+
+def run_cursor(store: SqlStore, run_id: str) -> tuple[float, str]:
+    """The paging key (created_at, run_id) of a run; ``RunNotFoundError`` if absent."""
+    with store.reader.connect() as conn:
+        at = conn.execute(select(runs.c.created_at).where(runs.c.run_id == run_id)).scalar_one_or_none()
+    if at is None:
+        raise RunNotFoundError(run_id)
+    return float(at), run_id
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One step of a run as its node rows record it."""
+
+    node_id: str
+    first_started: float | None
+    rows: int
+    counts: dict[str, int]
+
+
+def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
+    """Every step that has node rows, in the order the run started them (a step starts only once
+    what it depends on has completed, so this is a topological order of what ran); steps never
+    started (skipped, pending) last, by name. One GROUP BY query."""
+    query = (select(nodes.c.node_id, nodes.c.status, func.count(), func.min(nodes.c.started_at))
+             .where(nodes.c.run_id == run_id).group_by(nodes.c.node_id, nodes.c.status))
+    with store.reader.connect() as conn:
+        rows = conn.execute(query).all()
+    by_step: dict[str, tuple[float | None, dict[str, int]]] = {}
+    for node_id, node_status, count, first in rows:
+        started, counts = by_step.get(node_id, (None, {}))
+        counts[str(node_status)] = counts.get(str(node_status), 0) + int(count)
+        if first is not None and (started is None or first < started):
+            started = float(first)
+        by_step[node_id] = (started, counts)
+    infos = [StepInfo(node_id=k, first_started=v[0], rows=sum(v[1].values()), counts=v[1])
+             for k, v in by_step.items()]
+    infos.sort(key=lambda s: (s.first_started is None, s.first_started or 0.0, s.node_id))
+    return infos
+
+
+_NODE_COLUMNS = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
+                 nodes.c.output_digest, nodes.c.error, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration)
+
+
+def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[str, int] | None = None,
+               limit: int | None = None, chunk: int = NODE_CHUNK) -> Iterator[dict[str, Any]]:
+    """The run's node rows (no outputs), step by step in ``order`` and by fan-out index within a
+    step, from just after ``after`` = (node_id, fan_index), at most ``limit``. Read in chunks on
+    the primary key: memory stays bounded by ``chunk`` rows whatever the run's size."""
+    start = 0
+    last_index = -2
+    if after is not None:
+        if after[0] not in order:
+            return
+        start, last_index = order.index(after[0]), after[1]
+    left = limit
+    for position in range(start, len(order)):
+        node_id = order[position]
+        index = last_index if position == start else -2
+        while left is None or left > 0:
+            size = chunk if left is None else min(chunk, left)
+            query = (select(*_NODE_COLUMNS)
+                     .where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index > index)
+                     .order_by(nodes.c.fan_index).limit(size))
+            with store.reader.connect() as conn:
+                rows = conn.execute(query).all()
+            for row in rows:
+                yield row._asdict()
+            if left is not None:
+                left -= len(rows)
+            if len(rows) < size:
+                break
+            index = rows[-1].fan_index
+        if left is not None and left <= 0:
+            return
+
+
+def attempt_failures(store: SqlStore, run_id: str, node_id: str | None = None,
+                     fan_index: int | None = None) -> list[EventRecord]:
+    """Every failed attempt recorded in the event log (retries scheduled and final failures), oldest
+    first; for one node when ``node_id`` is given."""
+    query = select(events).where(events.c.run_id == run_id, events.c.kind.in_(FAILURE_KINDS))
+    if node_id is not None:
+        query = query.where(events.c.node_id == node_id)
+        if fan_index is not None and fan_index >= 0:
+            query = query.where(events.c.fan_index == fan_index)
+        elif fan_index is not None:
+            query = query.where(or_(events.c.fan_index.is_(None), events.c.fan_index < 0))
+    with store.reader.connect() as conn:
+        rows = conn.execute(query.order_by(events.c.seq)).all()
+    return [EventRecord.model_validate(r._asdict()) for r in rows]
+
+
+def node_error(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> tuple[str, Any] | None:
+    """(status, error) of one node row, or None when the node has no row."""
+    with store.reader.connect() as conn:
+        row = conn.execute(select(nodes.c.status, nodes.c.error).where(
+            nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index == fan_index)).first()
+    return None if row is None else (str(row.status), row.error)
+
+
+def unfinished_items(store: SqlStore, run_id: str, node_id: str, limit: int = 20) -> list[dict[str, Any]]:
+    """Up to ``limit`` fan-out items of a step that did not complete, by index."""
+    query = (select(*_NODE_COLUMNS)
+             .where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index >= 0,
+                    nodes.c.status != NodeStatus.COMPLETED.value)
+             .order_by(nodes.c.fan_index).limit(limit))
+    with store.reader.connect() as conn:
+        return [r._asdict() for r in conn.execute(query).all()]
+
+
+def failed_nodes(store: SqlStore, run_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    """Up to ``limit`` failed nodes (status failed) with their errors."""
+    query = (select(nodes.c.node_id, nodes.c.fan_index, nodes.c.attempt, nodes.c.error)
+             .where(nodes.c.run_id == run_id, nodes.c.status == NodeStatus.FAILED.value)
+             .order_by(nodes.c.node_id, nodes.c.fan_index).limit(limit))
+    with store.reader.connect() as conn:
+        return [r._asdict() for r in conn.execute(query).all()]
+
+
+__all__ = ["FAILURE_KINDS", "StepInfo", "attempt_failures", "failed_nodes", "iter_nodes", "node_error", "run_cursor",
+           "steps", "unfinished_items"]
