@@ -5,6 +5,7 @@ and no ``effect=True`` step ever takes effect twice.
 """
 
 from raysaga.errors import (
+    DriverInterrupted,
     InvalidInputError,
     LeaseHeldError,
     LeaseLostError,
@@ -12,6 +13,7 @@ from raysaga.errors import (
     Permanent,
     RaySagaError,
     RunNotFoundError,
+    SecretUnavailableError,
     Transient,
     UserError,
     WorkflowDefinitionError,
@@ -28,6 +30,7 @@ from raysaga.orchestrator import (
     retry,
     run,
 )
+from raysaga.orchestrator.secrets import Secret
 from raysaga.sagas import (
     ALL,
     BEST_EFFORT,
@@ -41,7 +44,7 @@ from raysaga.sagas import (
     quorum,
 )
 from raysaga.sagas.saga import Saga
-from raysaga.state import RunRecord, RunStatus, Store, open_store
+from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
 
 __version__ = "0.1.0"
 
@@ -51,6 +54,7 @@ __all__ = [
     "NOT_APPLIED",
     "Compensate",
     "Continue",
+    "DriverInterrupted",
     "Fail",
     "FanOutResult",
     "InvalidInputError",
@@ -66,6 +70,8 @@ __all__ = [
     "RunRecord",
     "RunStatus",
     "Saga",
+    "Secret",
+    "SecretUnavailableError",
     "StepContext",
     "Store",
     "Transient",
@@ -77,6 +83,7 @@ __all__ = [
     "min_success_ratio",
     "on_partial_failure",
     "open_store",
+    "prune",
     "quorum",
     "resume",
     "retry",

@@ -23,10 +23,12 @@ from raysaga.state.models import (
     RunRecord,
     RunSnapshot,
     RunStatus,
+    RunSummary,
     RunUpdate,
     SignalRecord,
     node_label,
 )
+from raysaga.state.prune import PruneReport, prune
 from raysaga.state.sql_store import SqlStore
 from raysaga.state.store import Store
 
@@ -68,9 +70,11 @@ __all__ = [
     "NodeRecord",
     "NodeStatus",
     "NodeWrite",
+    "PruneReport",
     "RunRecord",
     "RunSnapshot",
     "RunStatus",
+    "RunSummary",
     "RunUpdate",
     "SignalRecord",
     "SqlStore",
@@ -79,5 +83,6 @@ __all__ = [
     "describe_store",
     "node_label",
     "open_store",
+    "prune",
     "redact",
 ]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class RunStatus(StrEnum):
@@ -89,7 +90,9 @@ class RunRecord(_Record):
     input_digest: str | None = None
     """Set when the input is kept as a blob (it was large); ``input`` holds the value regardless."""
     output_digest: str | None = None
-    """Set when the output is kept as a blob (it was large); ``output`` holds the value regardless."""
+    """Set when the output is kept as a blob (it was large); ``output`` holds the value regardless.
+    For an output of one entry ``{sink: large}`` (schema 4) the blob holds that entry's value: the
+    same bytes as the sink node's blob, so the output is stored once."""
     deadline_at: float | None = None
     retry_budget: int | None = None
     retries_used: int = 0
@@ -100,6 +103,64 @@ class RunRecord(_Record):
     trace_id: str
     created_at: float
     updated_at: float
+
+
+class RunSummary(_Record):
+    """What ``list`` shows of a run: summary columns only, never its input, output or error, so a
+    page of runs costs the same however large their values are.
+
+    ``corrupt`` is set when the row cannot be read as a run (an unknown status, an unreadable
+    column): the row is still listed, with what is wrong, and only that run is affected.
+    ``status`` is then ``None`` when the stored one is not a run state.
+    """
+
+    run_id: str
+    workflow_name: str
+    workflow_version: str
+    status: RunStatus | None
+    status_reason: str | None = None
+    created_at: float
+    updated_at: float
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    corrupt: str | None = None
+    _load: Callable[[], RunRecord] | None = PrivateAttr(default=None)
+    _record: RunRecord | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # the fields only: the attached loader (a private attribute) is not part of the value
+        if not isinstance(other, RunSummary):
+            return NotImplemented
+        return self.model_dump() == other.model_dump()
+
+    def __hash__(self) -> int:
+        return hash((self.run_id, self.created_at, self.updated_at, self.status))
+
+    @property
+    def cursor(self) -> tuple[float, str]:
+        """The ``before=`` argument that fetches the page after this row."""
+        return (self.created_at, self.run_id)
+
+    def record(self) -> RunRecord:
+        """The whole run (input, output, error), read from the store on first use: callers that
+        list runs and then want one run's values pay for that run only."""
+        if self._record is None:
+            if self._load is None:
+                raise LookupError(f"summary of run {self.run_id!r} is not attached to a store")
+            self._record = self._load()
+        return self._record
+
+    @property
+    def input(self) -> Any:
+        return self.record().input
+
+    @property
+    def output(self) -> Any:
+        return self.record().output
+
+    @property
+    def error(self) -> Any:
+        return self.record().error
 
 
 class NodeRecord(_Record):

@@ -1,18 +1,237 @@
 """Secrets never reach the store, the event log, the CLI or the logs (DESIGN invariant 7).
 
-STUB: the interface is fixed here; the implementation is being written.
+``scrub_text`` replaces, in a piece of text, every value that is or looks like a secret with
+``MARKER``; ``scrub`` does the same for every string of a JSON value (and for the whole value
+of a secret-named key such as ``authorization``). What counts as a secret:
+
+- the value (8+ characters) of every environment variable whose *name* contains KEY, SECRET,
+  TOKEN, PASSWORD, PASSWD or CREDENTIAL (so ``ANTHROPIC_API_KEY``, ``OPENAI_API_KEY``), and of
+  every variable named with ``register_secret_env`` (the environment is re-read when it changes);
+- values registered with ``register_secret`` (``raysaga.Secret`` input fields register theirs);
+- an ``Authorization:``/``x-api-key:`` header value, a ``Bearer <token>``, the password of a
+  ``scheme://user:password@host`` URL, and token shapes: ``sk-ant-…``, ``sk-…`` (20+),
+  GitHub ``ghp_…``/``github_pat_…``, Slack ``xox?-…``, AWS ``AKIA…``.
+
+It is applied where failures become records (step errors and tracebacks, agent errors, tool
+errors), again at the store's write boundary (node errors, event data, run reasons and
+errors — never step outputs: changing a user's output would be a wrong result), and to the
+``raysaga`` loggers through ``RedactingFilter``. Clean text costs one precompiled regex search.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
+import threading
 from typing import Any
+
+MARKER = "[redacted]"
+#: Values shorter than this are never treated as secrets (they would redact common words).
+MIN_SECRET_LEN = 8
+
+_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+#: Dict keys whose string value is a secret as a whole (compared lower-cased, '_' as '-').
+SECRET_KEYS = frozenset({
+    "authorization", "proxy-authorization", "x-api-key", "api-key", "apikey", "x-auth-token",
+    "password", "passwd", "client-secret", "secret", "access-token", "refresh-token", "cookie", "set-cookie",
+})
+
+# (pattern, replacement): each keeps what names the secret and replaces only the value
+_PATTERNS: list[tuple[str, str]] = [
+    (r"(?P<k>(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?!(?:(?:bearer|basic|token|digest)\s+)?\[redacted\])"
+     r"(?:(?:bearer|basic|token|digest)\s+)?)[^\s\"',;}\]]+",
+     r"\g<k>" + MARKER),
+    (r"(?P<k>(?:x-api-key|x-auth-token|api[-_]?key)[\"']?\s*[:=]\s*[\"']?)(?!\[redacted\])[^\s\"',;}\]]{8,}",
+     r"\g<k>" + MARKER),
+    (r"(?P<k>\bbearer\s+)(?!\[redacted\])[A-Za-z0-9._~+/=-]{8,}", r"\g<k>" + MARKER),
+    (r"(?P<k>://[^/\s:@]+:)[^/\s@]+(?=@)", r"\g<k>" + MARKER),
+    (r"\bsk-ant-[A-Za-z0-9_-]{8,}", MARKER),
+    (r"\bsk-[A-Za-z0-9_-]{20,}", MARKER),
+    (r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}", MARKER),
+    (r"\bxox[abprs]-[A-Za-z0-9-]{10,}", MARKER),
+    (r"\bAKIA[0-9A-Z]{16}\b", MARKER),
+]
+_SUBS = [(re.compile(p, re.IGNORECASE), r) for p, r in _PATTERNS]
+#: Every pattern above needs one of these (lower-cased) in the text: a cheap test before the regexes.
+_HINTS = ("authorization", "api-key", "api_key", "apikey", "auth-token", "bearer", "://", "sk-",
+          "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "xox", "akia")
+
+
+class _Registry:
+    """The literal secret values, and one compiled regex of them, rebuilt only on change."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.registered: set[str] = set()
+        self.env_names: set[str] = set()
+        self.env_seen: tuple[int, tuple[str | None, ...]] = (-1, ())
+        self.watched: tuple[str, ...] = ()
+        self.values: frozenset[str] = frozenset()
+        self.regex: re.Pattern[str] | None = None
+
+    def _env_changed(self) -> bool:
+        environ = os.environ
+        return self.env_seen != (len(environ), tuple(environ.get(n) for n in self.watched))
+
+    def current(self) -> re.Pattern[str] | None:
+        if self._env_changed():
+            with self.lock:
+                self._rebuild()
+        return self.regex
+
+    def _rebuild(self) -> None:
+        environ = dict(os.environ)
+        watched = tuple(sorted(n for n in environ if _SECRET_NAME.search(n) or n in self.env_names)
+                        + sorted(n for n in self.env_names if n not in environ))
+        values = {v for n in watched if (v := environ.get(n)) and len(v) >= MIN_SECRET_LEN}
+        values |= self.registered
+        self.watched = watched
+        self.env_seen = (len(os.environ), tuple(os.environ.get(n) for n in watched))
+        if values != self.values:
+            self.values = frozenset(values)
+            # longest first, so a secret containing another is replaced whole
+            alternation = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
+            self.regex = re.compile(alternation) if alternation else None
+
+    def add(self, value: str) -> None:
+        if len(value) < MIN_SECRET_LEN or value in self.registered:
+            return
+        with self.lock:
+            self.registered.add(value)
+            self._rebuild()
+
+    def add_env(self, name: str) -> None:
+        if name in self.env_names:
+            return
+        with self.lock:
+            self.env_names.add(name)
+            self.env_seen = (-1, ())
+            self._rebuild()
+
+
+_REGISTRY = _Registry()
+
+
+def register_secret(value: str) -> None:
+    """Treat ``value`` (8+ characters) as a secret in this process from now on."""
+    _REGISTRY.add(value)
+
+
+def register_secret_env(name: str) -> None:
+    """Treat the value of environment variable ``name`` as a secret, whatever its name."""
+    _REGISTRY.add_env(name)
 
 
 def scrub_text(text: str) -> str:
     """``text`` with every known secret replaced by a marker."""
+    if len(text) < MIN_SECRET_LEN:
+        return text
+    return _scrub_text(text, _REGISTRY.current())
+
+
+def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
+    if literal is not None and literal.search(text):
+        text = literal.sub(MARKER, text)
+    low = text.lower()
+    if any(hint in low for hint in _HINTS):
+        for regex, replacement in _SUBS:
+            text = regex.sub(replacement, text)
     return text
 
 
 def scrub(value: Any) -> Any:
     """A JSON value with every string scrubbed (keys kept); returns the same object when clean."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _scrub(value, _REGISTRY.current())
+
+
+def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
+    if isinstance(value, str):
+        return value if len(value) < MIN_SECRET_LEN else _scrub_text(value, literal)
+    if isinstance(value, dict):
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            if isinstance(item, str):
+                if not item:
+                    continue
+                if isinstance(key, str) and key.lower().replace("_", "-") in SECRET_KEYS:
+                    new: Any = MARKER
+                elif len(item) < MIN_SECRET_LEN:
+                    continue
+                else:
+                    new = _scrub_text(item, literal)
+            elif isinstance(item, dict | list | tuple):
+                new = _scrub(item, literal)
+            else:
+                continue
+            if new is not item and new != item:
+                if out is None:
+                    out = dict(value)
+                out[key] = new
+        return value if out is None else out
+    if isinstance(value, list | tuple):
+        items = [_scrub(item, literal) for item in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return items if isinstance(value, list) else tuple(items)
     return value
+
+
+class RedactingFilter(logging.Filter):
+    """Scrubs a log record's message, arguments and exception text before any handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string: leave it to logging's own error report
+            return True
+        clean = scrub_text(message)
+        if clean is not message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub_text(record.exc_text)
+        if record.stack_info:
+            record.stack_info = scrub_text(record.stack_info)
+        return True
+
+
+_FILTER = RedactingFilter()
+#: The loggers raysaga writes to; a filter on a logger only sees that logger's own records.
+LOGGERS = ("raysaga", "raysaga.driver", "raysaga.store", "raysaga.agents", "raysaga.cli")
+#: Records of these logger trees are scrubbed when they are made, whichever logger or handler
+#: emits them later (a filter on a logger misses its children's records): raysaga's own, and the
+#: libraries whose messages can quote a request (the SDK, HTTP, SQL, Ray).
+SCRUBBED_TREES = ("raysaga", "anthropic", "httpx", "httpcore", "urllib3", "sqlalchemy", "ray")
+
+
+def _in_scrubbed_tree(name: str) -> bool:
+    return any(name == tree or name.startswith(tree + ".") for tree in SCRUBBED_TREES)
+
+
+def install_log_filter(*names: str) -> None:
+    """Put the redacting filter on raysaga's loggers (and on ``names``), and scrub every record of
+    ``SCRUBBED_TREES`` as it is made; idempotent. Done when this module is imported."""
+    known = [n for n in logging.Logger.manager.loggerDict if n == "raysaga" or n.startswith("raysaga.")]
+    for name in {*LOGGERS, *known, *names}:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    current = logging.getLogRecordFactory()
+    if getattr(current, "_raysaga_scrubs", False):
+        return
+
+    def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = current(*args, **kwargs)
+        if _in_scrubbed_tree(record.name):
+            _FILTER.filter(record)
+        return record
+
+    factory._raysaga_scrubs = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
+
+
+install_log_filter()

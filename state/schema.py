@@ -6,6 +6,8 @@ compare in a lease's ``WHERE``. JSON columns hold strict JSON only (see ``jsonco
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -19,10 +21,59 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    text,
 )
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from raysaga.errors import CorruptRecordError, NotJSONableError
+from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+
+class JsonText(TypeDecorator[Any]):
+    """A JSON column whose text nobody rewrites: PostgreSQL ``json`` (it keeps the text verbatim),
+    SQLite ``TEXT``.
+
+    Why not SQLAlchemy's ``JSON`` on SQLite: its declared type ``JSON`` has NUMERIC affinity, so
+    SQLite converts a bare number on insert (``12345678901234567891`` comes back as a float,
+    ``2.0`` as ``2``, ``1e16`` as an int). TEXT affinity stores the canonical text as given.
+    ``where`` (``table.column``) names the column when a stored value is not JSON.
+    """
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, where: str = "") -> None:
+        super().__init__()
+        self.where = where
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(Text())
+        return dialect.type_descriptor(JSON())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        if dialect.name != "sqlite":
+            return value  # the json type serializes with the engine's serializer (jsoncodec.dumps)
+        return None if value is None else jsoncodec.dumps(value, self.where or "value")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        if dialect.name != "sqlite" or value is None:
+            return value
+        if not isinstance(value, str):
+            raise CorruptRecordError(f"{self.where} holds a {type(value).__name__} ({_short(value)}), not JSON text")
+        try:
+            return jsoncodec.loads(value)
+        except (ValueError, NotJSONableError) as exc:
+            raise CorruptRecordError(f"{self.where} holds text that is not JSON ({_short(value)}): {exc}") from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 metadata = MetaData()
 
@@ -51,13 +102,16 @@ runs = Table(
     # incremented on each claim; every driver write carries AND fence = ?
     Column("fence", Integer, nullable=False, default=0),
     Column("event_seq", BigInteger, nullable=False, default=0),
-    Column("input", JSON, nullable=True),
-    Column("output", JSON, nullable=True),
-    Column("error", JSON, nullable=True),
+    Column("input", JsonText, nullable=True),
+    Column("output", JsonText, nullable=True),
+    Column("error", JsonText, nullable=True),
     # schema 3: an input or output above the store's inline limit lives in raysaga_blobs; the
     # JSON column is then NULL and this names the blob (readers get the value either way)
     Column("input_digest", String(80), nullable=True),
     Column("output_digest", String(80), nullable=True),
+    # schema 4: set when the output is {output_key: the value in blob output_digest}: a run's
+    # output wraps its sink's, whose blob is then stored once, not again inside a wrapper
+    Column("output_key", String(200), nullable=True),
     Column("deadline_at", Double, nullable=True),
     Column("retry_budget", Integer, nullable=True),
     Column("retries_used", Integer, nullable=False, default=0),
@@ -70,6 +124,17 @@ runs = Table(
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
     Index("ix_raysaga_runs_status", "status"),
+    # schema 4: `list` pages newest first by (created_at, run_id), optionally per status or
+    # workflow, without scanning; prune finds old finished runs by (status, updated_at); the
+    # partial digest indexes let blob garbage collection prove a blob unreferenced cheaply
+    Index("ix_raysaga_runs_created", "created_at", "run_id"),
+    Index("ix_raysaga_runs_status_created", "status", "created_at", "run_id"),
+    Index("ix_raysaga_runs_workflow_created", "workflow_name", "created_at", "run_id"),
+    Index("ix_raysaga_runs_status_updated", "status", "updated_at"),
+    Index("ix_raysaga_runs_input_digest", "input_digest", sqlite_where=text("input_digest IS NOT NULL"),
+          postgresql_where=text("input_digest IS NOT NULL")),
+    Index("ix_raysaga_runs_output_digest", "output_digest", sqlite_where=text("output_digest IS NOT NULL"),
+          postgresql_where=text("output_digest IS NOT NULL")),
 )
 
 nodes = Table(
@@ -82,12 +147,14 @@ nodes = Table(
     Column("status", String(32), nullable=False),
     Column("attempt", Integer, nullable=False, default=0),
     Column("not_before", Double, nullable=True),
-    Column("output", JSON, nullable=True),
+    Column("output", JsonText, nullable=True),
     Column("output_digest", String(80), nullable=True),
-    Column("error", JSON, nullable=True),
+    Column("error", JsonText, nullable=True),
     Column("started_at", Double, nullable=True),
     Column("finished_at", Double, nullable=True),
     Column("duration", Double, nullable=True),
+    Index("ix_raysaga_nodes_output_digest", "output_digest", sqlite_where=text("output_digest IS NOT NULL"),
+          postgresql_where=text("output_digest IS NOT NULL")),
 )
 
 effects = Table(
@@ -100,7 +167,7 @@ effects = Table(
     Column("effect_name", String(200), nullable=False),
     Column("args_digest", String(64), nullable=False),
     Column("status", String(16), nullable=False),  # pending | committed | failed
-    Column("result", JSON, nullable=True),
+    Column("result", JsonText, nullable=True),
     Column("external_id", String(200), nullable=True),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
@@ -116,7 +183,7 @@ events = Table(
     Column("kind", String(64), nullable=False),
     Column("node_id", String(200), nullable=True),
     Column("fan_index", Integer, nullable=True),
-    Column("data", JSON, nullable=True),
+    Column("data", JsonText, nullable=True),
 )
 
 blobs = Table(
@@ -134,7 +201,7 @@ signals = Table(
     Column("run_id", String(200), ForeignKey("raysaga_runs.run_id", ondelete="CASCADE"), nullable=False),
     Column("kind", String(32), nullable=False),  # cancel | approve | reject
     Column("node_id", String(200), nullable=True),
-    Column("payload", JSON, nullable=True),
+    Column("payload", JsonText, nullable=True),
     Column("created_at", Double, nullable=False),
     Column("consumed_at", Double, nullable=True),
     Index("ix_raysaga_signals_run", "run_id", "consumed_at"),
@@ -149,7 +216,7 @@ memory = Table(
     # a per-run blackboard that parallel agents share; every write is a compare-and-set on version
     Column("run_id", String(200), ForeignKey("raysaga_runs.run_id", ondelete="CASCADE"), primary_key=True),
     Column("key", String(200), primary_key=True),
-    Column("value", JSON, nullable=True),
+    Column("value", JsonText, nullable=True),
     Column("version", Integer, nullable=False),
     Column("writer", String(120), nullable=True),  # idempotency key of the write that set this version
     Column("updated_at", Double, nullable=False),
@@ -166,3 +233,10 @@ breakers = Table(
     Column("version", Integer, nullable=False),
     Column("updated_at", Double, nullable=False),
 )
+
+
+# every JSON column names itself in a CorruptRecordError
+for _table in metadata.tables.values():
+    for _column in _table.columns:
+        if isinstance(_column.type, JsonText):
+            _column.type = JsonText(f"{_table.name}.{_column.name}")

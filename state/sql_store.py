@@ -3,22 +3,44 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, Column, Connection, Engine, Row, Table, and_, bindparam, func, insert, or_, select, update
+from pydantic import ValidationError
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    LargeBinary,
+    Row,
+    Table,
+    and_,
+    bindparam,
+    cast,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from raysaga.errors import (
+    BlobIntegrityError,
     ConcurrencyConflict,
+    CorruptRecordError,
     IllegalTransitionError,
+    InputTooLargeError,
     LeaseHeldError,
     LeaseLostError,
     RunExistsError,
     RunNotFoundError,
+    UserError,
 )
 from raysaga.state import jsoncodec, migrate
 from raysaga.state.engine import make_engine, normalize_url, redact
@@ -36,25 +58,37 @@ from raysaga.state.models import (
     RunRecord,
     RunSnapshot,
     RunStatus,
+    RunSummary,
     SignalRecord,
     can_transition,
 )
-from raysaga.state.schema import blobs, breakers, effects, events, memory, nodes, runs, signals
+from raysaga.state.prune import PruneReport
+from raysaga.state.prune import prune as prune_runs
+from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.schema import JsonText, blobs, breakers, effects, events, memory, nodes, runs, signals
 from raysaga.state.store import Store
 
 #: A run's input or output whose JSON is larger than this is kept in raysaga_blobs, not in its
 #: row (DESIGN: rows stay small; ``list`` and every transition read the row). The default of
 #: ``RunOptions.blob_threshold``, which does the same for node outputs.
 RUN_VALUE_INLINE_LIMIT = 64 * 1024
+#: Default cap on a run's input (canonical JSON bytes); ``RAYSAGA_MAX_INPUT_BYTES`` or
+#: ``SqlStore(max_input_bytes=...)`` changes it. A run input is read whole by every resume: large
+#: data belongs elsewhere (a path, a URL, an id), with the run holding the reference.
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+MAX_INPUT_ENV = "RAYSAGA_MAX_INPUT_BYTES"
+#: ``list_runs`` pages are at most this long (summary rows only, so this bounds its memory).
+MAX_LIST_LIMIT = 100_000
 
 
 class SqlStore(Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
     def __init__(self, url: str, *, migrate_schema: bool = True,
-                 run_value_inline_limit: int = RUN_VALUE_INLINE_LIMIT) -> None:
+                 run_value_inline_limit: int = RUN_VALUE_INLINE_LIMIT, max_input_bytes: int | None = None) -> None:
         self.url = normalize_url(url)
         self.run_value_inline_limit = run_value_inline_limit
+        self.max_input_bytes = _max_input_bytes(max_input_bytes)
         self.engine: Engine = make_engine(self.url)
         # reads on their own engine: on SQLite they then never take the write lock
         self.reader: Engine = make_engine(self.url, for_reads=True) if self.dialect_of(self.url) == "sqlite" \
@@ -84,15 +118,15 @@ class SqlStore(Store):
 
     def create_run(self, new: NewRun) -> RunRecord:
         now = time.time()
-        values = new.model_dump()
+        values = new.model_dump(exclude={"input"})  # the input is not copied: it may be large
         values.update(status=RunStatus.PENDING.value, version=0, fence=0, event_seq=1, retries_used=0,
                       tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
         try:
             with self.engine.begin() as conn:
-                values["input"], values["input_digest"] = self._run_value(conn, new.input, "input")
+                values["input"], values["input_digest"], _ = self._run_value(conn, new.input, "input")
                 conn.execute(insert(runs).values(**values))
                 conn.execute(insert(events).values(run_id=new.run_id, seq=1, at=now, kind="run_created",
-                                                   data={"workflow": new.workflow_name}))
+                                                   data=scrub({"workflow": new.workflow_name})))
         except IntegrityError:
             raise RunExistsError(new.run_id) from None
         return self.get_run(new.run_id)
@@ -102,57 +136,124 @@ class SqlStore(Store):
             return self._get_run(conn, run_id)
 
     def _get_run(self, conn: Connection, run_id: str) -> RunRecord:
-        row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
+        with _reading(run_id, runs.name):
+            row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
         if row is None:
             raise RunNotFoundError(run_id)
         return self._run_record(conn, row)
 
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        query = select(runs).order_by(runs.c.created_at.desc()).limit(limit)
-        if status is not None:
-            query = query.where(runs.c.status == status.value)
-        with self.reader.connect() as conn:
-            return [self._run_record(conn, r) for r in conn.execute(query).all()]
+    def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
+                  before: tuple[float, str] | None = None) -> list[RunSummary]:
+        """Newest first (by created_at, then run_id), at most ``limit``, summary columns only.
 
-    def _run_value(self, conn: Connection, value: Any, what: str) -> tuple[Any, str | None]:
-        """A run's input or output as (inline value, None), or (None, digest) once it is large."""
+        ``before`` is the ``cursor`` of the last row of the previous page (keyset paging: every
+        page costs one index range scan however deep). A row that cannot be read is listed with
+        ``corrupt`` saying why; the other runs are unaffected.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
+            raise UserError(f"list limit {limit!r} is not a whole number from 1 to {MAX_LIST_LIMIT}: "
+                            "page with before=summary.cursor for more")
+        query = select(*_SUMMARY).order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(limit)
+        if status is not None:
+            query = query.where(runs.c.status == RunStatus(status).value)
+        if workflow is not None:
+            query = query.where(runs.c.workflow_name == workflow)
+        if before is not None:
+            at, after_id = before
+            query = query.where(or_(runs.c.created_at < at, and_(runs.c.created_at == at, runs.c.run_id < after_id)))
+        with self.reader.connect() as conn:
+            try:
+                rows = [r._asdict() for r in conn.execute(query).all()]
+            except OperationalError as exc:
+                if not _undecodable(exc):
+                    raise
+                # SQLite refuses the whole result when one text column is not UTF-8: read the
+                # page again with text columns as bytes, and flag just the rows that hold them
+                rows = [_decode_summary(r._asdict()) for r in conn.execute(_as_bytes(query)).all()]
+        return [self._summary(values) for values in rows]
+
+    def _summary(self, values: dict[str, Any]) -> RunSummary:
+        problem = values.pop("corrupt", None)
+        status = values["status"]
+        if status not in _STATES:
+            problem = problem or f"raysaga_runs.status is {status!r}, not a run state"
+            values["status"] = None
+        for name in ("created_at", "updated_at"):
+            if isinstance(values[name], bool) or not isinstance(values[name], int | float):
+                problem = problem or f"raysaga_runs.{name} is {values[name]!r}, not a time"
+                values[name] = 0.0
+        if values["lease_expires_at"] is not None and not isinstance(values["lease_expires_at"], int | float):
+            problem = problem or f"raysaga_runs.lease_expires_at is {values['lease_expires_at']!r}, not a time"
+            values["lease_expires_at"] = None
+        for name in ("run_id", "workflow_name", "workflow_version"):
+            if not isinstance(values[name], str):
+                problem = problem or f"raysaga_runs.{name} is {values[name]!r}, not text"
+                values[name] = str(values[name])
+        for name in ("status_reason", "lease_owner"):
+            if values[name] is not None and not isinstance(values[name], str):
+                problem = problem or f"raysaga_runs.{name} is {values[name]!r}, not text"
+                values[name] = str(values[name])
+        summary = RunSummary.model_validate({**values, "corrupt": problem})
+        summary._load = functools.partial(self.get_run, summary.run_id)
+        return summary
+
+    def _run_value(self, conn: Connection, value: Any, what: str) -> tuple[Any, str | None, str | None]:
+        """A run's input or output as (inline value, None, None), or (None, digest, None) once it is
+        large; an output ``{key: large}`` is (None, digest of large, key): the sink node's blob of
+        the same canonical bytes then holds it once (the digest is the same, the insert a no-op)."""
         if value is None:
-            return None, None
+            return None, None, None
+        if what == "output" and isinstance(value, dict) and len(value) == 1:
+            ((key, inner),) = value.items()
+            part = jsoncodec.dumps(inner, f"run output[{key!r}]").encode("utf-8")
+            if len(part) > self.run_value_inline_limit and len(key) <= 200:
+                digest = jsoncodec.digest(part)
+                _insert_ignore(conn, blobs, [{"digest": digest, "size": len(part), "data": part}], ["digest"])
+                return None, digest, key
         data = jsoncodec.dumps(value, f"run {what}").encode("utf-8")
+        if what == "input" and len(data) > self.max_input_bytes:
+            raise InputTooLargeError(
+                f"run input is {len(data):,} bytes of JSON, above the cap of {self.max_input_bytes:,} bytes: pass "
+                f"a reference (a path, a URL, an id) instead, or raise the cap with {MAX_INPUT_ENV}=BYTES "
+                "(or SqlStore(max_input_bytes=...))")
         if len(data) <= self.run_value_inline_limit:
-            return value, None
+            return value, None, None
         digest = jsoncodec.digest(data)
         _insert_ignore(conn, blobs, [{"digest": digest, "size": len(data), "data": data}], ["digest"])
-        return None, digest
+        return None, digest, None
 
     @staticmethod
     def _run_record(conn: Connection, row: Row[Any]) -> RunRecord:
         values = row._asdict()
-        wanted = [d for d in (values["input_digest"], values["output_digest"]) if d]
+        run_id = values["run_id"]
+        output_key = values.pop("output_key", None)
+        wanted = {values[f"{name}_digest"]: f"{name} of run {run_id!r}" for name in ("input", "output")
+                  if values[f"{name}_digest"]}
         if wanted:
-            found = {d: bytes(b) for d, b in conn.execute(select(blobs.c.digest, blobs.c.data)
-                                                          .where(blobs.c.digest.in_(wanted)))}
+            found = _load_blobs(conn, wanted)
             for name in ("input", "output"):
                 digest = values[f"{name}_digest"]
                 if digest:
-                    values[name] = jsoncodec.loads(found[digest])
-        return RunRecord.model_validate(values)
+                    values[name] = found[digest]
+            if output_key is not None and values["output_digest"]:
+                values["output"] = {output_key: values["output"]}
+        with _reading(run_id, runs.name):
+            return RunRecord.model_validate(values)
 
     def snapshot(self, run_id: str) -> RunSnapshot:
         with self.reader.connect() as conn:
             run = self._get_run(conn, run_id)
-            node_rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)).all()
-            effect_rows = conn.execute(select(effects).where(effects.c.run_id == run_id)).all()
-            signal_rows = conn.execute(
-                select(signals).where(signals.c.run_id == run_id, signals.c.consumed_at.is_(None))
-                .order_by(signals.c.id)
-            ).all()
-        return RunSnapshot(
-            run=run,
-            nodes=_records(NodeRecord, node_rows),
-            effects=_records(EffectRecord, effect_rows),
-            signals=_records(SignalRecord, signal_rows),
-        )
+            with _reading(run_id, nodes.name):
+                node_rows = _records(NodeRecord, conn.execute(select(nodes).where(nodes.c.run_id == run_id)).all())
+            with _reading(run_id, effects.name):
+                effect_rows = _records(EffectRecord,
+                                       conn.execute(select(effects).where(effects.c.run_id == run_id)).all())
+            with _reading(run_id, signals.name):
+                signal_rows = _records(SignalRecord, conn.execute(
+                    select(signals).where(signals.c.run_id == run_id, signals.c.consumed_at.is_(None))
+                    .order_by(signals.c.id)
+                ).all())
+        return RunSnapshot(run=run, nodes=node_rows, effects=effect_rows, signals=signal_rows)
 
     def transition(self, run_id: str, expected_version: int, status: RunStatus, *, reason: str | None = None,
                    data: Any = None) -> RunRecord:
@@ -167,7 +268,8 @@ class SqlStore(Store):
             result = conn.execute(
                 update(runs)
                 .where(runs.c.run_id == run_id, runs.c.version == expected_version)
-                .values(status=status.value, status_reason=reason, version=runs.c.version + 1,
+                .values(status=status.value, status_reason=None if reason is None else scrub_text(reason),
+                        version=runs.c.version + 1,
                         event_seq=runs.c.event_seq + 1, updated_at=now)
                 .returning(runs.c.event_seq)
             ).first()
@@ -175,7 +277,7 @@ class SqlStore(Store):
                 raise ConcurrencyConflict(f"run {run_id!r} changed under this transition: re-read and retry")
             conn.execute(insert(events).values(
                 run_id=run_id, seq=result[0], at=now, kind="run_" + status.value,
-                data={"from": current.status.value, "reason": reason, **(data or {})},
+                data=scrub({"from": current.status.value, "reason": reason, **(data or {})}),
             ))
             return self._get_run(conn, run_id)
 
@@ -257,14 +359,14 @@ class SqlStore(Store):
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
                 conn.exec_driver_sql(sql.nodes, [
                     (run_id, n.node_id, n.fan_index, n.status.value, n.attempt, n.not_before, _json(n.output),
-                     n.output_digest, _json(n.error), n.started_at, n.finished_at, n.duration)
+                     n.output_digest, _json(scrub(n.error)), n.started_at, n.finished_at, n.duration)
                     for n in batch.nodes])
             if batch.effects:
                 self._write_effects(conn, run_id, batch, now)
             if new_events:
                 first = seq_end - len(new_events) + 1
                 conn.exec_driver_sql(sql.events, [
-                    (run_id, first + i, now, e.kind, e.node_id, e.fan_index, _json(e.data))
+                    (run_id, first + i, now, e.kind, e.node_id, e.fan_index, _json(scrub(e.data)))
                     for i, e in enumerate(new_events)])
             if batch.consumed_signals:
                 conn.execute(update(signals).where(signals.c.id.in_(batch.consumed_signals),
@@ -293,11 +395,13 @@ class SqlStore(Store):
         if upd.status is not None:
             current = self._get_run(conn, lease.run_id)
             _check_transition(current, upd.status)
-            values.update(status=upd.status.value, status_reason=upd.status_reason, version=runs.c.version + 1)
+            reason = None if upd.status_reason is None else scrub_text(upd.status_reason)
+            values.update(status=upd.status.value, status_reason=reason, version=runs.c.version + 1)
         if upd.set_output:
-            values["output"], values["output_digest"] = self._run_value(conn, upd.output, "output")
+            values["output"], values["output_digest"], values["output_key"] = \
+                self._run_value(conn, upd.output, "output")
         if upd.set_error:
-            values["error"] = upd.error
+            values["error"] = scrub(upd.error)
         if upd.retries_delta:
             values["retries_used"] = runs.c.retries_used + upd.retries_delta
         if upd.tokens_delta:
@@ -332,12 +436,26 @@ class SqlStore(Store):
     # ---------------------------------------------------------------- reads
 
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
+        """Blob bytes by digest, each checked against its content address (``BlobIntegrityError`` on a
+        mismatch); a digest with no blob is absent from the result (``load_blobs`` refuses that)."""
         wanted = list(set(digests))
         if not wanted:
             return {}
         with self.reader.connect() as conn:
             rows = conn.execute(select(blobs.c.digest, blobs.c.data).where(blobs.c.digest.in_(wanted))).all()
-        return {d: bytes(b) for d, b in rows}
+        out = {d: bytes(b) for d, b in rows}
+        for d, data in out.items():
+            _verify(d, data, "")
+        return out
+
+    def load_blobs(self, wanted: Mapping[str, str]) -> dict[str, Any]:
+        """The JSON values of blobs, by digest; ``wanted`` maps each digest to where it is used (for
+        the message). ``BlobIntegrityError`` if one is missing, does not match its digest or is
+        not JSON: such data is never returned."""
+        if not wanted:
+            return {}
+        with self.reader.connect() as conn:
+            return _load_blobs(conn, wanted)
 
     def put_blobs(self, blobs_by_digest: dict[str, bytes]) -> None:
         if not blobs_by_digest:
@@ -347,29 +465,35 @@ class SqlStore(Store):
                                          for d, b in blobs_by_digest.items()], ["digest"])
 
     def nodes(self, run_id: str) -> list[NodeRecord]:
-        with self.reader.connect() as conn:
+        with self.reader.connect() as conn, _reading(run_id, nodes.name):
             rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)
                                 .order_by(nodes.c.started_at.is_(None), nodes.c.started_at, nodes.c.node_id,
                                           nodes.c.fan_index)).all()
-        return _records(NodeRecord, rows)
+            return _records(NodeRecord, rows)
 
     def effects(self, run_id: str) -> list[EffectRecord]:
-        with self.reader.connect() as conn:
+        with self.reader.connect() as conn, _reading(run_id, effects.name):
             rows = conn.execute(select(effects).where(effects.c.run_id == run_id)
                                 .order_by(effects.c.created_at, effects.c.idempotency_key)).all()
-        return _records(EffectRecord, rows)
+            return _records(EffectRecord, rows)
 
     def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[EventRecord]:
         query = select(events).where(events.c.run_id == run_id, events.c.seq > after_seq).order_by(events.c.seq)
         if limit is not None:
             query = query.limit(limit)
-        with self.reader.connect() as conn:
+        with self.reader.connect() as conn, _reading(run_id, events.name):
             return _records(EventRecord, conn.execute(query).all())
 
     def count_events(self, run_id: str) -> int:
         with self.reader.connect() as conn:
             return int(conn.execute(select(func.count()).select_from(events).where(events.c.run_id == run_id))
                        .scalar_one())
+
+    def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,
+              dry_run: bool = False) -> PruneReport:
+        """Delete finished runs older than ``older_than`` seconds, with their rows and unshared blobs
+        (see ``raysaga.state.prune``)."""
+        return prune_runs(self, older_than, statuses, batch_size, dry_run)
 
     # ---------------------------------------------------------------- signals
 
@@ -384,17 +508,17 @@ class SqlStore(Store):
         return SignalRecord.model_validate(row._asdict())
 
     def pending_signals(self, run_id: str) -> list[SignalRecord]:
-        with self.reader.connect() as conn:
+        with self.reader.connect() as conn, _reading(run_id, signals.name):
             rows = conn.execute(select(signals).where(and_(signals.c.run_id == run_id,
                                                            signals.c.consumed_at.is_(None)))
                                 .order_by(signals.c.id)).all()
-        return _records(SignalRecord, rows)
+            return _records(SignalRecord, rows)
 
 
     # ---------------------------------------------------------------- shared memory (blackboard)
 
     def memory_get(self, run_id: str, key: str) -> MemoryEntry:
-        with self.reader.connect() as conn:
+        with self.reader.connect() as conn, _reading(run_id, memory.name):
             row = conn.execute(select(memory).where(memory.c.run_id == run_id, memory.c.key == key)).first()
         if row is None:
             return MemoryEntry(key=key)
@@ -410,7 +534,8 @@ class SqlStore(Store):
         now = time.time()
         with self.engine.begin() as conn:
             self._fence_guard(conn, lease, 0, now)
-            row = conn.execute(select(memory).where(memory.c.run_id == lease.run_id, memory.c.key == key)).first()
+            with _reading(lease.run_id, memory.name):
+                row = conn.execute(select(memory).where(memory.c.run_id == lease.run_id, memory.c.key == key)).first()
             current = 0 if row is None else int(row.version)
             if row is not None and row.writer == writer:
                 return MemoryEntry(key=key, value=row.value, version=current, writer=writer)
@@ -482,7 +607,7 @@ def _driver_sql(dialect: str) -> _DriverSql:
 
     def value(column: Column[Any]) -> str:
         # PostgreSQL takes JSON text into a json column only with a cast; SQLite stores it as text
-        return f"CAST({mark} AS JSON)" if dialect != "sqlite" and isinstance(column.type, JSON) else mark
+        return f"CAST({mark} AS JSON)" if dialect != "sqlite" and isinstance(column.type, JsonText) else mark
 
     def insert_sql(table: Table) -> str:
         return (f"INSERT INTO {table.name} ({', '.join(table.c.keys())}) "
@@ -496,6 +621,102 @@ def _driver_sql(dialect: str) -> _DriverSql:
         nodes=f"{insert_sql(nodes)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
         events=insert_sql(events),
     )
+
+
+_SUMMARY = (runs.c.run_id, runs.c.workflow_name, runs.c.workflow_version, runs.c.status, runs.c.status_reason,
+            runs.c.created_at, runs.c.updated_at, runs.c.lease_owner, runs.c.lease_expires_at)
+_TEXT_SUMMARY = ("run_id", "workflow_name", "workflow_version", "status", "status_reason", "lease_owner")
+_STATES = frozenset(s.value for s in RunStatus)
+
+
+def _max_input_bytes(given: int | None) -> int:
+    if given is None:
+        env = os.environ.get(MAX_INPUT_ENV)
+        if not env:
+            return MAX_INPUT_BYTES
+        try:
+            given = int(env)
+        except ValueError:
+            raise UserError(f"{MAX_INPUT_ENV}={env!r} is not a whole number of bytes") from None
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise UserError(f"max_input_bytes {given!r} must be a positive whole number of bytes")
+    return given
+
+
+@contextmanager
+def _reading(run_id: str, table: str) -> Iterator[None]:
+    """Turn a stored row that cannot be read back into one ``CorruptRecordError`` naming the run,
+    the table and the column: never a pydantic traceback, and never a failure of other runs."""
+    advice = (": the row was changed outside raysaga; only this run is affected (restore the row from a "
+              "backup, or delete the run's rows)")
+    try:
+        yield
+    except CorruptRecordError as exc:
+        if str(exc).startswith("run "):
+            raise
+        raise CorruptRecordError(f"run {run_id!r}: {exc}{advice}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        column = ".".join(str(p) for p in first["loc"])
+        raise CorruptRecordError(f"run {run_id!r}: {table}.{column} is {_short(first.get('input'))}: "
+                                 f"{first['msg']}{advice}") from None
+    except OperationalError as exc:
+        if not _undecodable(exc):
+            raise
+        raise CorruptRecordError(f"run {run_id!r}: {table} holds text that is not UTF-8 ({exc.orig}){advice}") \
+            from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _undecodable(exc: OperationalError) -> bool:
+    return "could not decode" in str(exc.orig).lower()
+
+
+def _as_bytes(query: Any) -> Any:
+    """``query`` with its text summary columns read as raw bytes (SQLite: CAST AS BLOB)."""
+    cols = [cast(c, LargeBinary).label(c.name) if c.name in _TEXT_SUMMARY else c for c in _SUMMARY]
+    return query.with_only_columns(*cols)
+
+
+def _decode_summary(values: dict[str, Any]) -> dict[str, Any]:
+    problem = None
+    for name in _TEXT_SUMMARY:
+        raw = values[name]
+        if isinstance(raw, bytes | bytearray | memoryview):
+            try:
+                values[name] = bytes(raw).decode("utf-8")
+            except UnicodeDecodeError:
+                values[name] = bytes(raw).decode("utf-8", "replace")
+                problem = problem or f"raysaga_runs.{name} holds bytes that are not UTF-8 text"
+    values["corrupt"] = problem
+    return values
+
+
+def _verify(digest: str, data: bytes, where: str) -> None:
+    actual = jsoncodec.digest(data)
+    if actual != digest:
+        raise BlobIntegrityError(digest, f"does not match its content (the stored bytes hash to {actual})", where)
+
+
+def _load_blobs(conn: Connection, wanted: Mapping[str, str]) -> dict[str, Any]:
+    """Fetch, verify and parse blobs: ``wanted`` maps digest -> where it is used."""
+    rows = conn.execute(select(blobs.c.digest, blobs.c.data).where(blobs.c.digest.in_(list(wanted)))).all()
+    found = {d: bytes(b) for d, b in rows}
+    out: dict[str, Any] = {}
+    for d, where in wanted.items():
+        data = found.get(d)
+        if data is None:
+            raise BlobIntegrityError(d, "is missing", where)
+        _verify(d, data, where)
+        try:
+            out[d] = jsoncodec.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BlobIntegrityError(d, f"is not JSON ({exc})", where) from None
+    return out
 
 
 def _json(value: Any) -> str | None:

@@ -8,7 +8,7 @@ one transaction guarded by the lease's fence.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from raysaga.state.models import (
@@ -23,8 +23,10 @@ from raysaga.state.models import (
     RunRecord,
     RunSnapshot,
     RunStatus,
+    RunSummary,
     SignalRecord,
 )
+from raysaga.state.prune import PruneReport
 
 
 class Store(ABC):
@@ -39,8 +41,10 @@ class Store(ABC):
         """The run row; ``RunNotFoundError`` if absent."""
 
     @abstractmethod
-    def list_runs(self, status: RunStatus | None = None, limit: int = 100) -> list[RunRecord]:
-        """Newest first."""
+    def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
+                  before: tuple[float, str] | None = None) -> list[RunSummary]:
+        """Newest first, summary columns only, keyset-paged by ``before`` (a summary's ``cursor``);
+        a row that cannot be read comes back with ``corrupt`` set instead of failing the list."""
 
     @abstractmethod
     def snapshot(self, run_id: str) -> RunSnapshot:
@@ -79,7 +83,13 @@ class Store(ABC):
 
     @abstractmethod
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
-        """Blob bytes by digest (missing digests are absent from the result)."""
+        """Blob bytes by digest, verified against it (``BlobIntegrityError`` on a mismatch); missing
+        digests are absent from the result."""
+
+    @abstractmethod
+    def load_blobs(self, wanted: Mapping[str, str]) -> dict[str, Any]:
+        """JSON values of blobs by digest (``wanted``: digest -> where it is used, for messages);
+        ``BlobIntegrityError`` when one is missing, altered or not JSON."""
 
     @abstractmethod
     def put_blobs(self, blobs: dict[str, bytes]) -> None:
@@ -116,6 +126,13 @@ class Store(ABC):
     @abstractmethod
     def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
         """Store a breaker's new state unless another driver changed it first."""
+
+    @abstractmethod
+    def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,
+              dry_run: bool = False) -> PruneReport:
+        """Delete runs at rest (terminal or parked) not updated for ``older_than`` seconds, with
+        their nodes, events, effects, signals, memory and the blobs no other row references, in
+        batches of ``batch_size`` runs (one short transaction each); ``dry_run`` only counts."""
 
     @abstractmethod
     def close(self) -> None: ...

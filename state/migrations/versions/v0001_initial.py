@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-from raysaga.state.schema import blobs, effects, events, nodes, runs, schema_info, signals
+from raysaga.state.schema import JsonText, blobs, effects, events, nodes, runs, schema_info, signals
 
 revision = "0001"
 down_revision = None
@@ -18,14 +18,22 @@ depends_on = None
 _TABLES = (schema_info, runs, nodes, effects, events, blobs, signals)
 #: Columns later migrations add: version 1 is created without them, so a database made by
 #: this file is exactly a version-1 database and every later migration runs on it.
-ADDED_LATER = {"raysaga_runs": {"token_budget", "cost_budget", "input_digest", "output_digest"}}
+ADDED_LATER = {"raysaga_runs": {"token_budget", "cost_budget", "input_digest", "output_digest", "output_key"}}
+#: Indexes schema 4 adds (it creates them itself).
+INDEXES_ADDED_LATER = {"ix_raysaga_runs_created", "ix_raysaga_runs_status_created",
+                       "ix_raysaga_runs_workflow_created", "ix_raysaga_runs_status_updated",
+                       "ix_raysaga_runs_input_digest", "ix_raysaga_runs_output_digest",
+                       "ix_raysaga_nodes_output_digest"}
 
 
-def _as_of_v1(table: sa.Table) -> sa.Table:
+def _as_of_v1(table: sa.Table, v1: sa.MetaData) -> sa.Table:
     later = ADDED_LATER.get(table.name, set())
-    v1 = sa.MetaData()
     columns = [c._copy() for c in table.columns if c.name not in later]
-    indexes = [sa.Index(i.name, *[c.name for c in i.columns]) for i in table.indexes]
+    for c in columns:
+        if isinstance(c.type, JsonText):
+            c.type = sa.JSON()  # version 1 declared JSON columns as JSON; schema 4 makes them TEXT on SQLite
+    indexes = [sa.Index(i.name, *[c.name for c in i.columns]) for i in table.indexes
+               if i.name not in INDEXES_ADDED_LATER]
     fks = []
     for c in columns:
         c.foreign_keys.clear()
@@ -38,7 +46,8 @@ def _as_of_v1(table: sa.Table) -> sa.Table:
 
 def upgrade() -> None:
     bind = op.get_bind()
+    v1 = sa.MetaData()  # one, so that foreign keys find raysaga_runs
     for table in _TABLES:
-        (_as_of_v1(table) if table.name in ADDED_LATER else table).create(bind, checkfirst=True)
+        _as_of_v1(table, v1).create(bind, checkfirst=True)
     bind.execute(sa.delete(schema_info))
     bind.execute(sa.insert(schema_info).values(id=1, version=1))

@@ -1,0 +1,171 @@
+"""Retention: delete finished runs older than a cutoff, with everything that belongs to them.
+
+Without it nothing is ever deleted and the store grows with every run. Only runs at rest are
+touched: terminal (completed, compensated, cancelled) or parked for an operator (failed,
+compensation_failed), and not updated for ``older_than`` seconds. A running, waiting or
+compensating run is never touched, whatever its age.
+
+Deletion goes in batches of ``batch_size`` runs, each one short transaction, so a prune of a
+large store never holds the write lock for long. A blob is deleted only when no remaining run
+or node row references its digest; that is decided in the DELETE statement itself (NOT EXISTS),
+on PostgreSQL under a lock that makes writers inserting blobs wait, so a concurrent commit that
+re-uses an existing blob either commits first (and keeps it) or re-inserts it after.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, not_, or_, select, union
+
+from raysaga.errors import UserError
+from raysaga.state.models import PARKED, TERMINAL, RunStatus
+from raysaga.state.schema import blobs, effects, events, memory, nodes, runs, signals
+
+if TYPE_CHECKING:
+    from raysaga.state.sql_store import SqlStore
+
+#: Runs in these states may be pruned (the default set).
+PRUNABLE = frozenset(TERMINAL | PARKED)
+_CHILDREN = (("nodes", nodes), ("events", events), ("effects", effects), ("signals", signals), ("memory", memory))
+
+
+class PruneReport(BaseModel):
+    """What a prune deleted (or, with ``dry_run``, would delete)."""
+
+    cutoff: float
+    statuses: list[str]
+    dry_run: bool
+    runs: int = 0
+    nodes: int = 0
+    events: int = 0
+    effects: int = 0
+    signals: int = 0
+    memory: int = 0
+    blobs: int = 0
+    blob_bytes: int = 0
+
+
+def prune(store: SqlStore, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,
+          dry_run: bool = False, *, now: float | None = None) -> PruneReport:
+    """Delete runs at rest whose ``updated_at`` is more than ``older_than`` seconds ago, with their
+    nodes, events, effects, signals, memory and the blobs nothing else references.
+
+    ``statuses`` narrows which resting states qualify (default: all of them); naming a state that
+    is not at rest is an error. ``dry_run`` counts and deletes nothing.
+    """
+    if isinstance(older_than, bool) or not isinstance(older_than, int | float) or not older_than >= 0:
+        raise UserError(f"older_than {older_than!r} must be a number of seconds, 0 or more (30 days: 2592000)")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
+        raise UserError(f"batch_size {batch_size!r} must be a whole number from 1 to 10000")
+    wanted = _statuses(statuses)
+    cutoff = (time.time() if now is None else now) - float(older_than)
+    report = PruneReport(cutoff=cutoff, statuses=sorted(wanted), dry_run=dry_run)
+    prunable = and_(runs.c.status.in_(wanted), runs.c.updated_at < cutoff)
+    if dry_run:
+        with store.reader.connect() as conn:
+            _count(conn, report, prunable)
+        return report
+    while True:
+        with store.engine.begin() as conn:
+            done = _one_batch(conn, report, prunable, batch_size)
+        if done < batch_size:
+            return report
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
+
+
+def parse_age(text: str) -> float:
+    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or plain seconds, as seconds (for ``--older-than``)."""
+    raw = text.strip().lower()
+    unit = _UNITS.get(raw[-1:]) if raw else None
+    number = raw[:-1] if unit is not None else raw
+    try:
+        value = float(number) * (unit or 1.0)
+    except ValueError:
+        raise UserError(f"age {text!r} is not a duration: use a number with s, m, h, d or w (e.g. 30d)") from None
+    if not value >= 0 or value == float("inf"):
+        raise UserError(f"age {text!r} must be 0 or more")
+    return value
+
+
+def _statuses(given: Iterable[RunStatus | str] | None) -> set[str]:
+    if given is None:
+        return {s.value for s in PRUNABLE}
+    out = set()
+    for item in given:
+        try:
+            status = RunStatus(item)
+        except ValueError:
+            raise UserError(f"{item!r} is not a run state; prunable ones: "
+                            f"{', '.join(sorted(s.value for s in PRUNABLE))}") from None
+        if status not in PRUNABLE:
+            raise UserError(f"runs in state {status.value!r} are not at rest and are never pruned; prunable: "
+                            f"{', '.join(sorted(s.value for s in PRUNABLE))}")
+        out.add(status.value)
+    if not out:
+        raise UserError("no run state given to prune")
+    return out
+
+
+def _referenced(kept: ColumnElement[bool] | None = None) -> ColumnElement[bool]:
+    """SQL: the blob row's digest is referenced by a run or node row (of a run ``kept`` selects)."""
+    node_ref = exists().where(nodes.c.output_digest == blobs.c.digest)
+    input_ref = exists().where(runs.c.input_digest == blobs.c.digest)
+    output_ref = exists().where(runs.c.output_digest == blobs.c.digest)
+    if kept is not None:
+        node_ref = node_ref.where(nodes.c.run_id.in_(select(runs.c.run_id).where(kept)))
+        input_ref, output_ref = input_ref.where(kept), output_ref.where(kept)
+    return or_(node_ref, input_ref, output_ref)
+
+
+def _count(conn: Connection, report: PruneReport, prunable: ColumnElement[bool]) -> None:
+    doomed = select(runs.c.run_id).where(prunable)
+    report.runs = int(conn.execute(select(func.count()).select_from(runs).where(prunable)).scalar_one())
+    for name, table in _CHILDREN:
+        setattr(report, name, int(conn.execute(select(func.count()).select_from(table)
+                                               .where(table.c.run_id.in_(doomed))).scalar_one()))
+    used = union(
+        select(nodes.c.output_digest.label("d")).where(nodes.c.run_id.in_(doomed), nodes.c.output_digest.is_not(None)),
+        select(runs.c.input_digest.label("d")).where(prunable, runs.c.input_digest.is_not(None)),
+        select(runs.c.output_digest.label("d")).where(prunable, runs.c.output_digest.is_not(None)),
+    ).subquery()
+    row = conn.execute(select(func.count(), func.coalesce(func.sum(blobs.c.size), 0))
+                       .where(blobs.c.digest.in_(select(used.c.d)), not_(_referenced(not_(prunable))))).one()
+    report.blobs, report.blob_bytes = int(row[0]), int(row[1])
+
+
+def _one_batch(conn: Connection, report: PruneReport, prunable: ColumnElement[bool], batch_size: int) -> int:
+    query = select(runs.c.run_id, runs.c.input_digest, runs.c.output_digest).where(prunable) \
+        .order_by(runs.c.updated_at, runs.c.run_id).limit(batch_size)
+    if conn.dialect.name == "postgresql":
+        # a run an operator revives meanwhile waits for this batch (and skipped ones are left)
+        query = query.with_for_update(skip_locked=True)
+    rows = conn.execute(query).all()
+    if not rows:
+        return 0
+    ids = [r.run_id for r in rows]
+    candidates = {d for r in rows for d in (r.input_digest, r.output_digest) if d}
+    candidates |= {d for (d,) in conn.execute(select(nodes.c.output_digest).distinct()
+                                               .where(nodes.c.run_id.in_(ids), nodes.c.output_digest.is_not(None)))}
+    for name, table in _CHILDREN:
+        setattr(report, name, getattr(report, name) + conn.execute(delete(table).where(table.c.run_id.in_(ids)))
+                .rowcount)
+    report.runs += conn.execute(delete(runs).where(runs.c.run_id.in_(ids), prunable)).rowcount
+    if candidates:
+        if conn.dialect.name == "postgresql":
+            # writers that inserted (or re-used) a blob in a transaction still open finish first,
+            # so NOT EXISTS below sees their node rows; later writers re-insert a deleted blob
+            conn.exec_driver_sql("LOCK TABLE raysaga_blobs IN SHARE ROW EXCLUSIVE MODE")
+        unreferenced = and_(blobs.c.digest.in_(candidates), not_(_referenced()))
+        sizes: dict[str, Any] = dict(conn.execute(select(blobs.c.digest, blobs.c.size).where(unreferenced)).all())
+        if sizes:
+            # the NOT EXISTS is repeated in the DELETE itself: it is what decides
+            report.blobs += conn.execute(delete(blobs).where(blobs.c.digest.in_(list(sizes)), not_(_referenced())))\
+                .rowcount
+            report.blob_bytes += sum(int(v) for v in sizes.values())
+    return len(rows)
