@@ -19,6 +19,7 @@ from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
+from raysaga.orchestrator.validation import check_name
 from raysaga.state import jsoncodec
 
 MEMORY_TOOLS = ("memory_read", "memory_write")
@@ -59,6 +60,7 @@ class Agent:
     max_tokens: int = 1024
 
     def __post_init__(self) -> None:
+        check_name("agent", self.name)
         names = [t.name for t in self.tools]
         if len(names) != len(set(names)):
             raise WorkflowDefinitionError(f"agent {self.name!r} has two tools with one name: {names}")

@@ -11,6 +11,7 @@ failure: transient ones are retried with backoff, invisible to the model.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -20,6 +21,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.state import jsoncodec
+from raysaga.state.redact import scrub_text
 
 
 class ToolError(RaySagaError):
@@ -31,6 +33,10 @@ class ToolError(RaySagaError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.message,))
+
+
+#: The Messages API's tool-name grammar, which also keeps raysaga's reserved characters out.
+TOOL_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,10 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
 
     def build(func: Callable[..., Any]) -> Tool:
         tool_name = name or func.__name__
+        if not isinstance(tool_name, str) or not TOOL_NAME_RE.fullmatch(tool_name):
+            raise WorkflowDefinitionError(
+                f"tool name {tool_name!r} is not valid: use 1-64 letters, digits, '_' or '-' (the Messages API's "
+                "rule; ':', '@', '.', '[' and ']' are reserved in raysaga's node ids and effect keys)")
         fields: dict[str, Any] = {}
         for pname, param in inspect.signature(func).parameters.items():
             if pname == "idempotency_key":
@@ -177,6 +187,6 @@ def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> d
             valid["idempotency_key"] = idempotency_key
         result = tool.fn(**valid)
     except ToolError as exc:
-        return {"content": exc.message, "is_error": True}
+        return {"content": scrub_text(exc.message), "is_error": True}  # an error: shown to the model, stored
     content = result if isinstance(result, str) else jsoncodec.dumps(result, f"result of tool {tool.name!r}")
     return {"content": content, "is_error": False}

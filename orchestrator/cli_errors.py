@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.text import Text
 
 from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError
+from raysaga.state.redact import scrub_text
 
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_USAGE, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 0, 1, 2, 3, 4
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
@@ -56,8 +57,10 @@ def _one_line(message: str, limit: int | None = None) -> str:
 
 
 def _fail(label: str, style: str, message: str, code: int, *, hint: bool = False) -> typer.Exit:
+    # an exception's text can hold a key (a provider's error body, a URL with a password)
+    message = scrub_text(message)
     if debug_enabled():
-        sys.stderr.write(traceback.format_exc())
+        sys.stderr.write(scrub_text(traceback.format_exc()))
     if label:
         say(err, (label, style), " ", message)
     else:

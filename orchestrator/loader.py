@@ -1,23 +1,111 @@
-"""Resolve ``MODULE:WORKFLOW`` (a dotted module or a .py file path) to a ``Workflow``."""
+"""Resolve ``MODULE:WORKFLOW`` to a ``Workflow``: what the operator typed, or what a run records.
+
+Two doors, because they are trusted differently (docs/security.md):
+
+- ``load_workflow(ref)``: a ref the operator typed (``raysaga run flows.py:wf``, ``--workflow``):
+  a dotted module or a ``.py`` file path; the operator chose to run that code.
+- ``load_recorded_workflow(ref, run_id)``: a ref read from the store (``resume``/``retry``
+  without ``--workflow``). Anyone able to write one row could otherwise make the next operator
+  execute a file of their choosing, so it must be a dotted module name (no path, no ``.py``,
+  no leading dot) that resolves from the operator's own ``sys.path``.
+
+``recordable_ref(ref)`` is what ``run`` stores: the module form of the typed ref, or None.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
+import re
 import sys
+from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
 
 from raysaga.errors import WorkflowLoadError
 from raysaga.orchestrator.workflow import Workflow
+from raysaga.state.redact import scrub_text
+
+#: A recorded ref: dotted identifiers, ':', an identifier. No path separator, no '.py', no leading dot.
+RECORDED_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
+#: ``sys.path`` as this process started (``load_workflow`` of a file adds the file's folder later).
+_BASE_PATH = list(sys.path)
+
+
+def load_recorded_workflow(ref: str | None, run_id: str | None = None) -> Workflow:
+    """The workflow of run ``run_id`` from the ``workflow_ref`` its row records; never a file."""
+    hint = "pass --workflow MODULE:WORKFLOW (or a path like flows.py:wf) naming the workflow to use"
+    run = f"run {run_id!r}" if run_id else "the run"
+    if not ref:
+        raise WorkflowLoadError(f"{run} does not record where its workflow lives: {hint}")
+    if not RECORDED_REF.fullmatch(ref) or ref.partition(":")[0].endswith(".py"):
+        raise WorkflowLoadError(f"{run} records workflow_ref {ref!r}, which is not an importable module "
+                                f"name (a stored ref is never a file path): {hint}")
+    module_ref = ref.partition(":")[0]
+    _add_cwd()
+    try:
+        found = importlib.util.find_spec(module_ref)
+    except Exception:  # a parent package that is missing or fails: not importable here
+        found = None
+    if found is None:
+        raise WorkflowLoadError(f"{run} records workflow_ref {ref!r}, but module {module_ref!r} is not "
+                                f"importable in this environment (sys.path and {os.getcwd()!r}): {hint}")
+    return load_workflow(ref)
+
+
+def recordable_ref(ref: str) -> str | None:
+    """The ref to record for a run started with ``ref``: as typed if it is a module ref; for a
+    ``path.py:wf``, ``module:wf`` if that file is importable under a module name from this
+    process's own ``sys.path`` (e.g. ``flows:wf`` for ./flows.py); else None (``resume`` then
+    asks for ``--workflow``)."""
+    module_ref, sep, attr = ref.rpartition(":")
+    if not sep:
+        return None
+    if not module_ref.endswith(".py"):
+        return ref if RECORDED_REF.fullmatch(ref) and not module_ref.endswith(".py") else None
+    path = Path(module_ref).resolve()
+    roots = [os.getcwd(), *(p or os.getcwd() for p in _BASE_PATH)]
+    for root in roots:
+        try:
+            rel = path.relative_to(Path(root).resolve()).with_suffix("")
+        except (ValueError, OSError):
+            continue
+        name = ".".join(rel.parts)
+        candidate = f"{name}:{attr}"
+        if not RECORDED_REF.fullmatch(candidate):
+            continue
+        spec = _spec_on(name, [str(r) for r in roots])
+        if spec is not None and spec.origin and Path(spec.origin).resolve() == path:
+            return candidate
+    return None
+
+
+def _spec_on(name: str, paths: list[str]) -> ModuleSpec | None:
+    """Where ``name`` is found on ``paths``, without importing anything."""
+    parts = name.split(".")
+    search: list[str] | None = paths
+    spec = None
+    for i in range(len(parts)):
+        if search is None:
+            return None
+        spec = PathFinder.find_spec(".".join(parts[: i + 1]), search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
+    return spec
+
+
+def _add_cwd() -> None:
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
 
 
 def load_workflow(ref: str) -> Workflow:
+    """A workflow from a ref the operator typed: ``module.path:wf`` or ``path/to/flows.py:wf``."""
     module_ref, sep, attr = ref.rpartition(":")
     if not sep or not module_ref or not attr:
         raise WorkflowLoadError(f"{ref!r} is not MODULE:WORKFLOW (e.g. examples.order.workflow:wf or flows.py:wf)")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _add_cwd()
     try:
         if module_ref.endswith(".py"):
             path = Path(module_ref)
@@ -37,7 +125,8 @@ def load_workflow(ref: str) -> Workflow:
         raise WorkflowLoadError(f"cannot import {module_ref!r}: {exc} (run from the folder that contains it, "
                                 "or pass a path like flows/order.py:wf)") from None
     except Exception as exc:
-        raise WorkflowLoadError(f"importing {module_ref!r} failed: {type(exc).__name__}: {exc}") from None
+        raise WorkflowLoadError(f"importing {module_ref!r} failed: {type(exc).__name__}: "
+                                f"{scrub_text(str(exc))}") from None
     workflow = getattr(module, attr, None)
     if workflow is None:
         found = sorted(k for k, v in vars(module).items() if isinstance(v, Workflow))

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from raysaga.state import RunUpdate
+from raysaga.state.redact import scrub_text
 
 
 def step_failed_record(step: str, error: dict[str, Any]) -> dict[str, Any]:
     """What dependents of a non-critical ``on_failure="pass"`` step receive instead of its output."""
     return {"failed": True, "step": step, "error_type": str(error.get("type", "Error")),
-            "message": str(error.get("message") or error.get("reason") or "")}
+            "message": scrub_text(str(error.get("message") or error.get("reason") or ""))}
 
 
 def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:

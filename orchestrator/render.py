@@ -22,26 +22,66 @@ def _node_text(wf: Workflow, step: str) -> str:
     return step + (f" ({', '.join(tags)})" if tags else "")
 
 
+#: Characters a Mermaid label cannot hold as they are, as its entity codes.
+_MERMAID_ESCAPES = str.maketrans({"#": "#35;", '"': "#quot;", "<": "#lt;", ">": "#gt;", "`": "#96;",
+                                  "\n": " ", "\r": " "})
+
+
+def _mermaid_label(text: str) -> str:
+    return '"' + text.translate(_MERMAID_ESCAPES) + '"'
+
+
+def _dot_string(text: str) -> str:
+    """A DOT quoted string: backslash and double quote escaped, line breaks as ``\\n``."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\r\n", "\\n").replace("\n", "\\n")
+    return '"' + escaped.replace("\r", "\\n") + '"'
+
+
+_MERMAID_KEYWORDS = frozenset({"end", "graph", "subgraph", "flowchart", "class", "classdef", "click", "style",
+                               "linkstyle", "direction", "call", "href", "default", "interpolate"})
+
+
+def _mermaid_ids(steps: list[str]) -> dict[str, str]:
+    """A step's own name as its id when Mermaid takes it as is; else a generated ``n<i>``."""
+    plain = {s for s in steps if s.isidentifier() and s.isascii() and s.lower() not in _MERMAID_KEYWORDS}
+    ids: dict[str, str] = {}
+    for i, step in enumerate(steps):
+        if step in plain:
+            ids[step] = step
+            continue
+        candidate = f"n{i}"
+        while candidate in plain or candidate in ids.values():
+            candidate = "_" + candidate
+        ids[step] = candidate
+    return ids
+
+
 def mermaid(wf: Workflow, statuses: dict[str, str] | None = None) -> str:
+    """A Mermaid flowchart. A name that is not a plain identifier, or is a Mermaid keyword
+    (``end``, ``class``...), gets a generated id (``n0``...); labels are quoted and escaped."""
+    ids = _mermaid_ids(wf.order)
     lines = ["flowchart TD"]
     for step in wf.order:
         shape = ("[[", "]]") if wf.steps[step].map_over else ("[", "]")
-        lines.append(f'    {step}{shape[0]}"{_node_text(wf, step)}"{shape[1]}')
+        lines.append(f"    {ids[step]}{shape[0]}{_mermaid_label(_node_text(wf, step))}{shape[1]}")
     for src, dst in sorted(wf.graph.edges):
-        lines.append(f"    {src} --> {dst}")
+        lines.append(f"    {ids[src]} --> {ids[dst]}")
     for step, status in sorted((statuses or {}).items()):
-        lines.append(f"    class {step} {status}")
+        css = "".join(c for c in str(status) if c.isalnum() or c in "_-")
+        if step in ids and css:
+            lines.append(f"    class {ids[step]} {css}")
     return "\n".join(lines) + "\n"
 
 
 def dot(wf: Workflow) -> str:
-    lines = [f'digraph "{wf.name}" {{', "    rankdir=TB;"]
+    """A Graphviz digraph; every id and label is a quoted, escaped DOT string."""
+    lines = [f"digraph {_dot_string(wf.name)} {{", "    rankdir=TB;"]
     for step in wf.order:
         spec = wf.steps[step]
         shape = "box3d" if spec.map_over else ("doubleoctagon" if spec.effect else "box")
-        lines.append(f'    "{step}" [label="{_node_text(wf, step)}", shape={shape}];')
+        lines.append(f"    {_dot_string(step)} [label={_dot_string(_node_text(wf, step))}, shape={shape}];")
     for src, dst in sorted(wf.graph.edges):
-        lines.append(f'    "{src}" -> "{dst}";')
+        lines.append(f"    {_dot_string(src)} -> {_dot_string(dst)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -69,6 +109,7 @@ def status_json(store: Store, run: RunRecord) -> dict[str, Any]:
     for node in nodes:
         counts[node.status.value] = counts.get(node.status.value, 0) + 1
     return {
+        "schema_version": 1,  # as `raysaga status --json` (orchestrator/cli_status.py) writes it
         "run_id": run.run_id,
         "workflow": run.workflow_name,
         "version": run.workflow_version,

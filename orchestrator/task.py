@@ -18,6 +18,7 @@ from raysaga.orchestrator.retry import describe, is_transient, printable
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
+from raysaga.state.redact import scrub_text
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,10 @@ class NodeOutcome:
     @staticmethod
     def failure(exc: BaseException, *, transient: bool, started_at: float) -> NodeOutcome:
         error = describe(exc)
+        # scrubbed before it is cut, so no fragment of a secret survives a truncation
+        error["message"] = printable(scrub_text(str(exc))[:2000])
         error["transient"] = transient
-        error["traceback"] = printable("".join(traceback.format_exception(exc, limit=-8))[-4000:])
+        error["traceback"] = printable(scrub_text("".join(traceback.format_exception(exc, limit=-8)))[-4000:])
         return NodeOutcome(ok=False, error=error, transient=transient, started_at=started_at,
                            finished_at=time.time())
 

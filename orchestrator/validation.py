@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import types
 import typing
 from typing import Any
@@ -11,9 +12,27 @@ import networkx as nx
 from pydantic import BaseModel
 
 from raysaga.errors import WorkflowDefinitionError
+from raysaga.orchestrator.secrets import Secret
 from raysaga.orchestrator.spec import StepSpec
 
 _SCALARS = (str, int, float, bool, type(None))
+
+#: Step, agent, map, effect and compensation-target names. The engine builds node ids and keys
+#: from them with reserved characters: ``:`` (``pay:compensate``, ``tool:name``), ``@`` and ``.``
+#: (an agent's turns and tool calls, ``research@3.1``), ``[``/``]`` (fan-out items, ``fetch[2]``);
+#: quotes and spaces would break the CLI and the mermaid/dot exports.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")
+NAME_RULE = ("1-100 characters: letters, digits, '_' and '-', starting with a letter or '_' "
+             "(':', '@', '.', '[' and ']' are reserved for compensation, agent-call and fan-out ids)")
+#: Workflow names prefix run ids; '.' is allowed there (no node id is built from them).
+WORKFLOW_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+
+
+def check_name(kind: str, name: Any) -> str:
+    """``name`` if it is a valid step/agent/effect name, else a ``WorkflowDefinitionError`` saying why."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise WorkflowDefinitionError(f"{kind} name {name!r} is not valid: use {NAME_RULE}")
+    return name
 
 
 def build_graph(steps: dict[str, StepSpec]) -> nx.DiGraph:
@@ -31,6 +50,9 @@ def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict
     problems: list[str] = []
     if not steps:
         problems.append("it has no steps: decorate at least one function with @workflow.step")
+    for name in [*steps, *compensations]:
+        if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+            problems.append(f"step name {name!r} is not valid: use {NAME_RULE}")
     for spec in steps.values():
         for dep in spec.deps:
             if dep == spec.name:
@@ -109,7 +131,7 @@ def json_type_problem(tp: Any) -> str | None:
     origin = typing.get_origin(tp)
     if origin is None:
         if isinstance(tp, type):
-            if issubclass(tp, BaseModel):
+            if issubclass(tp, BaseModel | Secret):
                 return None
             if tp in (list, dict, tuple):
                 return None
