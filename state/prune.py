@@ -76,23 +76,6 @@ def prune(store: SqlStore, older_than: float, statuses: Iterable[RunStatus | str
             return report
 
 
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86_400.0, "w": 604_800.0}
-
-
-def parse_age(text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``45s``, ``2w`` or plain seconds, as seconds (for ``--older-than``)."""
-    raw = text.strip().lower()
-    unit = _UNITS.get(raw[-1:]) if raw else None
-    number = raw[:-1] if unit is not None else raw
-    try:
-        value = float(number) * (unit or 1.0)
-    except ValueError:
-        raise UserError(f"age {text!r} is not a duration: use a number with s, m, h, d or w (e.g. 30d)") from None
-    if not value >= 0 or value == float("inf"):
-        raise UserError(f"age {text!r} must be 0 or more")
-    return value
-
-
 def _statuses(given: Iterable[RunStatus | str] | None) -> set[str]:
     if given is None:
         return {s.value for s in PRUNABLE}

@@ -175,8 +175,11 @@ def test_prune_validates_its_arguments(fresh: SqlStore, bad: dict[str, Any]) -> 
         fresh.prune(**args)
 
 
-def test_parse_age_reads_cli_durations() -> None:
-    from raysaga.state.prune import parse_age
+def test_older_than_reads_cli_durations() -> None:
+    from raysaga.orchestrator.cli_input import parse_duration
+
+    def parse_age(text: str) -> float:
+        return parse_duration("--older-than", text)
 
     assert [parse_age(t) for t in ("30d", "12h", "90m", "45s", "2w", "10", " 1.5D ")] == [
         30 * DAY, 12 * 3600.0, 90 * 60.0, 45.0, 14 * DAY, 10.0, 1.5 * DAY]
