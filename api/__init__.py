@@ -4,6 +4,9 @@ Declare a ``Workflow`` of steps, ``run`` it; a killed run ``resume``s where it s
 and no ``effect=True`` step ever takes effect twice.
 """
 
+from typing import TYPE_CHECKING
+
+from raysaga._lazy import lazy_exports
 from raysaga.errors import (
     DriverInterrupted,
     InvalidInputError,
@@ -18,33 +21,44 @@ from raysaga.errors import (
     UserError,
     WorkflowDefinitionError,
 )
-from raysaga.orchestrator import (
-    NOT_APPLIED,
-    RetryPolicy,
-    RunOptions,
-    StepContext,
-    Workflow,
-    cancel,
-    create_run,
-    resume,
-    retry,
-    run,
-)
-from raysaga.orchestrator.secrets import Secret
-from raysaga.sagas import (
-    ALL,
-    BEST_EFFORT,
-    Compensate,
-    Continue,
-    Fail,
-    FanOutResult,
-    RetryFailed,
-    min_success_ratio,
-    on_partial_failure,
-    quorum,
-)
-from raysaga.sagas.saga import Saga
-from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
+
+if TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
+    from raysaga.orchestrator.context import StepContext
+    from raysaga.orchestrator.options import RetryPolicy, RunOptions
+    from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
+    from raysaga.orchestrator.secrets import Secret
+    from raysaga.orchestrator.spec import NOT_APPLIED
+    from raysaga.orchestrator.workflow import Workflow
+    from raysaga.sagas.policy import (
+        ALL,
+        BEST_EFFORT,
+        Compensate,
+        Continue,
+        Fail,
+        FanOutResult,
+        RetryFailed,
+        min_success_ratio,
+        on_partial_failure,
+        quorum,
+    )
+    from raysaga.sagas.saga import Saga
+    from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
+
+#: Where each lazily exported name lives: ``import raysaga`` stays cheap (no driver, no Ray)
+#: until a name that needs them is used.
+_LAZY = {
+    **dict.fromkeys(("StepContext",), "raysaga.orchestrator.context"),
+    **dict.fromkeys(("RetryPolicy", "RunOptions"), "raysaga.orchestrator.options"),
+    **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
+    **dict.fromkeys(("Secret",), "raysaga.orchestrator.secrets"),
+    **dict.fromkeys(("NOT_APPLIED",), "raysaga.orchestrator.spec"),
+    **dict.fromkeys(("Workflow",), "raysaga.orchestrator.workflow"),
+    **dict.fromkeys(("ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
+                     "min_success_ratio", "on_partial_failure", "quorum"), "raysaga.sagas.policy"),
+    **dict.fromkeys(("Saga",), "raysaga.sagas.saga"),
+    **dict.fromkeys(("RunRecord", "RunStatus", "Store", "open_store", "prune"), "raysaga.state"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
 
 __version__ = "0.1.0"
 

@@ -3,13 +3,29 @@
 Never talks SQL: it hands ``raysaga.state`` batches to commit under a lease.
 """
 
-from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.driver import Driver
-from raysaga.orchestrator.executor import Executor, InlineExecutor, RayExecutor, make_executor
-from raysaga.orchestrator.options import NO_RETRY, RetryPolicy, RunOptions
-from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
-from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
-from raysaga.orchestrator.workflow import Workflow
+from typing import TYPE_CHECKING
+
+from raysaga._lazy import lazy_exports
+
+if TYPE_CHECKING:  # imported on first use: `raysaga status` must not load the driver and Ray
+    from raysaga.orchestrator.context import StepContext
+    from raysaga.orchestrator.driver import Driver
+    from raysaga.orchestrator.executor import Executor, InlineExecutor, RayExecutor, make_executor
+    from raysaga.orchestrator.options import NO_RETRY, RetryPolicy, RunOptions
+    from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
+    from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
+    from raysaga.orchestrator.workflow import Workflow
+
+_LAZY = {
+    "StepContext": "raysaga.orchestrator.context",
+    "Driver": "raysaga.orchestrator.driver",
+    **dict.fromkeys(("Executor", "InlineExecutor", "RayExecutor", "make_executor"), "raysaga.orchestrator.executor"),
+    **dict.fromkeys(("NO_RETRY", "RetryPolicy", "RunOptions"), "raysaga.orchestrator.options"),
+    **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
+    **dict.fromkeys(("NOT_APPLIED", "StepSpec"), "raysaga.orchestrator.spec"),
+    "Workflow": "raysaga.orchestrator.workflow",
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
 
 __all__ = [
     "NOT_APPLIED",

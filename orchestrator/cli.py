@@ -17,13 +17,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from types import ModuleType
 from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raysaga.errors import UserError
-from raysaga.orchestrator import cli_input, cli_status, runner
+from raysaga.orchestrator import cli_input, cli_status
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
 from raysaga.orchestrator.cli_store import describe, open_for_reads, open_for_writes, store_url
 from raysaga.orchestrator.loader import load_recorded_workflow, load_workflow, recordable_ref
@@ -36,6 +37,14 @@ from raysaga.state.migrate import upgrade
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.prune import PRUNABLE
 from raysaga.state.prune import prune as prune_runs
+
+
+def _runner() -> ModuleType:
+    """The runner (driver, executors, Ray) is imported only by the commands that drive a run:
+    read commands start without it."""
+    from raysaga.orchestrator import runner
+
+    return runner
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   rich_markup_mode=None, help="raysaga: crash-proof multi-agent workflows on Ray.")
@@ -152,8 +161,8 @@ def run(
         wf = load_workflow(workflow)
         cli_input.check_input(wf, value, input is not None)
         store = open_for_writes(db)
-        current.run_id = run_id = run_id or runner.new_run_id(wf)
-        result = _drive(lambda hook: runner.run(
+        current.run_id = run_id = run_id or _runner().new_run_id(wf)
+        result = _drive(lambda hook: _runner().run(
             wf, value, store=store, run_id=run_id, executor=executor, address=address,
             options=options, on_progress=hook, workflow_ref=recordable_ref(workflow),
         ), len(wf.steps), quiet or as_json)
@@ -186,7 +195,7 @@ def resume(
         options = _options(lease_ttl)
         store = open_for_writes(db, run_id)
         wf = _workflow_for(store, run_id, workflow)
-        result = _drive(lambda hook: runner.resume(wf, run_id, store=store, executor=executor, address=address,
+        result = _drive(lambda hook: _runner().resume(wf, run_id, store=store, executor=executor, address=address,
                                                    options=options, on_progress=hook),
                         len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
@@ -213,7 +222,7 @@ def retry(
         options = _options(lease_ttl)
         store = open_for_writes(db, run_id)
         wf = _workflow_for(store, run_id, workflow)
-        result = _drive(lambda hook: runner.retry(wf, run_id, store=store, executor=executor, address=address,
+        result = _drive(lambda hook: _runner().retry(wf, run_id, store=store, executor=executor, address=address,
                                                   options=options, on_progress=hook,
                                                   compensations=compensations),
                         len(wf.steps), quiet or as_json)
@@ -242,7 +251,7 @@ def cancel(
             say(out, f"run {run_id} is already {before.status.value}: nothing to cancel ", _finished_note(before))
             raise typer.Exit(EXIT_NOT_COMPLETED)
         wf = _workflow_for(store, run_id, workflow) if compensate else None
-        result = runner.cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
+        result = _runner().cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
                                executor=executor, address=address)
         say(out, f"run {run_id}: {result.status.value}"
             + (f" — {result.status_reason}" if result.status_reason else ""))

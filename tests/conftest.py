@@ -90,11 +90,31 @@ def drop_pg_database(base_url: str, url: str) -> None:
     _pg_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+#: Tried when RAYSAGA_TEST_PG_URL is unset, so the README's plain `pytest` runs the PostgreSQL
+#: tests wherever a local server answers (set the variable to "off" to skip them).
+LOCAL_PG = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _answers(url: str) -> bool:
+    import psycopg
+
+    try:
+        psycopg.connect(url, connect_timeout=2).close()
+    except psycopg.Error:
+        return False
+    return True
+
+
 @pytest.fixture(scope="session")
 def pg_base_url() -> str:
-    url = os.environ.get(PG_ENV)
+    url = os.environ.get(PG_ENV, "").strip()
+    if url.lower() == "off":
+        pytest.skip(f"{PG_ENV}=off: PostgreSQL tests skipped")
     if not url:
-        pytest.skip(f"{PG_ENV} is not set: PostgreSQL tests need a server (see README)")
+        if not _answers(LOCAL_PG):
+            pytest.skip(f"no PostgreSQL at {LOCAL_PG} and {PG_ENV} is not set: PostgreSQL tests need a server "
+                        "(set RAYSAGA_TEST_PG_URL=postgresql://USER@HOST:PORT/DB)")
+        url = os.environ[PG_ENV] = LOCAL_PG  # subprocess drivers of the tests see it too
     return url
 
 
