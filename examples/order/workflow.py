@@ -5,7 +5,7 @@ Charging and emailing change the world, so they are ``effect=True``: each gets a
 never repeats a committed one and re-issues an uncertain one under the same key.
 
 Run the demo from the repository root (it starts the fake provider in-process and a local Ray
-on demand; state goes to ``./.raysaga/raysaga.db``)::
+on demand; state goes to the default store, ``~/.raysaga/raysaga.db``)::
 
     python -m examples.order.workflow [--executor inline] [--db URL] [--run-id ID]
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     """The demo: start the fake provider, run one order, print the result and the provider's log."""
     parser = argparse.ArgumentParser(prog="python -m examples.order.workflow",
                                      description="run one order against a local fake provider")
-    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB or ./.raysaga/raysaga.db)")
+    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB, else $RAYSAGA_HOME/raysaga.db, else ~/.raysaga/raysaga.db)")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray")
     parser.add_argument("--run-id", default=None, help="default: a new id; an existing run's id resumes it")
     parser.add_argument("--services-url", default=None,
