@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="Claude model (used when ANTHROPIC_API_KEY is set)")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray")
     parser.add_argument("--address", default=None, help="a Ray cluster to join (default: RAY_ADDRESS or a local Ray)")
-    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB, else $RAYSAGA_HOME/raysaga.db, else ~/.raysaga/raysaga.db)")
+    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB or ~/.raysaga/raysaga.db)")
     parser.add_argument("--run-id", default=None, help="default: a new id; an existing run's id resumes it")
     parser.add_argument("--services-url", default=None,
                         help="a provider already running (python -m examples.order.fake_services); "

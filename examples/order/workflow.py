@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     """The demo: start the fake provider, run one order, print the result and the provider's log."""
     parser = argparse.ArgumentParser(prog="python -m examples.order.workflow",
                                      description="run one order against a local fake provider")
-    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB, else $RAYSAGA_HOME/raysaga.db, else ~/.raysaga/raysaga.db)")
+    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB or ~/.raysaga/raysaga.db)")
     parser.add_argument("--executor", choices=["ray", "inline"], default="ray")
     parser.add_argument("--run-id", default=None, help="default: a new id; an existing run's id resumes it")
     parser.add_argument("--services-url", default=None,

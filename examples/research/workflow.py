@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="python -m examples.research.workflow",
                                      description="a research fan-out with a quorum, against a fake provider")
-    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB, else $RAYSAGA_HOME/raysaga.db, else ~/.raysaga/raysaga.db)")
+    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB or ~/.raysaga/raysaga.db)")
     parser.add_argument("--executor", choices=["inline", "ray"], default="inline")
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--reject", action="store_true", help="the editor rejects the article: roll back")

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(prog="python -m examples.trip.workflow",
                                      description="book a trip whose hotel is sold out, and watch it roll back")
-    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB, else $RAYSAGA_HOME/raysaga.db, else ~/.raysaga/raysaga.db)")
+    parser.add_argument("--db", default=None, help="store URL (default: RAYSAGA_DB or ~/.raysaga/raysaga.db)")
     parser.add_argument("--executor", choices=["inline", "ray"], default="inline")
     parser.add_argument("--run-id", default=None, help="default: a new id; an existing run's id resumes it")
     parser.add_argument("--services-url", default=None,
