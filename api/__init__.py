@@ -10,6 +10,7 @@ from raysaga._lazy import lazy_exports
 from raysaga.errors import (
     DriverInterrupted,
     InvalidInputError,
+    InvalidOptionError,
     LeaseHeldError,
     LeaseLostError,
     NotJSONableError,
@@ -72,6 +73,7 @@ __all__ = [
     "Fail",
     "FanOutResult",
     "InvalidInputError",
+    "InvalidOptionError",
     "LeaseHeldError",
     "LeaseLostError",
     "NotJSONableError",

@@ -6,6 +6,7 @@
     │   ├── InvalidInputError         run input that is not JSON or fails validation
     │   │   └── InputTooLargeError        run input above the configured size cap
     │   ├── WorkflowLoadError         MODULE:WORKFLOW that cannot be imported
+    │   ├── InvalidOptionError        an option (RunOptions, RetryPolicy, a CLI flag) out of range
     │   └── SecretUnavailableError    a secret the run needs is not available to this process
     ├── StoreError                the durable store refused or could not do something
     │   ├── RunNotFoundError
@@ -55,6 +56,13 @@ class WorkflowLoadError(UserError):
 
 class InputTooLargeError(InvalidInputError):
     """A run input above the configured size cap."""
+
+
+class InvalidOptionError(UserError, ValueError):
+    """An option (``RunOptions``, ``RetryPolicy``, a CLI flag) outside its allowed range.
+
+    A ``UserError`` (the CLI prints it as a usage error) and, for callers that caught the
+    ``ValueError`` these options raised before, a ``ValueError`` too."""
 
 
 class SecretUnavailableError(UserError):

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import random
-import socket
+import signal as posix_signal
+import threading
 import time
-import uuid
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
-from raysaga.errors import LeaseLostError, RaySagaError, UserError
+from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator.agentloop import AgentNode, is_agent_call, split_call
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.driver_agents import AgentHooks
@@ -34,6 +34,7 @@ from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.keys import args_digest, effect_key, is_compensation
 from raysaga.orchestrator.options import DEFAULT_RETRY, RunOptions
+from raysaga.orchestrator.ownership import claim, new_owner
 from raysaga.orchestrator.records import merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.rollback import Rollback
@@ -57,7 +58,7 @@ from raysaga.state import (
     jsoncodec,
     node_label,
 )
-from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.models import PARKED, TERMINAL, can_transition
 
 log = logging.getLogger("raysaga.driver")
 
@@ -66,7 +67,13 @@ IDLE_TICK = 0.25
 
 
 def driver_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    """A lease owner string naming this process (``raysaga.orchestrator.ownership``)."""
+    return new_owner()
+
+
+#: Signals a driver turns into a clean stop (``DriverInterrupted``): SIGINT (Ctrl-C) and SIGTERM
+#: (``docker stop``, Kubernetes, systemd).
+STOP_SIGNALS = (posix_signal.SIGINT, posix_signal.SIGTERM)
 
 
 class Driver(AgentHooks):
@@ -111,40 +118,25 @@ class Driver(AgentHooks):
         self._retries_used = 0
         self.run: RunRecord | None = None
         self._hb: Heartbeat | None = None
+        self._interrupted: str | None = None  # the name of the stop signal received
+        self._saved_handlers: dict[int, Any] = {}
+        self._blob_refs: dict[str, str] = {}  # digest -> the node (or input) it was read for
 
     # ------------------------------------------------------------------ entry point
 
     def drive(self) -> RunRecord:
-        lease = self.store.claim(self.run_id, self.owner, self.options.lease_ttl)
+        lease, taken_from = claim(self.store, self.run_id, self.owner, self.options.lease_ttl)
         self._hb = Heartbeat(self.store, lease, period=min(1.0, self.options.lease_ttl / 3))
         lost = False
+        self._install_stop_handlers()
         try:
-            snapshot = self.store.snapshot(self.run_id)
-            run = snapshot.run
-            if run.definition_hash != self.wf.definition_hash:
-                raise UserError(
-                    f"run {self.run_id!r} was started by another definition of workflow {run.workflow_name!r} "
-                    f"(hash {run.definition_hash[:12]} != {self.wf.definition_hash[:12]}): resume it with the code "
-                    "it started with, or start a new run"
-                )
-            if run.status in TERMINAL or run.status in PARKED:
-                return run
-            self.run = run
-            self._hb.start()
-            self._restore(snapshot)
-            budgets = self._new_budgets(run)
-            if budgets is not None:
-                self.run = self._commit(Batch(run=budgets)) or run
-            if run.status == RunStatus.PAUSED:
-                stop = self.budget_stop()
-                if stop is not None:  # still over budget: it stays paused until the budget is raised
-                    return self.run
-                self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-            if run.status == RunStatus.PENDING:
-                self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
-            elif run.status == RunStatus.COMPENSATING:  # a rollback was under way: finish it
-                self._rollback = Rollback(self, run.status_reason or "rollback")
-            return self._loop()
+            if taken_from is not None:
+                self._pending_batch.events.append(NewEvent(kind="lease_taken_over", data={
+                    "from": taken_from, "reason": "its driver process is gone (same host and boot)"}))
+            try:
+                return self._drive()
+            except BlobIntegrityError as exc:
+                return self._park_on_blob(exc)
         except LeaseLostError:
             lost = True
             raise
@@ -154,9 +146,137 @@ class Driver(AgentHooks):
                     self.executor.cancel(flight.handle)
                 self._settle_cancelled("the driver stops", SETTLE_SECONDS / 10)
             finally:
+                self._restore_stop_handlers()
                 self._hb.stop()
                 if not lost and not self._hb.lost.is_set():
                     self.store.release(self._hb.lease)
+
+    def _drive(self) -> RunRecord:
+        assert self._hb is not None
+        snapshot = self.store.snapshot(self.run_id)
+        run = snapshot.run
+        if run.definition_hash != self.wf.definition_hash:
+            raise UserError(
+                f"run {self.run_id!r} was started by another definition of workflow {run.workflow_name!r} "
+                f"(hash {run.definition_hash[:12]} != {self.wf.definition_hash[:12]}): resume it with the code "
+                "it started with, or start a new run"
+            )
+        if run.status in TERMINAL or run.status in PARKED:
+            return run
+        self.run = run
+        self._hb.start()
+        self._restore(snapshot)
+        budgets = self._new_budgets(run)
+        if budgets is not None:
+            self.run = self._commit(Batch(run=budgets)) or run
+        if run.status == RunStatus.PAUSED:
+            stop = self.budget_stop()
+            if stop is not None:  # still over budget: it stays paused until the budget is raised
+                return self.run
+            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+        if run.status == RunStatus.PENDING:
+            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+        elif run.status == RunStatus.COMPENSATING:  # a rollback was under way: finish it
+            self._rollback = Rollback(self, run.status_reason or "rollback")
+        return self._loop()
+
+    # ------------------------------------------------------------------ stop signals
+
+    def _install_stop_handlers(self) -> None:
+        """SIGINT/SIGTERM stop the driver cleanly (main thread only; the previous handlers come
+        back when ``drive`` returns). The first signal sets a flag: the loop stops at its next
+        boundary (with the inline executor a step running in this thread finishes first), settles
+        what is in flight, commits what finished, releases the lease and raises
+        ``DriverInterrupted``. A second signal gets the previous handler's behaviour at once
+        (SIGINT: KeyboardInterrupt; SIGTERM: the process ends, and a resume on this host takes
+        the lease over at once, its owner being provably gone)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            try:
+                self._saved_handlers[signum] = posix_signal.signal(signum, self._on_stop_signal)
+            except (ValueError, OSError):  # not the main interpreter, or a platform without it
+                continue
+
+    def _restore_stop_handlers(self) -> None:
+        for signum, previous in self._saved_handlers.items():
+            posix_signal.signal(signum, previous if previous is not None else posix_signal.SIG_DFL)
+        self._saved_handlers.clear()
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._interrupted is None:
+            self._interrupted = posix_signal.Signals(signum).name
+            log.warning("run %s: %s received: stopping at the next boundary (again to stop at once)",
+                        self.run_id, self._interrupted)
+            return
+        self._restore_stop_handlers()
+        previous = posix_signal.getsignal(signum)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            posix_signal.raise_signal(signum)
+
+    def _stop_interrupted(self) -> None:
+        """Commit what finished, then raise ``DriverInterrupted`` (``drive`` settles and releases)."""
+        assert self._interrupted is not None
+        for key, flight in list(self._inflight.items()):
+            self.executor.cancel(flight.handle)
+            del self._inflight[key]
+        self._settle_cancelled("the driver stops", SETTLE_SECONDS / 10)
+        self._pending_batch.events.append(NewEvent(kind="driver_interrupted", data={
+            "signal": self._interrupted, "owner": self.owner}))
+        self._flush()
+        raise DriverInterrupted(self.run_id, self._interrupted)
+
+    # ------------------------------------------------------------------ blob integrity
+
+    def blob(self, digest: str, where: str) -> bytes:
+        """A blob's bytes, checked against its content address; ``BlobIntegrityError`` if missing or altered."""
+        return self.blobs({digest: where})[digest]
+
+    def blobs(self, wanted: dict[str, str]) -> dict[str, bytes]:
+        """Blobs by digest (``wanted`` maps each to what reads it, for the error), each checked."""
+        self._blob_refs.update(wanted)
+        found = self.store.get_blobs(wanted)
+        for digest, where in wanted.items():
+            data = found.get(digest)
+            if data is None:
+                raise BlobIntegrityError(digest, "is missing", where)
+            if jsoncodec.digest(data) != digest:
+                raise BlobIntegrityError(digest, "does not match its content address", where)
+        return found
+
+    def _park_on_blob(self, exc: BlobIntegrityError) -> RunRecord:
+        """A blob the run needs is missing or altered: park the run (``failed``, or
+        ``compensation_failed`` mid-rollback) naming the node and digest; never use the data."""
+        assert self._hb is not None
+        for flight in self._inflight.values():
+            self.executor.cancel(flight.handle)
+        self._inflight.clear()
+        self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
+        where = self._blob_refs.get(exc.digest) or exc.where
+        try:
+            current = self.store.get_run(self.run_id)
+        except BlobIntegrityError:  # the run row itself (its input) cannot be read: nothing to record
+            raise exc from None
+        if current.status in TERMINAL or current.status in PARKED:
+            return current
+        target = RunStatus.COMPENSATION_FAILED if current.status == RunStatus.COMPENSATING else RunStatus.FAILED
+        reason = (f"blob {exc.digest} of {where or 'this run'} {exc.problem}: the store was changed outside "
+                  "raysaga, so the run is parked and the data not used; restore the blob (or the node) and "
+                  f"`raysaga retry {self.run_id}`")[:1000]
+        error = {"type": "BlobIntegrityError", "digest": exc.digest, "problem": exc.problem, "node": where,
+                 "message": str(exc)}
+        batch = Batch()  # the pending batch may hold writes computed from the data: drop it
+        self._pending_batch = Batch()
+        if not can_transition(current.status, target) and can_transition(current.status, RunStatus.RUNNING):
+            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+        batch.events.append(NewEvent(kind="blob_integrity_error", node_id=None, data={
+            "digest": exc.digest, "problem": exc.problem, "node": where}))
+        batch.run = RunUpdate(status=target, status_reason=reason, error=error, set_error=True)
+        record = self._commit(batch)
+        log.error("run %s: %s", self.run_id, reason)
+        return record or self.store.get_run(self.run_id)
 
     # ------------------------------------------------------------------ restore
 
@@ -172,7 +292,7 @@ class Driver(AgentHooks):
         run = snap.run
         self._retries_used = run.retries_used
         self._tokens, self._cost = run.tokens_used, run.cost_used
-        blobs = self.store.get_blobs(n.output_digest for n in snap.nodes if n.output_digest)
+        blobs = self.blobs({n.output_digest: f"node {n.label}" for n in snap.nodes if n.output_digest})
         for node in snap.nodes:
             key = (node.node_id, node.fan_index)
             if is_agent_call(node.node_id):  # a model turn or tool call: its agent node replays it
@@ -208,6 +328,8 @@ class Driver(AgentHooks):
         while True:
             if self._hb.lost.is_set():
                 raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
+            if self._interrupted is not None:
+                self._stop_interrupted()
             if self._rollback is None:
                 terminal = self._check_signals_and_deadline()
                 if terminal is not None:
@@ -259,7 +381,8 @@ class Driver(AgentHooks):
         before any tool it asked for runs), nor during a rollback or once a pause is asked for.
         """
         return (self._rollback is None and self._pause_reason is None and not self._pending_batch.effects
-                and not any(is_agent_call(h.key[0]) for h in finished))
+                and not any(is_agent_call(h.key[0]) for h in finished)
+                and not (self._hb is not None and self._hb.waiting("cancel")))  # a cancel first
 
     def _wait_timeout(self) -> float:
         now = self.clock()
@@ -294,6 +417,8 @@ class Driver(AgentHooks):
                 self._sched.push(key)
 
     def _dispatch_ready(self) -> RunRecord | None:
+        if self._interrupted is not None:
+            return None  # a stop signal: nothing new starts; the loop stops at its top
         batch = self._pending_batch
         to_submit: list[tuple[NodeKey, NodeCall]] = []
         if self._rollback is not None:
@@ -328,6 +453,8 @@ class Driver(AgentHooks):
         self._ensure_lease()
         now = self.clock()
         for key, call in to_submit:
+            if self._interrupted is not None:
+                break  # a stop signal: what is not sent yet stays unsent (an inline step runs at submit)
             spec = self.specs[key[0]]
             handle = self.executor.submit(spec, call, f"{self.run_id}:{node_label(*key)}")
             flight = self._inflight[key] = InFlight(handle, call.ctx.attempt, now, timeout=spec.timeout,
@@ -383,7 +510,7 @@ class Driver(AgentHooks):
             status, result = self._ledger.get(ekey, (None, None))
             if status == EffectStatus.COMMITTED:  # its result is durable: never call it again
                 if isinstance(result, dict) and set(result) == {"blob"}:
-                    result = jsoncodec.loads(self.store.get_blobs([result["blob"]])[result["blob"]])
+                    result = jsoncodec.loads(self.blob(result["blob"], f"node {node_label(node_id, index)}"))
                 self.outputs[key] = result
                 batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.COMPLETED,
                                              attempt=attempt, output=result, finished_at=self.clock()))
@@ -535,9 +662,11 @@ class Driver(AgentHooks):
             batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RETRYING,
                                          attempt=flight.attempt, not_before=not_before, error=error,
                                          started_at=outcome.started_at, finished_at=outcome.finished_at))
-            batch.events.append(NewEvent(kind="retry_scheduled", node_id=node_id, fan_index=index,
-                                         data={"attempt": flight.attempt, "delay": round(delay, 4),
-                                               "error": short_error(error)}))
+            data = {"attempt": flight.attempt, "delay": round(delay, 4), "error": short_error(error)}
+            if compensating:  # a rollback waiting on an undo: say which, which attempt, next try when
+                data["not_before"] = round(not_before, 3)
+            batch.events.append(NewEvent(kind="compensation_retry" if compensating else "retry_scheduled",
+                                         node_id=node_id, fan_index=index, data=data))
             heapq.heappush(self._timers, (not_before, key))
             return
         if outcome.transient and not budget_left:

@@ -1,15 +1,182 @@
-"""Who drives a run: the lease owner's identity (host, pid, boot id) and whether it is provably gone.
+"""Who drives a run: the lease owner's identity, and whether that owner is provably gone.
 
-STUB: the interface is fixed here; the implementation is being written.
+A driver's lease owner string is ``host:pid:starttime:boot_id:pidns:random``:
+
+* ``host`` — the host name (for people; never trusted alone: host names repeat);
+* ``pid`` and ``starttime`` — the process and its start time in clock ticks since boot
+  (``/proc/<pid>/stat`` field 22), so a pid reused by a later process is told apart;
+* ``boot_id`` — ``/proc/sys/kernel/random/boot_id`` without dashes: the running kernel;
+* ``pidns`` — the inode of ``/proc/self/ns/pid``: the pid namespace the pid means something in;
+* ``random`` — 8 hex digits, so two leases of one process differ.
+
+**Provably gone** means: the owner ran under *this* kernel (same boot id) in *this* pid namespace,
+on a host of the same name, and its pid no longer exists, is a zombie, or now belongs to a
+process that started at another time (a reused pid). Only then may a resume or cancel take the
+lease before it expires. Anything else — another host, another container, a process merely
+stopped (SIGSTOP), an owner string written by an older raysaga — is treated as alive until its
+lease expires: a lease cannot be proven dead from elsewhere.
 """
 
 from __future__ import annotations
 
-from raysaga.state import RunRecord
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+
+from raysaga.errors import LeaseHeldError
+from raysaga.state import Lease, RunRecord, Store
+
+_FIELDS = 6
+
+
+@dataclass(frozen=True)
+class Owner:
+    host: str
+    pid: int
+    start: int | None
+    boot: str | None
+    pidns: str | None
+    tag: str
+
+    def label(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def boot_id() -> str | None:
+    """This kernel's boot id (hex, no dashes), or None where there is no /proc."""
+    raw = _read("/proc/sys/kernel/random/boot_id")
+    return raw.replace("-", "") if raw else None
+
+
+def pid_namespace() -> str | None:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
+    except OSError:
+        return None
+    return link.partition("[")[2].rstrip("]") or None
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in ticks) of a live process of this namespace, else None."""
+    raw = _read(f"/proc/{pid}/stat")
+    if not raw:
+        return None
+    fields = raw.rpartition(")")[2].split()  # after "pid (comm)": the comm may hold spaces and ')'
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def process_start(pid: int) -> int | None:
+    found = _stat(pid)
+    return found[1] if found else None
+
+
+def _host() -> str:
+    return (socket.gethostname() or "unknown").replace(":", "_")[:64]
+
+
+def new_owner() -> str:
+    """The lease owner string of a driver in this process (see the module doc)."""
+    pid = os.getpid()
+    start = process_start(pid)
+    return ":".join([_host(), str(pid), "" if start is None else str(start), boot_id() or "",
+                     pid_namespace() or "", uuid.uuid4().hex[:8]])
+
+
+def parse_owner(owner: str) -> Owner | None:
+    """The parts of an owner string; None for one this module did not write. An older
+    ``host:pid:random`` string parses with no start, boot or namespace (never provably gone)."""
+    parts = owner.split(":")
+    if len(parts) >= _FIELDS:
+        host = ":".join(parts[: len(parts) - _FIELDS + 1])
+        pid, start, boot, pidns, tag = parts[len(parts) - _FIELDS + 1:]
+    elif len(parts) >= 3:
+        host, pid, tag = ":".join(parts[:-2]), parts[-2], parts[-1]
+        start = boot = pidns = ""
+    else:
+        return None
+    try:
+        return Owner(host=host, pid=int(pid), start=int(start) if start else None, boot=boot or None,
+                     pidns=pidns or None, tag=tag)
+    except ValueError:
+        return None
+
+
+def gone_because(owner: str) -> str | None:
+    """Why the owner is provably gone ("process not running", "zombie", "pid reused"), or None
+    when it may be alive (or cannot be checked from here)."""
+    parsed = parse_owner(owner)
+    if parsed is None or parsed.boot is None or parsed.pidns is None or parsed.start is None:
+        return None
+    if parsed.host != _host() or parsed.boot != boot_id() or parsed.pidns != pid_namespace():
+        return None
+    if parsed.pid == os.getpid():
+        return None  # this process: alive by definition
+    found = _stat(parsed.pid)
+    if found is None:
+        return "process not running"
+    state, start = found
+    if state in ("Z", "X", "x"):
+        return "process exited (zombie)"
+    if start != parsed.start:
+        return "its pid now belongs to a newer process"
+    return None
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True only when the owner ran on this host, this boot, this pid namespace, and is dead."""
+    return gone_because(owner) is not None
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
 
 
 def describe_lease(run: RunRecord, now: float) -> str:
-    """One human line: "live driver pid 123 on host-a (lease 12s left)" or "no live driver since <time>"."""
+    """One human line about who drives the run, e.g. "live driver pid 4242 on host-a (lease renews;
+    expires in 12s)", "driver pid 4242 on host-a is gone (process not running); `raysaga resume`
+    takes over at once" or "no live driver since 2026-11-23 10:51:02 UTC"."""
     if run.lease_owner is None:
-        return "no live driver"
-    return f"driver {run.lease_owner}"
+        # A release clears the lease; the run's last write is when its last driver was active.
+        return f"no live driver since {_utc(run.updated_at)}"
+    parsed = parse_owner(run.lease_owner)
+    who = parsed.label() if parsed else run.lease_owner
+    expires = run.lease_expires_at
+    if expires is not None and expires < now:
+        return (f"no live driver since {_utc(expires)} (the lease of driver {who} expired; "
+                "`raysaga resume` takes over)")
+    why = gone_because(run.lease_owner)
+    if why is not None:
+        return f"driver {who} is gone ({why}); `raysaga resume` takes over at once"
+    left = f"expires in {max(0.0, expires - now):.0f}s" if expires is not None else "no expiry"
+    if parsed is not None and parsed.host == _host() and parsed.boot == boot_id():
+        return f"live driver {who} (lease renews; {left})"
+    return f"driver {who} holds the lease (it renews while alive; {left}; not checkable from this host)"
+
+
+def claim(store: Store, run_id: str, owner: str, ttl: float) -> tuple[Lease, str | None]:
+    """Claim the run's lease if it is free or expired, or take it at once from an owner that is
+    provably gone. Returns the lease and the owner it was taken from (None for a plain claim);
+    ``LeaseHeldError`` if a live (or uncheckable) driver holds it."""
+    try:
+        return store.claim(run_id, owner, ttl), None
+    except LeaseHeldError:
+        run = store.get_run(run_id)
+        dead = run.lease_owner
+        if dead is None or (run.lease_expires_at is not None and run.lease_expires_at < time.time()):
+            return store.claim(run_id, owner, ttl), None  # released or expired since: claim it plainly
+        if not owner_is_gone(dead):
+            raise
+    return store.claim(run_id, owner, ttl, take_from=dead), dead

@@ -24,6 +24,7 @@ from raysaga.agents.runtime import tool_undo
 from raysaga.agents.tools import Tool, ToolError, tool_output
 from raysaga.orchestrator.agentloop import SEP, is_agent_call, split_call
 from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key, is_compensation
+from raysaga.orchestrator.options import compensation_retry
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.sagas.plan import CompensationTarget, RollbackPlan
@@ -53,7 +54,8 @@ class Rollback:
         self.reason = reason
         wf = driver.wf
         rows = driver.store.nodes(driver.run_id)
-        blobs = driver.store.get_blobs(r.output_digest for r in rows if r.output_digest)
+        # checked against their digests: a missing or altered blob parks the run (BlobIntegrityError)
+        blobs = driver.blobs({r.output_digest: f"node {r.label}" for r in rows if r.output_digest})
         targets: list[CompensationTarget] = []
         self._outputs: dict[NodeKey, Any] = {}
         comp_rows = {}
@@ -147,7 +149,8 @@ class Rollback:
                 name=f"{split_call(key[0])[0]}{SEP}tool:{tool.name}{COMPENSATE_SUFFIX}",
                 fn=functools.partial(tool_undo, tool), deps=(), param_deps=("args", "output"), input_param=None,
                 ctx_param="ctx", param_types={"args": Any, "output": Any}, output_type=Any, effect=True,
-                effect_name=f"tool:{tool.name}{COMPENSATE_SUFFIX}", retry=tool.retry, timeout=tool.timeout)
+                effect_name=f"tool:{tool.name}{COMPENSATE_SUFFIX}", retry=compensation_retry(None, tool.retry),
+                timeout=tool.timeout)
         made = self._d.make_call(comp_key, spec, {"args": call.args, "output": self._outputs[key]},
                                  call.key + COMPENSATE_SUFFIX, batch)
         return None if made is None else (comp_key, made)
@@ -160,8 +163,9 @@ class Rollback:
             original = wf.steps[step]
             fn = wf.compensation_for(step)
             assert fn is not None
+            retry = compensation_retry(wf.compensation_retries.get(step), original.retry)
             spec = wf.make_spec(fn, name=name, effect=True, effect_name=original.effect_name + COMPENSATE_SUFFIX,
-                                retry=original.retry, timeout=original.timeout)
+                                retry=retry, timeout=original.timeout)
             self._d.specs[name] = spec
         return spec
 

@@ -7,14 +7,16 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.errors import LeaseHeldError, RunExistsError, UserError
+from raysaga.errors import LeaseHeldError, RunExistsError, RunNotFoundError, UserError
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
+    Lease,
     NewRun,
     NodeStatus,
     NodeWrite,
@@ -23,6 +25,7 @@ from raysaga.state import (
     RunUpdate,
     SqlStore,
     Store,
+    jsoncodec,
     open_store,
 )
 from raysaga.state.models import PARKED, TERMINAL
@@ -67,30 +70,49 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
 def run(workflow: Workflow, input: Any = None, *, store: Store | str | None = None, run_id: str | None = None,
         executor: ExecutorArg = "ray", address: str | None = None, options: RunOptions | None = None,
         on_progress: ProgressHook | None = None, workflow_ref: str | None = None) -> RunRecord:
-    """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run."""
+    """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run; an
+    ``input`` given with it must equal the run's (None: just resume)."""
     st = _store(store)
-    if run_id is not None:
-        try:
-            existing = st.get_run(run_id)
-        except Exception:
-            existing = None
-        if existing is not None:
-            if existing.workflow_name != workflow.name:
-                raise UserError(f"run {run_id!r} belongs to workflow {existing.workflow_name!r}, "
-                                f"not {workflow.name!r}")
-            return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
-                          on_progress=on_progress)
+    workflow.validate()
+    if run_id is not None and _existing(workflow, st, run_id, input) is not None:
+        return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
+                      on_progress=on_progress)
+    workflow.check_input(input)  # a bad input is refused before Ray starts
+    # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
+    ex = _executor(executor, address)
     try:
-        record = create_run(workflow, input, store=st, run_id=run_id, options=options, workflow_ref=workflow_ref)
-    except RunExistsError:
-        # Another process created this run between the look-up above and this insert (two drivers
-        # started together with one run id). It is an existing run now: take the resume path, so
-        # the loser backs off on the lease (LeaseHeldError) like any second driver, instead of
-        # failing with "already exists".
-        return run(workflow, input, store=st, run_id=run_id, executor=executor, address=address,
-                   options=options, on_progress=on_progress, workflow_ref=workflow_ref)
-    return resume(workflow, record.run_id, store=st, executor=executor, address=address, options=options,
-                  on_progress=on_progress)
+        try:
+            record = create_run(workflow, input, store=st, run_id=run_id, options=options,
+                                workflow_ref=workflow_ref)
+        except RunExistsError:
+            # Another process created this run between the look-up above and this insert (two
+            # drivers started together with one run id). It is an existing run now: take the resume
+            # path, so the loser backs off on the lease (LeaseHeldError) like any second driver,
+            # instead of failing with "already exists" (a different input is still refused).
+            assert run_id is not None
+            _existing(workflow, st, run_id, input)
+            record = st.get_run(run_id)
+        return resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
+    finally:
+        if not isinstance(executor, Executor):
+            ex.shutdown()
+
+
+def _existing(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunRecord | None:
+    """The run ``run_id`` if it exists, after checking that this call may resume it."""
+    try:
+        existing = st.get_run(run_id)
+    except RunNotFoundError:
+        return None
+    if existing.workflow_name != workflow.name:
+        raise UserError(f"run {run_id!r} belongs to workflow {existing.workflow_name!r}, not {workflow.name!r}")
+    if input is not None:
+        given = jsoncodec.dumps(workflow.check_input(input), "input")
+        stored = jsoncodec.dumps(existing.input, "input")
+        if given != stored:
+            raise UserError(f"run {run_id!r} exists with a different input: resume it without --input "
+                            "(`raysaga resume RUN`), or choose another --run-id")
+    return existing
 
 
 def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
@@ -115,8 +137,12 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
            compensate: bool = False, workflow: Workflow | None = None, executor: ExecutorArg = "ray",
            address: str | None = None, wait: float = 60.0) -> RunRecord:
     """Cancel a run. Committed effects stand, unless ``compensate``: then the run is rolled back
-    (compensations in reverse) and ends ``compensated``. A live driver is told through a signal;
-    a run with no live driver is handled here (rolling back needs its ``workflow``)."""
+    (compensations in reverse) and ends ``compensated`` (rolling back needs its ``workflow``).
+
+    A run with no live driver — its lease free, expired, or held by a driver process that is
+    provably gone (``raysaga.orchestrator.ownership``) — is cancelled here at once. A live
+    driver is sent a signal and acts on it within a heartbeat; this call waits for that (up to
+    ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile."""
     st = _store(store)
     run = st.get_run(run_id)
     if run.status in TERMINAL or (run.status in PARKED and not compensate):
@@ -124,23 +150,43 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     if compensate and workflow is None:
         raise UserError("cancel with compensation runs the workflow's compensations: pass the workflow "
                         "(CLI: the run's recorded workflow, or --workflow MODULE:WORKFLOW)")
+    if run.status == RunStatus.COMPENSATING:  # a rollback is under way: cancelling it would half-undo
+        if not compensate:
+            raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled half-way; "
+                            f"let the rollback finish (`raysaga resume {run_id}`)")
+        assert workflow is not None
+        return resume(workflow, run_id, store=st, executor=executor, address=address)
     payload = {"reason": reason, "compensate": compensate}
+    owner = driver_id()
     try:
-        lease = st.claim(run_id, driver_id(), ttl=10.0)
+        lease, _ = claim(st, run_id, owner, CANCEL_TTL)
     except LeaseHeldError:  # a live driver: it acts on the signal at its next heartbeat
         st.send_signal(run_id, "cancel", payload=payload)
-        return _wait_for_rest(st, run_id, wait)
+        found = _wait_for_rest(st, run_id, wait, owner)
+        if isinstance(found, RunRecord):
+            return found
+        lease = found  # its driver's lease lapsed: this call finishes the job; the signal is queued
     try:
         current = st.get_run(run_id)
-        if compensate and current.status in PARKED:
-            st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason)))
+        if current.status in TERMINAL or (current.status in PARKED and not compensate):
+            return current
+        signals = [s for s in st.pending_signals(run_id) if s.kind == "cancel"]
+        if current.status == RunStatus.COMPENSATING:  # its driver started rolling back, then stopped
+            if not compensate:
+                raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled "
+                                f"half-way; let the rollback finish (`raysaga resume {run_id}`)")
+        elif compensate and current.status in PARKED:
+            st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason),
+                                   consumed_signals=[s.id for s in signals]))
         elif compensate:
-            st.send_signal(run_id, "cancel", payload=payload)  # the driver below acts on it first thing
-        elif current.status not in TERMINAL:
+            if not signals:  # the driver below acts on it first thing, consuming it with the transition
+                st.send_signal(run_id, "cancel", payload=payload)
+        else:
             nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
                                attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
                      for n in st.nodes(run_id) if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING)]
-            st.commit(lease, Batch(nodes=nodes, run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
+            st.commit(lease, Batch(nodes=nodes, consumed_signals=[s.id for s in signals],
+                                   run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
     finally:
         st.release(lease)
     if compensate:
@@ -149,12 +195,29 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     return st.get_run(run_id)
 
 
-def _wait_for_rest(st: Store, run_id: str, wait: float) -> RunRecord:
+#: The lease a ``cancel`` takes while it records the cancellation (it renews nothing: it is quick).
+CANCEL_TTL = 10.0
+
+
+def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord | Lease:
+    """Wait for the live driver to act on the cancel signal: the run at rest, or the run's lease
+    if that driver's lease lapsed (or its process died) first."""
     deadline = time.time() + wait
     while time.time() < deadline:
         run = st.get_run(run_id)
         if run.status in TERMINAL or run.status in PARKED:
             return run
+        # Only a lease that looks lapsed is worth a claim: a live driver that just ended the run
+        # and released must not see this call claim the ended run behind it.
+        lapsed = (run.lease_owner is None or (run.lease_expires_at or 0.0) < time.time()
+                  or owner_is_gone(run.lease_owner))
+        if lapsed:
+            try:
+                lease, _ = claim(st, run_id, owner, CANCEL_TTL)
+            except LeaseHeldError:
+                pass
+            else:
+                return lease
         time.sleep(0.1)  # polling the store for another process's progress
     raise UserError(f"run {run_id!r}: the cancel signal is queued; its driver has not finished acting on it "
                     f"within {wait:.0f}s (`raysaga status {run_id}` shows where it is)")
@@ -177,7 +240,7 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
             if run.status == RunStatus.COMPENSATION_FAILED else ""
         raise UserError(f"run {run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
                         f"{'with' if compensations else 'without'} --compensations{hint}")
-    lease = st.claim(run_id, driver_id(), ttl=10.0)
+    lease, _ = claim(st, run_id, driver_id(), CANCEL_TTL)
     try:
         nodes = st.nodes(run_id)
         if compensations:

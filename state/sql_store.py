@@ -283,13 +283,15 @@ class SqlStore(Store):
 
     # ---------------------------------------------------------------- leases
 
-    def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
+    def claim(self, run_id: str, owner: str, ttl: float, *, take_from: str | None = None) -> Lease:
         now = time.time()
+        free = or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now)
+        if take_from is not None:  # the caller proved this owner's process gone: one atomic take-over
+            free = or_(free, runs.c.lease_owner == take_from)
         with self.engine.begin() as conn:
             row = conn.execute(
                 update(runs)
-                .where(runs.c.run_id == run_id,
-                       or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now))
+                .where(runs.c.run_id == run_id, free)
                 .values(lease_owner=owner, lease_expires_at=now + ttl, fence=runs.c.fence + 1,
                         event_seq=runs.c.event_seq + 1, updated_at=now)
                 .returning(runs.c.fence, runs.c.event_seq)
@@ -302,8 +304,10 @@ class SqlStore(Store):
                     "it is live, so this driver backs off; `raysaga status` shows its progress"
                 )
             fence, seq = row
-            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed",
-                                               data={"owner": owner, "fence": fence}))
+            data: dict[str, Any] = {"owner": owner, "fence": fence}
+            if take_from is not None:
+                data["taken_from"] = take_from
+            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
         return Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl)
 
     def renew(self, lease: Lease) -> Lease:

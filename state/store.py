@@ -65,8 +65,10 @@ class Store(ABC):
         if the state machine forbids it."""
 
     @abstractmethod
-    def claim(self, run_id: str, owner: str, ttl: float) -> Lease:
-        """Take the run's lease if free or expired, incrementing its fence; else ``LeaseHeldError``."""
+    def claim(self, run_id: str, owner: str, ttl: float, *, take_from: str | None = None) -> Lease:
+        """Take the run's lease if free or expired, incrementing its fence; else ``LeaseHeldError``.
+        ``take_from``: an owner the caller proved dead (its process is gone); its lease is taken
+        at once, in the same compare-and-set."""
 
     @abstractmethod
     def renew(self, lease: Lease) -> Lease:

@@ -98,11 +98,14 @@ def test_failed_compensation_blocks_upstream_then_operator_retry_finishes(
     assert "book_flight:compensate" not in nodes
 
     # a plain retry is refused with a hint (usage error, exit 2): nothing changes
-    wrong = cli("retry", RUN_ID, "--db", db, "--executor", "inline")
+    # (a run started from a file records no workflow_ref: a path read from the store is never
+    # imported, so the operator names the file again)
+    wf_ref = ("--workflow", f"{flow}:wf")
+    wrong = cli("retry", RUN_ID, *wf_ref, "--db", db, "--executor", "inline")
     assert wrong.returncode == 2 and "--compensations" in wrong.stderr, wrong.stdout + wrong.stderr
 
     # an operator retry while the service is still down parks the run again, with the same report
-    again = cli("retry", RUN_ID, "--compensations", "--db", db, "--executor", "inline", "--json")
+    again = cli("retry", RUN_ID, "--compensations", *wf_ref, "--db", db, "--executor", "inline", "--json")
     assert again.returncode == 1, again.stdout + again.stderr
     report = json.loads(again.stdout)
     assert report["status"] == "compensation_failed"
@@ -113,7 +116,7 @@ def test_failed_compensation_blocks_upstream_then_operator_retry_finishes(
 
     # 3. the service is fixed; the operator finishes the rollback
     outage.unlink()
-    retried = cli("retry", RUN_ID, "--compensations", "--db", db, "--executor", "inline", "--quiet")
+    retried = cli("retry", RUN_ID, "--compensations", *wf_ref, "--db", db, "--executor", "inline", "--quiet")
     # today 1 (the CLI exits 0 only for a completed run); 0 would be as right for a finished
     # rollback, so either is accepted: the state below is what this test pins
     assert retried.returncode in (0, 1), retried.stdout + retried.stderr

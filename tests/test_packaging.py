@@ -49,6 +49,7 @@ EXPECTED_ALL = [
     "Fail",
     "FanOutResult",
     "InvalidInputError",
+    "InvalidOptionError",
     "LeaseHeldError",
     "LeaseLostError",
     "NOT_APPLIED",
