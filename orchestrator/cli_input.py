@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import stat
 import sys
@@ -17,25 +16,15 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
 from raysaga.orchestrator.workflow import Workflow
+from raysaga.state.sql_store import input_cap
 
-#: Default cap on a run's input (``RAYSAGA_MAX_INPUT_BYTES`` changes it).
-DEFAULT_MAX_INPUT_BYTES = 16 * 1024 * 1024
-#: Deepest nesting accepted in ``--input`` (deeper JSON breaks Python's recursion limit downstream).
 MAX_INPUT_DEPTH = 500
 MAX_RUN_ID = 200
 
 
 def max_input_bytes() -> int:
-    raw = os.environ.get("RAYSAGA_MAX_INPUT_BYTES", "").strip()
-    if not raw:
-        return DEFAULT_MAX_INPUT_BYTES
-    try:
-        value = int(raw)
-    except ValueError:
-        raise UserError(f"RAYSAGA_MAX_INPUT_BYTES={raw!r} is not a whole number of bytes") from None
-    if value <= 0:
-        raise UserError(f"RAYSAGA_MAX_INPUT_BYTES={raw!r} must be positive")
-    return value
+    """The store's input cap (``RAYSAGA_MAX_INPUT_BYTES``): a file above it is refused unread."""
+    return input_cap()
 
 
 def _too_large(source: str, size: int | str, cap: int) -> InputTooLargeError:

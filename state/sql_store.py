@@ -88,7 +88,7 @@ class SqlStore(Store):
                  run_value_inline_limit: int = RUN_VALUE_INLINE_LIMIT, max_input_bytes: int | None = None) -> None:
         self.url = normalize_url(url)
         self.run_value_inline_limit = run_value_inline_limit
-        self.max_input_bytes = _max_input_bytes(max_input_bytes)
+        self.max_input_bytes = input_cap(max_input_bytes)
         self.engine: Engine = make_engine(self.url)
         # reads on their own engine: on SQLite they then never take the write lock
         self.reader: Engine = make_engine(self.url, for_reads=True) if self.dialect_of(self.url) == "sqlite" \
@@ -633,7 +633,8 @@ _TEXT_SUMMARY = ("run_id", "workflow_name", "workflow_version", "status", "statu
 _STATES = frozenset(s.value for s in RunStatus)
 
 
-def _max_input_bytes(given: int | None) -> int:
+def input_cap(given: int | None = None) -> int:
+    """The run-input cap in bytes: ``given``, else ``RAYSAGA_MAX_INPUT_BYTES``, else the default."""
     if given is None:
         env = os.environ.get(MAX_INPUT_ENV)
         if not env:
