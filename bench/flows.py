@@ -52,3 +52,29 @@ def fanout() -> Workflow:
     wf.map("plan")(item)
     wf.step(sink)
     return wf.validate()
+
+
+def waits(input: dict[str, float]) -> list[float]:
+    """The I/O fan-out's planner: ``input["n"]`` items, each to wait ``input["wait"]`` seconds."""
+    return [float(input["wait"])] * int(input["n"])
+
+
+def wait_item(waits: float) -> None:
+    """One I/O-bound item: waits like a model call or an HTTP tool (the thread sleeps, no CPU)."""
+    import time
+
+    time.sleep(waits)
+
+
+def wait_sink(wait_item: list[None]) -> int:
+    return len(wait_item)
+
+
+@cache
+def io_fanout(io_bound: bool) -> Workflow:
+    """``waits -> wait_item[0..N-1] (io_bound or not) -> wait_sink``; input ``{"n": N, "wait": S}``."""
+    wf = Workflow(f"bench-io-fanout-{'io' if io_bound else 'cpu'}")
+    wf.step(waits)
+    wf.map("waits", io_bound=io_bound)(wait_item)
+    wf.step(wait_sink)
+    return wf.validate()

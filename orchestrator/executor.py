@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import logging
 import os
+import socket
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -19,6 +20,10 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from raysaga.errors import UserError
+from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, is_actor_death, shared_pool
+from raysaga.orchestrator.keys import is_compensation
+from raysaga.orchestrator.resources import Feasibility, InfeasibleResourcesError
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
 from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
@@ -137,6 +142,12 @@ class RayExecutor(Executor):
     An attempt with a timeout waits in the driver for a CPU (at most one such task per cluster
     CPU in flight): its timeout starts when it is sent, not while it would sit in Ray's queue.
     Counted from dispatch, the last wave of a wide fan-out timed out having run for an instant.
+
+    An I/O-bound attempt (``io_bound=True``; by default an agent's model and tool calls) runs in
+    a thread of the I/O pool (``io_pool``: zero-CPU threaded actors), at most ``io_concurrency``
+    at once (``RAYSAGA_IO_CONCURRENCY``, default 64), queued here beyond that. A step's resource
+    request (``num_cpus``, ``num_gpus``, ``memory``, ``resources``) goes with its tasks, and one no
+    node can ever hold fails the attempt permanently (``resources``). See docs/execution.md.
     """
 
     name = "ray"
@@ -146,19 +157,33 @@ class RayExecutor(Executor):
     #: ``ray.wait`` looks at the oldest this-many tasks in flight (bounds its O(n) cost per call).
     WAIT_WINDOW = 1024
 
-    def __init__(self, address: str | None = None, num_cpus: int | None = None) -> None:
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, *,
+                 io_concurrency: int | None = None) -> None:
+        io_limit = io_concurrency_limit(io_concurrency)  # a bad value is refused before Ray starts
         import ray
 
         self._ray = ray
         self._started_here = False
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
+            check_cluster(address)
             # workers must import the user's workflow module as the driver does
             pythonpath = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
-            ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False, configure_logging=True,
-                     runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+            try:
+                ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
+                         logging_level=logging.ERROR, log_to_driver=False, configure_logging=True,
+                         runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+            except (ConnectionError, TimeoutError) as exc:  # "auto" with no cluster running, a GCS gone...
+                if not address:
+                    raise  # starting a local Ray failed: not a cluster to reach
+                raise _unreachable(address, str(exc).splitlines()[0] if str(exc) else "") from None
             self._started_here = True
+        elif address and not _same_cluster(address, ray.get_runtime_context().gcs_address,
+                                           ray.util.get_node_ip_address()):  # type: ignore[no-untyped-call]
+            # one process joins one cluster: running on another than the one asked for would be silent
+            raise UserError(f"this process is already connected to the Ray cluster at "
+                            f"{ray.get_runtime_context().gcs_address}, not {address}: drive runs on {address} "
+                            "from another process, or drop --address")
         self._remote = ray.remote(max_retries=0, retry_exceptions=False)(run_packed)
         self._packer = SpecPacker()
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
@@ -169,11 +194,39 @@ class RayExecutor(Executor):
         self._finished: dict[Handle, None] = {}  # outcome set, not returned yet (an ordered set)
         self._cancelled: dict[Any, None] = {}  # refs cancelled, not yet seen to end (an ordered set)
         self._recancel_at = 0.0
+        self._io = _Lane(limit=io_limit, chunked=False)  # I/O-bound attempts, queued for the pool
+        self._pool: IoPool | None = None  # this process's, taken at the first I/O-bound attempt
+        self._feasible = Feasibility(ray)
+
+    @property
+    def io_pool(self) -> IoPool:
+        """The threaded actors I/O-bound attempts run in (``raysaga.orchestrator.io_pool``)."""
+        if self._pool is None:
+            self._pool = shared_pool(self._ray, self._io.limit)
+        return self._pool
+
+    @staticmethod
+    def is_io_bound(spec: StepSpec, call: NodeCall) -> bool:
+        """Declared ``io_bound``, or by default an agent's model or tool call (``step@turn[.k]``)."""
+        if spec.io_bound is not None:
+            return spec.io_bound
+        node_id = call.ctx.node_id
+        return "@" in node_id and not is_compensation(node_id)
 
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
         handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
+        if spec.resources is not None:
+            problem = self._feasible.problem(spec.name, spec.resources)
+            if problem is not None:  # it would wait in Ray's queue forever: fail it, permanently
+                handle.outcome = NodeOutcome.failure(InfeasibleResourcesError(problem), transient=False,
+                                                     started_at=time.time())
+                handle.sent = True
+                self._finished[handle] = None
+                return handle
         lane: _Lane | None = None
-        if spec.timeout is not None:
+        if self.is_io_bound(spec, call):
+            lane = self._io  # sent while the pool has a free thread: a timeout starts with the call
+        elif spec.timeout is not None:
             lane = self._timed
         elif call.ctx.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
             lane = self._lanes.get(spec.name)
@@ -186,10 +239,17 @@ class RayExecutor(Executor):
         return handle
 
     def _all_lanes(self) -> list[_Lane]:
-        return [*self._lanes.values(), self._timed]
+        return [*self._lanes.values(), self._timed, self._io]
 
     def _pump(self) -> None:
+        if self._io.queue:
+            pool = self.io_pool
+            while self._io.queue and pool.room() > 0:
+                handle, call, name, spec = self._io.queue.popleft()
+                self._send(spec, [(handle, call, name)], self._io)
         for lane in self._all_lanes():
+            if lane is self._io:
+                continue
             while lane.queue and lane.tasks < lane.limit:
                 size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
                 items = [lane.queue.popleft() for _ in range(size)]
@@ -202,7 +262,13 @@ class RayExecutor(Executor):
             first, last = items[0][1].ctx, items[-1][1].ctx
             name = f"{first.run_id}:{first.node_id}[{first.fan_index}..{last.fan_index}]"
         payload = self._packer.pack_calls(spec, [call for _, call, _ in items])
-        ref: Any = self._remote.options(name=name).remote(payload)
+        ref: Any
+        if lane is self._io:
+            ref = self.io_pool.send(payload, name)
+        elif spec.resources is not None:
+            ref = self._remote.options(name=name, **spec.resources.ray_options()).remote(payload)
+        else:
+            ref = self._remote.options(name=name).remote(payload)
         handles = [handle for handle, _, _ in items]
         for handle in handles:
             handle.ref = ref
@@ -232,8 +298,10 @@ class RayExecutor(Executor):
         if ready and rest:  # group commit: drain everything else that is already finished
             more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
-        for ref, result in zip(ready, self._results(ready), strict=True):
+        for ref, (result, died) in zip(ready, self._results(ready), strict=True):
             carried, lane = self._inflight.pop(ref)
+            if lane is self._io and self._pool is not None:
+                self._pool.ended(ref, died)  # a dead actor is replaced at the next send
             outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * len(carried)
             if lane is not None:
                 lane.tasks -= 1
@@ -259,20 +327,21 @@ class RayExecutor(Executor):
                 del self._finished[handle]
         return done
 
-    def _results(self, refs: list[Any]) -> list[Any]:
-        """Each ref's value: packed outcomes (``bytes``), or one failure for every call it carried."""
+    def _results(self, refs: list[Any]) -> list[tuple[Any, bool]]:
+        """Each ref's value: packed outcomes (``bytes``), or one failure for every call it carried;
+        and whether it failed because its (pool) actor died."""
         started = time.time()
         try:
             values: list[Any] = self._ray.get(refs)
-            return values
+            return [(value, False) for value in values]
         except Exception:  # some task failed: take them one by one
             pass
-        out: list[Any] = []
+        out: list[tuple[Any, bool]] = []
         for ref in refs:
             try:
-                out.append(self._ray.get(ref))
+                out.append((self._ray.get(ref), False))
             except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
-                out.append(NodeOutcome.failure(exc, transient=True, started_at=started))
+                out.append((NodeOutcome.failure(exc, transient=True, started_at=started), is_actor_death(exc)))
         return out
 
     def cancel(self, handle: Handle) -> None:
@@ -291,24 +360,40 @@ class RayExecutor(Executor):
             if entry[1] is not None:
                 entry[1].tasks -= 1
             self._cancelled[handle.ref] = None
+            if entry[1] is self._io and self._pool is not None:
+                self._pool.cancel(handle.ref)  # a thread cannot be killed: its actor retires (io_pool)
+                return
             with contextlib.suppress(Exception):  # it may have finished meanwhile
                 self._ray.cancel(handle.ref, force=True)
 
     #: how often a cancelled task not yet seen to end is cancelled again
     RECANCEL_EVERY = 0.1
 
-    def _recancel(self) -> list[Any]:
+    def _recancel(self, settling: bool = False) -> list[Any]:
         """Forget the cancelled tasks that have ended; cancel the others again, return them.
 
         ``ray.cancel`` only asks: the worker dies a moment later, and a force-cancel that races
         the task's start on a worker can be lost (seen on Ray 2.60 as a fan-out closed), leaving
         the task to run to its end. A cancel repeated once it runs kills its worker.
+
+        A cancelled call of the I/O pool stops when its retired actor is killed: once the actor's
+        other calls end (or its grace is over), or at once when ``settling``.
         """
         refs = list(self._cancelled)
         ended, running = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        pool = self._pool
         for ref in ended:
             del self._cancelled[ref]
+            if pool is not None:
+                pool.ended(ref, False)
+        if pool is not None:
+            if settling:
+                pool.kill_retired()
+            else:
+                pool.tick()
         for ref in running:
+            if pool is not None and pool.owns(ref):
+                continue  # an actor task: only killing its actor stops it (done above)
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
         self._recancel_at = time.monotonic() + self.RECANCEL_EVERY
@@ -317,7 +402,7 @@ class RayExecutor(Executor):
     def settle_cancelled(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
         while self._cancelled:
-            running = self._recancel()
+            running = self._recancel(settling=True)
             left = deadline - time.monotonic()
             if not running or left <= 0:
                 break
@@ -329,11 +414,96 @@ class RayExecutor(Executor):
             self._ray.shutdown()
 
 
-def make_executor(kind: str, address: str | None = None, num_cpus: int | None = None) -> Executor:
+#: Seconds to wait for the TCP connect to a Ray cluster's address before giving up on it.
+CLUSTER_CONNECT_TIMEOUT_S = 3.0
+
+
+def _unreachable(address: str, why: str) -> Exception:
+    from raysaga.errors import UserError
+
+    try:
+        hp = _host_port(address)
+    except UserError:
+        hp = None
+    port = str(hp[1]) if hp is not None else "6379"
+    return UserError(f"cannot reach the Ray cluster at {address}{f' ({why})' if why else ''}: start it with "
+                     f"`ray start --head --port {port}`, fix --address / RAY_ADDRESS, or drop them for a local Ray")
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (or ``[v6]:PORT``) of a Ray cluster address, the port 1 to 65535; None for
+    "auto" (the cluster this machine runs) and "local" (start one), which Ray resolves itself.
+    Anything else (``ray://`` Ray Client addresses, a missing or signed port, a bare word) is
+    refused with a ``UserError`` saying what is accepted."""
+    import re
+
+    from raysaga.errors import UserError
+
+    if address in ("auto", "local"):
+        return None
+    shown = repr(address)
+    if address.lower().startswith("ray://"):
+        raise UserError(f"Ray address {shown}: Ray Client (ray://) is not supported: raysaga drives a run from a "
+                        "node of the cluster; run it there with --address HOST:PORT of the cluster's GCS "
+                        "(e.g. 10.0.0.5:6379), or auto")
+    match = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:/\[\]@]+)):(?P<port>[0-9]{1,5})",
+                         address)
+    port = int(match.group("port")) if match else 0
+    if match is None or not 1 <= port <= 65535:
+        raise UserError(f"Ray address {shown} (--address or RAY_ADDRESS) is not HOST:PORT with a port from 1 to "
+                        "65535: use e.g. 127.0.0.1:6379, auto (the cluster this machine runs) or local")
+    assert match is not None
+    return match.group("v6") or match.group("host"), port
+
+
+def _same_cluster(asked: str, connected: str, this_node: str) -> bool:
+    """Whether ``asked`` (an --address) names the cluster at ``connected`` (host:port of its GCS);
+    ``this_node``: the IP Ray uses for this machine, one of its local addresses."""
+    if asked in ("auto", "local"):
+        return True
+    wanted, have = _host_port(asked), _host_port(connected)
+    if wanted is None or have is None:
+        return asked == connected
+    def ips(host: str) -> set[str]:
+        try:
+            return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+        except OSError:
+            return {host}
+    here = ips(socket.gethostname()) | ips("localhost") | {"127.0.0.1", "::1", this_node}
+    a, b = ips(wanted[0]), ips(have[0])
+    # a cluster on this machine is one cluster whichever of its addresses names it
+    return wanted[1] == have[1] and (bool(a & b) or (bool(a & here) and bool(b & here)))
+
+
+def check_cluster(address: str | None, timeout: float = CLUSTER_CONNECT_TIMEOUT_S) -> None:
+    """Fail fast, with what to do, when ``address`` is malformed or names a Ray cluster nobody
+    answers at.
+
+    ``ray.init`` on an address where no GCS listens retries for over a minute (on a malformed
+    one, forever), then raises a traceback: the address is parsed strictly (``_host_port``) and
+    a TCP connect to it (refused, or no answer in ``timeout`` seconds) tells within seconds,
+    and leaves the cluster's own reconnect tolerance, which a long run needs when its GCS
+    restarts, as it is. ``None``, "auto" and "local" are not probed (Ray finds or starts a
+    cluster itself). Raises ``UserError``."""
+    hp = _host_port(address) if address else None
+    if hp is None:
+        return
+    assert address is not None
+    try:
+        with socket.create_connection(hp, timeout=timeout):
+            pass
+    except TimeoutError:
+        raise _unreachable(address, f"no answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise _unreachable(address, exc.strerror or str(exc)) from None
+
+
+def make_executor(kind: str, address: str | None = None, num_cpus: int | None = None, *,
+                  io_concurrency: int | None = None) -> Executor:
+    """``inline`` (steps in this process) or ``ray`` (joining ``address``, or a local Ray);
+    ``io_concurrency``: I/O-bound calls in flight at once (default ``RAYSAGA_IO_CONCURRENCY`` or 64)."""
     if kind == "inline":
         return InlineExecutor()
     if kind == "ray":
-        return RayExecutor(address=address, num_cpus=num_cpus)
-    from raysaga.errors import UserError
-
+        return RayExecutor(address=address, num_cpus=num_cpus, io_concurrency=io_concurrency)
     raise UserError(f"unknown executor {kind!r}: use 'ray' or 'inline'")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.orchestrator.options import RetryPolicy
+from raysaga.orchestrator.resources import ResourceRequest
 from raysaga.sagas.policy import ALL, FanOutPolicy
 
 #: Returned by a ``reconcile`` hook when the downstream shows the effect never happened.
@@ -43,9 +44,18 @@ class StepSpec:
     kind: str = "step"
     is_async: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    io_bound: bool | None = None
+    """Runs in the executor's I/O pool (a thread of a zero-CPU actor), not as a one-CPU task.
+    None: the default, True for an agent's model and tool calls, False for a plain step."""
+    resources: ResourceRequest | None = None
+    """What each attempt asks Ray for (``num_cpus``, ``num_gpus``, ``memory``, custom resources)."""
 
     def signature_for_hash(self) -> dict[str, Any]:
-        """What identifies the step's place and contract in the DAG (not its body)."""
+        """What identifies the step's place and contract in the DAG (not its body).
+
+        ``io_bound`` and ``resources`` are left out on purpose: they say where an attempt runs, not
+        what the step means or what its checkpoints hold, so a run resumes after they change (a
+        step moved to a GPU node, given more memory, or to the I/O pool). See docs/execution.md."""
         retry = self.retry
         return {
             "name": self.name,

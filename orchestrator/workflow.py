@@ -31,8 +31,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.options import RetryPolicy
+from raysaga.orchestrator.resources import PLACEMENT_OPTIONS, placement, unknown_options
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.validation import json_type_problem, validate
+from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, json_type_problem, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
 from raysaga.state import jsoncodec
 
@@ -41,21 +42,29 @@ R = TypeVar("R")
 
 INPUT_PARAM = "input"
 CTX_PARAM = "ctx"
+#: Keyword options of ``Workflow.step`` (and ``map``), and of ``Workflow.agent``.
+_STEP_OPTIONS = frozenset({"name", "after", "critical", "effect", "effect_name", "retry", "timeout", "compensate",
+                           "reconcile", "map_over", "policy", "on_failure", *PLACEMENT_OPTIONS})
+_AGENT_OPTIONS = frozenset({"name", "after", "critical", "effect", "retry", "timeout", "compensate", "map_over",
+                            "policy", "on_failure"})
+
 
 
 class Workflow:
     """A DAG definition. Validated (networkx) the first time it is used or ``validate()`` is called."""
 
     def __init__(self, name: str, *, version: str = "1", description: str = "") -> None:
-        if not name or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+        if not isinstance(name, str) or not WORKFLOW_NAME_RE.fullmatch(name):
             raise WorkflowDefinitionError(
-                f"workflow name {name!r} is not valid: use letters, digits, '_', '-' or '.'"
+                f"workflow name {name!r} is not valid: it prefixes run ids, so use 1-100 characters: letters, "
+                "digits, '_', '-' and '.', starting with a letter or '_'"
             )
         self.name = name
         self.version = str(version)
         self.description = description
         self.steps: dict[str, StepSpec] = {}
         self.compensations: dict[str, Callable[..., Any]] = {}
+        self.compensation_retries: dict[str, RetryPolicy] = {}  # declared with compensation(retry=)
         self._graph: nx.DiGraph | None = None
 
     def __repr__(self) -> str:
@@ -83,6 +92,11 @@ class Workflow:
         map_over: str | None = None,
         policy: FanOutPolicy | None = None,
         on_failure: str = "skip",
+        io_bound: bool | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        resources: dict[str, float] | None = None,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
     def step(
@@ -101,6 +115,12 @@ class Workflow:
         map_over: str | None = None,
         policy: FanOutPolicy | None = None,
         on_failure: str = "skip",
+        io_bound: bool | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        resources: dict[str, float] | None = None,
+        **unknown: Any,
     ) -> Any:
         """Declare a step. Keyword-only options:
 
@@ -122,13 +142,22 @@ class Workflow:
                 Anything but ``ALL`` hands dependents a ``FanOutResult`` instead of a list.
             on_failure: for a non-critical step, ``"skip"`` its dependents when it fails for good,
                 or ``"pass"`` them a ``StepFailed`` record in place of its output.
+            io_bound: the step mostly waits (HTTP, a model): on Ray it runs in a thread of the
+                executor's I/O pool, not as a task holding a CPU (see docs/execution.md).
+            num_cpus, num_gpus, memory, resources: what each attempt asks Ray for (default: one
+                CPU); ``resources`` names custom resources, ``{"special": 1}``. Checked here, and
+                against the cluster's nodes when an attempt is sent.
         """
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            self._add(self._make_spec(func, name=name, after=tuple(after), critical=critical, effect=effect,
-                                      effect_name=effect_name, retry=retry, timeout=timeout, compensate=compensate,
-                                      reconcile=reconcile, map_over=map_over, policy=policy,
-                                      on_failure=on_failure))
+            spec = self._make_spec(func, name=name, after=tuple(after), critical=critical, effect=effect,
+                                   effect_name=effect_name, retry=retry, timeout=timeout, compensate=compensate,
+                                   reconcile=reconcile, map_over=map_over, policy=policy, on_failure=on_failure)
+            if unknown:
+                raise unknown_options(spec.name, unknown, _STEP_OPTIONS)
+            io, request = placement(spec.name, io_bound=io_bound, num_cpus=num_cpus, num_gpus=num_gpus,
+                                    memory=memory, resources=resources)
+            self._add(dataclasses.replace(spec, io_bound=io, resources=request))
             return func
 
         if fn is not None:
@@ -148,6 +177,14 @@ class Workflow:
             raise WorkflowDefinitionError("an agent node is not an effect itself: declare effect=True on its tools")
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
+            unknown = set(options) - _AGENT_OPTIONS
+            if unknown:
+                where = str(options.get("name") or getattr(func, "__name__", "?"))
+                if unknown & set(PLACEMENT_OPTIONS):
+                    raise WorkflowDefinitionError(
+                        f"agent {where!r}: {sorted(unknown & set(PLACEMENT_OPTIONS))} do not apply to an agent node: "
+                        "its model and tool calls run in the executor's I/O pool (see docs/execution.md)")
+                raise unknown_options(where, unknown, _AGENT_OPTIONS)
             spec = self._make_spec(func, name=options.get("name"), after=tuple(options.get("after", ())),
                                    critical=options.get("critical", True), effect=False, effect_name=None,
                                    retry=options.get("retry"), timeout=options.get("timeout"),
@@ -165,13 +202,23 @@ class Workflow:
         decorator: Callable[[Callable[P, R]], Callable[P, R]] = self.step(map_over=over, **options)
         return decorator
 
-    def compensation(self, step_name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Register ``fn`` as the compensation of step ``step_name`` (checked at validation)."""
+    def compensation(self, step_name: str, *, retry: RetryPolicy | None = None
+                     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register ``fn`` as the compensation of step ``step_name`` (checked at validation).
+
+        ``retry`` bounds its retries; by default a compensation retries transient failures with
+        the step's backoff (or base 0.5 s, cap 60 s) until it succeeds or is refused permanently."""
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise WorkflowDefinitionError(f"compensation of {step_name!r}: retry= must be a RetryPolicy")
+
+        check_name("compensation target (step)", step_name)
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
             if step_name in self.compensations:
                 raise WorkflowDefinitionError(f"step {step_name!r} already has a compensation")
             self.compensations[step_name] = func
+            if retry is not None:
+                self.compensation_retries[step_name] = retry
             self._invalidate()
             return func
 
@@ -251,6 +298,9 @@ class Workflow:
                                retry=retry, timeout=timeout, compensate=None, reconcile=None, map_over=None)
 
     def _add(self, spec: StepSpec) -> None:
+        check_name("agent" if spec.kind == "agent" else "step", spec.name)
+        if spec.effect and spec.effect_name != spec.name:
+            check_name(f"step {spec.name!r}: effect", spec.effect_name)
         if spec.name in self.steps:
             raise WorkflowDefinitionError(
                 f"workflow {self.name!r} already has a step named {spec.name!r}: "
@@ -330,6 +380,11 @@ class Workflow:
         try:
             return jsoncodec.to_jsonable(value, "input")
         except NotJSONableError as exc:
+            if tp is not Any:
+                try:  # a type with its own JSON form (a bare ``Secret``, ``list[Secret]``...)
+                    return jsoncodec.to_jsonable(TypeAdapter(tp).dump_python(value, mode="json"), "input")
+                except Exception:
+                    pass
             raise InvalidInputError(str(exc)) from None
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-import raysaga
 from raysaga.errors import UserError
 from raysaga.orchestrator.executor import _host_port, check_cluster, make_executor
 from raysaga.state import open_store
@@ -52,11 +51,28 @@ def test_a_listening_address_passes_and_local_addresses_are_not_probed() -> None
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         check_cluster(f"127.0.0.1:{server.getsockname()[1]}")
-        check_cluster(f"ray://127.0.0.1:{server.getsockname()[1]}")
     for local in (None, "", "auto", "local"):
         check_cluster(local)  # Ray finds or starts its own cluster for these
     assert _host_port("[::1]:6379") == ("::1", 6379)
-    assert _host_port("ray://head.example:10001") == ("head.example", 10001)
+    assert _host_port("head.example:10001") == ("head.example", 10001)
+
+
+@pytest.mark.parametrize(("address", "message"), [
+    ("127.0.0.1:-5", "is not HOST:PORT with a port from 1 to 65535"),
+    ("127.0.0.1:+5", "is not HOST:PORT with a port from 1 to 65535"),
+    ("127.0.0.1:0", "is not HOST:PORT with a port from 1 to 65535"),
+    ("127.0.0.1:65536", "is not HOST:PORT with a port from 1 to 65535"),
+    (":", "is not HOST:PORT"),
+    (":6379", "is not HOST:PORT"),
+    ("bogus", "is not HOST:PORT"),
+    ("ray://127.0.0.1:10001", "Ray Client (ray://) is not supported"),
+])
+def test_a_malformed_address_is_refused_at_once(address: str, message: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(UserError) as exc:
+        check_cluster(address, timeout=30.0)
+    assert time.monotonic() - started < 1
+    assert message in str(exc.value)
 
 
 def test_make_executor_fails_fast_without_starting_ray() -> None:
@@ -94,17 +110,35 @@ def test_the_ray_address_variable_is_checked_too(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_run_on_an_unreachable_cluster_leaves_no_run_behind(tmp_path: Path) -> None:
+    # in a fresh process: this test process may already be connected to the session's cluster
     url = f"sqlite:///{tmp_path / 'raysaga.db'}"
-    wf = raysaga.Workflow("unreachable")
+    code = textwrap.dedent(f"""
+        import raysaga
+        from raysaga.errors import UserError
 
-    @wf.step()
-    def only() -> int:
-        return 1
+        wf = raysaga.Workflow("unreachable")
 
-    with pytest.raises(UserError, match="cannot reach the Ray cluster"):
-        raysaga.run(wf, store=url, address=f"127.0.0.1:{closed_port()}")
+        @wf.step()
+        def only() -> int:
+            return 1
+
+        try:
+            raysaga.run(wf, store={url!r}, address="127.0.0.1:{closed_port()}")
+        except UserError as exc:
+            print(exc)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.startswith("cannot reach the Ray cluster"), proc.stdout
     store = open_store(url)
     try:
         assert store.list_runs() == []
     finally:
         store.close()
+
+
+def test_a_process_on_one_cluster_refuses_an_address_naming_another(ray_session: str) -> None:
+    # one process joins one cluster: an --address naming another must not run on this one silently
+    with pytest.raises(UserError, match="already connected to the Ray cluster"):
+        make_executor("ray", address=f"127.0.0.1:{closed_port()}")
+    make_executor("ray", address=ray_session)  # the cluster it is on is fine

@@ -1,0 +1,182 @@
+"""Per-step resource requests (``@wf.step(num_cpus=..., num_gpus=..., memory=..., resources={...})``).
+
+A request is checked when the step is declared (``resource_request``: numbers >= 0, known names,
+Ray's "above 1 only whole units" rule) and again when an attempt is submitted, against the
+nodes of the cluster (``Feasibility``): a request no single alive node can ever hold (``num_gpus=1``
+on a cluster without GPUs) fails the node permanently with ``InfeasibleResourcesError`` naming the
+step, the request and what the cluster has, instead of waiting forever in Ray's queue.
+
+Requests are placement, not contract: they are left out of the workflow's definition hash, so
+moving a step to a GPU node, or giving it more memory, does not stop a run started before from
+resuming (see docs/execution.md).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysaga.errors import RaySagaError, WorkflowDefinitionError
+
+#: Ray's predefined resources: requested through their own keyword, never through ``resources=``.
+RESERVED = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory", "object_store_memory": "memory"}
+
+
+class InfeasibleResourcesError(RaySagaError):
+    """No node of the Ray cluster can ever hold a step's resource request."""
+
+
+@dataclass(frozen=True)
+class ResourceRequest:
+    """What one attempt of a step asks Ray for. ``None`` fields are Ray's defaults (1 CPU, nothing else)."""
+
+    num_cpus: float | None = None
+    num_gpus: float | None = None
+    memory: int | None = None
+    """Bytes of heap memory (Ray's ``memory``): a scheduling reservation, not a limit Ray enforces."""
+    custom: tuple[tuple[str, float], ...] = ()
+
+    def ray_options(self) -> dict[str, Any]:
+        """Keyword arguments for ``remote_function.options``."""
+        out: dict[str, Any] = {}
+        if self.num_cpus is not None:
+            out["num_cpus"] = self.num_cpus
+        if self.num_gpus is not None:
+            out["num_gpus"] = self.num_gpus
+        if self.memory is not None:
+            out["memory"] = self.memory
+        if self.custom:
+            out["resources"] = dict(self.custom)
+        return out
+
+    def demand(self) -> dict[str, float]:
+        """The request in the units of ``ray.nodes()[i]["Resources"]`` (CPU defaults to 1)."""
+        out = {"CPU": 1.0 if self.num_cpus is None else float(self.num_cpus)}
+        if self.num_gpus:
+            out["GPU"] = float(self.num_gpus)
+        if self.memory:
+            out["memory"] = float(self.memory)
+        out.update(self.custom)
+        return {k: v for k, v in out.items() if v > 0}
+
+    def describe(self) -> str:
+        parts = [f"{k}={v:g}" for k, v in self.ray_options().items() if k != "resources"]
+        parts += [f"{k}={v:g}" for k, v in self.custom]
+        return ", ".join(parts) or "nothing"
+
+
+def _quantity(step: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise WorkflowDefinitionError(f"step {step!r}: {name} must be a finite number >= 0, got {value!r}")
+    if value > 1 and value != int(value):
+        raise WorkflowDefinitionError(
+            f"step {step!r}: {name}={value!r}: above 1, Ray only grants whole units (use {math.ceil(value)} "
+            "or a fraction <= 1)")
+    return float(value)
+
+
+def resource_request(step: str, *, num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
+                     resources: Any = None) -> ResourceRequest | None:
+    """Validate a step's resource options; None when it asks for nothing (Ray's default: 1 CPU)."""
+    cpus = None if num_cpus is None else _quantity(step, "num_cpus", num_cpus)
+    gpus = None if num_gpus is None else _quantity(step, "num_gpus", num_gpus)
+    mem = None
+    if memory is not None:
+        if isinstance(memory, bool) or not isinstance(memory, int | float) or not math.isfinite(memory) \
+                or memory < 0:
+            raise WorkflowDefinitionError(f"step {step!r}: memory must be a number of bytes >= 0, got {memory!r}")
+        mem = int(memory)
+    custom: list[tuple[str, float]] = []
+    if resources is not None:
+        if not isinstance(resources, Mapping):
+            raise WorkflowDefinitionError(
+                f"step {step!r}: resources= must be a dict of custom resource names to amounts, got {resources!r}")
+        for key, value in resources.items():
+            if not isinstance(key, str) or not key.strip():
+                raise WorkflowDefinitionError(f"step {step!r}: resource names must be non-empty strings, got {key!r}")
+            if key in RESERVED:
+                raise WorkflowDefinitionError(
+                    f"step {step!r}: resources={{{key!r}: ...}}: use {RESERVED[key]}= for Ray's {key} resource")
+            custom.append((key, _quantity(step, f"resources[{key!r}]", value)))
+    if cpus is None and gpus is None and mem is None and not custom:
+        return None
+    return ResourceRequest(num_cpus=cpus, num_gpus=gpus, memory=mem, custom=tuple(sorted(custom)))
+
+
+@dataclass
+class Feasibility:
+    """Whether some alive node of the cluster can ever hold a request (checked once per request).
+
+    Asks Ray for its nodes at the first request, and again (at most every ``REFRESH_S``) before
+    calling a request infeasible, so a node that joined since is seen. An autoscaling cluster
+    that would start a matching node on demand is not known here: it would be refused.
+    """
+
+    ray: Any
+    REFRESH_S: float = 5.0
+    _nodes: list[dict[str, float]] | None = None
+    _read_at: float = 0.0
+    _known: dict[ResourceRequest, str | None] = field(default_factory=dict)
+
+    def _read(self) -> None:
+        self._nodes = [dict(n.get("Resources") or {}) for n in self.ray.nodes() if n.get("Alive")]
+        self._read_at = time.monotonic()
+
+    def _fits(self, demand: dict[str, float]) -> bool:
+        return any(all(node.get(k, 0.0) >= v for k, v in demand.items()) for node in self._nodes or [])
+
+    def problem(self, step: str, request: ResourceRequest) -> str | None:
+        """None if some node can hold ``request``, else why not (for ``InfeasibleResourcesError``)."""
+        if request in self._known:
+            return self._known[request]
+        demand = request.demand()
+        if self._nodes is None:
+            self._read()
+        if not self._fits(demand) and time.monotonic() - self._read_at > self.REFRESH_S:
+            self._read()
+        problem = None
+        if not self._fits(demand):
+            asked = request.describe()
+            if request.num_cpus is None and self._fits({k: v for k, v in demand.items() if k != "CPU"}):
+                asked = f"CPU=1 (Ray's default: set num_cpus=0 to ask for none), {asked}"
+            problem = (f"step {step!r} asks for {asked}, which no node of the Ray cluster can ever "
+                       f"hold: its nodes have {self._describe_nodes(demand)}. Add a node with those resources "
+                       f"(`ray start --address ... --num-gpus N / --resources '{{\"name\": N}}'`) or lower the "
+                       "step's request")
+        if problem is None:
+            self._known[request] = None
+        return problem
+
+    def _describe_nodes(self, demand: dict[str, float]) -> str:
+        if not self._nodes:
+            return "nothing (no alive node)"
+        shown = []
+        for node in self._nodes:
+            names = sorted(set(demand) | ({"CPU", "GPU"} & set(node)) | {"CPU"})
+            shown.append("{" + ", ".join(f"{k}: {node.get(k, 0.0):g}" for k in names) + "}")
+        return "; ".join(shown[:8]) + (f"; ... ({len(shown)} nodes)" if len(shown) > 8 else "")
+
+
+#: The step options this module reads (``@wf.step`` / ``@wf.map``).
+PLACEMENT_OPTIONS = ("io_bound", "num_cpus", "num_gpus", "memory", "resources")
+
+
+def placement(step: str, *, io_bound: Any = None, num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
+              resources: Any = None) -> tuple[bool | None, ResourceRequest | None]:
+    """A step's ``io_bound`` flag and resource request, validated (``WorkflowDefinitionError`` naming it)."""
+    if io_bound is not None and not isinstance(io_bound, bool):
+        raise WorkflowDefinitionError(f"step {step!r}: io_bound must be True or False, got {io_bound!r}")
+    request = resource_request(step, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources)
+    if io_bound and request is not None:
+        raise WorkflowDefinitionError(
+            f"step {step!r}: io_bound=True runs it in a thread of the shared I/O pool, which reserves no "
+            f"resources, so it cannot also ask for {request.describe()}: drop io_bound, or the resources")
+    return io_bound, request
+
+
+def unknown_options(step: str, unknown: Any, known: Any) -> WorkflowDefinitionError:
+    return WorkflowDefinitionError(
+        f"step {step!r}: unknown option(s) {sorted(unknown)}; the options are {sorted(known)}")
