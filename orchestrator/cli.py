@@ -23,7 +23,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from raysaga.errors import UserError
+from raysaga.errors import RaySagaError, RunNotFoundError, UserError
 from raysaga.orchestrator import cli_input, cli_status
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
 from raysaga.orchestrator.cli_store import describe, open_for_reads, open_for_writes, store_url
@@ -103,10 +103,19 @@ def _run_id(value: str) -> str:
     return checked
 
 
+def _check_address(executor: str, address: str | None) -> None:
+    """A malformed ``--address`` / ``RAY_ADDRESS`` is refused before anything is opened or imported
+    (the executor checks it again, and probes it, before Ray starts)."""
+    if executor == "ray" and address:
+        from raysaga.orchestrator.executor import _host_port
+
+        _host_port(address)
+
+
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None) -> RunOptions:
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
-    cli_input.int_in_range("--retry-budget", retry_budget, 0)
+    cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
     return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget)
 
 
@@ -157,17 +166,35 @@ def run(
     with errors(current):
         cli_input.check_run_id(run_id, "--run-id")
         options = _options(lease_ttl, deadline, retry_budget)
+        _check_address(executor, address)
         value = cli_input.parse_input(input)
         wf = load_workflow(workflow)
-        cli_input.check_input(wf, value, input is not None)
+        if input is not None or run_id is None or not _run_exists(db, run_id):  # no --input: resume as is
+            cli_input.check_input(wf, value, input is not None)
         store = open_for_writes(db)
         current.run_id = run_id = run_id or _runner().new_run_id(wf)
+        given = value if input is not None else _runner().NO_INPUT  # JSON null is an input; no --input is not
         result = _drive(lambda hook: _runner().run(
-            wf, value, store=store, run_id=run_id, executor=executor, address=address,
+            wf, given, store=store, run_id=run_id, executor=executor, address=address,
             options=options, on_progress=hook, workflow_ref=recordable_ref(workflow),
         ), len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
     _exit_for(result)
+
+
+def _run_exists(db: str | None, run_id: str) -> bool:
+    """Whether the store (if there is one) holds ``run_id``; nothing is created."""
+    try:
+        store = open_for_reads(db, run_id)
+    except RaySagaError:
+        return False
+    try:
+        store.get_run(run_id, lenient=True)
+        return True
+    except RunNotFoundError:
+        return False
+    finally:
+        store.close()
 
 
 def _workflow_for(store: SqlStore, run_id: str, ref: str | None) -> Workflow:
@@ -193,7 +220,14 @@ def resume(
     with errors(_Current(run_id)):
         _run_id(run_id)
         options = _options(lease_ttl)
+        _check_address(executor, address)
         store = open_for_writes(db, run_id)
+        before = store.get_run(run_id)
+        if before.status in TERMINAL or before.status in PARKED:  # at rest: no code is imported
+            say(err, f"run {run_id} is already {before.status.value}: nothing to resume ", _finished_note(before))
+            _report(store, before, as_json)
+            _exit_for(before)
+            return
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: _runner().resume(wf, run_id, store=store, executor=executor, address=address,
                                                    options=options, on_progress=hook),
@@ -220,7 +254,9 @@ def retry(
     with errors(_Current(run_id)):
         _run_id(run_id)
         options = _options(lease_ttl)
+        _check_address(executor, address)
         store = open_for_writes(db, run_id)
+        _check_retryable(store.get_run(run_id), compensations)  # before any code is imported
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: _runner().retry(wf, run_id, store=store, executor=executor, address=address,
                                                   options=options, on_progress=hook,
@@ -245,8 +281,10 @@ def cancel(
     unless --compensate rolls them back. Exit 1 when there was nothing to cancel."""
     with errors(_Current(run_id)):
         _run_id(run_id)
+        _check_address(executor, address)
         store = open_for_writes(db, run_id)
-        before = store.get_run(run_id)
+        # lenient: a run whose input blob was damaged outside raysaga must still be cancellable
+        before = store.get_run(run_id, lenient=True)
         if before.status in TERMINAL or (before.status in PARKED and not compensate):
             say(out, f"run {run_id} is already {before.status.value}: nothing to cancel ", _finished_note(before))
             raise typer.Exit(EXIT_NOT_COMPLETED)
@@ -257,6 +295,16 @@ def cancel(
             + (f" — {result.status_reason}" if result.status_reason else ""))
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
         raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _check_retryable(run: RunRecord, compensations: bool) -> None:
+    """``retry``'s own refusal (``runner.retry``), made before the workflow's code is imported."""
+    wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
+    if run.status != wanted:
+        hint = " (use --compensations for a compensation_failed run)" \
+            if run.status == RunStatus.COMPENSATION_FAILED else ""
+        raise UserError(f"run {run.run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
+                        f"{'with' if compensations else 'without'} --compensations{hint}")
 
 
 def _finished_note(run: RunRecord) -> str:
@@ -291,10 +339,17 @@ def status(
     """Where a run stands: every node in the order it ran, the driver, the store."""
     with errors():
         _run_id(run_id)
-        cli_input.int_in_range("--nodes-limit", nodes_limit, 1)
+        cli_input.int_in_range("--nodes-limit", nodes_limit, 1, cap=cli_input.INT64_MAX)
+        if node is not None:
+            cli_status.parse_label(node, "--node")
+        if nodes_after is not None:
+            cli_status.parse_label(nodes_after, "--nodes-after")
         wf = load_workflow(workflow) if workflow else None
         store = open_for_reads(db, run_id)
         record = store.get_run(run_id)
+        if wf is not None and wf.name != record.workflow_name:
+            raise UserError(f"run {run_id!r} belongs to workflow {record.workflow_name!r}, not {wf.name!r}: "
+                            "drop --workflow, or name that run's workflow")
         if errors_ or node is not None:
             cli_status.print_errors(out, store, record, node)
         elif as_json:
@@ -365,8 +420,8 @@ def events(
     """The run's append-only event log, one JSON object per line."""
     with errors():
         _run_id(run_id)
-        cli_input.int_in_range("--after", after, 0)
-        cli_input.int_in_range("--limit", limit, 1)
+        cli_input.int_in_range("--after", after, 0, cap=cli_input.INT64_MAX)
+        cli_input.int_in_range("--limit", limit, 1, cap=cli_input.INT64_MAX)
         store = open_for_reads(db, run_id)
         store.get_run(run_id)
         left, seq = limit, after

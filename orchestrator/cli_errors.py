@@ -26,8 +26,18 @@ from raysaga.state.redact import scrub_text
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_USAGE, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 0, 1, 2, 3, 4
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 
-out = Console(soft_wrap=True, highlight=False, emoji=False)
-err = Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
+class _Console(Console):
+    """A console whose reader going away (``raysaga status RUN | head -1``) ends the command with
+    exit 141, quietly, like ``status --json`` (rich's own default exits 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        _silence_stdout()
+        raise typer.Exit(EXIT_BROKEN_PIPE)
+
+
+out = _Console(soft_wrap=True, highlight=False, emoji=False)
+err = _Console(stderr=True, soft_wrap=True, highlight=False, emoji=False)
 
 #: Longest message printed for an exception raysaga did not raise itself.
 MAX_FOREIGN_MESSAGE = 500

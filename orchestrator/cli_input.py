@@ -16,10 +16,16 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
 from raysaga.orchestrator.workflow import Workflow
+from raysaga.state.jsoncodec import MAX_DEPTH
 from raysaga.state.sql_store import input_cap
 
-MAX_INPUT_DEPTH = 500
+#: The store's own nesting limit (``jsoncodec.MAX_DEPTH``): a deeper input is refused here, named.
+MAX_INPUT_DEPTH = MAX_DEPTH
 MAX_RUN_ID = 200
+#: Largest value of a 32-bit (``Integer``) column: retry budgets, fan-out indexes.
+INT32_MAX = 2**31 - 1
+#: Largest value of a 64-bit (``BigInteger``) column: event sequence numbers.
+INT64_MAX = 2**63 - 1
 
 
 def max_input_bytes() -> int:
@@ -40,6 +46,8 @@ def _read_capped(stream: BinaryIO, source: str, cap: int) -> bytes:
 
 
 def _read_file(spec: str, cap: int) -> tuple[str, bytes]:
+    if not spec:
+        raise UserError("--input @ needs a file name (or @- for stdin)")
     if spec == "-":
         return "--input from stdin", _read_capped(sys.stdin.buffer, "--input from stdin", cap)
     path = Path(spec).expanduser()
@@ -167,14 +175,22 @@ def positive_seconds(option: str, value: float | None) -> float | None:
     return value
 
 
-def int_in_range(option: str, value: int | None, low: int, high: int | None = None) -> int | None:
+def int_in_range(option: str, value: int | None, low: int, high: int | None = None, *,
+                 cap: int | None = None) -> int | None:
+    """``low <= value <= high``; ``cap``: the largest value the store's column holds (``INT32_MAX``,
+    ``INT64_MAX``), named only to a value above it."""
     if value is None:
         return None
     if value < low or (high is not None and value > high):
         bound = f"from {low} to {high}" if high is not None else f"at least {low}"
         raise UserError(f"{option} must be {bound}, got {value}")
+    if cap is not None and value > cap:
+        raise UserError(f"{option} must be from {low} to {cap}, got {value}")
     return value
 
+
+#: Longest duration accepted (``prune --older-than``): 1000 years.
+MAX_DURATION_S = 1000 * 365.25 * 86400
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
@@ -188,4 +204,6 @@ def parse_duration(option: str, text: str) -> float:
     seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
     if not math.isfinite(seconds) or seconds <= 0:
         raise UserError(f"{option} {text!r} must be a positive duration")
+    if seconds > MAX_DURATION_S:
+        raise UserError(f"{option} {text!r} is longer than 1000 years: use e.g. 30d, 12h, 90m or 3600s")
     return seconds

@@ -86,11 +86,17 @@ def error_line(error: Any, limit: int | None = 200) -> str:
     return text
 
 
-def parse_label(label: str) -> tuple[str, int]:
-    """``step`` or ``step[3]`` to (node_id, fan_index)."""
+#: Largest fan-out index a node row can hold (a 32-bit column).
+MAX_FAN_INDEX = 2**31 - 1
+
+
+def parse_label(label: str, option: str = "node") -> tuple[str, int]:
+    """``step`` or ``step[3]`` to (node_id, fan_index); an index beyond any row's is refused."""
     if label.endswith("]") and "[" in label:
         head, _, index = label[:-1].rpartition("[")
-        if index.isdigit():
+        if index.isascii() and index.isdigit():
+            if len(index) > 10 or int(index) > MAX_FAN_INDEX:
+                raise UserError(f"{option} {label!r}: a fan-out index is 0 to {MAX_FAN_INDEX}")
             return head, int(index)
     return label, -1
 
@@ -135,8 +141,11 @@ def _dumps(value: Any) -> str:
 
 def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflow | None = None,
                 summary: bool = False, nodes_limit: int | None = None, nodes_after: str | None = None) -> None:
-    """Write ``status --json`` to ``stream`` piece by piece (never the whole document in memory)."""
+    """Write ``status --json`` to ``stream`` piece by piece (never the whole document in memory).
+    Every option is checked before the first byte is written; a node row that cannot be read
+    (``CorruptRecordError``) midway ends the stream early (the CLI exits 2 after a partial document)."""
     infos, order = step_order(store, run.run_id, wf)
+    after_key = _after_key(nodes_after, order)
     counts: dict[str, int] = {}
     for info in infos:
         for state, n in info.counts.items():
@@ -164,12 +173,12 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         first = True
         last: str | None = None
         shown = 0
-        for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, nodes_after, nodes_limit):
+        for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, after_key, nodes_limit):
             stream.write(("\n" if first else ",\n") + _dumps(item))
             first, last, shown = False, item["node"], shown + 1
         stream.write("]")
         if nodes_limit is not None and shown == nodes_limit and last is not None:
-            more = list(_nodes(store, run.run_id, order, {s.node_id for s in infos}, last, 1))
+            more = list(_nodes(store, run.run_id, order, {s.node_id for s in infos}, parse_label(last), 1))
             next_after = last if more else None
     stream.write(', "effects": [')
     for i, e in enumerate(store.effects(run.run_id)):
@@ -180,16 +189,23 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     stream.flush()
 
 
-def _nodes(store: SqlStore, run_id: str, order: list[str], with_rows: set[str], after: str | None,
+def _after_key(after: str | None, order: list[str]) -> tuple[str, int] | None:
+    """``--nodes-after LABEL`` as (step, fan_index), refused unless the step is one of the run's."""
+    if after is None:
+        return None
+    key = parse_label(after, "--nodes-after")
+    if key[0] not in order:
+        raise UserError(f"--nodes-after {after!r} is not a node of this run (use a label from the listing, "
+                        "e.g. plan or square[41])")
+    return key
+
+
+def _nodes(store: SqlStore, run_id: str, order: list[str], with_rows: set[str], after_key: tuple[str, int] | None,
            limit: int | None) -> Iterator[dict[str, Any]]:
-    """Node JSON in listing order: rows from the store, pending entries for steps without any."""
+    """Node JSON in listing order: rows from the store, pending entries for steps without any;
+    ``after_key`` as checked by ``_after_key``."""
     start = 0
-    after_key: tuple[str, int] | None = None
-    if after is not None:
-        after_key = parse_label(after)
-        if after_key[0] not in order:
-            raise UserError(f"--nodes-after {after!r} is not a node of this run (use a label from the listing, "
-                            "e.g. plan or square[41])")
+    if after_key is not None:
         start = order.index(after_key[0])
     left = limit
     for position in range(start, len(order)):
@@ -290,7 +306,7 @@ def _problem_items(store: SqlStore, run_id: str, step: str) -> Iterable[dict[str
 def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | None) -> None:
     """Every failed attempt from the event log, and the latest traceback of each failed node."""
     if node is not None:
-        node_id, index = parse_label(node)
+        node_id, index = parse_label(node, "--node")
         found = queries.node_error(store, run.run_id, node_id, index)
         if found is None:
             raise UserError(f"run {run.run_id!r} has no node {node!r} (`raysaga status {run.run_id}` lists them)")

@@ -39,8 +39,15 @@ def _require_existing(url: str, run_id: str | None) -> None:
     """Refuse a SQLite store file that does not exist, before any engine (which would create its
     folder) is made: a typo in ``--db`` must leave nothing behind."""
     path = _sqlite_file(url)
-    if path is None or path.is_file():
+    if path is None:
         return
+    if path.is_file():
+        _engine.probe_sqlite_store(url)  # an empty file or another program's database is no store
+        return
+    if path.is_dir():  # the store engine's own refusal, not "there is no store"
+        path = path.absolute()
+        raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
+                                    f"give a file path, such as {path / _engine.DEFAULT_FILE}")
     where = f"there is no raysaga store at {path}"
     fix = "check --db or RAYSAGA_DB (`raysaga run` creates a store; this command never does)"
     if run_id is not None:

@@ -187,9 +187,9 @@ class Driver(AgentHooks):
         back when ``drive`` returns). The first signal sets a flag: the loop stops at its next
         boundary (with the inline executor a step running in this thread finishes first), settles
         what is in flight, commits what finished, releases the lease and raises
-        ``DriverInterrupted``. A second signal gets the previous handler's behaviour at once
-        (SIGINT: KeyboardInterrupt; SIGTERM: the process ends, and a resume on this host takes
-        the lease over at once, its owner being provably gone)."""
+        ``DriverInterrupted``. A second signal ends the process at once (exit 130 or 143, or the
+        application's own handler if it installed one): a resume on this host takes the lease
+        over at once, its owner being provably gone."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
@@ -209,12 +209,25 @@ class Driver(AgentHooks):
             log.warning("run %s: %s received: stopping at the next boundary (again to stop at once)",
                         self.run_id, self._interrupted)
             return
+        # The second signal stops at once, whatever the step in flight does: an inline step cannot
+        # be preempted, a KeyboardInterrupt can be swallowed by the step, and a shell that started
+        # this process in the background leaves SIGINT ignored. An application's own handler is
+        # called instead. The process ends with 130 (SIGINT) or 143 (SIGTERM), its lease still
+        # held: its pid is gone, so `raysaga resume` on this host takes the lease over at once.
+        import contextlib
+        import os
+
         self._restore_stop_handlers()
         previous = posix_signal.getsignal(signum)
-        if callable(previous):
+        if callable(previous) and previous is not posix_signal.default_int_handler:
             previous(signum, frame)
-        else:
-            posix_signal.raise_signal(signum)
+            return
+        name = posix_signal.Signals(signum).name
+        with contextlib.suppress(OSError):  # os.write: a handler must not re-enter sys.stderr's buffer
+            os.write(2, f"interrupted by {name} again: stopped at once, inside the step in flight; "
+                        f"`raysaga resume {self.run_id}` continues it (on this host it takes the lease "
+                        f"over at once)\n".encode("utf-8", "replace"))
+        os._exit(128 + signum)
 
     def _stop_interrupted(self) -> None:
         """Commit what finished, then raise ``DriverInterrupted`` (``drive`` settles and releases)."""
@@ -230,21 +243,16 @@ class Driver(AgentHooks):
 
     # ------------------------------------------------------------------ blob integrity
 
-    def blob(self, digest: str, where: str) -> bytes:
-        """A blob's bytes, checked against its content address; ``BlobIntegrityError`` if missing or altered."""
+    def blob(self, digest: str, where: str) -> Any:
+        """A blob's JSON value, checked by the store; ``BlobIntegrityError`` if missing, altered or not JSON."""
         return self.blobs({digest: where})[digest]
 
-    def blobs(self, wanted: dict[str, str]) -> dict[str, bytes]:
-        """Blobs by digest (``wanted`` maps each to what reads it, for the error), each checked."""
+    def blobs(self, wanted: dict[str, str]) -> dict[str, Any]:
+        """Blobs' JSON values by digest (``wanted`` maps each to what reads it, for the error), each
+        verified and parsed by the store (``load_blobs``): a missing, altered or non-JSON blob raises
+        ``BlobIntegrityError``, which parks the run."""
         self._blob_refs.update(wanted)
-        found = self.store.get_blobs(wanted)
-        for digest, where in wanted.items():
-            data = found.get(digest)
-            if data is None:
-                raise BlobIntegrityError(digest, "is missing", where)
-            if jsoncodec.digest(data) != digest:
-                raise BlobIntegrityError(digest, "does not match its content address", where)
-        return found
+        return self.store.load_blobs(wanted)
 
     def _park_on_blob(self, exc: BlobIntegrityError) -> RunRecord:
         """A blob the run needs is missing or altered: park the run (``failed``, or
@@ -255,10 +263,7 @@ class Driver(AgentHooks):
         self._inflight.clear()
         self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
         where = self._blob_refs.get(exc.digest) or exc.where
-        try:
-            current = self.store.get_run(self.run_id)
-        except BlobIntegrityError:  # the run row itself (its input) cannot be read: nothing to record
-            raise exc from None
+        current = self.store.get_run(self.run_id, lenient=True)  # its own input may be the damaged blob
         if current.status in TERMINAL or current.status in PARKED:
             return current
         target = RunStatus.COMPENSATION_FAILED if current.status == RunStatus.COMPENSATING else RunStatus.FAILED
@@ -276,7 +281,7 @@ class Driver(AgentHooks):
         batch.run = RunUpdate(status=target, status_reason=reason, error=error, set_error=True)
         record = self._commit(batch)
         log.error("run %s: %s", self.run_id, reason)
-        return record or self.store.get_run(self.run_id)
+        return record or self.store.get_run(self.run_id, lenient=True)
 
     # ------------------------------------------------------------------ restore
 
@@ -298,8 +303,7 @@ class Driver(AgentHooks):
             if is_agent_call(node.node_id):  # a model turn or tool call: its agent node replays it
                 self._agent_rows.setdefault((split_call(node.node_id)[0], node.fan_index), []).append(node)
                 if node.status == NodeStatus.COMPLETED:
-                    self.outputs[key] = jsoncodec.loads(blobs[node.output_digest]) if node.output_digest \
-                        else node.output
+                    self.outputs[key] = blobs[node.output_digest] if node.output_digest else node.output
                 continue
             spec = self.wf.steps.get(node.node_id)
             if spec is None:
@@ -313,8 +317,7 @@ class Driver(AgentHooks):
                     # items', which output_of collects (restoring the None broke its dependents).
                     continue
             if node.status == NodeStatus.COMPLETED:
-                self.outputs[key] = jsoncodec.loads(blobs[node.output_digest]) if node.output_digest \
-                    else node.output
+                self.outputs[key] = blobs[node.output_digest] if node.output_digest else node.output
         for effect in snap.effects:
             self._ledger[effect.idempotency_key] = (effect.status, effect.result)
         assert self._hb is not None
@@ -510,7 +513,7 @@ class Driver(AgentHooks):
             status, result = self._ledger.get(ekey, (None, None))
             if status == EffectStatus.COMMITTED:  # its result is durable: never call it again
                 if isinstance(result, dict) and set(result) == {"blob"}:
-                    result = jsoncodec.loads(self.blob(result["blob"], f"node {node_label(node_id, index)}"))
+                    result = self.blob(result["blob"], f"node {node_label(node_id, index)}")
                 self.outputs[key] = result
                 batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.COMPLETED,
                                              attempt=attempt, output=result, finished_at=self.clock()))

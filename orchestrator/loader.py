@@ -19,6 +19,7 @@ import importlib.util
 import os
 import re
 import sys
+import sysconfig
 from importlib.machinery import ModuleSpec, PathFinder
 from pathlib import Path
 
@@ -42,6 +43,10 @@ def load_recorded_workflow(ref: str | None, run_id: str | None = None) -> Workfl
         raise WorkflowLoadError(f"{run} records workflow_ref {ref!r}, which is not an importable module "
                                 f"name (a stored ref is never a file path): {hint}")
     module_ref = ref.partition(":")[0]
+    refused = _refused_module(module_ref)
+    if refused:
+        raise WorkflowLoadError(f"{run} records workflow_ref {ref!r}, which names {refused}: a stored ref is "
+                                f"never imported from there (importing it could run a program): {hint}")
     _add_cwd()
     try:
         found = importlib.util.find_spec(module_ref)
@@ -50,7 +55,40 @@ def load_recorded_workflow(ref: str | None, run_id: str | None = None) -> Workfl
     if found is None:
         raise WorkflowLoadError(f"{run} records workflow_ref {ref!r}, but module {module_ref!r} is not "
                                 f"importable in this environment (sys.path and {os.getcwd()!r}): {hint}")
+    if _in_stdlib(found):
+        raise WorkflowLoadError(f"{run} records workflow_ref {ref!r}, which names a module of the Python "
+                                f"standard library: a stored ref is never imported from there: {hint}")
     return load_workflow(ref)
+
+
+def _refused_module(module_ref: str) -> str | None:
+    """Why a recorded module name is never imported, or None. Importing some modules runs a
+    program (``venv.__main__`` makes virtualenvs, ``unittest.__main__`` runs tests, ``this``
+    prints, ``antigravity`` opens a browser): a recorded ref never names a ``__main__`` module,
+    a module of the standard library, or raysaga itself (no workflow lives in any of them)."""
+    parts = module_ref.split(".")
+    if "__main__" in parts:
+        return "a __main__ module (a program's entry point)"
+    if parts[0] in sys.stdlib_module_names:
+        return f"a module of the Python standard library ({parts[0]!r})"
+    if parts[0] == "raysaga":
+        return "a module of raysaga itself"
+    return None
+
+
+def _in_stdlib(spec: ModuleSpec) -> bool:
+    """The module lives in the standard library's folder (and not in a site-packages below it)."""
+    if not spec.origin or not os.path.isabs(spec.origin):
+        return False
+    origin = Path(spec.origin).resolve()
+    paths = sysconfig.get_paths()
+    sites = {Path(paths[k]).resolve() for k in ("purelib", "platlib")}
+    for key in ("stdlib", "platstdlib"):
+        root = Path(paths[key]).resolve()
+        if origin.is_relative_to(root) and not any(origin.is_relative_to(s) for s in sites) \
+                and "site-packages" not in origin.parts and "dist-packages" not in origin.parts:
+            return True
+    return False
 
 
 def recordable_ref(ref: str) -> str | None:
@@ -62,7 +100,7 @@ def recordable_ref(ref: str) -> str | None:
     if not sep:
         return None
     if not module_ref.endswith(".py"):
-        return ref if RECORDED_REF.fullmatch(ref) and not module_ref.endswith(".py") else None
+        return ref if RECORDED_REF.fullmatch(ref) and _refused_module(module_ref) is None else None
     path = Path(module_ref).resolve()
     roots = [os.getcwd(), *(p or os.getcwd() for p in _BASE_PATH)]
     for root in roots:
@@ -72,7 +110,7 @@ def recordable_ref(ref: str) -> str | None:
             continue
         name = ".".join(rel.parts)
         candidate = f"{name}:{attr}"
-        if not RECORDED_REF.fullmatch(candidate):
+        if not RECORDED_REF.fullmatch(candidate) or _refused_module(name) is not None:
             continue
         spec = _spec_on(name, [str(r) for r in roots])
         if spec is not None and spec.origin and Path(spec.origin).resolve() == path:

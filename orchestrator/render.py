@@ -41,9 +41,17 @@ _MERMAID_KEYWORDS = frozenset({"end", "graph", "subgraph", "flowchart", "class",
                                "linkstyle", "direction", "call", "href", "default", "interpolate"})
 
 
+#: Names of JavaScript's Object.prototype: Mermaid keeps nodes in plain objects, so a node id
+#: spelled like one of these is dropped (Mermaid 10): they get generated ids too.
+_JS_PROTOTYPE = frozenset({"constructor", "toString", "toLocaleString", "valueOf", "hasOwnProperty",
+                           "isPrototypeOf", "propertyIsEnumerable", "__proto__", "__defineGetter__",
+                           "__defineSetter__", "__lookupGetter__", "__lookupSetter__"})
+
+
 def _mermaid_ids(steps: list[str]) -> dict[str, str]:
     """A step's own name as its id when Mermaid takes it as is; else a generated ``n<i>``."""
-    plain = {s for s in steps if s.isidentifier() and s.isascii() and s.lower() not in _MERMAID_KEYWORDS}
+    plain = {s for s in steps if s.isidentifier() and s.isascii() and s.lower() not in _MERMAID_KEYWORDS
+             and s not in _JS_PROTOTYPE}
     ids: dict[str, str] = {}
     for i, step in enumerate(steps):
         if step in plain:

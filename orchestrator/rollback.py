@@ -28,7 +28,7 @@ from raysaga.orchestrator.options import compensation_retry
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.sagas.plan import CompensationTarget, RollbackPlan
-from raysaga.state import Batch, NodeRecord, NodeStatus, RunStatus, RunUpdate, jsoncodec, node_label
+from raysaga.state import Batch, NodeRecord, NodeStatus, RunStatus, RunUpdate, node_label
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.driver import Driver
@@ -54,7 +54,7 @@ class Rollback:
         self.reason = reason
         wf = driver.wf
         rows = driver.store.nodes(driver.run_id)
-        # checked against their digests: a missing or altered blob parks the run (BlobIntegrityError)
+        # verified and parsed by the store: a missing, altered or non-JSON blob parks the run (BlobIntegrityError)
         blobs = driver.blobs({r.output_digest: f"node {r.label}" for r in rows if r.output_digest})
         targets: list[CompensationTarget] = []
         self._outputs: dict[NodeKey, Any] = {}
@@ -71,7 +71,7 @@ class Rollback:
             key = (row.node_id, row.fan_index)
             if row.status == NodeStatus.COMPLETED:
                 targets.append(CompensationTarget(key, row.finished_at or 0.0))
-                self._outputs[key] = jsoncodec.loads(blobs[row.output_digest]) if row.output_digest else row.output
+                self._outputs[key] = blobs[row.output_digest] if row.output_digest else row.output
             elif row.status in _UNKNOWN or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
                 targets.append(CompensationTarget(key, math.inf))  # in flight at the failure: the latest
                 self._outputs[key] = None
@@ -92,12 +92,12 @@ class Rollback:
             elif row.status == NodeStatus.RETRYING and row.not_before:
                 self._not_before[key] = row.not_before
 
-    def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, bytes]) -> list[CompensationTarget]:
+    def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any]) -> list[CompensationTarget]:
         """The calls of effect tools with an undo, per agent node: each undone after the later ones."""
         wf = self._d.wf
 
         def output(row: NodeRecord) -> Any:
-            return jsoncodec.loads(blobs[row.output_digest]) if row.output_digest else row.output
+            return blobs[row.output_digest] if row.output_digest else row.output
 
         calls = [(split_call(r.node_id), r) for r in rows if is_agent_call(r.node_id)]
         uses_of = {(step, turn, r.fan_index): ModelResponse.model_validate(output(r)).tool_uses()

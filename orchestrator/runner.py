@@ -13,6 +13,7 @@ from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
+from raysaga.orchestrator.secrets import comparable
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -67,16 +68,33 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
     ))
 
 
-def run(workflow: Workflow, input: Any = None, *, store: Store | str | None = None, run_id: str | None = None,
+class _NoInput:
+    """The type of ``NO_INPUT``."""
+
+    def __repr__(self) -> str:
+        return "NO_INPUT"
+
+
+#: ``run(..., input=NO_INPUT)`` (the default): no input was given. With an existing ``run_id``
+#: that resumes the run as it is; a new run gets the input None. Any other value, ``None``
+#: (JSON null) included, is an input: with an existing run it must equal the stored one.
+NO_INPUT: Any = _NoInput()
+
+
+def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None = None, run_id: str | None = None,
         executor: ExecutorArg = "ray", address: str | None = None, options: RunOptions | None = None,
         on_progress: ProgressHook | None = None, workflow_ref: str | None = None) -> RunRecord:
     """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run; an
-    ``input`` given with it must equal the run's (None: just resume)."""
+    ``input`` given with it (``None`` included) must equal the run's; leave it out (``NO_INPUT``)
+    to just resume."""
     st = _store(store)
     workflow.validate()
     if run_id is not None and _existing(workflow, st, run_id, input) is not None:
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
+    given = input
+    if input is NO_INPUT:
+        input = None
     workflow.check_input(input)  # a bad input is refused before Ray starts
     # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
     ex = _executor(executor, address)
@@ -90,8 +108,8 @@ def run(workflow: Workflow, input: Any = None, *, store: Store | str | None = No
             # path, so the loser backs off on the lease (LeaseHeldError) like any second driver,
             # instead of failing with "already exists" (a different input is still refused).
             assert run_id is not None
-            _existing(workflow, st, run_id, input)
-            record = st.get_run(run_id)
+            _existing(workflow, st, run_id, given)
+            record = st.get_run(run_id, lenient=True)
         return resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
     finally:
         if not isinstance(executor, Executor):
@@ -106,9 +124,10 @@ def _existing(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunReco
         return None
     if existing.workflow_name != workflow.name:
         raise UserError(f"run {run_id!r} belongs to workflow {existing.workflow_name!r}, not {workflow.name!r}")
-    if input is not None:
-        given = jsoncodec.dumps(workflow.check_input(input), "input")
-        stored = jsoncodec.dumps(existing.input, "input")
+    if input is not NO_INPUT:
+        # secrets compare by reference: a literal is never stored, so any literal equals any other
+        given = jsoncodec.dumps(comparable(workflow.check_input(input)), "input")
+        stored = jsoncodec.dumps(comparable(existing.input), "input")
         if given != stored:
             raise UserError(f"run {run_id!r} exists with a different input: resume it without --input "
                             "(`raysaga resume RUN`), or choose another --run-id")
@@ -119,9 +138,12 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
            address: str | None = None, options: RunOptions | None = None,
            on_progress: ProgressHook | None = None) -> RunRecord:
     """Continue a run from the store: completed nodes are never re-run. Raises ``LeaseHeldError``
-    if another live driver owns it."""
+    if another live driver owns it. A run at rest (terminal, or parked for an operator: ``retry``
+    revives those) is returned as it stands: nothing is claimed or written."""
     st = _store(store)
-    st.get_run(run_id)  # RunNotFoundError before starting Ray
+    current = st.get_run(run_id, lenient=True)  # RunNotFoundError before starting Ray
+    if current.status in TERMINAL or current.status in PARKED:
+        return current
     ex = _executor(executor, address)
     try:
         driver = Driver(workflow, st, ex, run_id, options=options)
@@ -144,7 +166,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     driver is sent a signal and acts on it within a heartbeat; this call waits for that (up to
     ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile."""
     st = _store(store)
-    run = st.get_run(run_id)
+    run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
     if run.status in TERMINAL or (run.status in PARKED and not compensate):
         return run
     if compensate and workflow is None:
@@ -167,7 +189,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
             return found
         lease = found  # its driver's lease lapsed: this call finishes the job; the signal is queued
     try:
-        current = st.get_run(run_id)
+        current = st.get_run(run_id, lenient=True)
         if current.status in TERMINAL or (current.status in PARKED and not compensate):
             return current
         signals = [s for s in st.pending_signals(run_id) if s.kind == "cancel"]
@@ -192,7 +214,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     if compensate:
         assert workflow is not None
         return resume(workflow, run_id, store=st, executor=executor, address=address)
-    return st.get_run(run_id)
+    return st.get_run(run_id, lenient=True)
 
 
 #: The lease a ``cancel`` takes while it records the cancellation (it renews nothing: it is quick).
@@ -204,7 +226,7 @@ def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord
     if that driver's lease lapsed (or its process died) first."""
     deadline = time.time() + wait
     while time.time() < deadline:
-        run = st.get_run(run_id)
+        run = st.get_run(run_id, lenient=True)
         if run.status in TERMINAL or run.status in PARKED:
             return run
         # Only a lease that looks lapsed is worth a claim: a live driver that just ended the run
@@ -233,7 +255,7 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
     compensations run again and the rollback completes.
     """
     st = _store(store)
-    run = st.get_run(run_id)
+    run = st.get_run(run_id, lenient=True)  # a damaged input: the resume below parks it again, naming it
     wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
     if run.status != wanted:
         hint = " (use --compensations for a compensation_failed run)" \
@@ -266,4 +288,4 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
                   on_progress=on_progress)
 
 
-__all__ = ["SqlStore", "cancel", "create_run", "new_run_id", "resume", "retry", "run"]
+__all__ = ["NO_INPUT", "SqlStore", "cancel", "create_run", "new_run_id", "resume", "retry", "run"]

@@ -66,12 +66,12 @@ class Secret:
         self._field = field
 
     @classmethod
-    def from_env(cls, name: str) -> Secret:
+    def from_env(cls, name: str, field: str = "") -> Secret:
         """A secret read from environment variable ``name`` whenever it is used."""
         if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"{name!r} is not an environment variable name")
         register_secret_env(name)
-        return cls(env=name)
+        return cls(env=name, field=field)
 
     @classmethod
     def literal(cls, value: str, field: str = "") -> Secret:
@@ -108,7 +108,7 @@ class Secret:
                 raise SecretUnavailableError(
                     f"secret input field {name!r} reads environment variable {self._env}, which is not set in "
                     f"this process (pid {os.getpid()}): export {self._env} where the driver and every Ray "
-                    "worker run, then resume the run")
+                    "worker run, then resume the run (or retry it, if the run failed)")
             register_secret(value)
             return value
         assert self._memory is not None
@@ -120,7 +120,8 @@ class Secret:
                     f"secret input field {name!r} was given as a literal value, which raysaga keeps only in the "
                     f"memory of the process that started the run (it is never stored), and this process "
                     f"(pid {os.getpid()}) does not have it: export {resupply_env(name)}=<the value> here (and on "
-                    f"the Ray workers) and resume again; to avoid this, start runs with "
+                    f"the Ray workers) and resume the run again (or retry it, if the run failed); to avoid this, "
+                    f"start runs with "
                     f'{{"{name}": {{"env": "VAR"}}}} so every process reads it from its environment')
             register_secret(value)
         return value
@@ -178,11 +179,11 @@ def _validate(value: Any, info: core_schema.ValidationInfo) -> Secret:
         return Secret.literal(value, field)
     if isinstance(value, dict):
         if set(value) == {"env"} and isinstance(value["env"], str):
-            return Secret.from_env(value["env"])
+            return Secret.from_env(value["env"], field)
         ref = value.get(REF_KEY) if set(value) == {REF_KEY} else None
         if isinstance(ref, dict):
             if set(ref) == {"env"} and isinstance(ref["env"], str):
-                return Secret.from_env(ref["env"])
+                return Secret.from_env(ref["env"], field)
             if set(ref) == {"memory", "field"} and isinstance(ref["memory"], str) and isinstance(ref["field"], str):
                 return Secret(memory=ref["memory"], field=ref["field"] or field)
     raise ValueError('a secret is a string (kept in memory only) or {"env": "VARIABLE"} (read from the '
@@ -195,7 +196,7 @@ def _references(node: Any, path: str = "") -> Iterator[tuple[str, Secret]]:
         ref = node.get(REF_KEY) if len(node) == 1 else None
         if isinstance(ref, dict):
             if set(ref) == {"env"} and isinstance(ref["env"], str):
-                yield path or "input", Secret.from_env(ref["env"])
+                yield path or "input", Secret.from_env(ref["env"], path)
             elif set(ref) == {"memory", "field"} and isinstance(ref["memory"], str):
                 yield path or "input", Secret(memory=ref["memory"], field=str(ref["field"] or path))
             return
@@ -223,3 +224,17 @@ def check_secrets(run_id: str, value: Any) -> None:
     problems = missing_secrets(value)
     if problems:
         raise SecretUnavailableError(f"run {run_id!r}: " + "; ".join(str(p) for p in problems))
+
+
+def comparable(value: Any) -> Any:
+    """A stored (JSON) input with every secret reference normalised, for "is this the same input?":
+    a literal's value is never stored (each literal gets a new random memory id), so any two
+    literals compare equal; an env reference compares by the variable's name."""
+    if isinstance(value, dict):
+        ref = value.get(REF_KEY) if len(value) == 1 else None
+        if isinstance(ref, dict) and set(ref) == {"memory", "field"}:
+            return {REF_KEY: {"memory": "*"}}
+        return {k: comparable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [comparable(v) for v in value]
+    return value

@@ -5,7 +5,14 @@ the event log, blobs and signals, and guards every driver write with the run's f
 """
 
 from raysaga.state import migrate
-from raysaga.state.engine import default_url, describe_store, normalize_url, probe_sqlite_store, redact
+from raysaga.state.engine import (
+    default_url,
+    describe_store,
+    normalize_url,
+    probe_sqlite_store,
+    redact,
+    refuse_foreign_sqlite,
+)
 from raysaga.state.models import (
     Batch,
     BreakerRecord,
@@ -38,13 +45,17 @@ def open_store(url: str | None = None, *, create: bool = True) -> SqlStore:
     or ``~/.raysaga/raysaga.db``).
 
     ``create=True`` (commands that write): create the database file and its folder if missing and
-    migrate the schema. ``create=False`` (commands that only read): nothing is created, migrated
-    or written; a missing store, a database without raysaga's tables and an older schema are
-    errors that say what to do. Either way the store is connected once before this returns, so a
-    store that cannot be opened raises ``StoreUnavailableError`` (or ``SchemaVersionError``) here.
+    migrate the schema; an existing SQLite database holding other tables but no raysaga store is
+    refused (``StoreUnavailableError``), never given raysaga's tables (PostgreSQL: a shared
+    database with other applications' tables is fine).
+    ``create=False`` (commands that only read): nothing is created, migrated or written; a missing
+    store, a database without raysaga's tables and an older schema are errors that say what to do.
+    Either way the store is connected once before this returns, so a store that cannot be opened
+    raises ``StoreUnavailableError`` (or ``SchemaVersionError``) here.
     """
     url = normalize_url(url or default_url())
     if create:
+        refuse_foreign_sqlite(url)  # another program's SQLite file never gets raysaga's tables
         return SqlStore(url)
     probe_sqlite_store(url)  # a SQLite file that is no raysaga store is refused before an engine touches it
     store = SqlStore(url, migrate_schema=False)

@@ -42,9 +42,17 @@ WHERE_ADVICE = "check --db / RAYSAGA_DB / RAYSAGA_HOME"
 
 
 def store_home() -> Path:
-    """``$RAYSAGA_HOME``, else ``~/.raysaga``: the folder of the default store (absolute)."""
+    """``$RAYSAGA_HOME``, else ``~/.raysaga``: the folder of the default store (absolute).
+
+    A relative ``RAYSAGA_HOME`` is refused (``StoreUnavailableError``): it would make the default
+    store depend on the current folder, and the default store is the same from every folder.
+    ``~`` is expanded first, so ``RAYSAGA_HOME=~/ops/raysaga`` is fine."""
     home = os.environ.get("RAYSAGA_HOME")
     folder = Path(home).expanduser() if home else Path.home() / DEFAULT_DIR
+    if home and not folder.is_absolute():
+        raise StoreUnavailableError(
+            f"RAYSAGA_HOME={home!r} is a relative path, so the default store would change with the current "
+            f"folder: set it to an absolute path (such as {os.path.abspath(folder)}), or pass --db")
     return Path(os.path.abspath(folder))
 
 
@@ -329,6 +337,35 @@ def probe_sqlite_store(url: str) -> None:
     if found is None:
         raise StoreUnavailableError(f"{path} is a SQLite database but not a raysaga store (it has no "
                                     f"raysaga tables): {WHERE_ADVICE}")
+
+
+def refuse_foreign_sqlite(url: str) -> None:
+    """For a store about to be created or migrated: refuse an existing SQLite database that holds
+    tables but none of raysaga's (another program's file), before any engine touches it; raysaga
+    never adds its tables there. A missing or 0-byte file may become a store. No-op for
+    PostgreSQL: a shared database commonly holds other applications' tables beside raysaga_*."""
+    path = sqlite_path(url)
+    if path is None or not path.is_file():
+        return
+    try:
+        with path.open("rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError:
+        return  # opening it explains
+    if header != SQLITE_HEADER:
+        return  # empty (becomes a store) or not a database (opening it explains)
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return
+    if names and not names & {"raysaga_schema", "raysaga_runs", "alembic_version"}:
+        raise StoreUnavailableError(f"{path} is a SQLite database but not a raysaga store (it holds other "
+                                    f"tables: {', '.join(sorted(names)[:5])}): pass another --db "
+                                    f"({WHERE_ADVICE})")
 
 
 def check_writable(url: str) -> None:

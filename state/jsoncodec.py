@@ -33,37 +33,49 @@ def to_jsonable(value: Any, where: str = "value") -> JSONValue:
     return _check(value, where, 0)
 
 
+#: A path in a message is cut to its first and last this-many characters (a deep value with long
+#: keys has a path of megabytes: the message stays one readable line).
+PATH_SHOWN = 200
+
+
+def _bounded(where: str) -> str:
+    if len(where) <= 2 * PATH_SHOWN + 5:
+        return where
+    return f"{where[:PATH_SHOWN]} ... {where[-PATH_SHOWN:]}"
+
+
 def _check(value: Any, where: str, depth: int) -> JSONValue:
     if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise NotJSONableError(f"{where} is {value!r}: JSON has no NaN or infinity; use None or a string")
+            raise NotJSONableError(f"{_bounded(where)} is {value!r}: JSON has no NaN or infinity; use None or a string")
         return value
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise NotJSONableError(
-                f"{where} holds a lone surrogate at index {exc.start}: it is not valid UTF-8 text"
+                f"{_bounded(where)} holds a lone surrogate at index {exc.start}: it is not valid UTF-8 text"
             ) from None
         return value
     if depth >= MAX_DEPTH and isinstance(value, list | tuple | dict):
-        raise NotJSONableError(f"{where} is nested deeper than {MAX_DEPTH} levels")
+        raise NotJSONableError(f"{_bounded(where)} is nested deeper than {MAX_DEPTH} levels")
     if isinstance(value, list | tuple):
         return [_check(item, f"{where}[{i}]", depth + 1) for i, item in enumerate(value)]
     if isinstance(value, dict):
         out: dict[str, JSONValue] = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise NotJSONableError(f"{where} has key {key!r} of type {type(key).__name__}: keys must be str")
+                raise NotJSONableError(
+                    f"{_bounded(where)} has key {key!r} of type {type(key).__name__}: keys must be str")
             _check(key, f"{where} key", depth + 1)
             out[key] = _check(item, f"{where}[{key!r}]", depth + 1)
         return out
     if isinstance(value, BaseModel):
         return _check(value.model_dump(mode="json"), where, depth)
     raise NotJSONableError(
-        f"{where} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
+        f"{_bounded(where)} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
         "a dict, a list, a str, a number, a bool or None"
     )
 

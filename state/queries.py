@@ -18,7 +18,7 @@ from sqlalchemy import func, or_, select
 from raysaga.errors import RunNotFoundError
 from raysaga.state.models import EventRecord, NodeStatus
 from raysaga.state.schema import events, nodes, runs
-from raysaga.state.sql_store import SqlStore
+from raysaga.state.sql_store import SqlStore, _reading
 
 #: Rows fetched per round trip when streaming nodes.
 NODE_CHUNK = 2000
@@ -90,8 +90,8 @@ def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[s
             query = (select(*_NODE_COLUMNS)
                      .where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index > index)
                      .order_by(nodes.c.fan_index).limit(size))
-            with store.reader.connect() as conn:
-                rows = conn.execute(query).all()
+            with _reading(run_id, "nodes"), store.reader.connect() as conn:
+                rows = conn.execute(query).all()  # decoded here, before any row of the chunk is shown
             for row in rows:
                 yield row._asdict()
             if left is not None:
@@ -114,14 +114,15 @@ def attempt_failures(store: SqlStore, run_id: str, node_id: str | None = None,
             query = query.where(events.c.fan_index == fan_index)
         elif fan_index is not None:
             query = query.where(or_(events.c.fan_index.is_(None), events.c.fan_index < 0))
-    with store.reader.connect() as conn:
-        rows = conn.execute(query.order_by(events.c.seq)).all()
-    return [EventRecord.model_validate(r._asdict()) for r in rows]
+    with _reading(run_id, "events"):
+        with store.reader.connect() as conn:
+            rows = conn.execute(query.order_by(events.c.seq)).all()
+        return [EventRecord.model_validate(r._asdict()) for r in rows]
 
 
 def node_error(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> tuple[str, Any] | None:
     """(status, error) of one node row, or None when the node has no row."""
-    with store.reader.connect() as conn:
+    with _reading(run_id, "nodes"), store.reader.connect() as conn:
         row = conn.execute(select(nodes.c.status, nodes.c.error).where(
             nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index == fan_index)).first()
     return None if row is None else (str(row.status), row.error)
@@ -133,7 +134,7 @@ def unfinished_items(store: SqlStore, run_id: str, node_id: str, limit: int = 20
              .where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index >= 0,
                     nodes.c.status != NodeStatus.COMPLETED.value)
              .order_by(nodes.c.fan_index).limit(limit))
-    with store.reader.connect() as conn:
+    with _reading(run_id, "nodes"), store.reader.connect() as conn:
         return [r._asdict() for r in conn.execute(query).all()]
 
 
@@ -142,7 +143,7 @@ def failed_nodes(store: SqlStore, run_id: str, limit: int = 50) -> list[dict[str
     query = (select(nodes.c.node_id, nodes.c.fan_index, nodes.c.attempt, nodes.c.error)
              .where(nodes.c.run_id == run_id, nodes.c.status == NodeStatus.FAILED.value)
              .order_by(nodes.c.node_id, nodes.c.fan_index).limit(limit))
-    with store.reader.connect() as conn:
+    with _reading(run_id, "nodes"), store.reader.connect() as conn:
         return [r._asdict() for r in conn.execute(query).all()]
 
 

@@ -6,7 +6,7 @@ import functools
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,8 @@ from raysaga.errors import (
 from raysaga.state import jsoncodec, migrate
 from raysaga.state.engine import make_engine, normalize_url, redact
 from raysaga.state.models import (
+    PARKED,
+    TERMINAL,
     Batch,
     BreakerRecord,
     EffectRecord,
@@ -131,16 +133,27 @@ class SqlStore(Store):
             raise RunExistsError(new.run_id) from None
         return self.get_run(new.run_id)
 
-    def get_run(self, run_id: str) -> RunRecord:
+    def get_run(self, run_id: str, *, lenient: bool = False) -> RunRecord:
         with self.reader.connect() as conn:
-            return self._get_run(conn, run_id)
+            return self._get_run(conn, run_id, lenient=lenient)
 
-    def _get_run(self, conn: Connection, run_id: str) -> RunRecord:
+    def _get_run(self, conn: Connection, run_id: str, *, lenient: bool = False) -> RunRecord:
         with _reading(run_id, runs.name):
             row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
         if row is None:
             raise RunNotFoundError(run_id)
-        return self._run_record(conn, row)
+        return self._run_record(conn, row, lenient=lenient)
+
+    def _status(self, conn: Connection, run_id: str) -> RunStatus:
+        """The run's status column only (never its input or output, which may be damaged blobs)."""
+        row = conn.execute(select(runs.c.status).where(runs.c.run_id == run_id)).first()
+        if row is None:
+            raise RunNotFoundError(run_id)
+        with _reading(run_id, runs.name):
+            try:
+                return RunStatus(row[0])
+            except ValueError:
+                raise CorruptRecordError(f"raysaga_runs.status is {_short(row[0])}, not a run state") from None
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
                   before: tuple[float, str] | None = None) -> list[RunSummary]:
@@ -208,7 +221,7 @@ class SqlStore(Store):
             part = jsoncodec.dumps(inner, f"run output[{key!r}]").encode("utf-8")
             if len(part) > self.run_value_inline_limit and len(key) <= 200:
                 digest = jsoncodec.digest(part)
-                _insert_ignore(conn, blobs, [{"digest": digest, "size": len(part), "data": part}], ["digest"])
+                _put_blobs(conn, [{"digest": digest, "size": len(part), "data": part}])
                 return None, digest, key
         data = jsoncodec.dumps(value, f"run {what}").encode("utf-8")
         if what == "input" and len(data) > self.max_input_bytes:
@@ -219,22 +232,31 @@ class SqlStore(Store):
         if len(data) <= self.run_value_inline_limit:
             return value, None, None
         digest = jsoncodec.digest(data)
-        _insert_ignore(conn, blobs, [{"digest": digest, "size": len(data), "data": data}], ["digest"])
+        _put_blobs(conn, [{"digest": digest, "size": len(data), "data": data}])
         return None, digest, None
 
     @staticmethod
-    def _run_record(conn: Connection, row: Row[Any]) -> RunRecord:
+    def _run_record(conn: Connection, row: Row[Any], *, lenient: bool = False) -> RunRecord:
+        """``lenient``: a value whose blob is missing, altered or not JSON reads as None (its
+        ``*_digest`` still names it) instead of raising; for status checks and operator commands
+        on a damaged run, never for data a step receives."""
         values = row._asdict()
         run_id = values["run_id"]
         output_key = values.pop("output_key", None)
         wanted = {values[f"{name}_digest"]: f"{name} of run {run_id!r}" for name in ("input", "output")
                   if values[f"{name}_digest"]}
         if wanted:
-            found = _load_blobs(conn, wanted)
+            if lenient:
+                found: dict[str, Any] = {}
+                for digest, where in wanted.items():
+                    with suppress(BlobIntegrityError):
+                        found.update(_load_blobs(conn, {digest: where}))
+            else:
+                found = _load_blobs(conn, wanted)
             for name in ("input", "output"):
                 digest = values[f"{name}_digest"]
                 if digest:
-                    values[name] = found[digest]
+                    values[name] = found.get(digest)
             if output_key is not None and values["output_digest"]:
                 values["output"] = {output_key: values["output"]}
         with _reading(run_id, runs.name):
@@ -259,12 +281,16 @@ class SqlStore(Store):
                    data: Any = None) -> RunRecord:
         now = time.time()
         with self.engine.begin() as conn:
-            current = self._get_run(conn, run_id)
-            if current.version != expected_version:
+            with _reading(run_id, runs.name):  # the status and version columns only: never the values
+                found = conn.execute(select(runs.c.version).where(runs.c.run_id == run_id)).first()
+            if found is None:
+                raise RunNotFoundError(run_id)
+            current_status = self._status(conn, run_id)
+            if found[0] != expected_version:
                 raise ConcurrencyConflict(
-                    f"run {run_id!r} is at version {current.version}, not {expected_version}: re-read and retry"
+                    f"run {run_id!r} is at version {found[0]}, not {expected_version}: re-read and retry"
                 )
-            _check_transition(current, status)
+            _check_transition(run_id, current_status, status)
             result = conn.execute(
                 update(runs)
                 .where(runs.c.run_id == run_id, runs.c.version == expected_version)
@@ -277,9 +303,9 @@ class SqlStore(Store):
                 raise ConcurrencyConflict(f"run {run_id!r} changed under this transition: re-read and retry")
             conn.execute(insert(events).values(
                 run_id=run_id, seq=result[0], at=now, kind="run_" + status.value,
-                data=scrub({"from": current.status.value, "reason": reason, **(data or {})}),
+                data=scrub({"from": current_status.value, "reason": reason, **(data or {})}),
             ))
-            return self._get_run(conn, run_id)
+            return self._get_run(conn, run_id, lenient=status in TERMINAL or status in PARKED)
 
     # ---------------------------------------------------------------- leases
 
@@ -297,7 +323,7 @@ class SqlStore(Store):
                 .returning(runs.c.fence, runs.c.event_seq)
             ).first()
             if row is None:
-                current = self._get_run(conn, run_id)  # raises RunNotFoundError
+                current = self._get_run(conn, run_id, lenient=True)  # raises RunNotFoundError
                 left = (current.lease_expires_at or now) - now
                 raise LeaseHeldError(
                     f"run {run_id!r} is being driven by {current.lease_owner} (lease expires in {left:.1f}s): "
@@ -356,8 +382,7 @@ class SqlStore(Store):
             if batch.run is not None:
                 changed = self._apply_run_update(conn, lease, batch, now)
             if batch.blobs:
-                _insert_ignore(conn, blobs, [{"digest": d, "size": len(b), "data": b} for d, b in batch.blobs.items()],
-                               ["digest"])
+                _put_blobs(conn, [{"digest": d, "size": len(b), "data": b} for d, b in batch.blobs.items()])
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
@@ -397,8 +422,7 @@ class SqlStore(Store):
         upd = batch.run
         values: dict[str, Any] = {}
         if upd.status is not None:
-            current = self._get_run(conn, lease.run_id)
-            _check_transition(current, upd.status)
+            _check_transition(lease.run_id, self._status(conn, lease.run_id), upd.status)
             reason = None if upd.status_reason is None else scrub_text(upd.status_reason)
             values.update(status=upd.status.value, status_reason=reason, version=runs.c.version + 1)
         if upd.set_output:
@@ -417,7 +441,9 @@ class SqlStore(Store):
         if values:
             conn.execute(update(runs).where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
                          .values(**values))
-        return self._get_run(conn, lease.run_id)
+        # a run parked or ended may have a damaged value (the reason it is parked): read it leniently
+        at_rest = upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED)
+        return self._get_run(conn, lease.run_id, lenient=at_rest)
 
     def _write_effects(self, conn: Connection, run_id: str, batch: Batch, now: float) -> None:
         pending = [e for e in batch.effects if e.status == EffectStatus.PENDING]
@@ -465,8 +491,7 @@ class SqlStore(Store):
         if not blobs_by_digest:
             return
         with self.engine.begin() as conn:
-            _insert_ignore(conn, blobs, [{"digest": d, "size": len(b), "data": b}
-                                         for d, b in blobs_by_digest.items()], ["digest"])
+            _put_blobs(conn, [{"digest": d, "size": len(b), "data": b} for d, b in blobs_by_digest.items()])
 
     def nodes(self, run_id: str) -> list[NodeRecord]:
         with self.reader.connect() as conn, _reading(run_id, nodes.name):
@@ -504,7 +529,7 @@ class SqlStore(Store):
     def send_signal(self, run_id: str, kind: str, node_id: str | None = None, payload: Any = None) -> SignalRecord:
         now = time.time()
         with self.engine.begin() as conn:
-            self._get_run(conn, run_id)
+            self._status(conn, run_id)  # RunNotFoundError; the run's values are not read
             row = conn.execute(
                 insert(signals).values(run_id=run_id, kind=kind, node_id=node_id, payload=payload, created_at=now)
                 .returning(*signals.c)
@@ -729,11 +754,9 @@ def _json(value: Any) -> str | None:
     return None if value is None else jsoncodec.dumps(value)
 
 
-def _check_transition(current: RunRecord, new: RunStatus) -> None:
-    if not can_transition(current.status, new):
-        raise IllegalTransitionError(
-            f"run {current.run_id!r} cannot go from {current.status.value} to {new.value}"
-        )
+def _check_transition(run_id: str, current: RunStatus, new: RunStatus) -> None:
+    if not can_transition(current, new):
+        raise IllegalTransitionError(f"run {run_id!r} cannot go from {current.value} to {new.value}")
 
 
 def _records(model: Any, rows: Sequence[Row[Any]]) -> list[Any]:
@@ -746,8 +769,27 @@ def _insert_for(conn: Connection, table: Table) -> Any:
     return sqlite.insert(table)
 
 
-def _insert_ignore(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str]) -> None:
-    conn.execute(_insert_for(conn, table).on_conflict_do_nothing(index_elements=keys), rows)
+def _put_blobs(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Write blobs by digest. Insert-once, except that a row whose stored bytes differ from the
+    ones written (altered behind raysaga's back: the digest is of the content) is repaired, so a
+    tampered blob never poisons later writes of the same content. An intact row is left as is
+    (one byte comparison on a conflict). Only bytes that hash to their digest may repair a row:
+    a body under another digest never replaces a stored one (it is ignored, insert-once)."""
+    right = [r for r in rows if jsoncodec.digest(r["data"]) == r["digest"]]
+    wrong = [r for r in rows if r not in right] if len(right) != len(rows) else []
+    if right:
+        stmt = _BLOB_PUT.get(conn.dialect.name)
+        if stmt is None:
+            base = _insert_for(conn, blobs)
+            stmt = _BLOB_PUT[conn.dialect.name] = base.on_conflict_do_update(
+                index_elements=["digest"], set_={"data": base.excluded.data, "size": base.excluded.size},
+                where=blobs.c.data != base.excluded.data)
+        conn.execute(stmt, right)
+    if wrong:
+        conn.execute(_insert_for(conn, blobs).on_conflict_do_nothing(index_elements=["digest"]), wrong)
+
+
+_BLOB_PUT: dict[str, Any] = {}
 
 
 def _upsert(conn: Connection, table: Table, rows: list[dict[str, Any]], keys: list[str],

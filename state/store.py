@@ -37,8 +37,11 @@ class Store(ABC):
         """Insert a run in ``pending``; ``RunExistsError`` if the id is taken."""
 
     @abstractmethod
-    def get_run(self, run_id: str) -> RunRecord:
-        """The run row; ``RunNotFoundError`` if absent."""
+    def get_run(self, run_id: str, *, lenient: bool = False) -> RunRecord:
+        """The run row; ``RunNotFoundError`` if absent. A run value (input, output) kept in a blob
+        that is missing, altered or not JSON raises ``BlobIntegrityError``, unless ``lenient``:
+        then it reads as None (its ``*_digest`` still names it), for status checks and operator
+        commands (cancel, status) on a damaged run; never for data a step receives."""
 
     @abstractmethod
     def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
@@ -95,7 +98,7 @@ class Store(ABC):
 
     @abstractmethod
     def put_blobs(self, blobs: dict[str, bytes]) -> None:
-        """Store blobs (insert-once by digest)."""
+        """Store blobs by digest (insert-once; a row whose bytes were altered is repaired)."""
 
     @abstractmethod
     def nodes(self, run_id: str) -> list[NodeRecord]: ...

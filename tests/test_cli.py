@@ -123,13 +123,17 @@ def test_graph_mermaid_and_dot(flow: str) -> None:
 def test_resume_of_completed_run_is_a_no_op(flow: str, sqlite_url: str) -> None:
     assert invoke("run", flow, "-i", '{"n": 1}', "--db", sqlite_url, "--executor", "inline", "--run-id", "x")[0] == 0
     events_before = len(open_store(sqlite_url).events("x"))
+    before = open_store(sqlite_url).get_run("x")
     # the flow was started from a file path, which is never recorded as the run's workflow_ref
     # (a path read from the store is never imported): the operator names the workflow again
     code, out, _ = invoke("resume", "x", "--db", sqlite_url, "--executor", "inline", "--workflow", flow)
     assert code == 0 and "completed" in out
-    # a resume claims the lease (one event) and changes nothing else
+    # A run at rest is returned as it stands: no lease is claimed (this used to append one
+    # `lease_claimed` event and bump the fence and updated_at, moving the run's prune cutoff).
     store = open_store(sqlite_url)
-    assert [e.kind for e in store.events("x", after_seq=events_before)] == ["lease_claimed"]
+    assert [e.kind for e in store.events("x", after_seq=events_before)] == []
+    after = store.get_run("x")
+    assert (after.fence, after.updated_at, after.version) == (before.fence, before.updated_at, before.version)
 
 
 def test_events_are_json_lines_in_order(flow: str, sqlite_url: str) -> None:

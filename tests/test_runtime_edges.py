@@ -101,7 +101,11 @@ def test_existing_run_id_with_a_different_input_is_refused(store_url: str) -> No
     # the same input (key order does not matter: canonical JSON) or none resumes the run
     again = raysaga.run(wf, {"s": "a", "n": 1}, store=store_url, run_id="same-id", executor="inline")
     assert again.status == RunStatus.COMPLETED and again.output == first.output
-    assert raysaga.run(wf, None, store=store_url, run_id="same-id", executor="inline").output == first.output
+    assert raysaga.run(wf, store=store_url, run_id="same-id", executor="inline").output == first.output
+    # None is JSON null, an input like any other (leaving `input` out, runner.NO_INPUT, resumes):
+    # it used to mean "no input" and resumed a run whose stored input was not null
+    with pytest.raises(UserError):
+        raysaga.run(wf, None, store=store_url, run_id="same-id", executor="inline")
     assert calls == [{"n": 1, "s": "a"}], "the step ran once; nothing ran for the refused or resumed calls"
 
 

@@ -77,6 +77,15 @@ def set_ref(db: str, run_id: str, ref: str | None) -> None:
         engine.dispose()
 
 
+def set_status(db: str, run_id: str, status: RunStatus) -> None:
+    engine = create_engine(db)
+    try:
+        with engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.run_id == run_id).values(status=status.value))
+    finally:
+        engine.dispose()
+
+
 @pytest.mark.parametrize("command", ["retry", "resume"])
 @pytest.mark.parametrize("ref_kind", ["absolute path", "relative path", "module beside the file"])
 def test_a_stored_file_ref_is_never_imported(failed_run: tuple[Path, str, str], tmp_path: Path, command: str,
@@ -88,6 +97,8 @@ def test_a_stored_file_ref_is_never_imported(failed_run: tuple[Path, str, str], 
            "relative path": f"{os.path.relpath(evil, work)}:wf",
            "module beside the file": "evil:wf"}[ref_kind]  # not on the operator's sys.path
     set_ref(db, run_id, ref)
+    if command == "resume":  # a failed run is at rest: `resume` leaves it (no load); make it resumable
+        set_status(db, run_id, RunStatus.RUNNING)
 
     done = cli(work, command, run_id, "--db", db, "--executor", "inline", "--quiet")
 
@@ -139,3 +150,36 @@ def test_recordable_ref_keeps_only_module_refs(tmp_path: Path, monkeypatch: pyte
     assert recordable_ref(f"{elsewhere / 'far.py'}:wf") is None  # not importable from here: record none
     assert recordable_ref("../elsewhere/far.py:wf") is None
     assert recordable_ref("flows:not-an-identifier") is None
+
+
+@pytest.mark.parametrize("ref", ["venv.__main__:wf", "unittest.__main__:wf", "this:wf", "antigravity:wf",
+                                 "json.tool:wf", "raysaga.__main__:wf", "raysaga.orchestrator.cli:wf",
+                                 "test.regrtest:wf"])
+def test_a_stored_ref_to_a_program_or_the_stdlib_runs_nothing(tmp_path: Path, ref: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Importing ``venv.__main__`` creates virtualenvs, ``unittest.__main__`` runs tests, ``this``
+    prints the Zen, ``antigravity`` opens a browser: a recorded ref naming a ``__main__`` module,
+    the standard library or raysaga itself is refused before anything is imported."""
+    work = tmp_path / "empty-operator-folder"
+    work.mkdir()
+    db = f"sqlite:///{tmp_path / 'store.db'}"
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "flows.py").write_text(FLOW)
+    wf = load_workflow(f"{tmp_path / 'src' / 'flows.py'}:wf")
+    raysaga.create_run(wf, store=db, run_id="r1")
+    set_ref(db, "r1", ref)  # a pending run: `resume` must load its workflow
+
+    done = cli(work, "resume", "r1", "--db", db, "--executor", "inline", "--quiet",
+               env={"BROWSER": "true"})
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert list(work.iterdir()) == [], "the refused ref ran a program in the operator's folder"
+    assert done.stdout == "" and "Beautiful is better" not in done.stderr
+    assert "workflow_ref" in done.stderr and ref in done.stderr and "--workflow" in done.stderr
+    monkeypatch.chdir(work)  # in this process too: were it imported, what it wrote would land here
+    monkeypatch.setattr(sys, "argv", ["raysaga"])
+    with pytest.raises(WorkflowLoadError, match="--workflow"):
+        load_recorded_workflow(ref, "r1")
+    assert list(work.iterdir()) == []
+    if not ref.startswith("test."):  # refused by where it is found (the stdlib folder), not by name
+        assert recordable_ref(ref) is None

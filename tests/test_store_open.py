@@ -406,7 +406,13 @@ def test_the_default_store_is_the_same_from_every_folder(tmp_path: Path, monkeyp
 def test_raysaga_home_and_raysaga_db_choose_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAYSAGA_DB", raising=False)
-    monkeypatch.setenv("RAYSAGA_HOME", "state")  # relative: taken from where it is set, made absolute
+    # A relative RAYSAGA_HOME is refused: resolved against the current folder it made the default
+    # store change from folder to folder (it used to be taken from where it was set).
+    monkeypatch.setenv("RAYSAGA_HOME", "state")
+    with pytest.raises(StoreUnavailableError, match="RAYSAGA_HOME='state' is a relative path"):
+        describe_store()
+    assert not (tmp_path / "state").exists()
+    monkeypatch.setenv("RAYSAGA_HOME", str(tmp_path / "state"))
     assert describe_store() == str(tmp_path / "state" / "raysaga.db")
     monkeypatch.setenv("RAYSAGA_DB", "elsewhere/mine.db")  # a plain path
     assert describe_store() == str(tmp_path / "elsewhere" / "mine.db")
