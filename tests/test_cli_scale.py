@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -84,23 +83,34 @@ def build_wide_run(url: str, run_id: str, width: int) -> None:
         store.close()
 
 
-def _raysaga(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float, int]:
-    """Run the console script; (process, wall seconds, peak RSS of that child in MiB).
+#: Runs the CLI and, at exit, writes the process's peak RSS (VmHWM: reset at exec, unlike
+#: ru_maxrss, which keeps the forked pytest parent's size) to the file named by argv[1].
+_MEASURED_CLI = """
+import atexit, sys
+from pathlib import Path
 
-    The peak comes from ``wait4`` on this one child: ``RUSAGE_CHILDREN`` would report the largest
-    child the test session ever waited for (a Ray driver of an earlier test, say)."""
-    exe = Path(sys.executable).with_name("raysaga")
+REPORT = sys.argv[1]
+
+def _peak() -> None:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            Path(REPORT).write_text(line.split()[1])
+
+atexit.register(_peak)
+sys.argv = ["raysaga", *sys.argv[2:]]  # what the CLI sees: the command and its options
+from raysaga.orchestrator.cli import main
+main()
+"""
+
+
+def _raysaga(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float, int]:
+    """Run the CLI in a fresh interpreter; (process, wall seconds, peak RSS of that process in MiB)."""
+    report = cwd / f"peak-{uuid.uuid4().hex}"
     started = time.monotonic()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        child = subprocess.Popen([str(exe), *args], stdout=out, stderr=err, text=True, cwd=cwd,
-                                 env={**os.environ, "COLUMNS": "80"})
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-        wall = time.monotonic() - started
-        out.seek(0)
-        err.seek(0)
-        proc = subprocess.CompletedProcess(child.args, child.returncode, out.read(), err.read())
-    return proc, wall, usage.ru_maxrss // 1024
+    proc = subprocess.run([sys.executable, "-c", _MEASURED_CLI, str(report), *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd, env={**os.environ, "COLUMNS": "80"})
+    wall = time.monotonic() - started
+    return proc, wall, int(report.read_text()) // 1024
 
 
 def test_list_reads_summaries_only(tmp_path: Path) -> None:
