@@ -56,6 +56,7 @@ class Workflow:
         self.description = description
         self.steps: dict[str, StepSpec] = {}
         self.compensations: dict[str, Callable[..., Any]] = {}
+        self.compensation_retries: dict[str, RetryPolicy] = {}  # declared with compensation(retry=)
         self._graph: nx.DiGraph | None = None
 
     def __repr__(self) -> str:
@@ -165,13 +166,21 @@ class Workflow:
         decorator: Callable[[Callable[P, R]], Callable[P, R]] = self.step(map_over=over, **options)
         return decorator
 
-    def compensation(self, step_name: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Register ``fn`` as the compensation of step ``step_name`` (checked at validation)."""
+    def compensation(self, step_name: str, *, retry: RetryPolicy | None = None
+                     ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Register ``fn`` as the compensation of step ``step_name`` (checked at validation).
+
+        ``retry`` bounds its retries; by default a compensation retries transient failures with
+        the step's backoff (or base 0.5 s, cap 60 s) until it succeeds or is refused permanently."""
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise WorkflowDefinitionError(f"compensation of {step_name!r}: retry= must be a RetryPolicy")
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
             if step_name in self.compensations:
                 raise WorkflowDefinitionError(f"step {step_name!r} already has a compensation")
             self.compensations[step_name] = func
+            if retry is not None:
+                self.compensation_retries[step_name] = retry
             self._invalidate()
             return func
 
