@@ -18,9 +18,8 @@ from raysaga.agents.messages import ModelResponse
 from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool
 from raysaga.errors import WorkflowDefinitionError
-from raysaga.orchestrator.options import RetryPolicy
-from raysaga.orchestrator.validation import check_name
 from raysaga.state import jsoncodec
+from raysaga.types import RetryPolicy, check_name
 
 MEMORY_TOOLS = ("memory_read", "memory_write")
 

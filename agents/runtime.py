@@ -13,8 +13,8 @@ from raysaga.agents.messages import ModelRequest
 from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool, run_compensation, run_tool
 from raysaga.errors import NotJSONableError, Permanent
-from raysaga.orchestrator.context import StepContext
 from raysaga.state import jsoncodec
+from raysaga.types import StepContext
 
 INVALID_INPUT = "$raysaga_invalid_input"
 

@@ -19,9 +19,9 @@ from typing import Any, overload
 from pydantic import BaseModel, ValidationError, create_model
 
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
-from raysaga.orchestrator.options import RetryPolicy
 from raysaga.state import jsoncodec
 from raysaga.state.redact import scrub_text
+from raysaga.types import RetryPolicy
 
 
 class ToolError(RaySagaError):

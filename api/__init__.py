@@ -24,9 +24,8 @@ from raysaga.errors import (
 )
 
 if TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
-    from raysaga.orchestrator.context import StepContext
-    from raysaga.orchestrator.options import RetryPolicy, RunOptions
     from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
+    from raysaga.orchestrator.saga import Saga
     from raysaga.orchestrator.secrets import Secret
     from raysaga.orchestrator.spec import NOT_APPLIED
     from raysaga.orchestrator.workflow import Workflow
@@ -42,21 +41,20 @@ if TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
         on_partial_failure,
         quorum,
     )
-    from raysaga.sagas.saga import Saga
     from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
+    from raysaga.types import RetryPolicy, RunOptions, StepContext
 
 #: Where each lazily exported name lives: ``import raysaga`` stays cheap (no driver, no Ray)
 #: until a name that needs them is used.
 _LAZY = {
-    **dict.fromkeys(("StepContext",), "raysaga.orchestrator.context"),
-    **dict.fromkeys(("RetryPolicy", "RunOptions"), "raysaga.orchestrator.options"),
+    **dict.fromkeys(("RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
     **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
     **dict.fromkeys(("Secret",), "raysaga.orchestrator.secrets"),
     **dict.fromkeys(("NOT_APPLIED",), "raysaga.orchestrator.spec"),
     **dict.fromkeys(("Workflow",), "raysaga.orchestrator.workflow"),
     **dict.fromkeys(("ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
                      "min_success_ratio", "on_partial_failure", "quorum"), "raysaga.sagas.policy"),
-    **dict.fromkeys(("Saga",), "raysaga.sagas.saga"),
+    **dict.fromkeys(("Saga",), "raysaga.orchestrator.saga"),
     **dict.fromkeys(("RunRecord", "RunStatus", "Store", "open_store", "prune"), "raysaga.state"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from raysaga.state import jsoncodec
+from raysaga.types import COMPENSATE_SUFFIX, compensation_node, is_compensation
+
+__all__ = ["COMPENSATE_SUFFIX", "args_digest", "compensation_node", "effect_key", "is_compensation"]
 
 
 def effect_key(run_id: str, node_id: str, fan_index: int, effect_name: str, args: Any) -> str:
@@ -15,15 +18,3 @@ def effect_key(run_id: str, node_id: str, fan_index: int, effect_name: str, args
 
 def args_digest(args: Any) -> str:
     return jsoncodec.fingerprint(args)
-
-
-#: A compensation's node id is the compensated node's + this; its key, the effect's key + this.
-COMPENSATE_SUFFIX = ":compensate"
-
-
-def is_compensation(node_id: str) -> bool:
-    return node_id.endswith(COMPENSATE_SUFFIX)
-
-
-def compensation_node(node_id: str) -> str:
-    return node_id + COMPENSATE_SUFFIX

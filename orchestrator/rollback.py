@@ -1,11 +1,12 @@
 """The compensating phase of a run: undo what was done, in reverse, durably.
 
 The driver runs it with the same lease, executor, ledger and group commits as the forward
-DAG; ``raysaga.sagas.RollbackPlan`` decides the order. What gets compensated is read from
-the store when the rollback starts (or resumes): every node of a step with a compensation
-that completed, or whose outcome is unknown (it was in flight, or its retries ran out on
-transient errors). Each compensation is an effect with its own idempotency key, the step's
-key + ``:compensate``; it is retried like any step and never runs twice for one key.
+DAG; ``raysaga.sagas.RollbackPlan`` decides the order and ``raysaga.sagas.rollback`` what gets
+compensated, from the node rows read when the rollback starts (or resumes): every node of a step
+with a compensation that completed, or whose outcome is unknown (it was in flight, or its retries
+ran out on transient errors), and how the rollback ends. Each compensation is an effect with
+its own idempotency key, the step's key + ``:compensate``; it is retried like any step and never
+runs twice for one key.
 
 An agent's effect tools may register an undo too (``tool(compensate=...)``): each call of such a
 tool that took effect (or may have) is a target of its own, node ``<step>@<turn>.<k>``, undone
@@ -15,7 +16,6 @@ latest first and before anything upstream of the agent, under the call's key + `
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,21 +23,18 @@ from raysaga.agents.messages import ModelResponse
 from raysaga.agents.runtime import tool_undo
 from raysaga.agents.tools import Tool, ToolError, tool_output
 from raysaga.orchestrator.agentloop import SEP, is_agent_call, split_call
-from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key, is_compensation
+from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key
 from raysaga.orchestrator.options import compensation_retry
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.sagas.plan import CompensationTarget, RollbackPlan
-from raysaga.state import Batch, NodeRecord, NodeStatus, RunStatus, RunUpdate, node_label
+from raysaga.sagas.rollback import compensation_rows, effect_time, restore_rollback, rollback_outcome, step_targets
+from raysaga.state import Batch, NodeRecord, NodeStatus, RunUpdate
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.driver import Driver
 
 NodeKey = tuple[str, int]
-
-#: Node states whose outcome is unknown: the step may have taken effect.
-_UNKNOWN = frozenset({NodeStatus.RUNNING, NodeStatus.CANCELLED, NodeStatus.RETRYING})
-
 
 @dataclass(frozen=True)
 class _ToolCall:
@@ -56,41 +53,26 @@ class Rollback:
         rows = driver.store.nodes(driver.run_id)
         # verified and parsed by the store: a missing, altered or non-JSON blob parks the run (BlobIntegrityError)
         blobs = driver.blobs({r.output_digest: f"node {r.label}" for r in rows if r.output_digest})
+        undoable = {name: spec.map_over is not None for name, spec in wf.steps.items()
+                    if wf.compensation_for(name) is not None}
         targets: list[CompensationTarget] = []
         self._outputs: dict[NodeKey, Any] = {}
-        comp_rows = {}
-        for row in rows:
-            if is_compensation(row.node_id):
-                comp_rows[(row.node_id[: -len(COMPENSATE_SUFFIX)], row.fan_index)] = row
-                continue
-            spec = wf.steps.get(row.node_id)
-            if spec is None or wf.compensation_for(row.node_id) is None:
-                continue
-            if spec.map_over is not None and row.fan_index < 0:
-                continue  # a fan-out's items are compensated one by one, not its parent
-            key = (row.node_id, row.fan_index)
-            if row.status == NodeStatus.COMPLETED:
-                targets.append(CompensationTarget(key, row.finished_at or 0.0))
-                self._outputs[key] = blobs[row.output_digest] if row.output_digest else row.output
-            elif row.status in _UNKNOWN or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
-                targets.append(CompensationTarget(key, math.inf))  # in flight at the failure: the latest
-                self._outputs[key] = None
+        for target, row in step_targets(rows, undoable):
+            targets.append(target)
+            completed = row.status == NodeStatus.COMPLETED  # else in flight at the failure: no output
+            # blobs come verified and parsed from the store (driver.blobs)
+            self._outputs[target.key] = (blobs[row.output_digest] if row.output_digest
+                                         else row.output) if completed else None
         self._tool_calls: dict[NodeKey, _ToolCall] = {}
         targets += self._tool_targets(rows, blobs)
-        wanted = {t.key for t in targets}
-        settled = [k for k, r in comp_rows.items() if k in wanted and r.status == NodeStatus.COMPLETED]
-        self.plan = RollbackPlan(wf.graph, targets, settled)
-        self.errors: dict[NodeKey, Any] = {}
-        self._not_before: dict[NodeKey, float] = {}
-        for key, row in comp_rows.items():
-            if key not in wanted:
-                continue
-            driver.restore_attempts((compensation_node(key[0]), key[1]), row.attempt)
-            if row.status == NodeStatus.FAILED:
-                self.plan.fail(key)
-                self.errors[key] = row.error
-            elif row.status == NodeStatus.RETRYING and row.not_before:
-                self._not_before[key] = row.not_before
+        restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
+        self.plan = RollbackPlan(wf.graph, targets, restored.settled)
+        self.errors: dict[NodeKey, Any] = dict(restored.failed)
+        self._not_before: dict[NodeKey, float] = restored.not_before
+        for key, attempt in restored.attempts.items():
+            driver.restore_attempts((compensation_node(key[0]), key[1]), attempt)
+        for key in restored.failed:
+            self.plan.fail(key)
 
     def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any]) -> list[CompensationTarget]:
         """The calls of effect tools with an undo, per agent node: each undone after the later ones."""
@@ -117,15 +99,16 @@ class Rollback:
             except ToolError:
                 continue  # refused before any call
             key = (row.node_id, row.fan_index)
+            finished = effect_time(row)
+            if finished is None:
+                continue
             if row.status == NodeStatus.COMPLETED:
                 result = output(row)
                 if not isinstance(result, dict) or result.get("is_error"):
                     continue  # answered without an effect: a refusal, a breaker, a loop stop
-                finished, self._outputs[key] = row.finished_at or 0.0, tool_output(result)
-            elif row.status in _UNKNOWN or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
-                finished, self._outputs[key] = math.inf, None
+                self._outputs[key] = tool_output(result)
             else:
-                continue
+                self._outputs[key] = None  # it may have taken effect: undone as the latest
             call_key = effect_key(self._d.run_id, step, row.fan_index, f"tool:{tool.name}", tool.key_args(args))
             self._tool_calls[key] = _ToolCall(tool, args, call_key)
             found.append(((step, row.fan_index), turn, k, CompensationTarget(key, finished, step=step)))
@@ -216,26 +199,4 @@ class Rollback:
 
     def outcome(self) -> RunUpdate:
         """Compensated, or parked for an operator with every failing and blocked compensation named."""
-        failed = sorted(self.plan.failed)
-        blocked = self.plan.blocked()
-        cause = self._d.run.error if self._d.run else None
-        # After `retry --compensations` the run's error is the earlier attempt's report: take its
-        # cause, so a compensated run does not keep naming failures that were fixed, and a second
-        # failure does not nest the first report inside its "cause".
-        retried = False
-        if isinstance(cause, dict) and "failed_compensations" in cause:
-            retried, cause = True, cause.get("cause")
-        if not failed and not blocked:
-            return RunUpdate(status=RunStatus.COMPENSATED, status_reason=f"{self.reason}; rolled back"[:500],
-                             error=cause, set_error=retried)
-        names = ", ".join(node_label(*k) for k in failed)
-        reason = f"compensation failed for {names or 'none'}"
-        if blocked:
-            reason += f"; not compensated (waiting on those): {', '.join(node_label(*k) for k in blocked)}"
-        return RunUpdate(
-            status=RunStatus.COMPENSATION_FAILED,
-            status_reason=(reason + "; fix and run `raysaga retry RUN --compensations`")[:1000],
-            error={"failed_compensations": [{"node": node_label(*k), **(self.errors.get(k) or {})} for k in failed],
-                   "blocked_compensations": [node_label(*k) for k in blocked], "cause": cause},
-            set_error=True,
-        )
+        return rollback_outcome(self.reason, self.plan, self.errors, self._d.run.error if self._d.run else None)

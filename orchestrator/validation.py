@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import re
 import types
 import typing
 from typing import Any
@@ -14,26 +13,11 @@ from pydantic import BaseModel
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.secrets import Secret
 from raysaga.orchestrator.spec import StepSpec
+from raysaga.types import NAME_RE, NAME_RULE, WORKFLOW_NAME_RE, check_name
 
 _SCALARS = (str, int, float, bool, type(None))
 
-#: Step, agent, map, effect and compensation-target names. The engine builds node ids and keys
-#: from them with reserved characters: ``:`` (``pay:compensate``, ``tool:name``), ``@`` and ``.``
-#: (an agent's turns and tool calls, ``research@3.1``), ``[``/``]`` (fan-out items, ``fetch[2]``);
-#: quotes and spaces would break the CLI and the mermaid/dot exports.
-NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")
-NAME_RULE = ("1-100 characters: letters, digits, '_' and '-', starting with a letter or '_' "
-             "(':', '@', '.', '[' and ']' are reserved for compensation, agent-call and fan-out ids)")
-#: Workflow names prefix run ids; '.' is allowed there (no node id is built from them).
-WORKFLOW_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
-
-
-def check_name(kind: str, name: Any) -> str:
-    """``name`` if it is a valid step/agent/effect name, else a ``WorkflowDefinitionError`` saying why."""
-    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise WorkflowDefinitionError(f"{kind} name {name!r} is not valid: use {NAME_RULE}")
-    return name
-
+__all__ = ["NAME_RE", "NAME_RULE", "WORKFLOW_NAME_RE", "build_graph", "check_name", "json_type_problem", "validate"]
 
 def build_graph(steps: dict[str, StepSpec]) -> nx.DiGraph:
     graph = nx.DiGraph()

@@ -1,7 +1,8 @@
 """raysaga.sagas: compensations run in reverse, durably, and partial-failure policies for fan-outs.
 
 It plans; the orchestrator's driver dispatches (sagas never dispatch on their own).
-``Saga`` (in ``raysaga.sagas.saga``) is the linear builder for users who only want compensations.
+``Saga`` (``raysaga.Saga``, in ``raysaga.orchestrator.saga``: it builds and runs a ``Workflow``, so it
+sits above the layer it plans for) is the linear builder for users who only want compensations.
 """
 
 from raysaga.sagas.plan import CompensationTarget, RollbackPlan

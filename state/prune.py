@@ -16,17 +16,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, not_, or_, select, union
+from sqlalchemy import ColumnElement, Connection, Engine, and_, delete, exists, func, not_, or_, select, union
 
 from raysaga.errors import UserError
 from raysaga.state.models import PARKED, TERMINAL, RunStatus
 from raysaga.state.schema import blobs, effects, events, memory, nodes, runs, signals
 
-if TYPE_CHECKING:
-    from raysaga.state.sql_store import SqlStore
+
+class PrunableStore(Protocol):
+    """What pruning needs of a ``raysaga.state.sql_store.SqlStore`` (which calls it: no cycle)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    @property
+    def reader(self) -> Engine: ...
 
 #: Runs in these states may be pruned (the default set).
 PRUNABLE = frozenset(TERMINAL | PARKED)
@@ -49,8 +56,8 @@ class PruneReport(BaseModel):
     blob_bytes: int = 0
 
 
-def prune(store: SqlStore, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,
-          dry_run: bool = False, *, now: float | None = None) -> PruneReport:
+def prune(store: PrunableStore, older_than: float, statuses: Iterable[RunStatus | str] | None = None,
+          batch_size: int = 500, dry_run: bool = False, *, now: float | None = None) -> PruneReport:
     """Delete runs at rest whose ``updated_at`` is more than ``older_than`` seconds ago, with their
     nodes, events, effects, signals, memory and the blobs nothing else references.
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.orchestrator.options import RetryPolicy, RunOptions
 from raysaga.orchestrator.runner import ExecutorArg, resume, run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, Store
+from raysaga.types import RetryPolicy, RunOptions
 
 
 class Saga:

@@ -1,0 +1,195 @@
+"""The leaf every layer may import: options, a step's context, names and node identity.
+
+``raysaga.state``, ``raysaga.sagas``, ``raysaga.agents`` and ``raysaga.orchestrator`` all need
+these few types; they live here, under everything but ``raysaga.errors``, so that layers point
+one way (``[tool.importlinter]`` in pyproject.toml checks it). The old homes
+(``raysaga.orchestrator.options``, ``.context``, ``.validation``) re-export them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
+
+__all__ = [
+    "COMPENSATE_SUFFIX",
+    "COMPENSATION_ATTEMPTS",
+    "COMPENSATION_RETRY",
+    "DEFAULT_RETRY",
+    "MIN_LEASE_TTL",
+    "NAME_RE",
+    "NAME_RULE",
+    "NO_RETRY",
+    "WORKFLOW_NAME_RE",
+    "RetryPolicy",
+    "RunOptions",
+    "StepContext",
+    "check_name",
+    "compensation_node",
+    "compensation_retry",
+    "is_compensation",
+]
+
+
+
+#: The shortest lease a driver may take: the heartbeat renews every ttl/3, so a tiny ttl spins
+#: it, and a lease shorter than one store round trip expires while it is being renewed.
+MIN_LEASE_TTL = 0.5
+
+
+def _number(owner: str, name: str, value: Any, *, minimum: float, allowed: str, strict: bool = False,
+            integer: bool = False, optional: bool = False) -> None:
+    """Refuse a value outside ``[minimum, inf)`` (``(minimum, inf)`` if ``strict``), NaN, inf, a bool."""
+    if value is None and optional:
+        return
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and integer:
+        ok = isinstance(value, int)
+    if ok:
+        ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
+    if not ok:
+        raise InvalidOptionError(f"{owner}.{name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How a step's failed attempts are retried.
+
+    Only failures classified transient are retried (see ``raysaga.orchestrator.retry``);
+    the delay before attempt ``n+1`` is drawn with full jitter:
+    ``uniform(0, min(cap, base * 2 ** (n - 1)))``.
+    """
+
+    max_attempts: int = 3
+    """Attempts in all, the first included. 1 means never retry."""
+    base: float = 0.5
+    """Seconds: the ceiling of the first backoff draw."""
+    cap: float = 30.0
+    """Seconds: no backoff draw exceeds this."""
+    transient: tuple[type[BaseException], ...] = ()
+    """Extra exception types to treat as transient (retry)."""
+    permanent: tuple[type[BaseException], ...] = ()
+    """Extra exception types to treat as permanent (never retry); wins over ``transient``."""
+
+    def __post_init__(self) -> None:
+        _number("RetryPolicy", "max_attempts", self.max_attempts, minimum=1, integer=True,
+                allowed="a whole number >= 1 (1: never retry)")
+        _number("RetryPolicy", "base", self.base, minimum=0, allowed="a finite number of seconds >= 0")
+        _number("RetryPolicy", "cap", self.cap, minimum=0, allowed="a finite number of seconds >= 0")
+
+
+DEFAULT_RETRY = RetryPolicy()
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+#: Attempts a compensation gets by default: effectively unlimited. An undo must complete; it
+#: stops only when it succeeds, is refused permanently, or a budget the workflow declares with
+#: ``@wf.compensation(step, retry=RetryPolicy(...))`` runs out.
+COMPENSATION_ATTEMPTS = 1_000_000
+#: The default compensation retry: full jitter, base 0.5 s, capped at 60 s between attempts.
+COMPENSATION_RETRY = RetryPolicy(max_attempts=COMPENSATION_ATTEMPTS, base=0.5, cap=60.0)
+
+
+def compensation_retry(declared: RetryPolicy | None, forward: RetryPolicy | None) -> RetryPolicy:
+    """The retry policy of a compensation: the one its workflow declares, else the forward step's
+    (its classification, base and cap: the same service answers) with effectively unlimited
+    attempts, else ``COMPENSATION_RETRY``."""
+    if declared is not None:
+        return declared
+    if forward is None:
+        return COMPENSATION_RETRY
+    return dataclasses.replace(forward, max_attempts=max(forward.max_attempts, COMPENSATION_ATTEMPTS))
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Per-run knobs; every field has a safe default."""
+
+    deadline: float | None = None
+    """Seconds from the run's creation after which it stops with reason ``deadline``."""
+    retry_budget: int | None = None
+    """Retries the whole run may spend across all nodes (None: only per-step limits)."""
+    lease_ttl: float = 15.0
+    """Seconds a driver's lease lasts without a heartbeat; a dead driver's run is free after this."""
+    blob_threshold: int = 64 * 1024
+    """Outputs larger than this many bytes of JSON go to the blob store by digest."""
+    max_output_bytes: int = 16 * 1024 * 1024
+    """Outputs larger than this fail their node permanently with a clear error."""
+    token_budget: int | None = None
+    """Model tokens (input + output) the whole run may spend; at the budget agents stop calling
+    the model (the run pauses, or the node fails, as each agent declares). Raise it on resume."""
+    cost_budget: float | None = None
+    """Model cost in USD the whole run may spend (prices: ``raysaga.agents.price_of``)."""
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _number("RunOptions", "lease_ttl", self.lease_ttl, minimum=MIN_LEASE_TTL,
+                allowed=f"a finite number of seconds >= {MIN_LEASE_TTL} (the heartbeat renews every ttl/3; "
+                        "5 to 60 is sensible)")
+        _number("RunOptions", "deadline", self.deadline, minimum=0, strict=True, optional=True,
+                allowed="None or a finite number of seconds > 0")
+        _number("RunOptions", "retry_budget", self.retry_budget, minimum=0, integer=True, optional=True,
+                allowed="None or a whole number >= 0")
+        _number("RunOptions", "blob_threshold", self.blob_threshold, minimum=0, integer=True,
+                allowed="a whole number of bytes >= 0")
+        _number("RunOptions", "max_output_bytes", self.max_output_bytes, minimum=1, integer=True,
+                allowed="a whole number of bytes >= 1")
+        _number("RunOptions", "token_budget", self.token_budget, minimum=0, integer=True, optional=True,
+                allowed="None or a whole number of tokens >= 0")
+        _number("RunOptions", "cost_budget", self.cost_budget, minimum=0, optional=True,
+                allowed="None or a finite amount of USD >= 0")
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Passed to a step that declares a ``ctx`` parameter (or one annotated ``StepContext``).
+
+    ``idempotency_key`` is set for ``effect=True`` steps: pass it to the downstream service
+    so a re-issued call after a crash is recognised as the same call.
+    """
+
+    run_id: str
+    node_id: str
+    fan_index: int
+    attempt: int
+    trace_id: str
+    idempotency_key: str | None = None
+    reconciling: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.node_id if self.fan_index < 0 else f"{self.node_id}[{self.fan_index}]"
+
+
+#: Step, agent, map, effect and compensation-target names. The engine builds node ids and keys
+#: from them with reserved characters: ``:`` (``pay:compensate``, ``tool:name``), ``@`` and ``.``
+#: (an agent's turns and tool calls, ``research@3.1``), ``[``/``]`` (fan-out items, ``fetch[2]``);
+#: quotes and spaces would break the CLI and the mermaid/dot exports.
+NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")
+NAME_RULE = ("1-100 characters: letters, digits, '_' and '-', starting with a letter or '_' "
+             "(':', '@', '.', '[' and ']' are reserved for compensation, agent-call and fan-out ids)")
+#: Workflow names prefix run ids; '.' is allowed there (no node id is built from them).
+WORKFLOW_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+
+
+def check_name(kind: str, name: Any) -> str:
+    """``name`` if it is a valid step/agent/effect name, else a ``WorkflowDefinitionError`` saying why."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise WorkflowDefinitionError(f"{kind} name {name!r} is not valid: use {NAME_RULE}")
+    return name
+
+
+#: A compensation's node id is the compensated node's + this; its key, the effect's key + this.
+COMPENSATE_SUFFIX = ":compensate"
+
+
+def is_compensation(node_id: str) -> bool:
+    return node_id.endswith(COMPENSATE_SUFFIX)
+
+
+def compensation_node(node_id: str) -> str:
+    return node_id + COMPENSATE_SUFFIX

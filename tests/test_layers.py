@@ -1,0 +1,34 @@
+"""Layers point one way: the import-linter contracts in pyproject.toml hold (CI also runs
+``lint-imports``), and the graph has no cycle beyond the debt the contract lists by name."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import grimp
+from importlinter.cli import lint_imports
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_import_contracts_hold() -> None:
+    cwd = os.getcwd()
+    os.chdir(REPO)  # lint-imports reads pyproject.toml from the working directory
+    try:
+        assert lint_imports() == 0
+    finally:
+        os.chdir(cwd)
+
+
+def test_lower_layers_never_import_upper_ones_even_for_typing() -> None:
+    graph = grimp.build_graph("raysaga", exclude_type_checking_imports=False)
+    for lower, uppers in {
+        "raysaga.types": ("raysaga.state", "raysaga.agents", "raysaga.sagas", "raysaga.orchestrator"),
+        "raysaga.state": ("raysaga.agents", "raysaga.sagas", "raysaga.orchestrator"),
+        "raysaga.agents": ("raysaga.sagas", "raysaga.orchestrator"),
+        "raysaga.sagas": ("raysaga.agents", "raysaga.orchestrator"),
+    }.items():
+        for upper in uppers:
+            chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
+            assert chain is None, f"{lower} imports {upper}: {' -> '.join(chain or ())}"
