@@ -665,7 +665,9 @@ class Driver(AgentHooks):
             batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RETRYING,
                                          attempt=flight.attempt, not_before=not_before, error=error,
                                          started_at=outcome.started_at, finished_at=outcome.finished_at))
-            data = {"attempt": flight.attempt, "delay": round(delay, 4), "error": short_error(error)}
+            # the whole error, its (redacted, bounded) traceback included: the node row keeps only
+            # the latest attempt's, and `raysaga status --errors` shows every attempt's
+            data = {"attempt": flight.attempt, "delay": round(delay, 4), "error": error}
             if compensating:  # a rollback waiting on an undo: say which, which attempt, next try when
                 data["not_before"] = round(not_before, 3)
             batch.events.append(NewEvent(kind="compensation_retry" if compensating else "retry_scheduled",

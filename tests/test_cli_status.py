@@ -84,6 +84,9 @@ def test_status_lists_nodes_in_order_with_readable_errors(flow: str, store_url: 
     assert "Permanent: bucket [prod] refused: quota — failed for good" in attempts[2]
     assert "latest traceback:" in out and "Traceback (most recent call last)" in out
     assert 'raise Permanent("bucket [prod] refused: quota")' in out
+    # every failed attempt keeps its own traceback, not only the latest one
+    assert out.count("Traceback (most recent call last)") == 3, out  # attempts 1 and 2, and the latest (3)
+    assert out.count('raise Transient(f"upload timed out (try {tries})")') == 2, out
 
     code, out, _ = invoke("status", run_id, "--db", store_url, "--errors")
     assert code == 0 and "upload: failed" in out and "attempt 3" in out
