@@ -256,7 +256,7 @@ def retry(
         options = _options(lease_ttl)
         _check_address(executor, address)
         store = open_for_writes(db, run_id)
-        _check_retryable(store.get_run(run_id), compensations)  # before any code is imported
+        _runner().check_retryable(store.get_run(run_id), compensations)  # before any workflow code is imported
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: _runner().retry(wf, run_id, store=store, executor=executor, address=address,
                                                   options=options, on_progress=hook,
@@ -295,16 +295,6 @@ def cancel(
             + (f" — {result.status_reason}" if result.status_reason else ""))
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
         raise typer.Exit(EXIT_NOT_COMPLETED)
-
-
-def _check_retryable(run: RunRecord, compensations: bool) -> None:
-    """``retry``'s own refusal (``runner.retry``), made before the workflow's code is imported."""
-    wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
-    if run.status != wanted:
-        hint = " (use --compensations for a compensation_failed run)" \
-            if run.status == RunStatus.COMPENSATION_FAILED else ""
-        raise UserError(f"run {run.run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
-                        f"{'with' if compensations else 'without'} --compensations{hint}")
 
 
 def _finished_note(run: RunRecord) -> str:

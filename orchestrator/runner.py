@@ -245,6 +245,16 @@ def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord
                     f"within {wait:.0f}s (`raysaga status {run_id}` shows where it is)")
 
 
+def check_retryable(run: RunRecord, compensations: bool) -> None:
+    """Only a ``failed`` run is retried (with ``compensations``, only a ``compensation_failed`` one)."""
+    wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
+    if run.status != wanted:
+        hint = " (use --compensations for a compensation_failed run)" \
+            if run.status == RunStatus.COMPENSATION_FAILED else ""
+        raise UserError(f"run {run.run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
+                        f"{'with' if compensations else 'without'} --compensations{hint}")
+
+
 def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
           address: str | None = None, options: RunOptions | None = None,
           on_progress: ProgressHook | None = None, compensations: bool = False) -> RunRecord:
@@ -256,12 +266,7 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
     """
     st = _store(store)
     run = st.get_run(run_id, lenient=True)  # a damaged input: the resume below parks it again, naming it
-    wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
-    if run.status != wanted:
-        hint = " (use --compensations for a compensation_failed run)" \
-            if run.status == RunStatus.COMPENSATION_FAILED else ""
-        raise UserError(f"run {run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
-                        f"{'with' if compensations else 'without'} --compensations{hint}")
+    check_retryable(run, compensations)
     lease, _ = claim(st, run_id, driver_id(), CANCEL_TTL)
     try:
         nodes = st.nodes(run_id)
