@@ -13,10 +13,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from raysaga.orchestrator.cli import app
 from raysaga.state import open_store
+from tests.cli_support import invoke, one_line_error
 
 FLOW = textwrap.dedent('''
     from pydantic import BaseModel
@@ -48,18 +47,6 @@ def flow(tmp_path: Path) -> str:
     return str(path)
 
 
-def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args), input=input, env=env)
-    # a traceback would surface as an exception other than SystemExit
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result.exit_code, result.stdout, result.stderr
-
-
-def one_line_error(code: int, err: str, message: str) -> None:
-    assert code == 2, err
-    assert message in err, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
 
 
 def no_runs(url: str) -> None:

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from raysaga.orchestrator.cli import app
 from raysaga.state import open_store
+from tests.cli_support import invoke, one_line_error
 
 EXE = Path(sys.executable).with_name("raysaga")
 
@@ -99,17 +98,6 @@ def flow(tmp_path: Path) -> Path:
     return path
 
 
-def invoke(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(app, list(args))
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
-    return result.exit_code, result.stdout, result.stderr
-
-
-def one_line_error(code: int, err: str, message: str) -> None:
-    assert code == 2, err
-    assert message in err, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert "Traceback" not in err
 
 
 def run_ids(url: str) -> list[str]:
