@@ -6,10 +6,6 @@ a directory or a schema, so a typo in ``--db`` is a clean error that leaves noth
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from sqlalchemy.engine import make_url
-
 from raysaga.errors import StoreUnavailableError
 from raysaga.state import SqlStore, describe_store, open_store
 from raysaga.state import engine as _engine
@@ -24,30 +20,15 @@ def describe(url: str) -> str:
     return describe_store(url)
 
 
-def _sqlite_file(url: str) -> Path | None:
-    normalized = _engine.normalize_url(url)
-    try:
-        parsed = make_url(normalized)
-    except Exception:
-        return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database:
-        return None
-    return Path(parsed.database).expanduser()
-
-
 def _require_existing(url: str, run_id: str | None) -> None:
     """Refuse a SQLite store file that does not exist, before any engine (which would create its
     folder) is made: a typo in ``--db`` must leave nothing behind."""
-    path = _sqlite_file(url)
+    path = _engine.sqlite_path(url)
     if path is None:
         return
-    if path.is_file():
-        _engine.probe_sqlite_store(url)  # an empty file or another program's database is no store
+    if path.exists():  # a directory, an empty file, another program's database: the engine's refusals
+        _engine.probe_sqlite_store(url)
         return
-    if path.is_dir():  # the store engine's own refusal, not "there is no store"
-        path = path.absolute()
-        raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
-                                    f"give a file path, such as {path / _engine.DEFAULT_FILE}")
     where = f"there is no raysaga store at {path}"
     fix = "check --db or RAYSAGA_DB (`raysaga run` creates a store; this command never does)"
     if run_id is not None:
