@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
+from raysaga.errors import InvalidOptionError, UserError, WorkflowDefinitionError
 
 __all__ = [
     "COMPENSATE_SUFFIX",
@@ -185,6 +185,20 @@ def check_name(kind: str, name: Any) -> str:
 
 #: A compensation's node id is the compensated node's + this; its key, the effect's key + this.
 COMPENSATE_SUFFIX = ":compensate"
+
+
+#: Run ids are primary keys in every table; PostgreSQL text refuses NUL, so only printable text.
+MAX_RUN_ID = 200
+
+
+def check_run_id(value: str, what: str = "run id") -> str:
+    """A run id: 1 to ``MAX_RUN_ID`` printable characters (no NUL, no control characters)."""
+    if not value or len(value) > MAX_RUN_ID:
+        raise UserError(f"a {what} is 1 to {MAX_RUN_ID} characters (got {len(value)})")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise UserError(f"a {what} is printable text: this one contains {bad!a}")
+    return value
 
 
 def is_compensation(node_id: str) -> bool:

@@ -18,10 +18,10 @@ from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state.jsoncodec import MAX_DEPTH
 from raysaga.state.sql_store import input_cap
+from raysaga.types import check_run_id as check_types_run_id
 
 #: The store's own nesting limit (``jsoncodec.MAX_DEPTH``): a deeper input is refused here, named.
 MAX_INPUT_DEPTH = MAX_DEPTH
-MAX_RUN_ID = 200
 #: Largest value of a 32-bit (``Integer``) column: retry budgets, fan-out indexes.
 INT32_MAX = 2**31 - 1
 #: Largest value of a 64-bit (``BigInteger``) column: event sequence numbers.
@@ -155,15 +155,8 @@ def _article(word: str) -> str:
 
 
 def check_run_id(value: str | None, what: str = "run id") -> str | None:
-    """Run ids: 1 to 200 printable characters (no NUL, no control characters)."""
-    if value is None:
-        return None
-    if not value or len(value) > MAX_RUN_ID:
-        raise UserError(f"a {what} is 1 to {MAX_RUN_ID} characters (got {len(value)})")
-    if not value.isprintable():
-        bad = next(c for c in value if not c.isprintable())
-        raise UserError(f"a {what} is printable text: this one contains {bad!a}")
-    return value
+    """``raysaga.types.check_run_id`` for an optional option value."""
+    return None if value is None else check_types_run_id(value, what)
 
 
 def positive_seconds(option: str, value: float | None) -> float | None:

@@ -30,6 +30,7 @@ from raysaga.state import (
     open_store,
 )
 from raysaga.state.models import PARKED, TERMINAL
+from raysaga.types import check_run_id
 
 ExecutorArg = str | Executor
 ProgressHook = Callable[[Any], None]
@@ -57,8 +58,8 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
     options = options or RunOptions()
     workflow.validate()
     checked = workflow.check_input(input)
-    if run_id is not None and (not run_id or len(run_id) > 200):
-        raise UserError("--run-id must be 1 to 200 characters")
+    if run_id is not None:
+        check_run_id(run_id, "--run-id")  # printable: PostgreSQL refuses a NUL in text
     return _store(store).create_run(NewRun(
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
         definition_hash=workflow.definition_hash, workflow_ref=workflow_ref, input=checked,

@@ -142,3 +142,16 @@ def test_cancel_does_not_cut_a_rollback_half_way(store_url: str) -> None:
         assert done.status == RunStatus.COMPENSATED
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("bad", ["a\0b", "tab\there", "", "x" * 201])
+def test_the_python_api_checks_run_ids_like_the_cli(bad: str, sqlite_url: str) -> None:
+    # the rule lives in raysaga.types: a NUL reached PostgreSQL as a raw error from raysaga.run
+    wf = raysaga.Workflow("ids")
+
+    @wf.step()
+    def only() -> int:
+        return 1
+
+    with pytest.raises(UserError, match="run-id"):
+        raysaga.create_run(wf, store=sqlite_url, run_id=bad)
