@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raysaga.node_key import NodeKey
 from raysaga.sagas.policy import FanOutResult, ItemFailure, ItemSuccess
 
 
@@ -38,12 +39,12 @@ class FanOutBook:
         self._rounds[step] = self.round(step) + 1
         return indexes
 
-    def result(self, step: str, outputs: dict[tuple[str, int], Any], total: int) -> FanOutResult:
+    def result(self, step: str, outputs: dict[NodeKey, Any], total: int) -> FanOutResult:
         failed = self.failures(step)
         return FanOutResult(
             total=total,
-            successes=[ItemSuccess(index=i, output=outputs[(step, i)]) for i in range(total)
-                       if i not in failed and (step, i) in outputs],
+            successes=[ItemSuccess(index=i, output=outputs[NodeKey(step, i)]) for i in range(total)
+                       if i not in failed and NodeKey(step, i) in outputs],
             failures=[failed[i] for i in sorted(failed)],
             round=self.round(step),
         )

@@ -1,0 +1,338 @@
+"""An agent's turn rules, pure: given its conversation so far, what happens next.
+
+The conversation (``Conversation``: the prompt and the durable turns) is rebuilt from the store
+on every resume, so these rules see exactly what the crashed driver saw and decide the same.
+They never call anything: the engine (``raysaga.orchestrator.machine``) turns the actions into
+model calls, tool calls, writes and a node outcome.
+
+    model turn t unanswered   → CallModel(t)       (or Fail: max turns; or BudgetStop)
+    t answered with tool uses → per unanswered use: RunTool, UseMemory, or Answer (a refusal
+                                the engine records itself: unknown tool, invalid input, a loop)
+    every use answered        → turn t+1
+    t answered without tools  → Finish(output), or feedback and turn t+1, or Fail (no valid answer)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysaga.agents.agent import (
+    MEMORY_TOOLS,
+    Agent,
+    Turn,
+    final_answer_problem,
+    final_output,
+    fingerprint,
+    messages_for,
+)
+from raysaga.agents.messages import ModelRequest, ModelResponse
+from raysaga.agents.runtime import INVALID_INPUT
+from raysaga.agents.tools import Tool, ToolError
+from raysaga.state import jsoncodec
+
+__all__ = [
+    "Action", "Answer", "CallModel", "Conversation", "Fail", "Feedback", "Finish", "Pause", "RunTool",
+    "UseMemory", "memory_result", "model_failure", "next_actions", "record_tool_failure", "tool_of",
+]
+
+
+@dataclass
+class Conversation:
+    """An agent node's durable state: its prompt and turns (model responses, tool results)."""
+
+    prompt: str
+    turns: list[Turn] = field(default_factory=list)
+
+    def request(self, agent: Agent, t: int) -> dict[str, Any]:
+        """The Messages API request of turn ``t`` (JSON, as the model call's input)."""
+        return ModelRequest(model=agent.model.name, system=agent.system, tools=agent.tool_definitions(),
+                            messages=messages_for(self.prompt, self.turns[:t], agent.output_type),
+                            max_tokens=agent.max_tokens).model_dump(mode="json")
+
+    def put(self, turn: int, call: int | None, value: Any) -> None:
+        """A durable answer: the model's response (``call`` None) or a tool call's result."""
+        while len(self.turns) <= turn:
+            self.turns.append(Turn())
+        if call is None:
+            self.turns[turn].response = ModelResponse.model_validate(value)
+        else:
+            self.turns[turn].results[call] = value
+
+
+@dataclass(frozen=True)
+class CallModel:
+    turn: int
+    request: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunTool:
+    """Call ``tool`` with validated ``args`` (the engine checks its circuit breaker first)."""
+
+    turn: int
+    call: int
+    tool: Tool
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class UseMemory:
+    """A shared-memory read or compare-and-set write: the engine asks the store, then ``memory_result``."""
+
+    turn: int
+    call: int
+    name: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A tool call answered without a call (already in the conversation): record it as completed."""
+
+    turn: int
+    call: int
+    result: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """The final answer of ``turn`` was refused; the model is told why in the next turn."""
+
+    turn: int
+    problem: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    output: Any
+
+
+@dataclass(frozen=True)
+class Fail:
+    kind: str
+    message: str
+
+    def error(self) -> dict[str, Any]:
+        return {"type": self.kind, "message": self.message, "transient": False}
+
+
+@dataclass(frozen=True)
+class Pause:
+    """Pause the whole run for a human (budget spent, or a loop with ``then="pause"``)."""
+
+    reason: str
+
+
+Action = CallModel | RunTool | UseMemory | Answer | Feedback | Finish | Fail | Pause
+
+
+def next_actions(agent: Agent, conv: Conversation, *, waiting: set[int], budget_stop: str | None) -> list[Action]:
+    """What the conversation calls for now. ``waiting``: tool calls of the last turn already
+    under way. Answers decided here are put into ``conv`` at once (later calls of the turn see
+    them: a loop warning counts); a node-ending action (Finish, Fail, Pause) comes last."""
+    actions: list[Action] = []
+    while True:
+        if not conv.turns:
+            conv.turns.append(Turn())
+        t = len(conv.turns) - 1
+        turn = conv.turns[t]
+        if turn.response is None:
+            if t >= agent.max_turns:
+                return [*actions, Fail("MaxTurns", f"agent {agent.name!r} did not finish within {t} turns")]
+            if budget_stop is not None:
+                end: Action = Pause(budget_stop) if agent.on_budget == "pause" else Fail("BudgetExceeded", budget_stop)
+                return [*actions, end]
+            return [*actions, CallModel(t, conv.request(agent, t))]
+        uses = turn.response.tool_uses()
+        if not uses:
+            final = _final(agent, conv, t)
+            actions.append(final)
+            if not isinstance(final, Feedback):
+                return actions
+            conv.turns.append(Turn())
+            continue
+        issued = False
+        for k, use in enumerate(uses):
+            if k in turn.results or k in waiting:
+                continue
+            decided = _tool_use(agent, conv, t, k, use, waiting, actions)
+            if isinstance(decided, Fail | Pause):
+                return [*actions, decided]
+            actions.append(decided)
+            if isinstance(decided, Answer):
+                turn.results[k] = decided.result
+            else:
+                issued = True
+        if issued or waiting:
+            return actions
+        conv.turns.append(Turn())  # every tool answered: the next turn
+
+
+def _tool_use(agent: Agent, conv: Conversation, t: int, k: int, use: dict[str, Any], waiting: set[int],
+              decided: list[Action]) -> Action:
+    name = str(use.get("name", ""))
+    args = use.get("input")
+    loop = _loop_check(agent, conv, t, k, name, args)
+    if isinstance(loop, Fail):
+        return loop
+    if isinstance(loop, Pause):
+        # The call is answered (durable with the pause) with the warning: unanswered, a resume
+        # replayed to the same decision and paused again at once, so an operator had no way on.
+        # Resumed, the model sees the warning; one more repeat pauses the run again.
+        conv.turns[t].results[k] = _loop_answer(agent, name)
+        decided.append(Answer(t, k, conv.turns[t].results[k]))
+        return loop
+    if loop is not None:
+        return Answer(t, k, {"content": loop, "is_error": True, "loop": True})
+    if isinstance(args, dict) and INVALID_INPUT in args:
+        return Answer(t, k, {"content": f"your input for {name} was not valid JSON: {args[INVALID_INPUT]}",
+                             "is_error": True})
+    if agent.shared_memory and name in MEMORY_TOOLS:
+        problem = _memory_problem(name, args)
+        if problem is not None:
+            return Answer(t, k, {"content": problem, "is_error": True})
+        assert isinstance(args, dict)
+        if name == "memory_write":
+            try:
+                args = {**args, "value": jsoncodec.to_jsonable(args.get("value"), "value")}
+            except Exception as exc:
+                return Answer(t, k, {"content": f"memory_write: {exc}", "is_error": True})
+        return UseMemory(t, k, name, args)
+    tool = agent.tool(name)
+    if tool is None:
+        known = [d["name"] for d in agent.tool_definitions()]
+        return Answer(t, k, {"content": f"there is no tool named {name!r}; the tools are {known}", "is_error": True})
+    try:
+        valid = tool.validate(args)
+    except ToolError as exc:
+        return Answer(t, k, {"content": exc.message, "is_error": True})
+    if tool.effect and _has_twin(agent, conv, t, k, tool, valid, waiting, decided):
+        # One call per key at a time. Two calls of one turn with the same key both went out (the
+        # second as a "reconcile" of the first's pending row); the second, a replay or a refusal
+        # at the provider, then overwrote the first's committed ledger row: a refusal left the
+        # ledger saying "failed" for an effect that took place. The twin is answered here.
+        return Answer(t, k, {"content": f"not run: an earlier {tool.name} call of this turn has the same "
+                                        f"{'/'.join(tool.key) if tool.key else 'arguments'} and is the one that counts",
+                             "is_error": True})
+    return RunTool(t, k, tool, valid)
+
+
+def _has_twin(agent: Agent, conv: Conversation, t: int, k: int, tool: Tool, valid: dict[str, Any],
+              waiting: set[int], decided: list[Action]) -> bool:
+    """Whether a call of this turn under way (or issued in this round) has the same idempotency key."""
+    mine = fingerprint(tool.name, tool.key_args(valid))
+    for action in decided:
+        if isinstance(action, RunTool) and action.turn == t and action.tool.name == tool.name \
+                and fingerprint(tool.name, tool.key_args(action.args)) == mine:
+            return True
+    response = conv.turns[t].response
+    assert response is not None
+    uses = response.tool_uses()
+    for other in waiting:
+        if other == k or other >= len(uses) or str(uses[other].get("name", "")) != tool.name:
+            continue
+        try:
+            if fingerprint(tool.name, tool.key_args(tool.validate(uses[other].get("input")))) == mine:
+                return True
+        except ToolError:
+            continue
+    return False
+
+
+def _loop_answer(agent: Agent, name: str) -> dict[str, Any]:
+    return {"content": _loop_message(agent, name), "is_error": True, "loop": True}
+
+
+def _loop_message(agent: Agent, name: str) -> str:
+    policy = agent.loop
+    return (f"You are repeating {name} with the same arguments ({policy.repeats} times within your last "
+            f"{policy.window} calls); it will not give a different result. Try something else.")
+
+
+def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, args: Any) -> str | Fail | Pause | None:
+    """A warning for the model, the node's end (Fail or Pause) on a repeat after a warning, or None."""
+    policy = agent.loop
+    history: list[str] = []
+    warned = 0
+    for i, turn in enumerate(conv.turns[: t + 1]):
+        if turn.response is None:
+            break
+        for j, use in enumerate(turn.response.tool_uses()):
+            if (i, j) == (t, k):
+                break
+            history.append(fingerprint(str(use.get("name", "")), use.get("input")))
+            if (turn.results.get(j) or {}).get("loop"):
+                warned += 1
+    if history[-policy.window:].count(fingerprint(name, args)) < policy.repeats - 1:
+        return None
+    if warned == 0:
+        return _loop_message(agent, name)
+    reason = f"loop: agent {agent.name!r} keeps calling {name} with the same arguments"
+    return Pause(reason) if policy.then == "pause" else Fail("LoopDetected", reason)
+
+
+def _memory_problem(name: str, args: Any) -> str | None:
+    if not isinstance(args, dict) or not isinstance(args.get("key"), str):
+        return f"{name} needs a string 'key'"
+    if name == "memory_write" and not isinstance(args.get("expected_version"), int):
+        return "memory_write needs an integer 'expected_version' (0 for a new key)"
+    return None
+
+
+def memory_result(name: str, args: dict[str, Any], entry_key: str, value: Any, version: int,
+                  won: bool) -> dict[str, Any]:
+    """What the model is told of a memory read, or of a write that won (``won``) or lost the race."""
+    if name == "memory_read":
+        return {"content": json.dumps({"key": entry_key, "value": value, "version": version}), "is_error": False}
+    if won:
+        return {"content": json.dumps({"ok": True, "key": entry_key, "version": version}), "is_error": False}
+    return {"content": f"conflict: {args['key']!r} is at version {version}, not {args.get('expected_version')} — "
+                       f"another agent wrote it first. Read it again, merge, and write with "
+                       f"expected_version={version}.",
+            "is_error": True, "conflict": True}
+
+
+def _final(agent: Agent, conv: Conversation, t: int) -> Finish | Fail | Feedback:
+    response = conv.turns[t].response
+    assert response is not None
+    problem = final_answer_problem(response, agent.output_type)
+    if problem is None:
+        return Finish(final_output(response, agent.output_type))
+    rejected = sum(1 for turn in conv.turns if turn.response is not None and not turn.response.tool_uses()
+                   and final_answer_problem(turn.response, agent.output_type) is not None)
+    if rejected > agent.max_output_retries:
+        return Fail("InvalidOutput", f"agent {agent.name!r} gave no acceptable answer after {rejected} tries: "
+                                     f"{problem[:300]}")
+    return Feedback(t, problem[:300])
+
+
+def tool_of(agent: Agent, conv: Conversation, t: int, k: int) -> Tool | None:
+    """The tool that call ``k`` of turn ``t`` named (None: unknown, or a memory tool)."""
+    response = conv.turns[t].response if t < len(conv.turns) else None
+    if response is None:
+        return None
+    uses = response.tool_uses()
+    return agent.tool(str(uses[k].get("name", ""))) if k < len(uses) else None
+
+
+def record_tool_failure(agent: Agent, conv: Conversation, t: int, k: int, error: dict[str, Any]) -> dict[str, Any]:
+    """A tool call failed for good: the model is told, as that call's result (and it is kept)."""
+    tool = tool_of(agent, conv, t, k)
+    name = tool.name if tool is not None else "the tool"
+    detail = error.get("reason") or "it failed"
+    result = {"content": f"{name} failed ({detail}): {error.get('type')}: {error.get('message', '')}"[:1000],
+              "is_error": True}
+    conv.put(t, k, result)
+    return result
+
+
+def model_failure(t: int, error: dict[str, Any]) -> Fail:
+    """The model call of turn ``t`` failed for good: the node fails.
+
+    Transient: the model could not be reached and the transport retries are spent; permanent:
+    the API refused the call (400, 401) or its answer could not be used.
+    """
+    kind = "ModelUnavailable" if error.get("transient") else "ModelCallFailed"
+    return Fail(kind, f"model call for turn {t} failed: {error.get('type')}: {error.get('message', '')}"[:500])

@@ -1,0 +1,307 @@
+"""Agent nodes in the run machine: their turn rules' actions made into calls, rows and outcomes.
+
+Each model call and each tool call is a sub-node (``NodeKey.turn``/``.call``) issued, retried and
+checkpointed like any node, so a model response is durable before any tool it asks for runs, an
+effect tool goes through the ledger, and a resume rebuilds the conversation from the store and
+asks the model only about unanswered turns. What depends on the moment (a circuit breaker, a
+shared-memory write) is asked of the shell and recorded as the tool call's result before the
+model sees it, so a replay sees the same. The rules themselves are ``raysaga.agents.turns``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysaga.agents.agent import Agent
+from raysaga.agents.messages import ModelResponse
+from raysaga.agents.runtime import model_turn, tool_call
+from raysaga.agents.turns import (
+    Answer,
+    CallModel,
+    Conversation,
+    Fail,
+    Feedback,
+    Finish,
+    Pause,
+    RunTool,
+    UseMemory,
+    memory_result,
+    model_failure,
+    next_actions,
+    record_tool_failure,
+    tool_of,
+)
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.keys import effect_key
+from raysaga.orchestrator.machine.budgets import Budgets
+from raysaga.orchestrator.machine.calls import Calls, Committed
+from raysaga.orchestrator.machine.forward import AgentStart, Forward
+from raysaga.orchestrator.machine.outbox import AdmitTool, BreakerOutcome, BuildPrompt, MemoryOp, Outbox
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall, NodeOutcome
+from raysaga.state import MemoryEntry, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
+from raysaga.types import StepContext
+
+
+@dataclass
+class _Node:
+    key: NodeKey
+    agent: Agent
+    conv: Conversation
+    model_spec: StepSpec
+    waiting: set[NodeKey] = field(default_factory=set)  # sub-calls under way (sent, timed, or asked of the shell)
+    calls: dict[NodeKey, tuple[StepSpec, dict[str, Any], str | None]] = field(default_factory=dict)
+    due: set[NodeKey] = field(default_factory=set)  # retry timers fired
+    pending_tools: dict[NodeKey, RunTool] = field(default_factory=dict)  # waiting on their breaker
+    pending_memory: dict[NodeKey, UseMemory] = field(default_factory=dict)
+    finished: bool = False
+
+
+class AgentNodes:
+    def __init__(self, run_id: str, trace_id: str, calls: Calls, forward: Forward, budgets: Budgets, out: Outbox,
+                 *, max_output_bytes: int, blob_threshold: int) -> None:
+        self.run_id = run_id
+        self.trace_id = trace_id
+        self.calls = calls
+        self.forward = forward
+        self.budgets = budgets
+        self.out = out
+        self.max_output_bytes = max_output_bytes
+        self.blob_threshold = blob_threshold
+        self.nodes: dict[NodeKey, _Node] = {}
+        self.due_nodes: set[NodeKey] = set()
+        self.pause_reason: str | None = None
+        self._rows: dict[NodeKey, list[tuple[NodeRecord, Any]]] = {}  # restored sub-call rows per node
+        self._starting: dict[NodeKey, AgentStart] = {}  # waiting on their prompt
+
+    # ------------------------------------------------------------------ restore, start
+
+    def restore(self, row: NodeRecord, output: Any) -> None:
+        """A stored row of a model turn or tool call (``output``: its value, blobs already read)."""
+        sub = NodeKey.parse(row.node_id, row.fan_index)
+        self._rows.setdefault(sub.owner, []).append((row, output))
+
+    def start(self, start: AgentStart) -> None:
+        """Build the prompt: the decorated function, run by the shell in the driver (cheap and pure)."""
+        key = start.key
+        self._starting[key] = start
+        ctx = StepContext(run_id=self.run_id, node_id=key.node_id, fan_index=key.fan_index, attempt=1,
+                          trace_id=self.trace_id)
+        call = NodeCall(ctx=ctx, kwargs=self.forward.kwargs(key.step, key.fan_index),
+                        max_output_bytes=self.max_output_bytes)
+        self.out.queries.append(BuildPrompt(key, start.spec, call))
+
+    def prompt_built(self, key: NodeKey, outcome: NodeOutcome) -> None:
+        start = self._starting.pop(key)
+        prompt = jsoncodec.loads(outcome.output_json) if outcome.ok and outcome.output_json else None
+        if not isinstance(prompt, str):
+            error = outcome.error or {"type": "PromptError", "message": f"the prompt builder of {key.step!r} "
+                                      f"returned {type(prompt).__name__}, not a str"}
+            self.forward.settle_failed(key, {**error, "transient": False}, write=True, attempts=1)
+            return
+        if start.row is None:
+            self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
+                                                  status=NodeStatus.RUNNING, attempt=1, started_at=self.out.now))
+        agent: Agent = start.spec.options["agent"]
+        model_spec = StepSpec(name=f"{key.step}@model", fn=functools.partial(model_turn, agent.model),
+                              deps=(), param_deps=("request",), input_param=None, ctx_param=None,
+                              param_types={"request": Any}, output_type=Any, retry=agent.transport_retry,
+                              timeout=agent.model_timeout)
+        node = self.nodes[key] = _Node(key, agent, Conversation(prompt), model_spec)
+        self._replay(node, self._rows.pop(key, []))
+        self.due_nodes.add(key)
+
+    def _replay(self, node: _Node, rows: list[tuple[NodeRecord, Any]]) -> None:
+        def order(item: tuple[NodeRecord, Any]) -> tuple[int, int]:
+            sub = NodeKey.parse(item[0].node_id)
+            return sub.turn or 0, -1 if sub.call is None else sub.call
+
+        for row, output in sorted(rows, key=order):
+            sub = NodeKey.parse(row.node_id, row.fan_index)
+            assert sub.turn is not None
+            self.calls.attempts[sub] = row.attempt
+            if row.status == NodeStatus.COMPLETED:
+                node.conv.put(sub.turn, sub.call, output)
+            elif sub.call is not None and row.status == NodeStatus.FAILED:
+                record_tool_failure(node.agent, node.conv, sub.turn, sub.call, row.error or {})
+            elif row.status == NodeStatus.RETRYING and row.not_before and row.not_before > self.out.now:
+                self.calls.schedule(row.not_before, sub)  # the backoff survives the crash ...
+                # ... and holds the call until it fires. Without this, the node issued the call at
+                # once (ignoring the backoff) and the timer then issued it a second time, replacing
+                # a committed result; for a model call, re-rolling a turn whose tools had run.
+                node.waiting.add(sub)
+
+    # ------------------------------------------------------------------ advancing
+
+    def timer_fired(self, sub: NodeKey) -> None:
+        node = self.nodes[sub.owner]
+        node.due.add(sub)
+        self.due_nodes.add(node.key)
+
+    def advance_due(self) -> None:
+        while self.due_nodes:
+            due, self.due_nodes = self.due_nodes, set()
+            for key in sorted(due):
+                self._advance(self.nodes[key])
+
+    def _advance(self, node: _Node) -> None:
+        if node.finished:
+            return
+        if node.due:
+            for sub in sorted(node.due):
+                if sub not in node.calls:  # restored mid-backoff: issued below, like any unanswered
+                    node.waiting.discard(sub)  # call of the current turn
+                    continue
+                spec, kwargs, ekey = node.calls[sub]
+                self._issue(node, sub, spec, kwargs, ekey)
+            node.due.clear()
+        if node.waiting or node.finished:
+            return
+        for action in next_actions(node.agent, node.conv, waiting=set(), budget_stop=self.budgets.stop()):
+            if isinstance(action, CallModel):
+                self._issue(node, node.key.with_turn(action.turn), node.model_spec, {"request": action.request}, None)
+            elif isinstance(action, RunTool):
+                sub = node.key.with_turn(action.turn, action.call)
+                node.waiting.add(sub)
+                node.pending_tools[sub] = action
+                tool = action.tool
+                self.out.queries.append(AdmitTool(sub, tool.breaker_name, node.agent.breaker_threshold,
+                                                  node.agent.breaker_cooldown))
+            elif isinstance(action, UseMemory):
+                self._use_memory(node, action)
+            elif isinstance(action, Answer):
+                self._answered(node, node.key.with_turn(action.turn, action.call), action.result)
+            elif isinstance(action, Feedback):
+                self.out.batch.events.append(NewEvent(kind="agent_feedback", node_id=node.key.step,
+                                                      fan_index=node.key.fan_index,
+                                                      data={"turn": action.turn, "problem": action.problem}))
+            elif isinstance(action, Finish):
+                self._finish(node, action.output)
+            elif isinstance(action, Fail):
+                self._fail(node, action.error())
+            elif isinstance(action, Pause):
+                node.finished = True  # nothing more from this node before the pause
+                self.pause_reason = self.pause_reason or action.reason
+
+    def _issue(self, node: _Node, sub: NodeKey, spec: StepSpec, kwargs: dict[str, Any], ekey: str | None) -> None:
+        node.calls[sub] = (spec, kwargs, ekey)
+        done = self.calls.issue(sub, spec, kwargs, ekey)
+        if isinstance(done, Committed):  # already committed in the ledger: settled without a call
+            self.on_success(sub, done.value)
+            return
+        node.waiting.add(sub)
+
+    def _answered(self, node: _Node, sub: NodeKey, result: dict[str, Any]) -> None:
+        """A tool call answered by the engine itself: recorded before the model can see it."""
+        assert sub.turn is not None and sub.call is not None
+        node.conv.put(sub.turn, sub.call, result)
+        self.out.batch.nodes.append(NodeWrite(node_id=sub.node_id, fan_index=sub.fan_index, status=NodeStatus.COMPLETED,
+                                              output=result, finished_at=self.out.now))
+
+    # ------------------------------------------------------------------ answers from the shell
+
+    def tool_admitted(self, sub: NodeKey, unavailable: str | None) -> None:
+        node = self.nodes[sub.owner]
+        action = node.pending_tools.pop(sub)
+        node.waiting.discard(sub)
+        self.due_nodes.add(node.key)
+        if node.finished:
+            return
+        if unavailable is not None:
+            self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True})
+            return
+        tool = action.tool
+        spec = StepSpec(name=f"{sub.step}@tool:{tool.name}", fn=functools.partial(tool_call, tool),
+                        deps=(), param_deps=("args",), input_param=None, ctx_param="ctx",
+                        param_types={"args": Any}, output_type=Any, effect=tool.effect,
+                        effect_name=f"tool:{tool.name}", retry=tool.retry, timeout=tool.timeout)
+        ekey = None
+        if tool.effect:
+            ekey = effect_key(self.run_id, sub.step, sub.fan_index, f"tool:{tool.name}", tool.key_args(action.args))
+        self._issue(node, sub, spec, {"args": action.args}, ekey)
+
+    def _use_memory(self, node: _Node, action: UseMemory) -> None:
+        sub = node.key.with_turn(action.turn, action.call)
+        node.waiting.add(sub)
+        node.pending_memory[sub] = action
+        args = action.args
+        if action.name == "memory_read":
+            self.out.queries.append(MemoryOp(sub, action.name, args["key"]))
+        else:
+            writer = effect_key(self.run_id, sub.node_id, sub.fan_index, "memory_write", args)
+            self.out.queries.append(MemoryOp(sub, action.name, args["key"], args.get("value"),
+                                             int(args["expected_version"]), writer))
+
+    def memory_done(self, sub: NodeKey, op: MemoryOp, entry: MemoryEntry) -> None:
+        node = self.nodes[sub.owner]
+        action = node.pending_memory.pop(sub)
+        node.waiting.discard(sub)
+        self.due_nodes.add(node.key)
+        if node.finished:
+            return
+        result = memory_result(action.name, action.args, entry.key, entry.value, entry.version,
+                               won=entry.writer == op.writer)
+        self._answered(node, sub, result)
+
+    # ------------------------------------------------------------------ outcomes
+
+    def on_success(self, sub: NodeKey, value: Any) -> None:
+        node = self.nodes[sub.owner]
+        node.waiting.discard(sub)
+        self.due_nodes.add(node.key)
+        assert sub.turn is not None
+        node.conv.put(sub.turn, sub.call, value)
+        if sub.call is None:
+            response = ModelResponse.model_validate(value)
+            self.budgets.charge(response.usage.total, node.agent.model.cost(response.usage), self.out.batch)
+            return
+        tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
+        if tool is not None:
+            self.out.breakers.append(BreakerOutcome(tool.breaker_name, True, node.agent.breaker_threshold,
+                                                    node.agent.breaker_cooldown))
+
+    def on_failure(self, sub: NodeKey, error: dict[str, Any]) -> None:
+        node = self.nodes[sub.owner]
+        node.waiting.discard(sub)
+        self.due_nodes.add(node.key)
+        assert sub.turn is not None
+        if sub.call is None:
+            self._fail(node, model_failure(sub.turn, error).error())
+            return
+        record_tool_failure(node.agent, node.conv, sub.turn, sub.call, error)
+        tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
+        if tool is not None:
+            self.out.breakers.append(BreakerOutcome(tool.breaker_name, False, node.agent.breaker_threshold,
+                                                    node.agent.breaker_cooldown))
+
+    def _finish(self, node: _Node, output: Any) -> None:
+        node.finished = True
+        key = node.key
+        self.forward.outputs[key] = output
+        text = jsoncodec.dumps(output, f"answer of agent node {key.label!r}")
+        digest = None
+        batch = self.out.batch
+        if len(text.encode()) > self.blob_threshold:
+            digest = jsoncodec.digest(text.encode())
+            batch.blobs[digest] = text.encode()
+        batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.COMPLETED,
+                                     attempt=1, output=None if digest else output, output_digest=digest,
+                                     finished_at=self.out.now))
+        batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
+                                     data={"agent": True}))
+        self.forward.settle_completed(key)
+
+    def _fail(self, node: _Node, error: dict[str, Any]) -> None:
+        node.finished = True
+        self.calls.cancel([k for k in self.calls.inflight if k.is_agent_call and k.owner == node.key],
+                          "its agent node failed", write=False)
+        self.forward.settle_failed(node.key, error, write=True, attempts=1)
+
+    # ------------------------------------------------------------------ pause
+
+    def model_calls_in_flight(self) -> list[NodeKey]:
+        """Model calls under way: before a pause their answers are kept (an answer already given,
+        and billed, would be lost and asked again: a re-roll)."""
+        return [k for k in self.calls.inflight if k.is_agent_call and k.call is None]

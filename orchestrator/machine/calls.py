@@ -1,0 +1,230 @@
+"""Attempts of a run's nodes: counting them, the idempotency ledger, retries and their timers.
+
+Every node kind (step, item, model turn, tool call, compensation) goes through here on its way
+out and back: an effect's ledger row is ``pending`` in the batch before its call is handed to
+the shell, ``committed`` with its result after; a key already committed is never called again
+(its result is returned as the node's output); a transient failure is retried after a backoff
+whose timer is durable (``not_before`` on the row).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.keys import args_digest
+from raysaga.orchestrator.machine.outbox import Dispatch, Outbox
+from raysaga.orchestrator.options import DEFAULT_RETRY
+from raysaga.orchestrator.records import merge_run, short_error
+from raysaga.orchestrator.retry import backoff_delay
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall, NodeOutcome
+from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, jsoncodec
+from raysaga.types import StepContext
+
+
+@dataclass
+class Attempt:
+    """An attempt handed to the shell and not yet back."""
+
+    spec: StepSpec
+    attempt: int
+    started_at: float
+    recorded: bool  # a 'running' row is durable (or in the batch)
+
+
+@dataclass(frozen=True)
+class Committed:
+    """The effect's key is committed in the ledger: this is its result, and there is no call."""
+
+    value: Any
+
+
+class Calls:
+    def __init__(self, run_id: str, trace_id: str, out: Outbox, *, max_output_bytes: int, blob_threshold: int,
+                 rng: random.Random, records_first: Callable[[StepSpec], bool]) -> None:
+        self.run_id = run_id
+        self.trace_id = trace_id
+        self.out = out
+        self.max_output_bytes = max_output_bytes
+        self.blob_threshold = blob_threshold
+        self.rng = rng
+        self._records_first = records_first
+        self.attempts: dict[NodeKey, int] = {}
+        self.ledger: dict[str, tuple[EffectStatus, Any]] = {}
+        self.ledger_blobs: dict[str, Any] = {}  # committed results kept as blobs, read by the shell
+        self.keys: dict[NodeKey, str] = {}  # idempotency key of each effect node issued
+        self.inflight: dict[NodeKey, Attempt] = {}
+        self.timers: list[tuple[float, NodeKey]] = []
+        self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
+        self.retries_used = 0
+        self.retry_budget: int | None = None
+
+    # ------------------------------------------------------------------ out
+
+    def issue(self, key: NodeKey, spec: StepSpec, kwargs: dict[str, Any], ekey: str | None) -> Committed | None:
+        """Send an attempt of ``key``; or, when its effect key is already committed, record the
+        node completed from the ledger and return its result (nothing is sent)."""
+        now = self.out.now
+        attempt = self.attempts.get(key, 0) + 1
+        self.attempts[key] = attempt
+        batch = self.out.batch
+        reconciling = False
+        if ekey is not None:
+            self.keys[key] = ekey
+            status, result = self.ledger.get(ekey, (None, None))
+            if status == EffectStatus.COMMITTED:  # its result is durable: never call it again
+                if isinstance(result, dict) and set(result) == {"blob"}:
+                    result = self.ledger_blobs[result["blob"]]
+                batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.COMPLETED,
+                                             attempt=attempt, output=result, finished_at=now))
+                batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
+                                             data={"attempt": attempt, "from": "ledger"}))
+                return Committed(result)
+            reconciling = status == EffectStatus.PENDING
+            self.ledger[ekey] = (EffectStatus.PENDING, None)
+            batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index,
+                                             effect_name=spec.effect_name, args_digest=args_digest(kwargs),
+                                             status=EffectStatus.PENDING))
+        recorded = self._records_first(spec)
+        if recorded:
+            batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.RUNNING,
+                                         attempt=attempt, started_at=now))
+        ctx = StepContext(run_id=self.run_id, node_id=key.node_id, fan_index=key.fan_index, attempt=attempt,
+                          trace_id=self.trace_id, idempotency_key=ekey, reconciling=reconciling)
+        call = NodeCall(ctx=ctx, kwargs=kwargs, max_output_bytes=self.max_output_bytes, reconcile=reconciling)
+        self.inflight[key] = Attempt(spec, attempt, now, recorded)
+        if not recorded:
+            self.unrecorded.append(key)
+        self.out.dispatch.append(Dispatch(key, spec, call))
+        return None
+
+    def schedule(self, when: float, key: NodeKey) -> None:
+        """Issue ``key`` again at ``when`` (a durable backoff: its row says ``not_before``)."""
+        heapq.heappush(self.timers, (when, key))
+
+    def due(self) -> list[NodeKey]:
+        """Timers that fired by now, in time order."""
+        fired = []
+        while self.timers and self.timers[0][0] <= self.out.now:
+            fired.append(heapq.heappop(self.timers)[1])
+        return fired
+
+    def next_timer(self) -> float | None:
+        return self.timers[0][0] if self.timers else None
+
+    # ------------------------------------------------------------------ back
+
+    def succeeded(self, key: NodeKey, outcome: NodeOutcome) -> Any:
+        """Record a finished attempt's output (and its ledger commit); return the value."""
+        flight = self.inflight.pop(key)
+        assert outcome.output_json is not None
+        value = jsoncodec.loads(outcome.output_json)
+        data = outcome.output_json.encode("utf-8")
+        digest = None
+        batch = self.out.batch
+        if len(data) > self.blob_threshold:
+            digest = jsoncodec.digest(data)
+            batch.blobs[digest] = data
+        ekey = self.keys.get(key)
+        if ekey is not None:
+            self.ledger[ekey] = (EffectStatus.COMMITTED, value)
+            batch.effects.append(EffectWrite(
+                idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index, effect_name=flight.spec.effect_name,
+                args_digest="", status=EffectStatus.COMMITTED, result={"blob": digest} if digest else value))
+        batch.nodes.append(NodeWrite(
+            node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
+            output=None if digest else value, output_digest=digest, started_at=outcome.started_at,
+            finished_at=outcome.finished_at, duration=outcome.finished_at - outcome.started_at))
+        batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
+                                     data={"attempt": flight.attempt}))
+        return value
+
+    def failed(self, key: NodeKey, outcome: NodeOutcome) -> tuple[dict[str, Any], int] | None:
+        """A failed attempt: None when it is retried after a backoff (the timer is set), else its
+        final error record and attempt count (the node failed for good: the rows say so)."""
+        flight = self.inflight.pop(key)
+        policy = flight.spec.retry or DEFAULT_RETRY
+        error = dict(outcome.error or {})
+        compensating = key.compensates  # a rollback is not stopped by the run's retry budget
+        budget = None if compensating else self.retry_budget
+        budget_left = budget is None or self.retries_used < budget
+        batch = self.out.batch
+        node_id, index = key.node_id, key.fan_index
+        if outcome.transient and flight.attempt < policy.max_attempts and budget_left:
+            delay = backoff_delay(flight.attempt, policy, self.rng)
+            not_before = self.out.now + delay
+            self.retries_used += 1
+            batch.run = merge_run(batch.run, RunUpdate(retries_delta=1))
+            batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RETRYING,
+                                         attempt=flight.attempt, not_before=not_before, error=error,
+                                         started_at=outcome.started_at, finished_at=outcome.finished_at))
+            # the whole error, its (redacted, bounded) traceback included: the node row keeps only
+            # the latest attempt's, and `raysaga status --errors` shows every attempt's
+            data: dict[str, Any] = {"attempt": flight.attempt, "delay": round(delay, 4), "error": error}
+            if compensating:  # a rollback waiting on an undo: say which, which attempt, next try when
+                data["not_before"] = round(not_before, 3)
+            batch.events.append(NewEvent(kind="compensation_retry" if compensating else "retry_scheduled",
+                                         node_id=node_id, fan_index=index, data=data))
+            self.schedule(not_before, key)
+            return None
+        if outcome.transient and not budget_left:
+            error["reason"] = "retry budget exhausted"
+        elif outcome.transient:
+            error["reason"] = f"{flight.attempt} attempts exhausted"
+        ekey = self.keys.get(key)
+        if ekey is not None:
+            self.ledger[ekey] = (EffectStatus.FAILED, None)
+            batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=node_id, fan_index=index,
+                                             effect_name=flight.spec.effect_name, args_digest="",
+                                             status=EffectStatus.FAILED, result={"error": short_error(error)}))
+        batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.FAILED,
+                                     attempt=flight.attempt, error=error, started_at=outcome.started_at,
+                                     finished_at=outcome.finished_at))
+        batch.events.append(NewEvent(kind="node_failed", node_id=node_id, fan_index=index,
+                                     data={"attempt": flight.attempt, "error": short_error(error)}))
+        return error, flight.attempt
+
+    # ------------------------------------------------------------------ cancel, quiet ticks
+
+    def cancel(self, keys: list[NodeKey], reason: str, *, write: bool = True) -> None:
+        """Stop attempts in flight (the shell cancels them); their rows say so unless ``write`` is off."""
+        for key in keys:
+            flight = self.inflight.pop(key, None)
+            if flight is None:
+                continue
+            self.out.cancel.append(key)
+            if write:
+                self.out.batch.nodes.append(NodeWrite(
+                    node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED, attempt=flight.attempt,
+                    error={"reason": reason}, started_at=flight.started_at, finished_at=self.out.now))
+
+    def cancel_all(self, reason: str, *, write: bool = True, keep_compensation_timers: bool = True) -> None:
+        self.cancel(list(self.inflight), reason, write=write)
+        self.timers = [(t, k) for t, k in self.timers if keep_compensation_timers and k.compensates]
+        heapq.heapify(self.timers)
+
+    def record_running(self) -> None:
+        """A quiet tick: attempts still in flight become durable as 'running'.
+
+        One that finishes before goes straight to 'completed': recovery needs no 'running' row
+        for a plain step (a node without a row is pending, and a resume re-runs an unfinished
+        attempt either way; effects and compensated steps are recorded before their call), and
+        skipping it halves the node writes of short steps."""
+        for key in self.unrecorded:
+            flight = self.inflight.get(key)
+            if flight is not None and not flight.recorded:
+                flight.recorded = True
+                self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
+                                                      status=NodeStatus.RUNNING, attempt=flight.attempt,
+                                                      started_at=flight.started_at))
+        self.unrecorded = []
+
+    def has_unrecorded(self) -> bool:
+        if len(self.unrecorded) > 2 * len(self.inflight) + 64:  # amortised O(1): drop keys no longer in flight
+            self.unrecorded = [k for k in self.unrecorded if k in self.inflight]
+        return bool(self.unrecorded)

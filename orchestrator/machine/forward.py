@@ -1,0 +1,288 @@
+"""Forward progress: which steps are ready, what their inputs are, and what a settled node does to
+its step, its fan-out's policy and its dependents.
+
+A node settles completed or failed for good. A failed item of a partial fan-out is kept for the
+step's policy, which decides once every item settled (continue, retry the failed items,
+fail, compensate); any other failure fails its step: a critical one stops the run (``failure``
+is set and the run machine rolls back), a non-critical one skips or passes its dependents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.fanout import FanOutBook
+from raysaga.orchestrator.keys import effect_key
+from raysaga.orchestrator.machine.calls import Calls, Committed
+from raysaga.orchestrator.machine.outbox import Outbox
+from raysaga.orchestrator.records import short_error, step_failed_record
+from raysaga.orchestrator.retry import printable
+from raysaga.orchestrator.scheduler import Scheduler
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.sagas.policy import Decision, Fail, Verdict
+from raysaga.state import NewEvent, NodeRecord, NodeStatus, NodeWrite
+
+
+@dataclass(frozen=True)
+class AgentStart:
+    """A ready agent node: the run machine hands it to its agents."""
+
+    key: NodeKey
+    spec: StepSpec
+    row: NodeRecord | None
+
+
+@dataclass
+class Counts:
+    """Progress, for a display: steps in the DAG, steps done, nodes failed."""
+
+    total: int = 0
+    done: int = 0
+    failed: int = 0
+
+
+class Forward:
+    def __init__(self, wf: Workflow, run_id: str, run_input: Any, calls: Calls, out: Outbox) -> None:
+        self.wf = wf
+        self.run_id = run_id
+        self.run_input = run_input
+        self.calls = calls
+        self.out = out
+        self.sched = Scheduler(wf)
+        self.fanout = FanOutBook()
+        self.outputs: dict[NodeKey, Any] = {}
+        self.restored: dict[NodeKey, NodeRecord] = {}
+        self.parents_done: set[str] = set()  # fan-out parents already durable as completed
+        self.failure: tuple[str, dict[str, Any]] | None = None  # a critical node failed: (label, error)
+        self.counts = Counts(total=len(wf.steps))
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, row: NodeRecord, output: Any) -> None:
+        """A stored row of a step or item (``output``: its value, blobs already read)."""
+        key = NodeKey(row.node_id, row.fan_index)
+        spec = self.wf.steps[row.node_id]
+        self.restored[key] = row
+        self.calls.attempts[key] = row.attempt
+        if spec.map_over is not None and row.fan_index < 0:
+            self.fanout.set_round(row.node_id, max(1, row.attempt))
+            if spec.fan_out_policy.kind == "all":
+                # An ALL fan-out's parent row holds no output: its output is the list of its
+                # items', which output_of collects (restoring the None broke its dependents).
+                return
+        if row.status == NodeStatus.COMPLETED:
+            self.outputs[key] = output
+
+    # ------------------------------------------------------------------ dispatch
+
+    def prepare(self, key: NodeKey) -> AgentStart | None:
+        """Issue a ready node, or settle it without a call (restored, a fan-out parent); an
+        agent node is returned for the agents to start."""
+        step, index = key.step, key.fan_index
+        spec = self.wf.steps[step]
+        row = self.restored.pop(key, None)
+        if row is not None and row.status in (NodeStatus.FAILED, NodeStatus.SKIPPED):
+            self.settle_failed(key, row.error or {}, write=False, attempts=row.attempt)
+            return None
+        if spec.map_over is not None and index < 0:
+            self._expand(step, row)
+            return None
+        if row is not None and row.status == NodeStatus.COMPLETED:
+            self.settle_completed(key)
+            return None
+        if spec.kind == "agent":
+            return AgentStart(key, spec, row)
+        if (row is not None and row.status == NodeStatus.RETRYING and row.not_before
+                and row.not_before > self.out.now):
+            self.calls.schedule(row.not_before, key)  # a durable backoff survives the crash
+            return None
+        self.issue(key)
+        return None
+
+    def issue(self, key: NodeKey) -> None:
+        spec = self.wf.steps[key.step]
+        kwargs = self.kwargs(key.step, key.fan_index)
+        ekey = effect_key(self.run_id, key.step, key.fan_index, spec.effect_name, kwargs) if spec.effect else None
+        done = self.calls.issue(key, spec, kwargs, ekey)
+        if isinstance(done, Committed):
+            self.outputs[key] = done.value
+            self.settle_completed(key)
+
+    def kwargs(self, step: str, index: int) -> dict[str, Any]:
+        """The JSON inputs of a forward node: run input, upstream outputs, its fan-out item."""
+        spec = self.wf.steps[step]
+        kwargs: dict[str, Any] = {}
+        if spec.input_param:
+            kwargs[spec.input_param] = self.run_input
+        for dep in spec.param_deps:
+            value = self.output_of(dep)
+            kwargs[dep] = value[index] if dep == spec.map_over else value
+        return kwargs
+
+    def output_of(self, step: str) -> Any:
+        key = NodeKey(step)
+        if key not in self.outputs and self.wf.steps[step].map_over is not None:
+            self.outputs[key] = [self.outputs[NodeKey(step, i)] for i in range(self.fan_total(step))]
+        return self.outputs[key]
+
+    def fan_total(self, step: str) -> int:
+        upstream = self.wf.steps[step].map_over
+        assert upstream is not None
+        return len(self.output_of(upstream))
+
+    def _expand(self, step: str, row: NodeRecord | None) -> None:
+        spec = self.wf.steps[step]
+        assert spec.map_over is not None
+        batch = self.out.batch
+        if row is not None and row.status == NodeStatus.COMPLETED and spec.fan_out_policy.partial:
+            # its FanOutResult was restored with the parent row: the items need not be replayed
+            self.parents_done.add(step)
+            self._count_done(self.sched.expand(step, 0))
+            return
+        items = self.output_of(spec.map_over)
+        if not isinstance(items, list):
+            error = {"type": "FanOutError", "transient": False,
+                     "message": f"step {step!r} maps over {spec.map_over!r}, whose output is a "
+                                f"{type(items).__name__}, not a list"}
+            self.settle_failed(NodeKey(step), error, write=True, attempts=0)
+            return
+        if row is None:
+            batch.events.append(NewEvent(kind="fanout_expanded", node_id=step, data={"items": len(items)}))
+        elif row.status == NodeStatus.COMPLETED:
+            self.parents_done.add(step)
+        done = self.sched.expand(step, len(items))
+        if done:  # zero items: nothing failed, the policy has nothing to weigh
+            if spec.fan_out_policy.partial:
+                self.outputs[NodeKey(step)] = self.fanout.result(step, self.outputs, 0).model_dump(mode="json")
+            self._write_parent_done(step)
+            self._count_done(done)
+
+    # ------------------------------------------------------------------ settling
+
+    def settle_completed(self, key: NodeKey) -> None:
+        step, index = key.step, key.fan_index
+        done = self.sched.complete((step, index))
+        for finished in done:
+            if finished != step or index >= 0:  # a fan-out parent finished with its last item
+                self._write_parent_done(finished)
+        self._count_done(done)
+        if index >= 0 and self.sched.awaiting_decision(step):
+            self._decide(step)
+
+    def _write_parent_done(self, step: str) -> None:
+        if step in self.parents_done:
+            return
+        output = self.outputs.get(NodeKey(step)) if self.wf.steps[step].fan_out_policy.partial else None
+        self.out.batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.COMPLETED,
+                                              attempt=self.fanout.round(step), output=output,
+                                              finished_at=self.out.now))
+        self.out.batch.events.append(NewEvent(kind="node_completed", node_id=step, data={"fanout": True}))
+
+    def _count_done(self, steps: list[str]) -> None:
+        self.counts.done += len(steps)
+
+    def settle_failed(self, key: NodeKey, error: dict[str, Any], *, write: bool, attempts: int = 0) -> None:
+        """A forward node failed for good: a partial fan-out's item is recorded for its policy;
+        anything else fails its step."""
+        step, index = key.step, key.fan_index
+        spec = self.wf.steps[step]
+        if write:
+            self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=index, status=NodeStatus.FAILED,
+                                                  error=error, attempt=attempts, finished_at=self.out.now))
+            self.out.batch.events.append(NewEvent(kind="node_failed", node_id=key.node_id, fan_index=index,
+                                                  data={"error": short_error(error)}))
+        self.counts.failed += 1
+        if step in self.sched.closed or step in self.sched.completed:
+            return
+        if index >= 0 and spec.fan_out_policy.partial:
+            self.fanout.record_failure(step, index, error, attempts)
+            if self.sched.fail_item((step, index)):
+                self._decide(step)
+            return
+        self._step_failed(step, index, error)
+
+    def _step_failed(self, step: str, index: int, error: dict[str, Any], force_rollback: bool = False) -> None:
+        """Route a step's final failure: critical (or forced) → stop and roll back; else skip or pass."""
+        spec = self.wf.steps[step]
+        batch = self.out.batch
+        now = self.out.now
+        if spec.critical or force_rollback:
+            if self.failure is None:
+                self.failure = (NodeKey(step, index).label, error)
+                if index >= 0:
+                    # An item failing an ALL fan-out fails its step: its parent row says so, as it
+                    # does for a non-critical fan-out. Once: a second upsert of one row in a batch
+                    # is refused by PostgreSQL.
+                    batch.nodes.append(NodeWrite(
+                        node_id=step, fan_index=-1, status=NodeStatus.FAILED, finished_at=now,
+                        error={"type": "FanOutItemFailed", "message": f"item {index} failed"}))
+            return
+        if index >= 0:
+            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED,
+                                         error={"type": "FanOutItemFailed", "message": f"item {index} failed"},
+                                         finished_at=now))
+        self._cancel_steps({step})
+        if spec.on_failure == "pass":
+            self.outputs[NodeKey(step)] = step_failed_record(step, error)
+            self._count_done(self.sched.decided(step))
+            return
+        skipped_steps = self.sched.close(step)
+        self._cancel_steps(set(skipped_steps))
+        for skipped in skipped_steps:
+            self.restored.pop(NodeKey(skipped), None)
+            batch.nodes.append(NodeWrite(node_id=skipped, status=NodeStatus.SKIPPED,
+                                         error={"reason": f"upstream step {step!r} failed"}, finished_at=now))
+            batch.events.append(NewEvent(kind="node_skipped", node_id=skipped, data={"because": step}))
+
+    def _cancel_steps(self, steps: set[str]) -> None:
+        self.calls.cancel([k for k in self.calls.inflight if k.step in steps and not k.is_agent_call
+                           and not k.compensates], "its step failed")
+
+    def _decide(self, step: str) -> None:
+        """Every item of a partial fan-out settled: ask its policy, record the decision, obey it."""
+        spec = self.wf.steps[step]
+        result = self.fanout.result(step, self.outputs, self.fan_total(step))
+        try:
+            decision = spec.fan_out_policy.decide(result)
+        except Exception as exc:  # a user's decision function that raises fails the step, visibly
+            decision = Fail(f"on_partial_failure raised {type(exc).__name__}: {printable(str(exc))}")
+        self.out.batch.events.append(NewEvent(kind="fanout_decision", node_id=step, data={
+            "verdict": decision.verdict.value, "reason": decision.reason, "round": result.round,
+            "successes": len(result.successes), "failures": [f.index for f in result.failures],
+            "policy": spec.fan_out_policy.describe()}))
+        self._obey(step, decision, result.model_dump(mode="json"))
+
+    def _obey(self, step: str, decision: Decision, result: dict[str, Any]) -> None:
+        batch = self.out.batch
+        if decision.verdict == Verdict.CONTINUE:
+            self.outputs[NodeKey(step)] = result
+            self._write_parent_done(step)
+            self._count_done(self.sched.decided(step))
+        elif decision.verdict == Verdict.RETRY_FAILED:
+            indexes = self.fanout.start_retry(step)
+            for i in indexes:
+                self.calls.attempts[NodeKey(step, i)] = 0  # a new round: the items get their attempts again
+            # The retried items' rows go back to pending in the decision's own commit. Left
+            # 'failed', a crash after this commit made the resume read them as failures of the
+            # new round: it decided again without re-running them (resume != uninterrupted).
+            # (Their earlier writes in this batch are dropped: one upsert per row per statement.)
+            again = {(step, i) for i in indexes}
+            batch.nodes[:] = [n for n in batch.nodes if (n.node_id, n.fan_index) not in again]
+            batch.nodes.extend(NodeWrite(node_id=step, fan_index=i, status=NodeStatus.PENDING, attempt=0)
+                               for i in indexes)
+            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.RUNNING,
+                                         attempt=self.fanout.round(step), started_at=self.out.now))
+            self.sched.retry_items(step, indexes)
+        else:
+            error = {"type": "FanOutPolicy", "message": decision.reason, "verdict": decision.verdict.value}
+            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED, error=error,
+                                         attempt=self.fanout.round(step), finished_at=self.out.now))
+            self._step_failed(step, -1, error, force_rollback=decision.verdict == Verdict.COMPENSATE)
+
+    # ------------------------------------------------------------------ the end
+
+    def sink_outputs(self) -> dict[str, Any]:
+        return {s: self.output_of(s) for s in self.wf.sinks() if s in self.sched.completed}

@@ -1,0 +1,104 @@
+"""What one activation of the run machine hands its shell: writes to commit and commands to carry out.
+
+The machine never touches the store, the executor or the clock. Each of its operations takes an
+input (the time, finished attempts, a signal, rows the shell read) and leaves its decisions here:
+``batch`` is committed by the shell as one fenced transaction; the commands are carried out in
+the order the shell's loop defines (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall
+from raysaga.state import Batch
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Send an attempt to the executor (after the batch's ledger rows are durable)."""
+
+    key: NodeKey
+    spec: StepSpec
+    call: NodeCall
+
+
+@dataclass(frozen=True)
+class BuildPrompt:
+    """Run an agent node's prompt builder here, in the driver (cheap, pure user code), and hand
+    its outcome to ``RunMachine.prompt_built``."""
+
+    key: NodeKey
+    spec: StepSpec
+    call: NodeCall
+
+
+@dataclass(frozen=True)
+class AdmitTool:
+    """Ask the tool's circuit breaker (shared by the fleet) whether a call may go out now; hand
+    the answer to ``RunMachine.tool_admitted``."""
+
+    key: NodeKey
+    breaker: str
+    threshold: int
+    cooldown: float
+
+
+@dataclass(frozen=True)
+class MemoryOp:
+    """Read, or compare-and-set, a key of the run's shared memory (a write only once the batch
+    that led to it is durable); hand the entry to ``RunMachine.memory_done``."""
+
+    key: NodeKey
+    name: str  # memory_read | memory_write
+    memory_key: str
+    value: Any = None
+    expected_version: int = 0
+    writer: str = ""
+
+
+@dataclass(frozen=True)
+class BreakerOutcome:
+    """Count a tool call's success or failure on its circuit breaker."""
+
+    breaker: str
+    ok: bool
+    threshold: int
+    cooldown: float
+
+
+Query = BuildPrompt | AdmitTool | MemoryOp
+
+
+@dataclass
+class Outbox:
+    """The machine's pending writes and commands, taken by the shell."""
+
+    now: float = 0.0
+    batch: Batch = field(default_factory=Batch)
+    dispatch: list[Dispatch] = field(default_factory=list)
+    cancel: list[NodeKey] = field(default_factory=list)
+    queries: list[Query] = field(default_factory=list)
+    breakers: list[BreakerOutcome] = field(default_factory=list)
+
+    def take_batch(self) -> Batch:
+        return self.batch.take()
+
+    def take_dispatch(self) -> list[Dispatch]:
+        taken, self.dispatch = self.dispatch, []
+        return taken
+
+    def take_cancel(self) -> list[NodeKey]:
+        taken, self.cancel = self.cancel, []
+        return taken
+
+    def take_queries(self) -> list[Query]:
+        taken, self.queries = self.queries, []
+        return taken
+
+    def take_breakers(self) -> list[BreakerOutcome]:
+        taken, self.breakers = self.breakers, []
+        return taken

@@ -1,0 +1,198 @@
+"""The compensating phase of a run: undo what was done, in reverse, durably.
+
+It runs with the same ledger, retries and group commits as the forward DAG;
+``raysaga.sagas.RollbackPlan`` decides the order and ``raysaga.sagas.rollback`` what gets
+compensated, from the node rows the shell read when the rollback started (or resumed): every
+node of a step with a compensation that completed, or whose outcome is unknown, and how the
+rollback ends. Each compensation is an effect with its own idempotency key, the step's key +
+``:compensate``; it is retried like any step and never runs twice for one key.
+
+An agent's effect tools may register an undo too (``tool(compensate=...)``): each call of such a
+tool that took effect (or may have) is a target of its own, node ``<step>@<turn>.<k>``, undone
+latest first and before anything upstream of the agent, under the call's key + ``:compensate``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+from raysaga.agents.messages import ModelResponse
+from raysaga.agents.runtime import tool_undo
+from raysaga.agents.tools import Tool, ToolError, tool_output
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key
+from raysaga.orchestrator.machine.calls import Calls, Committed
+from raysaga.orchestrator.machine.forward import Forward
+from raysaga.orchestrator.options import compensation_retry
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.sagas.plan import CompensationTarget, RollbackPlan
+from raysaga.sagas.rollback import compensation_rows, effect_time, restore_rollback, rollback_outcome, step_targets
+from raysaga.state import NodeRecord, NodeStatus, RunUpdate
+
+PlanKey = tuple[str, int]  # the plan's key of a target: (node_id, fan_index) of the node undone
+
+
+@dataclass(frozen=True)
+class _ToolCall:
+    """A recorded call of an effect tool with an undo: what its compensation is called with."""
+
+    tool: Tool
+    args: dict[str, Any]
+    key: str  # the call's idempotency key
+
+
+class Rollback:
+    def __init__(self, wf: Workflow, run_id: str, reason: str, rows: list[NodeRecord], blobs: dict[str, Any],
+                 calls: Calls, forward: Forward, cause: Any) -> None:
+        """``rows``: every node row of the run, as the store holds them now; ``blobs``: the
+        verified values of their output blobs; ``cause``: the run's error when it started."""
+        self.wf = wf
+        self.run_id = run_id
+        self.reason = reason
+        self.calls = calls
+        self.forward = forward
+        self.cause = cause
+        undoable = {name: spec.map_over is not None for name, spec in wf.steps.items()
+                    if wf.compensation_for(name) is not None}
+        targets: list[CompensationTarget] = []
+        self._outputs: dict[PlanKey, Any] = {}
+        for target, row in step_targets(rows, undoable):
+            targets.append(target)
+            completed = row.status == NodeStatus.COMPLETED  # else in flight at the failure: no output
+            self._outputs[target.key] = (blobs[row.output_digest] if row.output_digest
+                                         else row.output) if completed else None
+        self._tool_calls: dict[PlanKey, _ToolCall] = {}
+        targets += self._tool_targets(rows, blobs)
+        restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
+        self.plan = RollbackPlan(wf.graph, targets, restored.settled)
+        self.errors: dict[PlanKey, Any] = dict(restored.failed)
+        self._not_before: dict[PlanKey, float] = restored.not_before
+        self._specs: dict[str, StepSpec] = {}
+        for key, attempt in restored.attempts.items():
+            calls.attempts[NodeKey.parse(*key).undo()] = attempt
+        for key in restored.failed:
+            self.plan.fail(key)
+
+    def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any]) -> list[CompensationTarget]:
+        """The calls of effect tools with an undo, per agent node: each undone after the later ones."""
+        def output(row: NodeRecord) -> Any:
+            return blobs[row.output_digest] if row.output_digest else row.output
+
+        calls = [(NodeKey.parse(r.node_id, r.fan_index), r) for r in rows]
+        calls = [(k, r) for k, r in calls if k.is_agent_call]
+        uses_of = {(k.step, k.turn, k.fan_index): ModelResponse.model_validate(output(r)).tool_uses()
+                   for k, r in calls if k.call is None and r.status == NodeStatus.COMPLETED}
+        found: list[tuple[NodeKey, int, int, CompensationTarget]] = []  # (agent node, turn, k, target)
+        for sub, row in calls:
+            spec = self.wf.steps.get(sub.step)
+            uses = uses_of.get((sub.step, sub.turn, sub.fan_index))
+            if sub.call is None or sub.turn is None or spec is None or spec.kind != "agent" or uses is None:
+                continue
+            use = uses[sub.call] if sub.call < len(uses) else {}
+            tool = spec.options["agent"].tool(str(use.get("name", "")))
+            if tool is None or tool.compensate is None:
+                continue
+            try:
+                args = tool.validate(use.get("input"))
+            except ToolError:
+                continue  # refused before any call
+            key = (row.node_id, row.fan_index)
+            finished = effect_time(row)
+            if finished is None:
+                continue
+            if row.status == NodeStatus.COMPLETED:
+                result = output(row)
+                if not isinstance(result, dict) or result.get("is_error"):
+                    continue  # answered without an effect: a refusal, a breaker, a loop stop
+                self._outputs[key] = tool_output(result)
+            else:
+                self._outputs[key] = None  # it may have taken effect: undone as the latest
+            call_key = effect_key(self.run_id, sub.step, row.fan_index, f"tool:{tool.name}", tool.key_args(args))
+            self._tool_calls[key] = _ToolCall(tool, args, call_key)
+            found.append((sub.owner, sub.turn, sub.call, CompensationTarget(key, finished, step=sub.step)))
+        found.sort(key=lambda f: (f[0], f[1], f[2]))
+        targets = []
+        for i, (agent, _, _, target) in enumerate(found):  # one by one per agent node, the latest call first
+            later = found[i + 1] if i + 1 < len(found) and found[i + 1][0] == agent else None
+            targets.append(CompensationTarget(target.key, target.finished_at, step=target.step,
+                                              after=(later[3].key,) if later else ()))
+        return targets
+
+    # ------------------------------------------------------------------ dispatch
+
+    def issue_ready(self) -> None:
+        """Issue every compensation the plan allows now (or wait out a restored backoff)."""
+        for key in self.plan.ready():
+            comp = NodeKey.parse(*key).undo()
+            not_before = self._not_before.pop(key, None)
+            if not_before is not None and not_before > self.calls.out.now:
+                self.calls.schedule(not_before, comp)  # a durable backoff survives the crash
+                continue
+            if key in self._tool_calls:
+                call = self._tool_calls[key]
+                spec = self._tool_spec(comp, call.tool)
+                done = self.calls.issue(comp, spec, {"args": call.args, "output": self._outputs[key]},
+                                        call.key + COMPENSATE_SUFFIX)
+            else:
+                step, index = key
+                spec = self._step_spec(step)
+                original = self.wf.steps[step]
+                step_kwargs = self.forward.kwargs(step, index)
+                kwargs: dict[str, Any] = {}
+                for name in spec.param_deps:
+                    kwargs[name] = self._outputs[key] if name == "output" else step_kwargs.get(name)
+                if spec.input_param:
+                    kwargs[spec.input_param] = self.forward.run_input
+                step_key = effect_key(self.run_id, step, index, original.effect_name, step_kwargs)
+                done = self.calls.issue(comp, spec, kwargs, step_key + COMPENSATE_SUFFIX)
+            if isinstance(done, Committed):
+                self.completed(comp)
+
+    def _tool_spec(self, comp: NodeKey, tool: Tool) -> StepSpec:
+        name = f"{comp.step}@tool:{tool.name}{COMPENSATE_SUFFIX}"
+        spec = self._specs.get(name)
+        if spec is None:
+            spec = self._specs[name] = StepSpec(
+                name=name, fn=functools.partial(tool_undo, tool), deps=(), param_deps=("args", "output"),
+                input_param=None, ctx_param="ctx", param_types={"args": Any, "output": Any}, output_type=Any,
+                effect=True, effect_name=f"tool:{tool.name}{COMPENSATE_SUFFIX}",
+                retry=compensation_retry(None, tool.retry), timeout=tool.timeout)
+        return spec
+
+    def _step_spec(self, step: str) -> StepSpec:
+        name = compensation_node(step)
+        spec = self._specs.get(name)
+        if spec is None:
+            original = self.wf.steps[step]
+            fn = self.wf.compensation_for(step)
+            assert fn is not None
+            retry = compensation_retry(self.wf.compensation_retries.get(step), original.retry)
+            spec = self.wf.make_spec(fn, name=name, effect=True, effect_name=original.effect_name + COMPENSATE_SUFFIX,
+                                     retry=retry, timeout=original.timeout)
+            self._specs[name] = spec
+        return spec
+
+    # ------------------------------------------------------------------ outcomes
+
+    @staticmethod
+    def _target(comp: NodeKey) -> PlanKey:
+        undone = comp.undone()
+        return (undone.node_id, undone.fan_index)
+
+    def timer_fired(self, comp: NodeKey) -> None:
+        self.plan.retry(self._target(comp))
+
+    def completed(self, comp: NodeKey) -> None:
+        self.plan.complete(self._target(comp))
+
+    def failed(self, comp: NodeKey, error: Any) -> None:
+        key = self._target(comp)
+        self.plan.fail(key)
+        self.errors[key] = {k: v for k, v in (error or {}).items() if k != "traceback"}
+
+    def outcome(self) -> RunUpdate:
+        """Compensated, or parked for an operator with every failing and blocked compensation named."""
+        return rollback_outcome(self.reason, self.plan, self.errors, self.cause)

@@ -1,0 +1,305 @@
+"""The run machine: one run's decisions, with no I/O.
+
+Given the run's restored state, each operation takes an input — the time, attempts that
+finished, a signal, rows the shell read — and leaves its decisions in the ``Outbox``: the writes
+of one fenced batch and the commands for the shell (send these attempts, cancel those, answer
+these queries). It never touches the store, the executor, the clock or a thread; the driver
+(``raysaga.orchestrator.driver``) is its shell and carries the decisions out
+(docs/architecture.md).
+
+Concerns live in their own parts, each with its own state: ``Calls`` (attempts, ledger, retry
+timers), ``Forward`` (ready steps, settling, fan-out policies), ``AgentNodes`` (agent turns),
+``Rollback`` (the compensating phase) and ``Budgets``; this class routes inputs to them and
+owns the run's phase and its ending.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any
+
+from raysaga.errors import RaySagaError
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.machine.agent_nodes import AgentNodes
+from raysaga.orchestrator.machine.budgets import Budgets
+from raysaga.orchestrator.machine.calls import Calls
+from raysaga.orchestrator.machine.forward import AgentStart, Forward
+from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
+from raysaga.orchestrator.machine.rollback import Rollback
+from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.records import merge_run, short_error
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeOutcome
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import (
+    MemoryEntry,
+    NewEvent,
+    NodeRecord,
+    NodeStatus,
+    NodeWrite,
+    RunRecord,
+    RunSnapshot,
+    RunStatus,
+    RunUpdate,
+)
+
+
+class Phase(StrEnum):
+    FORWARD = "forward"
+    ROLLBACK = "rollback"
+    ENDED = "ended"
+
+
+class RunMachine:
+    def __init__(self, wf: Workflow, run: RunRecord, options: RunOptions, rng: random.Random) -> None:
+        self.wf = wf
+        self.run_id = run.run_id
+        self.out = Outbox()
+        self.calls = Calls(run.run_id, run.trace_id, self.out, max_output_bytes=options.max_output_bytes,
+                           blob_threshold=options.blob_threshold, rng=rng, records_first=self._records_first)
+        self.calls.retry_budget = run.retry_budget
+        self.calls.retries_used = run.retries_used
+        self.forward = Forward(wf, run.run_id, run.input, self.calls, self.out)
+        self.budgets = Budgets(run.tokens_used, run.cost_used, run.token_budget, run.cost_budget)
+        self.agents = AgentNodes(run.run_id, run.trace_id, self.calls, self.forward, self.budgets, self.out,
+                                 max_output_bytes=options.max_output_bytes, blob_threshold=options.blob_threshold)
+        self.deadline_at = run.deadline_at
+        self.run_error: Any = run.error
+        self.phase = Phase.ROLLBACK if run.status == RunStatus.COMPENSATING else Phase.FORWARD
+        self.rollback: Rollback | None = None
+        self._stopping: tuple[str, dict[str, Any] | None, RunStatus, int | None] | None = None
+        self._resume_reason = run.status_reason or "rollback"
+
+    def _records_first(self, spec: StepSpec) -> bool:
+        """Effects and compensated steps are durable as 'running' before their call, so a rollback
+        that starts while they are in flight (or after a crash) knows to compensate them."""
+        return spec.effect or (spec.name in self.wf.steps and self.wf.compensation_for(spec.name) is not None)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore(self, snap: RunSnapshot, outputs: dict[str, Any], ledger_blobs: dict[str, Any]) -> None:
+        """The run as stored. ``outputs``: the verified values of the nodes' output blobs;
+        ``ledger_blobs``: those of committed effects kept as blobs whose node did not complete."""
+        for row in snap.nodes:
+            output = outputs[row.output_digest] if row.output_digest else row.output
+            key = NodeKey.parse(row.node_id, row.fan_index)
+            if key.is_agent_call:  # a model turn or tool call: its agent node replays it
+                self.agents.restore(row, output)
+            elif not key.compensates and row.node_id in self.wf.steps:
+                self.forward.restore(row, output)
+            # a compensation's row: the rollback reads those itself
+        for effect in snap.effects:
+            self.calls.ledger[effect.idempotency_key] = (effect.status, effect.result)
+        self.calls.ledger_blobs.update(ledger_blobs)
+
+    def set_budgets(self, token_budget: int | None, cost_budget: float | None) -> None:
+        self.budgets.token_budget, self.budgets.cost_budget = token_budget, cost_budget
+
+    # ------------------------------------------------------------------ forward progress
+
+    def advance(self, now: float) -> None:
+        """Fire due timers and issue everything ready. In the forward phase, a node that fails
+        for good on the way (a restored failure, a fan-out over a non-list) may set ``failure``:
+        what was prepared in the same round is then recorded as never sent, not dispatched."""
+        self.out.now = now
+        for key in self.calls.due():
+            if key.compensates:
+                if self.rollback is not None:
+                    self.rollback.timer_fired(key)
+            elif self.rollback is not None:
+                continue
+            elif key.is_agent_call:
+                self.agents.timer_fired(key)
+            else:
+                self.forward.sched.push((key.step, key.fan_index))
+        if self.rollback is not None:
+            self.rollback.issue_ready()
+            return
+        if self.phase != Phase.FORWARD:
+            return
+        while True:
+            while ready := self.forward.sched.pop_ready():  # settling a node can make more ready
+                for step, index in ready:
+                    start = self.forward.prepare(NodeKey(step, index))
+                    if isinstance(start, AgentStart):
+                        self.agents.start(start)
+            if not self.agents.due_nodes:
+                break
+            self.agents.advance_due()
+        if self.forward.failure is not None:  # prepared in this round but never to be sent
+            for sent in self.out.take_dispatch():
+                self.calls.inflight.pop(sent.key, None)
+                self.out.batch.nodes.append(NodeWrite(
+                    node_id=sent.key.node_id, fan_index=sent.key.fan_index, status=NodeStatus.CANCELLED,
+                    attempt=sent.call.ctx.attempt, error={"reason": "not sent: the run failed"}, finished_at=now))
+
+    # answers to the shell's queries (see outbox.Query)
+
+    def prompt_built(self, key: NodeKey, outcome: NodeOutcome) -> None:
+        self.agents.prompt_built(key, outcome)
+
+    def tool_admitted(self, key: NodeKey, unavailable: str | None) -> None:
+        self.agents.tool_admitted(key, unavailable)
+
+    def memory_done(self, key: NodeKey, op: MemoryOp, entry: MemoryEntry) -> None:
+        self.agents.memory_done(key, op, entry)
+
+    def absorb(self, finished: Iterable[tuple[NodeKey, NodeOutcome]], now: float) -> None:
+        """Attempts that came back (a cancelled one never does: the shell drops it)."""
+        self.out.now = now
+        for key, outcome in finished:
+            if key not in self.calls.inflight:
+                continue  # cancelled while this round was absorbed (a closed fan-out's sibling)
+            if outcome.ok:
+                value = self.calls.succeeded(key, outcome)
+                if key.is_agent_call:
+                    self.agents.on_success(key, value)
+                elif key.compensates:
+                    assert self.rollback is not None
+                    self.rollback.completed(key)
+                else:
+                    self.forward.outputs[key] = value
+                    self.forward.settle_completed(key)
+                continue
+            failed = self.calls.failed(key, outcome)
+            if failed is None:
+                continue  # retried after a backoff
+            error, attempts = failed
+            if key.compensates:
+                assert self.rollback is not None
+                self.rollback.failed(key, error)
+            elif key.is_agent_call:
+                self.agents.on_failure(key, error)
+            else:
+                self.forward.settle_failed(key, error, write=False, attempts=attempts)
+
+    def may_overlap(self, finished: Iterable[NodeKey]) -> bool:
+        """Whether what these completions made ready may start while their batch is being committed.
+
+        Overlapping the next attempts with the fsync is what lets a chain run at Ray's pace. It is
+        safe for plain steps: they are at-least-once, and a crash before the commit re-runs both.
+        It is not for a batch holding an effect's result or ledger row (the result is durable
+        before anything else happens), nor for a model turn (invariant 3: a response is persisted
+        before any tool it asked for runs), nor during a rollback or once a pause is asked for.
+        """
+        return (self.phase == Phase.FORWARD and self.rollback is None and self.agents.pause_reason is None
+                and not self.out.batch.effects and not any(k.is_agent_call for k in finished))
+
+    # ------------------------------------------------------------------ where the run stands
+
+    @property
+    def failure(self) -> tuple[str, dict[str, Any]] | None:
+        return self.forward.failure if self.phase == Phase.FORWARD else None
+
+    @property
+    def pause_reason(self) -> str | None:
+        return self.agents.pause_reason
+
+    def idle(self) -> bool:
+        """Nothing in flight."""
+        return not self.calls.inflight
+
+    def next_timer(self) -> float | None:
+        return self.calls.next_timer()
+
+    def has_work(self) -> bool:
+        """Something is ready to issue (more may start at the next ``advance``)."""
+        if self.rollback is not None:
+            return not self.rollback.plan.settled()
+        return self.forward.sched.has_ready() or bool(self.agents.due_nodes)
+
+    def done(self) -> bool:
+        """Every step settled (forward) or every compensation settled (rollback)."""
+        if self.rollback is not None:
+            return self.rollback.plan.settled()
+        return self.forward.sched.settled()
+
+    def check_stuck(self) -> None:
+        if self.idle() and self.next_timer() is None and not self.done() and not self.has_work():
+            raise RaySagaError(f"run {self.run_id!r} cannot progress: nothing is ready, running or waiting, "
+                               "yet steps are unfinished (a raysaga bug: please report it)")
+
+    def past_deadline(self, now: float) -> bool:
+        return self.deadline_at is not None and now >= self.deadline_at
+
+    # ------------------------------------------------------------------ stopping the forward DAG
+
+    def stop_forward(self, reason: str, error: dict[str, Any] | None, now: float, *,
+                     final: RunStatus = RunStatus.FAILED, signal_id: int | None = None) -> None:
+        """Stop the forward DAG: cancel what is in flight. The shell then settles the cancelled
+        attempts, commits, and hands the run's rows to ``begin_rollback``."""
+        self.out.now = now
+        self.calls.cancel_all(reason)
+        self._stopping = (reason, error, final, signal_id)
+
+    def stop_on_failure(self, now: float) -> None:
+        """A critical node failed for good: stop dispatching and roll back what was done (or fail
+        the run when nothing needs undoing)."""
+        assert self.forward.failure is not None
+        label, error = self.forward.failure
+        reason = f"critical step {label!r} failed: {error.get('message') or error.get('reason') or ''}"[:500]
+        self.stop_forward(reason, {"node": label, **short_error(error)}, now)
+
+    def begin_rollback(self, rows: list[NodeRecord], blobs: dict[str, Any], now: float) -> bool:
+        """The run's rows as now durable: start compensating (True), or end the run when nothing
+        needs undoing (False: the batch holds the final transition)."""
+        self.out.now = now
+        batch = self.out.batch
+        if self._stopping is None:  # a rollback resumed after a crash
+            self.rollback = Rollback(self.wf, self.run_id, self._resume_reason, rows, blobs, self.calls,
+                                     self.forward, self.run_error)
+            self.phase = Phase.ROLLBACK
+            return True
+        reason, error, final, signal_id = self._stopping
+        self._stopping = None
+        cause = error if error is not None else self.run_error
+        rollback = Rollback(self.wf, self.run_id, reason, rows, blobs, self.calls, self.forward, cause)
+        if signal_id is not None:  # consumed with the transition, so a crash in between re-reads it
+            batch.consumed_signals.append(signal_id)
+        if final == RunStatus.COMPENSATING or rollback.plan.targets:
+            batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason,
+                                                        error=error, set_error=error is not None))
+            batch.events.append(NewEvent(kind="rollback_started",
+                                         data={"reason": reason, "targets": len(rollback.plan.targets)}))
+            self.rollback = rollback
+            self.phase = Phase.ROLLBACK
+            return True
+        batch.run = merge_run(batch.run, RunUpdate(status=final, status_reason=reason, error=error,
+                                                    set_error=error is not None))
+        self.phase = Phase.ENDED
+        return False
+
+    # ------------------------------------------------------------------ endings
+
+    def finish(self, now: float) -> None:
+        """Every step settled: the run completed, with its sinks' outputs."""
+        self.out.now = now
+        self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(
+            status=RunStatus.COMPLETED, output=self.forward.sink_outputs(), set_output=True))
+        self.phase = Phase.ENDED
+
+    def finish_rollback(self, now: float) -> None:
+        assert self.rollback is not None
+        self.out.now = now
+        self.out.batch.run = merge_run(self.out.batch.run, self.rollback.outcome())
+        self.phase = Phase.ENDED
+
+    def cancel(self, reason: str, signal_id: int, now: float) -> None:
+        """An operator's cancel (without compensation): stop everything, end cancelled."""
+        self.out.now = now
+        self.calls.cancel_all("run cancelled")
+        batch = self.out.batch
+        batch.consumed_signals.append(signal_id)
+        batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
+        self.phase = Phase.ENDED
+
+    def pause(self, now: float) -> None:
+        """Release all compute: cancel what is in flight and rest paused (model answers already
+        absorbed are kept)."""
+        self.out.now = now
+        reason = self.agents.pause_reason or "paused"
+        self.calls.cancel_all(reason)
+        self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
+        self.phase = Phase.ENDED
