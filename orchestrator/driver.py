@@ -27,6 +27,7 @@ from raysaga.orchestrator import agent_io
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
+from raysaga.orchestrator.in_flight import InFlight
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, Dispatch, MemoryOp
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
@@ -81,24 +82,6 @@ class Progress:
             listener(self)
 
 
-@dataclass
-class _Sent:
-    """An attempt handed to the executor, as the shell tracks it (its deadline, once it runs)."""
-
-    handle: Handle
-    started_at: float
-    timeout: float | None
-    label: str
-    deadline: float | None = None
-
-    def deadline_from(self, now: float) -> float | None:
-        """The attempt's deadline; its clock starts at ``now`` if it was sent since last asked
-        (a queued attempt's timeout has not begun)."""
-        if self.deadline is None and self.timeout is not None and self.handle.sent:
-            self.deadline = now + self.timeout
-        return self.deadline
-
-
 class Driver:
     """Advances one run to a resting state (completed, failed, compensated, cancelled, paused, or
     lease lost)."""
@@ -118,8 +101,7 @@ class Driver:
         self.progress = Progress()
         self.run: RunRecord | None = None
         self.machine: RunMachine | None = None
-        self._sent: dict[NodeKey, _Sent] = {}
-        self._timed: dict[NodeKey, _Sent] = {}  # sent with a timeout (may hold stale entries)
+        self._attempts = InFlight(executor)
         self._hb: Heartbeat | None = None
         self._stops = StopSignals(run_id)
         self._handled_signals: set[int] = set()
@@ -146,8 +128,7 @@ class Driver:
             raise
         finally:
             try:
-                for sent in self._sent.values():
-                    self.executor.cancel(sent.handle)
+                self._attempts.cancel_all()
                 self._settle_cancelled("the driver stops", SETTLE_SECONDS / 10)
             finally:
                 self._stops.restore()
@@ -235,8 +216,7 @@ class Driver:
                     continue
                 return self._finish()
             finished = self.executor.wait(None, self._wait_timeout())
-            if self._timed:
-                finished += self._expire_timeouts()
+            finished += self._attempts.expire(self.clock())
             if finished:
                 keys = self._absorb(finished)
                 if m.failure is not None:
@@ -262,12 +242,7 @@ class Driver:
         when = self.machine.next_timer()
         if when is not None:
             horizon = min(horizon, when)
-        for key, sent in list(self._timed.items()):
-            if self._sent.get(key) is not sent:
-                del self._timed[key]  # finished or cancelled
-            elif (deadline := sent.deadline_from(now)) is not None:
-                horizon = min(horizon, deadline)
-        return max(0.0, horizon - now)
+        return max(0.0, self._attempts.horizon(now, horizon) - now)
 
     def _sleep_until(self, when: float) -> None:
         delay = min(IDLE_TICK, when - self.clock())
@@ -322,18 +297,11 @@ class Driver:
         for d in dispatches:
             if self._stops.received is not None:
                 break  # a stop signal: what is not sent yet stays unsent (an inline step runs at submit)
-            label = d.key.label
-            handle = self.executor.submit(d.spec, d.call, f"{self.run_id}:{label}")
-            sent = self._sent[d.key] = _Sent(handle, now, d.spec.timeout, label)
-            if d.spec.timeout is not None:
-                sent.deadline_from(now)
-                self._timed[d.key] = sent
+            handle = self.executor.submit(d.spec, d.call, f"{self.run_id}:{d.key.label}")
+            self._attempts.add(d.key, handle, now, d.spec.timeout)
 
     def _cancel(self, keys: list[NodeKey]) -> None:
-        for key in keys:
-            sent = self._sent.pop(key, None)
-            if sent is not None:
-                self.executor.cancel(sent.handle)
+        self._attempts.cancel(keys)
 
     def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
         """Hand the machine what came back; carry out the breaker counts and cancels it decides."""
@@ -342,7 +310,7 @@ class Driver:
         outcomes: list[tuple[NodeKey, NodeOutcome]] = []
         for handle in finished:
             key = NodeKey.parse(*handle.key) if not isinstance(handle.key, NodeKey) else handle.key
-            if self._sent.pop(key, None) is None:
+            if self._attempts.pop(key) is None:
                 continue  # cancelled while this round was absorbed
             assert handle.outcome is not None
             outcomes.append((key, handle.outcome))
@@ -352,22 +320,6 @@ class Driver:
             agent_io.record_breaker(self.store, outcome, now)
         self._cancel(m.out.take_cancel())
         return [key for key, _ in outcomes]
-
-    def _expire_timeouts(self) -> list[Handle]:
-        now = self.clock()
-        expired = []
-        for key, sent in list(self._timed.items()):
-            if self._sent.get(key) is not sent:
-                del self._timed[key]  # finished or cancelled
-                continue
-            deadline = sent.deadline_from(now)
-            if deadline is not None and now >= deadline and sent.handle.outcome is None:
-                self.executor.cancel(sent.handle)
-                sent.handle.outcome = NodeOutcome.failure(
-                    TimeoutError(f"step {sent.label!r} exceeded its timeout of {sent.timeout}s"),
-                    transient=True, started_at=sent.started_at)
-                expired.append(sent.handle)
-        return expired
 
     def _settle_cancelled(self, then: str, timeout: float) -> None:
         """Wait for cancelled attempts to stop: one still running could land an effect after its
@@ -456,26 +408,25 @@ class Driver:
         its timeout, is cancelled as before: it left no answer to keep."""
         assert self._hb is not None and self.machine is not None
         m = self.machine
-        waiting = {key for key in m.agents.model_calls_in_flight() if key in self._sent}
+        sent = self._attempts.sent
+        waiting = {key for key in m.agents.model_calls_in_flight() if key in sent}
         while waiting:
             if self._hb.lost.is_set():
                 raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
             now = self.clock()
-            waiting = {key for key in waiting if (self._sent[key].deadline_from(now) or now + 1) > now}
-            handles = [self._sent[key].handle for key in waiting]
+            waiting = {key for key in waiting if (sent[key].deadline_from(now) or now + 1) > now}
+            handles = [sent[key].handle for key in waiting]
             for handle in self.executor.wait(handles, self._wait_timeout()) if handles else []:
                 key = NodeKey.parse(*handle.key) if not isinstance(handle.key, NodeKey) else handle.key
                 waiting.discard(key)
                 if handle.outcome is not None and handle.outcome.ok:
-                    self._sent.pop(key, None)
+                    self._attempts.pop(key)
                     m.absorb([(key, handle.outcome)], now)
 
     def _stop_interrupted(self) -> None:
         """Commit what finished, then raise ``DriverInterrupted`` (``drive`` settles and releases)."""
         assert self._stops.received is not None
-        for sent in self._sent.values():
-            self.executor.cancel(sent.handle)
-        self._sent.clear()
+        self._attempts.cancel_all()
         self._settle_cancelled("the driver stops", SETTLE_SECONDS / 10)
         self._pending.events.append(NewEvent(kind="driver_interrupted", data={
             "signal": self._stops.received, "owner": self.owner}))
@@ -495,9 +446,7 @@ class Driver:
         """A blob the run needs is missing or altered: park the run (``failed``, or
         ``compensation_failed`` mid-rollback) naming the node and digest; never use the data."""
         assert self._hb is not None
-        for sent in self._sent.values():
-            self.executor.cancel(sent.handle)
-        self._sent.clear()
+        self._attempts.cancel_all()
         self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
         where = self._blob_refs.get(exc.digest) or exc.where
         current = self.store.get_run(self.run_id, lenient=True)  # its own input may be the damaged blob

@@ -1,0 +1,83 @@
+"""The attempts a driver handed to its executor and has not seen back, with their deadlines.
+
+A step's ``timeout`` runs from the moment the executor sends its attempt (a queued attempt has
+not started); an attempt past it is cancelled and comes back as a transient ``TimeoutError``,
+retried like any transient failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.executor import Executor, Handle
+from raysaga.orchestrator.task import NodeOutcome
+
+
+@dataclass
+class Sent:
+    handle: Handle
+    started_at: float
+    timeout: float | None
+    label: str
+    deadline: float | None = None
+
+    def deadline_from(self, now: float) -> float | None:
+        """The attempt's deadline; its clock starts at ``now`` if it was sent since last asked."""
+        if self.deadline is None and self.timeout is not None and self.handle.sent:
+            self.deadline = now + self.timeout
+        return self.deadline
+
+
+class InFlight:
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.sent: dict[NodeKey, Sent] = {}
+        self._timed: dict[NodeKey, Sent] = {}  # sent with a timeout (may hold stale entries)
+
+    def add(self, key: NodeKey, handle: Handle, now: float, timeout: float | None) -> None:
+        sent = self.sent[key] = Sent(handle, now, timeout, key.label)
+        if timeout is not None:
+            sent.deadline_from(now)
+            self._timed[key] = sent
+
+    def pop(self, key: NodeKey) -> Sent | None:
+        return self.sent.pop(key, None)
+
+    def cancel(self, keys: list[NodeKey]) -> None:
+        for key in keys:
+            sent = self.sent.pop(key, None)
+            if sent is not None:
+                self.executor.cancel(sent.handle)
+
+    def cancel_all(self) -> None:
+        for sent in self.sent.values():
+            self.executor.cancel(sent.handle)
+        self.sent.clear()
+
+    def horizon(self, now: float, horizon: float) -> float:
+        """The earliest deadline before ``horizon`` (or ``horizon``)."""
+        for key, sent in list(self._timed.items()):
+            if self.sent.get(key) is not sent:
+                del self._timed[key]  # finished or cancelled
+            elif (deadline := sent.deadline_from(now)) is not None:
+                horizon = min(horizon, deadline)
+        return horizon
+
+    def expire(self, now: float) -> list[Handle]:
+        """Attempts past their deadline: cancelled, each with a transient timeout as its outcome."""
+        if not self._timed:
+            return []
+        expired = []
+        for key, sent in list(self._timed.items()):
+            if self.sent.get(key) is not sent:
+                del self._timed[key]  # finished or cancelled
+                continue
+            deadline = sent.deadline_from(now)
+            if deadline is not None and now >= deadline and sent.handle.outcome is None:
+                self.executor.cancel(sent.handle)
+                sent.handle.outcome = NodeOutcome.failure(
+                    TimeoutError(f"step {sent.label!r} exceeded its timeout of {sent.timeout}s"),
+                    transient=True, started_at=sent.started_at)
+                expired.append(sent.handle)
+        return expired
