@@ -1,47 +1,14 @@
-"""Circuit breaker state transitions (pure); the state itself is a store row shared by the fleet.
+"""Circuit breakers on agent tools: the transition rule lives with the breaker's row in the store.
 
 closed → open after ``threshold`` consecutive failures → half-open once ``cooldown`` has
-passed (one probe call goes through) → closed on its success, open again on its failure.
-Kept in the store rather than a Ray actor so every driver on the store, on any cluster, and
-any driver started after a crash, sees the same state.
+passed (one probe call goes through) → closed on its success, open again on its failure. The
+state is a store row shared by every driver (``raysaga.state.breakers``), and the store applies
+the rule itself when it counts a call's outcome in the driver's fenced batch; it is re-exported
+here, where agents configure their breakers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from raysaga.state.breakers import BreakerPolicy, admit, after_call
 
-from raysaga.state import BreakerRecord
-
-
-@dataclass(frozen=True)
-class BreakerPolicy:
-    threshold: int = 5
-    cooldown: float = 30.0
-
-
-def admit(record: BreakerRecord, now: float, policy: BreakerPolicy) -> tuple[bool, float, BreakerRecord | None]:
-    """May a call go through now? Returns (allowed, seconds until it may, the state to store if it changes)."""
-    if record.state == "closed":
-        return True, 0.0, None
-    opened = record.opened_at or now
-    if record.state == "open":
-        wait = opened + policy.cooldown - now
-        if wait > 0:
-            return False, wait, None
-        # this caller is the probe; opened_at now dates the probe (see below)
-        return True, 0.0, record.model_copy(update={"state": "half_open", "opened_at": now})
-    # half-open: a probe is out; others wait for its verdict. A probe whose verdict never comes
-    # (its driver died mid-call, its run was cancelled or paused) held the breaker half-open
-    # forever, for the whole fleet: after another cooldown the next caller probes instead.
-    if now - opened >= policy.cooldown:
-        return True, 0.0, record.model_copy(update={"opened_at": now})
-    return False, max(1.0, policy.cooldown / 10), None
-
-
-def after_call(record: BreakerRecord, ok: bool, now: float, policy: BreakerPolicy) -> BreakerRecord:
-    if ok:
-        return record.model_copy(update={"state": "closed", "failures": 0, "opened_at": None})
-    failures = record.failures + 1
-    if record.state == "half_open" or failures >= policy.threshold:
-        return record.model_copy(update={"state": "open", "failures": failures, "opened_at": now})
-    return record.model_copy(update={"failures": failures})
+__all__ = ["BreakerPolicy", "admit", "after_call"]

@@ -1,15 +1,16 @@
 """The driver's answers to an agent's queries that need the store or user code: a prompt built,
-a circuit breaker asked or told, a shared-memory key read or compare-and-set.
+a circuit breaker asked, a shared-memory key read or compare-and-set.
 
 The run machine only asks (``raysaga.orchestrator.machine.outbox``); these do the I/O. Circuit
-breakers are store rows shared by every driver on the store (the fleet), changed by
-compare-and-set; the transitions themselves are pure (``raysaga.agents.breaker``).
+breakers are store rows shared by every driver on the store (the fleet): a probe is admitted by
+compare-and-set here, while call outcomes are counted in the run's fenced batch
+(``Batch.breakers``); the transitions themselves are pure (``raysaga.agents.breaker``).
 """
 
 from __future__ import annotations
 
-from raysaga.agents.breaker import BreakerPolicy, admit, after_call
-from raysaga.orchestrator.machine.outbox import AdmitTool, BreakerOutcome, MemoryOp
+from raysaga.agents.breaker import BreakerPolicy, admit
+from raysaga.orchestrator.machine.outbox import AdmitTool, MemoryOp
 from raysaga.state import Lease, MemoryEntry, Store
 
 #: Compare-and-set attempts on a breaker row before giving up (a change by another driver each time).
@@ -29,16 +30,6 @@ def admit_tool(store: Store, query: AdmitTool, now: float) -> str | None:
         if change is None or store.breaker_cas(change, record.version):
             return None
     return None
-
-
-def record_breaker(store: Store, outcome: BreakerOutcome, now: float) -> None:
-    policy = BreakerPolicy(outcome.threshold, outcome.cooldown)
-    for _ in range(CAS_TRIES):
-        record = store.breaker_get(outcome.breaker)
-        if outcome.ok and record.state == "closed" and record.failures == 0:
-            return
-        if store.breaker_cas(after_call(record, outcome.ok, now, policy), record.version):
-            return
 
 
 def memory(store: Store, lease: Lease, op: MemoryOp) -> MemoryEntry:

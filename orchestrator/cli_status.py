@@ -157,7 +157,8 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "created_at": run.created_at, "updated_at": run.updated_at, "lease_owner": run.lease_owner,
         "lease_expires_at": run.lease_expires_at, "retries_used": run.retries_used,
         "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
-        "input": run.input, "output": run.output, "error": run.error, "node_counts": counts,
+        "input": run.input, "output": run.output, "error": None if run.error is None else run.error.as_dict(),
+        "node_counts": counts,
     }
     stream.write(_dumps(head)[:-1])
     next_after: str | None = None
@@ -292,7 +293,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         text = json.dumps(run.output, default=str)
         console.print(Text("output: " + (text if len(text) < 600 else text[:600] + " …")))
     if run.error:
-        console.print(Text("error: " + error_line(run.error, 600)))
+        console.print(Text("error: " + error_line(run.error.as_dict(), 600)))
     failed = sum(s.counts.get("failed", 0) for s in infos)
     if failed:
         console.print(Text(f"{failed} failed node(s): `raysaga status {run.run_id} --errors` shows each attempt "

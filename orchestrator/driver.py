@@ -37,6 +37,7 @@ from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
+    BreakerChange,
     EffectStatus,
     NewEvent,
     NodeStatus,
@@ -317,7 +318,8 @@ class Driver:
         now = self.clock()
         m.absorb(outcomes, now)
         for outcome in m.out.take_breakers():
-            agent_io.record_breaker(self.store, outcome, now)
+            m.out.batch.breakers.append(BreakerChange(name=outcome.breaker, ok=outcome.ok, at=now,
+                                                      threshold=outcome.threshold, cooldown=outcome.cooldown))
         self._cancel(m.out.take_cancel())
         return [key for key, _ in outcomes]
 

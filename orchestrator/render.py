@@ -105,7 +105,7 @@ def node_json(node: NodeRecord) -> dict[str, Any]:
         "finished_at": node.finished_at,
         "duration": node.duration,
         "not_before": node.not_before,
-        "error": node.error,
+        "error": None if node.error is None else node.error.as_dict(),
         "output_digest": node.output_digest,
     }
 
@@ -134,7 +134,7 @@ def status_json(store: Store, run: RunRecord) -> dict[str, Any]:
         "cost_used": run.cost_used,
         "input": run.input,
         "output": run.output,
-        "error": run.error,
+        "error": None if run.error is None else run.error.as_dict(),
         "node_counts": counts,
         "nodes": [node_json(n) for n in nodes],
         "effects": [{"key": e.idempotency_key, "node": e.node_id if e.fan_index < 0 else f"{e.node_id}[{e.fan_index}]",

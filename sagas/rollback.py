@@ -42,7 +42,8 @@ def effect_time(row: NodeRecord) -> float | None:
     if it may have (outcome unknown, or failed on a transient error), None if it did not."""
     if row.status == NodeStatus.COMPLETED:
         return row.finished_at or 0.0
-    if row.status in UNKNOWN_OUTCOME or (row.status == NodeStatus.FAILED and (row.error or {}).get("transient")):
+    if row.status in UNKNOWN_OUTCOME or (row.status == NodeStatus.FAILED and row.error is not None
+                                         and row.error.transient):
         return math.inf
     return None
 
@@ -98,7 +99,7 @@ def restore_rollback(comp_rows: Mapping[NodeKey, NodeRecord], wanted: Iterable[N
         if row.status == NodeStatus.COMPLETED:
             restored.settled.append(key)
         elif row.status == NodeStatus.FAILED:
-            restored.failed[key] = row.error
+            restored.failed[key] = None if row.error is None else row.error.as_dict()
         elif row.status == NodeStatus.RETRYING and row.not_before:
             restored.not_before[key] = row.not_before
     return restored
@@ -119,7 +120,7 @@ def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, A
     # cause, so a compensated run does not keep naming failures that were fixed, and a second
     # failure does not nest the first report inside its "cause".
     retried = False
-    if isinstance(cause, dict) and "failed_compensations" in cause:
+    if isinstance(cause, Mapping) and "failed_compensations" in cause:
         retried, cause = True, cause.get("cause")
     if not failed and not blocked:
         return RunUpdate(status=RunStatus.COMPENSATED, status_reason=f"{reason}; rolled back"[:500],

@@ -13,9 +13,12 @@ from raysaga.state.engine import (
     redact,
     refuse_foreign_sqlite,
 )
+from raysaga.state.error_record import ErrorRecord
 from raysaga.state.models import (
     Batch,
+    BreakerChange,
     BreakerRecord,
+    BreakerState,
     EffectRecord,
     EffectStatus,
     EffectWrite,
@@ -32,6 +35,7 @@ from raysaga.state.models import (
     RunStatus,
     RunSummary,
     RunUpdate,
+    SignalKind,
     SignalRecord,
     node_label,
 )
@@ -69,10 +73,13 @@ def open_store(url: str | None = None, *, create: bool = True) -> SqlStore:
 
 __all__ = [
     "Batch",
+    "BreakerChange",
     "BreakerRecord",
+    "BreakerState",
     "EffectRecord",
     "EffectStatus",
     "EffectWrite",
+    "ErrorRecord",
     "EventRecord",
     "Lease",
     "MemoryEntry",
@@ -87,6 +94,7 @@ __all__ = [
     "RunStatus",
     "RunSummary",
     "RunUpdate",
+    "SignalKind",
     "SignalRecord",
     "SqlStore",
     "Store",

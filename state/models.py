@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from raysaga.state.error_record import ErrorInput, ErrorRecord
+
 
 class RunStatus(StrEnum):
     PENDING = "pending"
@@ -86,7 +88,7 @@ class RunRecord(_Record):
     event_seq: int = 0
     input: Any = None
     output: Any = None
-    error: Any = None
+    error: ErrorRecord | None = None
     input_digest: str | None = None
     """Set when the input is kept as a blob (it was large); ``input`` holds the value regardless."""
     output_digest: str | None = None
@@ -159,7 +161,7 @@ class RunSummary(_Record):
         return self.record().output
 
     @property
-    def error(self) -> Any:
+    def error(self) -> ErrorRecord | None:
         return self.record().error
 
 
@@ -172,7 +174,7 @@ class NodeRecord(_Record):
     not_before: float | None = None
     output: Any = None
     output_digest: str | None = None
-    error: Any = None
+    error: ErrorRecord | None = None
     started_at: float | None = None
     finished_at: float | None = None
     duration: float | None = None
@@ -210,10 +212,18 @@ class EventRecord(_Record):
     data: Any = None
 
 
+class SignalKind(StrEnum):
+    """What an operator asks of a run's driver."""
+
+    CANCEL = "cancel"
+    APPROVE = "approve"
+    REJECT = "reject"
+
+
 class SignalRecord(_Record):
     id: int
     run_id: str
-    kind: str
+    kind: SignalKind
     node_id: str | None = None
     payload: Any = None
     created_at: float
@@ -263,7 +273,8 @@ class NodeWrite(BaseModel):
     not_before: float | None = None
     output: Any = None
     output_digest: str | None = None
-    error: Any = None
+    error: ErrorInput = None
+    """An ``ErrorRecord``, or a dict made into one."""
     started_at: float | None = None
     finished_at: float | None = None
     duration: float | None = None
@@ -289,7 +300,8 @@ class RunUpdate(BaseModel):
     status_reason: str | None = None
     output: Any = None
     set_output: bool = False
-    error: Any = None
+    error: ErrorInput = None
+    """An ``ErrorRecord``, or a dict made into one (written when ``set_error``)."""
     set_error: bool = False
     retries_delta: int = 0
     tokens_delta: int = 0
@@ -297,6 +309,18 @@ class RunUpdate(BaseModel):
     token_budget: int | None = None
     cost_budget: float | None = None
     set_budgets: bool = False
+
+
+class BreakerChange(BaseModel):
+    """Count one tool call's outcome on its circuit breaker (``raysaga.state.breakers``), in the
+    batch's transaction: the breaker row is read under a lock and written with the new state."""
+
+    name: str
+    ok: bool
+    at: float
+    """When the call finished (the driver's clock): a breaker that opens dates its cooldown from it."""
+    threshold: int
+    cooldown: float
 
 
 class Batch(BaseModel):
@@ -308,15 +332,18 @@ class Batch(BaseModel):
     blobs: dict[str, bytes] = Field(default_factory=dict)
     run: RunUpdate | None = None
     consumed_signals: list[int] = Field(default_factory=list)
+    breakers: list[BreakerChange] = Field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.nodes or self.effects or self.events or self.blobs or self.run or self.consumed_signals)
+        return not (self.nodes or self.effects or self.events or self.blobs or self.run or self.consumed_signals
+                    or self.breakers)
 
     def take(self) -> Batch:
         """Move everything into a new batch and leave this one empty (same object, for its holders)."""
         taken = Batch.model_construct(nodes=self.nodes, effects=self.effects, events=self.events, blobs=self.blobs,
-                                      run=self.run, consumed_signals=self.consumed_signals)
-        self.nodes, self.effects, self.events, self.blobs, self.run, self.consumed_signals = [], [], [], {}, None, []
+                                      run=self.run, consumed_signals=self.consumed_signals, breakers=self.breakers)
+        self.nodes, self.effects, self.events, self.blobs, self.run = [], [], [], {}, None
+        self.consumed_signals, self.breakers = [], []
         return taken
 
 
@@ -338,9 +365,17 @@ class MemoryEntry(_Record):
     writer: str | None = None
 
 
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"  # one probe call is out
+
+
 class BreakerRecord(_Record):
+    """A circuit breaker's row, shared by every driver on the store (``raysaga.state.breakers``)."""
+
     name: str
-    state: str = "closed"
+    state: BreakerState = BreakerState.CLOSED
     failures: int = 0
     opened_at: float | None = None
     version: int = 0

@@ -16,9 +16,10 @@ from typing import Any
 from sqlalchemy import func, or_, select
 
 from raysaga.errors import RunNotFoundError
+from raysaga.state.decoding import reading as _reading
 from raysaga.state.models import EventRecord, NodeStatus
 from raysaga.state.schema import events, nodes, runs
-from raysaga.state.sql_store import SqlStore, _reading
+from raysaga.state.sql_store import SqlStore
 
 #: Rows fetched per round trip when streaming nodes.
 NODE_CHUNK = 2000

@@ -24,6 +24,7 @@ from raysaga.state.models import (
     RunSnapshot,
     RunStatus,
     RunSummary,
+    SignalKind,
     SignalRecord,
 )
 from raysaga.state.prune import PruneReport
@@ -84,7 +85,8 @@ class Store(ABC):
     @abstractmethod
     def commit(self, lease: Lease, batch: Batch) -> RunRecord | None:
         """Apply a driver's batch atomically under ``AND fence = ?``; ``LeaseLostError`` on a stale
-        fence (nothing is written). Returns the run row when the batch changed its status."""
+        fence (nothing is written, breaker counts included). Returns the run row when the batch
+        changed its status."""
 
     @abstractmethod
     def get_blobs(self, digests: Iterable[str]) -> dict[str, bytes]:
@@ -110,8 +112,10 @@ class Store(ABC):
     def events(self, run_id: str, after_seq: int = 0, limit: int | None = None) -> list[EventRecord]: ...
 
     @abstractmethod
-    def send_signal(self, run_id: str, kind: str, node_id: str | None = None, payload: Any = None) -> SignalRecord:
-        """Queue an operator signal (cancel, approve, reject) for the run's driver."""
+    def send_signal(self, run_id: str, kind: SignalKind | str, node_id: str | None = None,
+                    payload: Any = None) -> SignalRecord:
+        """Queue an operator signal (cancel, approve, reject) for the run's driver; ``UserError``
+        for another kind."""
 
     @abstractmethod
     def pending_signals(self, run_id: str) -> list[SignalRecord]: ...
@@ -130,7 +134,8 @@ class Store(ABC):
 
     @abstractmethod
     def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
-        """Store a breaker's new state unless another driver changed it first."""
+        """Store a breaker's new state unless another driver changed it first (for ``admit``'s
+        probe; call outcomes are counted through ``Batch.breakers``)."""
 
     @abstractmethod
     def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,

@@ -254,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         executor.shutdown()
     result = {"run_id": record.run_id, "status": record.status.value, "output": record.output,
-              "error": record.error, "status_reason": record.status_reason, "tokens_used": record.tokens_used,
-              "pid": os.getpid()}
+              "error": None if record.error is None else record.error.as_dict(),
+              "status_reason": record.status_reason, "tokens_used": record.tokens_used, "pid": os.getpid()}
     print(harness.RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
     return 0 if record.status == raysaga.RunStatus.COMPLETED else int(harness.EXIT_FAILED)
 

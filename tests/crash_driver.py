@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lease lost: {exc}", file=sys.stderr, flush=True)
         return EXIT_LEASE_LOST
     result = {"run_id": record.run_id, "status": record.status.value, "output": record.output,
-              "error": record.error, "status_reason": record.status_reason, "pid": os.getpid()}
+              "error": None if record.error is None else record.error.as_dict(),
+              "status_reason": record.status_reason, "pid": os.getpid()}
     print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
     if args.create_only or args.any_state_ok or record.status == raysaga.RunStatus.COMPLETED:
         return 0

@@ -62,10 +62,11 @@ def test_outcome_compensated_or_parked_naming_failed_and_blocked() -> None:
     plan = RollbackPlan(graph, [CompensationTarget(("a", -1), 1.0), CompensationTarget(("b", -1), 2.0)])
     plan.ready()
     plan.fail(("b", -1))
-    parked = rollback_outcome("step b failed", plan, {("b", -1): {"type": "Refused"}}, "cause")
+    cause = {"node": "b", "type": "Cause"}  # the run's error when the rollback started (an ErrorRecord)
+    parked = rollback_outcome("step b failed", plan, {("b", -1): {"type": "Refused"}}, cause)
     assert parked.status == RunStatus.COMPENSATION_FAILED and parked.set_error
     assert parked.error == {"failed_compensations": [{"node": "b", "type": "Refused"}],
-                            "blocked_compensations": ["a"], "cause": "cause"}
+                            "blocked_compensations": ["a"], "cause": cause}
     # a retried rollback reports the original cause, not the earlier report
     again = rollback_outcome("r", RollbackPlan(graph, []), {}, parked.error)
-    assert again.status == RunStatus.COMPENSATED and again.error == "cause" and again.set_error
+    assert again.status == RunStatus.COMPENSATED and again.error == cause and again.set_error

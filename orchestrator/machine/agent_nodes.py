@@ -125,7 +125,7 @@ class AgentNodes:
             if row.status == NodeStatus.COMPLETED:
                 node.conv.put(sub.turn, sub.call, output)
             elif sub.call is not None and row.status == NodeStatus.FAILED:
-                record_tool_failure(node.agent, node.conv, sub.turn, sub.call, row.error or {})
+                record_tool_failure(node.agent, node.conv, sub.turn, sub.call, row.error.as_dict() if row.error else {})
             elif row.status == NodeStatus.RETRYING and row.not_before and row.not_before > self.out.now:
                 self.calls.schedule(row.not_before, sub)  # the backoff survives the crash ...
                 # ... and holds the call until it fires. Without this, the node issued the call at

@@ -85,7 +85,7 @@ class Forward:
         spec = self.wf.steps[step]
         row = self.restored.pop(key, None)
         if row is not None and row.status in (NodeStatus.FAILED, NodeStatus.SKIPPED):
-            self.settle_failed(key, row.error or {}, write=False, attempts=row.attempt)
+            self.settle_failed(key, row.error.as_dict() if row.error else {}, write=False, attempts=row.attempt)
             return None
         if spec.map_over is not None and index < 0:
             self._expand(step, row)

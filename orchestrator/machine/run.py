@@ -66,7 +66,7 @@ class RunMachine:
         self.agents = AgentNodes(run.run_id, run.trace_id, self.calls, self.forward, self.budgets, self.out,
                                  max_output_bytes=options.max_output_bytes, blob_threshold=options.blob_threshold)
         self.deadline_at = run.deadline_at
-        self.run_error: Any = run.error
+        self.run_error: Any = None if run.error is None else run.error.as_dict()
         self.phase = Phase.ROLLBACK if run.status == RunStatus.COMPENSATING else Phase.FORWARD
         self.rollback: Rollback | None = None
         self._stopping: tuple[str, dict[str, Any] | None, RunStatus, int | None] | None = None

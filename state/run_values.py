@@ -1,0 +1,67 @@
+"""A run's input and output at rest: inline in the run's row while small, else a blob by digest.
+
+Every transition and ``list`` read the run row, so the row stays small (DESIGN: rows stay
+small); and a run's input is read whole by every resume, so it has a cap: large data belongs
+elsewhere (a path, a URL, an id), with the run holding the reference.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy import Connection
+
+from raysaga.errors import InputTooLargeError, UserError
+from raysaga.state import blob_rows, jsoncodec
+
+#: A run's input or output whose JSON is larger than this is kept in raysaga_blobs, not in its
+#: row. The default of ``RunOptions.blob_threshold``, which does the same for node outputs.
+RUN_VALUE_INLINE_LIMIT = 64 * 1024
+#: Default cap on a run's input (canonical JSON bytes); ``RAYSAGA_MAX_INPUT_BYTES`` or
+#: ``SqlStore(max_input_bytes=...)`` changes it.
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+MAX_INPUT_ENV = "RAYSAGA_MAX_INPUT_BYTES"
+
+
+def input_cap(given: int | None = None) -> int:
+    """The run-input cap in bytes: ``given``, else ``RAYSAGA_MAX_INPUT_BYTES``, else the default."""
+    if given is None:
+        env = os.environ.get(MAX_INPUT_ENV)
+        if not env:
+            return MAX_INPUT_BYTES
+        try:
+            given = int(env)
+        except ValueError:
+            raise UserError(f"{MAX_INPUT_ENV}={env!r} is not a whole number of bytes") from None
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise UserError(f"max_input_bytes {given!r} must be a positive whole number of bytes")
+    return given
+
+
+def store_run_value(conn: Connection, value: Any, what: str, *, inline_limit: int,
+                    max_input_bytes: int) -> tuple[Any, str | None, str | None]:
+    """A run's input or output (``what``) as (inline value, None, None), or (None, digest, None)
+    once it is large; an output ``{key: large}`` is (None, digest of large, key): the sink node's
+    blob of the same canonical bytes then holds it once (the digest is the same, the insert a
+    no-op). ``InputTooLargeError`` for an input above ``max_input_bytes``."""
+    if value is None:
+        return None, None, None
+    if what == "output" and isinstance(value, dict) and len(value) == 1:
+        ((key, inner),) = value.items()
+        part = jsoncodec.dumps(inner, f"run output[{key!r}]").encode("utf-8")
+        if len(part) > inline_limit and len(key) <= 200:
+            digest = jsoncodec.digest(part)
+            blob_rows.put(conn, [{"digest": digest, "size": len(part), "data": part}])
+            return None, digest, key
+    data = jsoncodec.dumps(value, f"run {what}").encode("utf-8")
+    if what == "input" and len(data) > max_input_bytes:
+        raise InputTooLargeError(
+            f"run input is {len(data):,} bytes of JSON, above the cap of {max_input_bytes:,} bytes: pass "
+            f"a reference (a path, a URL, an id) instead, or raise the cap with {MAX_INPUT_ENV}=BYTES "
+            "(or SqlStore(max_input_bytes=...))")
+    if len(data) <= inline_limit:
+        return value, None, None
+    digest = jsoncodec.digest(data)
+    blob_rows.put(conn, [{"digest": digest, "size": len(data), "data": data}])
+    return None, digest, None
