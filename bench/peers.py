@@ -9,9 +9,12 @@ langgraph-checkpoint-sqlite dbos``, the ``bench`` extra).
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
+
+# the signature of both DBOS functions below: DBOS's decorators keep it
+_AsyncIntFn = Callable[[int], Coroutine[Any, Any, int]]
 
 
 def langgraph_runner(n: int, wait: float, tmp: Path, concurrency: int | None) -> Callable[[], float] | None:
@@ -21,6 +24,7 @@ def langgraph_runner(n: int, wait: float, tmp: Path, concurrency: int | None) ->
         import sqlite3
         from typing import Annotated, TypedDict
 
+        from langchain_core.runnables import RunnableConfig  # installed with langgraph
         from langgraph.checkpoint.sqlite import SqliteSaver
         from langgraph.graph import END, START, StateGraph
         from langgraph.types import Send
@@ -57,11 +61,12 @@ def langgraph_runner(n: int, wait: float, tmp: Path, concurrency: int | None) ->
         conn = sqlite3.connect(tmp / f"lg-{uuid.uuid4().hex[:8]}.db", check_same_thread=False)
         try:
             graph = g.compile(checkpointer=SqliteSaver(conn))
-            config: dict[str, Any] = {"configurable": {"thread_id": uuid.uuid4().hex}}
+            config: RunnableConfig = {"configurable": {"thread_id": uuid.uuid4().hex}}
             if concurrency is not None:
                 config["max_concurrency"] = concurrency
+            start_state: State = {"n": n, "done": []}
             start = time.perf_counter()
-            out = graph.invoke({"n": n, "done": []}, config)  # type: ignore[arg-type]
+            out = graph.invoke(start_state, config)
             took = time.perf_counter() - start
             assert len(out["done"]) == n, out
             return took
@@ -82,12 +87,16 @@ def dbos_runner(n: int, wait: float, tmp: Path) -> Callable[[], float] | None:
     DBOS(config={"name": "raysaga_io_bench", "system_database_url": f"sqlite:///{tmp / 'dbos.sqlite'}",
                  "log_level": "ERROR"})
 
-    @DBOS.step()
+    # typed here so the functions stay typed when dbos is absent (mypy then sees DBOS as Any)
+    step: Callable[[_AsyncIntFn], _AsyncIntFn] = DBOS.step()
+    workflow: Callable[[_AsyncIntFn], _AsyncIntFn] = DBOS.workflow()
+
+    @step
     async def dbos_item(i: int) -> int:
         await asyncio.sleep(wait)
         return i
 
-    @DBOS.workflow()
+    @workflow
     async def dbos_fanout(count: int) -> int:
         done = await asyncio.gather(*[dbos_item(i) for i in range(count)])
         return len(done)

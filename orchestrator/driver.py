@@ -37,7 +37,6 @@ from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
-    BreakerChange,
     EffectStatus,
     NewEvent,
     NodeStatus,
@@ -305,7 +304,7 @@ class Driver:
         self._attempts.cancel(keys)
 
     def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
-        """Hand the machine what came back; carry out the breaker counts and cancels it decides."""
+        """Hand the machine what came back; carry out the cancels it decides."""
         assert self.machine is not None
         m = self.machine
         outcomes: list[tuple[NodeKey, NodeOutcome]] = []
@@ -317,9 +316,6 @@ class Driver:
             outcomes.append((key, handle.outcome))
         now = self.clock()
         m.absorb(outcomes, now)
-        for outcome in m.out.take_breakers():
-            m.out.batch.breakers.append(BreakerChange(name=outcome.breaker, ok=outcome.ok, at=now,
-                                                      threshold=outcome.threshold, cooldown=outcome.cooldown))
         self._cancel(m.out.take_cancel())
         return [key for key, _ in outcomes]
 

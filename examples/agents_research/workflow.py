@@ -30,6 +30,7 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Mapping
 
 from pydantic import BaseModel, Field
 
@@ -240,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
              else ""))
     for node in nodes:
         if node.status == NodeStatus.FAILED:
-            error = node.error or {}
+            error: Mapping[str, object] = node.error or {}
             print(f"  failed: {node.label}: {error.get('type')}: {error.get('message')}", file=sys.stderr)
     if record.output is not None:
         print("\nfinal answer:\n")

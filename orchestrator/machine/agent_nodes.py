@@ -38,10 +38,10 @@ from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
-from raysaga.orchestrator.machine.outbox import AdmitTool, BreakerOutcome, BuildPrompt, MemoryOp, Outbox
+from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, MemoryOp, Outbox
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
-from raysaga.state import MemoryEntry, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
+from raysaga.state import BreakerChange, MemoryEntry, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
 from raysaga.types import StepContext
 
 
@@ -259,8 +259,7 @@ class AgentNodes:
             return
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
         if tool is not None:
-            self.out.breakers.append(BreakerOutcome(tool.breaker_name, True, node.agent.breaker_threshold,
-                                                    node.agent.breaker_cooldown))
+            self._count(node, tool.breaker_name, True)
 
     def on_failure(self, sub: NodeKey, error: dict[str, Any]) -> None:
         node = self.nodes[sub.owner]
@@ -273,8 +272,13 @@ class AgentNodes:
         record_tool_failure(node.agent, node.conv, sub.turn, sub.call, error)
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
         if tool is not None:
-            self.out.breakers.append(BreakerOutcome(tool.breaker_name, False, node.agent.breaker_threshold,
-                                                    node.agent.breaker_cooldown))
+            self._count(node, tool.breaker_name, False)
+
+    def _count(self, node: _Node, breaker: str, ok: bool) -> None:
+        """A tool call's outcome on its circuit breaker: counted by the store in this batch's transaction."""
+        self.out.batch.breakers.append(BreakerChange(name=breaker, ok=ok, at=self.out.now,
+                                                     threshold=node.agent.breaker_threshold,
+                                                     cooldown=node.agent.breaker_cooldown))
 
     def _finish(self, node: _Node, output: Any) -> None:
         node.finished = True

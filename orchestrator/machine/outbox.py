@@ -60,16 +60,6 @@ class MemoryOp:
     writer: str = ""
 
 
-@dataclass(frozen=True)
-class BreakerOutcome:
-    """Count a tool call's success or failure on its circuit breaker."""
-
-    breaker: str
-    ok: bool
-    threshold: int
-    cooldown: float
-
-
 Query = BuildPrompt | AdmitTool | MemoryOp
 
 
@@ -82,7 +72,6 @@ class Outbox:
     dispatch: list[Dispatch] = field(default_factory=list)
     cancel: list[NodeKey] = field(default_factory=list)
     queries: list[Query] = field(default_factory=list)
-    breakers: list[BreakerOutcome] = field(default_factory=list)
 
     def take_batch(self) -> Batch:
         return self.batch.take()
@@ -97,8 +86,4 @@ class Outbox:
 
     def take_queries(self) -> list[Query]:
         taken, self.queries = self.queries, []
-        return taken
-
-    def take_breakers(self) -> list[BreakerOutcome]:
-        taken, self.breakers = self.breakers, []
         return taken
