@@ -17,13 +17,14 @@ from pydantic import BaseModel, ValidationError
 from raysaga.agents.messages import ModelResponse
 from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool
-from raysaga.errors import WorkflowDefinitionError
+from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
-from raysaga.types import RetryPolicy, check_name
+from raysaga.types import RetryPolicy, check_name, check_number, checked_fields
 
 MEMORY_TOOLS = ("memory_read", "memory_write")
 
 
+@checked_fields
 @dataclass(frozen=True)
 class LoopPolicy:
     """Break a loop of identical tool calls: the same (tool, args) ``repeats`` times within the
@@ -31,12 +32,29 @@ class LoopPolicy:
     ``"fail"`` the node or ``"pause"`` the run for a human."""
 
     window: int = 6
+    """How many of the latest tool calls are compared."""
     repeats: int = 3
+    """Identical calls within the window that count as a loop."""
     then: str = "fail"
+    """``"fail"`` the node, or ``"pause"`` the run for a human, when the loop goes on after the warning."""
+
+    def __post_init__(self) -> None:
+        check_number("LoopPolicy", "window", self.window, minimum=1, integer=True, allowed="a whole number >= 1")
+        check_number("LoopPolicy", "repeats", self.repeats, minimum=1, integer=True, allowed="a whole number >= 1")
+        if self.then not in ("pause", "fail"):
+            raise InvalidOptionError(f"LoopPolicy.then must be 'pause' or 'fail', got {self.then!r}")
 
 
+@checked_fields
 @dataclass(frozen=True)
 class Agent:
+    """An LLM sub-agent: ``Agent("researcher", AnthropicModel("claude-sonnet-4-5"), system=..., tools=(search,))``.
+
+    Put it in a workflow with ``@wf.agent(agent)``. Every field but ``name`` and ``model`` has a
+    default; a field of the wrong type or out of range is refused here (``InvalidOptionError``,
+    or ``WorkflowDefinitionError`` for the tools), not when the run reaches the node.
+    """
+
     name: str
     model: Model
     system: str = ""
@@ -52,14 +70,19 @@ class Agent:
     transport_retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=6, base=0.5, cap=20.0))
     """Retries of model calls on 429/529/5xx/timeouts/dropped connections (never shown to the model)."""
     model_timeout: float | None = None
+    """Seconds before a model call is abandoned and counted a transient failure."""
     breaker_threshold: int = 5
+    """Consecutive failures of a tool's dependency that open its circuit breaker."""
     breaker_cooldown: float = 30.0
+    """Seconds an open breaker waits before it lets one probe call through."""
     shared_memory: bool = False
     """Give the agent ``memory_read``/``memory_write`` on the run's blackboard (compare-and-set)."""
     max_tokens: int = 1024
+    """The ``max_tokens`` of each model call."""
 
     def __post_init__(self) -> None:
         check_name("agent", self.name)
+        self._check_options()
         names = [t.name for t in self.tools]
         if len(names) != len(set(names)):
             raise WorkflowDefinitionError(f"agent {self.name!r} has two tools with one name: {names}")
@@ -67,8 +90,46 @@ class Agent:
             raise WorkflowDefinitionError(f"agent {self.name!r}: {MEMORY_TOOLS} are reserved for shared memory")
         if self.on_budget not in ("pause", "fail") or self.loop.then not in ("pause", "fail"):
             raise WorkflowDefinitionError(f"agent {self.name!r}: on_budget and loop.then take 'pause' or 'fail'")
-        if self.max_turns < 1:
-            raise WorkflowDefinitionError(f"agent {self.name!r}: max_turns must be >= 1")
+
+    def _check_options(self) -> None:
+        """Refuse a field of the wrong type or range; a list of tools becomes a tuple (kept hashable)."""
+        owner = f"Agent({self.name!r})"
+        if not isinstance(self.model, Model):
+            raise InvalidOptionError(f"{owner}.model must be a model backend (AnthropicModel(...), ScriptedModel(...) "
+                                     f"or your own raysaga.agents.Model), got {self.model!r}")
+        if not isinstance(self.system, str):
+            raise InvalidOptionError(f"{owner}.system must be a str, got {self.system!r}")
+        given: Any = (self.tools,) if isinstance(self.tools, Tool) else self.tools
+        try:
+            tools = tuple(given)
+        except TypeError:  # one bare function, say
+            tools = (given,)
+        for item in tools:
+            if not isinstance(item, Tool):
+                raise WorkflowDefinitionError(
+                    f"agent {self.name!r}: tools= takes tools made with @raysaga.agents.tool, got {item!r}"
+                    + (": decorate it with @tool" if callable(item) else ""))
+        object.__setattr__(self, "tools", tools)
+        if self.output_type is not None and not (isinstance(self.output_type, type)
+                                                 and issubclass(self.output_type, BaseModel)):
+            raise InvalidOptionError(f"{owner}.output_type must be a pydantic model class or None, "
+                                     f"got {self.output_type!r}")
+        check_number(owner, "max_turns", self.max_turns, minimum=1, integer=True, allowed="a whole number >= 1")
+        check_number(owner, "max_output_retries", self.max_output_retries, minimum=0, integer=True,
+                     allowed="a whole number >= 0")
+        check_number(owner, "max_tokens", self.max_tokens, minimum=1, integer=True, allowed="a whole number >= 1")
+        check_number(owner, "model_timeout", self.model_timeout, minimum=0, strict=True, optional=True,
+                     allowed="None or a finite number of seconds > 0")
+        check_number(owner, "breaker_threshold", self.breaker_threshold, minimum=1, integer=True,
+                     allowed="a whole number >= 1")
+        check_number(owner, "breaker_cooldown", self.breaker_cooldown, minimum=0,
+                     allowed="a finite number of seconds >= 0")
+        if not isinstance(self.loop, LoopPolicy):
+            raise InvalidOptionError(f"{owner}.loop must be a LoopPolicy, got {self.loop!r}")
+        if not isinstance(self.transport_retry, RetryPolicy):
+            raise InvalidOptionError(f"{owner}.transport_retry must be a RetryPolicy, got {self.transport_retry!r}")
+        if not isinstance(self.shared_memory, bool):
+            raise InvalidOptionError(f"{owner}.shared_memory must be True or False, got {self.shared_memory!r}")
 
     def tool(self, name: str) -> Tool | None:
         return next((t for t in self.tools if t.name == name), None)

@@ -10,7 +10,9 @@ failure: transient ones are retried with backoff, invisible to the model.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.state.redact import scrub_text
-from raysaga.types import RetryPolicy
+from raysaga.types import RetryPolicy, checked_options, unknown_option_message
 
 
 class ToolError(RaySagaError):
@@ -82,32 +84,66 @@ class Tool:
         return {k: args.get(k) for k in self.key} if self.key else args
 
 
-@overload
-def tool(fn: Callable[..., Any], /) -> Tool: ...
+def _unknown_tool_option(where: str, unknown: list[str], options: list[str]) -> WorkflowDefinitionError:
+    return WorkflowDefinitionError(unknown_option_message(f"tool {where!r}", unknown, options))
 
 
 @overload
-def tool(fn: None = None, *, name: str | None = None, description: str | None = None, effect: bool = False,
+def tool(fn: Callable[..., Any], /, *, name: str | None = None, description: str | None = None,
+         effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
+         timeout: float | None = None, breaker: str | None = None, compensate: Callable[..., Any] | None = None,
+         ) -> Tool: ...
+
+
+@overload
+def tool(fn: None = None, /, *, name: str | None = None, description: str | None = None, effect: bool = False,
          key: Sequence[str] | None = None, retry: RetryPolicy | None = None, timeout: float | None = None,
          breaker: str | None = None, compensate: Callable[..., Any] | None = None,
          ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
-def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+@functools.partial(checked_options, what="tool()", unknown=_unknown_tool_option, misfit=WorkflowDefinitionError,
+                   decorator_factory=True, fn_param="fn")
+def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
          effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
          timeout: float | None = None, breaker: str | None = None,
-         compensate: Callable[..., Any] | None = None) -> Any:
+         compensate: Callable[..., Any] | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a ``Tool`` from a typed function; its parameters become the JSON schema.
 
-    ``compensate=`` registers the undo of an effect tool's call, run when the run rolls back.
+    Call forms: ``@tool``, ``@tool()``, ``@tool(effect=True, key=("order_id",))``, and
+    ``tool(fn, name="search")`` for a function defined elsewhere (a ``functools.partial`` too).
+
+    Args:
+        name: the name the model calls it by (default: the function's name); 1-64 letters,
+            digits, ``_`` or ``-``.
+        description: what the model is told it does (default: the function's docstring).
+        effect: the tool changes the world: each call gets an idempotency key and goes through
+            the ledger, so a resume never repeats a committed call.
+        key: the arguments that identify the effect (default: all of them); one name may be
+            given as a plain string.
+        retry: the ``RetryPolicy`` of its transient failures (default: the step default).
+        timeout: seconds before a call is cancelled and counted a transient failure.
+        breaker: the dependency whose circuit breaker guards it (default: the tool's name).
+        compensate: the undo of one call of an effect tool, run when the run rolls back.
+
+    Raises:
+        WorkflowDefinitionError: an option of the wrong type, an unknown option, or a function
+            that cannot be described to a model; the message names the tool.
     """
 
     def build(func: Callable[..., Any]) -> Tool:
-        tool_name = name or func.__name__
+        tool_name = name or getattr(func, "__name__", None)
+        if tool_name is None:
+            raise WorkflowDefinitionError(
+                f"tool(): {func!r} has no __name__ (a functools.partial?): name it with tool(fn, name=...)")
         if not isinstance(tool_name, str) or not TOOL_NAME_RE.fullmatch(tool_name):
             raise WorkflowDefinitionError(
                 f"tool name {tool_name!r} is not valid: use 1-64 letters, digits, '_' or '-' (the Messages API's "
                 "rule; ':', '@', '.', '[' and ']' are reserved in raysaga's node ids and effect keys)")
+        if not callable(func):
+            raise WorkflowDefinitionError(f"tool {tool_name!r}: @tool decorates functions, got {func!r}")
+        key_names = _check_options(tool_name, description=description, effect=effect, key=key, retry=retry,
+                                   timeout=timeout, breaker=breaker)
         fields: dict[str, Any] = {}
         for pname, param in inspect.signature(func).parameters.items():
             if pname == "idempotency_key":
@@ -117,8 +153,8 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
             annotation = param.annotation if param.annotation is not inspect.Parameter.empty else Any
             default = param.default if param.default is not inspect.Parameter.empty else ...
             fields[pname] = (annotation, default)
-        if key:
-            unknown = set(key) - set(fields)
+        if key_names:
+            unknown = set(key_names) - set(fields)
             if unknown:
                 raise WorkflowDefinitionError(f"tool {tool_name!r}: key= names unknown arguments {sorted(unknown)}")
         if compensate is not None:
@@ -126,12 +162,42 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None, descr
         model = create_model(f"{tool_name}_input", **fields)
         doc = description or inspect.getdoc(func) or tool_name
         return Tool(name=tool_name, description=doc, fn=func, input_model=model, effect=effect,
-                    key=tuple(key) if key else None, retry=retry, timeout=timeout, breaker=breaker,
+                    key=key_names or None, retry=retry, timeout=timeout, breaker=breaker,
                     compensate=compensate)
 
     if fn is not None:
         return build(fn)
     return build
+
+
+def _check_options(tool_name: str, *, description: Any, effect: Any, key: Any, retry: Any, timeout: Any,
+                   breaker: Any) -> tuple[str, ...]:
+    """Refuse an option of the wrong type (naming the tool); return ``key`` as a tuple of names."""
+    if description is not None and not isinstance(description, str):
+        raise WorkflowDefinitionError(f"tool {tool_name!r}: description= takes a str, got {description!r}")
+    if not isinstance(effect, bool):
+        raise WorkflowDefinitionError(f"tool {tool_name!r}: effect= takes True or False, got {effect!r}")
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise WorkflowDefinitionError(
+            f"tool {tool_name!r}: retry= takes a RetryPolicy, e.g. retry=RetryPolicy(max_attempts=5), got {retry!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise WorkflowDefinitionError(
+            f"tool {tool_name!r}: timeout must be a finite number of seconds > 0, got {timeout!r}")
+    if breaker is not None and (not isinstance(breaker, str) or not breaker):
+        raise WorkflowDefinitionError(
+            f"tool {tool_name!r}: breaker= takes a dependency's name (a str), got {breaker!r}")
+    if key is None:
+        return ()
+    names = (key,) if isinstance(key, str) else key
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(k, str) for k in names):
+        raise WorkflowDefinitionError(
+            f"tool {tool_name!r}: key= takes argument names, e.g. key=(\"order_id\",), got {key!r}")
+    return names
 
 
 #: What a tool's compensation may take besides the tool's own arguments.

@@ -2,11 +2,34 @@
 
 Declare a ``Workflow`` of steps, ``run`` it; a killed run ``resume``s where it stopped,
 and no ``effect=True`` step ever takes effect twice.
+
+The public API, by group (one line each in docs/api.md):
+
+- **Declaring a workflow**: ``Workflow`` (``@wf.step``, ``@wf.map``, ``@wf.agent``,
+  ``@wf.compensation``), ``StepContext``, ``RetryPolicy``, ``NOT_APPLIED``, ``Secret``, ``Saga``.
+- **Fan-out policies**: ``ALL``, ``BEST_EFFORT``, ``quorum``, ``min_success_ratio``,
+  ``on_partial_failure``, and what a policy sees and answers: ``FanOutResult``, ``Continue``,
+  ``RetryFailed``, ``Fail``, ``Compensate``.
+- **Running**: ``run``, ``create_run``, ``resume``, ``retry``, ``cancel``, ``RunOptions``.
+- **The store**: ``open_store``, ``Store``, ``RunRecord``, ``RunStatus``, ``prune``.
+- **Failing a step on purpose**: ``StepFailure``, ``Permanent``, ``Transient``.
+- **Errors**: every one descends from ``RaySagaError`` (the tree is drawn in ``raysaga.errors``):
+  a caller's mistakes are ``UserError``s (``WorkflowDefinitionError``, ``InvalidInputError``,
+  ``InvalidOptionError``, ``SecretUnavailableError``); ``NotJSONableError``; the store's are
+  ``StoreError``s (``StoreUnavailableError``, ``RunNotFoundError``, ``RunExistsError``,
+  ``LeaseHeldError``, ``LeaseLostError``); ``DriverInterrupted`` after SIGINT/SIGTERM.
+
+Also public: ``raysaga.agents`` (LLM sub-agents: ``Agent``, ``tool``, model backends),
+``raysaga.testing`` (a scripted model, a guard against the real API), ``raysaga.errors`` and
+``raysaga.types``; the ``raysaga`` command (``raysaga.cli``). Other modules are implementation.
+
+``import raysaga`` is cheap: only the errors are imported at once; every other name is imported
+the first time it is used (``_LAZY``), so ``import raysaga`` loads neither the driver nor Ray.
 """
 
-from typing import TYPE_CHECKING
+import typing as _typing
 
-from raysaga._lazy import lazy_exports
+from raysaga._lazy import lazy_exports as _lazy_exports
 from raysaga.errors import (
     DriverInterrupted,
     InvalidInputError,
@@ -16,14 +39,18 @@ from raysaga.errors import (
     NotJSONableError,
     Permanent,
     RaySagaError,
+    RunExistsError,
     RunNotFoundError,
     SecretUnavailableError,
+    StepFailure,
+    StoreError,
+    StoreUnavailableError,
     Transient,
     UserError,
     WorkflowDefinitionError,
 )
 
-if TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
+if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
     from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
     from raysaga.orchestrator.saga import Saga
     from raysaga.orchestrator.secrets import Secret
@@ -57,49 +84,60 @@ _LAZY = {
     **dict.fromkeys(("Saga",), "raysaga.orchestrator.saga"),
     **dict.fromkeys(("RunRecord", "RunStatus", "Store", "open_store", "prune"), "raysaga.state"),
 }
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _LAZY)
+__getattr__, __dir__ = _lazy_exports(__name__, globals(), _LAZY)
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "ALL",
-    "BEST_EFFORT",
+# Grouped as in the docstring above and docs/api.md; tests/test_public_api.py pins each group.
+__all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
+    # declaring a workflow
     "NOT_APPLIED",
-    "Compensate",
-    "Continue",
-    "DriverInterrupted",
-    "Fail",
-    "FanOutResult",
-    "InvalidInputError",
-    "InvalidOptionError",
-    "LeaseHeldError",
-    "LeaseLostError",
-    "NotJSONableError",
-    "Permanent",
-    "RaySagaError",
-    "RetryFailed",
     "RetryPolicy",
-    "RunNotFoundError",
-    "RunOptions",
-    "RunRecord",
-    "RunStatus",
     "Saga",
     "Secret",
-    "SecretUnavailableError",
     "StepContext",
-    "Store",
-    "Transient",
-    "UserError",
     "Workflow",
-    "WorkflowDefinitionError",
-    "cancel",
-    "create_run",
+    # fan-out policies, and what a policy sees and answers
+    "ALL",
+    "BEST_EFFORT",
+    "Compensate",
+    "Continue",
+    "Fail",
+    "FanOutResult",
+    "RetryFailed",
     "min_success_ratio",
     "on_partial_failure",
-    "open_store",
-    "prune",
     "quorum",
+    # running
+    "RunOptions",
+    "cancel",
+    "create_run",
     "resume",
     "retry",
     "run",
+    # the store
+    "RunRecord",
+    "RunStatus",
+    "Store",
+    "open_store",
+    "prune",
+    # failing a step on purpose
+    "Permanent",
+    "StepFailure",
+    "Transient",
+    # errors (the whole tree: raysaga.errors): the root, a caller's mistakes, the store, the driver
+    "RaySagaError",
+    "UserError",
+    "InvalidInputError",
+    "InvalidOptionError",
+    "NotJSONableError",
+    "SecretUnavailableError",
+    "WorkflowDefinitionError",
+    "StoreError",
+    "LeaseHeldError",
+    "LeaseLostError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "StoreUnavailableError",
+    "DriverInterrupted",
 ]

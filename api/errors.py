@@ -7,6 +7,7 @@
     │   │   └── InputTooLargeError        run input above the configured size cap
     │   ├── WorkflowLoadError         MODULE:WORKFLOW that cannot be imported
     │   ├── InvalidOptionError        an option (RunOptions, RetryPolicy, a CLI flag) out of range
+    │   │   └── UnknownOptionError        a keyword no option has (a typo), or arguments that do not fit
     │   └── SecretUnavailableError    a secret the run needs is not available to this process
     ├── StoreError                the durable store refused or could not do something
     │   ├── RunNotFoundError
@@ -24,6 +25,10 @@
     └── StepFailure               raised by user step code to classify its own failure
         ├── Permanent                 never retried
         └── Transient                 retried with backoff
+
+``InvalidOptionError`` is also a ``ValueError``, and ``UnknownOptionError`` also a ``TypeError``:
+what these mistakes raised before they had classes of their own, so ``except ValueError`` (or
+``TypeError``) around raysaga calls keeps working.
 
 Exceptions carrying constructor arguments define ``__reduce__`` so they survive the
 pickling Ray does when a task raises them.
@@ -63,6 +68,11 @@ class InvalidOptionError(UserError, ValueError):
 
     A ``UserError`` (the CLI prints it as a usage error) and, for callers that caught the
     ``ValueError`` these options raised before, a ``ValueError`` too."""
+
+
+class UnknownOptionError(InvalidOptionError, TypeError):
+    """A keyword that names no option (``RetryPolicy(max_attempt=3)``), or positional arguments an
+    option object does not take. The message lists the options there are."""
 
 
 class SecretUnavailableError(UserError):

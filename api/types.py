@@ -9,12 +9,15 @@ one way (``[tool.importlinter]`` in pyproject.toml checks it). The old homes
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, TypeVar, cast
 
-from raysaga.errors import InvalidOptionError, UserError, WorkflowDefinitionError
+from raysaga.errors import InvalidOptionError, RaySagaError, UnknownOptionError, UserError, WorkflowDefinitionError
 
 __all__ = [
     "COMPENSATE_SUFFIX",
@@ -30,10 +33,17 @@ __all__ = [
     "RunOptions",
     "StepContext",
     "check_name",
+    "check_number",
+    "checked_fields",
+    "checked_options",
     "compensation_node",
     "compensation_retry",
     "is_compensation",
+    "unknown_option_message",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
 
 
 
@@ -42,9 +52,10 @@ __all__ = [
 MIN_LEASE_TTL = 0.5
 
 
-def _number(owner: str, name: str, value: Any, *, minimum: float, allowed: str, strict: bool = False,
-            integer: bool = False, optional: bool = False) -> None:
-    """Refuse a value outside ``[minimum, inf)`` (``(minimum, inf)`` if ``strict``), NaN, inf, a bool."""
+def check_number(owner: str, name: str, value: Any, *, minimum: float, allowed: str, strict: bool = False,
+                 integer: bool = False, optional: bool = False) -> None:
+    """Refuse (``InvalidOptionError``, naming ``owner.name``) a value outside ``[minimum, inf)``
+    (``(minimum, inf)`` if ``strict``), NaN, inf, a bool, a non-number; ``None`` if ``optional``."""
     if value is None and optional:
         return
     ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -56,7 +67,99 @@ def _number(owner: str, name: str, value: Any, *, minimum: float, allowed: str, 
         raise InvalidOptionError(f"{owner}.{name} must be {allowed}, got {value!r}")
 
 
-@dataclass(frozen=True)
+def unknown_option_message(where: str, unknown: Iterable[str], options: Iterable[str]) -> str:
+    """``where: unknown option(s) [...]; the options are [...]``, with a guess for each typo."""
+    import difflib  # only on this error path: raysaga.types is imported by every command
+
+    unknown, options = sorted(unknown), sorted(options)
+    guesses = [f"{name!r}: did you mean {close[0]!r}?" for name in unknown
+               if (close := difflib.get_close_matches(name, options, n=1))]
+    return (f"{where}: unknown option(s) {unknown}; the options are {options}"
+            + (f" ({'; '.join(guesses)})" if guesses else ""))
+
+
+def checked_options(fn: F, *, what: str, unknown: Callable[[str, list[str], list[str]], RaySagaError],
+                    misfit: Callable[[str], RaySagaError], decorator_factory: bool = False,
+                    fn_param: str | None = None) -> F:
+    """``fn``, refusing a call that does not fit its signature with a ``RaySagaError``, not Python's
+    ``TypeError``: the public decorators and option objects keep explicit, typed keyword-only
+    signatures (no ``**options: Any``), yet a typo still gets an error that names the options.
+
+    Args:
+        fn: the function (or ``__init__``) to guard; the wrapper keeps its signature and its
+            overloads (``functools.wraps``; typed as ``fn`` itself).
+        what: how messages name the call: ``"RetryPolicy"``, ``"@wf.step"``.
+        unknown: builds the error for keywords that name no parameter: ``(where, unknown, options)``.
+        misfit: builds the error for any other mismatch (a missing or an extra positional argument).
+        decorator_factory: ``fn`` returns a decorator: the unknown-option error is raised when that
+            decorator is applied, naming the decorated function (or its ``name=`` option) as
+            ``where``, so the message says which step or tool the typo is on.
+        fn_param: the parameter that may carry the decorated function itself (``@wf.step`` bare,
+            or ``tool(fn, nme=...)``): when it does, the error is raised at once.
+    """
+    signature = inspect.signature(fn)
+    accepted = frozenset(name for name, p in signature.parameters.items()
+                         if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    options = sorted(name for name, p in signature.parameters.items() if p.kind is p.KEYWORD_ONLY) or sorted(
+        accepted - {"self"})
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        strays = sorted(kwargs.keys() - accepted)
+        if not strays:
+            try:
+                signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                raise misfit(f"{what}: {exc}") from None
+            return fn(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **{k: v for k, v in kwargs.items() if k not in strays})
+        except TypeError as exc:
+            raise misfit(f"{what}: {exc}") from None
+        if not decorator_factory:
+            raise unknown(what, strays, options)
+
+        def refuse(func: Any) -> NoReturn:
+            where = kwargs.get("name") or getattr(func, "__name__", None) or repr(func)
+            raise unknown(str(where), strays, options)
+
+        target = bound.arguments.get(fn_param) if fn_param else None
+        if target is not None:
+            refuse(target)
+        return refuse
+
+    return cast(F, checked)
+
+
+def checked_fields(cls: C) -> C:
+    """An option object whose constructor answers a typo (``RetryPolicy(max_attempt=3)``) with an
+    ``UnknownOptionError`` listing its fields, instead of the dataclass's bare ``TypeError``."""
+    fields = [f.name for f in dataclasses.fields(cls)]
+    init = checked_options(
+        cls.__dict__["__init__"], what=cls.__name__,
+        misfit=lambda problem: UnknownOptionError(f"{problem}; its options are {fields}"),
+        unknown=lambda where, strays, options: UnknownOptionError(unknown_option_message(where, strays, options)))
+    type.__setattr__(cls, "__init__", init)
+    return cls
+
+
+def _exception_classes(owner: str, name: str, value: Any) -> tuple[type[BaseException], ...]:
+    """``value`` as a tuple of exception classes: one class, or an iterable of them."""
+    items = (value,) if isinstance(value, type) else value
+    try:
+        classes = tuple(items)
+    except TypeError:
+        classes = (items,)
+    bad = [c for c in classes if not (isinstance(c, type) and issubclass(c, BaseException))]
+    if bad:
+        raise InvalidOptionError(
+            f"{owner}.{name} takes exception classes, e.g. {name}=(TimeoutError, MyServiceBusy); "
+            f"{bad[0]!r} is not one")
+    return classes
+
+
+@checked_fields
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     """How a step's failed attempts are retried.
 
@@ -72,15 +175,18 @@ class RetryPolicy:
     cap: float = 30.0
     """Seconds: no backoff draw exceeds this."""
     transient: tuple[type[BaseException], ...] = ()
-    """Extra exception types to treat as transient (retry)."""
+    """Extra exception types to treat as transient (retry). A list, or one class, is taken too."""
     permanent: tuple[type[BaseException], ...] = ()
     """Extra exception types to treat as permanent (never retry); wins over ``transient``."""
 
     def __post_init__(self) -> None:
-        _number("RetryPolicy", "max_attempts", self.max_attempts, minimum=1, integer=True,
-                allowed="a whole number >= 1 (1: never retry)")
-        _number("RetryPolicy", "base", self.base, minimum=0, allowed="a finite number of seconds >= 0")
-        _number("RetryPolicy", "cap", self.cap, minimum=0, allowed="a finite number of seconds >= 0")
+        # frozen: normalized in place, so a list or a single class keeps the policy hashable
+        object.__setattr__(self, "transient", _exception_classes("RetryPolicy", "transient", self.transient))
+        object.__setattr__(self, "permanent", _exception_classes("RetryPolicy", "permanent", self.permanent))
+        check_number("RetryPolicy", "max_attempts", self.max_attempts, minimum=1, integer=True,
+                     allowed="a whole number >= 1 (1: never retry)")
+        check_number("RetryPolicy", "base", self.base, minimum=0, allowed="a finite number of seconds >= 0")
+        check_number("RetryPolicy", "cap", self.cap, minimum=0, allowed="a finite number of seconds >= 0")
 
 
 DEFAULT_RETRY = RetryPolicy()
@@ -105,7 +211,8 @@ def compensation_retry(declared: RetryPolicy | None, forward: RetryPolicy | None
     return dataclasses.replace(forward, max_attempts=max(forward.max_attempts, COMPENSATION_ATTEMPTS))
 
 
-@dataclass(frozen=True)
+@checked_fields
+@dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """Per-run knobs; every field has a safe default."""
 
@@ -125,23 +232,27 @@ class RunOptions:
     cost_budget: float | None = None
     """Model cost in USD the whole run may spend (prices: ``raysaga.agents.price_of``)."""
     labels: dict[str, str] = field(default_factory=dict)
+    """Free-form ``str -> str`` tags of the run."""
 
     def __post_init__(self) -> None:
-        _number("RunOptions", "lease_ttl", self.lease_ttl, minimum=MIN_LEASE_TTL,
-                allowed=f"a finite number of seconds >= {MIN_LEASE_TTL} (the heartbeat renews every ttl/3; "
-                        "5 to 60 is sensible)")
-        _number("RunOptions", "deadline", self.deadline, minimum=0, strict=True, optional=True,
-                allowed="None or a finite number of seconds > 0")
-        _number("RunOptions", "retry_budget", self.retry_budget, minimum=0, integer=True, optional=True,
-                allowed="None or a whole number >= 0")
-        _number("RunOptions", "blob_threshold", self.blob_threshold, minimum=0, integer=True,
-                allowed="a whole number of bytes >= 0")
-        _number("RunOptions", "max_output_bytes", self.max_output_bytes, minimum=1, integer=True,
-                allowed="a whole number of bytes >= 1")
-        _number("RunOptions", "token_budget", self.token_budget, minimum=0, integer=True, optional=True,
-                allowed="None or a whole number of tokens >= 0")
-        _number("RunOptions", "cost_budget", self.cost_budget, minimum=0, optional=True,
-                allowed="None or a finite amount of USD >= 0")
+        if not isinstance(self.labels, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
+            raise InvalidOptionError(f"RunOptions.labels must be a dict of str to str, got {self.labels!r}")
+        check_number("RunOptions", "lease_ttl", self.lease_ttl, minimum=MIN_LEASE_TTL,
+                     allowed=f"a finite number of seconds >= {MIN_LEASE_TTL} (the heartbeat renews every ttl/3; "
+                             "5 to 60 is sensible)")
+        check_number("RunOptions", "deadline", self.deadline, minimum=0, strict=True, optional=True,
+                     allowed="None or a finite number of seconds > 0")
+        check_number("RunOptions", "retry_budget", self.retry_budget, minimum=0, integer=True, optional=True,
+                     allowed="None or a whole number >= 0")
+        check_number("RunOptions", "blob_threshold", self.blob_threshold, minimum=0, integer=True,
+                     allowed="a whole number of bytes >= 0")
+        check_number("RunOptions", "max_output_bytes", self.max_output_bytes, minimum=1, integer=True,
+                     allowed="a whole number of bytes >= 1")
+        check_number("RunOptions", "token_budget", self.token_budget, minimum=0, integer=True, optional=True,
+                     allowed="None or a whole number of tokens >= 0")
+        check_number("RunOptions", "cost_budget", self.cost_budget, minimum=0, optional=True,
+                     allowed="None or a finite amount of USD >= 0")
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,11 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import typing
 from collections.abc import Callable, Iterable
 from functools import cached_property
-from typing import Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 import networkx as nx
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -31,29 +32,117 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.options import RetryPolicy
-from raysaga.orchestrator.resources import PLACEMENT_OPTIONS, placement, unknown_options
+from raysaga.orchestrator.resources import PLACEMENT_OPTIONS, placement
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, json_type_problem, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
 from raysaga.state import jsoncodec
+from raysaga.types import checked_options, unknown_option_message
+
+if TYPE_CHECKING:
+    from raysaga.agents.agent import Agent
 
 P = ParamSpec("P")
 R = TypeVar("R")
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: What a non-critical step's dependents get when it fails for good (``on_failure=``).
+OnFailure = Literal["skip", "pass"]
 
 INPUT_PARAM = "input"
 CTX_PARAM = "ctx"
-#: Keyword options of ``Workflow.step`` (and ``map``), and of ``Workflow.agent``.
-_STEP_OPTIONS = frozenset({"name", "after", "critical", "effect", "effect_name", "retry", "timeout", "compensate",
-                           "reconcile", "map_over", "policy", "on_failure", *PLACEMENT_OPTIONS})
-_AGENT_OPTIONS = frozenset({"name", "after", "critical", "effect", "retry", "timeout", "compensate", "map_over",
-                            "policy", "on_failure"})
+
+
+def _unknown_option(kind: str) -> Callable[[str, list[str], list[str]], WorkflowDefinitionError]:
+    """The error for options ``@wf.<kind>`` does not have, naming the step they were given to."""
+
+    def error(where: str, unknown: list[str], options: list[str]) -> WorkflowDefinitionError:
+        if kind == "agent":
+            if "effect" in unknown:
+                return WorkflowDefinitionError(
+                    f"agent {where!r}: an agent node is not an effect itself: declare effect=True on its tools")
+            placed = sorted(set(unknown) & set(PLACEMENT_OPTIONS))
+            if placed:
+                return WorkflowDefinitionError(
+                    f"agent {where!r}: {placed} do not apply to an agent node: its model and tool calls run in "
+                    "the executor's I/O pool (see docs/execution.md)")
+        return WorkflowDefinitionError(unknown_option_message(f"step {where!r}", unknown, options))
+
+    return error
+
+
+def _plain_options(what: str) -> Callable[[F], F]:
+    """Guard a call that names no step (``Workflow(...)``, ``@wf.compensation(...)``): a typo or
+    arguments that do not fit are a ``WorkflowDefinitionError`` at once."""
+
+    def guard(fn: F) -> F:
+        return checked_options(
+            fn, what=what, misfit=WorkflowDefinitionError,
+            unknown=lambda where, strays, options: WorkflowDefinitionError(
+                unknown_option_message(where, strays, options)))
+
+    return guard
+
+
+def _decorator_options(kind: str) -> Callable[[F], F]:
+    """Guard ``Workflow.<kind>``: a typo in its options, or arguments that do not fit it, is a
+    ``WorkflowDefinitionError`` (naming the decorated step), not a bare ``TypeError``."""
+
+    def guard(method: F) -> F:
+        return checked_options(method, what=f"Workflow.{kind}()", unknown=_unknown_option(kind),
+                               misfit=WorkflowDefinitionError, decorator_factory=True,
+                               fn_param="fn" if kind == "step" else None)
+
+    return guard
+
+
+def _where(func: Any, name: Any) -> str:
+    """How an argument check names the step: its ``name=``, else the function's name."""
+    return str(name or getattr(func, "__name__", None) or repr(func))
+
+
+def _check_flag(where: str, option: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise WorkflowDefinitionError(f"step {where!r}: {option}= takes True or False, got {value!r}")
+
+
+def _check_optional_name(where: str, option: str, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise WorkflowDefinitionError(f"step {where!r}: {option}= takes a step name (a str), got {value!r}")
+
+
+def _check_common(where: str, *, name: Any, after: Any, critical: Any, retry: Any, timeout: Any,
+                  map_over: Any) -> tuple[str, ...]:
+    """Check the options every node kind takes; return ``after`` as a tuple of step names."""
+    _check_optional_name(where, "name", name)
+    _check_optional_name(where, "map_over", map_over)
+    _check_flag(where, "critical", critical)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise WorkflowDefinitionError(
+            f"step {where!r}: retry= takes a RetryPolicy, e.g. retry=RetryPolicy(max_attempts=5), got {retry!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise WorkflowDefinitionError(
+            f"step {where!r}: timeout must be a finite number of seconds > 0, got {timeout!r}")
+    upstream = (after,) if isinstance(after, str) else after
+    try:
+        upstream = tuple(upstream)
+    except TypeError:
+        upstream = None
+    if upstream is None or not all(isinstance(dep, str) for dep in upstream):
+        raise WorkflowDefinitionError(
+            f"step {where!r}: after= takes step names, e.g. after=[\"reserve\"], got {after!r}")
+    return upstream
 
 
 
 class Workflow:
     """A DAG definition. Validated (networkx) the first time it is used or ``validate()`` is called."""
 
+    @_plain_options("Workflow")
     def __init__(self, name: str, *, version: str = "1", description: str = "") -> None:
+        if not isinstance(description, str):
+            raise WorkflowDefinitionError(f"workflow {name!r}: description= takes a str, got {description!r}")
         if not isinstance(name, str) or not WORKFLOW_NAME_RE.fullmatch(name):
             raise WorkflowDefinitionError(
                 f"workflow name {name!r} is not valid: it prefixes run ids, so use 1-100 characters: letters, "
@@ -71,14 +160,16 @@ class Workflow:
         return f"Workflow({self.name!r}, version={self.version!r}, steps={list(self.steps)})"
 
     # ------------------------------------------------------------------ decorators
-
-    @overload
-    def step(self, fn: Callable[P, R], /) -> Callable[P, R]: ...
+    #
+    # Every option is an explicit, typed keyword (no ``**options: Any``): a type checker sees a
+    # typo, and at run time ``_decorator_options`` answers one with a WorkflowDefinitionError that
+    # names the step and the options there are, never Python's bare TypeError.
 
     @overload
     def step(
         self,
-        fn: None = None,
+        fn: Callable[P, R],
+        /,
         *,
         name: str | None = None,
         after: Iterable[str] = (),
@@ -91,7 +182,32 @@ class Workflow:
         reconcile: Callable[..., Any] | None = None,
         map_over: str | None = None,
         policy: FanOutPolicy | None = None,
-        on_failure: str = "skip",
+        on_failure: OnFailure = "skip",
+        io_bound: bool | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> Callable[P, R]: ...
+
+    @overload
+    def step(
+        self,
+        fn: None = None,
+        /,
+        *,
+        name: str | None = None,
+        after: Iterable[str] = (),
+        critical: bool = True,
+        effect: bool = False,
+        effect_name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        compensate: Callable[..., Any] | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        map_over: str | None = None,
+        policy: FanOutPolicy | None = None,
+        on_failure: OnFailure = "skip",
         io_bound: bool | None = None,
         num_cpus: float | None = None,
         num_gpus: float | None = None,
@@ -99,9 +215,11 @@ class Workflow:
         resources: dict[str, float] | None = None,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
+    @_decorator_options("step")
     def step(
         self,
         fn: Callable[P, R] | None = None,
+        /,
         *,
         name: str | None = None,
         after: Iterable[str] = (),
@@ -114,19 +232,20 @@ class Workflow:
         reconcile: Callable[..., Any] | None = None,
         map_over: str | None = None,
         policy: FanOutPolicy | None = None,
-        on_failure: str = "skip",
+        on_failure: OnFailure = "skip",
         io_bound: bool | None = None,
         num_cpus: float | None = None,
         num_gpus: float | None = None,
         memory: int | None = None,
         resources: dict[str, float] | None = None,
-        **unknown: Any,
-    ) -> Any:
-        """Declare a step. Keyword-only options:
+    ) -> Callable[P, R] | Callable[[Callable[P, R]], Callable[P, R]]:
+        """Declare a step: ``@wf.step``, ``@wf.step()``, ``@wf.step(name=..., retry=...)``, or
+        ``wf.step(fn, name=...)`` for a function defined elsewhere. Keyword-only options:
 
         Args:
             name: step name (default: the function's name).
-            after: extra upstream steps to wait for, with no data passed.
+            after: extra upstream steps to wait for, with no data passed (step names; one name
+                may be given as a plain string).
             critical: a permanent failure fails the run (and, with compensations, rolls it back).
             effect: the step changes the world; it gets ``ctx.idempotency_key`` and runs through
                 the ledger, so a resume never repeats a committed effect.
@@ -147,14 +266,23 @@ class Workflow:
             num_cpus, num_gpus, memory, resources: what each attempt asks Ray for (default: one
                 CPU); ``resources`` names custom resources, ``{"special": 1}``. Checked here, and
                 against the cluster's nodes when an attempt is sent.
+
+        Raises:
+            WorkflowDefinitionError: an option of the wrong type or out of range, an unknown
+                option, or a function the DSL cannot bind; the message names the step.
         """
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            spec = self._make_spec(func, name=name, after=tuple(after), critical=critical, effect=effect,
+            where = _where(func, name)
+            upstream = _check_common(where, name=name, after=after, critical=critical, retry=retry,
+                                     timeout=timeout, map_over=map_over)
+            _check_flag(where, "effect", effect)
+            _check_optional_name(where, "effect_name", effect_name)
+            if reconcile is not None and not callable(reconcile):
+                raise WorkflowDefinitionError(f"step {where!r}: reconcile= must be a function")
+            spec = self._make_spec(func, name=name, after=upstream, critical=critical, effect=effect,
                                    effect_name=effect_name, retry=retry, timeout=timeout, compensate=compensate,
                                    reconcile=reconcile, map_over=map_over, policy=policy, on_failure=on_failure)
-            if unknown:
-                raise unknown_options(spec.name, unknown, _STEP_OPTIONS)
             io, request = placement(spec.name, io_bound=io_bound, num_cpus=num_cpus, num_gpus=num_gpus,
                                     memory=memory, resources=resources)
             self._add(dataclasses.replace(spec, io_bound=io, resources=request))
@@ -164,44 +292,84 @@ class Workflow:
             return decorate(fn)
         return decorate
 
-    def agent(self, agent: Any, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """An LLM sub-agent node (``raysaga.agents.Agent``). The decorated function builds the
-        agent's prompt from its inputs (upstream outputs, ``input``, a fan-out item) and runs in
-        the driver, so keep it cheap and pure; the node's output is the agent's final answer
-        (validated against ``agent.output_type``). Takes the same options as ``step``."""
+    @_decorator_options("agent")
+    def agent(
+        self,
+        agent: Agent,
+        *,
+        name: str | None = None,
+        after: Iterable[str] = (),
+        critical: bool = True,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        compensate: Callable[..., Any] | None = None,
+        map_over: str | None = None,
+        policy: FanOutPolicy | None = None,
+        on_failure: OnFailure = "skip",
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """An LLM sub-agent node (``raysaga.agents.Agent``): ``@wf.agent(agent)``,
+        ``@wf.agent(agent, map_over="plan")``.
+
+        The decorated function builds the agent's prompt from its inputs (upstream outputs,
+        ``input``, a fan-out item) and runs in the driver, so keep it cheap and pure; the node's
+        output is the agent's final answer (validated against ``agent.output_type``).
+
+        The options are ``step``'s, less those that do not apply to an agent node: ``effect``
+        (declare ``effect=True`` on its tools), ``effect_name`` and ``reconcile``, and the placement
+        options (its model and tool calls run in the executor's I/O pool).
+        """
         from raysaga.agents.agent import Agent
 
         if not isinstance(agent, Agent):
             raise WorkflowDefinitionError(f"@{self.name}.agent takes a raysaga.agents.Agent, got {agent!r}")
-        if options.get("effect"):
-            raise WorkflowDefinitionError("an agent node is not an effect itself: declare effect=True on its tools")
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            unknown = set(options) - _AGENT_OPTIONS
-            if unknown:
-                where = str(options.get("name") or getattr(func, "__name__", "?"))
-                if unknown & set(PLACEMENT_OPTIONS):
-                    raise WorkflowDefinitionError(
-                        f"agent {where!r}: {sorted(unknown & set(PLACEMENT_OPTIONS))} do not apply to an agent node: "
-                        "its model and tool calls run in the executor's I/O pool (see docs/execution.md)")
-                raise unknown_options(where, unknown, _AGENT_OPTIONS)
-            spec = self._make_spec(func, name=options.get("name"), after=tuple(options.get("after", ())),
-                                   critical=options.get("critical", True), effect=False, effect_name=None,
-                                   retry=options.get("retry"), timeout=options.get("timeout"),
-                                   compensate=options.get("compensate"), reconcile=None,
-                                   map_over=options.get("map_over"), policy=options.get("policy"),
-                                   on_failure=options.get("on_failure", "skip"))
+            where = _where(func, name)
+            upstream = _check_common(where, name=name, after=after, critical=critical, retry=retry,
+                                     timeout=timeout, map_over=map_over)
+            spec = self._make_spec(func, name=name, after=upstream, critical=critical, effect=False, effect_name=None,
+                                   retry=retry, timeout=timeout, compensate=compensate, reconcile=None,
+                                   map_over=map_over, policy=policy, on_failure=on_failure)
             self._add(dataclasses.replace(spec, kind="agent", options={"agent": agent},
                                           output_type=agent.output_type or Any))
             return func
 
         return decorate
 
-    def map(self, over: str, **options: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
-        """Fan-out sugar: ``@wf.map("plan")`` is ``@wf.step(map_over="plan")``."""
-        decorator: Callable[[Callable[P, R]], Callable[P, R]] = self.step(map_over=over, **options)
+    @_decorator_options("map")
+    def map(
+        self,
+        over: str,
+        *,
+        name: str | None = None,
+        after: Iterable[str] = (),
+        critical: bool = True,
+        effect: bool = False,
+        effect_name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+        compensate: Callable[..., Any] | None = None,
+        reconcile: Callable[..., Any] | None = None,
+        policy: FanOutPolicy | None = None,
+        on_failure: OnFailure = "skip",
+        io_bound: bool | None = None,
+        num_cpus: float | None = None,
+        num_gpus: float | None = None,
+        memory: int | None = None,
+        resources: dict[str, float] | None = None,
+    ) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """Fan-out sugar: ``@wf.map("plan", ...)`` is ``@wf.step(map_over="plan", ...)``; the
+        other options are ``step``'s."""
+        if not isinstance(over, str):
+            raise WorkflowDefinitionError(f"@{self.name}.map takes the name of the step to fan out over, got {over!r}")
+        decorator: Callable[[Callable[P, R]], Callable[P, R]] = self.step(
+            name=name, after=after, critical=critical, effect=effect, effect_name=effect_name, retry=retry,
+            timeout=timeout, compensate=compensate, reconcile=reconcile, map_over=over, policy=policy,
+            on_failure=on_failure, io_bound=io_bound, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
+            resources=resources)
         return decorator
 
+    @_plain_options("Workflow.compensation()")
     def compensation(self, step_name: str, *, retry: RetryPolicy | None = None
                      ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Register ``fn`` as the compensation of step ``step_name`` (checked at validation).

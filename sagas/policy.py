@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from raysaga.errors import WorkflowDefinitionError
+from raysaga.errors import UserError, WorkflowDefinitionError
 
 
 class ItemSuccess(BaseModel):
@@ -93,6 +93,13 @@ class FanOutPolicy:
     min_ratio: float | None = None
     decide_fn: DecisionFn | None = None
 
+    def __post_init__(self) -> None:
+        needs = {"all": (), "best_effort": (), "quorum": ("quorum",), "ratio": ("min_ratio",), "decide": ("decide_fn",)}
+        if self.kind not in needs or any(getattr(self, field) is None for field in needs[self.kind]):
+            raise WorkflowDefinitionError(
+                f"{self!r} is not a fan-out policy: build one with raysaga.quorum(k), min_success_ratio(r), "
+                "on_partial_failure(fn), or use ALL or BEST_EFFORT")
+
     @property
     def partial(self) -> bool:
         """Item failures are collected rather than failing the step at once."""
@@ -119,7 +126,7 @@ class FanOutPolicy:
         assert self.decide_fn is not None
         decision = self.decide_fn(result)
         if not isinstance(decision, Decision):
-            raise TypeError(f"on_partial_failure returned {decision!r}: return Continue(), RetryFailed(), Fail() "
+            raise UserError(f"on_partial_failure returned {decision!r}: return Continue(), RetryFailed(), Fail() "
                             "or Compensate()")
         return decision
 
@@ -141,21 +148,33 @@ BEST_EFFORT = FanOutPolicy("best_effort")
 
 
 def quorum(k: int) -> FanOutPolicy:
-    """Continue when at least ``k`` items succeed (all of them, if fewer than ``k`` exist)."""
-    if k < 1:
-        raise WorkflowDefinitionError(f"quorum({k}): k must be >= 1")
+    """Continue when at least ``k`` items succeed (all of them, if fewer than ``k`` exist).
+
+    Raises:
+        WorkflowDefinitionError: ``k`` is not a whole number >= 1.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise WorkflowDefinitionError(f"quorum({k!r}): k is the number of items that must succeed, a whole number >= 1")
     return FanOutPolicy("quorum", quorum=k)
 
 
 def min_success_ratio(ratio: float) -> FanOutPolicy:
-    """Continue when at least this fraction of the items succeed."""
-    if not (0.0 < ratio <= 1.0) or math.isnan(ratio):
-        raise WorkflowDefinitionError(f"min_success_ratio({ratio}): use a ratio in (0, 1]")
+    """Continue when at least this fraction of the items succeed.
+
+    Raises:
+        WorkflowDefinitionError: ``ratio`` is not a number in (0, 1].
+    """
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or math.isnan(ratio) or not 0.0 < ratio <= 1.0:
+        raise WorkflowDefinitionError(f"min_success_ratio({ratio!r}): use a ratio in (0, 1], e.g. 0.8")
     return FanOutPolicy("ratio", min_ratio=ratio)
 
 
 def on_partial_failure(fn: DecisionFn) -> FanOutPolicy:
-    """Let a function decide: ``fn(result: FanOutResult) -> Continue() | RetryFailed() | Fail() | Compensate()``."""
+    """Let a function decide: ``fn(result: FanOutResult) -> Continue() | RetryFailed() | Fail() | Compensate()``.
+
+    Raises:
+        WorkflowDefinitionError: ``fn`` is not callable.
+    """
     if not callable(fn):
-        raise WorkflowDefinitionError("on_partial_failure(fn): fn must be callable")
+        raise WorkflowDefinitionError(f"on_partial_failure(fn): fn must be a function of the FanOutResult, got {fn!r}")
     return FanOutPolicy("decide", decide_fn=fn)
