@@ -4,6 +4,8 @@ PostgreSQL tests run when ``RAYSAGA_TEST_PG_URL`` names a server database (``.ci
 it); each test session creates a fresh database there and drops it at the end. Every test that
 touches PostgreSQL carries the ``postgres`` marker (``pytest -m postgres`` runs just those).
 
+Shared fakes and harnesses live in ``tests/support`` (import them as ``tests.support.<module>``).
+
 No test writes into the user's home: ``RAYSAGA_HOME`` points at a temporary folder for the
 whole session (subprocesses inherit it), so the default store lands there.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -20,14 +21,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from raysaga.state import SqlStore
+from tests.support.postgres import drop_pg_database, make_pg_database
 
 PG_ENV = "RAYSAGA_TEST_PG_URL"
 
@@ -51,43 +51,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.postgres)
 
 
-def load_helper(name: str) -> ModuleType:
-    """Import a sibling helper module (``crash_driver``, ``agent_flows``...) by path: tests/ is no
-    package, and the same files also run as driver scripts in subprocesses."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _pg_admin(url: str, sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
-        conn.execute(sql)
-
-
-def make_pg_database(base_url: str) -> str:
-    """Create a fresh database on the server of ``base_url`` and return its URL."""
-    name = "raysaga_t_" + uuid.uuid4().hex[:12]
-    _pg_admin(base_url, f'CREATE DATABASE "{name}"')
-    head, _, _ = base_url.rpartition("/")
-    return f"{head}/{name}"
-
-
-def drop_pg_database(base_url: str, url: str) -> None:
-    name = url.rpartition("/")[2]
-    _pg_admin(base_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 #: Tried when RAYSAGA_TEST_PG_URL is unset, so the README's plain `pytest` runs the PostgreSQL

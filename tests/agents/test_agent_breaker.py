@@ -8,20 +8,20 @@ PostgreSQL database is shared by the session: every test names its own dependenc
 
 from __future__ import annotations
 
-import copy
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 import raysaga
 from raysaga import RetryPolicy, RunStatus, Workflow
-from raysaga.agents import Agent, BreakerPolicy, ModelRequest, ModelResponse, ScriptedModel, text_reply, tool_reply
+from raysaga.agents import Agent, BreakerPolicy, ModelResponse, text_reply, tool_reply
 from raysaga.agents.breaker import admit, after_call
 from raysaga.agents.tools import Tool, tool
 from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.state import BreakerRecord, RunRecord, SqlStore
+from raysaga.testing import RecordingModel
+from tests.support.models import RecordedByConversation
 
 POLICY = BreakerPolicy(threshold=3, cooldown=30.0)
 T0 = 1_700_000_000.0
@@ -99,7 +99,9 @@ def test_a_lost_probe_does_not_hold_the_breaker_half_open_forever() -> None:
 #: Tool calls that actually ran; the service's health (the inline executor runs tools here).
 CALLS: list[str] = []
 SERVICE = {"up": False, "die": False}
-SEEN: dict[str, list[list[dict[str, Any]]]] = {}
+#: The journal every RecordingModel of this module records into, and its requests by conversation.
+JOURNAL = "test_agent_breaker"
+SEEN = RecordedByConversation(JOURNAL)
 
 
 @pytest.fixture(autouse=True)
@@ -107,13 +109,6 @@ def _reset() -> None:
     CALLS.clear()
     SEEN.clear()
     SERVICE.update(up=False, die=False)
-
-
-@dataclass(frozen=True)
-class RecordingModel(ScriptedModel):
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        SEEN.setdefault(str(request.messages[0]["content"]), []).append(copy.deepcopy(request.messages))
-        return super().complete(request)
 
 
 def fetch_page(url: str) -> str:
@@ -146,8 +141,9 @@ class Fleet:
         self.url = url
         self.dependency = f"svc-{uuid.uuid4().hex[:8]}"
         fetch: Tool = tool(fetch_page, name="fetch", retry=RetryPolicy(max_attempts=1), breaker=self.dependency)
-        agent = Agent(name="reader", model=RecordingModel(script={f"task: {k}": v for k, v in script.items()}),
-                      tools=(fetch,), max_turns=10, breaker_threshold=3, breaker_cooldown=30.0)
+        model = RecordingModel(journal=JOURNAL, script={f"task: {k}": v for k, v in script.items()})
+        agent = Agent(name="reader", model=model, tools=(fetch,), max_turns=10, breaker_threshold=3,
+                      breaker_cooldown=30.0)
         self.wf = Workflow("breaker-fleet")
 
         @self.wf.agent(agent)

@@ -1,6 +1,6 @@
 """Token and cost budgets of a run with an agent, against the real ``anthropic`` SDK.
 
-The agent (``AnthropicModel`` → ``tests/messages_server.py``) needs five model calls of 120
+The agent (``AnthropicModel`` → ``tests/support/messages_server.py``) needs five model calls of 120
 tokens each; the run's budget allows fewer. The budget is checked before each model call, so
 the run stops within one call of it: ``paused`` with a reason starting ``budget`` (or, with
 ``on_budget="fail"``, the agent node fails). A paused run stays paused when resumed with the same
@@ -28,10 +28,9 @@ from raysaga.agents import Agent, AnthropicModel, price_of, tool
 from raysaga.agents.messages import Usage
 from raysaga.orchestrator.cli import app
 from raysaga.state import NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import agent_flows as af
+from tests.support import messages_server as ms
 
-ms = load_helper("messages_server")
-af = load_helper("agent_flows")
 af.use_test_key()  # the Ray test's workers read it from their environment
 
 MODEL = "claude-haiku-4-5"

@@ -1,7 +1,7 @@
 """An agent's effect tools are undone by a rollback: each call that took effect, once, latest first,
 and before anything upstream of the agent (``tool(compensate=...)``).
 
-The flow (``tests/agent_undo_flows.py``): ``reserve`` -> agent ``buyer`` (charges c1 and sends an
+The flow (``tests.support.agent_undo_flows``): ``reserve`` -> agent ``buyer`` (charges c1 and sends an
 email, then charges c2 and is refused for a declined card) -> ``ship`` fails. In process (inline
 executor, SQLite) for the order and arguments; in killed driver processes for exactly-once.
 """
@@ -20,10 +20,9 @@ from raysaga import RunStatus, StepContext
 from raysaga.agents import tool
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.state import EffectStatus, NodeStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import agent_undo_flows as flows
+from tests.support import crash_driver as harness
 
-flows = load_helper("agent_undo_flows")
-harness = load_helper("crash_driver")
 RUN_ID = "undo-1"
 
 
@@ -91,7 +90,7 @@ def test_compensate_needs_an_effect_and_parameters_it_can_be_given() -> None:
 def test_a_kill_during_the_undo_of_tool_calls_resumes_and_undoes_each_once(
         point: str, label: str, tmp_path: Path, log: Path) -> None:
     db = f"sqlite:///{tmp_path / 'run.db'}"
-    killed = harness.run_driver("undo", db, RUN_ID, flows="agent_undo_flows", any_state_ok=True,
+    killed = harness.run_driver("undo", db, RUN_ID, flows=flows.__name__, any_state_ok=True,
                                 lease_ttl=0.5, faults=f"{point}:{label}", run_input={"log": str(log)})
     assert killed.returncode == -signal.SIGKILL, killed.describe()
     store = SqlStore(db)
@@ -99,7 +98,7 @@ def test_a_kill_during_the_undo_of_tool_calls_resumes_and_undoes_each_once(
         assert harness.wait_lease_expired(store, RUN_ID).status == RunStatus.COMPENSATING
     finally:
         store.close()
-    resumed = harness.run_driver("undo", db, RUN_ID, flows="agent_undo_flows", any_state_ok=True,
+    resumed = harness.run_driver("undo", db, RUN_ID, flows=flows.__name__, any_state_ok=True,
                                  lease_ttl=0.5, resume=True, run_input={"log": str(log)})
     assert resumed.returncode == 0, resumed.describe()
     assert resumed.result is not None and resumed.result["status"] == "compensated", resumed.describe()
@@ -130,7 +129,7 @@ def _label_of(undo_key: str, charges: list[str]) -> str:
 
 @pytest.mark.ray
 def test_the_undo_of_tool_calls_runs_on_ray_as_inline(ray_address: str, tmp_path: Path, log: Path) -> None:
-    done = harness.run_driver("undo", f"sqlite:///{tmp_path / 'ray.db'}", RUN_ID, flows="agent_undo_flows",
+    done = harness.run_driver("undo", f"sqlite:///{tmp_path / 'ray.db'}", RUN_ID, flows=flows.__name__,
                               any_state_ok=True, executor="ray", run_input={"log": str(log)})
     assert done.returncode == 0 and done.result is not None, done.describe()
     assert done.result["status"] == "compensated", done.describe()

@@ -1,6 +1,6 @@
 """An agent node's loop, driven for real (inline executor, SQLite): tools, answers, limits, loops.
 
-The model is a ``ScriptedModel`` wrapped so that every request it receives is recorded: the
+The model is a ``raysaga.testing.RecordingModel`` (every request it receives is recorded): the
 tests check the exact conversation the model sees, which the driver rebuilds from the store
 each turn (and again after a resume). Tools count their calls in module-level lists (the
 inline executor runs them in this process).
@@ -8,8 +8,7 @@ inline executor runs them in this process).
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
+import functools
 from typing import Any
 
 import pytest
@@ -17,25 +16,20 @@ from pydantic import BaseModel
 
 import raysaga
 from raysaga import RunStatus, Workflow
-from raysaga.agents import Agent, LoopPolicy, ModelRequest, ModelResponse, ScriptedModel, text_reply, tool, tool_reply
+from raysaga.agents import Agent, LoopPolicy, text_reply, tool, tool_reply
 from raysaga.orchestrator import Driver, InlineExecutor
-from raysaga.orchestrator.faults import Faults
 from raysaga.state import EventRecord, NodeRecord, NodeStatus, RunRecord, SqlStore
+from raysaga.testing import CrashAt, RecordingModel, SimulatedCrash
+from tests.support.models import Recorded
 
+#: The journal every RecordingModel of this module records into.
+JOURNAL = "test_agent_loop"
 #: Every request a RecordingModel received, in order: (the conversation's prompt, its messages).
-SEEN: list[tuple[str, list[dict[str, Any]]]] = []
+SEEN = Recorded(JOURNAL, lambda r: (str(r.messages[0]["content"]), r.messages))
+#: A RecordingModel that records into SEEN.
+recording = functools.partial(RecordingModel, journal=JOURNAL)
 #: Every call a tool actually ran with: (tool name, arguments).
 CALLS: list[tuple[str, dict[str, Any]]] = []
-
-
-@dataclass(frozen=True)
-class RecordingModel(ScriptedModel):
-    """A ScriptedModel that records what it is asked. Module-level and state-free (the record
-    is a module global), so it stays picklable like any model crossing into a task."""
-
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        SEEN.append((str(request.messages[0]["content"]), copy.deepcopy(request.messages)))
-        return super().complete(request)
 
 
 @pytest.fixture(autouse=True)
@@ -72,7 +66,7 @@ def agent_workflow(agent: Agent) -> Workflow:
     return wf
 
 
-def drive(url: str, wf: Workflow, input: str = "x", *, faults: Faults | None = None,
+def drive(url: str, wf: Workflow, input: str = "x", *, faults: CrashAt | None = None,
           run_id: str | None = None) -> tuple[RunRecord, dict[str, NodeRecord], list[EventRecord]]:
     """Create (unless ``run_id``) and drive a run to rest; return it with its node rows and events."""
     if run_id is None:
@@ -104,7 +98,7 @@ def tool_use_block(name: str, args: dict[str, Any], k: int = 0) -> dict[str, Any
 
 
 def test_tool_loop_completes_with_validated_output_and_exact_messages(sqlite_url: str) -> None:
-    model = RecordingModel(default=(tool_reply(("add", {"a": 2, "b": 3})), text_reply('The answer: {"total": 5}')))
+    model = recording(default=(tool_reply(("add", {"a": 2, "b": 3})), text_reply('The answer: {"total": 5}')))
     agent = Agent(name="calc", model=model, system="You add.", tools=(add,), output_type=Total)
     final, nodes, _ = drive(sqlite_url, agent_workflow(agent), "2+3")
 
@@ -124,7 +118,7 @@ def test_tool_loop_completes_with_validated_output_and_exact_messages(sqlite_url
 
 
 def test_parallel_tool_calls_in_one_turn_each_get_their_result(sqlite_url: str) -> None:
-    model = RecordingModel(default=(tool_reply(("add", {"a": 1, "b": 1}), ("search", {"q": "sums"})),
+    model = recording(default=(tool_reply(("add", {"a": 1, "b": 1}), ("search", {"q": "sums"})),
                                     text_reply("done")))
     agent = Agent(name="two", model=model, tools=(add, search))
     final, _, _ = drive(sqlite_url, agent_workflow(agent))
@@ -142,7 +136,7 @@ def test_parallel_tool_calls_in_one_turn_each_get_their_result(sqlite_url: str) 
 
 
 def test_invalid_final_answer_is_fed_back_until_it_validates(sqlite_url: str) -> None:
-    model = RecordingModel(default=(text_reply("It is five."), text_reply('{"total": "many"}'),
+    model = recording(default=(text_reply("It is five."), text_reply('{"total": "many"}'),
                                     text_reply('```json\n{"total": 5}\n```')))
     agent = Agent(name="fix", model=model, output_type=Total, max_output_retries=2)
     final, _, events = drive(sqlite_url, agent_workflow(agent))
@@ -162,7 +156,7 @@ def test_invalid_final_answer_is_fed_back_until_it_validates(sqlite_url: str) ->
 
 
 def test_invalid_output_fails_after_max_output_retries(sqlite_url: str) -> None:
-    model = RecordingModel(default=(text_reply("no idea"),))
+    model = recording(default=(text_reply("no idea"),))
     agent = Agent(name="stubborn", model=model, output_type=Total, max_output_retries=2, max_turns=10)
     final, nodes, events = drive(sqlite_url, agent_workflow(agent))
 
@@ -178,7 +172,7 @@ def test_invalid_output_fails_after_max_output_retries(sqlite_url: str) -> None:
 def test_max_turns_exceeded_fails_the_node(sqlite_url: str) -> None:
     # every turn asks for another (different) search: the agent never answers
     turns = [tool_reply(("search", {"q": f"topic {i}"})) for i in range(10)]
-    agent = Agent(name="endless", model=RecordingModel(default=tuple(turns)), tools=(search,), max_turns=3)
+    agent = Agent(name="endless", model=recording(default=tuple(turns)), tools=(search,), max_turns=3)
     final, nodes, _ = drive(sqlite_url, agent_workflow(agent))
 
     assert final.status == RunStatus.FAILED
@@ -193,7 +187,7 @@ def test_max_turns_exceeded_fails_the_node(sqlite_url: str) -> None:
 
 def repeating_agent(then: str) -> Agent:
     same = tool_reply(("search", {"q": "the same thing"}))
-    return Agent(name=f"parrot-{then}", model=RecordingModel(default=(same,)), tools=(search,), max_turns=20,
+    return Agent(name=f"parrot-{then}", model=recording(default=(same,)), tools=(search,), max_turns=20,
                  loop=LoopPolicy(window=6, repeats=3, then=then))
 
 
@@ -230,7 +224,7 @@ def test_repeating_tool_calls_warn_once_then_pause(sqlite_url: str) -> None:
 
 def test_same_tool_with_different_arguments_is_no_loop(sqlite_url: str) -> None:
     turns = [tool_reply(("search", {"q": f"angle {i}"})) for i in range(8)] + [text_reply("found it")]
-    agent = Agent(name="explorer", model=RecordingModel(default=tuple(turns)), tools=(search,), max_turns=12,
+    agent = Agent(name="explorer", model=recording(default=tuple(turns)), tools=(search,), max_turns=12,
                   loop=LoopPolicy(window=6, repeats=3, then="fail"))
     final, _, _ = drive(sqlite_url, agent_workflow(agent))
 
@@ -244,7 +238,7 @@ def test_repeats_spread_wider_than_the_window_are_no_loop(sqlite_url: str) -> No
     # the same call 3 times, but never 3 times within the last 3 calls
     names = ["a", "b", "a", "c", "d", "a", "e"]
     turns = [tool_reply(("search", {"q": n})) for n in names] + [text_reply("ok")]
-    agent = Agent(name="spread", model=RecordingModel(default=tuple(turns)), tools=(search,), max_turns=12,
+    agent = Agent(name="spread", model=recording(default=tuple(turns)), tools=(search,), max_turns=12,
                   loop=LoopPolicy(window=3, repeats=3, then="fail"))
     final, _, _ = drive(sqlite_url, agent_workflow(agent))
     assert final.status == RunStatus.COMPLETED, final.error
@@ -254,24 +248,9 @@ def test_repeats_spread_wider_than_the_window_are_no_loop(sqlite_url: str) -> No
 # ---------------------------------------------------------------------- rebuilt from the store
 
 
-class Crash(Exception):
-    """Stands in for a driver's death at a fault point (in-process, so the test goes on)."""
-
-
-class CrashAt(Faults):
-    def __init__(self, point: str, label: str) -> None:
-        super().__init__("")
-        self.active, self.rule = True, (point, label)
-
-    def hit(self, point: str, labels: Any) -> None:
-        if (point, self.rule[1]) == self.rule and self.rule[1] in labels:
-            self.rule = ("", "")  # once
-            raise Crash(f"{point}:{labels}")
-
-
 def test_resumed_driver_rebuilds_the_same_conversation(sqlite_url: str) -> None:
     script = (tool_reply(("add", {"a": 1, "b": 2})), tool_reply(("search", {"q": "three"})), text_reply('{"total": 3}'))
-    agent = Agent(name="resumable", model=RecordingModel(default=script), tools=(add, search), output_type=Total)
+    agent = Agent(name="resumable", model=recording(default=script), tools=(add, search), output_type=Total)
     wf = agent_workflow(agent)
 
     reference, _, _ = drive(sqlite_url, wf, "1+2")
@@ -282,7 +261,7 @@ def test_resumed_driver_rebuilds_the_same_conversation(sqlite_url: str) -> None:
 
     # die right after turn 1's response is durable (its tool not yet run), then resume
     run_id = raysaga.create_run(wf, "1+2", store=sqlite_url).run_id
-    with pytest.raises(Crash):
+    with pytest.raises(SimulatedCrash):  # a driver's death at that point, in-process so the test goes on
         drive(sqlite_url, wf, faults=CrashAt("after_commit", "solve@1"), run_id=run_id)
     assert len(SEEN) == 2 and len(CALLS) == 1
     final, _, _ = drive(sqlite_url, wf, run_id=run_id)
@@ -294,19 +273,11 @@ def test_resumed_driver_rebuilds_the_same_conversation(sqlite_url: str) -> None:
 
 
 def test_recorder_sees_system_and_tool_definitions(sqlite_url: str) -> None:
-    seen_requests: list[dict[str, Any]] = []
-
-    @dataclass(frozen=True)
-    class Spy(ScriptedModel):
-        def complete(self, request: ModelRequest) -> ModelResponse:
-            seen_requests.append(request.model_dump())
-            return super().complete(request)
-
-    agent = Agent(name="spy", model=Spy(default=(text_reply("hi"),)), system="Be brief.", tools=(add,),
-                  max_tokens=77)
+    spy = recording(default=(text_reply("hi"),))
+    agent = Agent(name="spy", model=spy, system="Be brief.", tools=(add,), max_tokens=77)
     final, _, _ = drive(sqlite_url, agent_workflow(agent))
     assert final.status == RunStatus.COMPLETED
-    (request,) = seen_requests
+    (request,) = [r.model_dump() for r in spy.requests]
     assert request["system"] == "Be brief." and request["max_tokens"] == 77 and request["model"] == "scripted"
     assert [t["name"] for t in request["tools"]] == ["add"]
     assert request["tools"][0]["input_schema"]["required"] == ["a", "b"]

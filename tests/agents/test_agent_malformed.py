@@ -13,7 +13,6 @@ so nothing on the test's side recurses either.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from collections.abc import Iterator
@@ -27,24 +26,21 @@ from pydantic import BaseModel
 
 import raysaga
 from raysaga import RunStatus, Workflow
-from raysaga.agents import Agent, LoopPolicy, ModelRequest, ModelResponse, ScriptedModel, Usage, text_reply, tool
+from raysaga.agents import Agent, LoopPolicy, ModelResponse, Usage, text_reply, tool
 from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.state import NodeStatus, RunRecord, SqlStore
 from raysaga.state.jsoncodec import MAX_DEPTH
+from raysaga.testing import RecordingModel
+from tests.support.models import Recorded
 
 SETTINGS = settings(max_examples=50, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
+#: The journal every RecordingModel of this module records into.
+JOURNAL = "test_agent_malformed"
 #: Requests the model received (messages), and the calls tools really ran, in this example.
-SEEN: list[list[dict[str, Any]]] = []
+SEEN = Recorded(JOURNAL, lambda r: r.messages)
 CALLS: list[tuple[int, int]] = []
-
-
-@dataclass(frozen=True)
-class RecordingModel(ScriptedModel):
-    def complete(self, request: ModelRequest) -> ModelResponse:
-        SEEN.append(copy.deepcopy(request.messages))
-        return super().complete(request)
 
 
 class Total(BaseModel):
@@ -69,7 +65,8 @@ def run_script(store: SqlStore, script: list[ModelResponse], **agent_options: An
     """Drive one run of an agent answering with ``script``; return the run and the agent node's row."""
     SEEN.clear()
     CALLS.clear()
-    agent = Agent(name="fragile", model=RecordingModel(default=tuple(script)), tools=(add,), **agent_options)
+    model = RecordingModel(journal=JOURNAL, default=tuple(script))
+    agent = Agent(name="fragile", model=model, tools=(add,), **agent_options)
     wf = Workflow("malformed")
 
     @wf.agent(agent)

@@ -19,10 +19,10 @@ import pytest
 
 import raysaga
 from raysaga import LeaseLostError, RunStatus, Workflow
-from raysaga.agents import Agent, ModelRequest, ModelResponse, ScriptedModel, Usage, text_reply, tool_reply
+from raysaga.agents import Agent, ModelRequest, ModelResponse, Usage, text_reply, tool_reply
 from raysaga.orchestrator import Driver, InlineExecutor
-from raysaga.orchestrator.faults import Faults
 from raysaga.state import RunRecord, SqlStore
+from raysaga.testing import CrashAt, RecordingModel, SimulatedCrash
 
 #: Requests each agent's model received, by the agent's note.
 SEEN: dict[str, list[list[dict[str, Any]]]] = {}
@@ -75,7 +75,7 @@ def fanout_workflow(model: Any) -> Workflow:
     return wf
 
 
-def drive(url: str, wf: Workflow, run_id: str, faults: Faults | None = None) -> RunRecord:
+def drive(url: str, wf: Workflow, run_id: str, faults: CrashAt | None = None) -> RunRecord:
     store = SqlStore(url)
     try:
         return Driver(wf, store, InlineExecutor(), run_id, faults=faults).drive()
@@ -148,26 +148,11 @@ def test_memory_is_per_run(store_url: str) -> None:
 # ---------------------------------------------------------------------- a resumed write
 
 
-class Crash(Exception):
-    """Stands in for the driver's death at a fault point (in-process)."""
-
-
-class CrashAt(Faults):
-    def __init__(self, point: str, label: str) -> None:
-        super().__init__("")
-        self.active, self.point, self.label = True, point, label
-
-    def hit(self, point: str, labels: Any) -> None:
-        if point == self.point and self.label in labels:
-            self.point = ""  # once
-            raise Crash(f"{point}:{self.label}")
-
-
 def test_resumed_driver_reissuing_its_write_gets_success_not_conflict(store_url: str) -> None:
     wf = fanout_workflow(BlackboardModel())
     run_id = raysaga.create_run(wf, ["solo"], store=store_url).run_id
     # the write is in the store; its result (the tool call's row) is not yet durable
-    with pytest.raises(Crash):
+    with pytest.raises(SimulatedCrash):  # the driver's death at that point, in-process
         drive(store_url, wf, run_id, faults=CrashAt("before_commit", "scribe@1.0[0]"))
     store = SqlStore(store_url)
     try:
@@ -269,15 +254,8 @@ def test_memory_cas_after_the_lease_expired_and_was_taken_raises(leased: Any) ->
     (("memory_write", ["k", 1, 0]), "needs a string 'key'"),
 ])
 def test_malformed_memory_calls_are_answered_with_the_problem(sqlite_url: str, call: Any, problem: str) -> None:
-    seen: list[list[dict[str, Any]]] = []
-
-    @dataclass(frozen=True)
-    class Spy(ScriptedModel):
-        def complete(self, request: ModelRequest) -> ModelResponse:
-            seen.append(request.messages)
-            return super().complete(request)
-
-    agent = Agent(name="sloppy", model=Spy(default=(tool_reply(call), text_reply("ok"))), shared_memory=True)
+    spy = RecordingModel(default=(tool_reply(call), text_reply("ok")))
+    agent = Agent(name="sloppy", model=spy, shared_memory=True)
     wf = Workflow("memory-malformed")
 
     @wf.agent(agent)
@@ -286,7 +264,7 @@ def test_malformed_memory_calls_are_answered_with_the_problem(sqlite_url: str, c
 
     run_id = raysaga.create_run(wf, "go", store=sqlite_url).run_id
     assert drive(sqlite_url, wf, run_id).status == RunStatus.COMPLETED
-    (result,) = tool_results(seen[1])
+    (result,) = tool_results(spy.requests[1].messages)
     assert result["is_error"] is True and problem in result["content"]
     store = SqlStore(sqlite_url)
     try:

@@ -1,7 +1,7 @@
 """Model transport faults, semantic tool errors, and the API key, through the real ``anthropic`` SDK.
 
 The agent's model is ``AnthropicModel`` (client built with ``max_retries=0``) pointed at
-``tests/messages_server.py``; the driver runs inline in this process unless a test says otherwise.
+``tests/support/messages_server.py``; the driver runs inline in this process unless a test says otherwise.
 
 - Transport faults (529, 429, 500, a client timeout, a dropped connection) are retried by the
   harness with its durable backoff (``retry_scheduled`` events, ``retrying`` rows), never shown
@@ -34,11 +34,10 @@ from raysaga import RetryPolicy, Workflow
 from raysaga.agents import Agent, AnthropicModel, ToolError, tool
 from raysaga.orchestrator.cli import app
 from raysaga.state import NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
-
-ms = load_helper("messages_server")
-harness = load_helper("crash_driver")
-af = load_helper("agent_flows")
+from tests.support import agent_flows as af
+from tests.support import crash_driver as harness
+from tests.support import messages_server as ms
+from tests.support.services import FakeServices
 
 MODEL = "claude-haiku-4-5"
 PROMPT = "Compare the weather in Lisbon and Porto."
@@ -255,7 +254,7 @@ def test_the_api_key_never_leaves_the_model_call(tmp_path: Path) -> None:
     canary = f"sk-ant-canary-{uuid.uuid4()}"
     db_file = tmp_path / "secrets.db"
     db = f"sqlite:///{db_file}"
-    with af.fake_services.FakeServices() as services, \
+    with FakeServices() as services, \
             ms.MessagesServer(FaultyOnce(), api_key=canary) as srv:
         done = harness.finish(af.spawn(db, "secret-1", model_url=srv.base_url, services_url=services.url,
                                        api_key=canary, log_level="DEBUG"))

@@ -1,4 +1,4 @@
-"""tests/messages_server.py speaks enough of the Messages API for the real ``anthropic`` SDK.
+"""tests/support/messages_server.py speaks enough of the Messages API for the real ``anthropic`` SDK.
 
 Every test drives the installed SDK (``anthropic.Anthropic(base_url=srv.base_url, ...)``) against
 the local server: replies parse into ``anthropic.types.Message`` (also under the SDK's strict
@@ -19,9 +19,7 @@ import anthropic
 import pytest
 from anthropic.types import Message, TextBlock, ToolUseBlock
 
-from tests.conftest import load_helper
-
-ms = load_helper("messages_server")
+from tests.support import messages_server as ms
 
 MODEL = "claude-haiku-4-5"
 KEY = "test-key"

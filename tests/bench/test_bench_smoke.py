@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench.py"
+from tests.support import REPO
+
+BENCH = REPO / "bench" / "bench.py"
 
 HEADINGS = ("== Chain: 50 dependent no-op nodes ==", "== Fan-out:", "== DB size:", "== Targets ==")
 

@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "io_fanout.py"
+from tests.support import REPO
+
+BENCH = REPO / "bench" / "io_fanout.py"
 
 
 def test_io_fanout_bench_quick_runs_and_prints_its_table(tmp_path: Path) -> None:

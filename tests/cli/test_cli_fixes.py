@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from raysaga.state import open_store
-from tests.cli_support import invoke, one_line_error
+from tests.support.cli import invoke, one_line_error
 
 EXE = Path(sys.executable).with_name("raysaga")
 

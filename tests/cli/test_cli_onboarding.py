@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from examples.order import fake_services
 from raysaga.orchestrator.cli import app
-from tests.conftest import load_helper
+from tests.support import REPO
+from tests.support import crash_driver as harness
+from tests.support.services import FakeServices
 
-REPO = Path(__file__).resolve().parents[1]
 EXE = Path(sys.executable).with_name("raysaga")
 
 SLOW = textwrap.dedent('''
@@ -69,7 +69,7 @@ def _start_slow(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     db = f"sqlite:///{tmp_path / 'slow.db'}"
     proc = subprocess.Popen([str(EXE), "run", "slow_flow.py:wf", "--executor", "inline", "--run-id", "slow-1",
                              "--db", db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_until = load_helper("crash_driver").wait_until
+    wait_until = harness.wait_until
     wait_until(lambda: (tmp_path / "started").exists() or proc.poll() is not None, timeout=60,
                what="the first step to start")
     assert proc.poll() is None, proc.communicate()
@@ -136,7 +136,7 @@ def test_the_readme_command_runs_the_example_input(tmp_path: Path) -> None:
     if not _port_free(port):
         pytest.skip(f"port {port} (the example's provider) is taken on this machine")
     db = f"sqlite:///{tmp_path / 'order.db'}"
-    with fake_services.FakeServices(port=port) as services:
+    with FakeServices(port=port) as services:
         proc = subprocess.run([str(EXE), "run", "examples.order.workflow:wf", "--input", "@examples/order/order.json",
                                "--executor", "inline", "--db", db, "--run-id", "readme-1", "--json"],
                               cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -3,9 +3,9 @@
 The tests build smaller stores than the acceptance figures; the figures come from the same
 builders at full size (see docs/cli.md, "Scale"):
 
-    python tests/test_cli_scale.py runs /tmp/runs.db 100000      # + 5 runs with ~20 MB inputs
+    python tests/cli/test_cli_scale.py runs /tmp/runs.db 100000      # + 5 runs with ~20 MB inputs
     /usr/bin/time -v raysaga list --db sqlite:////tmp/runs.db
-    python tests/test_cli_scale.py wide /tmp/wide.db 50000
+    python tests/cli/test_cli_scale.py wide /tmp/wide.db 50000
     /usr/bin/time -v raysaga status wide --json --db sqlite:////tmp/wide.db > /dev/null
 """
 

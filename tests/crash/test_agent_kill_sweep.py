@@ -1,7 +1,7 @@
 """Invariants 1, 2 and 3 for an agent node under SIGKILL, through the real ``anthropic`` SDK.
 
-The flow (``tests/agent_flows.py``): ``brief → research (agent) → publish``. The agent's model is
-``AnthropicModel`` pointed at ``tests/messages_server.py``, whose script answers turn 0 with a
+The flow (``tests.support.agent_flows``): ``brief → research (agent) → publish``. The agent's model is
+``AnthropicModel`` pointed at ``tests.support.messages_server``, whose script answers turn 0 with a
 ``search`` tool call, turn 1 with a ``file_report`` tool call (an effect through the ledger, filed
 with the deduping fake provider under its idempotency key) and turn 2 with the final JSON answer.
 
@@ -29,8 +29,8 @@ The whole sweep runs inline in CI; with Ray, two points do (all with ``RAYSAGA_F
 from __future__ import annotations
 
 import json
-import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -43,19 +43,16 @@ from typer.testing import CliRunner
 
 from raysaga.orchestrator.cli import app
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
-
-harness = load_helper("crash_driver")
-af = load_helper("agent_flows")
-ms = af.ms
-FakeServices = af.fake_services.FakeServices
+from tests.support import agent_flows as af
+from tests.support import crash_driver as harness
+from tests.support import messages_server as ms
+from tests.support.kill_sweep import FULL_SWEEP, LEASE_TTL, case_ids, kill_and_resume, rows
+from tests.support.services import FakeServices, response_id
 
 TEST_KEY = af.TEST_KEY
 af.use_test_key()  # for the Ray workers: the key is never shipped with a task
 
-FULL_SWEEP = os.environ.get("RAYSAGA_FULL_SWEEP") == "1"
 RUN_ID = "agent-sweep-1"  # golden and killed runs share the id: their effect keys must match
-LEASE_TTL = {"inline": 0.5, "ray": 2.0}
 S = af.STEP
 MODEL_TURNS = (f"{S}@0", f"{S}@1", f"{S}@2")
 TOOL_CALLS = (f"{S}@0.0", f"{S}@1.0")
@@ -64,7 +61,7 @@ NODES = ("brief", *MODEL_TURNS, *TOOL_CALLS, S, "publish")
 
 
 def kill_points() -> list[tuple[str, str]]:
-    # `brief` and `publish` are plain steps, whose boundaries tests/test_kill_sweep.py sweeps
+    # `brief` and `publish` are plain steps, whose boundaries tests/crash/test_kill_sweep.py sweeps
     points = [("after_commit", label) for label in NODES if label not in ("brief", "publish")]
     points += [("before_commit", label) for label in (*MODEL_TURNS, *TOOL_CALLS)]
     points += [("before_pending", EFFECT), ("after_pending", EFFECT), ("before_transition", "*")]
@@ -76,10 +73,6 @@ def repeated_turn(point: str, label: str) -> int | None:
     if point == "before_commit" and label in MODEL_TURNS:
         return int(label.rpartition("@")[2])
     return None
-
-
-def _ids(cases: list[tuple[str, str]]) -> list[str]:
-    return [f"{point}:{label}" for point, label in cases]
 
 
 INLINE_CASES = kill_points()
@@ -165,12 +158,7 @@ def golden_run(executor: str, srv: Any, services: Any, goldens: dict[str, Golden
     log = [r for r in srv.requests if r.kind == "ok"]
     assert [r.turn for r in srv.requests] == [0, 1, 2], "the golden run should ask each turn once"
     assert srv.repeated_requests() == []
-    store = SqlStore(db)
-    try:
-        nodes = {n.label: n.status.value for n in store.nodes(RUN_ID)}
-        effects = store.effects(RUN_ID)
-    finally:
-        store.close()
+    nodes, effects = rows(db, RUN_ID)
     assert sorted(nodes) == sorted(NODES) and set(nodes.values()) == {"completed"}, nodes
     [effect] = effects
     assert (effect.node_id, effect.status) == (EFFECT, EffectStatus.COMMITTED)
@@ -186,7 +174,7 @@ def golden_run(executor: str, srv: Any, services: Any, goldens: dict[str, Golden
     assert golden.tokens_used == golden.billed == sum(i + o for i, o in af.TURN_USAGE.values())
     assert done.result["tokens_used"] == golden.tokens_used
     # the answer quotes the provider's receipt: the model saw the effect's real result
-    assert golden.output["publish"]["receipt"] == af.fake_services.response_id("report", golden.effect_key)
+    assert golden.output["publish"]["receipt"] == response_id("report", golden.effect_key)
     goldens[executor] = golden
     return golden
 
@@ -194,25 +182,19 @@ def golden_run(executor: str, srv: Any, services: Any, goldens: dict[str, Golden
 # ---------------------------------------------------------------------- the check
 
 
-def kill_and_resume(point: str, label: str, executor: str, golden: Golden, srv: Any, services: Any,
-                    tmp_path: Path) -> None:
+def sweep_case(point: str, label: str, executor: str, golden: Golden, srv: Any, services: Any,
+               tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'run.db'}"
-    go = tmp_path / "go"
     srv.clear()
     services.reset()
-    # the resumer is a new process, started now so its imports overlap the first one's life;
-    # it touches nothing until `go` exists
-    resumer = spawn(db, srv, services, executor, resume=True, go_file=go)
-    store = SqlStore(db)
-    try:
-        killed = harness.finish(spawn(db, srv, services, executor, faults=f"{point}:{label}"))
-        assert killed.returncode == -signal.SIGKILL, f"the driver should die at {point}:{label}\n{killed.describe()}"
-        check_state_at_kill(point, label, store.snapshot(RUN_ID), srv, services.log(), golden)
 
-        assert harness.wait_lease_expired(store, RUN_ID).status == RunStatus.RUNNING
-        go.touch()
-        resumed = harness.finish(resumer)
-        assert resumed.returncode == 0, resumed.describe()
+    def start(faults: str | None, resume: bool, go_file: Path | None) -> subprocess.Popen[str]:
+        return spawn(db, srv, services, executor, faults=faults, resume=resume, go_file=go_file)
+
+    def at_kill(kill: tuple[str, str], snap: Any) -> None:
+        check_state_at_kill(point, label, snap, srv, services.log(), golden)
+
+    with kill_and_resume(start, db, RUN_ID, [(point, label)], tmp_path, at_kill=at_kill) as (resumed, store):
         result = resumed.result
         assert result is not None
 
@@ -244,9 +226,6 @@ def kill_and_resume(point: str, label: str, executor: str, golden: Golden, srv: 
             assert raw <= 2, provider
         effects = store.effects(RUN_ID)
         assert [(e.idempotency_key, e.status) for e in effects] == [(golden.effect_key, EffectStatus.COMMITTED)]
-    finally:
-        harness.stop(resumer)
-        store.close()
 
 
 def check_state_at_kill(point: str, label: str, snap: Any, srv: Any, provider: dict[str, Any],
@@ -353,32 +332,32 @@ def test_kill_during_a_model_calls_backoff_keeps_the_wait_and_asks_once(
 # ---------------------------------------------------------------------- the sweeps
 
 
-@pytest.mark.parametrize(("point", "label"), INLINE_CASES, ids=_ids(INLINE_CASES))
+@pytest.mark.parametrize(("point", "label"), INLINE_CASES, ids=case_ids(INLINE_CASES))
 def test_agent_kill_sweep_inline(point: str, label: str, model_server: Any, services: Any,
                                  goldens: dict[str, Golden], tmp_path_factory: pytest.TempPathFactory,
                                  tmp_path: Path) -> None:
     golden = golden_run("inline", model_server, services, goldens, tmp_path_factory)
-    kill_and_resume(point, label, "inline", golden, model_server, services, tmp_path)
+    sweep_case(point, label, "inline", golden, model_server, services, tmp_path)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize(("point", "label"), RAY_CI_CASES, ids=_ids(RAY_CI_CASES))
+@pytest.mark.parametrize(("point", "label"), RAY_CI_CASES, ids=case_ids(RAY_CI_CASES))
 def test_agent_kill_sweep_ray(point: str, label: str, ray_address: str, model_server: Any, services: Any,
                               goldens: dict[str, Golden], tmp_path_factory: pytest.TempPathFactory,
                               tmp_path: Path) -> None:
     golden = golden_run("ray", model_server, services, goldens, tmp_path_factory)
-    kill_and_resume(point, label, "ray", golden, model_server, services, tmp_path)
+    sweep_case(point, label, "ray", golden, model_server, services, tmp_path)
 
 
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL_SWEEP, reason="the full Ray sweep runs with RAYSAGA_FULL_SWEEP=1")
-@pytest.mark.parametrize(("point", "label"), RAY_FULL_CASES, ids=_ids(RAY_FULL_CASES))
+@pytest.mark.parametrize(("point", "label"), RAY_FULL_CASES, ids=case_ids(RAY_FULL_CASES))
 def test_agent_kill_sweep_ray_full(point: str, label: str, ray_address: str, model_server: Any, services: Any,
                                    goldens: dict[str, Golden], tmp_path_factory: pytest.TempPathFactory,
                                    tmp_path: Path) -> None:
     golden = golden_run("ray", model_server, services, goldens, tmp_path_factory)
-    kill_and_resume(point, label, "ray", golden, model_server, services, tmp_path)
+    sweep_case(point, label, "ray", golden, model_server, services, tmp_path)
 
 
 @pytest.mark.ray

@@ -23,7 +23,6 @@ order flow's sweep runs again with the store on PostgreSQL (when ``RAYSAGA_TEST_
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -33,17 +32,24 @@ from typing import Any
 
 import pytest
 
-from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
-from tests.conftest import drop_pg_database, load_helper, make_pg_database
+from raysaga.state import EffectStatus, NodeStatus, RunStatus
+from tests.support import REPO
+from tests.support import crash_driver as harness
+from tests.support.kill_sweep import (
+    EFFECT_POINTS,
+    FULL_SWEEP,
+    LEASE_TTL,
+    case_ids,
+    kill_and_resume,
+    ledger_label,
+    rows,
+)
+from tests.support.postgres import drop_pg_database, make_pg_database
+from tests.support.services import FakeServices
 
-harness = load_helper("crash_driver")
 flows = harness.load_flows()
-FakeServices = flows.fake_services.FakeServices
 
-FULL_SWEEP = os.environ.get("RAYSAGA_FULL_SWEEP") == "1"
 RUN_ID = "sweep-1"  # golden and killed runs share the id (and the input): their keys must match
-LEASE_TTL = {"inline": 0.5, "ray": 2.0}
-EFFECT_POINTS = ("before_pending", "after_pending", "before_commit", "after_commit")
 
 
 def node_labels(flow: str) -> list[str]:
@@ -73,10 +79,6 @@ def kill_points(flow: str) -> list[tuple[str, str]]:
     points += [(point, label) for label in effect_labels(flow) for point in EFFECT_POINTS]
     points.append(("before_transition", "*"))
     return list(dict.fromkeys(points))
-
-
-def _ids(cases: list[tuple[str, str, str]]) -> list[str]:
-    return [f"{flow}-{point}:{label}" for flow, point, label in cases]
 
 
 INLINE_CASES = [(flow, point, label) for flow in ("order", "wide") for point, label in kill_points(flow)]
@@ -130,15 +132,10 @@ def golden_run(flow: str, executor: str, services: Any, goldens: dict[tuple[str,
                               lease_ttl=LEASE_TTL[executor])
     assert done.returncode == 0, done.describe()
     assert done.result is not None and done.result["status"] == "completed", done.describe()
-    store = SqlStore(db)
-    try:
-        nodes = {n.label: n.status.value for n in store.nodes(RUN_ID)}
-        effects = store.effects(RUN_ID)
-    finally:
-        store.close()
+    nodes, effects = rows(db, RUN_ID)
     assert sorted(nodes) == sorted(node_labels(flow)), "the golden run recorded other nodes than expected"
     assert set(nodes.values()) == {"completed"}
-    keys = {f"{e.node_id}[{e.fan_index}]" if e.fan_index >= 0 else e.node_id: e.idempotency_key for e in effects}
+    keys = {ledger_label(e): e.idempotency_key for e in effects}
     assert sorted(keys) == sorted(effect_labels(flow)) and {e.status for e in effects} == {EffectStatus.COMMITTED}
     log = services.log()
     assert log["raw"] == log["effective"] == dict.fromkeys(keys.values(), 1), log
@@ -150,29 +147,24 @@ def golden_run(flow: str, executor: str, services: Any, goldens: dict[tuple[str,
 # ---------------------------------------------------------------------- the check
 
 
-def kill_and_resume(flow: str, point: str, label: str, executor: str, golden: Golden, services: Any,
-                    tmp_path: Path, db: str | None = None) -> None:
+def sweep_case(flow: str, point: str, label: str, executor: str, golden: Golden, services: Any,
+               tmp_path: Path, db: str | None = None) -> None:
     db = db or f"sqlite:///{tmp_path / 'run.db'}"
     ttl = LEASE_TTL[executor]
-    go = tmp_path / "go"
     services.reset()
-    # the resuming driver is a new process, started now so its imports overlap the first one's
-    # life; it touches nothing until the test creates `go`
-    resumer = harness.spawn(flow, db, RUN_ID, executor=executor, lease_ttl=ttl, resume=True, go_file=go)
-    store = SqlStore(db)
-    try:
-        killed = harness.run_driver(flow, db, RUN_ID, executor=executor, lease_ttl=ttl,
-                                    run_input=flows.sample_input(flow, services.url), faults=f"{point}:{label}")
-        assert killed.returncode == -signal.SIGKILL, f"the driver should die at {point}:{label}\n{killed.describe()}"
-        at_kill = store.snapshot(RUN_ID)
-        log_at_kill = services.log()
-        uncertain = {e.idempotency_key for e in at_kill.effects if e.status == EffectStatus.PENDING}
-        check_state_at_kill(point, label, at_kill, log_at_kill, golden)
+    uncertain: set[str] = set()
 
-        assert harness.wait_lease_expired(store, RUN_ID).status == RunStatus.RUNNING
-        go.touch()
-        resumed = harness.finish(resumer)
-        assert resumed.returncode == 0, resumed.describe()
+    def start(faults: str | None, resume: bool, go_file: Path | None) -> subprocess.Popen[str]:
+        run_input = None if resume else flows.sample_input(flow, services.url)
+        return harness.spawn(flow, db, RUN_ID, executor=executor, lease_ttl=ttl, resume=resume, go_file=go_file,
+                             run_input=run_input, faults=faults)
+
+    def at_kill(kill: tuple[str, str], snap: Any) -> None:
+        log_at_kill = services.log()
+        uncertain.update(e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING)
+        check_state_at_kill(point, label, snap, log_at_kill, golden)
+
+    with kill_and_resume(start, db, RUN_ID, [(point, label)], tmp_path, at_kill=at_kill) as (resumed, store):
         result = resumed.result
         assert result is not None
 
@@ -199,15 +191,12 @@ def kill_and_resume(flow: str, point: str, label: str, executor: str, golden: Go
             assert max(log["raw"].values()) <= 2
         else:
             assert repeated <= uncertain, (repeated, uncertain)
-    finally:
-        harness.stop(resumer)
-        store.close()
 
 
 def check_state_at_kill(point: str, label: str, snap: Any, log: dict[str, Any], golden: Golden) -> None:
     """The crash point meant what it says: what is durable, and what the provider saw, at the kill."""
     nodes = {n.label: n.status for n in snap.nodes}
-    ledger = {e.node_id if e.fan_index < 0 else f"{e.node_id}[{e.fan_index}]": e.status for e in snap.effects}
+    ledger = {ledger_label(e): e.status for e in snap.effects}
     key = golden.keys.get(label)
     if point == "after_commit":
         assert nodes.get(label) == NodeStatus.COMPLETED
@@ -226,14 +215,14 @@ def check_state_at_kill(point: str, label: str, snap: Any, log: dict[str, Any], 
 # ---------------------------------------------------------------------- the sweeps
 
 
-@pytest.mark.parametrize(("flow", "point", "label"), INLINE_CASES, ids=_ids(INLINE_CASES))
+@pytest.mark.parametrize(("flow", "point", "label"), INLINE_CASES, ids=case_ids(INLINE_CASES))
 def test_kill_sweep_inline(flow: str, point: str, label: str, services: Any, goldens: dict[Any, Golden],
                            tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
-    kill_and_resume(flow, point, label, "inline", golden, services, tmp_path)
+    sweep_case(flow, point, label, "inline", golden, services, tmp_path)
 
 
-@pytest.mark.parametrize(("flow", "point", "label"), PG_CASES, ids=_ids(PG_CASES))
+@pytest.mark.parametrize(("flow", "point", "label"), PG_CASES, ids=case_ids(PG_CASES))
 def test_kill_sweep_inline_on_postgresql(flow: str, point: str, label: str, services: Any,
                                          goldens: dict[Any, Golden], pg_base_url: str,
                                          tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
@@ -242,28 +231,28 @@ def test_kill_sweep_inline_on_postgresql(flow: str, point: str, label: str, serv
     golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
     url = make_pg_database(pg_base_url)
     try:
-        kill_and_resume(flow, point, label, "inline", golden, services, tmp_path, db=url)
+        sweep_case(flow, point, label, "inline", golden, services, tmp_path, db=url)
     finally:
         drop_pg_database(pg_base_url, url)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize(("flow", "point", "label"), RAY_CI_CASES, ids=_ids(RAY_CI_CASES))
+@pytest.mark.parametrize(("flow", "point", "label"), RAY_CI_CASES, ids=case_ids(RAY_CI_CASES))
 def test_kill_sweep_ray(flow: str, point: str, label: str, ray_address: str, services: Any,
                         goldens: dict[Any, Golden], tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     golden = golden_run(flow, "ray", services, goldens, tmp_path_factory)
-    kill_and_resume(flow, point, label, "ray", golden, services, tmp_path)
+    sweep_case(flow, point, label, "ray", golden, services, tmp_path)
 
 
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL_SWEEP, reason="the full Ray sweep runs with RAYSAGA_FULL_SWEEP=1")
-@pytest.mark.parametrize(("flow", "point", "label"), RAY_FULL_CASES, ids=_ids(RAY_FULL_CASES))
+@pytest.mark.parametrize(("flow", "point", "label"), RAY_FULL_CASES, ids=case_ids(RAY_FULL_CASES))
 def test_kill_sweep_ray_full(flow: str, point: str, label: str, ray_address: str, services: Any,
                              goldens: dict[Any, Golden], tmp_path_factory: pytest.TempPathFactory,
                              tmp_path: Path) -> None:
     golden = golden_run(flow, "ray", services, goldens, tmp_path_factory)
-    kill_and_resume(flow, point, label, "ray", golden, services, tmp_path)
+    sweep_case(flow, point, label, "ray", golden, services, tmp_path)
 
 
 @pytest.mark.ray
@@ -283,7 +272,7 @@ def test_order_demo_runs(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAYSAGA_FAULTS", "RAYSAGA_DB")}
     done = subprocess.run([sys.executable, "-m", "examples.order.workflow", "--executor", "inline",
                            "--db", f"sqlite:///{tmp_path / 'demo.db'}", "--run-id", "demo-1"],
-                          cwd=harness.REPO, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "run demo-1: completed" in done.stdout
     assert done.stdout.count("raw=1 effective=1") == 2, done.stdout

@@ -25,7 +25,7 @@ compensated); and around the critical failure (``before_commit``/``after_commit`
 
 from __future__ import annotations
 
-import signal
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,20 +34,18 @@ from typing import Any
 import pytest
 
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import saga_driver as harness
+from tests.support.kill_sweep import EFFECT_POINTS, LEASE_TTL, Kill, kill_and_resume
 
-harness = load_helper("saga_driver")
 flows = harness.load_flows()
 trip = flows.trip_example
 
 FLOW = "trip"
 RUN_ID = "rollback-sweep-1"  # golden and killed runs share the id and the input: their keys must match
-LEASE_TTL = {"inline": 0.5, "ray": 2.0}
-EFFECT_POINTS = ("before_pending", "after_pending", "before_commit", "after_commit")
 COMPENSATIONS = ("charge_card:compensate", "book_flight:compensate")  # in the order they must run
 UNDO_KINDS = {"charge_card:compensate": "refund", "book_flight:compensate": "cancel_flight"}
 
-Stage = tuple[str, str]  # (point, label): one kill
+Stage = Kill  # (point, label): one kill
 
 
 @dataclass(frozen=True)
@@ -151,40 +149,25 @@ def check_state_at_kill(point: str, label: str, snap: Any, log: dict[str, Any], 
         assert nodes["book_hotel"] == NodeStatus.FAILED and not any(c in nodes for c in COMPENSATIONS)
 
 
-def kill_and_resume(case: Case, executor: str, golden: Golden, services: Any, tmp_path: Path) -> None:
+def sweep_case(case: Case, executor: str, golden: Golden, services: Any, tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'run.db'}"
     ttl = LEASE_TTL[executor]
     services.reset()
-    # every later driver is a new process, started now so its imports overlap the earlier
-    # ones' lives; it touches nothing until the test creates its go file
-    # (driver i+1 resumes after kill i; all but the last carry the next crash point)
-    gos = [tmp_path / f"go{i}" for i in range(len(case.kills))]
-    drivers = []
-    for i in range(1, len(case.kills)):
-        point, label = case.kills[i]
-        drivers.append(harness.spawn(FLOW, db, RUN_ID, executor=executor, lease_ttl=ttl, resume=True,
-                                     go_file=gos[i - 1], faults=f"{point}:{label}"))
-    drivers.append(harness.spawn(FLOW, db, RUN_ID, executor=executor, lease_ttl=ttl, resume=True,
-                                 go_file=gos[-1]))
-    store = SqlStore(db)
     uncertain: set[str] = set()
-    try:
-        point, label = case.kills[0]
-        killed = harness.run_driver(FLOW, db, RUN_ID, executor=executor, lease_ttl=ttl,
-                                    run_input=flows.sample_input(FLOW, services.url), faults=f"{point}:{label}")
-        for i, (point, label) in enumerate(case.kills):
-            if i > 0:
-                killed = harness.finish(drivers[i - 1])
-            assert killed.returncode == -signal.SIGKILL, f"the driver should die at {point}:{label}\n" \
-                                                         f"{killed.describe()}"
-            snap = store.snapshot(RUN_ID)
-            uncertain |= {e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING}
-            check_state_at_kill(point, label, snap, services.log(), golden)
-            assert harness.wait_lease_expired(store, RUN_ID).status in (RunStatus.RUNNING, RunStatus.COMPENSATING)
-            gos[i].touch()
-        resumed = harness.finish(drivers[-1])
-        assert resumed.returncode == 0 and resumed.result is not None, resumed.describe()
-        assert resumed.result["status"] == "compensated", resumed.describe()
+
+    def start(faults: str | None, resume: bool, go_file: Path | None) -> subprocess.Popen[str]:
+        run_input = None if resume else flows.sample_input(FLOW, services.url)
+        return harness.spawn(FLOW, db, RUN_ID, executor=executor, lease_ttl=ttl, resume=resume, go_file=go_file,
+                             run_input=run_input, faults=faults)
+
+    def at_kill(kill: Stage, snap: Any) -> None:
+        point, label = kill
+        uncertain.update(e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING)
+        check_state_at_kill(point, label, snap, services.log(), golden)
+
+    with kill_and_resume(start, db, RUN_ID, case.kills, tmp_path, at_kill=at_kill,
+                         resting=(RunStatus.RUNNING, RunStatus.COMPENSATING)) as (resumed, store):
+        assert resumed.result is not None and resumed.result["status"] == "compensated", resumed.describe()
 
         run = store.get_run(RUN_ID)
         assert run.status == RunStatus.COMPENSATED
@@ -217,10 +200,6 @@ def kill_and_resume(case: Case, executor: str, golden: Golden, services: Any, tm
         first_cancel = min(i for i, k in enumerate(kinds) if k == "cancel_flight")
         assert last_refund < first_cancel, kinds
         assert list(dict.fromkeys(kinds)) == golden.kinds
-    finally:
-        for proc in drivers:
-            harness.stop(proc)
-        store.close()
 
 
 # ---------------------------------------------------------------------- the sweeps
@@ -228,11 +207,11 @@ def kill_and_resume(case: Case, executor: str, golden: Golden, services: Any, tm
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_rollback_kill_sweep_inline(case: Case, golden: Golden, services: Any, tmp_path: Path) -> None:
-    kill_and_resume(case, "inline", golden, services, tmp_path)
+    sweep_case(case, "inline", golden, services, tmp_path)
 
 
 @pytest.mark.ray
 @pytest.mark.parametrize("case", RAY_CASES, ids=[c.name for c in RAY_CASES])
 def test_rollback_kill_sweep_ray(case: Case, ray_address: str, golden: Golden, services: Any,
                                  tmp_path: Path) -> None:
-    kill_and_resume(case, "ray", golden, services, tmp_path)
+    sweep_case(case, "ray", golden, services, tmp_path)

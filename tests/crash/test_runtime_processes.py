@@ -27,9 +27,7 @@ import pytest
 
 import raysaga
 from raysaga.state import NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
-
-harness = load_helper("crash_driver")
+from tests.support import crash_driver as harness
 
 FLOW = textwrap.dedent('''
     import os, time

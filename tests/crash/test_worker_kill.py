@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from raysaga.state import EffectStatus, NodeStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import crash_driver as harness
+from tests.support.services import FakeServices, response_id
 
 pytestmark = pytest.mark.ray
 
-
-harness = load_helper("crash_driver")
 flows = harness.load_flows()
 
 
@@ -30,7 +29,7 @@ def test_killed_worker_is_retried_with_the_same_key(ray_address: str, sqlite_url
     control.mkdir()
     run_id = f"wk-{uuid.uuid4().hex[:8]}"
     pid_file = control / "worker.pid"
-    with flows.fake_services.FakeServices() as services:
+    with FakeServices() as services:
         proc = harness.spawn("workerkill", sqlite_url, run_id, executor="ray", lease_ttl=5.0,
                              run_input=flows.sample_input("workerkill", services.url, str(control)))
         try:
@@ -51,7 +50,7 @@ def test_killed_worker_is_retried_with_the_same_key(ray_address: str, sqlite_url
 
     assert done.returncode == 0, done.describe()
     assert done.result is not None and done.result["status"] == "completed"
-    charge_id = flows.fake_services.response_id("charge", key)
+    charge_id = response_id("charge", key)
     assert done.result["output"] == {"wk_finish": f"done:{charge_id}"}
     # the provider: the same key twice (attempt 1 died after its call; attempt 2 re-issued it),
     # one effective charge, and no other key

@@ -18,11 +18,10 @@ import pytest
 
 import raysaga
 from raysaga.state import SqlStore
-from tests.conftest import load_helper
+from tests.support import crash_driver as harness
+from tests.support.services import FakeServices
 
-harness = load_helper("crash_driver")
 flows = harness.load_flows()
-FakeServices = flows.fake_services.FakeServices
 
 
 def durable_state(store: SqlStore, run_id: str) -> dict[str, Any]:

@@ -30,18 +30,15 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `examples` is importable from the repository root
-    sys.path.insert(0, str(REPO))
-
-import raysaga  # noqa: E402
-from examples.agents_research import script  # noqa: E402
-from examples.agents_research import workflow as example  # noqa: E402
-from examples.order.fake_services import FakeServices  # noqa: E402
-from raysaga.agents import Agent, LoopPolicy, tool  # noqa: E402
-from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore  # noqa: E402
-from raysaga.testing import FORBID_ENV, ScriptedModel, forbid_real_api, text_reply, tool_reply  # noqa: E402
-from tests.conftest import load_helper  # noqa: E402
+import raysaga
+from examples.agents_research import script
+from examples.agents_research import workflow as example
+from raysaga.agents import Agent, LoopPolicy, tool
+from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from raysaga.testing import FORBID_ENV, ScriptedModel, forbid_real_api, text_reply, tool_reply
+from tests.support import REPO
+from tests.support import messages_server as ms
+from tests.support.services import FakeServices
 
 QUESTION = example.DEFAULT_QUESTION
 SUBS = script.sub_questions(QUESTION)
@@ -229,8 +226,6 @@ def test_real_api_path_is_refused_by_the_guard(tmp_path: Path, capsys: pytest.Ca
 def test_through_the_sdk_against_the_local_messages_server(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The AnthropicModel path end to end, with the scripted conversation served over HTTP."""
-    ms = load_helper("messages_server")
-
     def as_reply(response: Any) -> Any:
         blocks = [ms.text_block(b["text"]) if b["type"] == "text" else ms.tool_use_block(b["name"], b["input"])
                   for b in response.content]

@@ -20,15 +20,12 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `examples` is importable from the repository root
-    sys.path.insert(0, str(REPO))
-
-import raysaga  # noqa: E402
-from examples.order.fake_services import FakeServices  # noqa: E402
-from examples.research import workflow as research  # noqa: E402
-from examples.trip import workflow as trip  # noqa: E402
-from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore  # noqa: E402
+import raysaga
+from examples.research import workflow as research
+from examples.trip import workflow as trip
+from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from tests.support import REPO
+from tests.support.services import FakeServices
 
 
 @pytest.fixture

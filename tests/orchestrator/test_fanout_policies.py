@@ -13,7 +13,6 @@ see in-flight siblings cancelled; the crash tests SIGKILL a real driver process 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -24,7 +23,6 @@ import uuid
 from collections import Counter
 from collections.abc import Set
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -48,9 +46,8 @@ from raysaga import (
 )
 from raysaga.sagas import Decision, FanOutPolicy
 from raysaga.state import EventRecord, NodeRecord, NodeStatus, SqlStore
-from tests.conftest import load_helper
-
-harness = load_helper("crash_driver")  # its wait_until and process_gone
+from tests.support import crash_driver as harness  # its wait_until and process_gone
+from tests.support.files import import_file
 
 N = 20
 
@@ -517,7 +514,7 @@ CRASH_DRIVER = '''
 import json
 import sys
 
-sys.path.insert(0, sys.argv[1])
+# the flow module was written next to this script, whose folder Python puts first on sys.path
 import {module} as flows
 
 import raysaga
@@ -536,13 +533,6 @@ CRASHES = {
 }
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _rows(store: SqlStore, run_id: str) -> dict[str, tuple[Any, ...]]:
     return {n.label: (n.status, n.output, n.attempt) for n in store.nodes(run_id)}
@@ -554,7 +544,7 @@ def test_crash_mid_fan_out_then_resume_decides_like_an_uninterrupted_run(tmp_pat
     module = f"fanout_crash_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(CRASH_FLOW)
     (tmp_path / "driver.py").write_text(textwrap.dedent(CRASH_DRIVER.format(module=module)))
-    wf = getattr(_load(tmp_path / f"{module}.py", module), flow_name)
+    wf = getattr(import_file(tmp_path / f"{module}.py", module), flow_name)
     for name in ("clean", "crash"):
         (tmp_path / name).mkdir()
 

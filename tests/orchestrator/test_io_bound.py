@@ -3,7 +3,7 @@
 - concurrency beyond the CPUs: 40 ``io_bound`` items on the session's 2-CPU cluster all wait at
   once on a barrier (a local HTTP server that answers nobody before 40 requests are in flight);
   with ``io_concurrency=4`` no more than 4 are ever in flight, and 4 are;
-- an agent's model calls (the real ``anthropic`` SDK against ``tests/messages_server.py``) run in
+- an agent's model calls (the real ``anthropic`` SDK against ``tests/support/messages_server.py``) run in
   the pool by default and each turn is still checkpointed, no request repeated;
 - a pool actor SIGKILLed mid-effect: the attempt is a transient failure, retried under the same
   idempotency key; the provider sees the key twice and one effective charge;
@@ -35,14 +35,13 @@ from raysaga import RetryPolicy, RunStatus, StepContext, Workflow
 from raysaga.agents import Agent, AnthropicModel
 from raysaga.orchestrator.executor import RayExecutor
 from raysaga.state import EffectStatus, NodeStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import agent_flows as af
+from tests.support import crash_driver as harness
+from tests.support import messages_server as ms
+from tests.support import services as fs  # the deduping fake provider
 
 pytestmark = pytest.mark.ray
 
-ms = load_helper("messages_server")
-harness = load_helper("crash_driver")
-af = load_helper("agent_flows")
-fs = af.fake_services  # the deduping fake provider (``examples.order.fake_services``)
 af.use_test_key()  # the pool's actors, like Ray workers, read the key from the raylet's environment
 
 #: Seconds a barrier (or a blocked step) waits before giving up: never reached when the test passes.
@@ -54,9 +53,10 @@ def _pickle_this_module_by_value() -> None:
     cloudpickle = pytest.importorskip("ray.cloudpickle")
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     # the agent flow's tools and the fake provider's client travel by value too: the session's
-    # workers cannot import tests/ helpers (loaded by path) nor ``examples``
+    # workers cannot import tests/ helpers nor ``examples`` (where the provider is defined)
     cloudpickle.register_pickle_by_value(af)
     cloudpickle.register_pickle_by_value(fs)
+    cloudpickle.register_pickle_by_value(sys.modules[fs.post.__module__])
 
 
 # ---------------------------------------------------------------------- a barrier across processes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grimp
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
 
 
 def test_import_contracts_hold() -> None:

@@ -23,8 +23,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 import raysaga
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support import REPO
 
 # source folder -> where its files land in the wheel (pyproject.toml [tool.setuptools] package-dir)
 MAPPING = {

@@ -26,11 +26,9 @@ import pytest
 import raysaga
 from raysaga import RetryPolicy, RunStatus, Workflow
 from raysaga.state import NodeStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import crash_driver as harness
 
 pytestmark = pytest.mark.ray
-
-harness = load_helper("crash_driver")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,7 +8,6 @@ fire within milliseconds. The crash test runs a real driver in a subprocess, SIG
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import statistics
@@ -18,7 +17,6 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -27,6 +25,7 @@ import raysaga
 from raysaga import Permanent, RetryPolicy, RunOptions, RunStatus, StepContext, Transient, Workflow
 from raysaga.orchestrator.retry import backoff_delay, http_status, is_transient
 from raysaga.state import NodeStatus, SqlStore
+from tests.support.files import import_file
 
 # ---------------------------------------------------------------------------- backoff
 
@@ -466,7 +465,7 @@ DRIVER = '''
 import random
 import sys
 
-sys.path.insert(0, sys.argv[1])
+# the flow module was written next to this script, whose folder Python puts first on sys.path
 from {module} import wf
 
 from raysaga import RunOptions, create_run
@@ -490,13 +489,6 @@ def _seed_with_delay_between(low: float, high: float) -> int:
             return seed
     raise AssertionError("no seed found")
 
-
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_crash_during_backoff_resumes_the_wait_not_a_new_attempt(tmp_path: Path, sqlite_url: str) -> None:
@@ -532,7 +524,7 @@ def test_crash_during_backoff_resumes_the_wait_not_a_new_attempt(tmp_path: Path,
     resumed_at = time.time()
     assert resumed_at < not_before, "the backoff must still be pending when the resume starts"
 
-    wf = _load(tmp_path / f"{module}.py", module).wf
+    wf = import_file(tmp_path / f"{module}.py", module).wf
     record = raysaga.resume(wf, run_id, store=store, executor="inline")
     assert record.status == RunStatus.COMPLETED, record
     assert record.output == {"flaky": 3}  # first + attempt 2

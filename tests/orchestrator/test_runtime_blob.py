@@ -21,9 +21,7 @@ import pytest
 from sqlalchemy import text
 
 from raysaga.state import NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
-
-harness = load_helper("crash_driver")
+from tests.support import crash_driver as harness
 
 FLOW = textwrap.dedent('''
     import time

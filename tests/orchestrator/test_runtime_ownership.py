@@ -18,9 +18,7 @@ import pytest
 from raysaga.orchestrator import ownership
 from raysaga.orchestrator.ownership import describe_lease, gone_because, owner_is_gone, parse_owner
 from raysaga.state import RunRecord, RunStatus
-from tests.conftest import load_helper
-
-harness = load_helper("crash_driver")
+from tests.support import crash_driver as harness
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux /proc")
 

@@ -29,9 +29,7 @@ import pytest
 import raysaga
 from raysaga.orchestrator.loader import load_workflow
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
-
-harness = load_helper("crash_driver")  # its wait_until and process_gone
+from tests.support import crash_driver as harness  # its wait_until and process_gone
 
 FLOW = textwrap.dedent('''
     import os

@@ -27,12 +27,9 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `examples` is importable from the repository root
-    sys.path.insert(0, str(REPO))
-
-from examples.trip import workflow as trip  # noqa: E402
-from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore  # noqa: E402
+from examples.trip import workflow as trip
+from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from tests.support import REPO
 
 RUN_ID = "trip-needs-operator"
 FLOW_FILE = "from examples.trip.workflow import wf  # the trip saga, as a file the CLI loads\n"

@@ -1,6 +1,6 @@
 """Invariant 5's order: compensations run in reverse dependency order, and only where they must.
 
-Flows from ``tests/saga_flows.py``: every forward effect calls the fake provider (kind ``do``)
+Flows from ``tests.support.saga_flows``: every forward effect calls the fake provider (kind ``do``)
 and every compensation calls it too (kind ``undo``), so the provider's ordered call log is
 the order the world saw the undos in. For each rollback the test checks, against networkx on
 the workflow's own graph:
@@ -28,11 +28,10 @@ import pytest
 
 import raysaga
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
-from tests.conftest import load_helper
+from tests.support import saga_driver as harness
+from tests.support.services import FakeServices
 
-harness = load_helper("saga_driver")
 flows = harness.load_flows()
-FakeServices = flows.fake_services.FakeServices
 SUFFIX = flows.COMPENSATE_SUFFIX
 RUN_ID = "order-1"
 

@@ -9,7 +9,6 @@ fake downstream that dedupes by idempotency key.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,13 +17,13 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from raysaga import Permanent, RunStatus, Saga, StepContext
 from raysaga.state import EffectStatus, NodeStatus, SqlStore
+from tests.support.files import import_file
 
 LOG: list[tuple[Any, ...]] = []
 
@@ -202,7 +201,7 @@ DRIVER = '''
 import json
 import sys
 
-sys.path.insert(0, sys.argv[1])
+# the flow module was written next to this script, whose folder Python puts first on sys.path
 from {module} import saga
 
 import raysaga
@@ -219,13 +218,6 @@ CRASHES = {
 }
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _calls(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
@@ -237,7 +229,7 @@ def test_a_crashed_saga_resumes_to_the_same_end(tmp_path: Path, case: str) -> No
     module = f"saga_crash_{uuid.uuid4().hex[:8]}"
     (tmp_path / f"{module}.py").write_text(SAGA_MODULE)
     (tmp_path / "driver.py").write_text(textwrap.dedent(DRIVER.format(module=module)))
-    saga = _load(tmp_path / f"{module}.py", module).saga
+    saga = import_file(tmp_path / f"{module}.py", module).saga
     service = tmp_path / "service.jsonl"
     trip = {"service": str(service), "hotel_full": hotel_full}
 

@@ -4,7 +4,7 @@ Four canaries, each in a place a secret really turns up:
 
 - an environment variable named like a secret (``ACME_SERVICE_TOKEN``), quoted by a step's exception;
 - the Anthropic API key, echoed in a 401 body by a gateway (``Authorization: Bearer …``), reached
-  through the real ``anthropic`` SDK and ``tests/messages_server.py``;
+  through the real ``anthropic`` SDK and ``tests/support/messages_server.py``;
 - a ``Secret`` input field given as a literal, which a step's exception quotes;
 - the same ``Secret`` field given as ``{"env": NAME}`` (a reference).
 
@@ -31,9 +31,7 @@ from sqlalchemy import create_engine, select
 import raysaga
 from raysaga.state import RunStatus, SqlStore
 from raysaga.state.schema import metadata
-from tests.conftest import load_helper
-
-ms = load_helper("messages_server")
+from tests.support import messages_server as ms
 
 FLOW = textwrap.dedent('''
     import hashlib

@@ -25,7 +25,7 @@ from raysaga.errors import SchemaVersionError
 from raysaga.state import NewRun, SqlStore, migrate
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION, metadata, runs, schema_info
-from tests.conftest import drop_pg_database, make_pg_database
+from tests.support.postgres import drop_pg_database, make_pg_database
 
 CTX = multiprocessing.get_context("spawn")
 TABLES = {"raysaga_schema", "raysaga_runs", "raysaga_nodes", "raysaga_effects", "raysaga_events",
@@ -213,13 +213,6 @@ for i, url in enumerate(urls):
         out.put((name, url, "crash", traceback.format_exc()))
 """
 
-# A known store bug (see the suite's report): on a fresh SQLite file, ``PRAGMA journal_mode=WAL``
-# in engine.py's connect hook answers SQLITE_BUSY at once, without the busy handler, while the
-# other process holds the file. It strikes a few opens in a hundred; it is reported as an
-# xfail so that every other failure still fails the test.
-KNOWN_WAL_RACE = "journal_mode=WAL"
-
-
 def test_two_processes_migrating_one_fresh_database_both_succeed(fresh_url_list: list[str]) -> None:
     barrier = CTX.Barrier(2)
     out = CTX.Queue()
@@ -248,10 +241,9 @@ def test_two_processes_migrating_one_fresh_database_both_succeed(fresh_url_list:
                 proc.terminate()
                 proc.join(timeout=10)
 
+    # on a fresh SQLite file the switch to WAL answers SQLITE_BUSY at once while the other process
+    # holds the file: engine.py retries it until the busy timeout, so no open may crash
     crashes = [r for r in results if r[2] != "ok"]
-    if crashes and all(r[1].startswith("sqlite") and KNOWN_WAL_RACE in r[3] and "database is locked" in r[3]
-                       for r in crashes):
-        pytest.xfail(f"known engine.py WAL-switch race hit {len(crashes)} of {len(results)} opens")
     assert crashes == [], "\n".join(f"{r[0]} on {r[1]}:\n{r[3]}" for r in crashes)
     assert sorted((r[0], r[1], r[3]) for r in results) == sorted(
         (name, url, SCHEMA_VERSION) for name in names for url in fresh_url_list)

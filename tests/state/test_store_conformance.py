@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select, update
-from sqlalchemy.exc import StatementError
 
 from raysaga.errors import (
     ConcurrencyConflict,
@@ -696,17 +695,10 @@ NOT_JSON = {
 }
 
 
-def is_known_wrapping_bug(exc: BaseException) -> bool:
-    """A known store bug (see the suite's report): on SQLite, pysqlite serializes bind parameters
-    before executing, and SQLAlchemy wraps what the serializer raised in ``StatementError``.
-    Fixed by a ``handle_error`` hook in state/engine.py; until then such a case is an xfail, and
-    anything else (no error, another error) still fails."""
-    return isinstance(exc, StatementError) and isinstance(exc.orig, NotJSONableError)
-
-
 def assert_not_jsonable(exc: BaseException) -> None:
-    if is_known_wrapping_bug(exc):
-        pytest.xfail("known bug: NotJSONableError arrives wrapped in sqlalchemy StatementError on SQLite")
+    """The value's own error, on every dialect: pysqlite serializes bind parameters before
+    executing and SQLAlchemy wraps what that raises in ``StatementError``, which state/engine.py's
+    ``handle_error`` hook unwraps."""
     assert isinstance(exc, NotJSONableError), repr(exc)
 
 
@@ -747,8 +739,6 @@ def test_non_json_in_driver_and_operator_writes_raises_and_writes_nothing(store:
             raised[name] = exc
         assert footprint(store, run_id) == before, name
     assert all(exc is not None for exc in raised.values()), raised
-    if all(is_known_wrapping_bug(exc) for exc in raised.values() if exc is not None):
-        pytest.xfail("known bug: NotJSONableError arrives wrapped in sqlalchemy StatementError on SQLite")
     assert {name: type(exc).__name__ for name, exc in raised.items()} == dict.fromkeys(writes, "NotJSONableError")
 
 

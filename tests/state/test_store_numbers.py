@@ -7,7 +7,7 @@ schema-3 SQLite file to TEXT columns (keeping rows, and without cascading away a
 and end to end through a SIGKILL and a resume, where a dependent step reads its inputs back
 from the store.
 
-This module is also a flows module for ``tests/crash_driver.py --flows test_store_numbers``.
+This module is also a flows module for ``tests.support.crash_driver --flows tests.state.test_store_numbers``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ NUMBERS: list[Any] = [
     2.0, -2.0, 1e16, 1e-7, -0.0, 0.0, 0.1000000000000000055511151231257827, 1.5e300, 0.30000000000000004, 7, 0,
 ]
 BIG_INPUT = 98765432109876543210
+#: This module, as the crash driver imports it (``--flows``).
+FLOWS_MODULE = "tests.state.test_store_numbers"
 
 
 def shape(value: Any) -> str:
@@ -203,15 +205,14 @@ def test_numbers_survive_a_sigkill_and_resume(store_url: str, tmp_path: Path) ->
     import signal
 
     from raysaga.state import RunStatus, SqlStore
-    from tests.conftest import load_helper
+    from tests.support import crash_driver as harness
 
-    harness = load_helper("crash_driver")
     run_id = f"n-{uuid.uuid4().hex[:10]}"  # the PostgreSQL database is shared by the session
     golden_db = f"sqlite:///{tmp_path / 'golden.db'}"
-    golden = harness.run_driver("numbers", golden_db, run_id, flows="test_store_numbers", run_input=BIG_INPUT)
+    golden = harness.run_driver("numbers", golden_db, run_id, flows=FLOWS_MODULE, run_input=BIG_INPUT)
     assert golden.returncode == 0, golden.describe()
 
-    killed = harness.run_driver("numbers", store_url, run_id, flows="test_store_numbers", run_input=BIG_INPUT,
+    killed = harness.run_driver("numbers", store_url, run_id, flows=FLOWS_MODULE, run_input=BIG_INPUT,
                                 faults="after_commit:bare", lease_ttl=0.5)
     assert killed.returncode == -signal.SIGKILL, killed.describe()
     store = SqlStore(store_url)
@@ -220,7 +221,7 @@ def test_numbers_survive_a_sigkill_and_resume(store_url: str, tmp_path: Path) ->
         harness.wait_lease_expired(store, run_id)
     finally:
         store.close()
-    resumed = harness.run_driver("numbers", store_url, run_id, flows="test_store_numbers", resume=True,
+    resumed = harness.run_driver("numbers", store_url, run_id, flows=FLOWS_MODULE, resume=True,
                                  lease_ttl=0.5)
     assert resumed.returncode == 0, resumed.describe()
 

@@ -31,7 +31,7 @@ from raysaga.errors import SchemaVersionError, StoreUnavailableError
 from raysaga.state import NewRun, SqlStore, describe_store, open_store
 from raysaga.state.engine import PG_CONNECT_TIMEOUT_S, default_url, make_engine
 from raysaga.state.schema import SCHEMA_VERSION, runs, schema_info
-from tests.conftest import _pg_admin, drop_pg_database, make_pg_database
+from tests.support.postgres import drop_pg_database, make_pg_database, pg_admin
 
 
 def new_run(run_id: str, value: object = None) -> NewRun:
@@ -198,8 +198,8 @@ def test_a_postgres_user_without_create_rights_is_told_what_to_grant(pg_base_url
     """PostgreSQL 15+ lets no ordinary user create tables in ``public``: the first open (which
     creates raysaga's tables) says so instead of a ProgrammingError traceback."""
     role = "raysaga_t_user_" + uuid.uuid4().hex[:8]
-    _pg_admin(pg_base_url, f'CREATE ROLE "{role}" LOGIN')
-    _pg_admin(fresh_pg, f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{role}"')
+    pg_admin(pg_base_url, f'CREATE ROLE "{role}" LOGIN')
+    pg_admin(fresh_pg, f'REVOKE CREATE ON SCHEMA public FROM PUBLIC, "{role}"')
     try:
         parsed = make_url(fresh_pg)
         with pytest.raises(StoreUnavailableError) as exc:
@@ -208,7 +208,7 @@ def test_a_postgres_user_without_create_rights_is_told_what_to_grant(pg_base_url
         assert f"PostgreSQL user {role!r} lacks a permission" in message and "permission denied" in message
     finally:
         drop_pg_database(pg_base_url, fresh_pg)
-        _pg_admin(pg_base_url, f'DROP ROLE IF EXISTS "{role}"')
+        pg_admin(pg_base_url, f'DROP ROLE IF EXISTS "{role}"')
 
 
 def test_an_unresolvable_postgres_host_is_a_one_line_error() -> None:

@@ -32,7 +32,7 @@ from raysaga.state import (
 )
 from raysaga.state.prune import prune
 from raysaga.state.schema import blobs, effects, events, memory, nodes, runs, signals
-from tests.conftest import drop_pg_database, make_pg_database
+from tests.support.postgres import drop_pg_database, make_pg_database
 
 DAY = 86_400.0
 PATHS = {

@@ -1,10 +1,10 @@
 """An agent workflow the agent tests drive in driver subprocesses, and the model that answers it.
 
-Not a test module: the tests import it by file path (tests/ is no package). As a script it is a
-driver process, like ``tests/crash_driver.py`` but for the flow below::
+Not a test module: the tests import it as ``tests.support.agent_flows``. As a script it is a
+driver process, like ``tests.support.crash_driver`` but for the flow below::
 
     AGENT_FLOWS_MODEL_URL=http://127.0.0.1:PORT AGENT_FLOWS_SERVICES_URL=http://127.0.0.1:PORT \\
-    ANTHROPIC_API_KEY=... python tests/agent_flows.py --db URL --run-id ID \\
+    ANTHROPIC_API_KEY=... python -m tests.support.agent_flows --db URL --run-id ID \\
         [--executor inline|ray] [--lease-ttl S] [--resume] [--go-file PATH] [--log-level DEBUG]
 
 It creates the run (unless ``--resume``) and drives it as ``raysaga.resume`` does, with the
@@ -14,7 +14,7 @@ lost). Crash points come from ``RAYSAGA_FAULTS``; ``AGENT_FLOWS_BACKOFF`` slows 
 calls' transport retries (for a kill during a backoff).
 
 The flow, ``agent_sweep``: ``brief`` (a step) → ``research`` (an agent on the real ``anthropic``
-SDK, pointed at ``tests/messages_server.py``) → ``publish`` (a step). The conversation the
+SDK, pointed at ``tests.support.messages_server``) → ``publish`` (a step). The conversation the
 server scripts (``reply_for``) is:
 
 - turn 0 → ``tool_use search`` (a plain tool, no effect);
@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
-import importlib.util
+import importlib
 import json
 import logging
 import os
@@ -40,21 +40,18 @@ import random
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from pydantic import BaseModel
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
-SCRIPT = TESTS / "agent_flows.py"
-if str(REPO) not in sys.path:  # `examples` is importable from the repository root
-    sys.path.insert(0, str(REPO))
+from raysaga import RetryPolicy, Workflow
+from raysaga.agents import Agent, AnthropicModel, tool
+from tests.support import REPO
+from tests.support import crash_driver as harness
+from tests.support import messages_server as ms
+from tests.support import services as fake_services
 
-from examples.order import fake_services  # noqa: E402
-from raysaga import RetryPolicy, Workflow  # noqa: E402
-from raysaga.agents import Agent, AnthropicModel, tool  # noqa: E402
-
+MODULE = "tests.support.agent_flows"  # run as `python -m MODULE` from the repository root
 MODEL = "claude-haiku-4-5"
 MODEL_URL_ENV = "AGENT_FLOWS_MODEL_URL"
 SERVICES_URL_ENV = "AGENT_FLOWS_SERVICES_URL"
@@ -77,21 +74,6 @@ FAST_TRANSPORT = RetryPolicy(max_attempts=6, base=0.02, cap=0.1)
 
 def use_test_key() -> None:
     os.environ[KEY_ENV] = TEST_KEY
-
-
-def _load(name: str) -> ModuleType:
-    """Import a sibling helper by path, once (the test modules share ``sys.modules`` entries)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, TESTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-ms = _load("messages_server")
 
 
 # ---------------------------------------------------------------------- the flow
@@ -224,40 +206,28 @@ def main(argv: list[str] | None = None) -> int:
     import anthropic  # noqa: F401  (imported by the model call anyway: a resumer pays for it while it waits)
 
     import raysaga
-    from raysaga.errors import LeaseHeldError, LeaseLostError
     from raysaga.orchestrator.driver import Driver
     from raysaga.orchestrator.executor import make_executor
 
-    harness = _load("crash_driver")
-    # this file imported again as `agent_flows` (not __main__): Ray pickles its functions by reference
-    for path in (str(TESTS), str(REPO)):
-        if path not in sys.path:
-            sys.path.append(path)
-    flow = _load("agent_flows").flow_from_env()
+    # this file imported again under its module name (not __main__): Ray pickles its functions by reference
+    flow = importlib.import_module(MODULE).flow_from_env()
     if args.go_file:
-        go = Path(args.go_file)
-        harness.wait_until(go.exists, timeout=harness.GO_TIMEOUT, what=f"the go file {go}")
+        harness.wait_for_go(Path(args.go_file))
     options = raysaga.RunOptions(lease_ttl=args.lease_ttl) if args.lease_ttl else raysaga.RunOptions()
     store = raysaga.open_store(args.db)
     if not args.resume:
         raysaga.create_run(flow, SweepIn(topic=args.topic).model_dump(), store=store, run_id=args.run_id,
                            options=options)
     executor = make_executor(args.executor)
-    try:  # raysaga.resume, with a seeded jitter
-        record = Driver(flow, store, executor, args.run_id, options=options, rng=random.Random(SEED)).drive()
-    except LeaseHeldError as exc:
-        print(f"lease held: {exc}", file=sys.stderr, flush=True)
-        return int(harness.EXIT_LEASE_HELD)
-    except LeaseLostError as exc:
-        print(f"lease lost: {exc}", file=sys.stderr, flush=True)
-        return int(harness.EXIT_LEASE_LOST)
-    finally:
-        executor.shutdown()
-    result = {"run_id": record.run_id, "status": record.status.value, "output": record.output,
-              "error": None if record.error is None else record.error.as_dict(),
-              "status_reason": record.status_reason, "tokens_used": record.tokens_used, "pid": os.getpid()}
-    print(harness.RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
-    return 0 if record.status == raysaga.RunStatus.COMPLETED else int(harness.EXIT_FAILED)
+
+    def drive() -> Any:
+        try:  # raysaga.resume, with a seeded jitter
+            return Driver(flow, store, executor, args.run_id, options=options, rng=random.Random(SEED)).drive()
+        finally:
+            executor.shutdown()
+
+    return harness.report(drive, ok=lambda record: bool(record.status == raysaga.RunStatus.COMPLETED),
+                          extra=lambda record: {"tokens_used": record.tokens_used})
 
 
 # ---------------------------------------------------------------------- helpers for the tests
@@ -268,7 +238,7 @@ def spawn(db: str, run_id: str, *, model_url: str, services_url: str, api_key: s
           resume: bool = False, go_file: Path | None = None, log_level: str | None = None,
           extra_env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """Start a driver process of this flow (``RAYSAGA_FAULTS`` exactly ``faults``)."""
-    cmd = [sys.executable, str(SCRIPT), "--db", db, "--run-id", run_id, "--executor", executor]
+    cmd = [sys.executable, "-m", MODULE, "--db", db, "--run-id", run_id, "--executor", executor]
     if lease_ttl:
         cmd += ["--lease-ttl", str(lease_ttl)]
     if resume:
@@ -277,12 +247,8 @@ def spawn(db: str, run_id: str, *, model_url: str, services_url: str, api_key: s
         cmd += ["--go-file", str(go_file)]
     if log_level:
         cmd += ["--log-level", log_level]
-    env = dict(os.environ)
-    env.pop("RAYSAGA_FAULTS", None)
-    if faults:
-        env["RAYSAGA_FAULTS"] = faults
-    env.update({MODEL_URL_ENV: model_url, SERVICES_URL_ENV: services_url, KEY_ENV: api_key,
-                "RAYSAGA_FORBID_REAL_API": "1", **(extra_env or {})})
+    env = harness.driver_env(faults, {MODEL_URL_ENV: model_url, SERVICES_URL_ENV: services_url, KEY_ENV: api_key,
+                                      "RAYSAGA_FORBID_REAL_API": "1", **(extra_env or {})})
     return subprocess.Popen(cmd, cwd=REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -1,7 +1,7 @@
 """A workflow whose agent charges cards through a tool with an undo, for the rollback tests.
 
-Not a test module: ``tests/test_agent_compensation.py`` imports it, and ``crash_driver.py
---flows agent_undo_flows`` drives it in processes the tests kill. Every call of a step, a tool
+Not a test module: ``tests/agents/test_agent_compensation.py`` imports it, and ``crash_driver
+--flows tests.support.agent_undo_flows`` drives it in processes the tests kill. Every call of a step, a tool
 or an undo appends a JSON line to the run input's ``log`` file (the provider's view, which
 survives any process); the provider "dedupes" by idempotency key, so a key's effective calls
 are its distinct lines and its raw calls all of them.

@@ -1,10 +1,10 @@
 """A driver process the crash tests can kill, and the helpers the tests launch it with.
 
-As a script, it drives one run of a workflow from ``tests/crash_flows.py`` (or the module
-``--flows`` names, e.g. ``saga_flows``; imported by file path) to a resting state and prints the
-final record as one ``RESULT {json}`` line::
+As a script, it drives one run of a workflow from ``tests.support.crash_flows`` (or the module
+``--flows`` names, e.g. ``tests.support.saga_flows``) to a resting state and prints the final
+record as one ``RESULT {json}`` line::
 
-    python tests/crash_driver.py --flow order|wide|gate|workerkill --db URL --run-id ID \\
+    python -m tests.support.crash_driver --flow order|wide|gate|workerkill --db URL --run-id ID \\
         --executor inline|ray --input JSON [--lease-ttl S] [--resume | --create-only] \\
         [--flows MODULE] [--any-state-ok]
 
@@ -13,14 +13,15 @@ rollback tests read from the store), 1 the run ended failed or cancelled, 3 anot
 driver holds the lease, 4 this driver lost its lease. Crash points come from ``RAYSAGA_FAULTS``
 (the driver SIGKILLs itself there); a Ray driver joins the cluster named by ``RAY_ADDRESS``.
 
-As a module (the tests load it by path), it offers ``spawn``/``run_driver`` to launch that
-script and ``wait_until``/``wait_lease_expired`` to poll real conditions with a deadline.
+As a module, it offers ``spawn``/``run_driver`` to launch that script, ``wait_until``/
+``wait_lease_expired`` to poll real conditions with a deadline, and what every driver script of
+the tests shares (``agent_flows`` is one too): ``driver_env``, ``wait_for_go``, ``report``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -32,9 +33,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
-SCRIPT = Path(__file__).resolve()
+from tests.support import REPO
+
+MODULE = "tests.support.crash_driver"  # run as `python -m MODULE` from the repository root
+DEFAULT_FLOWS = "tests.support.crash_flows"
 RESULT_PREFIX = "RESULT "
 EXIT_FAILED, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 1, 3, 4
 FAULTS_ENV = "RAYSAGA_FAULTS"
@@ -43,23 +45,13 @@ GO_TIMEOUT = 300.0
 T = TypeVar("T")
 
 
-def load_flows(name: str = "crash_flows") -> ModuleType:
-    """Import ``tests/<name>.py`` by path, as module ``name``.
+def load_flows(name: str = DEFAULT_FLOWS) -> ModuleType:
+    """Import the flows module ``name`` (a dotted module name, importable from the repository root).
 
-    Registered in ``sys.modules`` under that name so Ray pickles its steps by reference; Ray
-    workers import it again from the PYTHONPATH the executor hands them (this folder is on it).
+    Imported by name, so Ray pickles its steps by reference and Ray workers import it again from
+    the ``sys.path`` the executor hands them (the repository root is on it).
     """
-    if name in sys.modules:
-        return sys.modules[name]
-    for path in (str(TESTS), str(REPO)):
-        if path not in sys.path:
-            sys.path.append(path)
-    spec = importlib.util.spec_from_file_location(name, TESTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(name)
 
 
 # ---------------------------------------------------------------------- the driver process
@@ -73,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--executor", choices=["inline", "ray"], default="inline")
     parser.add_argument("--input", default="null", help="the run input, as JSON")
     parser.add_argument("--lease-ttl", type=float, default=None)
-    parser.add_argument("--flows", default="crash_flows", help="the tests/ module that holds FLOWS")
+    parser.add_argument("--flows", default=DEFAULT_FLOWS, help="the module that holds FLOWS (a dotted name)")
     parser.add_argument("--any-state-ok", action="store_true", help="exit 0 for any resting state")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true", help="resume an existing run (never create one)")
@@ -84,22 +76,38 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import raysaga
-    from raysaga.errors import LeaseHeldError, LeaseLostError
 
     flow = load_flows(args.flows).FLOWS[args.flow]
     if args.go_file:
-        go = Path(args.go_file)
-        wait_until(go.exists, timeout=GO_TIMEOUT, what=f"the go file {go}")
+        wait_for_go(Path(args.go_file))
     options = raysaga.RunOptions(lease_ttl=args.lease_ttl) if args.lease_ttl else None
     run_input = json.loads(args.input)
-    try:
+
+    def drive() -> Any:
         if args.create_only:
-            record = raysaga.create_run(flow, run_input, store=args.db, run_id=args.run_id, options=options)
-        elif args.resume:
-            record = raysaga.resume(flow, args.run_id, store=args.db, executor=args.executor, options=options)
-        else:
-            record = raysaga.run(flow, run_input, store=args.db, run_id=args.run_id, executor=args.executor,
-                                 options=options)
+            return raysaga.create_run(flow, run_input, store=args.db, run_id=args.run_id, options=options)
+        if args.resume:
+            return raysaga.resume(flow, args.run_id, store=args.db, executor=args.executor, options=options)
+        return raysaga.run(flow, run_input, store=args.db, run_id=args.run_id, executor=args.executor,
+                           options=options)
+
+    return report(drive, ok=lambda record: bool(args.create_only or args.any_state_ok
+                                                or record.status == raysaga.RunStatus.COMPLETED))
+
+
+def wait_for_go(go: Path) -> None:
+    """Block until the test creates ``go`` (a driver started early, its imports done)."""
+    wait_until(go.exists, timeout=GO_TIMEOUT, what=f"the go file {go}")
+
+
+def report(drive: Callable[[], Any], *, ok: Callable[[Any], bool],
+           extra: Callable[[Any], dict[str, Any]] | None = None) -> int:
+    """Run ``drive`` (which returns the run's record); print the record as one ``RESULT {json}``
+    line and return the driver's exit code (a lease held or lost: its code, said on stderr)."""
+    from raysaga.errors import LeaseHeldError, LeaseLostError
+
+    try:
+        record = drive()
     except LeaseHeldError as exc:
         print(f"lease held: {exc}", file=sys.stderr, flush=True)
         return EXIT_LEASE_HELD
@@ -108,11 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_LEASE_LOST
     result = {"run_id": record.run_id, "status": record.status.value, "output": record.output,
               "error": None if record.error is None else record.error.as_dict(),
-              "status_reason": record.status_reason, "pid": os.getpid()}
+              "status_reason": record.status_reason, **(extra(record) if extra else {}), "pid": os.getpid()}
     print(RESULT_PREFIX + json.dumps(result, sort_keys=True), flush=True)
-    if args.create_only or args.any_state_ok or record.status == raysaga.RunStatus.COMPLETED:
-        return 0
-    return EXIT_FAILED
+    return 0 if ok(record) else EXIT_FAILED
 
 
 # ---------------------------------------------------------------------- helpers for the tests
@@ -137,8 +143,8 @@ class Finished:
 
 def command(flow: str, db: str, run_id: str, *, executor: str = "inline", run_input: Any = None,
             lease_ttl: float | None = None, resume: bool = False, create_only: bool = False,
-            go_file: Path | None = None, flows: str = "crash_flows", any_state_ok: bool = False) -> list[str]:
-    cmd = [sys.executable, str(SCRIPT), "--flow", flow, "--db", db, "--run-id", run_id, "--executor", executor,
+            go_file: Path | None = None, flows: str = DEFAULT_FLOWS, any_state_ok: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", MODULE, "--flow", flow, "--db", db, "--run-id", run_id, "--executor", executor,
            "--input", json.dumps(run_input)]
     if lease_ttl:
         cmd += ["--lease-ttl", str(lease_ttl)]
@@ -148,20 +154,27 @@ def command(flow: str, db: str, run_id: str, *, executor: str = "inline", run_in
         cmd.append("--create-only")
     if go_file is not None:
         cmd += ["--go-file", str(go_file)]
-    if flows != "crash_flows":
+    if flows != DEFAULT_FLOWS:
         cmd += ["--flows", flows]
     if any_state_ok:
         cmd.append("--any-state-ok")
     return cmd
 
 
-def spawn(flow: str, db: str, run_id: str, *, faults: str | None = None, **kwargs: Any) -> subprocess.Popen[str]:
-    """Start a driver process (from the repository root; ``RAYSAGA_FAULTS`` exactly ``faults``)."""
+def driver_env(faults: str | None, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a driver process: ``RAYSAGA_FAULTS`` exactly ``faults``
+    (unset when None), then ``extra``."""
     env = dict(os.environ)
     env.pop(FAULTS_ENV, None)
     if faults:
         env[FAULTS_ENV] = faults
-    return subprocess.Popen(command(flow, db, run_id, **kwargs), cwd=REPO, env=env, text=True,
+    env.update(extra or {})
+    return env
+
+
+def spawn(flow: str, db: str, run_id: str, *, faults: str | None = None, **kwargs: Any) -> subprocess.Popen[str]:
+    """Start a driver process (from the repository root; ``RAYSAGA_FAULTS`` exactly ``faults``)."""
+    return subprocess.Popen(command(flow, db, run_id, **kwargs), cwd=REPO, env=driver_env(faults), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 

@@ -1,6 +1,6 @@
-"""Workflows the crash tests drive in driver subprocesses (``tests/crash_driver.py --flow NAME``).
+"""Workflows the crash tests drive in driver subprocesses (``python -m tests.support.crash_driver --flow NAME``).
 
-Not a test module: ``crash_driver.py`` imports it by file path. Every step is deterministic in
+Not a test module: ``crash_driver`` imports it by name. Every step is deterministic in
 its inputs, so an uninterrupted run and a killed-and-resumed one must agree byte for byte.
 
 - ``order``: the example (``examples.order.workflow``): 4 nodes, 2 effects.
@@ -17,21 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `examples` is importable from the repository root
-    sys.path.insert(0, str(REPO))
-
-from examples.order import fake_services  # noqa: E402
-from examples.order.workflow import sample_input as order_input  # noqa: E402
-from examples.order.workflow import wf as order  # noqa: E402
-from raysaga import Permanent, RetryPolicy, StepContext, Workflow  # noqa: E402
+from examples.order.workflow import sample_input as order_input
+from examples.order.workflow import wf as order
+from raysaga import Permanent, RetryPolicy, StepContext, Workflow
+from tests.support import services as fake_services
 
 WIDE_ITEMS = 8
 #: How long a blocked step waits for its release file before giving up (never reached when

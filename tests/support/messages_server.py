@@ -30,7 +30,7 @@ so a replayed request answered by the same ``Reply`` gets a byte-identical answe
 The API key: ``anthropic`` 2.12.0 sends ``api_key`` as ``Authorization: Bearer <key>`` (not as
 ``x-api-key``); ``LoggedRequest.api_key`` reads either, and ``headers`` has them all.
 
-tests/ is no package: load this file by path (see ``_load`` in tests/test_kill_sweep.py).
+Import it as ``tests.support.messages_server``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
-"""``crash_driver`` pointed at ``tests/saga_flows.py``, for the rollback tests.
+"""``crash_driver`` pointed at ``tests.support.saga_flows``, for the rollback tests.
 
 Same script, same helpers; its driver processes exit 0 for any resting state (the tests read
-which from the store): ``spawn``/``run_driver`` pass ``--flows saga_flows --any-state-ok``.
+which from the store): ``spawn``/``run_driver`` pass ``--flows tests.support.saga_flows --any-state-ok``.
 """
 
 from __future__ import annotations
 
 import functools
 
-from tests.conftest import load_helper
+from tests.support import crash_driver
 
-FLOWS = "saga_flows"
+FLOWS = "tests.support.saga_flows"
 
-crash_driver = load_helper("crash_driver")
 Finished = crash_driver.Finished
 finish = crash_driver.finish
 stop = crash_driver.stop

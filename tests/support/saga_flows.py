@@ -1,7 +1,7 @@
-"""Workflows the rollback tests drive, in-process or in driver subprocesses (``tests/saga_driver.py``).
+"""Workflows the rollback tests drive, in-process or in driver subprocesses (``tests.support.saga_driver``).
 
-Not a test module: it is imported by file path (as ``saga_flows``; Ray workers import it again
-from the PYTHONPATH the Ray executor hands them, which holds this folder). Every forward effect
+Not a test module: it is imported by name (``tests.support.saga_flows``; Ray workers import it
+again from the PYTHONPATH the Ray executor hands them, which holds the repository root). Every forward effect
 calls the fake provider with kind ``do``, every compensation with kind ``undo``; both pass
 their idempotency key, so the provider's ordered call log is the order the world saw.
 
@@ -20,20 +20,15 @@ their idempotency key, so the provider's ordered call log is the order the world
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:  # `examples` is importable from the repository root
-    sys.path.insert(0, str(REPO))
-
-from examples.order import fake_services  # noqa: E402
-from examples.trip import workflow as trip_example  # noqa: E402
-from raysaga import Permanent, RetryPolicy, StepContext, Workflow  # noqa: E402
+from examples.trip import workflow as trip_example
+from raysaga import Permanent, RetryPolicy, StepContext, Workflow
+from tests.support import services as fake_services
 
 COMPENSATE_SUFFIX = ":compensate"
 FAST_RETRY = RetryPolicy(max_attempts=3, base=0.02, cap=0.05)
