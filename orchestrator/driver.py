@@ -287,7 +287,9 @@ class Driver:
         if not dispatches:
             return
         batch = self.machine.out.batch
-        if batch.effects:
+        if batch.effects or any(n.status == NodeStatus.RUNNING for n in batch.nodes):
+            # ledger 'pending' rows, and the 'running' rows of compensated steps, are durable before
+            # the call: a rollback after a crash must know the call may have happened
             labels = [node_label(e.node_id, e.fan_index) for e in batch.effects]
             self.faults.hit("before_pending", labels)
             self._flush()

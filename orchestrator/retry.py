@@ -54,7 +54,8 @@ def is_transient(exc: BaseException, policy: RetryPolicy | None = None) -> bool:
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:
     """Full-jitter delay after failed attempt ``attempt`` (1-based)."""
-    ceiling = min(policy.cap, policy.base * (2 ** max(0, attempt - 1)))
+    # the exponent is bounded: an undo retried without limit reaches attempt 1025, and 2.0 ** 1024 overflows
+    ceiling = min(policy.cap, policy.base * (2 ** min(max(0, attempt - 1), 62)))
     return rng.uniform(0.0, ceiling)
 
 

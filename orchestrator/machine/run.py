@@ -195,7 +195,9 @@ class RunMachine:
 
     @property
     def pause_reason(self) -> str | None:
-        return self.agents.pause_reason
+        """Why the run must pause (an agent's budget or loop); only the forward DAG pauses: a
+        rollback resumed from the failure's commit replays agents too, and must not pause."""
+        return self.agents.pause_reason if self.phase == Phase.FORWARD else None
 
     def idle(self) -> bool:
         """Nothing in flight."""
