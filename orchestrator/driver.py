@@ -311,7 +311,7 @@ class Driver:
         m = self.machine
         outcomes: list[tuple[NodeKey, NodeOutcome]] = []
         for handle in finished:
-            key = NodeKey.parse(*handle.key) if not isinstance(handle.key, NodeKey) else handle.key
+            key = NodeKey.parse(*handle.key)  # executors key a handle by (node_id, fan_index)
             if self._attempts.pop(key) is None:
                 continue  # cancelled while this round was absorbed
             assert handle.outcome is not None
@@ -417,7 +417,7 @@ class Driver:
             waiting = {key for key in waiting if (sent[key].deadline_from(now) or now + 1) > now}
             handles = [sent[key].handle for key in waiting]
             for handle in self.executor.wait(handles, self._wait_timeout()) if handles else []:
-                key = NodeKey.parse(*handle.key) if not isinstance(handle.key, NodeKey) else handle.key
+                key = NodeKey.parse(*handle.key)  # executors key a handle by (node_id, fan_index)
                 waiting.discard(key)
                 if handle.outcome is not None and handle.outcome.ok:
                     self._attempts.pop(key)
