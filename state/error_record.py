@@ -53,12 +53,16 @@ class ErrorRecord(BaseModel, Mapping[str, Any]):
     problem: str | None = None
     verdict: str | None = None
     """A fan-out policy's verdict that failed its step."""
+    item: int | None = None
+    """A fan-out's row: the index of the item whose failure failed the step (its error is
+    ``cause``), so a resume settles the step as that failure did."""
     failed_compensations: list[ErrorRecord] | None = None
     """A rollback's report: each compensation that failed for good, with its error."""
     blocked_compensations: list[str] | None = None
     """A rollback's report: the nodes not compensated because they wait on a failed one."""
     cause: ErrorRecord | None = None
-    """A rollback's report: the run's error when the rollback started."""
+    """A rollback's report: the run's error when the rollback started. A fan-out's row: the
+    error of its failed ``item``."""
 
     @model_serializer(mode="wrap")
     def _as_stored(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:

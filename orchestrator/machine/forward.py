@@ -67,6 +67,10 @@ class Forward:
         spec = self.wf.steps[row.node_id]
         self.restored[key] = row
         self.calls.attempts[key] = row.attempt
+        if row.status == NodeStatus.FAILED and row.fan_index < 0 and not spec.critical and spec.on_failure == "pass":
+            # its dependents' record, for a rollback resumed after a crash (which settles no step)
+            _, error, _ = _failure_of(row)
+            self.outputs[key] = step_failed_record(row.node_id, error)
         if spec.map_over is not None and row.fan_index < 0:
             self.fanout.set_round(row.node_id, max(1, row.attempt))
             if spec.fan_out_policy.kind == "all":
@@ -75,6 +79,20 @@ class Forward:
                 return
         if row.status == NodeStatus.COMPLETED:
             self.outputs[key] = output
+
+    def _settle_restored_failure(self, key: NodeKey, row: NodeRecord) -> None:
+        """Settle a restored failed row as the failure that wrote it was settled: a fan-out
+        failed by one item, or by its policy's verdict, is routed as that item or verdict was
+        (the same node blamed, the same record passed on, the same rollback)."""
+        if key.fan_index < 0 and row.status == NodeStatus.FAILED:
+            if key.step in self.sched.closed or key.step in self.sched.completed:
+                return
+            index, error, force_rollback = _failure_of(row)
+            if index >= 0 or force_rollback or error.get("type") == "FanOutPolicy":
+                self.counts.failed += 1
+                self._step_failed(key.step, index, error, force_rollback=force_rollback, restored=True)
+                return
+        self.settle_failed(key, row.error.as_dict() if row.error else {}, write=False, attempts=row.attempt)
 
     # ------------------------------------------------------------------ dispatch
 
@@ -85,7 +103,7 @@ class Forward:
         spec = self.wf.steps[step]
         row = self.restored.pop(key, None)
         if row is not None and row.status in (NodeStatus.FAILED, NodeStatus.SKIPPED):
-            self.settle_failed(key, row.error.as_dict() if row.error else {}, write=False, attempts=row.attempt)
+            self._settle_restored_failure(key, row)
             return None
         if spec.map_over is not None and index < 0:
             self._expand(step, row)
@@ -204,26 +222,24 @@ class Forward:
             return
         self._step_failed(step, index, error)
 
-    def _step_failed(self, step: str, index: int, error: dict[str, Any], force_rollback: bool = False) -> None:
-        """Route a step's final failure: critical (or forced) → stop and roll back; else skip or pass."""
+    def _step_failed(self, step: str, index: int, error: dict[str, Any], force_rollback: bool = False,
+                     restored: bool = False) -> None:
+        """Route a step's final failure: critical (or forced) → stop and roll back; else skip or pass.
+        ``restored``: the failure is read back from the step's row, which is not written again."""
         spec = self.wf.steps[step]
         batch = self.out.batch
         now = self.out.now
+        # An item failing a fan-out fails its step: the parent row says so, with the item's index
+        # and error, from which a resume settles the step exactly so (the same node blamed, the
+        # same record passed on). Once: a second upsert of one row in a batch is refused by PostgreSQL.
+        parent_row = index >= 0 and not restored and (self.failure is None or not (spec.critical or force_rollback))
+        if parent_row:
+            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED, finished_at=now,
+                                         error=_item_failed(step, index, error)))
         if spec.critical or force_rollback:
             if self.failure is None:
                 self.failure = (NodeKey(step, index).label, error)
-                if index >= 0:
-                    # An item failing an ALL fan-out fails its step: its parent row says so, as it
-                    # does for a non-critical fan-out. Once: a second upsert of one row in a batch
-                    # is refused by PostgreSQL.
-                    batch.nodes.append(NodeWrite(
-                        node_id=step, fan_index=-1, status=NodeStatus.FAILED, finished_at=now,
-                        error={"type": "FanOutItemFailed", "message": f"item {index} failed"}))
             return
-        if index >= 0:
-            batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED,
-                                         error={"type": "FanOutItemFailed", "message": f"item {index} failed"},
-                                         finished_at=now))
         self._cancel_steps({step})
         if spec.on_failure == "pass":
             self.outputs[NodeKey(step)] = step_failed_record(step, error)
@@ -286,3 +302,19 @@ class Forward:
 
     def sink_outputs(self) -> dict[str, Any]:
         return {s: self.output_of(s) for s in self.wf.sinks() if s in self.sched.completed}
+
+
+def _item_failed(step: str, index: int, error: dict[str, Any]) -> dict[str, Any]:
+    """A fan-out's row when its item ``index`` failed it: the item and its error, whole."""
+    return {"type": "FanOutItemFailed", "message": f"item {index} failed", "item": index,
+            "node": NodeKey(step, index).label, "cause": error}
+
+
+def _failure_of(row: NodeRecord) -> tuple[int, dict[str, Any], bool]:
+    """How a failed step's row was settled: (the failed item or -1, its error, roll back?).
+    Rows written before the item was kept (``item`` absent) read as the step's own failure."""
+    error = row.error.as_dict() if row.error else {}
+    cause = error.get("cause")
+    if isinstance(error.get("item"), int) and isinstance(cause, dict):
+        return error["item"], cause, False
+    return -1, error, error.get("type") == "FanOutPolicy" and error.get("verdict") == Verdict.COMPENSATE.value

@@ -129,26 +129,13 @@ class Journal:
 
 class MachineShell:
     def __init__(self, wf: Workflow, fold: MemoryRun, world: World, schedule: Schedule, *,
-                 options: RunOptions | None = None, seed: int = 0, records_first_durable: bool = False,
-                 pause_only_forward: bool = False) -> None:
-        """Two departures from ``Driver``, each off by default (the driver's behaviour), each on
-        where a known bug would otherwise stop a property from looking for others:
-
-        ``records_first_durable``: also commit first a batch that holds the 'running' rows of
-        compensated steps (the machine's ``_records_first`` promises they are durable before the
-        call); off, the shell commits first only for ledger rows, as ``Driver._send`` does
-        (``test_bug_driver_sends_a_compensated_step_before_its_row_is_durable``).
-
-        ``pause_only_forward``: heed the machine's ``pause_reason`` only in the forward phase; off,
-        as ``Driver._loop`` does, in any phase (``test_bug_a_resumed_rollback_pauses``)."""
+                 options: RunOptions | None = None, seed: int = 0) -> None:
         self.wf = wf.validate()
         self.fold = fold
         self.world = world
         self.schedule = schedule
         self.options = options or RunOptions()
         self.seed = seed
-        self.records_first_durable = records_first_durable
-        self.pause_only_forward = pause_only_forward
         self.now = fold.run.created_at + 1.0
         self.m: RunMachine | None = None
         self.sent: dict[NodeKey, Sent] = {}
@@ -215,7 +202,7 @@ class MachineShell:
             terminal = self._advance()
             if terminal is not None:
                 return self._rested(terminal)
-            if m.pause_reason is not None and (m.phase == Phase.FORWARD or not self.pause_only_forward):
+            if m.pause_reason is not None:
                 return self._rested(self._pause())
             if m.idle():
                 when = m.next_timer()
@@ -315,9 +302,8 @@ class MachineShell:
         if not dispatches:
             return
         batch = self._machine().out.batch
-        if batch.effects or (self.records_first_durable
-                             and any(n.status == NodeStatus.RUNNING for n in batch.nodes)):
-            self._flush()  # the ledger's 'pending' rows are durable before any call
+        if batch.effects or any(n.status == NodeStatus.RUNNING for n in batch.nodes):
+            self._flush()  # ledger 'pending' rows and compensated steps' 'running' rows: durable before the call
         self.rollback.on_send([d for d in dispatches if d.key.compensates])
         for d in dispatches:
             self._check_effect_key(d)

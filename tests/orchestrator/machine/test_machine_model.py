@@ -19,22 +19,18 @@ writes so far) and the operator's cancel signals. Checked:
    compensation_failed, paused), the machine writes, sends and asks nothing more.
 
 The ``test_oracle_bites_*`` tests break the machine on purpose (monkeypatched, in the test only)
-and check that each checker notices. The ``test_bug_*`` tests are bugs these properties found,
-reduced to a minimal example (``xfail(strict=True)`` until fixed); the properties step around
-them (``MachineShell``'s two work-arounds, two limits in ``model_world.cases``, and
-``item_failure_renamed``), each pointing at its ``test_bug_*``, so they go on finding others.
+and check that each checker notices. The ``test_found_*`` tests are bugs these properties found,
+each reduced to a minimal example and fixed; they stay as regression tests.
 
 The properties run in ~10 s (300 examples each); the ``slow`` variants (``RAYSAGA_FULL_SWEEP=1``)
 run 2,000 examples of larger workflows (~1 min); ``RAYSAGA_MODEL_EXAMPLES=N`` sets the count (and
-skips the example database) for a longer hunt, ``RAYSAGA_MODEL_AS_DRIVER=1`` turns the shell's
-work-arounds off.
+skips the example database) for a longer hunt.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -157,13 +153,10 @@ class RandomSchedule:
 # ---------------------------------------------------------------------- running a plan
 
 
-def drive(plan: Plan, world: FateWorld, schedule: Any, *, records_first_durable: bool = True,
-          pause_only_forward: bool = True) -> tuple[RunRecord, MachineShell]:
-    """Run ``plan`` to rest. By default with the shell's two work-arounds of known bugs on (see
-    ``MachineShell``); the ``test_bug_*`` tests turn theirs off."""
+def drive(plan: Plan, world: FateWorld, schedule: Any) -> tuple[RunRecord, MachineShell]:
+    """Run ``plan`` to rest."""
     wf = build_workflow(plan)
-    shell = MachineShell(wf, new_fold(wf, plan), world, schedule, records_first_durable=records_first_durable,
-                         pause_only_forward=pause_only_forward)
+    shell = MachineShell(wf, new_fold(wf, plan), world, schedule)
     record = shell.run()
     return record, shell
 
@@ -185,37 +178,14 @@ def check_resume_equals_uninterrupted(plan: Plan, data: st.DataObject) -> None:
     note(f"crashed ({crashed.journal.crashes} crashes) dispatched: {crashed.journal.dispatched}")
     describe_run("reference", reference)
     describe_run("crashed", crashed)
-    compare_runs(reference, crashed, tolerate_renamed_item=True)
+    compare_runs(reference, crashed)
 
 
-def compare_runs(reference: MachineShell, crashed: MachineShell, *, tolerate_renamed_item: bool = False) -> None:
+def compare_runs(reference: MachineShell, crashed: MachineShell) -> None:
     """Invariant 1: the crashed run ends as the reference did (``projection``)."""
     expected, got = projection(reference.fold), projection(crashed.fold)
-    if tolerate_renamed_item and item_failure_renamed(expected, got):
-        # test_bug_resume_renames_a_failed_item (xfail) shows this one; tolerated here so the
-        # property goes on looking for others
-        event("tolerated: the run's error names the fan-out, not its failed item")
-        for part in ("reason", "error"):
-            del expected[part], got[part]
     for part in expected:
         assert got[part] == expected[part], f"{part} differs after {crashed.journal.crashes} crash(es)"
-
-
-def item_failure_renamed(expected: dict[str, Any], got: dict[str, Any]) -> bool:
-    """Whether the runs differ (in their error and reason) only as the known bug makes them: the
-    resumed run names the failed critical fan-out ``s`` ('item i failed') where the uninterrupted
-    one names its item ``s[i]`` and the item's own error."""
-    def cause(error: Any) -> Any:
-        return error.get("cause") if isinstance(error, dict) and "failed_compensations" in error else error
-
-    mine, theirs = cause(got["error"]), cause(expected["error"])
-    if not (isinstance(mine, dict) and isinstance(theirs, dict) and mine.get("type") == "FanOutItemFailed"):
-        return False
-    parent, item = str(mine.get("node")), str(theirs.get("node"))
-    if not re.fullmatch(re.escape(parent) + r"\[\d+\]", item):
-        return False
-    renamed = re.compile(r"critical step '(\w+)(\[\d+\])?' failed: [^;]*")
-    return renamed.sub(r"\1", str(got["reason"])) == renamed.sub(r"\1", str(expected["reason"]))
 
 
 def describe_run(name: str, shell: MachineShell) -> None:
@@ -239,10 +209,6 @@ def _counts(dispatched: list[tuple[int, str, str | None]]) -> dict[str, int]:
 
 # ---------------------------------------------------------------------- the properties
 
-#: ``RAYSAGA_MODEL_AS_DRIVER=1``: the random property without the shell's work-arounds (it then
-#: finds the driver-level bugs below).
-DURABLE = os.environ.get("RAYSAGA_MODEL_AS_DRIVER") != "1"
-
 #: ``RAYSAGA_MODEL_EXAMPLES=N`` runs N examples of each property (a longer hunt).
 EXAMPLES = int(os.environ.get("RAYSAGA_MODEL_EXAMPLES", "0"))
 _HUNT: dict[str, Any] = {"database": None} if EXAMPLES else {}  # a hunt does not replay saved examples
@@ -264,8 +230,7 @@ def test_resume_equals_uninterrupted(plan: Plan, data: st.DataObject) -> None:
 def test_random_interleavings_keep_the_invariants(plan: Plan, data: st.DataObject) -> None:
     note(plan.describe())
     world = FateWorld(plan, data.draw)
-    record, shell = drive(plan, world, RandomSchedule(data), records_first_durable=DURABLE,
-                          pause_only_forward=DURABLE)
+    record, shell = drive(plan, world, RandomSchedule(data))
     note(f"fates: {world.fates}")
     note(f"dispatched: {shell.journal.dispatched}")
     describe_run("random", shell)
@@ -287,8 +252,7 @@ def test_resume_equals_uninterrupted_full(plan: Plan, data: st.DataObject) -> No
 @given(cases(max_steps=7, backoff=True), st.data())
 def test_random_interleavings_keep_the_invariants_full(plan: Plan, data: st.DataObject) -> None:
     world = FateWorld(plan, data.draw)
-    drive(plan, world, RandomSchedule(data, max_crashes=5, max_signals=2), records_first_durable=DURABLE,
-          pause_only_forward=DURABLE)
+    drive(plan, world, RandomSchedule(data, max_crashes=5, max_signals=2))
 
 
 # ---------------------------------------------------------------------- fixed examples
@@ -517,7 +481,7 @@ def test_oracle_bites_a_resume_that_differs(monkeypatch: pytest.MonkeyPatch) -> 
         compare_runs(reference, crashed)
 
 
-# ---------------------------------------------------------------------- bugs found (xfail until fixed)
+# ---------------------------------------------------------------------- bugs found, fixed (regressions)
 
 
 def fails(label: str) -> Any:
@@ -529,11 +493,10 @@ def fails(label: str) -> Any:
     return when
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "resume != uninterrupted: a crash between the commit recording a critical ALL fan-out item's failure "
-    "and the run's transition makes the resumed run blame the fan-out ('s1': 'item 0 failed', from the "
-    "parent row forward._step_failed wrote) instead of the item ('s1[0]' and its own error)"))
-def test_bug_resume_renames_a_failed_item() -> None:
+def test_found_resume_blames_the_failed_item_not_its_fan_out() -> None:
+    """A crash between the commit recording a critical fan-out item's failure and the run's
+    transition: the resumed run blames the item, with its own error, as the uninterrupted one
+    did (its parent row once said only 'item 0 failed', and the resume blamed the fan-out)."""
     plan = Plan(steps=(StepPlan("s0", items=1), StepPlan("s1", deps=("s0",), map_over="s0", max_attempts=1)),
                 fail_rate=0)
     world = fixed_world(plan, {"s1[0]": Fate(0, "permanent")})
@@ -545,20 +508,37 @@ def test_bug_resume_renames_a_failed_item() -> None:
     compare_runs(reference, crashed)
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError, reason=(
-    "a rollback resumed after a crash cannot compensate a step that depends on a non-critical "
-    "on_failure='pass' step that failed: Rollback.issue_ready -> Forward.kwargs -> output_of raises "
-    "KeyError (the StepFailed record is never rebuilt: a restore in the rollback phase prepares no step)"))
-def test_bug_resumed_rollback_loses_a_passed_failure() -> None:
+def test_found_resumed_rollback_keeps_a_passed_failure() -> None:
+    """A rollback resumed after a crash compensates a step that depends on a non-critical
+    on_failure='pass' step that failed: the StepFailed record its compensation is given is
+    rebuilt from the failed row (it once raised KeyError: a rollback prepares no step)."""
     plan = Plan(steps=(StepPlan("s0", critical=False, on_failure="pass", max_attempts=1),
                        StepPlan("s1", deps=("s0",), compensated=True, max_attempts=1),
                        StepPlan("s2", deps=("s1",), max_attempts=1)), fail_rate=0)
     world = fixed_world(plan, {"s0": Fate(0, "permanent"), "s2": Fate(0, "permanent")})
-    record, _ = drive(plan, world, PrioritySchedule(0))
+    record, reference = drive(plan, world, PrioritySchedule(0))
     assert record.status == RunStatus.COMPENSATED
     record, shell = drive(plan, world, Scripted(crash_when=rests_or_rolls_back))
     assert shell.journal.crashes == 1
     assert record.status == RunStatus.COMPENSATED
+    compare_runs(reference, shell)
+
+
+def test_found_resumed_rollback_keeps_a_fan_out_s_passed_failure() -> None:
+    """The same for an ALL fan-out that passes its failed item's record on: a rollback resumed
+    after a crash compensates its dependent with that record (a fan-out's row is restored as its
+    items' list otherwise, and the failed item has no output: KeyError)."""
+    plan = Plan(steps=(StepPlan("s0", items=1),
+                       StepPlan("s1", deps=("s0",), map_over="s0", critical=False, on_failure="pass",
+                                max_attempts=1),
+                       StepPlan("s2", deps=("s1",), compensated=True, max_attempts=1),
+                       StepPlan("s3", deps=("s2",), max_attempts=1)), fail_rate=0)
+    world = fixed_world(plan, {"s1[0]": Fate(0, "permanent"), "s3": Fate(0, "permanent")})
+    record, reference = drive(plan, world, PrioritySchedule(0))
+    assert record.status == RunStatus.COMPENSATED
+    record, shell = drive(plan, world, Scripted(crash_when=rests_or_rolls_back))
+    assert shell.journal.crashes == 1
+    compare_runs(reference, shell)
 
 
 def test_a_compensation_retried_past_1024_attempts_does_not_overflow() -> None:
@@ -580,21 +560,12 @@ def crash_before_completion(moment: str, batch: Batch) -> bool:
 ONE_UNDOABLE = Plan(steps=(StepPlan("s0", compensated=True, max_attempts=1),), fail_rate=0)
 
 
-@pytest.mark.xfail(strict=True, raises=InvariantViolation, reason=(
-    "driver contract: RunMachine._records_first says a compensated step's 'running' row is durable "
-    "before its call, but Driver._send commits first only when the batch holds ledger rows; a "
-    "compensated step that is no effect is sent with its 'running' row uncommitted. A kill before "
-    "the next commit, with a cancel-and-compensate signal (or the deadline) pending, resumes "
-    "straight into the rollback, which does not know the step ran: it is never compensated"))
-def test_bug_driver_sends_a_compensated_step_before_its_row_is_durable() -> None:
+def test_found_compensated_step_is_undone_after_a_kill_before_its_result() -> None:
+    """A compensated step (no effect) is sent, the process dies before its result is durable,
+    and a cancel-and-compensate signal is pending: the resumed rollback knows the step may have
+    run (its 'running' row was committed before the call, as the driver does) and undoes it."""
     schedule = Scripted(crash_when=crash_before_completion, signal_when=signal_compensate_at_once)
-    drive(ONE_UNDOABLE, fixed_world(ONE_UNDOABLE, {}), schedule, records_first_durable=False)
-
-
-def test_compensated_step_is_undone_when_its_row_is_durable_before_the_call() -> None:
-    """The same crash, with the 'running' row committed before the call as the machine expects."""
-    schedule = Scripted(crash_when=crash_before_completion, signal_when=signal_compensate_at_once)
-    record, shell = drive(ONE_UNDOABLE, fixed_world(ONE_UNDOABLE, {}), schedule, records_first_durable=True)
+    record, shell = drive(ONE_UNDOABLE, fixed_world(ONE_UNDOABLE, {}), schedule)
     assert shell.journal.crashes == 1
     assert record.status == RunStatus.COMPENSATED and shell.journal.compensations == [("s0", -1)]
 
@@ -615,21 +586,19 @@ PAUSING = Plan(steps=(StepPlan("s0", compensated=True, max_attempts=1),
 
 def test_a_resumed_rollback_does_not_pause() -> None:
     world = fixed_world(PAUSING, {"s1": Fate(0, "permanent")})
-    record, _ = drive(PAUSING, world, Together(), pause_only_forward=False)
+    record, _ = drive(PAUSING, world, Together())
     assert record.status == RunStatus.COMPENSATED
-    record, shell = drive(PAUSING, world, Together(crash_when=fails("s1")), pause_only_forward=False)
+    record, shell = drive(PAUSING, world, Together(crash_when=fails("s1")))
     assert shell.journal.crashes == 1
     assert record.status == RunStatus.COMPENSATED
 
 
-@pytest.mark.xfail(strict=True, raises=InvariantViolation, reason=(
-    "an effect is re-sent under a fresh idempotency key after a crash: a non-critical on_failure='pass' "
-    "fan-out whose item fails hands its dependents a StepFailed record of the item's error, but the parent "
-    "row forward._step_failed writes says {'type': 'FanOutItemFailed', 'message': 'item 1 failed'}; a "
-    "restore settles the fan-out from that row (Forward.prepare), so the dependents get another record, "
-    "other inputs, another effect key: the effect sent before the crash (key still 'pending') is sent "
-    "again under a new key, and the service cannot dedupe it"))
-def test_bug_resume_passes_another_failure_record() -> None:
+def test_found_resume_passes_the_same_failure_record() -> None:
+    """A non-critical on_failure='pass' fan-out whose item fails hands its dependents a StepFailed
+    record of the item's error; after a crash while the dependent effect is in flight, the resume
+    hands them the same record, so the effect is re-sent under its first key (the shell checks
+    every key against the ledger). It once got 'item 1 failed' from the parent row: other inputs,
+    a fresh key, an effect the service could not dedupe."""
     plan = Plan(steps=(StepPlan("s0", items=2),
                        StepPlan("s1", deps=("s0",), map_over="s0", critical=False, on_failure="pass", max_attempts=1),
                        StepPlan("s2", deps=("s1",), effect=True, max_attempts=1)), fail_rate=0)
@@ -638,4 +607,9 @@ def test_bug_resume_passes_another_failure_record() -> None:
     def while_s2_runs(moment: str, batch: Batch) -> bool:  # s2 was sent: crash before its result is durable
         return moment == "before" and any(n.node_id == "s2" and n.status == NodeStatus.COMPLETED for n in batch.nodes)
 
-    drive(plan, world, Scripted(crash_when=while_s2_runs))
+    _, reference = drive(plan, world, PrioritySchedule(0))
+    _, crashed = drive(plan, world, Scripted(crash_when=while_s2_runs))
+    assert crashed.journal.crashes == 1
+    keys = [key for _, label, key in crashed.journal.dispatched if label == "s2"]
+    assert len(keys) == 2 and keys[0] == keys[1], keys  # sent again after the kill, under its first key
+    compare_runs(reference, crashed)
