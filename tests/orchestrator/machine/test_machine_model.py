@@ -541,6 +541,27 @@ def test_found_resumed_rollback_keeps_a_fan_out_s_passed_failure() -> None:
     compare_runs(reference, shell)
 
 
+def test_found_resume_keeps_a_policy_s_compensate_verdict() -> None:
+    """A non-critical fan-out whose policy answers Compensate rolls the run back; a crash right
+    after the commit that records the verdict resumes into the same rollback (the row's
+    ``verdict`` forces it), not into skipping the step's dependents."""
+    plan = Plan(steps=(StepPlan("s0", compensated=True, items=1),
+                       StepPlan("s1", deps=("s0",), map_over="s0", policy="retry_round", critical=False,
+                                max_attempts=1),
+                       StepPlan("s2", deps=("s1",), max_attempts=1)), fail_rate=0)
+    world = fixed_world(plan, {"s1[0]": Fate(0, "permanent")})
+    record, reference = drive(plan, world, PrioritySchedule(0))
+    assert record.status == RunStatus.COMPENSATED
+
+    def verdict_committed(moment: str, batch: Batch) -> bool:
+        return moment == "after" and any(n.node_id == "s1" and n.fan_index < 0 and n.status == NodeStatus.FAILED
+                                         for n in batch.nodes)
+
+    record, shell = drive(plan, world, Scripted(crash_when=verdict_committed))
+    assert shell.journal.crashes == 1
+    compare_runs(reference, shell)
+
+
 def test_a_compensation_retried_past_1024_attempts_does_not_overflow() -> None:
     plan = Plan(steps=(StepPlan("s0", compensated=True, undo_retry=False, max_attempts=1),
                        StepPlan("s1", deps=("s0",), max_attempts=1)), fail_rate=0)
