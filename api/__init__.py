@@ -20,8 +20,11 @@ The public API, by group (one line each in docs/api.md):
   ``LeaseHeldError``, ``LeaseLostError``); ``DriverInterrupted`` after SIGINT/SIGTERM.
 
 Also public: ``raysaga.agents`` (LLM sub-agents: ``Agent``, ``tool``, model backends),
-``raysaga.testing`` (a scripted model, a guard against the real API), ``raysaga.errors`` and
-``raysaga.types``; the ``raysaga`` command (``raysaga.cli``). Other modules are implementation.
+``raysaga.testing`` (a scripted model, a guard against the real API), ``raysaga.errors``,
+``raysaga.types``, ``raysaga.state`` (the store's records and states, as ``open_store`` reads
+them: ``NodeRecord``, ``NodeStatus``...); the ``raysaga`` command (``raysaga.cli``). Every other
+module (``raysaga.orchestrator.*``, the store's internals) is implementation and may change
+without notice; ``tests/test_public_api.py`` checks that the examples and docs import nothing else.
 
 ``import raysaga`` is cheap: only the errors are imported at once; every other name is imported
 the first time it is used (``_LAZY``), so ``import raysaga`` loads neither the driver nor Ray.

@@ -21,6 +21,7 @@
     │   ├── CorruptRecordError        a stored row cannot be read back (only its run is affected)
     │   └── BlobIntegrityError        a blob is missing or does not match its content address
     ├── DriverInterrupted         SIGINT/SIGTERM: the driver settled and released its lease
+    ├── InfeasibleResourcesError  no node of the cluster can ever hold a step's resource request
     ├── NotJSONableError          a value that cannot be stored as JSON
     └── StepFailure               raised by user step code to classify its own failure
         ├── Permanent                 never retried
@@ -158,6 +159,11 @@ class DriverInterrupted(RaySagaError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.run_id, self.signal_name))
+
+
+class InfeasibleResourcesError(RaySagaError):
+    """No node of the Ray cluster can ever hold a step's resource request: the node fails
+    permanently at once (not after a scheduling wait), naming what was asked and what there is."""
 
 
 class StepFailure(RaySagaError):

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 
 from raysaga.agents.messages import ModelRequest, ModelResponse
 from raysaga.agents.models import FORBID_ENV, ScriptedModel, first_user_text, text_reply, tool_reply
-from raysaga.errors import Permanent
+from raysaga.errors import InvalidOptionError, Permanent
 from raysaga.orchestrator.faults import ENV as FAULTS_ENV
 from raysaga.orchestrator.faults import POINTS as CRASH_POINTS
 from raysaga.orchestrator.faults import Faults
@@ -367,13 +367,13 @@ class CrashAt(Faults):
             driver running in a process of its own).
 
     Raises:
-        ValueError: An unknown point.
+        InvalidOptionError: An unknown point (also a ``ValueError``).
     """
 
     def __init__(self, point: str, label: str = "*", *, kill: bool = False) -> None:
         super().__init__("")
         if point not in CRASH_POINTS:
-            raise ValueError(f"unknown crash point {point!r}; known: {sorted(CRASH_POINTS)}")
+            raise InvalidOptionError(f"CrashAt: unknown crash point {point!r}; known: {sorted(CRASH_POINTS)}")
         self.point, self.label, self.kill = point, label, kill
         self.fired = False
         self.active = True

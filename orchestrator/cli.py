@@ -16,27 +16,50 @@ import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import metadata
 from types import ModuleType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from raysaga.errors import RaySagaError, RunNotFoundError, UserError
-from raysaga.orchestrator import cli_input, cli_status
+from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
-from raysaga.orchestrator.cli_store import describe, open_for_reads, open_for_writes, store_url
-from raysaga.orchestrator.loader import load_recorded_workflow, load_workflow, recordable_ref
-from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.render import dot, mermaid
-from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import RunRecord, RunStatus, SqlStore, queries
-from raysaga.state.engine import default_url, make_engine
-from raysaga.state.migrate import upgrade
-from raysaga.state.models import PARKED, TERMINAL
-from raysaga.state.prune import PRUNABLE
-from raysaga.state.prune import prune as prune_runs
+from raysaga.orchestrator.cli_maintenance import db_upgrade, prune
+from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
+from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.options import RunOptions
+    from raysaga.orchestrator.workflow import Workflow
+    from raysaga.state import SqlStore
+
+# Each command imports what it needs when it runs (``raysaga --help`` loads neither SQLAlchemy nor
+# the workflow DSL; read commands never load the driver, Ray or networkx): a command's wall time
+# is its own work, not every other command's imports.
+
+
+def _status() -> ModuleType:
+    from raysaga.orchestrator import cli_status
+
+    return cli_status
+
+
+def _stores() -> ModuleType:
+    from raysaga.orchestrator import cli_store
+
+    return cli_store
+
+
+def _load_workflow(ref: str) -> Workflow:
+    from raysaga.orchestrator.loader import load_workflow
+
+    return load_workflow(ref)
+
+
+def _loader() -> ModuleType:
+    from raysaga.orchestrator import loader
+
+    return loader
 
 
 def _runner() -> ModuleType:
@@ -50,16 +73,6 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="raysaga: crash-proof multi-agent workflows on Ray.")
 db_app = typer.Typer(no_args_is_help=True, help="Database maintenance.")
 app.add_typer(db_app, name="db")
-
-DbOpt = Annotated[str | None, typer.Option(
-    "--db", envvar="RAYSAGA_DB",
-    help="Store URL (default: $RAYSAGA_HOME/raysaga.db or ~/.raysaga/raysaga.db; `raysaga --version` shows it).")]
-ExecutorOpt = Annotated[str, typer.Option("--executor", help="ray (default) or inline (in this process).")]
-AddressOpt = Annotated[str | None, typer.Option("--address", envvar="RAY_ADDRESS",
-                                                help="Ray cluster to join (default: a local Ray started on demand).")]
-LeaseOpt = Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead driver's lease blocks a takeover.")]
-RunIdArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
-WorkflowOpt = Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")]
 
 #: Most runs one ``raysaga list`` page shows.
 MAX_LIST = 1000
@@ -76,12 +89,16 @@ class _Current:
 
 def _version(value: bool) -> None:
     if value:
+        from importlib import metadata
+
+        from raysaga.state.engine import default_url
+
         try:
             version = metadata.version("raysaga")
         except metadata.PackageNotFoundError:
             version = "(not installed)"
         with errors():
-            where = describe(default_url())
+            where = _stores().describe(default_url())
         say(out, f"raysaga {version}")
         say(out, f"store: {where} (--db or RAYSAGA_DB to change it)")
         raise typer.Exit(0)
@@ -107,21 +124,25 @@ def _check_address(executor: str, address: str | None) -> None:
     """A malformed ``--address`` / ``RAY_ADDRESS`` is refused before anything is opened or imported
     (the executor checks it again, and probes it, before Ray starts)."""
     if executor == "ray" and address:
-        from raysaga.orchestrator.executor import _host_port
+        from raysaga.orchestrator.ray_address import host_port
 
-        _host_port(address)
+        host_port(address)
 
 
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None) -> RunOptions:
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
     cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
+    from raysaga.orchestrator.options import RunOptions
+
     return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget)
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
     if quiet or not err.is_terminal:
         return action(lambda _p: None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         task = progress.add_task("steps", total=total_hint)
@@ -135,9 +156,9 @@ def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int
 def _report(store: SqlStore, run: RunRecord, as_json: bool) -> None:
     run = store.get_run(run.run_id)  # as it stands now: the driver has released its lease
     if as_json:
-        cli_status.stream_json(store, run, sys.stdout)
+        _status().stream_json(store, run, sys.stdout)
     else:
-        cli_status.print_status(out, store, run, store_text=describe(store.url))
+        _status().print_status(out, store, run, store_text=_stores().describe(store.url))
 
 
 def _exit_for(run: RunRecord, success: RunStatus = RunStatus.COMPLETED) -> None:
@@ -168,15 +189,15 @@ def run(
         options = _options(lease_ttl, deadline, retry_budget)
         _check_address(executor, address)
         value = cli_input.parse_input(input)
-        wf = load_workflow(workflow)
+        wf = _load_workflow(workflow)
         if input is not None or run_id is None or not _run_exists(db, run_id):  # no --input: resume as is
             cli_input.check_input(wf, value, input is not None)
-        store = open_for_writes(db)
+        store = _stores().open_for_writes(db)
         current.run_id = run_id = run_id or _runner().new_run_id(wf)
         given = value if input is not None else _runner().NO_INPUT  # JSON null is an input; no --input is not
         result = _drive(lambda hook: _runner().run(
             wf, given, store=store, run_id=run_id, executor=executor, address=address,
-            options=options, on_progress=hook, workflow_ref=recordable_ref(workflow),
+            options=options, on_progress=hook, workflow_ref=_loader().recordable_ref(workflow),
         ), len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
     _exit_for(result)
@@ -185,7 +206,7 @@ def run(
 def _run_exists(db: str | None, run_id: str) -> bool:
     """Whether the store (if there is one) holds ``run_id``; nothing is created."""
     try:
-        store = open_for_reads(db, run_id)
+        store = _stores().open_for_reads(db, run_id)
     except RaySagaError:
         return False
     try:
@@ -201,7 +222,9 @@ def _workflow_for(store: SqlStore, run_id: str, ref: str | None) -> Workflow:
     """The run's workflow: the one the operator names (``--workflow``), else the module the run
     recorded (``load_recorded_workflow``: a stored ref is never a file path)."""
     if ref:
-        return load_workflow(ref)
+        return _load_workflow(ref)
+    from raysaga.orchestrator.loader import load_recorded_workflow
+
     return load_recorded_workflow(store.get_run(run_id).workflow_ref, run_id)
 
 
@@ -221,7 +244,7 @@ def resume(
         _run_id(run_id)
         options = _options(lease_ttl)
         _check_address(executor, address)
-        store = open_for_writes(db, run_id)
+        store = _stores().open_for_writes(db, run_id)
         before = store.get_run(run_id)
         if before.status in TERMINAL or before.status in PARKED:  # at rest: no code is imported
             say(err, f"run {run_id} is already {before.status.value}: nothing to resume ", _finished_note(before))
@@ -255,7 +278,7 @@ def retry(
         _run_id(run_id)
         options = _options(lease_ttl)
         _check_address(executor, address)
-        store = open_for_writes(db, run_id)
+        store = _stores().open_for_writes(db, run_id)
         _runner().check_retryable(store.get_run(run_id), compensations)  # before any workflow code is imported
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: _runner().retry(wf, run_id, store=store, executor=executor, address=address,
@@ -282,7 +305,7 @@ def cancel(
     with errors(_Current(run_id)):
         _run_id(run_id)
         _check_address(executor, address)
-        store = open_for_writes(db, run_id)
+        store = _stores().open_for_writes(db, run_id)
         # lenient: a run whose input blob was damaged outside raysaga must still be cancellable
         before = store.get_run(run_id, lenient=True)
         if before.status in TERMINAL or (before.status in PARKED and not compensate):
@@ -331,22 +354,22 @@ def status(
         _run_id(run_id)
         cli_input.int_in_range("--nodes-limit", nodes_limit, 1, cap=cli_input.INT64_MAX)
         if node is not None:
-            cli_status.parse_label(node, "--node")
+            _status().parse_label(node, "--node")
         if nodes_after is not None:
-            cli_status.parse_label(nodes_after, "--nodes-after")
-        wf = load_workflow(workflow) if workflow else None
-        store = open_for_reads(db, run_id)
+            _status().parse_label(nodes_after, "--nodes-after")
+        wf = _load_workflow(workflow) if workflow else None
+        store = _stores().open_for_reads(db, run_id)
         record = store.get_run(run_id)
         if wf is not None and wf.name != record.workflow_name:
             raise UserError(f"run {run_id!r} belongs to workflow {record.workflow_name!r}, not {wf.name!r}: "
                             "drop --workflow, or name that run's workflow")
         if errors_ or node is not None:
-            cli_status.print_errors(out, store, record, node)
+            _status().print_errors(out, store, record, node)
         elif as_json:
-            cli_status.stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
+            _status().stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
                                    nodes_after=nodes_after)
         else:
-            cli_status.print_status(out, store, record, store_text=describe(store.url), wf=wf)
+            _status().print_status(out, store, record, store_text=_stores().describe(store.url), wf=wf)
 
 
 @app.command("list")
@@ -370,7 +393,9 @@ def list_runs(
                                 f"{', '.join(s.value for s in RunStatus)}") from None
         cli_input.int_in_range("--limit", limit, 1, MAX_LIST)
         cli_input.check_run_id(before, "--before run id")
-        store = open_for_reads(db)
+        store = _stores().open_for_reads(db)
+        from raysaga.state import queries
+
         cursor = queries.run_cursor(store, before) if before is not None else None
         rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor)
         if as_json:
@@ -382,16 +407,16 @@ def list_runs(
             } for r in rows]) + "\n")
             return
         if not rows:
-            say(out, "no runs" + (" on that page" if before else "") + f" in {describe(store.url)}")
+            say(out, "no runs" + (" on that page" if before else "") + f" in {_stores().describe(store.url)}")
             return
         table = [["run", "workflow", "status", "created (UTC)", "updated (UTC)", "reason"]]
         for r in rows:
             state = f"corrupt: {r.corrupt}" if r.corrupt or r.status is None else r.status.value
-            flat = cli_status.flat
+            flat = _status().flat
             table.append([flat(r.run_id), flat(f"{r.workflow_name} v{r.workflow_version}"), flat(state),
-                          cli_status.utc(r.created_at).removesuffix(" UTC"),
-                          cli_status.utc(r.updated_at).removesuffix(" UTC"), flat(r.status_reason or "")[:120]])
-        for line in cli_status.columns(table):
+                          _status().utc(r.created_at).removesuffix(" UTC"),
+                          _status().utc(r.updated_at).removesuffix(" UTC"), flat(r.status_reason or "")[:120]])
+        for line in _status().columns(table):
             say(out, line)
         if len(rows) == limit:
             again = " ".join(a for a in (f"--status {status}" if status else "",
@@ -412,7 +437,7 @@ def events(
         _run_id(run_id)
         cli_input.int_in_range("--after", after, 0, cap=cli_input.INT64_MAX)
         cli_input.int_in_range("--limit", limit, 1, cap=cli_input.INT64_MAX)
-        store = open_for_reads(db, run_id)
+        store = _stores().open_for_reads(db, run_id)
         store.get_run(run_id)
         left, seq = limit, after
         while left is None or left > 0:
@@ -434,60 +459,14 @@ def graph(
     with errors():
         if format not in ("mermaid", "dot"):
             raise UserError(f"--format {format!r} is not known: use mermaid or dot")
-        wf = load_workflow(workflow)
+        wf = _load_workflow(workflow)
+        from raysaga.orchestrator.render import dot, mermaid
+
         sys.stdout.write(mermaid(wf) if format == "mermaid" else dot(wf))
 
 
-_PRUNABLE = sorted(s.value for s in PRUNABLE)
-
-
-@app.command()
-def prune(
-    older_than: Annotated[str, typer.Option(
-        "--older-than", help="Delete runs not updated for this long: 30d, 12h, 90m, 3600s.")],
-    status: Annotated[str | None, typer.Option(
-        "--status", help=f"States to delete, comma-separated (default: all of {','.join(_PRUNABLE)}).")] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would go; delete nothing.")] = False,
-    batch_size: Annotated[int, typer.Option(help="Runs deleted per transaction (1 to 10000).")] = 500,
-    db: DbOpt = None,
-) -> None:
-    """Delete finished runs (and their nodes, events, effects and unshared blobs) older than
-    --older-than. Running, waiting and compensating runs are never touched."""
-    with errors():
-        seconds = cli_input.parse_duration("--older-than", older_than)
-        cli_input.int_in_range("--batch-size", batch_size, 1, 10_000)
-        statuses: list[RunStatus] | None = None
-        if status is not None:
-            statuses = []
-            for name in (s.strip() for s in status.split(",") if s.strip()):
-                try:
-                    state = RunStatus(name)
-                except ValueError:
-                    raise UserError(f"--status {name!r} is not a run state; prunable: {', '.join(_PRUNABLE)}") \
-                        from None
-                if state not in PRUNABLE:
-                    raise UserError(f"--status {name!r} is not a state at rest: only {', '.join(_PRUNABLE)} "
-                                    "runs can be pruned (cancel a live run first)")
-                statuses.append(state)
-            if not statuses:
-                raise UserError(f"--status names no state; prunable: {', '.join(_PRUNABLE)}")
-        store = open_for_writes(db, must_exist=True)
-        report = prune_runs(store, seconds, statuses=statuses, batch_size=batch_size, dry_run=dry_run)
-        verb = "would delete" if dry_run else "deleted"
-        say(out, f"{verb} {report.runs} run(s) in {', '.join(report.statuses)} not updated since "
-                 f"{cli_status.utc(report.cutoff)} ({older_than} ago) from {describe(store.url)}")
-        say(out, f"  with {report.nodes} nodes, {report.events} events, {report.effects} effects, "
-                 f"{report.signals} signals, {report.memory} memory keys, {report.blobs} blobs "
-                 f"({report.blob_bytes} bytes)")
-
-
-@db_app.command("upgrade")
-def db_upgrade(db: DbOpt = None) -> None:
-    """Create or migrate the store's schema (also done automatically on first use)."""
-    with errors():
-        url = store_url(db)
-        version = upgrade(make_engine(url))
-        say(out, f"{describe(url)}: schema version {version}")
+app.command()(prune)
+db_app.command("upgrade")(db_upgrade)
 
 
 def main() -> None:

@@ -10,15 +10,16 @@ import re
 import stat
 import sys
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
-from raysaga.orchestrator.workflow import Workflow
 from raysaga.state.jsoncodec import MAX_DEPTH
-from raysaga.state.sql_store import input_cap
 from raysaga.types import check_run_id as check_types_run_id
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.workflow import Workflow
 
 #: The store's own nesting limit (``jsoncodec.MAX_DEPTH``): a deeper input is refused here, named.
 MAX_INPUT_DEPTH = MAX_DEPTH
@@ -30,6 +31,8 @@ INT64_MAX = 2**63 - 1
 
 def max_input_bytes() -> int:
     """The store's input cap (``RAYSAGA_MAX_INPUT_BYTES``): a file above it is refused unread."""
+    from raysaga.state.sql_store import input_cap  # SQLAlchemy: only when an input is read
+
     return input_cap()
 
 

@@ -17,15 +17,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.orchestrator.ownership import describe_lease
-from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import RunRecord, SqlStore, node_label, queries
+from raysaga.state import RunRecord, SqlStore, node_label, queries  # status reads the store: SQLAlchemy
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.workflow import Workflow
 
 SCHEMA_VERSION = 1
 #: Fan-out items listed by name in the human view (the rest are counted).

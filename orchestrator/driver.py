@@ -18,12 +18,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError, UserError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import agent_io
+from raysaga.orchestrator.blob_parking import parking
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
@@ -32,6 +32,7 @@ from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, Dispatch
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner
+from raysaga.orchestrator.progress import Progress
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.workflow import Workflow
@@ -47,7 +48,7 @@ from raysaga.state import (
     Store,
     node_label,
 )
-from raysaga.state.models import PARKED, TERMINAL, can_transition
+from raysaga.state.models import PARKED, TERMINAL
 
 __all__ = ["IDLE_TICK", "SETTLE_SECONDS", "STOP_SIGNALS", "Driver", "Progress", "driver_id"]
 
@@ -66,20 +67,6 @@ _TRANSITIONS = frozenset({RunStatus.COMPENSATING, RunStatus.COMPLETED, RunStatus
 def driver_id() -> str:
     """A lease owner string naming this process (``raysaga.orchestrator.ownership``)."""
     return new_owner()
-
-
-@dataclass
-class Progress:
-    """Counters a progress display reads."""
-
-    total: int = 0
-    done: int = 0
-    failed: int = 0
-    listeners: list[Callable[[Progress], None]] = field(default_factory=list)
-
-    def notify(self) -> None:
-        for listener in self.listeners:
-            listener(self)
 
 
 class Driver:
@@ -452,21 +439,14 @@ class Driver:
         current = self.store.get_run(self.run_id, lenient=True)  # its own input may be the damaged blob
         if current.status in TERMINAL or current.status in PARKED:
             return current
-        target = RunStatus.COMPENSATION_FAILED if current.status == RunStatus.COMPENSATING else RunStatus.FAILED
-        reason = (f"blob {exc.digest} of {where or 'this run'} {exc.problem}: the store was changed outside "
-                  "raysaga, so the run is parked and the data not used; restore the blob (or the node) and "
-                  f"`raysaga retry {self.run_id}`")[:1000]
-        error = {"type": "BlobIntegrityError", "digest": exc.digest, "problem": exc.problem, "node": where,
-                 "message": str(exc)}
         self.machine = None  # its pending writes may have been computed from the data: dropped
         self._pending = Batch()
-        if not can_transition(current.status, target) and can_transition(current.status, RunStatus.RUNNING):
+        resume_first, batch = parking(current.status, exc, where, self.run_id)
+        if resume_first:
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-        batch = Batch(run=RunUpdate(status=target, status_reason=reason, error=error, set_error=True))
-        batch.events.append(NewEvent(kind="blob_integrity_error", node_id=None, data={
-            "digest": exc.digest, "problem": exc.problem, "node": where}))
         record = self._commit(batch)
-        log.error("run %s: %s", self.run_id, reason)
+        assert batch.run is not None
+        log.error("run %s: %s", self.run_id, batch.run.status_reason)
         return record or self.store.get_run(self.run_id, lenient=True)
 
     # ------------------------------------------------------------------ writes

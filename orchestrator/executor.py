@@ -11,7 +11,6 @@ import contextlib
 import itertools
 import logging
 import os
-import socket
 import sys
 import time
 from abc import ABC, abstractmethod
@@ -20,10 +19,11 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysaga.errors import UserError
+from raysaga.errors import InfeasibleResourcesError, UserError
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, is_actor_death, shared_pool
 from raysaga.orchestrator.keys import is_compensation
-from raysaga.orchestrator.resources import Feasibility, InfeasibleResourcesError
+from raysaga.orchestrator.ray_address import check_cluster, same_cluster, unreachable
+from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
 from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
@@ -176,9 +176,9 @@ class RayExecutor(Executor):
             except (ConnectionError, TimeoutError) as exc:  # "auto" with no cluster running, a GCS gone...
                 if not address:
                     raise  # starting a local Ray failed: not a cluster to reach
-                raise _unreachable(address, str(exc).splitlines()[0] if str(exc) else "") from None
+                raise unreachable(address, str(exc).splitlines()[0] if str(exc) else "") from None
             self._started_here = True
-        elif address and not _same_cluster(address, ray.get_runtime_context().gcs_address,
+        elif address and not same_cluster(address, ray.get_runtime_context().gcs_address,
                                            ray.util.get_node_ip_address()):  # type: ignore[no-untyped-call]
             # one process joins one cluster: running on another than the one asked for would be silent
             raise UserError(f"this process is already connected to the Ray cluster at "
@@ -412,90 +412,6 @@ class RayExecutor(Executor):
     def shutdown(self) -> None:
         if self._started_here:
             self._ray.shutdown()
-
-
-#: Seconds to wait for the TCP connect to a Ray cluster's address before giving up on it.
-CLUSTER_CONNECT_TIMEOUT_S = 3.0
-
-
-def _unreachable(address: str, why: str) -> Exception:
-    from raysaga.errors import UserError
-
-    try:
-        hp = _host_port(address)
-    except UserError:
-        hp = None
-    port = str(hp[1]) if hp is not None else "6379"
-    return UserError(f"cannot reach the Ray cluster at {address}{f' ({why})' if why else ''}: start it with "
-                     f"`ray start --head --port {port}`, fix --address / RAY_ADDRESS, or drop them for a local Ray")
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (or ``[v6]:PORT``) of a Ray cluster address, the port 1 to 65535; None for
-    "auto" (the cluster this machine runs) and "local" (start one), which Ray resolves itself.
-    Anything else (``ray://`` Ray Client addresses, a missing or signed port, a bare word) is
-    refused with a ``UserError`` saying what is accepted."""
-    import re
-
-    from raysaga.errors import UserError
-
-    if address in ("auto", "local"):
-        return None
-    shown = repr(address)
-    if address.lower().startswith("ray://"):
-        raise UserError(f"Ray address {shown}: Ray Client (ray://) is not supported: raysaga drives a run from a "
-                        "node of the cluster; run it there with --address HOST:PORT of the cluster's GCS "
-                        "(e.g. 10.0.0.5:6379), or auto")
-    match = re.fullmatch(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^\s:/\[\]@]+)):(?P<port>[0-9]{1,5})",
-                         address)
-    port = int(match.group("port")) if match else 0
-    if match is None or not 1 <= port <= 65535:
-        raise UserError(f"Ray address {shown} (--address or RAY_ADDRESS) is not HOST:PORT with a port from 1 to "
-                        "65535: use e.g. 127.0.0.1:6379, auto (the cluster this machine runs) or local")
-    assert match is not None
-    return match.group("v6") or match.group("host"), port
-
-
-def _same_cluster(asked: str, connected: str, this_node: str) -> bool:
-    """Whether ``asked`` (an --address) names the cluster at ``connected`` (host:port of its GCS);
-    ``this_node``: the IP Ray uses for this machine, one of its local addresses."""
-    if asked in ("auto", "local"):
-        return True
-    wanted, have = _host_port(asked), _host_port(connected)
-    if wanted is None or have is None:
-        return asked == connected
-    def ips(host: str) -> set[str]:
-        try:
-            return {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
-        except OSError:
-            return {host}
-    here = ips(socket.gethostname()) | ips("localhost") | {"127.0.0.1", "::1", this_node}
-    a, b = ips(wanted[0]), ips(have[0])
-    # a cluster on this machine is one cluster whichever of its addresses names it
-    return wanted[1] == have[1] and (bool(a & b) or (bool(a & here) and bool(b & here)))
-
-
-def check_cluster(address: str | None, timeout: float = CLUSTER_CONNECT_TIMEOUT_S) -> None:
-    """Fail fast, with what to do, when ``address`` is malformed or names a Ray cluster nobody
-    answers at.
-
-    ``ray.init`` on an address where no GCS listens retries for over a minute (on a malformed
-    one, forever), then raises a traceback: the address is parsed strictly (``_host_port``) and
-    a TCP connect to it (refused, or no answer in ``timeout`` seconds) tells within seconds,
-    and leaves the cluster's own reconnect tolerance, which a long run needs when its GCS
-    restarts, as it is. ``None``, "auto" and "local" are not probed (Ray finds or starts a
-    cluster itself). Raises ``UserError``."""
-    hp = _host_port(address) if address else None
-    if hp is None:
-        return
-    assert address is not None
-    try:
-        with socket.create_connection(hp, timeout=timeout):
-            pass
-    except TimeoutError:
-        raise _unreachable(address, f"no answer within {timeout:g} s") from None
-    except OSError as exc:
-        raise _unreachable(address, exc.strerror or str(exc)) from None
 
 
 def make_executor(kind: str, address: str | None = None, num_cpus: int | None = None, *,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import NodeRecord, RunRecord, Store
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.workflow import Workflow
 
 
 def _node_text(wf: Workflow, step: str) -> str:

@@ -19,14 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysaga.errors import RaySagaError, WorkflowDefinitionError
+from raysaga.errors import WorkflowDefinitionError
 
 #: Ray's predefined resources: requested through their own keyword, never through ``resources=``.
 RESERVED = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory", "object_store_memory": "memory"}
-
-
-class InfeasibleResourcesError(RaySagaError):
-    """No node of the Ray cluster can ever hold a step's resource request."""
 
 
 @dataclass(frozen=True)

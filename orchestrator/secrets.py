@@ -34,7 +34,7 @@ from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
-from raysaga.errors import SecretUnavailableError
+from raysaga.errors import InvalidOptionError, SecretUnavailableError
 from raysaga.state.redact import register_secret, register_secret_env
 
 #: The durable form's key: ``{"$secret": {"env": NAME}}`` or ``{"$secret": {"memory": ID, "field": F}}``.
@@ -60,7 +60,8 @@ class Secret:
 
     def __init__(self, *, env: str | None = None, memory: str | None = None, field: str = "") -> None:
         if (env is None) == (memory is None):
-            raise ValueError("a Secret is either an env reference or a literal kept in memory")
+            raise InvalidOptionError("a Secret is either an env reference or a literal kept in memory: "
+                                     "use Secret.from_env('NAME') or Secret.literal(value)")
         self._env = env
         self._memory = memory
         self._field = field
@@ -69,7 +70,8 @@ class Secret:
     def from_env(cls, name: str, field: str = "") -> Secret:
         """A secret read from environment variable ``name`` whenever it is used."""
         if not _ENV_NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not an environment variable name")
+            raise InvalidOptionError(f"Secret.from_env({name!r}): not an environment variable name "
+                                     "(letters, digits and underscores, not starting with a digit)")
         register_secret_env(name)
         return cls(env=name, field=field)
 

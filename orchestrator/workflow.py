@@ -20,7 +20,6 @@ import dataclasses
 import hashlib
 import inspect
 import json
-import math
 import typing
 from collections.abc import Callable, Iterable
 from functools import cached_property
@@ -31,13 +30,20 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.context import StepContext
+from raysaga.orchestrator.dsl_checks import (
+    check_common,
+    check_flag,
+    check_optional_name,
+    decorator_options,
+    plain_options,
+    step_where,
+)
 from raysaga.orchestrator.options import RetryPolicy
-from raysaga.orchestrator.resources import PLACEMENT_OPTIONS, placement
+from raysaga.orchestrator.resources import placement
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, json_type_problem, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
 from raysaga.state import jsoncodec
-from raysaga.types import checked_options, unknown_option_message
 
 if TYPE_CHECKING:
     from raysaga.agents.agent import Agent
@@ -53,93 +59,10 @@ INPUT_PARAM = "input"
 CTX_PARAM = "ctx"
 
 
-def _unknown_option(kind: str) -> Callable[[str, list[str], list[str]], WorkflowDefinitionError]:
-    """The error for options ``@wf.<kind>`` does not have, naming the step they were given to."""
-
-    def error(where: str, unknown: list[str], options: list[str]) -> WorkflowDefinitionError:
-        if kind == "agent":
-            if "effect" in unknown:
-                return WorkflowDefinitionError(
-                    f"agent {where!r}: an agent node is not an effect itself: declare effect=True on its tools")
-            placed = sorted(set(unknown) & set(PLACEMENT_OPTIONS))
-            if placed:
-                return WorkflowDefinitionError(
-                    f"agent {where!r}: {placed} do not apply to an agent node: its model and tool calls run in "
-                    "the executor's I/O pool (see docs/execution.md)")
-        return WorkflowDefinitionError(unknown_option_message(f"step {where!r}", unknown, options))
-
-    return error
-
-
-def _plain_options(what: str) -> Callable[[F], F]:
-    """Guard a call that names no step (``Workflow(...)``, ``@wf.compensation(...)``): a typo or
-    arguments that do not fit are a ``WorkflowDefinitionError`` at once."""
-
-    def guard(fn: F) -> F:
-        return checked_options(
-            fn, what=what, misfit=WorkflowDefinitionError,
-            unknown=lambda where, strays, options: WorkflowDefinitionError(
-                unknown_option_message(where, strays, options)))
-
-    return guard
-
-
-def _decorator_options(kind: str) -> Callable[[F], F]:
-    """Guard ``Workflow.<kind>``: a typo in its options, or arguments that do not fit it, is a
-    ``WorkflowDefinitionError`` (naming the decorated step), not a bare ``TypeError``."""
-
-    def guard(method: F) -> F:
-        return checked_options(method, what=f"Workflow.{kind}()", unknown=_unknown_option(kind),
-                               misfit=WorkflowDefinitionError, decorator_factory=True,
-                               fn_param="fn" if kind == "step" else None)
-
-    return guard
-
-
-def _where(func: Any, name: Any) -> str:
-    """How an argument check names the step: its ``name=``, else the function's name."""
-    return str(name or getattr(func, "__name__", None) or repr(func))
-
-
-def _check_flag(where: str, option: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise WorkflowDefinitionError(f"step {where!r}: {option}= takes True or False, got {value!r}")
-
-
-def _check_optional_name(where: str, option: str, value: Any) -> None:
-    if value is not None and not isinstance(value, str):
-        raise WorkflowDefinitionError(f"step {where!r}: {option}= takes a step name (a str), got {value!r}")
-
-
-def _check_common(where: str, *, name: Any, after: Any, critical: Any, retry: Any, timeout: Any,
-                  map_over: Any) -> tuple[str, ...]:
-    """Check the options every node kind takes; return ``after`` as a tuple of step names."""
-    _check_optional_name(where, "name", name)
-    _check_optional_name(where, "map_over", map_over)
-    _check_flag(where, "critical", critical)
-    if retry is not None and not isinstance(retry, RetryPolicy):
-        raise WorkflowDefinitionError(
-            f"step {where!r}: retry= takes a RetryPolicy, e.g. retry=RetryPolicy(max_attempts=5), got {retry!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                or not math.isfinite(timeout) or timeout <= 0):
-        raise WorkflowDefinitionError(
-            f"step {where!r}: timeout must be a finite number of seconds > 0, got {timeout!r}")
-    upstream = (after,) if isinstance(after, str) else after
-    try:
-        upstream = tuple(upstream)
-    except TypeError:
-        upstream = None
-    if upstream is None or not all(isinstance(dep, str) for dep in upstream):
-        raise WorkflowDefinitionError(
-            f"step {where!r}: after= takes step names, e.g. after=[\"reserve\"], got {after!r}")
-    return upstream
-
-
-
 class Workflow:
     """A DAG definition. Validated (networkx) the first time it is used or ``validate()`` is called."""
 
-    @_plain_options("Workflow")
+    @plain_options("Workflow")
     def __init__(self, name: str, *, version: str = "1", description: str = "") -> None:
         if not isinstance(description, str):
             raise WorkflowDefinitionError(f"workflow {name!r}: description= takes a str, got {description!r}")
@@ -215,7 +138,7 @@ class Workflow:
         resources: dict[str, float] | None = None,
     ) -> Callable[[Callable[P, R]], Callable[P, R]]: ...
 
-    @_decorator_options("step")
+    @decorator_options("step")
     def step(
         self,
         fn: Callable[P, R] | None = None,
@@ -273,11 +196,11 @@ class Workflow:
         """
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            where = _where(func, name)
-            upstream = _check_common(where, name=name, after=after, critical=critical, retry=retry,
+            where = step_where(func, name)
+            upstream = check_common(where, name=name, after=after, critical=critical, retry=retry,
                                      timeout=timeout, map_over=map_over)
-            _check_flag(where, "effect", effect)
-            _check_optional_name(where, "effect_name", effect_name)
+            check_flag(where, "effect", effect)
+            check_optional_name(where, "effect_name", effect_name)
             if reconcile is not None and not callable(reconcile):
                 raise WorkflowDefinitionError(f"step {where!r}: reconcile= must be a function")
             spec = self._make_spec(func, name=name, after=upstream, critical=critical, effect=effect,
@@ -292,7 +215,7 @@ class Workflow:
             return decorate(fn)
         return decorate
 
-    @_decorator_options("agent")
+    @decorator_options("agent")
     def agent(
         self,
         agent: Agent,
@@ -324,8 +247,8 @@ class Workflow:
             raise WorkflowDefinitionError(f"@{self.name}.agent takes a raysaga.agents.Agent, got {agent!r}")
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
-            where = _where(func, name)
-            upstream = _check_common(where, name=name, after=after, critical=critical, retry=retry,
+            where = step_where(func, name)
+            upstream = check_common(where, name=name, after=after, critical=critical, retry=retry,
                                      timeout=timeout, map_over=map_over)
             spec = self._make_spec(func, name=name, after=upstream, critical=critical, effect=False, effect_name=None,
                                    retry=retry, timeout=timeout, compensate=compensate, reconcile=None,
@@ -336,7 +259,7 @@ class Workflow:
 
         return decorate
 
-    @_decorator_options("map")
+    @decorator_options("map")
     def map(
         self,
         over: str,
@@ -369,7 +292,7 @@ class Workflow:
             resources=resources)
         return decorator
 
-    @_plain_options("Workflow.compensation()")
+    @plain_options("Workflow.compensation()")
     def compensation(self, step_name: str, *, retry: RetryPolicy | None = None
                      ) -> Callable[[Callable[P, R]], Callable[P, R]]:
         """Register ``fn`` as the compensation of step ``step_name`` (checked at validation).

@@ -4,47 +4,59 @@ Knows nothing of Ray or models: it keeps runs, per-node checkpoints, the effect 
 the event log, blobs and signals, and guards every driver write with the run's fence.
 """
 
-from raysaga.state import migrate
-from raysaga.state.engine import (
-    default_url,
-    describe_store,
-    normalize_url,
-    probe_sqlite_store,
-    redact,
-    refuse_foreign_sqlite,
-)
-from raysaga.state.error_record import ErrorRecord
-from raysaga.state.models import (
-    Batch,
-    BreakerChange,
-    BreakerRecord,
-    BreakerState,
-    EffectRecord,
-    EffectStatus,
-    EffectWrite,
-    EventRecord,
-    Lease,
-    MemoryEntry,
-    NewEvent,
-    NewRun,
-    NodeRecord,
-    NodeStatus,
-    NodeWrite,
-    RunRecord,
-    RunSnapshot,
-    RunStatus,
-    RunSummary,
-    RunUpdate,
-    SignalKind,
-    SignalRecord,
-    node_label,
-)
-from raysaga.state.prune import PruneReport, prune
-from raysaga.state.sql_store import SqlStore
-from raysaga.state.store import Store
+import typing as _typing
+
+from raysaga._lazy import lazy_exports as _lazy_exports
+
+if _typing.TYPE_CHECKING:  # imported on first use (see _LAZY)
+    from raysaga.state.engine import default_url, describe_store
+    from raysaga.state.error_record import ErrorRecord
+    from raysaga.state.models import (
+        Batch,
+        BreakerChange,
+        BreakerRecord,
+        BreakerState,
+        EffectRecord,
+        EffectStatus,
+        EffectWrite,
+        EventRecord,
+        Lease,
+        MemoryEntry,
+        NewEvent,
+        NewRun,
+        NodeRecord,
+        NodeStatus,
+        NodeWrite,
+        RunRecord,
+        RunSnapshot,
+        RunStatus,
+        RunSummary,
+        RunUpdate,
+        SignalKind,
+        SignalRecord,
+        node_label,
+    )
+    from raysaga.state.prune import PruneReport, prune
+    from raysaga.state.sql_store import SqlStore
+    from raysaga.state.store import Store
+
+#: Where each name lives: ``import raysaga.state.redact`` (the CLI's error printer) or
+#: ``raysaga --help`` loads neither SQLAlchemy nor alembic; a name's module is imported on first use.
+_LAZY = {
+    **dict.fromkeys(("default_url", "describe_store"), "raysaga.state.engine"),
+    **dict.fromkeys(("ErrorRecord",), "raysaga.state.error_record"),
+    **dict.fromkeys(("Batch", "BreakerChange", "BreakerRecord", "BreakerState", "EffectRecord", "EffectStatus",
+                    "EffectWrite", "EventRecord", "Lease", "MemoryEntry", "NewEvent", "NewRun", "NodeRecord",
+                    "NodeStatus", "NodeWrite", "RunRecord", "RunSnapshot", "RunStatus", "RunSummary", "RunUpdate",
+                    "SignalKind", "SignalRecord", "node_label"), "raysaga.state.models"),
+    **dict.fromkeys(("PruneReport", "prune"), "raysaga.state.prune"),
+    **dict.fromkeys(("SqlStore",), "raysaga.state.sql_store"),
+    **dict.fromkeys(("Store",), "raysaga.state.store"),
+}
+__getattr__, __dir__ = _lazy_exports(__name__, globals(), _LAZY)
 
 
-def open_store(url: str | None = None, *, create: bool = True) -> SqlStore:
+def open_store(url: str | None = None, *, create: bool = True) -> "SqlStore":
     """Open the store at ``url``, else ``default_url()`` (``RAYSAGA_DB``, ``$RAYSAGA_HOME/raysaga.db``
     or ``~/.raysaga/raysaga.db``).
 
@@ -57,6 +69,10 @@ def open_store(url: str | None = None, *, create: bool = True) -> SqlStore:
     Either way the store is connected once before this returns, so a store that cannot be opened
     raises ``StoreUnavailableError`` (or ``SchemaVersionError``) here.
     """
+    from raysaga.state import migrate
+    from raysaga.state.engine import default_url, normalize_url, probe_sqlite_store, refuse_foreign_sqlite
+    from raysaga.state.sql_store import SqlStore
+
     url = normalize_url(url or default_url())
     if create:
         refuse_foreign_sqlite(url)  # another program's SQLite file never gets raysaga's tables
@@ -103,5 +119,4 @@ __all__ = [
     "node_label",
     "open_store",
     "prune",
-    "redact",
 ]

@@ -29,6 +29,8 @@ class RunStatus(StrEnum):
 TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.COMPENSATED, RunStatus.CANCELLED})
 #: Parked for an operator: terminal for drivers, but ``raysaga retry`` may revive them.
 PARKED = frozenset({RunStatus.FAILED, RunStatus.COMPENSATION_FAILED})
+#: At rest, so ``raysaga prune`` may delete them: running, waiting and compensating runs never are.
+PRUNABLE = frozenset(TERMINAL | PARKED)
 
 _WAITING = {RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED}
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, Connection, Engine, and_, delete, exists, func, not_, or_, select, union
 
 from raysaga.errors import UserError
-from raysaga.state.models import PARKED, TERMINAL, RunStatus
+from raysaga.state.models import PRUNABLE, RunStatus
 from raysaga.state.schema import blobs, effects, events, memory, nodes, runs, signals
 
 
@@ -36,7 +36,6 @@ class PrunableStore(Protocol):
     def reader(self) -> Engine: ...
 
 #: Runs in these states may be pruned (the default set).
-PRUNABLE = frozenset(TERMINAL | PARKED)
 _CHILDREN = (("nodes", nodes), ("events", events), ("effects", effects), ("signals", signals), ("memory", memory))
 
 

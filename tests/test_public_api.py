@@ -25,6 +25,7 @@ from raysaga import (
     RaySagaError,
     RetryPolicy,
     RunOptions,
+    Secret,
     UserError,
     Workflow,
     WorkflowDefinitionError,
@@ -34,6 +35,8 @@ from raysaga import (
 )
 from raysaga.agents import Agent, LoopPolicy, ScriptedModel, tool
 from raysaga.errors import UnknownOptionError
+from raysaga.testing import CrashAt
+from raysaga.state import NewRun
 from raysaga.sagas.policy import FanOutPolicy, ItemFailure
 
 HERE = Path(__file__).resolve()
@@ -138,6 +141,54 @@ def test_the_light_entry_points_load_neither_the_driver_nor_ray(code: str) -> No
     assert not _ray_and_driver(_modules_after(code))
 
 
+def test_the_cli_help_loads_no_store_and_no_dsl() -> None:
+    """``raysaga --help`` pays for typer and rich, not SQLAlchemy, alembic or networkx."""
+    modules = _modules_after("from raysaga.cli import app")
+    heavy = {m.split(".")[0] for m in modules} & {"sqlalchemy", "alembic", "networkx", "ray", "anthropic"}
+    assert not heavy, f"importing the CLI loads {sorted(heavy)}"
+    assert "raysaga.orchestrator.workflow" not in modules
+
+
+def test_raysaga_status_loads_neither_the_dsl_nor_the_driver(tmp_path: Path) -> None:
+    """A read command imports the store, not the workflow DSL (networkx), the driver or Ray."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = raysaga.open_store(url)
+    store.create_run(NewRun(run_id="r-1", workflow_name="w", workflow_version="1", definition_hash="0" * 64,
+                            input={"x": 1}, trace_id="0" * 32))
+    store.close()
+    code = textwrap.dedent(f"""
+        import sys
+        from raysaga.cli import app
+        try:
+            app(["status", "r-1", "--db", {url!r}])
+        except SystemExit as stop:
+            assert stop.code in (0, 1), stop.code
+    """)
+    modules = _modules_after(code)
+    assert "raysaga.orchestrator.cli_status" in modules and "sqlalchemy" in modules  # it did read the run
+    assert not _ray_and_driver(modules)
+    assert not {m.split(".")[0] for m in modules} & {"networkx", "alembic"}
+    assert "raysaga.orchestrator.workflow" not in modules
+
+
+#: What users may import; everything else is implementation (api/__init__.py, docs/api.md).
+PUBLIC_MODULES = {"raysaga", "raysaga.agents", "raysaga.testing", "raysaga.errors", "raysaga.types", "raysaga.state",
+                  "raysaga.cli"}
+
+
+def test_examples_and_docs_import_only_public_modules() -> None:
+    """A user copies what the examples, the README and the docs do: none of them reaches into
+    an implementation module."""
+    found: dict[str, set[str]] = {}
+    files = [*REPO.glob("examples/**/*.py"), *REPO.glob("docs/*.md"), REPO / "README.md",
+             *REPO.glob("examples/**/*.md")]
+    for path in files:
+        for module in re.findall(r"^\s*(?:from|import) (raysaga[\w.]*)", path.read_text(), re.M):
+            if module not in PUBLIC_MODULES:
+                found.setdefault(module, set()).add(str(path.relative_to(REPO)))
+    assert not found, f"implementation modules imported where users read: {found}"
+
+
 # ----------------------------------------------------------------------------- errors raised to users
 
 
@@ -233,6 +284,10 @@ MISTAKES: list[tuple[str, Any, type[RaySagaError], str]] = [
     ("Agent: output_type", lambda: Agent("a", ScriptedModel(), output_type=dict), InvalidOptionError,
      "output_type"),
     ("Agent: loop", lambda: Agent("a", ScriptedModel(), loop="fail"), InvalidOptionError, "LoopPolicy"),
+    # secrets and test helpers
+    ("Secret.from_env('1A')", lambda: Secret.from_env("1A"), InvalidOptionError, "not an environment variable"),
+    ("Secret() with neither", lambda: Secret(), InvalidOptionError, "Secret.from_env"),
+    ("CrashAt a typo", lambda: CrashAt("before_pendng"), InvalidOptionError, "unknown crash point"),
 ]
 
 

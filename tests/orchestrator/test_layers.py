@@ -32,3 +32,17 @@ def test_lower_layers_never_import_upper_ones_even_for_typing() -> None:
         for upper in uppers:
             chain = graph.find_shortest_chain(importer=lower, imported=upper, as_packages=True)
             assert chain is None, f"{lower} imports {upper}: {' -> '.join(chain or ())}"
+
+
+#: A module a newcomer can read in one sitting: past this, split it by what it does.
+MAX_MODULE_LINES = 500
+
+
+def test_no_module_outgrows_a_reading() -> None:
+    too_long = {}
+    for package in ("orchestrator", "agents", "sagas", "state", "api"):
+        for path in (REPO / package).rglob("*.py"):
+            lines = len(path.read_text().splitlines())
+            if lines > MAX_MODULE_LINES:
+                too_long[str(path.relative_to(REPO))] = lines
+    assert not too_long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {too_long}"

@@ -1,0 +1,25 @@
+"""Parking a run whose blob is missing or altered: the run is failed (``compensation_failed``
+mid-rollback) naming the node and the digest, and the data is never used; an operator restores
+the blob and ``raysaga retry``s it. Pure: the driver commits what this returns."""
+
+from __future__ import annotations
+
+from raysaga.errors import BlobIntegrityError
+from raysaga.state import Batch, NewEvent, RunStatus, RunUpdate
+from raysaga.state.models import can_transition
+
+
+def parking(status: RunStatus, exc: BlobIntegrityError, where: str | None, run_id: str) -> tuple[bool, Batch]:
+    """(whether the run must first go back to ``running`` to reach the parked state, the batch that
+    parks it) for a run in ``status``."""
+    target = RunStatus.COMPENSATION_FAILED if status == RunStatus.COMPENSATING else RunStatus.FAILED
+    reason = (f"blob {exc.digest} of {where or 'this run'} {exc.problem}: the store was changed outside "
+              "raysaga, so the run is parked and the data not used; restore the blob (or the node) and "
+              f"`raysaga retry {run_id}`")[:1000]
+    error = {"type": "BlobIntegrityError", "digest": exc.digest, "problem": exc.problem, "node": where,
+             "message": str(exc)}
+    resume_first = not can_transition(status, target) and can_transition(status, RunStatus.RUNNING)
+    batch = Batch(run=RunUpdate(status=target, status_reason=reason, error=error, set_error=True))
+    batch.events.append(NewEvent(kind="blob_integrity_error", node_id=None, data={
+        "digest": exc.digest, "problem": exc.problem, "node": where}))
+    return resume_first, batch

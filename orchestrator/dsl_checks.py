@@ -1,0 +1,98 @@
+"""The DSL's argument checks: every option ``@wf.step``, ``@wf.map``, ``@wf.agent`` and
+``@wf.compensation`` take is checked where it is given, so a typo or a value of the wrong kind is
+a ``WorkflowDefinitionError`` naming the step and the fix, never a bare ``TypeError`` later."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from raysaga.errors import WorkflowDefinitionError
+from raysaga.orchestrator.options import RetryPolicy
+from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
+from raysaga.types import checked_options, unknown_option_message
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def unknown_option(kind: str) -> Callable[[str, list[str], list[str]], WorkflowDefinitionError]:
+    """The error for options ``@wf.<kind>`` does not have, naming the step they were given to."""
+
+    def error(where: str, unknown: list[str], options: list[str]) -> WorkflowDefinitionError:
+        if kind == "agent":
+            if "effect" in unknown:
+                return WorkflowDefinitionError(
+                    f"agent {where!r}: an agent node is not an effect itself: declare effect=True on its tools")
+            placed = sorted(set(unknown) & set(PLACEMENT_OPTIONS))
+            if placed:
+                return WorkflowDefinitionError(
+                    f"agent {where!r}: {placed} do not apply to an agent node: its model and tool calls run in "
+                    "the executor's I/O pool (see docs/execution.md)")
+        return WorkflowDefinitionError(unknown_option_message(f"step {where!r}", unknown, options))
+
+    return error
+
+
+def plain_options(what: str) -> Callable[[F], F]:
+    """Guard a call that names no step (``Workflow(...)``, ``@wf.compensation(...)``): a typo or
+    arguments that do not fit are a ``WorkflowDefinitionError`` at once."""
+
+    def guard(fn: F) -> F:
+        return checked_options(
+            fn, what=what, misfit=WorkflowDefinitionError,
+            unknown=lambda where, strays, options: WorkflowDefinitionError(
+                unknown_option_message(where, strays, options)))
+
+    return guard
+
+
+def decorator_options(kind: str) -> Callable[[F], F]:
+    """Guard ``Workflow.<kind>``: a typo in its options, or arguments that do not fit it, is a
+    ``WorkflowDefinitionError`` (naming the decorated step), not a bare ``TypeError``."""
+
+    def guard(method: F) -> F:
+        return checked_options(method, what=f"Workflow.{kind}()", unknown=unknown_option(kind),
+                               misfit=WorkflowDefinitionError, decorator_factory=True,
+                               fn_param="fn" if kind == "step" else None)
+
+    return guard
+
+
+def step_where(func: Any, name: Any) -> str:
+    """How an argument check names the step: its ``name=``, else the function's name."""
+    return str(name or getattr(func, "__name__", None) or repr(func))
+
+
+def check_flag(where: str, option: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise WorkflowDefinitionError(f"step {where!r}: {option}= takes True or False, got {value!r}")
+
+
+def check_optional_name(where: str, option: str, value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise WorkflowDefinitionError(f"step {where!r}: {option}= takes a step name (a str), got {value!r}")
+
+
+def check_common(where: str, *, name: Any, after: Any, critical: Any, retry: Any, timeout: Any,
+                  map_over: Any) -> tuple[str, ...]:
+    """Check the options every node kind takes; return ``after`` as a tuple of step names."""
+    check_optional_name(where, "name", name)
+    check_optional_name(where, "map_over", map_over)
+    check_flag(where, "critical", critical)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise WorkflowDefinitionError(
+            f"step {where!r}: retry= takes a RetryPolicy, e.g. retry=RetryPolicy(max_attempts=5), got {retry!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise WorkflowDefinitionError(
+            f"step {where!r}: timeout must be a finite number of seconds > 0, got {timeout!r}")
+    upstream = (after,) if isinstance(after, str) else after
+    try:
+        upstream = tuple(upstream)
+    except TypeError:
+        upstream = None
+    if upstream is None or not all(isinstance(dep, str) for dep in upstream):
+        raise WorkflowDefinitionError(
+            f"step {where!r}: after= takes step names, e.g. after=[\"reserve\"], got {after!r}")
+    return upstream
