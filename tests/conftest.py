@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -161,5 +162,5 @@ def ray_session(ray_address: str) -> str:
     import ray
 
     if not ray.is_initialized():
-        ray.init(address=ray_address, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=ray_address, logging_level=logging.ERROR, log_to_driver=False)
     return ray_address

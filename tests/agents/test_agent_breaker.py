@@ -19,7 +19,7 @@ from raysaga.agents import Agent, BreakerPolicy, ModelResponse, text_reply, tool
 from raysaga.agents.breaker import admit, after_call
 from raysaga.agents.tools import Tool, tool
 from raysaga.orchestrator import Driver, InlineExecutor
-from raysaga.state import BreakerRecord, RunRecord, SqlStore
+from raysaga.state import BreakerRecord, BreakerState, RunRecord, SqlStore
 from raysaga.testing import RecordingModel
 from tests.support.models import RecordedByConversation
 
@@ -56,14 +56,14 @@ def test_threshold_consecutive_failures_open_it() -> None:
 
 @pytest.mark.parametrize("elapsed", [0.0, 1.0, 29.5])
 def test_open_refuses_until_the_cooldown_and_says_how_long(elapsed: float) -> None:
-    record = BreakerRecord(name="x", state="open", failures=3, opened_at=T0)
+    record = BreakerRecord(name="x", state=BreakerState.OPEN, failures=3, opened_at=T0)
     allowed, wait, change = admit(record, T0 + elapsed, POLICY)
     assert (allowed, change) == (False, None)
     assert wait == pytest.approx(30.0 - elapsed)
 
 
 def test_after_the_cooldown_one_probe_goes_through_and_others_wait() -> None:
-    record = BreakerRecord(name="x", state="open", failures=3, opened_at=T0, version=7)
+    record = BreakerRecord(name="x", state=BreakerState.OPEN, failures=3, opened_at=T0, version=7)
     allowed, wait, change = admit(record, T0 + 30.0, POLICY)
     assert allowed and wait == 0.0
     assert change is not None and change.state == "half_open" and change.version == 7
@@ -73,7 +73,7 @@ def test_after_the_cooldown_one_probe_goes_through_and_others_wait() -> None:
 
 
 def test_probe_success_closes_and_probe_failure_reopens() -> None:
-    probing = BreakerRecord(name="x", state="half_open", failures=3, opened_at=T0)
+    probing = BreakerRecord(name="x", state=BreakerState.HALF_OPEN, failures=3, opened_at=T0)
     closed = after_call(probing, True, T0 + 31, POLICY)
     assert (closed.state, closed.failures, closed.opened_at) == ("closed", 0, None)
     reopened = after_call(probing, False, T0 + 31, POLICY)
@@ -85,7 +85,7 @@ def test_probe_success_closes_and_probe_failure_reopens() -> None:
 def test_a_lost_probe_does_not_hold_the_breaker_half_open_forever() -> None:
     """A probe's verdict never arrives when its driver dies (or its run is cancelled) mid-call.
     After another cooldown, the next caller probes instead of being refused forever."""
-    record = BreakerRecord(name="x", state="open", failures=3, opened_at=T0)
+    record = BreakerRecord(name="x", state=BreakerState.OPEN, failures=3, opened_at=T0)
     _, _, probing = admit(record, T0 + 30.0, POLICY)
     assert probing is not None and probing.state == "half_open"
     assert admit(probing, T0 + 45.0, POLICY)[0] is False  # the probe may still be running

@@ -162,8 +162,10 @@ def test_invalid_output_fails_after_max_output_retries(sqlite_url: str) -> None:
 
     assert final.status == RunStatus.FAILED
     assert nodes["solve"].status == NodeStatus.FAILED
+    assert nodes["solve"].error is not None
     assert nodes["solve"].error["type"] == "InvalidOutput"
     assert "3 tries" in nodes["solve"].error["message"]
+    assert final.error is not None
     assert final.error["type"] == "InvalidOutput"
     assert len(SEEN) == 3  # the first answer + max_output_retries corrections, then no more calls
     assert sum(e.kind == "agent_feedback" for e in events) == 2
@@ -176,7 +178,9 @@ def test_max_turns_exceeded_fails_the_node(sqlite_url: str) -> None:
     final, nodes, _ = drive(sqlite_url, agent_workflow(agent))
 
     assert final.status == RunStatus.FAILED
+    assert nodes["solve"].error is not None
     assert nodes["solve"].error["type"] == "MaxTurns"
+    assert final.error is not None
     assert final.error["type"] == "MaxTurns"
     assert len(SEEN) == 3 and len(CALLS) == 3
     assert model_nodes(nodes) == ["solve@0", "solve@1", "solve@2"]
@@ -206,6 +210,7 @@ def test_repeating_tool_calls_warn_once_then_fail(sqlite_url: str) -> None:
     final, nodes, _ = drive(sqlite_url, agent_workflow(repeating_agent("fail")))
 
     assert final.status == RunStatus.FAILED
+    assert nodes["solve"].error is not None
     assert nodes["solve"].error["type"] == "LoopDetected"
     assert "search" in nodes["solve"].error["message"]
     check_warned_once()

@@ -264,6 +264,8 @@ def test_any_mix_of_malformed_turns_ends_in_a_clear_state(
         assert final.status == RunStatus.FAILED, final.status
         assert node.status == NodeStatus.FAILED
         assert node.error["type"] in {"MaxTurns", "InvalidOutput", "LoopDetected"}, node.error
+        assert final.error is not None
+        assert node.error is not None
         assert final.error["type"] == node.error["type"]
     for messages in SEEN[1:]:  # every tool_use the model made was answered, in order
         assistant, answer = messages[-2]["content"], messages[-1]["content"]

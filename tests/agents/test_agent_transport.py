@@ -185,9 +185,9 @@ def test_a_permanent_model_error_is_not_retried(sqlite_url: str) -> None:
     assert record_.status == RunStatus.FAILED
     _, nodes, events = store_view(sqlite_url, "bad-request")
     assert not [e for e in events if e.kind == "retry_scheduled"]
-    assert nodes["ask@0"].attempt == 1 and nodes["ask@0"].error["transient"] is False  # type: ignore[index]
-    assert "BadRequestError" in nodes["ask"].error["message"]  # type: ignore[index]
-    assert nodes["ask"].error["type"] == "ModelCallFailed"  # type: ignore[index]
+    assert nodes["ask@0"].attempt == 1 and nodes["ask@0"].error["transient"] is False
+    assert "BadRequestError" in nodes["ask"].error["message"]
+    assert nodes["ask"].error["type"] == "ModelCallFailed"
 
 
 # ---------------------------------------------------------------------- semantic tool errors

@@ -75,6 +75,7 @@ def test_text_reply_parses_to_message_with_usage(make_client: Any, strict: bool,
     [entry] = srv.requests
     assert entry.kind == "ok" and entry.status == 200 and entry.usage == (12, 7)
     assert entry.body == {"model": MODEL, "max_tokens": 256, "messages": USER}
+    assert entry.response is not None
     # exactly the documented fields, and they validate (not just construct) as a Message
     assert set(entry.response) == {"id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"}
     assert set(entry.response["usage"]) == {
@@ -95,6 +96,7 @@ def test_tool_use_reply_parses(make_client: Any) -> None:
     assert isinstance(block, ToolUseBlock)
     assert block.type == "tool_use" and block.name == "search" and block.input == {"q": "lisbon", "n": 3}
     assert block.id.startswith("toolu_")
+    assert srv.requests[0].response is not None
     assert srv.requests[0].response["content"] == [
         {"type": "tool_use", "id": block.id, "name": "search", "input": {"q": "lisbon", "n": 3}}
     ]
@@ -187,6 +189,7 @@ def test_stream_true_is_rejected_without_asking_the_responder(make_client: Any) 
     assert caught.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
     assert "stream" in caught.value.body["error"]["message"]  # type: ignore[index]
     assert asked == []
+    assert srv.requests[0].body is not None
     assert srv.requests[0].body["stream"] is True
 
 
@@ -340,7 +343,12 @@ def test_a_responder_error_answers_500_and_fails_the_block(make_client: Any) -> 
 
 
 def test_concurrent_requests_are_all_logged(make_client: Any) -> None:
-    responder = ms.ScriptedResponder(default=lambda request: ms.text("re: " + ms.conversation_of(request)))
+    def echo(request: dict[str, Any]) -> ms.Reply:
+        conversation = ms.conversation_of(request)
+        assert conversation is not None
+        return ms.text("re: " + conversation)
+
+    responder = ms.ScriptedResponder(default=echo)
     with ms.MessagesServer(responder) as srv:
         client = make_client(srv)
         questions = [f"question {i}" for i in range(16)]
@@ -348,6 +356,6 @@ def test_concurrent_requests_are_all_logged(make_client: Any) -> None:
             answers = list(pool.map(lambda q: ask(client, [{"role": "user", "content": q}]), questions))
     assert [a.content[0].text for a in answers] == [f"re: {q}" for q in questions]  # type: ignore[union-attr]
     assert sorted(r.seq for r in srv.requests) == list(range(16))
-    assert sorted(r.conversation for r in srv.requests) == sorted(questions)
+    assert sorted((r.conversation for r in srv.requests), key=str) == sorted(questions)
     assert srv.usage_totals() == (16 * ms.DEFAULT_USAGE[0], 16 * ms.DEFAULT_USAGE[1])
     assert srv.repeated_requests() == []

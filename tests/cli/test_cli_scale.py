@@ -38,8 +38,7 @@ def _run_row(run_id: str, at: float, status: str = "completed") -> dict[str, obj
 def build_runs(url: str, count: int, big: int = 5, big_bytes: int = BIG_INPUT_BYTES) -> None:
     """``count`` small runs inserted in bulk, plus ``big`` runs with an input of ``big_bytes``
     created through the store (so their inputs are blobs, as in real use)."""
-    extra = {"max_input_bytes": big_bytes * 2} if "max_input_bytes" in _open_params() else {}
-    store = SqlStore(url, **extra)
+    store = SqlStore(url, max_input_bytes=big_bytes * 2) if "max_input_bytes" in _open_params() else SqlStore(url)
     try:
         base = 1_700_000_000.0
         with store.engine.begin() as conn:

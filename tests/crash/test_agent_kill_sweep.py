@@ -139,7 +139,7 @@ def billed(srv: Any) -> int:
     return int(totals.input_tokens + totals.output_tokens)
 
 
-def spawn(db: str, srv: Any, services: Any, executor: str, **kwargs: Any) -> Any:
+def spawn(db: str, srv: Any, services: Any, executor: str, **kwargs: Any) -> subprocess.Popen[str]:
     return af.spawn(db, RUN_ID, model_url=srv.base_url, services_url=services.url, api_key=TEST_KEY,
                     executor=executor, lease_ttl=LEASE_TTL[executor], **kwargs)
 
@@ -302,6 +302,7 @@ def test_kill_during_a_model_calls_backoff_keeps_the_wait_and_asks_once(
             row = {n.label: n for n in store.nodes(RUN_ID)}[f"{S}@1"]
             assert row.status == NodeStatus.RETRYING and row.error is not None
             assert row.error["type"] == "OverloadedError" and row.not_before is not None
+            assert row.finished_at is not None
             assert row.not_before == pytest.approx(row.finished_at + wait, abs=0.2)
 
             harness.wait_lease_expired(store, RUN_ID)

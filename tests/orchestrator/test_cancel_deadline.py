@@ -57,7 +57,7 @@ def flow_file(tmp_path: Path) -> Path:
     return path
 
 
-def _start_driver(flow_file: Path, db: str, run_id: str, inp: dict, *extra: str) -> subprocess.Popen[str]:
+def _start_driver(flow_file: Path, db: str, run_id: str, inp: dict[str, str], *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "raysaga", "run", f"{flow_file}:wf", "--db", db, "--run-id", run_id,
          "--input", json.dumps(inp), "--quiet", *extra],

@@ -106,6 +106,7 @@ def test_node_timeout_on_ray_is_cancelled_retried_and_exhausted(
     store = SqlStore(sqlite_url)
     node = next(n for n in store.nodes(record.run_id) if n.node_id == "stuck")
     assert (node.status, node.attempt) == (NodeStatus.FAILED, 2)
+    assert node.error is not None
     assert node.error["type"] == "TimeoutError" and node.error["transient"] is True
     assert "timeout" in node.error["message"] and node.error["reason"] == "2 attempts exhausted"
     retries = [e for e in store.events(record.run_id) if e.kind == "retry_scheduled"]

@@ -22,6 +22,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Set
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +102,8 @@ def _flow(name: str, *, policy: FanOutPolicy | None = None, failing: Set[int] = 
             RECEIVED.append(item)
             return {"n": len(item)}
     else:
-        @wf.step()
-        def gather(item: FanOutResult) -> dict[str, Any]:
+        @wf.step(name="gather")
+        def gather_result(item: FanOutResult) -> dict[str, Any]:
             RECEIVED.append(item)
             return {"ok": [s.index for s in item.successes], "failed": [f.index for f in item.failures],
                     "round": item.round}
@@ -139,6 +140,7 @@ def _check_items(nodes: dict[str, NodeRecord], failing: set[int]) -> None:
         node = nodes[f"item[{i}]"]
         if i in failing:
             assert node.status == NodeStatus.FAILED, node
+            assert node.error is not None
             assert (node.error["type"], node.error["message"]) == ("Permanent", f"item {i} refused")
         else:
             assert (node.status, node.output) == (NodeStatus.COMPLETED, {"i": i, "sq": i * i}), node
@@ -183,6 +185,7 @@ def _check_step_failed(record: raysaga.RunRecord, nodes: dict[str, NodeRecord], 
     """The policy failed the critical step: the run failed, the dependent never ran."""
     assert record.status == RunStatus.FAILED, record.status_reason
     assert record.status_reason == f"critical step 'item' failed: {reason}"
+    assert record.error is not None
     assert record.error["node"] == "item"
     parent = nodes["item"]
     assert parent.status == NodeStatus.FAILED
@@ -199,6 +202,7 @@ def test_all_one_failed_item_fails_the_critical_step(store_url: str, compensate:
     record = _run(wf, store_url)
     nodes, events = _facts(store_url, record.run_id)
 
+    assert record.error is not None
     assert record.error["node"] == "item[7]" and record.error["message"] == "item 7 refused"
     assert (record.status_reason or "").startswith("critical step 'item[7]' failed: item 7 refused")
     _check_items(nodes, {7})  # inline: the siblings had already run
@@ -260,6 +264,7 @@ def test_all_failed_item_on_ray_cancels_the_in_flight_siblings(ray_session: str,
         record = raysaga.run(wf, {"dir": str(tmp_path)}, store=sqlite_url, executor="ray", address=ray_session)
         took = time.monotonic() - began
         assert record.status == RunStatus.FAILED, record.status_reason
+        assert record.error is not None
         assert record.error["node"] == "item[0]"
         assert took < BLOCK_LIMIT / 2  # it did not wait for the blocked siblings
         nodes, _ = _facts(sqlite_url, record.run_id)
@@ -277,7 +282,7 @@ def test_all_failed_item_on_ray_cancels_the_in_flight_siblings(ray_session: str,
         started = {int(p.read_text()) for p in tmp_path.glob("started-*")}
         assert set(running) <= started
         for pid in started:
-            harness.wait_until(lambda pid=pid: harness.process_gone(pid), timeout=30.0,
+            harness.wait_until(partial(harness.process_gone, pid), timeout=30.0,
                                what=f"the Ray worker {pid} of a cancelled item to exit")
     finally:
         (tmp_path / "gate").write_text("open")  # lets any straggler finish: the cluster is shared
@@ -411,6 +416,7 @@ def test_on_partial_failure_verdicts(sqlite_url: str, verdict: str) -> None:
     else:
         assert record.status == RunStatus.COMPENSATED, record.status_reason
         assert reason in (record.status_reason or "")
+        assert nodes["item"].error is not None
         assert nodes["item"].status == NodeStatus.FAILED and nodes["item"].error["verdict"] == "compensate"
         assert sorted(index for step, index, _ in UNDONE if step == "item") == _ok(failing)
         assert UNDONE[-1][0] == "plan"
@@ -573,8 +579,8 @@ def test_crash_mid_fan_out_then_resume_decides_like_an_uninterrupted_run(tmp_pat
             assert [(d["verdict"], d["round"]) for d in decided] == [("retry_failed", 1)]
             assert rows["item"][0] == NodeStatus.RUNNING and rows["item"][2] == 2
             assert rows["item[3]"][0] == rows["item[7]"][0] == NodeStatus.PENDING
-        run = harness.wait_until(lambda: (r := store.get_run("r")).lease_expires_at is not None
-                                 and r.lease_expires_at < time.time() and r, timeout=30.0,
+        run = harness.wait_until(lambda: r if (r := store.get_run("r")).lease_expires_at is not None
+                                 and r.lease_expires_at < time.time() else None, timeout=30.0,
                                  what="the dead driver's lease to expire")
         assert run.status == RunStatus.RUNNING
 

@@ -24,9 +24,10 @@ import time
 import urllib.request
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -139,7 +140,8 @@ def _barrier_flow(name: str) -> Workflow:
 def test_io_bound_fan_out_runs_40_calls_at_once_on_2_cpus(ray_session: str, sqlite_url: str) -> None:
     import ray
 
-    assert ray.cluster_resources().get("CPU") == 2  # the session's cluster: 40 at once needs the pool
+    resources = cast(dict[str, float], ray.cluster_resources())  # type: ignore[no-untyped-call]
+    assert resources.get("CPU") == 2  # the session's cluster: 40 at once needs the pool
     with Barrier(parties=40) as barrier:
         record = raysaga.run(_barrier_flow("io-barrier"), {"url": barrier.url, "n": 40}, store=sqlite_url,
                              executor="ray", address=ray_session)
@@ -313,11 +315,12 @@ def test_an_io_bound_timeout_kills_the_actor_running_it(ray_session: str, sqlite
     finally:
         store.close()
     assert (node.status, node.attempt) == (NodeStatus.FAILED, 2)
+    assert node.error is not None
     assert node.error["type"] == "TimeoutError" and node.error["reason"] == "2 attempts exhausted"
     ran = [int(p) for p in pids.read_text().split()]
     assert len(ran) == 2 and os.getpid() not in ran
     for pid in ran:  # the thread could not be stopped: the actor process hosting it was killed
-        harness.wait_until(lambda pid=pid: harness.process_gone(pid), timeout=30, what=f"process {pid} to exit")
+        harness.wait_until(partial(harness.process_gone, pid), timeout=30, what=f"process {pid} to exit")
 
 
 # ---------------------------------------------------------------------- a run stopped mid-call
@@ -351,6 +354,7 @@ def test_a_failed_run_stops_its_io_bound_calls_before_it_is_recorded(
     try:
         record = raysaga.run(wf, str(tmp_path), store=sqlite_url, executor="ray", address=ray_session)
         assert record.status == RunStatus.FAILED, record.status_reason
+        assert record.error is not None
         assert record.error["node"] == "item[0]"
         store = SqlStore(sqlite_url)
         try:
@@ -363,7 +367,7 @@ def test_a_failed_run_stops_its_io_bound_calls_before_it_is_recorded(
         # settled before the run was recorded failed: every process running a sibling is gone
         # (the exit is seen a moment later than the actor's death is reported to the driver)
         for pid in pids:
-            harness.wait_until(lambda pid=pid: harness.process_gone(pid), timeout=30, what=f"process {pid} to exit")
+            harness.wait_until(partial(harness.process_gone, pid), timeout=30, what=f"process {pid} to exit")
         assert not (tmp_path / "gate").exists()
     finally:
         (tmp_path / "gate").touch()

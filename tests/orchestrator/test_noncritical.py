@@ -9,7 +9,7 @@ the steps run in this process, so a module-level list sees what each step receiv
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -51,7 +51,7 @@ ERRORS = {
 }
 
 
-def _flow(name: str, on_failure: str, error: BaseException) -> Workflow:
+def _flow(name: str, on_failure: Literal["skip", "pass"], error: BaseException) -> Workflow:
     """charge (compensable effect) → enrich (non-critical, fails) → use → report; charge → core → report."""
     wf = Workflow(name)
 
@@ -94,6 +94,7 @@ def test_skip_skips_every_dependent_and_the_rest_completes(store_url: str, error
     assert record.output == {}  # the only sink, 'report', was skipped
     enrich = nodes["enrich"]
     assert (enrich.status, enrich.attempt) == (NodeStatus.FAILED, attempts)
+    assert enrich.error is not None
     assert (enrich.error["type"], enrich.error["message"]) == (error_type, message)
     for skipped in ("use", "report"):
         assert nodes[skipped].status == NodeStatus.SKIPPED
@@ -164,6 +165,7 @@ def test_non_critical_fan_out_item_failure_skips_only_its_dependents(store_url: 
     assert record.status == RunStatus.COMPLETED, record.status_reason
     assert record.output == {"total": 500}
     assert nodes["item[1]"].status == NodeStatus.FAILED
+    assert nodes["item[1]"].error is not None
     assert nodes["item[1]"].error["message"] == "item 1 refused"
     assert nodes["item"].status == NodeStatus.FAILED
     for skipped in ("gather", "after_gather"):
@@ -193,6 +195,7 @@ def test_non_critical_fan_out_whose_policy_fails_skips_its_dependents(sqlite_url
     [decision] = [e.data for e in events if e.kind == "fanout_decision"]
     assert (decision["verdict"], decision["successes"], decision["failures"]) == ("fail", 4, [1])
     assert nodes["item"].status == NodeStatus.FAILED
+    assert nodes["item"].error is not None
     assert nodes["item"].error["message"] == "quorum not met: 4 of 5 succeeded, 5 needed"
     assert {nodes[f"item[{i}]"].status for i in (0, 2, 3, 4)} == {NodeStatus.COMPLETED}
     assert nodes["gather"].status == nodes["after_gather"].status == NodeStatus.SKIPPED

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from raysaga.errors import UserError
-from raysaga.orchestrator.executor import _host_port, check_cluster, make_executor
+from raysaga.orchestrator.executor import make_executor
+from raysaga.orchestrator.ray_address import check_cluster, host_port
 from raysaga.state import open_store
 
 
@@ -53,8 +54,8 @@ def test_a_listening_address_passes_and_local_addresses_are_not_probed() -> None
         check_cluster(f"127.0.0.1:{server.getsockname()[1]}")
     for local in (None, "", "auto", "local"):
         check_cluster(local)  # Ray finds or starts its own cluster for these
-    assert _host_port("[::1]:6379") == ("::1", 6379)
-    assert _host_port("head.example:10001") == ("head.example", 10001)
+    assert host_port("[::1]:6379") == ("::1", 6379)
+    assert host_port("head.example:10001") == ("head.example", 10001)
 
 
 @pytest.mark.parametrize(("address", "message"), [

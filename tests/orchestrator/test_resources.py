@@ -94,8 +94,10 @@ def test_map_refuses_unknown_options_naming_the_step() -> None:
     def plan() -> list[int]:
         return [1]
 
+    # options the signature refuses, passed untyped so that the check at definition time is what is tested
+    mistyped: dict[str, Any] = {"gpus": 1}
     with pytest.raises(WorkflowDefinitionError, match=r"step 'fetch': unknown option\(s\) \['gpus'\]"):
-        @wf.map("plan", gpus=1)
+        @wf.map("plan", **mistyped)
         def fetch(plan: int) -> int:
             return plan
 
@@ -103,12 +105,15 @@ def test_map_refuses_unknown_options_naming_the_step() -> None:
 def test_agent_nodes_refuse_placement_and_unknown_options() -> None:
     agent = Agent("helper", ScriptedModel())
     wf = Workflow("agents")
+    # options the signature refuses, passed untyped so that the check at definition time is what is tested
+    placement: dict[str, Any] = {"num_gpus": 1}
+    typo: dict[str, Any] = {"crtical": False}
     with pytest.raises(WorkflowDefinitionError, match=r"agent 'ask': \['num_gpus'\] do not apply to an agent node"):
-        @wf.agent(agent, num_gpus=1)
+        @wf.agent(agent, **placement)
         def ask(input: str) -> str:
             return input
     with pytest.raises(WorkflowDefinitionError, match=r"step 'ask2': unknown option\(s\) \['crtical'\]"):
-        @wf.agent(agent, name="ask2", crtical=False)
+        @wf.agent(agent, name="ask2", **typo)
         def ask(input: str) -> str:
             return input
 

@@ -20,6 +20,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -40,7 +41,8 @@ def _pickle_this_module_by_value() -> None:
 def test_a_request_no_node_can_hold_fails_the_step_clearly(ray_session: str, sqlite_url: str) -> None:
     import ray
 
-    assert not ray.cluster_resources().get("GPU")  # the session's cluster has no GPU
+    resources = cast(dict[str, float], ray.cluster_resources())  # type: ignore[no-untyped-call]
+    assert not resources.get("GPU")  # the session's cluster has no GPU
     wf = Workflow("needs-gpu")
 
     @wf.step()
@@ -59,6 +61,7 @@ def test_a_request_no_node_can_hold_fails_the_step_clearly(ray_session: str, sql
     finally:
         store.close()
     assert (node.status, node.attempt) == (NodeStatus.FAILED, 1)  # permanent: not retried
+    assert node.error is not None
     assert node.error["type"] == "InfeasibleResourcesError" and node.error["transient"] is False
     message = node.error["message"]
     assert "step 'train' asks for num_gpus=1" in message and "no node of the Ray cluster can ever hold" in message
@@ -69,8 +72,6 @@ def test_a_request_no_node_can_hold_fails_the_step_clearly(ray_session: str, sql
 @pytest.fixture
 def special_node(ray_address: str, tmp_path: Path) -> Iterator[str]:
     """A second Ray node offering ``special: 1`` (and a marker resource naming it), zero CPUs."""
-    import ray
-
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     assert ray_bin
     marker = f"raysaga_test_{uuid.uuid4().hex[:10]}"
@@ -83,8 +84,8 @@ def special_node(ray_address: str, tmp_path: Path) -> Iterator[str]:
         assert proc.returncode == 0, proc.stderr[-2000:]
         raylet = harness.wait_until(lambda: _pid_with(marker), timeout=30, what="the second node's raylet")
         pgid = os.getpgid(raylet)
-        node_id = harness.wait_until(
-            lambda: next((n["NodeID"] for n in ray.nodes() if n["Alive"] and marker in n["Resources"]), None),
+        node_id: str = harness.wait_until(
+            lambda: next((n["NodeID"] for n in _ray_nodes() if n["Alive"] and marker in n["Resources"]), None),
             timeout=60, what="the second node to join the cluster")
         yield node_id
     finally:
@@ -93,10 +94,17 @@ def special_node(ray_address: str, tmp_path: Path) -> Iterator[str]:
             # no later task is sent to it); then whatever `ray start` started for it is killed
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
-            harness.wait_until(lambda: not any(n["Alive"] and marker in n["Resources"] for n in ray.nodes()),
+            harness.wait_until(lambda: not any(n["Alive"] and marker in n["Resources"] for n in _ray_nodes()),
                                timeout=60, what="the second node to leave the cluster")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+def _ray_nodes() -> list[dict[str, Any]]:
+    """``ray.nodes()``: one dict per node of the cluster (Ray leaves it untyped)."""
+    import ray
+
+    return cast(list[dict[str, Any]], ray.nodes())  # type: ignore[no-untyped-call]
 
 
 def _pid_with(marker: str) -> int | None:

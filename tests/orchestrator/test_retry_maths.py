@@ -31,7 +31,8 @@ from tests.support.files import import_file
 
 
 def _ceiling(policy: RetryPolicy, attempt: int) -> float:
-    return min(policy.cap, policy.base * 2 ** (attempt - 1))
+    growth: float = 2 ** (attempt - 1)
+    return min(policy.cap, policy.base * growth)
 
 
 @pytest.mark.parametrize("attempt", [1, 2, 3, 4, 6, 9, 20])
@@ -283,6 +284,7 @@ def test_permanent_error_is_not_retried(sqlite_url: str, error: Exception) -> No
     assert calls == [1]
     assert record.status == RunStatus.FAILED
     assert "'charge'" in (record.status_reason or ""), record.status_reason
+    assert record.error is not None
     assert record.error["node"] == "charge"
     store = SqlStore(sqlite_url)
     node = _node(store, record.run_id, "charge")
@@ -369,7 +371,9 @@ def test_non_critical_failure_skips_only_its_dependents(sqlite_url: str) -> None
     assert status["enrich"].status == NodeStatus.FAILED and status["enrich"].attempt == 1
     for skipped in ("use_enriched", "report"):
         assert status[skipped].status == NodeStatus.SKIPPED
-        assert "'enrich'" in status[skipped].error["reason"]
+        error = status[skipped].error
+        assert error is not None
+        assert "'enrich'" in error["reason"]
     assert [status[s].output for s in ("root", "core", "core2")] == [5, 10, 11]
     assert {status[s].status for s in ("root", "core", "core2")} == {NodeStatus.COMPLETED}
     skipped_events = {e.node_id for e in store.events(record.run_id) if e.kind == "node_skipped"}
@@ -430,8 +434,10 @@ def test_non_critical_fan_out_item_failure_skips_only_dependents(sqlite_url: str
     store = SqlStore(sqlite_url)
     nodes = {n.label: n for n in store.nodes(record.run_id)}
     assert nodes["item[1]"].status == NodeStatus.FAILED
+    assert nodes["item[1]"].error is not None
     assert "item 1 refused" in nodes["item[1]"].error["message"]
     assert nodes["item"].status == NodeStatus.FAILED
+    assert nodes["gather"].error is not None
     assert nodes["gather"].status == NodeStatus.SKIPPED and "'item'" in nodes["gather"].error["reason"]
     assert nodes["count"].status == NodeStatus.COMPLETED
     store.close()

@@ -105,6 +105,7 @@ def test_damaged_blob_parks_the_run_and_is_never_used(store_url: str, tmp_path: 
         assert "node big" in reason and digest in reason, reason
         assert ("is missing" if damage == "missing" else "does not match") in reason, reason
         assert "raysaga retry" in reason
+        assert run.error is not None
         assert run.error["type"] == "BlobIntegrityError" and run.error["digest"] == digest
         assert run.lease_owner is None
         events = [e for e in store.events(run_id) if e.kind == "blob_integrity_error"]

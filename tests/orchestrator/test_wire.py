@@ -4,6 +4,7 @@ runs from a packed payload must be what ``execute`` gives for the call itself.""
 from __future__ import annotations
 
 import json
+import pickle  # noqa: TID251 - the wire format: what the driver sends its Ray workers
 import sys
 from typing import Any
 
@@ -72,25 +73,25 @@ def test_a_spec_is_pickled_once_by_the_driver_and_unpickled_once_by_a_worker() -
     packer = wire.SpecPacker()
     first = packer.pack_calls(spec, [_call({"n": 1})])
     second = packer.pack_calls(spec, [_call({"n": 2})])
-    digest, _, _ = wire.pickle.loads(first)
-    assert wire.pickle.loads(second)[0] == digest
-    assert wire.pickle.loads(second)[1] is not None
+    digest, _, _ = pickle.loads(first)
+    assert pickle.loads(second)[0] == digest
+    assert pickle.loads(second)[1] is not None
     wire.run_packed(first)
     assert list(wire._specs) == [digest]
     # the worker keeps the spec by digest: a payload naming it runs even with unreadable spec bytes
-    doctored = wire.pickle.dumps((digest, b"not a pickle", [wire.pack_call(_call({"n": 5}))]))
+    doctored = pickle.dumps((digest, b"not a pickle", [wire.pack_call(_call({"n": 5}))]))
     (outcome,) = wire.unpack_outcomes(wire.run_packed(doctored))
     assert outcome.ok and json.loads(outcome.output_json or "")["input"] == {"n": 5}
     # an equal spec built again (a tool call makes one per call) travels under the same digest
     again = _workflow().steps["echo"]
     assert again is not spec
-    assert wire.pickle.loads(packer.pack_calls(again, [_call({})]))[0] == digest
+    assert pickle.loads(packer.pack_calls(again, [_call({})]))[0] == digest
 
 
 def test_a_spec_the_worker_cannot_load_fails_the_task() -> None:
     """Ray reports such a task failed; the executor classifies that transient (a dead worker's case)."""
-    payload = wire.pickle.dumps(("unknown-digest", b"not a pickle", [wire.pack_call(_call({}))]))
-    with pytest.raises(wire.pickle.UnpicklingError):
+    payload = pickle.dumps(("unknown-digest", b"not a pickle", [wire.pack_call(_call({}))]))
+    with pytest.raises(pickle.UnpicklingError):
         wire.run_packed(payload)
 
 

@@ -19,7 +19,7 @@ the workflow's own graph:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Set
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ def undo_order(store: SqlStore, run_id: str, log: dict[str, Any]) -> list[Node]:
 
 
 def check_rollback(wf: raysaga.Workflow, store: SqlStore, run_id: str, log: dict[str, Any],
-                   expected: set[Node], unknown: set[Node] = frozenset()) -> list[Node]:
+                   expected: set[Node], unknown: Set[Node] = frozenset()) -> list[Node]:
     """Everything the module docstring promises, for one finished rollback. Returns the order."""
     run = store.get_run(run_id)
     assert run.status == RunStatus.COMPENSATED, (run.status, run.status_reason, run.error)
@@ -155,6 +155,7 @@ def test_outcome_unknown_after_transient_exhaustion_is_compensated(services: Any
     url, store = db
     run_inline("unknown", url, services)
     rows = {n.label: n for n in store.nodes(RUN_ID)}
+    assert rows["b"].error is not None
     assert rows["b"].status == NodeStatus.FAILED and rows["b"].error["transient"] is True
     order = check_rollback(flows.unknown, store, RUN_ID, services.log(), {("a", -1), ("b", -1)},
                            unknown={("b", -1)})

@@ -133,6 +133,7 @@ def test_a_failing_step_rolls_the_completed_ones_back_in_reverse(store_url: str)
     record = _trip().run({**TRIP, "hotel_full": True}, store=store_url, run_id="trip-full")
     assert record.status == RunStatus.COMPENSATED, record.status_reason
     assert (record.status_reason or "").startswith("critical step 'book_hotel' failed: no rooms left")
+    assert record.error is not None
     assert record.error["node"] == "book_hotel"
     dos = {step: key for kind, step, key, *_ in LOG if kind == "do"}
     undos = [entry for entry in LOG if entry[0] == "undo"]

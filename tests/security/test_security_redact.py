@@ -75,12 +75,13 @@ def test_clean_text_is_unchanged(text: str) -> None:
 def test_scrub_walks_json_and_redacts_secret_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     value = canary()
     monkeypatch.setenv("SOME_API_KEY", value)
+    items = [f"saw {value}", 3, None, {"password": "pw"}]
     data = {"headers": {"Authorization": "Bearer q", "X-API-KEY": "short", "accept": "json"},
-            "tokens": 120, "items": [f"saw {value}", 3, None, {"password": "pw"}], "ok": True}
+            "tokens": 120, "items": items, "ok": True}
     out = scrub(data)
     assert out == {"headers": {"Authorization": MARKER, "X-API-KEY": MARKER, "accept": "json"},
                    "tokens": 120, "items": [f"saw {MARKER}", 3, None, {"password": MARKER}], "ok": True}
-    assert data["items"][0] == f"saw {value}"  # the input is not mutated
+    assert items[0] == f"saw {value}"  # the input is not mutated
     clean = {"node": "pay", "attempt": 2, "error": {"type": "ValueError", "message": "bad amount"}}
     assert scrub(clean) is clean
 

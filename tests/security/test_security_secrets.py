@@ -77,7 +77,7 @@ FLOW = textwrap.dedent('''
 ''')
 
 
-class EchoingGateway(ms.MessagesServer):  # type: ignore[misc,name-defined]
+class EchoingGateway(ms.MessagesServer):
     """A gateway that refuses every request with a 401 echoing the credentials it received."""
 
     def _validate(self, method: str, path: str, headers: Mapping[str, str], body: Any) -> Any:
@@ -233,7 +233,8 @@ def test_no_canary_in_the_ray_session_logs(ray_session: str, tmp_path: Path) -> 
     from raysaga.orchestrator.loader import load_workflow
 
     wf = load_workflow(f"{tmp_path / 'ray_leaky_flow.py'}:wf")
-    cloudpickle.register_pickle_by_value(sys.modules["ray_leaky_flow"])  # the workers cannot import it
+    # the workers cannot import it (cloudpickle is untyped)
+    cloudpickle.register_pickle_by_value(sys.modules["ray_leaky_flow"])  # type: ignore[no-untyped-call]
     db = f"sqlite:///{tmp_path / 'store.db'}"
     record = raysaga.run(wf, store=db, run_id="ray-leaky", executor="ray", address=ray_session)
     assert record.status == RunStatus.FAILED
@@ -244,7 +245,8 @@ def test_no_canary_in_the_ray_session_logs(ray_session: str, tmp_path: Path) -> 
         store.close()
     assert node.error is not None and "[redacted]" in node.error["message"]  # it ran, on a worker, and failed
 
-    session = Path(ray._private.worker._global_node.get_session_dir_path())
+    # Ray declares its private global node as a bare `None`: it is untyped
+    session = Path(ray._private.worker._global_node.get_session_dir_path())  # type: ignore[attr-defined]
     logs = [p for p in session.rglob("*") if p.is_file() and p.stat().st_size < 50_000_000]
     assert logs, f"no files under the Ray session dir {session}"
     places = {str(p.relative_to(session)): p.read_bytes() for p in logs}

@@ -39,11 +39,11 @@ def flow(fail: dict[str, bool]) -> Workflow:
     value = BIG
 
     @wf.step()
-    def big() -> list:
+    def big() -> list[str]:
         return value
 
     @wf.step()
-    def after(big: list) -> int:
+    def after(big: list[str]) -> int:
         if fail["now"]:
             raise Permanent("failing on purpose")
         return len(big)
@@ -55,7 +55,7 @@ def input_flow() -> Workflow:
     wf = Workflow("blob_damage_input")
 
     @wf.step()
-    def only(input: list) -> int:
+    def only(input: list[str]) -> int:
         return len(input)
 
     return wf
@@ -97,6 +97,7 @@ def test_a_blob_that_is_not_json_parks_the_run(store: SqlStore, data: bytes) -> 
 
     assert run.status == RunStatus.FAILED
     assert bad in (run.status_reason or "") and "is not JSON" in (run.status_reason or "")
+    assert run.error is not None
     assert run.error["type"] == "BlobIntegrityError" and run.error["digest"] == bad
     assert store.get_run(run.run_id, lenient=True).lease_owner is None
     assert [e.data["digest"] for e in store.events(R + "r") if e.kind == "blob_integrity_error"] == [bad]
@@ -202,7 +203,7 @@ def test_run_with_an_existing_id_and_a_null_input_is_refused(store: SqlStore) ->
     wf = Workflow("null_input")
 
     @wf.step()
-    def only(input: list | None) -> int:
+    def only(input: list[int] | None) -> int:
         return len(input or [])
 
     raysaga.create_run(wf, [1, 2], store=store, run_id=R + "r")

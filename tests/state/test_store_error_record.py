@@ -179,7 +179,8 @@ def test_a_write_coerces_a_dict_and_refuses_what_is_no_error_record() -> None:
     write = NodeWrite(node_id="a", status=NodeStatus.FAILED, error={"type": "X", "transient": True})
     assert isinstance(write.error, ErrorRecord) and write.error.transient is True
     assert isinstance(RunUpdate(error={"reason": "r"}).error, ErrorRecord)
-    for bad in (5, "boom", [1], {"transient": "yes"}, {"message": 3}):  # values are never coerced
+    bad_errors: tuple[Any, ...] = (5, "boom", [1], {"transient": "yes"}, {"message": 3})  # deliberately mistyped
+    for bad in bad_errors:  # values are never coerced
         with pytest.raises(ValidationError):
             NodeWrite(node_id="a", status=NodeStatus.FAILED, error=bad)
 

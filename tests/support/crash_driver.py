@@ -201,8 +201,10 @@ def run_driver(flow: str, db: str, run_id: str, *, timeout: float = 120.0, fault
     return finish(spawn(flow, db, run_id, faults=faults, **kwargs), timeout)
 
 
-def wait_until(condition: Callable[[], T], *, timeout: float, what: str, interval: float = 0.02) -> T:
-    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+def wait_until(condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` after ``timeout``.
+
+    What it returns is never None (None is falsy), hence ``T`` for a ``condition`` returning ``T | None``."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
