@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
+from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state.jsoncodec import MAX_DEPTH
 from raysaga.types import check_run_id as check_types_run_id
 
@@ -132,7 +133,7 @@ def check_input(wf: Workflow, value: Any, given: bool) -> None:
     name = getattr(tp, "__name__", str(tp))
     if not given:
         try:
-            TypeAdapter(tp).validate_python(None)
+            type_adapter(tp).validate_python(None)
             return
         except ValidationError:
             pass
@@ -141,7 +142,7 @@ def check_input(wf: Workflow, value: Any, given: bool) -> None:
             fields = f" (fields: {', '.join(tp.model_fields)})"
         raise InvalidInputError(f"--input is required: workflow {wf.name} takes {_article(name)} {name}{fields}")
     try:
-        TypeAdapter(tp).validate_python(value)
+        type_adapter(tp).validate_python(value)
     except ValidationError as exc:
         problems = []
         for e in exc.errors(include_url=False)[:20]:

@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 import networkx as nx
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.context import StepContext
@@ -41,6 +41,7 @@ from raysaga.orchestrator.dsl_checks import (
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import placement
 from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, json_type_problem, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
 from raysaga.state import jsoncodec
@@ -463,7 +464,7 @@ class Workflow:
             if problem:
                 raise WorkflowDefinitionError(f"workflow {self.name!r}: input type {tp} is not JSON-able ({problem})")
             try:
-                value = TypeAdapter(tp).validate_python(value)
+                value = type_adapter(tp).validate_python(value)
             except ValidationError as exc:
                 raise InvalidInputError(
                     f"input does not match {getattr(tp, '__name__', tp)} of workflow {self.name!r}: "
@@ -473,7 +474,7 @@ class Workflow:
         except NotJSONableError as exc:
             if tp is not Any:
                 try:  # a type with its own JSON form (a bare ``Secret``, ``list[Secret]``...)
-                    return jsoncodec.to_jsonable(TypeAdapter(tp).dump_python(value, mode="json"), "input")
+                    return jsoncodec.to_jsonable(type_adapter(tp).dump_python(value, mode="json"), "input")
                 except Exception:
                     pass
             raise InvalidInputError(str(exc)) from None
@@ -485,4 +486,4 @@ def coerce(tp: Any, value: Any) -> Any:
         return value
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp.model_validate(value)
-    return TypeAdapter(tp).validate_python(value)
+    return type_adapter(tp).validate_python(value)
