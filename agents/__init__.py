@@ -11,6 +11,7 @@ from raysaga.agents.breaker import BreakerPolicy
 from raysaga.agents.messages import ModelRequest, ModelResponse, Usage
 from raysaga.agents.models import AnthropicModel, Model, ScriptedModel, price_of, text_reply, tool_reply
 from raysaga.agents.tools import Tool, ToolError, tool
+from raysaga.types import RateLimit
 
 __all__ = [
     "Agent",
@@ -20,6 +21,7 @@ __all__ = [
     "Model",
     "ModelRequest",
     "ModelResponse",
+    "RateLimit",
     "ScriptedModel",
     "Tool",
     "ToolError",

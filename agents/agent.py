@@ -7,6 +7,7 @@ pure, so a resumed driver reaches exactly the decision the crashed one would hav
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool
 from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
-from raysaga.types import RetryPolicy, check_name, check_number, checked_fields
+from raysaga.types import RateLimit, RetryPolicy, check_name, check_number, checked_fields
 
 MEMORY_TOOLS = ("memory_read", "memory_write")
 
@@ -79,6 +80,9 @@ class Agent:
     """Give the agent ``memory_read``/``memory_write`` on the run's blackboard (compare-and-set)."""
     max_tokens: int = 1024
     """The ``max_tokens`` of each model call."""
+    rate_limit: RateLimit | None = None
+    """The provider's limit its model calls go through, shared by every driver on the store
+    (``RateLimit(name="anthropic", requests=50, tokens=40_000)``)."""
 
     def __post_init__(self) -> None:
         check_name("agent", self.name)
@@ -128,6 +132,8 @@ class Agent:
             raise InvalidOptionError(f"{owner}.loop must be a LoopPolicy, got {self.loop!r}")
         if not isinstance(self.transport_retry, RetryPolicy):
             raise InvalidOptionError(f"{owner}.transport_retry must be a RetryPolicy, got {self.transport_retry!r}")
+        if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
+            raise InvalidOptionError(f"{owner}.rate_limit must be a RateLimit, got {self.rate_limit!r}")
         if not isinstance(self.shared_memory, bool):
             raise InvalidOptionError(f"{owner}.shared_memory must be True or False, got {self.shared_memory!r}")
 
@@ -135,10 +141,16 @@ class Agent:
         return next((t for t in self.tools if t.name == name), None)
 
     def tool_definitions(self) -> list[dict[str, Any]]:
+        """The tools as the Messages API takes them (built once: a JSON schema per tool per model
+        call cost the driver half a millisecond each)."""
+        return list(self._definitions)
+
+    @functools.cached_property
+    def _definitions(self) -> tuple[dict[str, Any], ...]:
         defs = [t.definition() for t in self.tools]
         if self.shared_memory:
             defs += MEMORY_DEFINITIONS
-        return defs
+        return tuple(defs)
 
 
 MEMORY_DEFINITIONS: list[dict[str, Any]] = [

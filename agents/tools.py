@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.state.redact import scrub_text
-from raysaga.types import RetryPolicy, checked_options, unknown_option_message
+from raysaga.types import RateLimit, RetryPolicy, checked_options, unknown_option_message
 
 
 class ToolError(RaySagaError):
@@ -54,6 +54,8 @@ class Tool:
     timeout: float | None = None
     breaker: str | None = None
     """Name of the dependency whose circuit breaker guards this tool (default: the tool's name)."""
+    rate_limit: RateLimit | None = None
+    """The fleet-wide limit its calls go through (``RateLimit``): a call over it waits, holding nothing."""
     compensate: Callable[..., Any] | None = None
     """Undoes one call of an effect tool when the run rolls back. It binds by name: the tool's own
     arguments, ``output`` (the call's result, decoded; None when its outcome is unknown) and
@@ -92,14 +94,14 @@ def _unknown_tool_option(where: str, unknown: list[str], options: list[str]) -> 
 def tool(fn: Callable[..., Any], /, *, name: str | None = None, description: str | None = None,
          effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
          timeout: float | None = None, breaker: str | None = None, compensate: Callable[..., Any] | None = None,
-         ) -> Tool: ...
+         rate_limit: RateLimit | None = None) -> Tool: ...
 
 
 @overload
 def tool(fn: None = None, /, *, name: str | None = None, description: str | None = None, effect: bool = False,
          key: Sequence[str] | None = None, retry: RetryPolicy | None = None, timeout: float | None = None,
          breaker: str | None = None, compensate: Callable[..., Any] | None = None,
-         ) -> Callable[[Callable[..., Any]], Tool]: ...
+         rate_limit: RateLimit | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 @functools.partial(checked_options, what="tool()", unknown=_unknown_tool_option, misfit=WorkflowDefinitionError,
@@ -107,7 +109,8 @@ def tool(fn: None = None, /, *, name: str | None = None, description: str | None
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
          effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
          timeout: float | None = None, breaker: str | None = None,
-         compensate: Callable[..., Any] | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
+         compensate: Callable[..., Any] | None = None,
+         rate_limit: RateLimit | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a ``Tool`` from a typed function; its parameters become the JSON schema.
 
     Call forms: ``@tool``, ``@tool()``, ``@tool(effect=True, key=("order_id",))``, and
@@ -125,6 +128,7 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         timeout: seconds before a call is cancelled and counted a transient failure.
         breaker: the dependency whose circuit breaker guards it (default: the tool's name).
         compensate: the undo of one call of an effect tool, run when the run rolls back.
+        rate_limit: a ``RateLimit`` its calls go through, shared by every driver on the store.
 
     Raises:
         WorkflowDefinitionError: an option of the wrong type, an unknown option, or a function
@@ -144,6 +148,9 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
             raise WorkflowDefinitionError(f"tool {tool_name!r}: @tool decorates functions, got {func!r}")
         key_names = _check_options(tool_name, description=description, effect=effect, key=key, retry=retry,
                                    timeout=timeout, breaker=breaker)
+        if rate_limit is not None and not isinstance(rate_limit, RateLimit):
+            raise WorkflowDefinitionError(f"tool {tool_name!r}: rate_limit= takes a RateLimit, e.g. "
+                                          f"RateLimit(name='search-api', requests=60), got {rate_limit!r}")
         fields: dict[str, Any] = {}
         for pname, param in inspect.signature(func).parameters.items():
             if pname == "idempotency_key":
@@ -162,7 +169,7 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         model = create_model(f"{tool_name}_input", **fields)
         doc = description or inspect.getdoc(func) or tool_name
         return Tool(name=tool_name, description=doc, fn=func, input_model=model, effect=effect,
-                    key=key_names or None, retry=retry, timeout=timeout, breaker=breaker,
+                    key=key_names or None, retry=retry, timeout=timeout, breaker=breaker, rate_limit=rate_limit,
                     compensate=compensate)
 
     if fn is not None:

@@ -6,7 +6,8 @@ and no ``effect=True`` step ever takes effect twice.
 The public API, by group (one line each in docs/api.md):
 
 - **Declaring a workflow**: ``Workflow`` (``@wf.step``, ``@wf.map``, ``@wf.agent``,
-  ``@wf.compensation``), ``StepContext``, ``RetryPolicy``, ``NOT_APPLIED``, ``Secret``, ``Saga``.
+  ``@wf.compensation``), ``StepContext``, ``RetryPolicy``, ``RateLimit``, ``NOT_APPLIED``, ``Secret``,
+  ``Saga``.
 - **Fan-out policies**: ``ALL``, ``BEST_EFFORT``, ``quorum``, ``min_success_ratio``,
   ``on_partial_failure``, and what a policy sees and answers: ``FanOutResult``, ``Continue``,
   ``RetryFailed``, ``Fail``, ``Compensate``.
@@ -72,12 +73,12 @@ if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZ
         quorum,
     )
     from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
-    from raysaga.types import RetryPolicy, RunOptions, StepContext
+    from raysaga.types import RateLimit, RetryPolicy, RunOptions, StepContext
 
 #: Where each lazily exported name lives: ``import raysaga`` stays cheap (no driver, no Ray)
 #: until a name that needs them is used.
 _LAZY = {
-    **dict.fromkeys(("RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
+    **dict.fromkeys(("RateLimit", "RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
     **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
     **dict.fromkeys(("Secret",), "raysaga.orchestrator.secrets"),
     **dict.fromkeys(("NOT_APPLIED",), "raysaga.orchestrator.spec"),
@@ -95,6 +96,7 @@ __version__ = "0.1.0"
 __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     # declaring a workflow
     "NOT_APPLIED",
+    "RateLimit",
     "RetryPolicy",
     "Saga",
     "Secret",

@@ -213,6 +213,41 @@ def compensation_retry(declared: RetryPolicy | None, forward: RetryPolicy | None
 
 @checked_fields
 @dataclass(frozen=True, kw_only=True)
+class RateLimit:
+    """A provider's or a tool's limit, respected by every driver and worker sharing the store.
+
+    ``RateLimit(name="anthropic", requests=50, tokens=40_000)``: at most 50 calls and 40,000 tokens
+    in any 60 s (``per``), fleet-wide; ``concurrent``: calls under way at once. Give it to an
+    ``Agent`` (its model calls) or a ``@tool``; limits with one ``name`` are one limit. A call over
+    the limit waits, holding nothing, until it fits; a provider's 429 ``retry-after`` holds every
+    caller of the limit. See docs/agents.md ("Rate limits and circuit breakers").
+    """
+
+    name: str
+    """The limit's name in the store, e.g. the provider or the API key's project."""
+    requests: int | None = None
+    """Calls per ``per`` seconds (None: not limited)."""
+    tokens: int | None = None
+    """Model tokens (input + output) per ``per`` seconds, counted when each call ends."""
+    per: float = 60.0
+    """The window, in seconds."""
+    concurrent: int | None = None
+    """Calls under way at once."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not 0 < len(self.name) <= 200:
+            raise InvalidOptionError(f"RateLimit.name must be a name of 1-200 characters, got {self.name!r}")
+        for field_name in ("requests", "tokens", "concurrent"):
+            check_number("RateLimit", field_name, getattr(self, field_name), minimum=1, integer=True,
+                         optional=True, allowed="a whole number >= 1, or None")
+        check_number("RateLimit", "per", self.per, minimum=0, strict=True, allowed="a finite number of seconds > 0")
+        if self.requests is None and self.tokens is None and self.concurrent is None:
+            raise InvalidOptionError(f"RateLimit({self.name!r}) limits nothing: give requests=, tokens= or "
+                                     "concurrent=")
+
+
+@checked_fields
+@dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """Per-run knobs; every field has a safe default."""
 

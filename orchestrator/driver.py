@@ -33,6 +33,7 @@ from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner
 from raysaga.orchestrator.progress import Progress
+from raysaga.orchestrator.rate_gate import RateGate
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.workflow import Workflow
@@ -78,6 +79,7 @@ class Driver:
                  rng: random.Random | None = None, faults: Faults | None = None) -> None:
         self.wf = workflow.validate()
         self.store = store
+        executor = RateGate(executor, store, clock)  # rate-limited attempts wait for the fleet's admission
         self.executor = executor
         self.run_id = run_id
         self.options = options or RunOptions()

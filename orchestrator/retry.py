@@ -33,6 +33,32 @@ def http_status(exc: BaseException) -> int | None:
     return None
 
 
+#: The longest ``retry-after`` honoured (an hour): a larger or malformed value is ignored.
+MAX_RETRY_AFTER = 3600.0
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds a provider asked us to wait before trying again (``retry-after-ms`` or
+    ``retry-after`` in seconds on the error's HTTP response, or a ``retry_after`` attribute)."""
+    value = getattr(exc, "retry_after", None)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds: float | None = float(value)
+    else:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+        seconds = None
+        if headers is not None:
+            try:
+                if headers.get("retry-after-ms") is not None:
+                    seconds = float(headers.get("retry-after-ms")) / 1000
+                elif headers.get("retry-after") is not None:
+                    seconds = float(headers.get("retry-after"))
+            except (TypeError, ValueError, AttributeError):
+                seconds = None  # an HTTP date, or garbage: the backoff decides
+    if seconds is None or not 0 < seconds <= MAX_RETRY_AFTER:
+        return None
+    return seconds
+
+
 def is_transient(exc: BaseException, policy: RetryPolicy | None = None) -> bool:
     """Classify one failure. User declarations win, then raysaga's own markers, then the rules."""
     if policy is not None:

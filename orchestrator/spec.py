@@ -9,6 +9,7 @@ from typing import Any
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import ResourceRequest
 from raysaga.sagas.policy import ALL, FanOutPolicy
+from raysaga.types import RateLimit
 
 #: Returned by a ``reconcile`` hook when the downstream shows the effect never happened.
 NOT_APPLIED: Any = type("NotApplied", (), {"__repr__": lambda self: "NOT_APPLIED"})()
@@ -49,6 +50,9 @@ class StepSpec:
     None: the default, True for an agent's model and tool calls, False for a plain step."""
     resources: ResourceRequest | None = None
     """What each attempt asks Ray for (``num_cpus``, ``num_gpus``, ``memory``, custom resources)."""
+    rate_limit: RateLimit | None = None
+    """A fleet-wide limit each attempt is admitted through before it is sent (an agent's model
+    calls, a tool's calls): left out of the hash, like ``resources``."""
 
     def signature_for_hash(self) -> dict[str, Any]:
         """What identifies the step's place and contract in the DAG (not its body).

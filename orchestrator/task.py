@@ -14,7 +14,7 @@ from typing import Any
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.retry import describe, is_transient, printable
+from raysaga.orchestrator.retry import describe, is_transient, printable, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
@@ -49,6 +49,9 @@ class NodeOutcome:
         # scrubbed before it is cut, so no fragment of a secret survives a truncation
         error["message"] = printable(scrub_text(str(exc))[:2000])
         error["transient"] = transient
+        wait = retry_after(exc)
+        if wait is not None:
+            error["retry_after"] = wait  # the retry waits this long; a rate limit blocks the fleet as long
         error["traceback"] = printable(scrub_text("".join(traceback.format_exception(exc, limit=-8)))[-4000:])
         return NodeOutcome(ok=False, error=error, transient=transient, started_at=started_at,
                            finished_at=time.time())

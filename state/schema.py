@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 class JsonText(TypeDecorator[Any]):
@@ -232,6 +232,32 @@ breakers = Table(
     Column("opened_at", Double, nullable=True),
     Column("version", Integer, nullable=False),
     Column("updated_at", Double, nullable=False),
+)
+
+rate_limits = Table(
+    "raysaga_rate_limits",
+    metadata,
+    # one row per declared rate limit (a model provider, a tool), shared by every driver on this
+    # store: admissions to it are serialised on this row; a 429's retry-after blocks it for all
+    Column("name", String(200), primary_key=True),
+    Column("blocked_until", Double, nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("updated_at", Double, nullable=False),
+)
+
+rate_grants = Table(
+    "raysaga_rate_grants",
+    metadata,
+    # one row per call admitted through a rate limit: it counts from its grant until ``per``
+    # seconds after it ended (``ended_at``; NULL while under way, when it also holds a concurrency
+    # slot) or, if it never ends (its driver died), after ``expires_at``
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False),
+    Column("granted_at", Double, nullable=False),
+    Column("expires_at", Double, nullable=False),
+    Column("ended_at", Double, nullable=True),
+    Column("tokens", BigInteger, nullable=False),
+    Index("ix_raysaga_rate_grants_name_ended", "name", "ended_at"),
 )
 
 

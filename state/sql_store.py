@@ -26,7 +26,7 @@ from raysaga.errors import (
     RunNotFoundError,
     UserError,
 )
-from raysaga.state import blob_rows, migrate, shared_rows
+from raysaga.state import blob_rows, migrate, rate_limits, shared_rows
 from raysaga.state.decoding import (
     SUMMARY,
     decode_summary,
@@ -64,6 +64,7 @@ from raysaga.state.models import (
 )
 from raysaga.state.prune import PruneReport
 from raysaga.state.prune import prune as prune_runs
+from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
 from raysaga.state.schema import effects, events, nodes, runs, signals
@@ -436,6 +437,15 @@ class SqlStore(Store):
 
     def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
         return shared_rows.breaker_cas(self.engine, record, expected_version)
+
+    def rate_acquire(self, rule: RateRule, now: float, hold: float) -> Admission:
+        return rate_limits.acquire(self.engine, rule, now, hold)
+
+    def rate_release(self, grant: int, tokens: int, now: float) -> None:
+        rate_limits.release(self.engine, grant, tokens, now)
+
+    def rate_block(self, name: str, until: float, now: float) -> None:
+        rate_limits.block(self.engine, name, until, now)
 
 
 def _check_transition(run_id: str, current: RunStatus, new: RunStatus) -> None:

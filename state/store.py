@@ -28,6 +28,7 @@ from raysaga.state.models import (
     SignalRecord,
 )
 from raysaga.state.prune import PruneReport
+from raysaga.state.rate_limits import Admission, RateRule
 
 
 class Store(ABC):
@@ -136,6 +137,19 @@ class Store(ABC):
     def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
         """Store a breaker's new state unless another driver changed it first (for ``admit``'s
         probe; call outcomes are counted through ``Batch.breakers``)."""
+
+    @abstractmethod
+    def rate_acquire(self, rule: RateRule, now: float, hold: float) -> Admission:
+        """Admit one call through a fleet-wide rate limit, or say how long to wait
+        (``raysaga.state.rate_limits``)."""
+
+    @abstractmethod
+    def rate_release(self, grant: int, tokens: int, now: float) -> None:
+        """A call admitted by ``grant`` ended at ``now`` having used ``tokens``: its slot is free."""
+
+    @abstractmethod
+    def rate_block(self, name: str, until: float, now: float) -> None:
+        """Admit nothing through the limit ``name`` before ``until`` (a 429's retry-after)."""
 
     @abstractmethod
     def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,

@@ -25,6 +25,7 @@ import raysaga
 from raysaga import (
     FanOutResult,
     InvalidOptionError,
+    RateLimit,
     RaySagaError,
     RetryPolicy,
     RunOptions,
@@ -50,7 +51,7 @@ REPO = next(d for d in HERE.parents if (d / "pyproject.toml").is_file())
 #: ``raysaga.__all__``, group by group, in its order. Adding or removing an export is a
 #: deliberate API change: it shows up here, in the root docstring and in docs/api.md.
 GROUPS: dict[str, list[str]] = {
-    "declaring a workflow": ["NOT_APPLIED", "RetryPolicy", "Saga", "Secret", "StepContext", "Workflow"],
+    "declaring a workflow": ["NOT_APPLIED", "RateLimit", "RetryPolicy", "Saga", "Secret", "StepContext", "Workflow"],
     "fan-out policies": ["ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
                          "min_success_ratio", "on_partial_failure", "quorum"],
     "running": ["RunOptions", "cancel", "create_run", "resume", "retry", "run"],
@@ -287,6 +288,12 @@ MISTAKES: list[tuple[str, Any, type[RaySagaError], str]] = [
     ("Agent: output_type", lambda: Agent("a", ScriptedModel(), output_type=dict), InvalidOptionError,
      "output_type"),
     ("Agent: loop", lambda: Agent("a", ScriptedModel(), loop="fail"), InvalidOptionError, "LoopPolicy"),
+    ("RateLimit limits nothing", lambda: RateLimit(name="api"), InvalidOptionError, "limits nothing"),
+    ("RateLimit requests=0", lambda: RateLimit(name="api", requests=0), InvalidOptionError, "requests"),
+    ("RateLimit per=0", lambda: RateLimit(name="api", requests=5, per=0), InvalidOptionError, "per"),
+    ("RateLimit name=''", lambda: RateLimit(name="", requests=5), InvalidOptionError, "name"),
+    ("tool: rate_limit=60", lambda: tool(rate_limit=60)(_raw), WorkflowDefinitionError, "RateLimit"),
+    ("Agent: rate_limit", lambda: Agent("a", ScriptedModel(), rate_limit=60), InvalidOptionError, "RateLimit"),
     # secrets and test helpers
     ("Secret.from_env('1A')", lambda: Secret.from_env("1A"), InvalidOptionError, "not an environment variable"),
     ("Secret() with neither", lambda: Secret(), InvalidOptionError, "Secret.from_env"),

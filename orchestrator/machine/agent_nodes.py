@@ -75,6 +75,8 @@ class AgentNodes:
         self.pause_reason: str | None = None
         self._rows: dict[NodeKey, list[tuple[NodeRecord, Any]]] = {}  # restored sub-call rows per node
         self._starting: dict[NodeKey, AgentStart] = {}  # waiting on their prompt
+        self._tool_specs: dict[tuple[str, str], StepSpec] = {}
+        self._model_specs: dict[str, StepSpec] = {}
 
     # ------------------------------------------------------------------ restore, start
 
@@ -105,10 +107,13 @@ class AgentNodes:
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
                                                   status=NodeStatus.RUNNING, attempt=1, started_at=self.out.now))
         agent: Agent = start.spec.options["agent"]
-        model_spec = StepSpec(name=f"{key.step}@model", fn=functools.partial(model_turn, agent.model),
-                              deps=(), param_deps=("request",), input_param=None, ctx_param=None,
-                              param_types={"request": Any}, output_type=Any, retry=agent.transport_retry,
-                              timeout=agent.model_timeout)
+        model_spec = self._model_specs.get(key.step)
+        if model_spec is None:  # one per step: its fan-out's nodes share it
+            model_spec = self._model_specs[key.step] = StepSpec(
+                name=f"{key.step}@model", fn=functools.partial(model_turn, agent.model), deps=(),
+                param_deps=("request",), input_param=None, ctx_param=None, param_types={"request": Any},
+                output_type=Any, retry=agent.transport_retry, timeout=agent.model_timeout,
+                rate_limit=agent.rate_limit)
         node = self.nodes[key] = _Node(key, agent, Conversation(prompt), model_spec)
         self._replay(node, self._rows.pop(key, []))
         self.due_nodes.add(key)
@@ -213,10 +218,13 @@ class AgentNodes:
             self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True})
             return
         tool = action.tool
-        spec = StepSpec(name=f"{sub.step}@tool:{tool.name}", fn=functools.partial(tool_call, tool),
-                        deps=(), param_deps=("args",), input_param=None, ctx_param="ctx",
-                        param_types={"args": Any}, output_type=Any, effect=tool.effect,
-                        effect_name=f"tool:{tool.name}", retry=tool.retry, timeout=tool.timeout)
+        spec = self._tool_specs.get((sub.step, tool.name))
+        if spec is None:  # one per step and tool: the executor packs each distinct spec once
+            spec = self._tool_specs[sub.step, tool.name] = StepSpec(
+                name=f"{sub.step}@tool:{tool.name}", fn=functools.partial(tool_call, tool), deps=(),
+                param_deps=("args",), input_param=None, ctx_param="ctx", param_types={"args": Any},
+                output_type=Any, effect=tool.effect, effect_name=f"tool:{tool.name}", retry=tool.retry,
+                timeout=tool.timeout, rate_limit=tool.rate_limit)
         ekey = None
         if tool.effect:
             ekey = effect_key(self.run_id, sub.step, sub.fan_index, f"tool:{tool.name}", tool.key_args(action.args))

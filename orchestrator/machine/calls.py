@@ -157,6 +157,9 @@ class Calls:
         node_id, index = key.node_id, key.fan_index
         if outcome.transient and flight.attempt < policy.max_attempts and budget_left:
             delay = backoff_delay(flight.attempt, policy, self.rng)
+            asked = error.get("retry_after")
+            if isinstance(asked, int | float) and asked > delay:
+                delay = float(asked)  # the provider said when: sooner is refused again
             not_before = self.out.now + delay
             self.retries_used += 1
             batch.run = merge_run(batch.run, RunUpdate(retries_delta=1))

@@ -509,6 +509,10 @@ class MessagesServer:
     gets a 401 ``authentication_error``. An exception raised by the responder is answered with a
     500 (``x-should-retry: false``), kept in ``responder_errors``, and re-raised by ``close()`` /
     ``__exit__`` (unless the block is already raising) so a broken script cannot pass silently.
+
+    ``backlog``: the listening socket's queue of connections not yet accepted (default: the
+    standard library's 5). Many clients connecting at once (a wide fan-out) overflow a short one;
+    Linux then drops their SYNs and each retries a second later, so pass ``backlog=128`` or so.
     """
 
     def __init__(
@@ -518,11 +522,13 @@ class MessagesServer:
         api_key: str | None = None,
         model: str | None = None,
         raise_responder_errors: bool = True,
+        backlog: int | None = None,
     ) -> None:
         self.responder = responder
         self.api_key = api_key
         self.model = model
         self.raise_responder_errors = raise_responder_errors
+        self.backlog = backlog
         self.responder_errors: list[BaseException] = []
         self._log: list[LoggedRequest] = []
         self._cond = threading.Condition(threading.Lock())
@@ -535,7 +541,15 @@ class MessagesServer:
     def start(self) -> MessagesServer:
         if self._httpd is not None:
             raise RuntimeError("server already started")
-        httpd = _HTTPServer(("127.0.0.1", 0), _Handler)
+        httpd = _HTTPServer(("127.0.0.1", 0), _Handler, bind_and_activate=False)
+        if self.backlog is not None:
+            httpd.request_queue_size = self.backlog  # read by server_activate's listen()
+        try:
+            httpd.server_bind()
+            httpd.server_activate()
+        except BaseException:
+            httpd.server_close()
+            raise
         httpd.owner = self
         self._httpd = httpd
         self._thread = threading.Thread(

@@ -1,0 +1,168 @@
+"""The gate between a driver and its executor that holds rate-limited attempts until they fit.
+
+An attempt whose spec names a ``RateLimit`` (an agent's model call, a tool's call) is admitted
+through the store (``Store.rate_acquire``: fleet-wide, every driver and worker on the store) before
+it reaches the executor; until then it waits here, holding no Ray task, CPU or slot, and its
+timeout has not started (its handle is not ``sent``). When it ends, its grant is released with
+the tokens it used; a failure that carries a provider's ``retry-after`` blocks the limit for the
+whole fleet. Attempts without a limit pass straight through.
+
+Crash semantics do not change: the machine issued the attempt, its ledger row (for an effect)
+is already durable, and a driver that dies while the attempt waits here re-issues it under the
+same key after a resume; a grant whose call never ended frees its slot when its hold expires.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from raysaga.orchestrator.executor import Executor, Handle
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall, NodeOutcome
+from raysaga.state import Store
+from raysaga.state.rate_limits import RateRule
+from raysaga.types import RateLimit
+
+#: Seconds a concurrency slot stays held by a call that never ends (its driver died), beyond its
+#: timeout; a call without a timeout holds it for ``UNTIMED_HOLD``.
+HOLD_SLACK = 30.0
+UNTIMED_HOLD = 300.0
+
+
+@dataclass(eq=False)
+class _Held:
+    handle: Handle
+    spec: StepSpec
+    call: NodeCall
+    task_name: str
+    grant: int | None = None
+    inner: Handle | None = None
+
+
+def rule_of(limit: RateLimit) -> RateRule:
+    """The store's rule for ``limit``: its window counted ``per / 20`` longer (at most 1 s), for the
+    time between a grant and its request reaching the provider."""
+    return RateRule(name=limit.name, requests=limit.requests, tokens=limit.tokens, per=limit.per,
+                    concurrent=limit.concurrent, margin=min(1.0, limit.per / 20))
+
+
+def tokens_used(outcome: NodeOutcome) -> int:
+    """The model tokens a finished model call reports (``usage``); 0 for anything else."""
+    if not outcome.ok or not outcome.output_json:
+        return 0
+    try:
+        usage = json.loads(outcome.output_json).get("usage")
+    except (ValueError, AttributeError):
+        return 0
+    if not isinstance(usage, dict):
+        return 0
+    return sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int))
+
+
+class RateGate(Executor):
+    """An ``Executor`` that admits rate-limited attempts through the store before sending them."""
+
+    def __init__(self, inner: Executor, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.store = store
+        self.clock = clock
+        self._queues: dict[str, deque[_Held]] = {}  # per limit: attempts waiting, first come first served
+        self._retry_at: dict[str, float] = {}  # per limit: when asking again may succeed
+        self._sent: dict[Handle, _Held] = {}  # the inner handle of an admitted attempt -> its entry
+        self._held: dict[Handle, _Held] = {}  # the driver's handle of a rate-limited attempt -> its entry
+
+    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
+        if spec.rate_limit is None:
+            return self.inner.submit(spec, call, task_name)
+        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
+        held = self._held[handle] = _Held(handle, spec, call, task_name)
+        self._queues.setdefault(spec.rate_limit.name, deque()).append(held)
+        self._admit()
+        return handle
+
+    def _admit(self) -> None:
+        """Send what the store admits now, each limit's queue in order (stop at its first refusal)."""
+        for name, queue in self._queues.items():
+            if not queue or self._retry_at.get(name, 0.0) > self.clock():
+                continue
+            while queue:
+                now = self.clock()  # each grant dated when it is made: an inline submit takes time
+                held = queue[0]
+                assert held.spec.rate_limit is not None
+                timeout = held.spec.timeout
+                hold = timeout + HOLD_SLACK if timeout is not None else UNTIMED_HOLD
+                admission = self.store.rate_acquire(rule_of(held.spec.rate_limit), now, hold)
+                if admission.grant is None:
+                    self._retry_at[name] = now + admission.wait
+                    break
+                queue.popleft()
+                held.grant = admission.grant
+                held.inner = self.inner.submit(held.spec, held.call, held.task_name)
+                held.handle.sent = held.inner.sent
+                self._sent[held.inner] = held
+
+    def _next_admission(self) -> float | None:
+        waiting = [self._retry_at.get(name, 0.0) for name, queue in self._queues.items() if queue]
+        return min(waiting) if waiting else None
+
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        self._admit()
+        wake = self._next_admission()
+        if wake is not None:
+            timeout = max(0.0, min(timeout, wake - self.clock()))
+        if handles is None:
+            finished = self.inner.wait(None, timeout)
+        else:
+            inner = [self._inner_of(h) for h in handles]
+            finished = self.inner.wait([h for h in inner if h is not None], timeout)
+        done = [self._finished(h) for h in finished]
+        for held in self._sent.values():
+            assert held.inner is not None
+            held.handle.sent = held.inner.sent  # a queued Ray attempt's timeout starts when it is sent
+        return done
+
+    def _inner_of(self, handle: Handle) -> Handle | None:
+        held = self._held.get(handle)
+        if held is None:
+            return handle  # not rate-limited: the inner executor's own handle
+        return held.inner  # None while it waits for its admission
+
+    def _finished(self, inner: Handle) -> Handle:
+        held = self._sent.pop(inner, None)
+        if held is None:
+            return inner
+        del self._held[held.handle]
+        assert held.grant is not None and held.spec.rate_limit is not None and inner.outcome is not None
+        held.handle.outcome = inner.outcome
+        held.handle.sent = True
+        self.store.rate_release(held.grant, tokens_used(inner.outcome), self.clock())
+        retry_after = (inner.outcome.error or {}).get("retry_after")
+        if isinstance(retry_after, int | float) and retry_after > 0:
+            now = self.clock()
+            self.store.rate_block(held.spec.rate_limit.name, now + retry_after, now)
+        return held.handle
+
+    def cancel(self, handle: Handle) -> None:
+        held = self._held.pop(handle, None)
+        if held is None:
+            self.inner.cancel(handle)
+            return
+        if held.inner is None:  # still waiting: it never left
+            assert held.spec.rate_limit is not None
+            self._queues[held.spec.rate_limit.name].remove(held)
+            return
+        del self._sent[held.inner]
+        self.inner.cancel(held.inner)
+        assert held.grant is not None
+        self.store.rate_release(held.grant, 0, self.clock())
+
+    def settle_cancelled(self, timeout: float) -> int:
+        return self.inner.settle_cancelled(timeout)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()

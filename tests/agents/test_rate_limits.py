@@ -1,0 +1,126 @@
+"""A rate limit holds across every driver sharing the store, checked at the provider.
+
+Two driver processes fan agents out against one local Messages API server, their model calls
+under one ``RateLimit``. The server (the edge this test is not about: a fake provider) enforces
+the same limit itself, answering 429 to a request over it, and logs every arrival. Checked from
+its log: in no window of the limit's length did more requests arrive than the limit allows, the
+server never had to refuse one (0 self-caused 429s), and every run completed with exactly one
+model call per agent. A provider's 429 with ``retry-after`` holds every driver of the limit.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import messages_server as ms
+from tests.support import rate_limited_flow as flow
+from tests.support.crash_driver import Finished
+
+DRIVERS = 2
+ITEMS = 10  # agents per driver: one model call each
+REQUESTS, PER = 5, 1.0
+#: Seconds after a 429 within which requests granted before it may still arrive.
+SETTLE = 0.3
+
+
+class LimitedProvider:
+    """Answers like a provider with a limit of ``requests`` per ``per`` seconds: a request over
+    it gets a 429 (counted in ``refused``); ``first`` replies are scripted before that."""
+
+    def __init__(self, requests: int, per: float, first: list[ms.Reply] | None = None, latency: float = 0.0) -> None:
+        self.requests, self.per, self.latency = requests, per, latency
+        self.first = list(first or [])
+        self.accepted: deque[float] = deque()
+        self.refused = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, request: dict[str, Any]) -> ms.Reply:
+        with self.lock:
+            if self.first:
+                return self.first.pop(0)
+            now = time.monotonic()
+            while self.accepted and self.accepted[0] <= now - self.per:
+                self.accepted.popleft()
+            if len(self.accepted) >= self.requests:
+                self.refused += 1
+                return ms.fault(429, retry_after=self.per)
+            self.accepted.append(now)
+            return ms.delayed(self.latency, ms.text("answered")) if self.latency else ms.text("answered")
+
+
+def drive_all(db: str, server: ms.MessagesServer, executor: str = "inline") -> list[Finished]:
+    procs = [flow.spawn(db, f"rl-{i}-{uuid.uuid4().hex[:6]}", items=ITEMS, model_url=server.base_url,
+                        requests=REQUESTS, per=PER, executor=executor) for i in range(DRIVERS)]
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=180)
+        done.append(Finished(proc.returncode, out, err))
+    return done
+
+
+def most_in_any_window(arrivals: list[float], per: float) -> int:
+    """The most arrivals in any window ``[t, t + per)`` that starts at an arrival (the exact
+    sliding count; a count at 1-second resolution can only be lower)."""
+    times = sorted(arrivals)
+    most, j = 0, 0
+    for i, start in enumerate(times):
+        while j < len(times) and times[j] < start + per:
+            j += 1
+        most = max(most, j - i)
+    return most
+
+
+def test_two_drivers_never_exceed_the_shared_limit(tmp_path: Path) -> None:
+    provider = LimitedProvider(REQUESTS, PER)
+    with ms.MessagesServer(provider, api_key=flow.TEST_KEY, backlog=64) as server:
+        finished = drive_all(f"sqlite:///{tmp_path / 'store.db'}", server)
+        log = server.requests
+    for run in finished:
+        assert run.returncode == 0, run.describe()
+        result = run.result
+        assert result is not None and result["output"] == {"collect": ITEMS}, run.describe()
+    answered = [r.arrived for r in log if r.kind == "ok"]
+    assert len(answered) == DRIVERS * ITEMS  # one model call per agent: none lost, none repeated
+    assert provider.refused == 0, f"the provider refused {provider.refused} request(s): the limit was exceeded"
+    assert most_in_any_window(answered, PER) <= REQUESTS
+    # the limit was what paced them: the calls could not have gone out any faster
+    span = max(answered) - min(answered)
+    assert span >= (DRIVERS * ITEMS / REQUESTS - 1) * PER * 0.9
+
+
+def test_a_retry_after_holds_every_driver_of_the_limit(tmp_path: Path) -> None:
+    """The provider's first answer is a 429 saying ``retry-after: 2``: once the refused driver has
+    recorded it, no request of either driver reaches the provider before those 2 seconds are
+    over, and both runs then complete."""
+    hold = 2.0
+    # answers take 0.1 s, so each driver's calls (one at a time, inline) would go on arriving
+    # through the 2 s if the block held only the refused call
+    provider = LimitedProvider(100, PER, first=[ms.fault(429, retry_after=hold)], latency=0.1)
+    with ms.MessagesServer(provider, api_key=flow.TEST_KEY, backlog=64) as server:
+        finished = drive_all(f"sqlite:///{tmp_path / 'store.db'}", server)
+        log = server.requests
+    for run in finished:
+        assert run.returncode == 0, run.describe()
+    refused = [r.arrived for r in log if r.status == 429]
+    assert len(refused) == 1
+    # calls granted before the 429 came back may still land just after it; once the refused
+    # driver has recorded the block (well within SETTLE), nobody's request arrives until it ends
+    late = [r.arrived - refused[0] for r in log if r.arrived > refused[0] + SETTLE]
+    assert late and min(late) >= hold - 0.05, (
+        f"a request arrived {min(late):.3f} s after the 429 that asked for {hold} s")
+    assert len([r for r in log if r.kind == "ok"]) == DRIVERS * ITEMS
+
+
+@pytest.mark.parametrize("per", [0.0, -1.0])
+def test_a_limit_over_no_time_is_refused_when_declared(per: float) -> None:
+    from raysaga import InvalidOptionError, RateLimit
+
+    with pytest.raises(InvalidOptionError, match="per"):
+        RateLimit(name="x", requests=1, per=per)
