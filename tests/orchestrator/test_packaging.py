@@ -54,6 +54,7 @@ EXPECTED_ALL = [
     "NOT_APPLIED",
     "NotJSONableError",
     "Permanent",
+    "RateLimit",
     "RaySagaError",
     "RetryFailed",
     "RetryPolicy",
