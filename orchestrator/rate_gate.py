@@ -14,12 +14,14 @@ same key after a resume; a grant whose call never ended frees its slot when its 
 
 from __future__ import annotations
 
-import json
 import time
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
+from raysaga.agents.messages import ModelResponse
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
@@ -51,16 +53,14 @@ def rule_of(limit: RateLimit) -> RateRule:
 
 
 def tokens_used(outcome: NodeOutcome) -> int:
-    """The model tokens a finished model call reports (``usage``); 0 for anything else."""
+    """The model tokens a finished model call reports (its ``usage``, as the agents count it for
+    budgets); 0 for anything else."""
     if not outcome.ok or not outcome.output_json:
         return 0
     try:
-        usage = json.loads(outcome.output_json).get("usage")
-    except (ValueError, AttributeError):
+        return ModelResponse.model_validate_json(outcome.output_json).usage.total
+    except ValidationError:
         return 0
-    if not isinstance(usage, dict):
-        return 0
-    return sum(v for k, v in usage.items() if k in ("input_tokens", "output_tokens") and isinstance(v, int))
 
 
 class RateGate(Executor):
@@ -140,11 +140,13 @@ class RateGate(Executor):
         assert held.grant is not None and held.spec.rate_limit is not None and inner.outcome is not None
         held.handle.outcome = inner.outcome
         held.handle.sent = True
-        self.store.rate_release(held.grant, tokens_used(inner.outcome), self.clock())
+        limit = held.spec.rate_limit
+        tokens = tokens_used(inner.outcome) if limit.tokens is not None else 0  # parsed only when counted
+        self.store.rate_release(held.grant, tokens, self.clock())
         retry_after = (inner.outcome.error or {}).get("retry_after")
         if isinstance(retry_after, int | float) and retry_after > 0:
             now = self.clock()
-            self.store.rate_block(held.spec.rate_limit.name, now + retry_after, now)
+            self.store.rate_block(limit.name, now + retry_after, now)
         return held.handle
 
     def cancel(self, handle: Handle) -> None:

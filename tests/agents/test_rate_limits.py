@@ -124,3 +124,16 @@ def test_a_limit_over_no_time_is_refused_when_declared(per: float) -> None:
 
     with pytest.raises(InvalidOptionError, match="per"):
         RateLimit(name="x", requests=1, per=per)
+
+
+def test_a_model_call_s_tokens_are_read_from_its_usage() -> None:
+    """What a token limit counts when a call ends: the model response's usage (input + output),
+    as the agents count it for budgets; nothing for a tool's result or a failure."""
+    from raysaga.agents import ModelResponse, Usage
+    from raysaga.orchestrator.rate_gate import tokens_used
+    from raysaga.orchestrator.task import NodeOutcome
+
+    answer = ModelResponse(content=[{"type": "text", "text": "hi"}], usage=Usage(input_tokens=120, output_tokens=30))
+    assert tokens_used(NodeOutcome(ok=True, output_json=answer.model_dump_json())) == 150
+    assert tokens_used(NodeOutcome(ok=True, output_json='{"content": "a tool result"}')) == 0
+    assert tokens_used(NodeOutcome(ok=False, error={"type": "TimeoutError"})) == 0
