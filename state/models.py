@@ -107,6 +107,15 @@ class RunRecord(_Record):
     trace_id: str
     created_at: float
     updated_at: float
+    wake_at: float | None = None
+    """A run resting without a driver (``waiting_timer``, ``waiting_human``) is due again then: a
+    timer fires, an approval times out. Workers claim by it."""
+    queue: str | None = None
+    """Set by ``submit``: a ``pending`` run that a worker may start."""
+    parent_run_id: str | None = None
+    """A forked run's parent."""
+    forked_from: str | None = None
+    """The node label a forked run was forked from."""
 
 
 class RunSummary(_Record):
@@ -230,6 +239,7 @@ class SignalRecord(_Record):
     payload: Any = None
     created_at: float
     consumed_at: float | None = None
+    dedup_key: str | None = None
 
 
 class NewRun(BaseModel):
@@ -246,6 +256,10 @@ class NewRun(BaseModel):
     token_budget: int | None = None
     cost_budget: float | None = None
     trace_id: str
+    queue: str | None = None
+    """Submitted to the worker fleet: a worker may claim the run while it is ``pending``."""
+    parent_run_id: str | None = None
+    forked_from: str | None = None
 
 
 class Lease(_Record):

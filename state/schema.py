@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class JsonText(TypeDecorator[Any]):
@@ -123,7 +123,17 @@ runs = Table(
     Column("trace_id", String(64), nullable=False),
     Column("created_at", Double, nullable=False),
     Column("updated_at", Double, nullable=False),
+    # schema 6: when a run resting without a driver is due again (a waiting_timer's timer, a
+    # waiting_human's approval timeout); `queue` marks a submitted run a worker may start; a fork's
+    # lineage (its parent run and the node it was forked from)
+    Column("wake_at", Double, nullable=True),
+    Column("queue", String(200), nullable=True),
+    Column("parent_run_id", String(200), nullable=True),
+    Column("forked_from", String(200), nullable=True),
     Index("ix_raysaga_runs_status", "status"),
+    Index("ix_raysaga_runs_status_wake", "status", "wake_at"),
+    Index("ix_raysaga_runs_parent", "parent_run_id", sqlite_where=text("parent_run_id IS NOT NULL"),
+          postgresql_where=text("parent_run_id IS NOT NULL")),
     # schema 4: `list` pages newest first by (created_at, run_id), optionally per status or
     # workflow, without scanning; prune finds old finished runs by (status, updated_at); the
     # partial digest indexes let blob garbage collection prove a blob unreferenced cheaply
@@ -204,7 +214,10 @@ signals = Table(
     Column("payload", JsonText, nullable=True),
     Column("created_at", Double, nullable=False),
     Column("consumed_at", Double, nullable=True),
+    # schema 6: a decision's id (a double click is one decision)
+    Column("dedup_key", String(200), nullable=True),
     Index("ix_raysaga_signals_run", "run_id", "consumed_at"),
+    Index("ux_raysaga_signals_dedup", "run_id", "dedup_key", unique=True),
 )
 
 
