@@ -59,6 +59,7 @@ class NodeStatus(StrEnum):
     PENDING = "pending"  # never written: a node with no row is pending
     RUNNING = "running"
     RETRYING = "retrying"  # failed an attempt, waiting for not_before
+    WAITING = "waiting"  # an approval asked (its output holds the request), or a sleep (until not_before)
     COMPLETED = "completed"
     FAILED = "failed"
     SKIPPED = "skipped"
@@ -229,6 +230,8 @@ class SignalKind(StrEnum):
     CANCEL = "cancel"
     APPROVE = "approve"
     REJECT = "reject"
+    PAUSE = "pause"
+    UNPAUSE = "unpause"
 
 
 class SignalRecord(_Record):
@@ -325,6 +328,10 @@ class RunUpdate(BaseModel):
     token_budget: int | None = None
     cost_budget: float | None = None
     set_budgets: bool = False
+    wake_at: float | None = None
+    """When a run that rests without a driver is due again (written when ``set_wake``; a status
+    change without it clears the time: only a resting run has one)."""
+    set_wake: bool = False
 
 
 class BreakerChange(BaseModel):

@@ -18,8 +18,17 @@ from sqlalchemy.exc import IntegrityError
 from raysaga.errors import UserError
 from raysaga.state.breakers import BreakerPolicy, after_call
 from raysaga.state.decoding import reading, records, run_status
-from raysaga.state.models import BreakerChange, BreakerRecord, Lease, MemoryEntry, SignalKind, SignalRecord
-from raysaga.state.schema import breakers, memory, signals
+from raysaga.state.models import (
+    BreakerChange,
+    BreakerRecord,
+    Lease,
+    MemoryEntry,
+    RunStatus,
+    SignalKind,
+    SignalRecord,
+)
+from raysaga.state.redact import scrub
+from raysaga.state.schema import breakers, events, memory, runs, signals
 from raysaga.state.statements import fence_guard, insert_for
 
 # ---------------------------------------------------------------- shared memory (blackboard)
@@ -155,3 +164,19 @@ def pending_signals(reader: Engine, run_id: str) -> list[SignalRecord]:
 
 def consume_signals(conn: Connection, run_id: str, ids: list[int], now: float) -> None:
     conn.execute(update(signals).where(signals.c.id.in_(ids), signals.c.run_id == run_id).values(consumed_at=now))
+
+
+def wake(engine: Engine, run_id: str, statuses: list[RunStatus], reason: str, kind: str, data: Any = None) -> bool:
+    """Set a resting run's ``wake_at`` to now, with an event, if it is in one of ``statuses``."""
+    now = time.time()
+    with engine.begin() as conn:
+        run_status(conn, run_id)  # RunNotFoundError
+        seq = conn.execute(update(runs).where(runs.c.run_id == run_id,
+                                              runs.c.status.in_([s.value for s in statuses]))
+                           .values(wake_at=now, event_seq=runs.c.event_seq + 1, updated_at=now)
+                           .returning(runs.c.event_seq)).scalar_one_or_none()
+        if seq is None:
+            return False
+        conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind=kind,
+                                           data=scrub({"reason": reason, **(data or {})})))
+    return True

@@ -26,7 +26,10 @@ from raysaga.errors import (
     RunNotFoundError,
     UserError,
 )
-from raysaga.state import blob_rows, migrate, rate_limits, shared_rows
+from raysaga.state import blob_rows, claims, decisions, migrate, rate_limits, shared_rows, stats
+from raysaga.state.claims import Claim
+from raysaga.state.dashboard_reads import DashboardReads
+from raysaga.state.decisions import Decision, Verdict, WaitingApproval
 from raysaga.state.decoding import (
     SUMMARY,
     decode_summary,
@@ -75,7 +78,7 @@ from raysaga.state.store import Store
 MAX_LIST_LIMIT = 100_000
 
 
-class SqlStore(Store):
+class SqlStore(DashboardReads, Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
     def __init__(self, url: str, *, migrate_schema: bool = True,
@@ -321,7 +324,9 @@ class SqlStore(Store):
         if upd.status is not None:
             _check_transition(lease.run_id, run_status(conn, lease.run_id), upd.status)
             reason = None if upd.status_reason is None else scrub_text(upd.status_reason)
-            values.update(status=upd.status.value, status_reason=reason, version=runs.c.version + 1)
+            values.update(status=upd.status.value, status_reason=reason, version=runs.c.version + 1, wake_at=None)
+        if upd.set_wake:
+            values["wake_at"] = upd.wake_at
         if upd.set_output:
             values["output"], values["output_digest"], values["output_key"] = \
                 self._run_value(conn, upd.output, "output")
@@ -425,6 +430,24 @@ class SqlStore(Store):
 
     def pending_signals(self, run_id: str) -> list[SignalRecord]:
         return shared_rows.pending_signals(self.reader, run_id)
+
+    def decide(self, run_id: str, node: str, verdict: Verdict, *, by: str, fan_index: int = -1,
+               answer: Any = None, comment: str | None = None, decision_id: str | None = None) -> Decision:
+        return decisions.decide(self.engine, run_id, node, verdict, by=by, fan_index=fan_index, answer=answer,
+                                comment=comment, decision_id=decision_id)
+
+    def waiting_approvals(self, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
+        return decisions.waiting(self.reader, approver, run_id)
+
+    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str], *,
+                   limits: Mapping[str, int] | None = None) -> Claim | None:
+        return claims.claim_next(self.engine, owner, ttl, workflows, limits=limits)
+
+    def wake(self, run_id: str, statuses: Iterable[RunStatus], reason: str, kind: str, data: Any = None) -> bool:
+        return shared_rows.wake(self.engine, run_id, [RunStatus(s) for s in statuses], reason, kind, data)
+
+    def stats(self, since: float | None = None) -> stats.Stats:
+        return stats.compute(self.reader, since)
 
     def memory_get(self, run_id: str, key: str) -> MemoryEntry:
         return shared_rows.memory_get(self.reader, run_id, key)

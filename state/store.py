@@ -11,6 +11,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from raysaga.state.claims import Claim
+from raysaga.state.dashboard_reads import RunFilter
+from raysaga.state.decisions import Decision, Verdict, WaitingApproval
 from raysaga.state.models import (
     Batch,
     BreakerRecord,
@@ -29,6 +32,7 @@ from raysaga.state.models import (
 )
 from raysaga.state.prune import PruneReport
 from raysaga.state.rate_limits import Admission, RateRule
+from raysaga.state.stats import Stats
 
 
 class Store(ABC):
@@ -122,6 +126,33 @@ class Store(ABC):
     def pending_signals(self, run_id: str) -> list[SignalRecord]: ...
 
     @abstractmethod
+    def decide(self, run_id: str, node: str, verdict: Verdict, *, by: str, fan_index: int = -1,
+               answer: Any = None, comment: str | None = None, decision_id: str | None = None) -> Decision:
+        """Record a human decision on a waiting approval node, checked against its stored request
+        (``raysaga.state.decisions``); ``UserError`` saying why when it is refused. The same
+        ``decision_id`` again returns the decision already recorded."""
+
+    @abstractmethod
+    def waiting_approvals(self, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
+        """Approval nodes waiting for a decision (``raysaga inbox``)."""
+
+    @abstractmethod
+    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str], *,
+                   limits: Mapping[str, int] | None = None) -> Claim | None:
+        """A worker's claim of the next runnable run of ``workflows`` (name -> definition hash):
+        ``raysaga.state.claims``."""
+
+    @abstractmethod
+    def wake(self, run_id: str, statuses: Iterable[RunStatus], reason: str, kind: str,
+             data: Any = None) -> bool:
+        """Make a run resting without a driver in one of ``statuses`` due now (a worker takes it up),
+        appending an event ``kind``; False when it is not in one of them."""
+
+    @abstractmethod
+    def stats(self, since: float | None = None) -> Stats:
+        """Operational figures (``raysaga.state.stats``)."""
+
+    @abstractmethod
     def memory_get(self, run_id: str, key: str) -> MemoryEntry:
         """A key of the run's shared blackboard (version 0 if never written)."""
 
@@ -157,6 +188,60 @@ class Store(ABC):
         """Delete runs at rest (terminal or parked) not updated for ``older_than`` seconds, with
         their nodes, events, effects, signals, memory and the blobs no other row references, in
         batches of ``batch_size`` runs (one short transaction each); ``dry_run`` only counts."""
+
+    # The dashboard's reads (raysaga.state.dashboard_reads; rows as dicts of their columns).
+    @abstractmethod
+    def run_page(self, f: RunFilter) -> list[dict[str, Any]]:
+        """Runs newest first under a filter, summary columns only, keyset-paged."""
+
+    @abstractmethod
+    def run_counts(self, f: RunFilter | None = None) -> dict[str, int]:
+        """Runs by status under a filter (its status and cursor ignored)."""
+
+    @abstractmethod
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        """A run's summary columns, or None."""
+
+    @abstractmethod
+    def waiting_nodes(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Nodes waiting for a human (their request in ``output``) of runs ``waiting_human``."""
+
+    @abstractmethod
+    def step_rows(self, run_id: str, items_cap: int) -> list[dict[str, Any]]:
+        """A run's node rows without outputs; of each fan-out only the first ``items_cap`` items."""
+
+    @abstractmethod
+    def fan_items(self, run_id: str, node_id: str, after: int = -1, limit: int = 500,
+                  status: str | None = None) -> list[dict[str, Any]]:
+        """A fan-out's items by index after ``after`` (no outputs)."""
+
+    @abstractmethod
+    def node_rows(self, run_id: str, keys: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+        """The named (node_id, fan_index) rows, no outputs."""
+
+    @abstractmethod
+    def step_counts(self, run_id: str, node_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Items by status of each named fan-out step."""
+
+    @abstractmethod
+    def node_row(self, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
+        """One node row with its output (or its blob's digest) and error."""
+
+    @abstractmethod
+    def node_events(self, run_id: str, node_id: str, fan_index: int, limit: int = 500) -> list[EventRecord]:
+        """The events naming one node, oldest first."""
+
+    @abstractmethod
+    def node_effects(self, run_id: str, node_id: str, fan_index: int) -> list[EffectRecord]:
+        """A node's ledger rows, its agent tool calls' and its compensation's included."""
+
+    @abstractmethod
+    def sub_rows(self, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
+        """An agent node's turns and tool calls, and its compensation rows, with outputs."""
+
+    @abstractmethod
+    def store_metrics(self) -> dict[str, Any]:
+        """Store-wide figures for ``/metrics``."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -1,0 +1,126 @@
+"""A worker's claim of the next runnable run: one transaction, one winner.
+
+A run is runnable by a worker when its lease is free (never taken, released, or expired) and it
+is one of:
+- ``new``: ``pending`` and submitted (``queue`` set; a foreground ``raysaga run`` leaves it unset,
+  so no worker races the process that created the run);
+- ``takeover``: ``running`` or ``compensating`` (its driver died, or handed the run back);
+- ``due``: resting in ``waiting_human``, ``waiting_timer`` or ``paused`` with ``wake_at`` passed (a
+  timer fired, a decision or an unpause arrived, an approval timed out).
+
+Only runs of the workflows the worker registered, by name and definition hash, are considered:
+a worker never imports code named by the database. On PostgreSQL the candidates are read
+``FOR UPDATE SKIP LOCKED`` (workers skip each other's rows instead of queueing on them); on
+SQLite the transaction is ``BEGIN IMMEDIATE``. The lease is then taken by the same conditional
+update as ``Store.claim`` (``fence + 1``), so the fence still guards every later write.
+Per-workflow limits (at most N runs of a workflow driven at once) are checked in the same
+transaction; on PostgreSQL an advisory lock serialises claims that are subject to one.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import ColumnElement, Connection, Engine, and_, func, insert, or_, select, text, update
+
+from raysaga.state.models import Lease, RunStatus
+from raysaga.state.schema import events, runs
+
+ClaimReason = Literal["new", "takeover", "due"]
+
+#: How many candidates one claim looks at before giving up for this round.
+CANDIDATES = 16
+
+_ACTIVE = (RunStatus.RUNNING.value, RunStatus.COMPENSATING.value)
+_RESTING = (RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value)
+
+
+class Claim(BaseModel):
+    """A run a worker now drives: its lease, why it was runnable, and since when."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lease: Lease
+    workflow: str
+    reason: ClaimReason
+    latency: float
+    """Seconds from when the run became runnable to this claim."""
+
+
+def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, str], *,
+               limits: Mapping[str, int] | None = None, now: float | None = None) -> Claim | None:
+    """Take the lease of the next runnable run of ``workflows`` (name -> definition hash), oldest
+    first; None when there is none (or every candidate's workflow is at its limit)."""
+    if not workflows:
+        return None
+    now = time.time() if now is None else now
+    limits = dict(limits or {})
+    with engine.begin() as conn:
+        postgres = conn.dialect.name == "postgresql"
+        if postgres and limits:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("raysaga-claim-limits")})
+        live = _live_counts(conn, list(limits), now) if limits else {}
+        query = (select(runs.c.run_id, runs.c.status, runs.c.workflow_name, runs.c.created_at, runs.c.wake_at,
+                        runs.c.lease_expires_at, runs.c.updated_at)
+                 .where(_runnable(workflows, now))
+                 .order_by(func.coalesce(runs.c.wake_at, runs.c.created_at), runs.c.run_id)
+                 .limit(CANDIDATES))
+        if postgres:
+            query = query.with_for_update(skip_locked=True)
+        for row in conn.execute(query).all():
+            run_id, status, workflow, created_at, wake_at, lease_expires_at, updated_at = row
+            limit = limits.get(workflow)
+            if limit is not None and live.get(workflow, 0) >= limit:
+                continue
+            fence_seq = conn.execute(
+                update(runs).where(runs.c.run_id == run_id, _lease_free(now))
+                .values(lease_owner=owner, lease_expires_at=now + ttl, fence=runs.c.fence + 1,
+                        event_seq=runs.c.event_seq + 1, updated_at=now)
+                .returning(runs.c.fence, runs.c.event_seq)).first()
+            if fence_seq is None:
+                continue  # taken a moment ago (SQLite reads no lock): try the next one
+            fence, seq = fence_seq
+            reason: ClaimReason
+            if status == RunStatus.PENDING.value:
+                reason, since = "new", created_at
+            elif status in _ACTIVE:
+                reason, since = "takeover", lease_expires_at or updated_at
+            else:
+                reason, since = "due", wake_at if wake_at is not None else updated_at
+            latency = max(0.0, now - since)
+            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data={
+                "owner": owner, "fence": fence, "worker": True, "reason": reason, "latency": round(latency, 4)}))
+            return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl),
+                         workflow=workflow, reason=reason, latency=latency)
+    return None
+
+
+def _lease_free(now: float) -> ColumnElement[bool]:
+    return or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now)
+
+
+def _runnable(workflows: Mapping[str, str], now: float) -> ColumnElement[bool]:
+    mine = or_(*(and_(runs.c.workflow_name == name, runs.c.definition_hash == digest)
+                 for name, digest in workflows.items()))
+    return and_(mine, _lease_free(now), or_(
+        and_(runs.c.status == RunStatus.PENDING.value, runs.c.queue.is_not(None)),
+        runs.c.status.in_(_ACTIVE),
+        and_(runs.c.status.in_(_RESTING), runs.c.wake_at.is_not(None), runs.c.wake_at <= now),
+    ))
+
+
+def _live_counts(conn: Connection, names: list[str], now: float) -> dict[str, int]:
+    """Runs of these workflows driven right now (a live lease)."""
+    rows = conn.execute(select(runs.c.workflow_name, func.count())
+                        .where(runs.c.workflow_name.in_(names), runs.c.lease_owner.is_not(None),
+                               runs.c.lease_expires_at >= now)
+                        .group_by(runs.c.workflow_name)).all()
+    return {name: int(count) for name, count in rows}
+
+
+def _lock_key(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF

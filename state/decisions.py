@@ -1,0 +1,300 @@
+"""Human decisions on approval nodes: each recorded once, checked against what the node asked.
+
+An approval node that is reached writes its row ``waiting`` with the request in its output
+(``{"approval": ApprovalRequest}``): the prompt, who may decide, the answer's JSON Schema, the
+timeout. A decision is checked against that row here, in one transaction that serialises on the
+run's row, so it needs no workflow code: any process (the CLI, the dashboard, a script) can
+decide, and it is told at once when it may not. An accepted decision is a signal row (its
+``dedup_key`` is the decision id: a double click is one decision) and a ``decision`` event naming
+the actor; when it settles the node and the run rests in ``waiting_human``, the run's ``wake_at``
+becomes now, so a worker takes it up. The driver consumes the signal with the node's outcome.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import Connection, Engine, and_, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
+from raysaga.errors import RunNotFoundError, UserError
+from raysaga.state.decoding import reading, records
+from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
+from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.schema import events, nodes, runs, signals
+
+#: The key of a waiting approval node's output that holds its request.
+REQUEST_KEY = "approval"
+
+Verdict = Literal["approve", "reject"]
+OnTimeout = Literal["reject", "default", "escalate"]
+
+
+class ApprovalRequest(BaseModel):
+    """What an approval node asks, as its waiting row keeps it (JSON, no code)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    payload: Any = None
+    approvers: list[str] | None = None
+    """Who may decide; None: anyone."""
+    quorum: int = 1
+    """How many distinct approvals approve; one rejection rejects."""
+    answer_schema: dict[str, Any] | None = None
+    """JSON Schema of an approval's answer (an approve "with edits"); None: no answer is taken."""
+    asked_at: float
+    timeout_at: float | None = None
+    on_timeout: OnTimeout = "reject"
+    default: Any = None
+    """The answer a timeout with ``on_timeout="default"`` approves with."""
+    escalate_to: list[str] = Field(default_factory=list)
+    escalated: bool = False
+    tool: str | None = None
+    """For an agent's tool call that requires approval: the tool; the payload holds its arguments."""
+
+    def deciders(self) -> list[str] | None:
+        if self.approvers is None:
+            return None
+        return [*self.approvers, *self.escalate_to] if self.escalated else list(self.approvers)
+
+
+class Decision(BaseModel):
+    """One person's decision on one approval node."""
+
+    model_config = ConfigDict(frozen=True)
+
+    decision_id: str
+    verdict: Verdict
+    by: str
+    answer: Any = None
+    comment: str | None = None
+    at: float
+    node: str
+    fan_index: int = -1
+
+
+class WaitingApproval(BaseModel):
+    """An approval node waiting for a decision (``raysaga inbox``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    workflow: str
+    node: str
+    fan_index: int = -1
+    request: ApprovalRequest
+    approvals: list[str] = Field(default_factory=list)
+    """Who approved so far (a quorum above one)."""
+
+
+def request_of(row: NodeRecord | dict[str, Any] | Any) -> ApprovalRequest | None:
+    """The request a waiting approval row holds, or None for any other row."""
+    output = row.output if isinstance(row, NodeRecord) else row
+    if not isinstance(output, dict) or not isinstance(output.get(REQUEST_KEY), dict):
+        return None
+    try:
+        return ApprovalRequest.model_validate(output[REQUEST_KEY])
+    except ValidationError:
+        return None
+
+
+def decision_of(signal: SignalRecord) -> Decision | None:
+    if signal.kind not in (SignalKind.APPROVE, SignalKind.REJECT) or not isinstance(signal.payload, dict):
+        return None
+    try:
+        return Decision.model_validate(signal.payload)
+    except ValidationError:
+        return None
+
+
+def settles(request: ApprovalRequest, decisions: list[Decision]) -> Verdict | None:
+    """Whether these decisions (in order) settle the node: one rejection rejects; ``quorum``
+    distinct approvers approve."""
+    approvers: set[str] = set()
+    for d in decisions:
+        if d.verdict == "reject":
+            return "reject"
+        approvers.add(d.by)
+        if len(approvers) >= request.quorum:
+            return "approve"
+    return None
+
+
+def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str, fan_index: int = -1,
+           answer: Any = None, comment: str | None = None, decision_id: str | None = None,
+           now: float | None = None) -> Decision:
+    """Record one decision, or refuse it with a ``UserError`` that says why (not waiting, already
+    decided, timed out, not an approver, an answer that does not fit the schema)."""
+    now = time.time() if now is None else now
+    by = by.strip() if isinstance(by, str) else by
+    if not isinstance(by, str) or not by:
+        raise UserError("a decision names who made it: pass --by NAME (or by= in Python)")
+    label = node if fan_index < 0 else f"{node}[{fan_index}]"
+    with engine.begin() as conn:
+        status = _lock_run(conn, run_id)
+        if decision_id is not None:
+            earlier = _by_id(conn, run_id, decision_id)
+            if earlier is not None:
+                return _same_or_refuse(earlier, verdict, by, node, decision_id)
+        row = _node_row(conn, run_id, node, fan_index)
+        request = _waiting_request(run_id, label, row, status)
+        _check_decider(request, by, label)
+        if request.timeout_at is not None and now >= request.timeout_at:
+            raise UserError(f"the approval {label!r} of run {run_id!r} timed out at {_utc(request.timeout_at)}: "
+                            f"a late decision is refused (its declared outcome, {request.on_timeout}, applies)")
+        so_far = _decisions(conn, run_id, node, fan_index)
+        settled = settles(request, so_far)
+        if settled is not None:
+            deciders = [d for d in so_far if d.verdict == settled]
+            raise UserError(f"the approval {label!r} of run {run_id!r} is already decided: {settled}d by "
+                            f"{', '.join(d.by for d in deciders)} at {_utc(deciders[-1].at)}")
+        if verdict == "approve" and any(d.by == by for d in so_far):
+            raise UserError(f"{by} already approved {label!r} of run {run_id!r}: a quorum of {request.quorum} "
+                            "needs other approvers")
+        answer = _checked_answer(request, verdict, answer, label)
+        decision = Decision(decision_id=decision_id or uuid.uuid4().hex, verdict=verdict, by=by, answer=answer,
+                            comment=None if comment is None else scrub_text(comment), at=now, node=node,
+                            fan_index=fan_index)
+        payload = scrub(decision.model_dump(mode="json"))
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(signals).values(
+                    run_id=run_id, kind=verdict, node_id=node, payload=payload, created_at=now,
+                    dedup_key=decision.decision_id))
+        except IntegrityError:  # the same decision id, recorded by a concurrent call a moment ago
+            earlier = _by_id(conn, run_id, decision.decision_id)
+            assert earlier is not None
+            return _same_or_refuse(earlier, verdict, by, node, decision.decision_id)
+        wake = status == RunStatus.WAITING_HUMAN and settles(request, [*so_far, decision]) is not None
+        values: dict[str, Any] = {"event_seq": runs.c.event_seq + 1, "updated_at": now}
+        if wake:
+            values["wake_at"] = now  # a worker takes the run up at once
+        seq = conn.execute(update(runs).where(runs.c.run_id == run_id).values(**values)
+                           .returning(runs.c.event_seq)).scalar_one()
+        conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="decision", node_id=node,
+                                           fan_index=None if fan_index < 0 else fan_index,
+                                           data=scrub({"verdict": verdict, "by": by, "comment": decision.comment,
+                                                       "decision_id": decision.decision_id})))
+    return decision
+
+
+def waiting(engine: Engine, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
+    """Approval nodes waiting for a decision, oldest first; with ``approver``, those they may decide."""
+    query = (select(nodes, runs.c.workflow_name).join(runs, runs.c.run_id == nodes.c.run_id)
+             .where(nodes.c.status == NodeStatus.WAITING.value,
+                    runs.c.status.in_([RunStatus.RUNNING.value, RunStatus.WAITING_HUMAN.value,
+                                       RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value])))
+    if run_id is not None:
+        query = query.where(nodes.c.run_id == run_id)
+    found: list[WaitingApproval] = []
+    with engine.connect() as conn:
+        for row in conn.execute(query).all():
+            values = row._asdict()
+            workflow = values.pop("workflow_name")
+            with reading(values["run_id"], nodes.name):
+                record = NodeRecord.model_validate(values)
+            request = request_of(record)
+            if request is None:
+                continue  # a sleeping node
+            deciders = request.deciders()
+            if approver is not None and deciders is not None and approver not in deciders:
+                continue
+            so_far = _decisions(conn, record.run_id, record.node_id, record.fan_index)
+            if settles(request, so_far) is not None:
+                continue  # decided; its driver has not taken it up yet
+            found.append(WaitingApproval(run_id=record.run_id, workflow=workflow, node=record.node_id,
+                                         fan_index=record.fan_index, request=request,
+                                         approvals=[d.by for d in so_far if d.verdict == "approve"]))
+    return sorted(found, key=lambda w: (w.request.asked_at, w.run_id, w.node))
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _lock_run(conn: Connection, run_id: str) -> RunStatus:
+    """The run's status, its row locked for this transaction (SQLite: BEGIN IMMEDIATE already
+    serialises writers), so two decisions on one node are checked one after the other."""
+    query = select(runs.c.status).where(runs.c.run_id == run_id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()
+    found = conn.execute(query).first()
+    if found is None:
+        raise RunNotFoundError(run_id)
+    return RunStatus(found[0])
+
+
+def _by_id(conn: Connection, run_id: str, decision_id: str) -> Decision | None:
+    rows = conn.execute(select(signals).where(signals.c.run_id == run_id, signals.c.dedup_key == decision_id)).all()
+    for signal in records(SignalRecord, rows):
+        return decision_of(signal)
+    return None
+
+
+def _same_or_refuse(earlier: Decision, verdict: Verdict, by: str, node: str, decision_id: str) -> Decision:
+    if (earlier.verdict, earlier.by, earlier.node) == (verdict, by, node):
+        return earlier  # the same decision again (a double click, a retried request): one decision
+    raise UserError(f"decision id {decision_id!r} was already used for another decision "
+                    f"({earlier.verdict} of {earlier.node!r} by {earlier.by}): use a new id")
+
+
+def _node_row(conn: Connection, run_id: str, node: str, fan_index: int) -> NodeRecord | None:
+    rows = conn.execute(select(nodes).where(and_(nodes.c.run_id == run_id, nodes.c.node_id == node,
+                                                 nodes.c.fan_index == fan_index))).all()
+    with reading(run_id, nodes.name):
+        found = records(NodeRecord, rows)
+    return found[0] if found else None
+
+
+def _waiting_request(run_id: str, label: str, row: NodeRecord | None, status: RunStatus) -> ApprovalRequest:
+    request = None if row is None else request_of(row)
+    if row is not None and row.status == NodeStatus.WAITING and request is not None:
+        if status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATING,
+                      RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
+            raise UserError(f"run {run_id!r} is {status.value}: its approval {label!r} can no longer be decided")
+        return request
+    if row is not None and row.status in (NodeStatus.COMPLETED, NodeStatus.FAILED):
+        raise UserError(f"the approval {label!r} of run {run_id!r} is already decided ({row.status.value}): "
+                        f"`raysaga status {run_id} --node {label}` shows the decision")
+    if row is None:
+        raise UserError(f"node {label!r} of run {run_id!r} is not waiting for a decision (it has not been "
+                        f"reached, or is not an approval): `raysaga inbox` lists what waits")
+    raise UserError(f"node {label!r} of run {run_id!r} is {row.status.value}, not waiting for a decision: "
+                    "`raysaga inbox` lists what waits")
+
+
+def _check_decider(request: ApprovalRequest, by: str, label: str) -> None:
+    deciders = request.deciders()
+    if deciders is not None and by not in deciders:
+        raise UserError(f"{by} may not decide {label!r}: its approvers are {', '.join(deciders)}")
+
+
+def _decisions(conn: Connection, run_id: str, node: str, fan_index: int) -> list[Decision]:
+    rows = conn.execute(select(signals).where(
+        signals.c.run_id == run_id, signals.c.node_id == node,
+        signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value]),
+        signals.c.consumed_at.is_(None)).order_by(signals.c.id)).all()
+    found = [decision_of(s) for s in records(SignalRecord, rows)]
+    return [d for d in found if d is not None and d.fan_index == fan_index]
+
+
+def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, label: str) -> Any:
+    if answer is None or verdict == "reject":
+        return None if verdict == "reject" else answer
+    if request.answer_schema is None:
+        raise UserError(f"the approval {label!r} takes no answer: approve it without --answer")
+    import jsonschema  # only when an answer is given
+
+    try:
+        jsonschema.validate(answer, request.answer_schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "the answer"
+        raise UserError(f"the answer to {label!r} does not fit its schema at {where}: {exc.message}") from None
+    return answer
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))

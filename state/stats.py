@@ -1,0 +1,153 @@
+"""Operational figures of a store, read from the runs and the event log (``raysaga stats``).
+
+Everything here is derived from rows the engine writes anyway: no counter is kept on the side,
+so the figures cannot drift from the history they summarise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import Engine, Text, cast, func, select
+
+from raysaga.state.models import RunStatus
+from raysaga.state.schema import breakers, events, runs
+
+
+class Quantiles(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    count: int = 0
+    p50: float | None = None
+    p95: float | None = None
+
+
+class Stats(BaseModel):
+    """What ``raysaga stats`` prints; ``since``: only runs created after it (None: all)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    at: float
+    since: float | None = None
+    runs_by_state: dict[str, int] = Field(default_factory=dict)
+    waiting_human_seconds: Quantiles = Quantiles()
+    """How long runs rested in ``waiting_human`` (finished waits; a wait under way counts up to now)."""
+    resumes: int = 0
+    """Claims of a run after its first (a crash, a hand-back, a wake-up)."""
+    resumed_runs: int = 0
+    resumed_completed: int = 0
+    resume_success_rate: float | None = None
+    """Of the runs resumed at least once and now at rest, the share that completed."""
+    duplicates_prevented: int = 0
+    """Effects served from the ledger instead of being called again (a committed key)."""
+    retries: int = 0
+    breaker_trips: int = 0
+    """Circuit breakers open now (the store keeps their state, not a history of trips)."""
+    claim_latency_seconds: Quantiles = Quantiles()
+    """Workers' claims: from when the run became runnable to its claim."""
+
+
+_AT_REST = {RunStatus.COMPLETED.value, RunStatus.FAILED.value, RunStatus.COMPENSATED.value,
+            RunStatus.COMPENSATION_FAILED.value, RunStatus.CANCELLED.value}
+
+
+def compute(engine: Engine, since: float | None = None, now: float | None = None) -> Stats:
+    now = time.time() if now is None else now
+    scope = select(runs.c.run_id)
+    if since is not None:
+        scope = scope.where(runs.c.created_at >= since)
+    in_scope = events.c.run_id.in_(scope.scalar_subquery())
+    with engine.connect() as conn:
+        by_state_query = select(runs.c.status, func.count()).group_by(runs.c.status)
+        retries_query = select(func.coalesce(func.sum(runs.c.retries_used), 0))
+        if since is not None:
+            by_state_query = by_state_query.where(runs.c.created_at >= since)
+            retries_query = retries_query.where(runs.c.created_at >= since)
+        by_state = {str(s): int(n) for s, n in conn.execute(by_state_query).all()}
+        retries = int(conn.execute(retries_query).scalar_one())
+        status_of = dict(conn.execute(select(runs.c.run_id, runs.c.status)
+                                      .where(runs.c.run_id.in_(scope.scalar_subquery()))).all())
+        trail = conn.execute(
+            select(events.c.run_id, events.c.at, events.c.kind, cast(events.c.data, Text))
+            .where(in_scope, events.c.kind.in_(["lease_claimed", "run_waiting_human", "run_running",
+                                                "run_cancelled", "run_compensating", "run_failed",
+                                                "run_completed"]))
+            .order_by(events.c.run_id, events.c.seq)).all()
+        ledger_hits = int(conn.execute(
+            select(func.count()).select_from(events)
+            .where(in_scope, events.c.kind == "node_completed",
+                   cast(events.c.data, Text).like('%"from"%"ledger"%'))).scalar_one())
+        trips = int(conn.execute(select(func.count()).select_from(breakers)
+                                 .where(breakers.c.state != "closed")).scalar_one())
+    claims: dict[str, int] = defaultdict(int)
+    waits: list[float] = []
+    latencies: list[float] = []
+    waiting_since: dict[str, float] = {}
+    for run_id, at, kind, data in trail:
+        if kind == "lease_claimed":
+            claims[run_id] += 1
+            if data and '"worker"' in data:
+                latencies.append(_latency(data))
+        elif kind == "run_waiting_human":
+            waiting_since[run_id] = at
+        elif run_id in waiting_since:
+            waits.append(at - waiting_since.pop(run_id))
+    waits.extend(now - at for at in waiting_since.values())
+    resumed = [r for r, n in claims.items() if n > 1]
+    resumed_at_rest = [r for r in resumed if status_of.get(r) in _AT_REST]
+    completed = sum(1 for r in resumed_at_rest if status_of.get(r) == RunStatus.COMPLETED.value)
+    return Stats(
+        at=now, since=since, runs_by_state=by_state, waiting_human_seconds=_quantiles(waits),
+        resumes=sum(n - 1 for n in claims.values() if n > 1), resumed_runs=len(resumed),
+        resumed_completed=completed,
+        resume_success_rate=completed / len(resumed_at_rest) if resumed_at_rest else None,
+        duplicates_prevented=ledger_hits, retries=retries, breaker_trips=trips,
+        claim_latency_seconds=_quantiles(latencies))
+
+
+def _latency(data: str) -> float:
+    import json
+
+    try:
+        value = json.loads(data).get("latency", 0.0)
+    except (ValueError, AttributeError):
+        return 0.0
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _quantiles(values: list[float]) -> Quantiles:
+    if not values:
+        return Quantiles()
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+
+    return Quantiles(count=len(ordered), p50=at(0.5), p95=at(0.95))
+
+
+def prometheus(stats: Stats) -> str:
+    """The figures in Prometheus' text exposition format."""
+    lines = ["# HELP raysaga_runs Runs by state.", "# TYPE raysaga_runs gauge"]
+    for state in RunStatus:
+        lines.append(f'raysaga_runs{{state="{state.value}"}} {stats.runs_by_state.get(state.value, 0)}')
+    for name, q, help_text in (
+            ("raysaga_waiting_human_seconds", stats.waiting_human_seconds, "Time runs rested waiting for a human."),
+            ("raysaga_claim_latency_seconds", stats.claim_latency_seconds,
+             "From runnable to claimed by a worker.")):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} summary"]
+        for quantile, value in (("0.5", q.p50), ("0.95", q.p95)):
+            if value is not None:
+                lines.append(f'{name}{{quantile="{quantile}"}} {value}')
+        lines.append(f"{name}_count {q.count}")
+    for name, value, help_text in (
+            ("raysaga_resumes_total", stats.resumes, "Claims of a run after its first."),
+            ("raysaga_duplicates_prevented_total", stats.duplicates_prevented,
+             "Effects served from the ledger instead of being called again."),
+            ("raysaga_retries_total", stats.retries, "Retried attempts."),
+            ("raysaga_breakers_open", stats.breaker_trips, "Circuit breakers open now.")):
+        kind = "gauge" if name.endswith("_open") else "counter"
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return "\n".join(lines) + "\n"
