@@ -466,6 +466,7 @@ def graph(
 
 
 app.command()(prune)
+app.command()(__import__("raysaga.orchestrator.cli_launch", fromlist=["launch"]).launch)
 db_app.command("upgrade")(db_upgrade)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 from raysaga.errors import InfeasibleResourcesError, UserError
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, is_actor_death, shared_pool
 from raysaga.orchestrator.keys import is_compensation
-from raysaga.orchestrator.ray_address import check_cluster, same_cluster, unreachable
+from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
+from raysaga.orchestrator.ray_auth import check_gcs
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
@@ -167,6 +168,8 @@ class RayExecutor(Executor):
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS") or None
             check_cluster(address)
+            if address and host_port(address) is not None:
+                check_gcs(address)  # token authentication settled first: a refusal is one line, at once
             # workers must import the user's workflow module as the driver does
             pythonpath = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
             try:

@@ -1,0 +1,193 @@
+"""``raysaga launch``: record a run and leave its driving to a Ray Job on a cluster (see
+``launch.py`` for why, and docs/cluster.md for the cluster).
+
+stdout gets the run id alone (``RUN=$(raysaga launch ...)``); what happened goes to stderr.
+With ``--wait`` the command follows the run until it rests and exits like ``raysaga run``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from raysaga.errors import LeaseHeldError, RunExistsError, UserError, WorkflowLoadError
+from raysaga.orchestrator import cli_input
+from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
+from raysaga.orchestrator.cli_options import DbOpt, LeaseOpt
+from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+    from raysaga.orchestrator.launch import Job, Submitted
+    from raysaga.orchestrator.workflow import Workflow
+    from raysaga.state import SqlStore
+
+#: A run in one of these has no driver to wait for: ``--wait`` stops there.
+AT_REST = frozenset(TERMINAL | PARKED | {RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED})
+#: Seconds between two looks at the run and its job while following them.
+FOLLOW_EVERY = 0.5
+
+
+def launch(
+    workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW", help="e.g. flows:wf, importable from here.")],
+    address: Annotated[str, typer.Option(
+        "--address", envvar="RAY_API_SERVER_ADDRESS",
+        help="The Ray head's dashboard URL (Job API), e.g. http://HEAD:8265.")],
+    input: Annotated[str | None, typer.Option(
+        "--input", "-i", help="Run input: JSON text, @file.json, or @- for stdin.")] = None,
+    run_id: Annotated[str | None, typer.Option(
+        "--run-id", help="Id for the run; launching an existing id starts no second driver.")] = None,
+    env: Annotated[list[str] | None, typer.Option(
+        "--env", help="NAME of a variable of this environment the run needs on the cluster (repeatable).")] = None,
+    db: DbOpt = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow the run until it rests; exit like `raysaga run`.")]
+    = False,
+    lease_ttl: LeaseOpt = 15.0,
+    deadline: Annotated[float | None, typer.Option(help="Seconds until the run stops with reason 'deadline'.")] = None,
+    retry_budget: Annotated[int | None, typer.Option(help="Retries the whole run may spend.")] = None,
+    python: Annotated[str, typer.Option(
+        "--python", help="The cluster's Python with raysaga installed (the job's entrypoint).")] = "python",
+) -> None:
+    """Record a run of WORKFLOW and start it on a Ray cluster as a Ray Job; print the run id and return."""
+    started = time.monotonic()
+    with errors():
+        cli_input.check_run_id(run_id, "--run-id")
+        cli_input.positive_seconds("--lease-ttl", lease_ttl)
+        cli_input.positive_seconds("--deadline", deadline)
+        cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
+        from raysaga.orchestrator import launch as lx
+
+        url = lx.dashboard_url(address)
+        shipped_env = lx.env_vars(env or [], os.environ)
+        value = cli_input.parse_input(input)
+        from raysaga.orchestrator.loader import load_workflow, recordable_ref
+
+        wf = load_workflow(workflow)
+        ref = recordable_ref(workflow)
+        if ref is None:
+            raise WorkflowLoadError(f"{workflow!r} is not importable as MODULE:WORKFLOW from this folder, so the "
+                                    "cluster could not import it either: launch from the folder that holds the "
+                                    "module, naming it as module:attribute (e.g. flows:wf)")
+        root = lx.source_root(ref)
+        client = lx.connect(url)  # the cluster (and its token) first: a refusal records nothing
+        from raysaga.orchestrator import cli_store
+
+        store = cli_store.open_for_writes(db)
+        where = cli_store.describe(store.url)
+        cluster_env = lx.runtime_env(root, shipped_env, lx.cluster_db_url(store.url))
+        record = _existing_run(store, wf, run_id, value, input is not None)
+        if record is None:
+            cli_input.check_input(wf, value, input is not None)
+            _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
+            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget)
+        job = _drive_on_cluster(client, store, record, cluster_env, lx.entrypoint(record.run_id, lease_ttl, python))
+        if job is None:
+            return
+        took = time.monotonic() - started
+        say(out, record.run_id)
+        verb = "launched as" if job.started else "already launched:"
+        say(err, f"run {record.run_id} {verb} Ray job {job.job.submission_id} ({job.job.status}) on {url} "
+                 f"in {took:.1f}s")
+        if lx.is_local_file_store(store.url):
+            say(err, f"note: the store is the SQLite file {where}: only a cluster on this machine can reach it "
+                     "(use --db postgresql://... for a cluster of several machines)")
+        if not wait:
+            say(err, f"follow it: raysaga status {record.run_id}" + ("" if db is None else f" --db {where}")
+                + f"  (the driver's log: ray job logs {job.job.submission_id} --address {url})")
+            return
+        final = _follow(store, client, record.run_id, job.job.submission_id)
+        from raysaga.orchestrator import cli_status
+
+        cli_status.print_status(out, store, final, store_text=where)
+    if final.status != RunStatus.COMPLETED:
+        raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any, given: bool) -> RunRecord | None:
+    """The run ``--run-id`` names, if recorded, after the checks ``raysaga run`` makes on it
+    (same workflow; an ``--input`` given must equal the recorded one)."""
+    if run_id is None:
+        return None
+    from raysaga.orchestrator.runner import NO_INPUT, _existing
+
+    return _existing(wf, store, run_id, value if given else NO_INPUT)
+
+
+def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: str, lease_ttl: float,
+            deadline: float | None, retry_budget: int | None) -> RunRecord:
+    from raysaga.orchestrator.options import RunOptions
+    from raysaga.orchestrator.runner import create_run
+
+    options = RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget)
+    try:
+        return create_run(wf, value, store=store, run_id=run_id, options=options, workflow_ref=ref)
+    except RunExistsError:  # a launch of the same --run-id recorded it a moment ago: drive that one
+        assert run_id is not None
+        return store.get_run(run_id, lenient=True)
+
+
+def _upload_code(client: JobSubmissionClient, cluster_env: dict[str, Any]) -> None:
+    """Upload the working_dir now (Ray's SDK would at submit): ``cluster_env`` then names the
+    uploaded package, and submitting is a single small request."""
+    if "working_dir" in cluster_env:
+        client._upload_working_dir_if_needed(cluster_env)
+
+
+def _drive_on_cluster(client: JobSubmissionClient, store: SqlStore, record: RunRecord, cluster_env: dict[str, Any],
+                      entry: str) -> Submitted | None:
+    """The job driving ``record``: a live one found, or one started now. None (after saying
+    why) when the run needs no driver: it is at rest."""
+    from raysaga.orchestrator import launch as lx
+    from raysaga.orchestrator.ownership import owner_is_gone
+
+    if record.status in TERMINAL or record.status in PARKED:
+        say(err, f"run {record.run_id} is already {record.status.value}: nothing to launch")
+        say(out, record.run_id)
+        if record.status != RunStatus.COMPLETED:
+            raise typer.Exit(EXIT_NOT_COMPLETED)
+        return None
+    jobs = lx.jobs_of(client, record.run_id)
+    live = next((j for j in jobs if j.live), None)
+    if live is not None:
+        return lx.Submitted(live, started=False)
+    lease_live = record.lease_owner is not None and (record.lease_expires_at or 0.0) > time.time() \
+        and not owner_is_gone(record.lease_owner)
+    if lease_live:
+        left = (record.lease_expires_at or 0.0) - time.time()
+        raise LeaseHeldError(f"run {record.run_id!r} has a live driver ({record.lease_owner}; its lease ends in "
+                             f"{left:.0f}s unless renewed): not launched again; if that driver is gone, launch "
+                             "again once its lease has expired")
+    _upload_code(client, cluster_env)  # a no-op when already uploaded
+    metadata = {"raysaga_run_id": record.run_id, "raysaga_workflow": record.workflow_name}
+    return lx.submit(client, record.run_id, len(jobs) + 1, env=cluster_env, entry=entry, metadata=metadata)
+
+
+def _follow(store: SqlStore, client: JobSubmissionClient, run_id: str, sid: str) -> RunRecord:
+    """Poll the run (the store) and its job (the cluster) until the run rests; a job that ended
+    first is an error naming how the run continues."""
+    from raysaga.orchestrator import launch as lx
+
+    seen: tuple[str, str] | None = None
+    while True:
+        run = store.get_run(run_id, lenient=True)
+        if run.status in AT_REST:
+            return run
+        job: Job | None = lx.job_info(client, sid)
+        state = (run.status.value, job.status if job else "gone")
+        if state != seen:
+            say(err, f"run {run_id}: {state[0]}; Ray job {sid}: {state[1]}")
+            seen = state
+        if job is None or not job.live:
+            run = store.get_run(run_id, lenient=True)  # it may have come to rest as the job ended
+            if run.status in AT_REST:
+                return run
+            for line in lx.job_log_tail(client, sid):
+                say(err, f"  {line}")
+            raise UserError(f"Ray job {sid} ended ({state[1]}) with run {run_id} still {run.status.value}: once "
+                            "its lease expires, a `raysaga worker`, `raysaga resume` or another `raysaga launch "
+                            f"--run-id {run_id}` takes it over")
+        time.sleep(FOLLOW_EVERY)  # polling the store and the cluster for another process's progress

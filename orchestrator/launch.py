@@ -1,0 +1,259 @@
+"""Launch a run on a Ray cluster: record it, then hand its driving to a Ray Job.
+
+``raysaga launch`` must return in seconds and let the laptop go away, so the driver cannot live
+on the laptop. Ray's Job Submission API (``ray.job_submission.JobSubmissionClient``, served by
+the head's dashboard) runs an entrypoint process on the cluster and keeps it there: the
+entrypoint is ``python -m raysaga resume RUN``, which drives the run this module recorded. The
+store is the truth; the job is only a driver, and a driver that dies is replaced the usual way
+(its lease expires; a worker, a ``resume`` or another ``launch`` takes the run over).
+
+- **At most one job per run at a time.** A job's ``submission_id`` is derived from the run id
+  (``raysaga-<run>``, then ``-2``, ``-3``... for a later driver of the same run once the earlier
+  job ended), and Ray refuses a second job with an id it has seen: a launch retried after a
+  timeout finds the job it already started instead of starting another.
+- **The cluster is asked first.** The Job API (and its token authentication, ``ray_auth``) is
+  checked before any run row is written: a refusal leaves nothing ``pending`` behind.
+- **The user's code travels with the job**: ``runtime_env["working_dir"]`` is the folder the
+  workflow module is imported from (caches, virtualenvs and SQLite files left out).
+- **The environment the run needs travels by name**: ``--env NAME`` copies that variable into
+  ``runtime_env["env_vars"]``; nothing else of the laptop's environment goes, and no value is
+  written to the store or printed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import re
+import shlex
+import sysconfig
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raysaga.errors import UserError
+from raysaga.orchestrator.ray_auth import authenticated
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+#: A Ray job that has not ended: its entrypoint may still be driving the run.
+LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING"})
+#: Later drivers of one run a launch looks for (``raysaga-<run>-2`` ... ``-<this>``).
+MAX_DRIVER_JOBS = 100
+#: Left out of the shipped working_dir (gitignore syntax): never code the run imports.
+EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+            "node_modules", "*.egg-info", "*.db", "*.db-wal", "*.db-shm", ".raysaga")
+#: Variables the job's environment gets from raysaga or Ray themselves, never from ``--env``.
+RESERVED_ENV = frozenset({"RAYSAGA_DB", "RAY_ADDRESS", "PYTHONPATH", "RAY_JOB_CONFIG_JSON_ENV_VAR"})
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
+def dashboard_url(address: str) -> str:
+    """The Job API's URL: ``http(s)://HOST:PORT`` (a bare ``HOST:PORT`` is taken as http)."""
+    text = address.strip().rstrip("/")
+    hint = "--address (or RAY_API_SERVER_ADDRESS) is the Ray head's dashboard URL, e.g. http://HEAD:8265"
+    if text.lower().startswith("ray://"):
+        raise UserError(f"{address!r}: Ray Client (ray://) is not how a run is launched (it drops the work 30 s "
+                        f"after a disconnect); {hint}")
+    if "://" not in text:
+        text = f"http://{text}"
+    match = re.fullmatch(r"(https?)://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]@]+):([0-9]{1,5})", text)
+    if match is None or not 1 <= int(match.group(3)) <= 65535:
+        raise UserError(f"{address!r} is not a dashboard URL with a port: {hint}")
+    return text
+
+
+def submission_id(run_id: str, driver: int = 1) -> str:
+    """The Ray job id of the ``driver``-th job of ``run_id``: the same for every launch, so Ray
+    itself refuses a duplicate. Readable when the run id is; otherwise a digest keeps it unique."""
+    base = f"raysaga-{run_id}" if _SAFE_ID.fullmatch(run_id) else \
+        f"raysaga-{re.sub(r'[^A-Za-z0-9_.-]', '-', run_id)[:80]}-{hashlib.sha256(run_id.encode()).hexdigest()[:12]}"
+    return base if driver == 1 else f"{base}-{driver}"
+
+
+def env_vars(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The ``--env`` variables for the job: each named one as set here, nothing else."""
+    out: dict[str, str] = {}
+    missing = []
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise UserError(f"--env {name!r} is not a variable name: pass the NAME only (its value is read from "
+                            "this environment, never typed on the command line)")
+        if name in RESERVED_ENV:
+            raise UserError(f"--env {name}: raysaga or Ray sets {name} for the job itself; drop --env {name}")
+        if name not in environ:
+            missing.append(name)
+        else:
+            out[name] = environ[name]
+    if missing:
+        raise UserError(f"--env {', '.join(missing)}: not set in this environment; export "
+                        f"{'it' if len(missing) == 1 else 'them'} first, or drop the option")
+    return out
+
+
+def source_root(module_ref: str) -> Path | None:
+    """The folder the workflow's top-level module or package is imported from (shipped as the
+    job's ``working_dir``); None when it is installed (site-packages): the cluster must have it."""
+    top = module_ref.partition(":")[0].split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        raise UserError(f"module {top!r} is not importable here: run `raysaga launch` from the folder that holds "
+                        "it (or put that folder on PYTHONPATH)")
+    origin = Path(spec.origin).resolve()
+    root = origin.parent.parent if spec.submodule_search_locations is not None else origin.parent
+    installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib") if (p := sysconfig.get_path(key))}
+    if any(root == p or p in root.parents for p in installed):
+        return None
+    return root
+
+
+def runtime_env(root: Path | None, env: Mapping[str, str], db_url: str) -> dict[str, Any]:
+    """The job's ``runtime_env``: the code, the store's URL (kept off the command line, which
+    Ray shows in job lists and logs) and the ``--env`` variables."""
+    shipped: dict[str, Any] = {"env_vars": {**env, "RAYSAGA_DB": db_url}}
+    if root is not None:
+        shipped["working_dir"] = str(root)
+        shipped["excludes"] = list(EXCLUDES)
+    return shipped
+
+
+def entrypoint(run_id: str, lease_ttl: float, python: str = "python") -> str:
+    """What the job runs: a resume of the recorded run (its workflow found by the module name
+    the run records; the store from ``RAYSAGA_DB``; the cluster from the job's ``RAY_ADDRESS``)."""
+    return f"{python} -m raysaga resume {shlex.quote(run_id)} --quiet --lease-ttl {lease_ttl:g}"
+
+
+def connect(address: str) -> JobSubmissionClient:
+    """A Job API client for the cluster at ``address`` (a dashboard URL), its token settled."""
+    url = dashboard_url(address)
+    from ray.job_submission import JobSubmissionClient
+
+    def attempt() -> JobSubmissionClient:
+        return JobSubmissionClient(url)  # asks the server for its version: reachable, and let in
+
+    try:
+        return authenticated(url, attempt)
+    except UserError:
+        raise
+    except (ConnectionError, OSError) as exc:
+        raise UserError(f"cannot reach the Ray Job API at {url} ({_first_line(exc)}): start the head with "
+                        "`ray start --head --dashboard-port PORT` (the dashboard serves it; `pip install "
+                        "'ray[default]'`), or fix --address") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Job:
+    """One of a run's Ray jobs, as the cluster reports it."""
+
+    submission_id: str
+    status: str
+    message: str | None = None
+    driver_pid: int | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE_JOB_STATES
+
+
+def job_info(client: JobSubmissionClient, sid: str) -> Job | None:
+    try:
+        info = client.get_job_info(sid)
+    except RuntimeError as exc:  # the SDK's 404 ("does not exist")
+        if "does not exist" in str(exc):
+            return None
+        raise
+    driver = getattr(info, "driver_info", None)
+    pid = getattr(driver, "pid", None)
+    return Job(sid, str(getattr(info.status, "value", info.status)), info.message,
+               int(pid) if pid not in (None, "") else None)
+
+
+def jobs_of(client: JobSubmissionClient, run_id: str) -> list[Job]:
+    """The run's jobs in the order they were started (``raysaga-<run>``, ``-2``, ...)."""
+    found: list[Job] = []
+    for driver in range(1, MAX_DRIVER_JOBS + 1):
+        job = job_info(client, submission_id(run_id, driver))
+        if job is None:
+            break
+        found.append(job)
+    return found
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What a launch did: the job that drives the run, and whether this launch started it."""
+
+    job: Job
+    started: bool
+
+
+def submit(client: JobSubmissionClient, run_id: str, driver: int, *, env: dict[str, Any], entry: str,
+           metadata: dict[str, str]) -> Submitted:
+    """Start the ``driver``-th job of ``run_id``; a job already there under that id (a launch
+    that raced this one, or a retry of it) is reported, not duplicated."""
+    sid = submission_id(run_id, driver)
+    try:
+        client.submit_job(entrypoint=entry, submission_id=sid, runtime_env=env, metadata=metadata,
+                          entrypoint_num_cpus=0)
+    except RuntimeError as exc:
+        existing = job_info(client, sid)
+        if existing is None:
+            raise UserError(f"the Ray cluster refused the job for run {run_id!r}: {_first_line(exc)}") from None
+        return Submitted(existing, started=False)
+    job = job_info(client, sid)
+    return Submitted(job or Job(sid, "PENDING"), started=True)
+
+
+def wait_for_job_start(client: JobSubmissionClient, sid: str, timeout: float) -> Job | None:
+    """The job once its entrypoint process runs (or it ended), polled until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        job = job_info(client, sid)
+        if job is not None and (job.status != "PENDING" or time.monotonic() > deadline):
+            return job
+        if time.monotonic() > deadline:
+            return job
+        time.sleep(0.2)  # polling another process (the cluster's job manager) for its progress
+
+
+def job_log_tail(client: JobSubmissionClient, sid: str, lines: int = 3) -> list[str]:
+    """The last lines of the job's log, redacted (a log can carry a key a step printed)."""
+    from raysaga.state.redact import scrub_text
+
+    try:
+        text = client.get_job_logs(sid)
+    except Exception:
+        return []
+    return [scrub_text(line) for line in text.strip().splitlines()[-lines:]]
+
+
+def cluster_db_url(url: str) -> str:
+    """The store's URL as the job must see it: a SQLite file by its absolute path (a relative
+    one, or the default store, would name another file on the cluster)."""
+    from raysaga.state.engine import normalize_url, sqlite_path
+
+    path = sqlite_path(url)
+    return f"sqlite:///{path}" if path is not None else normalize_url(url)
+
+
+def is_local_file_store(url: str) -> bool:
+    from raysaga.state.engine import sqlite_path
+
+    return sqlite_path(url) is not None
+
+
+__all__ = ["EXCLUDES", "Job", "Submitted", "cluster_db_url", "connect", "dashboard_url", "entrypoint", "env_vars",
+           "job_info", "jobs_of", "runtime_env", "source_root", "submission_id", "submit"]
+
