@@ -6,12 +6,14 @@ and no ``effect=True`` step ever takes effect twice.
 The public API, by group (one line each in docs/api.md):
 
 - **Declaring a workflow**: ``Workflow`` (``@wf.step``, ``@wf.map``, ``@wf.agent``,
-  ``@wf.compensation``), ``StepContext``, ``RetryPolicy``, ``RateLimit``, ``NOT_APPLIED``, ``Secret``,
+  ``@wf.approval``, ``wf.sleep``, ``@wf.compensation``), ``Ask`` and ``Approval`` (what an approval
+  asks and answers), ``StepContext``, ``RetryPolicy``, ``RateLimit``, ``NOT_APPLIED``, ``Secret``,
   ``Saga``.
 - **Fan-out policies**: ``ALL``, ``BEST_EFFORT``, ``quorum``, ``min_success_ratio``,
   ``on_partial_failure``, and what a policy sees and answers: ``FanOutResult``, ``Continue``,
   ``RetryFailed``, ``Fail``, ``Compensate``.
-- **Running**: ``run``, ``create_run``, ``resume``, ``retry``, ``cancel``, ``RunOptions``.
+- **Running**: ``run``, ``create_run``, ``resume``, ``retry``, ``cancel``, ``fork``, ``replay``, ``RunOptions``;
+  ``Client`` (submit to the worker fleet, approve and reject, pause, cancel, the inbox, stats).
 - **The store**: ``open_store``, ``Store``, ``RunRecord``, ``RunStatus``, ``prune``.
 - **Failing a step on purpose**: ``StepFailure``, ``Permanent``, ``Transient``.
 - **Errors**: every one descends from ``RaySagaError`` (the tree is drawn in ``raysaga.errors``):
@@ -55,6 +57,9 @@ from raysaga.errors import (
 )
 
 if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
+    from raysaga.orchestrator.client import Client
+    from raysaga.orchestrator.fork import fork
+    from raysaga.orchestrator.replay import replay
     from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
     from raysaga.orchestrator.saga import Saga
     from raysaga.orchestrator.secrets import Secret
@@ -73,13 +78,16 @@ if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZ
         quorum,
     )
     from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
-    from raysaga.types import RateLimit, RetryPolicy, RunOptions, StepContext
+    from raysaga.types import Approval, Ask, RateLimit, RetryPolicy, RunOptions, StepContext
 
 #: Where each lazily exported name lives: ``import raysaga`` stays cheap (no driver, no Ray)
 #: until a name that needs them is used.
 _LAZY = {
-    **dict.fromkeys(("RateLimit", "RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
+    **dict.fromkeys(("Approval", "Ask", "RateLimit", "RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
+    **dict.fromkeys(("Client",), "raysaga.orchestrator.client"),
     **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
+    **dict.fromkeys(("fork",), "raysaga.orchestrator.fork"),
+    **dict.fromkeys(("replay",), "raysaga.orchestrator.replay"),
     **dict.fromkeys(("Secret",), "raysaga.orchestrator.secrets"),
     **dict.fromkeys(("NOT_APPLIED",), "raysaga.orchestrator.spec"),
     **dict.fromkeys(("Workflow",), "raysaga.orchestrator.workflow"),
@@ -96,6 +104,8 @@ __version__ = "0.1.0"
 __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     # declaring a workflow
     "NOT_APPLIED",
+    "Approval",
+    "Ask",
     "RateLimit",
     "RetryPolicy",
     "Saga",
@@ -114,9 +124,12 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     "on_partial_failure",
     "quorum",
     # running
+    "Client",
     "RunOptions",
     "cancel",
     "create_run",
+    "fork",
+    "replay",
     "resume",
     "retry",
     "run",

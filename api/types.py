@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar, cast
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from raysaga.errors import InvalidOptionError, RaySagaError, UnknownOptionError, UserError, WorkflowDefinitionError
 
 __all__ = [
@@ -29,6 +31,8 @@ __all__ = [
     "NAME_RULE",
     "NO_RETRY",
     "WORKFLOW_NAME_RE",
+    "Approval",
+    "Ask",
     "RetryPolicy",
     "RunOptions",
     "StepContext",
@@ -268,6 +272,15 @@ class RunOptions:
     """Model cost in USD the whole run may spend (prices: ``raysaga.agents.price_of``)."""
     labels: dict[str, str] = field(default_factory=dict)
     """Free-form ``str -> str`` tags of the run."""
+    allow_changed: bool = False
+    """Resume a run whose workflow definition changed since it started (the changed steps are
+    listed in a ``definition_changed`` event and the run is pinned to the new definition); without
+    it such a resume is refused with the steps that changed (docs/fork.md)."""
+    release_after: float = 30.0
+    """A driver with nothing left to do but wait — for a human's decision, or for a timer (a sleep,
+    a backoff) further away than this many seconds — records the run ``waiting_human`` or
+    ``waiting_timer``, releases it and returns: the wait holds no process, no Ray task and no
+    memory. A ``raysaga worker`` takes it up when it is due (or ``raysaga resume``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, dict) or not all(
@@ -288,6 +301,34 @@ class RunOptions:
                      allowed="None or a whole number of tokens >= 0")
         check_number("RunOptions", "cost_budget", self.cost_budget, minimum=0, optional=True,
                      allowed="None or a finite amount of USD >= 0")
+        check_number("RunOptions", "release_after", self.release_after, minimum=0,
+                     allowed="a finite number of seconds >= 0 (0: release at every wait)")
+
+
+class Ask(BaseModel):
+    """What an approval node asks (its function's return value; a bare ``str`` is the prompt)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt: str
+    payload: Any = None
+    """What the approver reviews (JSON): an order, a plan, a draft."""
+
+
+class Approval(BaseModel):
+    """An approval node's output: who approved, when, and the answer (an approve "with edits")."""
+
+    model_config = ConfigDict(frozen=True)
+
+    approved: bool = True
+    by: list[str] = Field(default_factory=list)
+    """Who approved (several for a quorum); ``["timeout"]`` when a timeout's default answered."""
+    answer: Any = None
+    """The approver's answer, validated against the node's ``answer=`` type; None: as proposed."""
+    comment: str | None = None
+    at: float = 0.0
+    timed_out: bool = False
+    decision_ids: list[str] = Field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -20,15 +20,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError, UserError
+from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import agent_io
+from raysaga.orchestrator import agent_io, versions
 from raysaga.orchestrator.blob_parking import parking
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.in_flight import InFlight
-from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, Dispatch, MemoryOp
+from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, Dispatch, MemoryOp
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner
@@ -128,13 +128,7 @@ class Driver:
     def _drive(self) -> RunRecord:
         assert self._hb is not None
         snapshot = self.store.snapshot(self.run_id)
-        run = snapshot.run
-        if run.definition_hash != self.wf.definition_hash:
-            raise UserError(
-                f"run {self.run_id!r} was started by another definition of workflow {run.workflow_name!r} "
-                f"(hash {run.definition_hash[:12]} != {self.wf.definition_hash[:12]}): resume it with the code "
-                "it started with, or start a new run"
-            )
+        run = versions.pin(self.store, self._hb.lease, snapshot.run, self.wf, allow_changed=self.options.allow_changed)
         if run.status in TERMINAL or run.status in PARKED:
             return run
         self.run = run
@@ -147,6 +141,8 @@ class Driver:
         if run.status == RunStatus.PAUSED:
             if m.budgets.stop() is not None:  # still over budget: it stays paused until the budget is raised
                 return self.run
+            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+        elif run.status in (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
         if run.status == RunStatus.PENDING:
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
@@ -196,6 +192,9 @@ class Driver:
             if m.pause_reason is not None:
                 return self._pause()
             if m.idle():
+                resting = m.resting(self.clock(), self.options.release_after)
+                if resting is not None:
+                    return self._rest(*resting)
                 when = m.next_timer()
                 if when is not None:
                     self._sleep_until(when)
@@ -259,11 +258,13 @@ class Driver:
         self._send(m.out.take_dispatch())
         return None
 
-    def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp) -> None:
+    def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp | CheckDecisions) -> None:
         assert self.machine is not None and self._hb is not None
         m = self.machine
         if isinstance(query, BuildPrompt):
             m.prompt_built(query.key, execute(query.spec, query.call))
+        elif isinstance(query, CheckDecisions):
+            m.decisions_checked(query.key, self.store.pending_signals(self.run_id))
         elif isinstance(query, AdmitTool):
             m.tool_admitted(query.key, agent_io.admit_tool(self.store, query, self.clock()))
         else:
@@ -327,7 +328,14 @@ class Driver:
             if signal.id in self._handled_signals:
                 continue
             self._handled_signals.add(signal.id)
-            if signal.kind == "cancel":
+            if signal.kind in ("approve", "reject"):
+                m.decision(signal, self.clock())
+            elif signal.kind == "pause":
+                payload = signal.payload if isinstance(signal.payload, dict) else {}
+                return self._pause(str(payload.get("reason") or "paused by operator"), signal.id)
+            elif signal.kind == "unpause":  # this run is not paused: nothing to undo
+                m.out.batch.consumed_signals.append(signal.id)
+            elif signal.kind == "cancel":
                 payload = signal.payload if isinstance(signal.payload, dict) else {}
                 reason = str(payload.get("reason") or "cancelled by operator")
                 if payload.get("compensate"):
@@ -378,15 +386,25 @@ class Driver:
         assert record is not None
         return record
 
-    def _pause(self) -> RunRecord:
+    def _pause(self, reason: str | None = None, signal_id: int | None = None) -> RunRecord:
         assert self.machine is not None
         m = self.machine
         self._drain_model_calls()
-        m.pause(self.clock())
+        m.pause(self.clock(), reason, signal_id)
         self._cancel(m.out.take_cancel())
         self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
         record = self._flush()
         assert record is not None
+        return record
+
+    def _rest(self, status: RunStatus, wake_at: float | None, reason: str) -> RunRecord:
+        """Nothing left but waiting (for a human, or a far timer): record it and let go of the run."""
+        assert self.machine is not None
+        self.machine.rest(status, wake_at, reason, self.clock())
+        record = self._flush()
+        assert record is not None
+        log.info("run %s: %s; its lease is released (a worker or `raysaga resume` continues it)",
+                 self.run_id, reason)
         return record
 
     def _drain_model_calls(self) -> None:

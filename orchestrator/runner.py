@@ -14,6 +14,7 @@ from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.secrets import comparable
+from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -52,9 +53,10 @@ def new_run_id(workflow: Workflow) -> str:
 
 def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | None = None,
                run_id: str | None = None, options: RunOptions | None = None,
-               workflow_ref: str | None = None) -> RunRecord:
+               workflow_ref: str | None = None, queue: str | None = None) -> RunRecord:
     """Record a new run (``pending``) without driving it. ``workflow_ref`` (MODULE:ATTR) lets
-    ``raysaga resume RUN`` find the definition again."""
+    ``raysaga resume RUN`` find the definition again; ``queue`` submits it to the worker fleet
+    (a ``raysaga worker`` that registered the workflow starts it)."""
     options = options or RunOptions()
     workflow.validate()
     checked = workflow.check_input(input)
@@ -62,10 +64,11 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         check_run_id(run_id, "--run-id")  # printable: PostgreSQL refuses a NUL in text
     return _store(store).create_run(NewRun(
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
-        definition_hash=workflow.definition_hash, workflow_ref=workflow_ref, input=checked,
+        definition_hash=workflow.definition_hash, step_hashes=step_hashes(workflow), workflow_ref=workflow_ref,
+        input=checked,
         deadline_at=time.time() + options.deadline if options.deadline else None,
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
-        trace_id=uuid.uuid4().hex,
+        trace_id=uuid.uuid4().hex, queue=queue,
     ))
 
 
@@ -165,7 +168,8 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     A run with no live driver — its lease free, expired, or held by a driver process that is
     provably gone (``raysaga.orchestrator.ownership``) — is cancelled here at once. A live
     driver is sent a signal and acts on it within a heartbeat; this call waits for that (up to
-    ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile."""
+    ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile; with
+    ``wait=0`` the signal is queued and the run is returned as it stands."""
     st = _store(store)
     run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
     if run.status in TERMINAL or (run.status in PARKED and not compensate):
@@ -207,7 +211,8 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
         else:
             nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
                                attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
-                     for n in st.nodes(run_id) if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING)]
+                     for n in st.nodes(run_id)
+                     if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING, NodeStatus.WAITING)]
             st.commit(lease, Batch(nodes=nodes, consumed_signals=[s.id for s in signals],
                                    run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
     finally:
@@ -225,6 +230,8 @@ CANCEL_TTL = 10.0
 def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord | Lease:
     """Wait for the live driver to act on the cancel signal: the run at rest, or the run's lease
     if that driver's lease lapsed (or its process died) first."""
+    if wait <= 0:  # queued: the live driver acts on it at its next heartbeat
+        return st.get_run(run_id, lenient=True)
     deadline = time.time() + wait
     while time.time() < deadline:
         run = st.get_run(run_id, lenient=True)

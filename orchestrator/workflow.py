@@ -26,9 +26,10 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
 
 import networkx as nx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
+from raysaga.errors import WorkflowDefinitionError
+from raysaga.orchestrator import run_input
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.dsl_checks import (
     check_common,
@@ -42,9 +43,8 @@ from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import placement
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
-from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, json_type_problem, validate
+from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
-from raysaga.state import jsoncodec
 
 if TYPE_CHECKING:
     from raysaga.agents.agent import Agent
@@ -260,6 +260,31 @@ class Workflow:
 
         return decorate
 
+    @decorator_options("approval")
+    def approval(self, *, name: str | None = None, after: Iterable[str] = (), approvers: Iterable[str] | None = None,
+                 quorum: int = 1, answer: Any = None, timeout: float | None = None,
+                 on_timeout: Literal["reject", "default", "escalate"] = "reject", default: Any = None,
+                 escalate_to: Iterable[str] = (), critical: bool = True, on_failure: OnFailure = "skip",
+                 map_over: str | None = None) -> Callable[[Callable[P, R]], Callable[P, R]]:
+        """A human approval node: the decorated function builds what is asked (a ``str`` prompt or
+        ``Ask(prompt, payload)``) from its inputs; the node's output is an ``Approval``. A rejection
+        fails the node (a critical one rolls the saga back). ``answer``: the type of an approve
+        "with edits"; ``on_timeout``: ``reject``, ``default`` (approve with ``default``) or
+        ``escalate`` (to ``escalate_to``, for another ``timeout``). docs/operations.md."""
+        from raysaga.orchestrator.waits_dsl import approval
+
+        return approval(self, name=name, after=after, approvers=approvers, quorum=quorum, answer=answer,
+                        timeout=timeout, on_timeout=on_timeout, default=default, escalate_to=escalate_to,
+                        critical=critical, on_failure=on_failure, map_over=map_over)
+
+    @plain_options("Workflow.sleep()")
+    def sleep(self, name: str, *, seconds: float, after: Iterable[str]) -> None:
+        """A durable sleep node: ``seconds`` after the steps ``after`` complete. A long sleep holds
+        nothing (the run rests ``waiting_timer``) and wakes on time after any crash."""
+        from raysaga.orchestrator.waits_dsl import sleep
+
+        sleep(self, name, seconds=seconds, after=after)
+
     @decorator_options("map")
     def map(
         self,
@@ -448,36 +473,11 @@ class Workflow:
     @property
     def input_type(self) -> Any:
         """The annotation of the ``input`` parameters (they must agree), or Any."""
-        types = {spec.param_types[spec.input_param] for spec in self.steps.values()
-                 if spec.input_param and spec.param_types.get(spec.input_param) is not Any}
-        if len(types) > 1:
-            raise WorkflowDefinitionError(
-                f"workflow {self.name!r}: steps annotate 'input' with different types {sorted(map(str, types))}: "
-                "use one input type")
-        return types.pop() if types else Any
+        return run_input.input_type(self)
 
     def check_input(self, value: Any) -> Any:
         """Validate a run input against the declared input type; return its JSON form."""
-        tp = self.input_type
-        if tp is not Any:
-            problem = json_type_problem(tp)
-            if problem:
-                raise WorkflowDefinitionError(f"workflow {self.name!r}: input type {tp} is not JSON-able ({problem})")
-            try:
-                value = type_adapter(tp).validate_python(value)
-            except ValidationError as exc:
-                raise InvalidInputError(
-                    f"input does not match {getattr(tp, '__name__', tp)} of workflow {self.name!r}: "
-                    f"{exc.errors(include_url=False)}") from None
-        try:
-            return jsoncodec.to_jsonable(value, "input")
-        except NotJSONableError as exc:
-            if tp is not Any:
-                try:  # a type with its own JSON form (a bare ``Secret``, ``list[Secret]``...)
-                    return jsoncodec.to_jsonable(type_adapter(tp).dump_python(value, mode="json"), "input")
-                except Exception:
-                    pass
-            raise InvalidInputError(str(exc)) from None
+        return run_input.check_input(self, value)
 
 
 def coerce(tp: Any, value: Any) -> Any:

@@ -34,12 +34,16 @@ PRUNABLE = frozenset(TERMINAL | PARKED)
 
 _WAITING = {RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED}
 ALLOWED: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.PENDING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED}),
+    # an operator may pause a submitted run before a worker starts it
+    RunStatus.PENDING: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.FAILED, RunStatus.PAUSED}),
     RunStatus.RUNNING: frozenset(
         _WAITING | {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATING, RunStatus.CANCELLED}
     ),
-    RunStatus.WAITING_HUMAN: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING}),
-    RunStatus.WAITING_TIMER: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING}),
+    # a resting run (no driver) is paused by an operator at once
+    RunStatus.WAITING_HUMAN: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING,
+                                        RunStatus.PAUSED}),
+    RunStatus.WAITING_TIMER: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING,
+                                        RunStatus.PAUSED}),
     RunStatus.PAUSED: frozenset({RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.COMPENSATING}),
     RunStatus.COMPENSATING: frozenset({RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED}),
     # operator retry revives a parked run; cancel-with-compensation rolls it back
@@ -117,6 +121,8 @@ class RunRecord(_Record):
     """A forked run's parent."""
     forked_from: str | None = None
     """The node label a forked run was forked from."""
+    step_hashes: dict[str, str] | None = None
+    """Each step's signature hash when the run was created (None: a run recorded before schema 6)."""
 
 
 class RunSummary(_Record):
@@ -190,6 +196,8 @@ class NodeRecord(_Record):
     started_at: float | None = None
     finished_at: float | None = None
     duration: float | None = None
+    origin_run_id: str | None = None
+    """Set on a row a fork inherited: the run that executed the node (its effects carry that run's keys)."""
 
     @property
     def label(self) -> str:
@@ -263,6 +271,8 @@ class NewRun(BaseModel):
     """Submitted to the worker fleet: a worker may claim the run while it is ``pending``."""
     parent_run_id: str | None = None
     forked_from: str | None = None
+    step_hashes: dict[str, str] | None = None
+    """Each step's signature hash (``raysaga.orchestrator.versions``), to name what changed later."""
 
 
 class Lease(_Record):

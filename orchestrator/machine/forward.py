@@ -35,6 +35,15 @@ class AgentStart:
     row: NodeRecord | None
 
 
+@dataclass(frozen=True)
+class WaitStart:
+    """A ready approval or sleep node: the run machine hands it to its waits."""
+
+    key: NodeKey
+    spec: StepSpec
+    row: NodeRecord | None
+
+
 @dataclass
 class Counts:
     """Progress, for a display: steps in the DAG, steps done, nodes failed."""
@@ -96,9 +105,9 @@ class Forward:
 
     # ------------------------------------------------------------------ dispatch
 
-    def prepare(self, key: NodeKey) -> AgentStart | None:
+    def prepare(self, key: NodeKey) -> AgentStart | WaitStart | None:
         """Issue a ready node, or settle it without a call (restored, a fan-out parent); an
-        agent node is returned for the agents to start."""
+        agent node is returned for the agents to start, an approval or sleep for the waits."""
         step, index = key.step, key.fan_index
         spec = self.wf.steps[step]
         row = self.restored.pop(key, None)
@@ -113,6 +122,8 @@ class Forward:
             return None
         if spec.kind == "agent":
             return AgentStart(key, spec, row)
+        if spec.kind in ("approval", "sleep"):
+            return WaitStart(key, spec, row)
         if (row is not None and row.status == NodeStatus.RETRYING and row.not_before
                 and row.not_before > self.out.now):
             self.calls.schedule(row.not_before, key)  # a durable backoff survives the crash

@@ -60,7 +60,15 @@ class MemoryOp:
     writer: str = ""
 
 
-Query = BuildPrompt | AdmitTool | MemoryOp
+@dataclass(frozen=True)
+class CheckDecisions:
+    """An approval's timeout fired: read the run's pending signals from the store (a decision may
+    have arrived since the last heartbeat) and hand them to ``RunMachine.decisions_checked``."""
+
+    key: NodeKey
+
+
+Query = BuildPrompt | AdmitTool | MemoryOp | CheckDecisions
 
 
 @dataclass

@@ -25,9 +25,10 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.machine.agent_nodes import AgentNodes
 from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import Calls
-from raysaga.orchestrator.machine.forward import AgentStart, Forward
+from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart
 from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
 from raysaga.orchestrator.machine.rollback import Rollback
+from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.records import merge_run, short_error
 from raysaga.orchestrator.spec import StepSpec
@@ -43,6 +44,7 @@ from raysaga.state import (
     RunSnapshot,
     RunStatus,
     RunUpdate,
+    SignalRecord,
 )
 
 
@@ -65,6 +67,7 @@ class RunMachine:
         self.budgets = Budgets(run.tokens_used, run.cost_used, run.token_budget, run.cost_budget)
         self.agents = AgentNodes(run.run_id, run.trace_id, self.calls, self.forward, self.budgets, self.out,
                                  max_output_bytes=options.max_output_bytes, blob_threshold=options.blob_threshold)
+        self.waits = Waits(run.run_id, run.trace_id, self.calls, self.forward, self.out)
         self.deadline_at = run.deadline_at
         self.run_error: Any = None if run.error is None else run.error.as_dict()
         self.phase = Phase.ROLLBACK if run.status == RunStatus.COMPENSATING else Phase.FORWARD
@@ -112,6 +115,8 @@ class RunMachine:
                 continue
             elif key.is_agent_call:
                 self.agents.timer_fired(key)
+            elif self.wf.steps[key.step].kind in WAIT_KINDS:
+                self.waits.timer_fired(key)
             else:
                 self.forward.sched.push((key.step, key.fan_index))
         if self.rollback is not None:
@@ -125,6 +130,8 @@ class RunMachine:
                     start = self.forward.prepare(NodeKey(step, index))
                     if isinstance(start, AgentStart):
                         self.agents.start(start)
+                    elif isinstance(start, WaitStart):
+                        self.waits.start(start)
             if not self.agents.due_nodes:
                 break
             self.agents.advance_due()
@@ -138,7 +145,20 @@ class RunMachine:
     # answers to the shell's queries (see outbox.Query)
 
     def prompt_built(self, key: NodeKey, outcome: NodeOutcome) -> None:
-        self.agents.prompt_built(key, outcome)
+        spec = self.wf.steps.get(key.step)
+        if spec is not None and spec.kind == "approval" and not key.is_agent_call:
+            self.waits.request_built(key, spec, outcome)
+        else:
+            self.agents.prompt_built(key, outcome)
+
+    def decision(self, signal: SignalRecord, now: float) -> None:
+        """A human's decision (an approve or reject signal) on a waiting approval."""
+        self.out.now = now
+        if self.phase == Phase.FORWARD and self.rollback is None:
+            self.waits.signal(signal)
+
+    def decisions_checked(self, key: NodeKey, signals: list[SignalRecord]) -> None:
+        self.waits.decisions_checked(key, signals)
 
     def tool_admitted(self, key: NodeKey, unavailable: str | None) -> None:
         self.agents.tool_admitted(key, unavailable)
@@ -218,7 +238,36 @@ class RunMachine:
             return self.rollback.plan.settled()
         return self.forward.sched.settled()
 
+    def resting(self, now: float, release_after: float) -> tuple[RunStatus, float | None, str] | None:
+        """Whether the run should rest without a driver: nothing in flight or ready, and what is
+        left waits for a human, or for a timer further away than ``release_after`` seconds.
+        Returns (``waiting_human`` or ``waiting_timer``, when it is due again, why)."""
+        if (self.phase != Phase.FORWARD or self.rollback is not None or not self.idle() or self.has_work()
+                or self.waits.busy() or self.forward.failure is not None):
+            return None
+        when = self.next_timer()
+        far = when is None or when - now > release_after
+        humans = self.waits.waiting_humans()
+        if humans and far:
+            labels = ", ".join(k.label for k in humans)
+            return RunStatus.WAITING_HUMAN, when, f"waiting for a decision on {labels}"
+        if not humans and when is not None and far:
+            sleeping = [k.label for k in self.waits.sleeping]
+            what = f"sleep {', '.join(sleeping)}" if sleeping else "a retry's backoff"
+            return RunStatus.WAITING_TIMER, when, f"waiting for {what}"
+        return None
+
+    def rest(self, status: RunStatus, wake_at: float | None, reason: str, now: float) -> None:
+        """Record the run resting (its lease is then released): a worker takes it up at ``wake_at``,
+        or when a decision arrives."""
+        self.out.now = now
+        self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(status=status, status_reason=reason,
+                                                                      wake_at=wake_at, set_wake=True))
+        self.phase = Phase.ENDED
+
     def check_stuck(self) -> None:
+        if self.waits.requests or self.waits.busy():
+            return
         if self.idle() and self.next_timer() is None and not self.done() and not self.has_work():
             raise RaySagaError(f"run {self.run_id!r} cannot progress: nothing is ready, running or waiting, "
                                "yet steps are unfinished (a raysaga bug: please report it)")
@@ -234,6 +283,7 @@ class RunMachine:
         attempts, commits, and hands the run's rows to ``begin_rollback``."""
         self.out.now = now
         self.calls.cancel_all(reason)
+        self.waits.stop_all(reason)
         self._stopping = (reason, error, final, signal_id)
 
     def stop_on_failure(self, now: float) -> None:
@@ -292,16 +342,20 @@ class RunMachine:
         """An operator's cancel (without compensation): stop everything, end cancelled."""
         self.out.now = now
         self.calls.cancel_all("run cancelled")
+        self.waits.stop_all("run cancelled")
         batch = self.out.batch
         batch.consumed_signals.append(signal_id)
         batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
         self.phase = Phase.ENDED
 
-    def pause(self, now: float) -> None:
+    def pause(self, now: float, reason: str | None = None, signal_id: int | None = None) -> None:
         """Release all compute: cancel what is in flight and rest paused (model answers already
-        absorbed are kept)."""
+        absorbed are kept; approvals and sleeps keep waiting in their rows). ``signal_id``: an
+        operator's pause, consumed with the transition."""
         self.out.now = now
-        reason = self.agents.pause_reason or "paused"
+        reason = reason or self.agents.pause_reason or "paused"
         self.calls.cancel_all(reason)
+        if signal_id is not None:
+            self.out.batch.consumed_signals.append(signal_id)
         self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
         self.phase = Phase.ENDED

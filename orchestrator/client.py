@@ -1,0 +1,136 @@
+"""Operating runs from any process: submit to the worker fleet, decide approvals, pause, unpause,
+cancel, read the inbox and the figures (``raysaga.Client``; the CLI verbs are its twins).
+
+Each operation is durable the moment it returns: a decision, a pause or a cancel is a row in
+the store. A run with a live driver gets a signal that the driver obeys at its next step
+boundary; a run resting without one (waiting for a human or a timer, paused, submitted) is
+changed at once, and its ``wake_at`` tells the fleet to take it up when there is work to do.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from raysaga.errors import ConcurrencyConflict, UserError
+from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.runner import cancel as cancel_run
+from raysaga.orchestrator.runner import create_run
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import RunRecord, RunStatus, Store, open_store
+from raysaga.state.decisions import Decision, WaitingApproval
+from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.stats import Stats
+
+#: Runs that rest without a driver: an operator's pause takes them at once.
+_RESTING = (RunStatus.PENDING, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER)
+
+
+class Client:
+    """A handle on a store for operators and programs: ``Client(db="postgresql://...")``."""
+
+    def __init__(self, db: str | Store | None = None) -> None:
+        self.store = db if isinstance(db, Store) else open_store(db)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ runs
+
+    def submit(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None, queue: str = "default",
+               options: RunOptions | None = None, workflow_ref: str | None = None) -> RunRecord:
+        """Record a run for the worker fleet and return at once (``pending``): a ``raysaga worker``
+        that registered this workflow (same name and definition) starts it."""
+        return create_run(workflow, input, store=self.store, run_id=run_id, options=options,
+                          workflow_ref=workflow_ref, queue=queue)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        return self.store.get_run(run_id, lenient=True)
+
+    # ------------------------------------------------------------------ decisions
+
+    def approve(self, run_id: str, node: str, *, by: str, answer: Any = None, comment: str | None = None,
+                decision_id: str | None = None, fan_index: int = -1) -> Decision:
+        """Approve a waiting approval (``answer``: an approve "with edits", checked against the
+        node's schema). ``decision_id`` makes a retried call one decision."""
+        return self.store.decide(run_id, node, "approve", by=by, fan_index=fan_index, answer=answer,
+                                 comment=comment, decision_id=decision_id)
+
+    def reject(self, run_id: str, node: str, *, by: str, comment: str | None = None,
+               decision_id: str | None = None, fan_index: int = -1) -> Decision:
+        """Reject a waiting approval: the node fails (a critical one rolls the saga back); an agent's
+        tool call is refused and the model is shown ``comment``."""
+        return self.store.decide(run_id, node, "reject", by=by, fan_index=fan_index, comment=comment,
+                                 decision_id=decision_id)
+
+    def inbox(self, approver: str | None = None) -> list[WaitingApproval]:
+        """Approvals waiting for a decision (with ``approver``, those they may decide), oldest first."""
+        return self.store.waiting_approvals(approver)
+
+    # ------------------------------------------------------------------ pause, unpause, cancel
+
+    def pause(self, run_id: str, *, by: str | None = None, reason: str | None = None) -> RunRecord:
+        """Pause a run: its driver cancels what is in flight and rests ``paused`` (a run without a
+        driver is paused at once). Approvals and sleeps keep waiting in their rows."""
+        reason = reason or f"paused by {by or 'operator'}"
+        for _ in range(5):
+            run = self.get_run(run_id)
+            if run.status in TERMINAL or run.status in PARKED or run.status == RunStatus.COMPENSATING:
+                raise UserError(f"run {run_id!r} is {run.status.value}: only a running or waiting run can be paused")
+            if run.status == RunStatus.PAUSED:
+                return run
+            if run.status in _RESTING and not _live(run):
+                try:
+                    return self.store.transition(run_id, run.version, RunStatus.PAUSED, reason=reason,
+                                                 data={"by": by})
+                except ConcurrencyConflict:
+                    continue  # a worker took it up meanwhile: look again
+            self.store.send_signal(run_id, "pause", payload={"reason": reason, "by": by})
+            return self.get_run(run_id)
+        raise UserError(f"run {run_id!r} kept changing while it was being paused: try again")
+
+    def unpause(self, run_id: str, *, by: str | None = None) -> RunRecord:
+        """Let a paused run go on: a worker takes it up at once (or ``raysaga resume RUN``)."""
+        run = self.get_run(run_id)
+        if run.status != RunStatus.PAUSED:
+            pending = any(s.kind == "pause" for s in self.store.pending_signals(run_id))
+            hint = " (its pause is still on its way to the driver: unpause once it is paused)" if pending else ""
+            raise UserError(f"run {run_id!r} is {run.status.value}, not paused{hint}")
+        self.store.wake(run_id, [RunStatus.PAUSED], f"unpaused by {by or 'operator'}", "unpause_requested",
+                        {"by": by})
+        return self.get_run(run_id)
+
+    def cancel(self, run_id: str, *, compensate: bool = False, by: str | None = None,
+               reason: str | None = None) -> RunRecord:
+        """Cancel a run; committed effects stand unless ``compensate``. Without a live driver a plain
+        cancel is taken at once; a live driver obeys the signal at its next step boundary. With
+        ``compensate`` the rollback runs in a driver: a worker takes the run up (or ``raysaga resume``)."""
+        reason = reason or f"cancelled by {by or 'operator'}"
+        if not compensate:
+            return cancel_run(run_id, store=self.store, reason=reason, wait=0)
+        run = self.get_run(run_id)
+        if run.status in TERMINAL:
+            return run
+        if run.status in PARKED or run.status == RunStatus.COMPENSATING:
+            if run.status != RunStatus.COMPENSATING:
+                self.store.transition(run_id, run.version, RunStatus.COMPENSATING, reason=reason, data={"by": by})
+            return self.get_run(run_id)
+        self.store.send_signal(run_id, "cancel", payload={"reason": reason, "compensate": True, "by": by})
+        self.store.wake(run_id, [RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED], reason,
+                        "cancel_requested", {"by": by, "compensate": True})
+        return self.get_run(run_id)
+
+    # ------------------------------------------------------------------ figures
+
+    def stats(self, since: float | None = None) -> Stats:
+        return self.store.stats(since)
+
+
+def _live(run: RunRecord) -> bool:
+    return run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time()

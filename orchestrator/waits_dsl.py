@@ -1,0 +1,127 @@
+"""Declaring nodes that wait: a human approval and a durable sleep (``Workflow.approval``,
+``Workflow.sleep``).
+
+Both wait without holding anything: when nothing else in the run can progress, the driver
+records the run ``waiting_human`` or ``waiting_timer`` and exits; a worker (or ``raysaga resume``)
+takes the run up when a decision arrives or the time comes. What they ask and until when is in
+their node's row, so a decision is checked by any process with no workflow code
+(``raysaga.state.decisions``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+from raysaga.errors import WorkflowDefinitionError
+from raysaga.orchestrator.dsl_checks import check_common, step_where
+from raysaga.orchestrator.type_adapters import type_adapter
+from raysaga.types import Approval, check_number
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.workflow import Workflow
+
+R = TypeVar("R")
+OnTimeout = Literal["reject", "default", "escalate"]
+_ON_TIMEOUT = ("reject", "default", "escalate")
+
+
+@dataclass(frozen=True)
+class ApprovalOptions:
+    """How an approval node decides (kept in its spec's ``options["approval"]``)."""
+
+    approvers: tuple[str, ...] | None
+    quorum: int
+    answer_schema: dict[str, Any] | None
+    answer_type: Any
+    timeout: float | None
+    on_timeout: OnTimeout
+    default: Any
+    escalate_to: tuple[str, ...]
+
+
+def approval(wf: Workflow, *, name: str | None, after: Iterable[str], approvers: Iterable[str] | None,
+             quorum: int, answer: Any, timeout: float | None, on_timeout: OnTimeout, default: Any,
+             escalate_to: Iterable[str], critical: bool, on_failure: str, map_over: str | None
+             ) -> Callable[[Callable[..., R]], Callable[..., R]]:
+    def decorate(func: Callable[..., R]) -> Callable[..., R]:
+        where = step_where(func, name)
+        upstream = check_common(where, name=name, after=after, critical=critical, retry=None, timeout=None,
+                                map_over=map_over)
+        options = _options(where, approvers=approvers, quorum=quorum, answer=answer, timeout=timeout,
+                           on_timeout=on_timeout, default=default, escalate_to=escalate_to)
+        spec = wf._make_spec(func, name=name, after=upstream, critical=critical, effect=False, effect_name=None,
+                             retry=None, timeout=None, compensate=None, reconcile=None, map_over=map_over,
+                             on_failure=on_failure)
+        wf._add(dataclasses.replace(spec, kind="approval", output_type=Approval, options={"approval": options}))
+        return func
+
+    return decorate
+
+
+def sleep(wf: Workflow, name: str, *, seconds: float, after: Iterable[str]) -> None:
+    check_number(f"sleep {name!r}", "seconds", seconds, minimum=0, allowed="a finite number of seconds >= 0")
+    upstream = check_common(name, name=name, after=after, critical=True, retry=None, timeout=None, map_over=None)
+    if not upstream:
+        raise WorkflowDefinitionError(f"sleep {name!r} waits after something: give after=[...] the steps it follows")
+
+    def slept() -> None:  # never called: the run machine settles a sleep node by its timer
+        return None
+
+    spec = wf._make_spec(slept, name=name, after=upstream, critical=True, effect=False, effect_name=None,
+                         retry=None, timeout=None, compensate=None, reconcile=None, map_over=None)
+    wf._add(dataclasses.replace(spec, kind="sleep", output_type=Any, options={"seconds": float(seconds)}))
+
+
+def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer: Any, timeout: float | None,
+             on_timeout: str, default: Any, escalate_to: Iterable[str]) -> ApprovalOptions:
+    names = None if approvers is None else _names(where, "approvers", approvers)
+    if names is not None and not names:
+        raise WorkflowDefinitionError(f"approval {where!r}: approvers= is empty, so nobody could decide: "
+                                      "name at least one, or leave it out to let anyone decide")
+    check_number(f"approval {where!r}", "quorum", quorum, minimum=1, integer=True, allowed="a whole number >= 1")
+    if names is not None and quorum > len(names):
+        raise WorkflowDefinitionError(f"approval {where!r}: quorum={quorum} needs more approvers than the "
+                                      f"{len(names)} named ({', '.join(names)})")
+    check_number(f"approval {where!r}", "timeout", timeout, minimum=0, strict=True, optional=True,
+                 allowed="None or a finite number of seconds > 0")
+    if on_timeout not in _ON_TIMEOUT:
+        raise WorkflowDefinitionError(f"approval {where!r}: on_timeout={on_timeout!r} is not one of "
+                                      f"{', '.join(_ON_TIMEOUT)}")
+    escalation = _names(where, "escalate_to", escalate_to)
+    if on_timeout == "escalate" and (not escalation or timeout is None):
+        raise WorkflowDefinitionError(f"approval {where!r}: on_timeout='escalate' needs timeout= and "
+                                      "escalate_to=[...] (who decides once the first approvers did not)")
+    schema = None
+    if answer is not None:
+        try:
+            schema = type_adapter(answer).json_schema()
+        except Exception as exc:
+            raise WorkflowDefinitionError(f"approval {where!r}: answer={answer!r} has no JSON Schema "
+                                          f"({exc}): use a pydantic model or a JSON type") from None
+    if on_timeout == "default":
+        if default is None:
+            raise WorkflowDefinitionError(f"approval {where!r}: on_timeout='default' needs default= (the answer "
+                                          "a timeout approves with)")
+        if answer is not None:
+            try:
+                default = type_adapter(answer).dump_python(type_adapter(answer).validate_python(default),
+                                                           mode="json")
+            except Exception as exc:
+                raise WorkflowDefinitionError(f"approval {where!r}: default= does not fit answer= ({exc})") from None
+    return ApprovalOptions(approvers=names, quorum=quorum, answer_schema=schema, answer_type=answer,
+                           timeout=timeout, on_timeout=on_timeout,  # type: ignore[arg-type]  # checked above
+                           default=default, escalate_to=escalation)
+
+
+def _names(where: str, option: str, values: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(values, str):
+        raise WorkflowDefinitionError(f"approval {where!r}: {option}= takes a list of names, not one str "
+                                      f"({values!r}): write [{values!r}]")
+    names = tuple(values)
+    bad = [v for v in names if not isinstance(v, str) or not v.strip()]
+    if bad:
+        raise WorkflowDefinitionError(f"approval {where!r}: {option}= holds {bad!r}: names are non-empty str")
+    return names
