@@ -8,7 +8,9 @@
     │   ├── WorkflowLoadError         MODULE:WORKFLOW that cannot be imported
     │   ├── InvalidOptionError        an option (RunOptions, RetryPolicy, a CLI flag) out of range
     │   │   └── UnknownOptionError        a keyword no option has (a typo), or arguments that do not fit
-    │   └── SecretUnavailableError    a secret the run needs is not available to this process
+    │   ├── SecretUnavailableError    a secret the run needs is not available to this process
+    │   ├── DefinitionChangedError    a resume under a workflow definition other than the run's
+    │   └── ForkError                 a fork or replay that cannot be made (a live run, an unknown node)
     ├── StoreError                the durable store refused or could not do something
     │   ├── RunNotFoundError
     │   ├── RunExistsError
@@ -78,6 +80,15 @@ class UnknownOptionError(InvalidOptionError, TypeError):
 
 class SecretUnavailableError(UserError):
     """A secret the run needs is not available to this process (never stored: re-supply it)."""
+
+
+class DefinitionChangedError(UserError):
+    """The run was started by another definition of its workflow; the message names the steps
+    that changed (resume with the old code, or allow the change: ``--allow-changed``)."""
+
+
+class ForkError(UserError):
+    """A fork or a replay that cannot be made: a live run, an unknown node, a run with nothing to replay."""
 
 
 class NotJSONableError(RaySagaError):

@@ -24,6 +24,7 @@ import typer
 from raysaga.errors import RaySagaError, RunNotFoundError, UserError
 from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
+from raysaga.orchestrator.cli_fork import fork, replay
 from raysaga.orchestrator.cli_maintenance import db_upgrade, prune
 from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
@@ -129,13 +130,14 @@ def _check_address(executor: str, address: str | None) -> None:
         host_port(address)
 
 
-def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None) -> RunOptions:
+def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None,
+             allow_changed: bool = False) -> RunOptions:
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
     cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
     from raysaga.orchestrator.options import RunOptions
 
-    return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget)
+    return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, allow_changed=allow_changed)
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
@@ -238,11 +240,13 @@ def resume(
     lease_ttl: LeaseOpt = 15.0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    allow_changed: Annotated[bool, typer.Option(
+        "--allow-changed", help="Go on with a changed workflow definition (what changed is listed).")] = False,
 ) -> None:
     """Continue a run from the store: completed nodes are not re-run, committed effects not repeated."""
     with errors(_Current(run_id)):
         _run_id(run_id)
-        options = _options(lease_ttl)
+        options = _options(lease_ttl, allow_changed=allow_changed)
         _check_address(executor, address)
         store = _stores().open_for_writes(db, run_id)
         before = store.get_run(run_id)
@@ -466,6 +470,8 @@ def graph(
 
 
 app.command()(prune)
+app.command()(fork)
+app.command()(replay)
 app.command()(__import__("raysaga.orchestrator.cli_launch", fromlist=["launch"]).launch)
 db_app.command("upgrade")(db_upgrade)
 

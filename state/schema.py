@@ -130,6 +130,9 @@ runs = Table(
     Column("queue", String(200), nullable=True),
     Column("parent_run_id", String(200), nullable=True),
     Column("forked_from", String(200), nullable=True),
+    # schema 6: the hash of each step's signature when the run was created, so a resume under a
+    # changed definition names the steps that changed (raysaga.orchestrator.versions)
+    Column("step_hashes", JsonText, nullable=True),
     Index("ix_raysaga_runs_status", "status"),
     Index("ix_raysaga_runs_status_wake", "status", "wake_at"),
     Index("ix_raysaga_runs_parent", "parent_run_id", sqlite_where=text("parent_run_id IS NOT NULL"),
@@ -163,6 +166,9 @@ nodes = Table(
     Column("started_at", Double, nullable=True),
     Column("finished_at", Double, nullable=True),
     Column("duration", Double, nullable=True),
+    # schema 6: set on a row a fork inherited: the run that executed the node (whose idempotency
+    # keys its effects carry); NULL when this run executed it. Last, outside the commit's columns
+    Column("origin_run_id", String(200), nullable=True),
     Index("ix_raysaga_nodes_output_digest", "output_digest", sqlite_where=text("output_digest IS NOT NULL"),
           postgresql_where=text("output_digest IS NOT NULL")),
 )

@@ -44,6 +44,7 @@ from raysaga.state.decoding import (
 from raysaga.state.decoding import reading as _reading  # noqa: F401  # imported from here before the split
 from raysaga.state.engine import make_engine, normalize_url, redact
 from raysaga.state.error_record import stored_error
+from raysaga.state.fork_rows import ForkRows
 from raysaga.state.models import (
     PARKED,
     TERMINAL,
@@ -78,7 +79,7 @@ from raysaga.state.store import Store
 MAX_LIST_LIMIT = 100_000
 
 
-class SqlStore(DashboardReads, Store):
+class SqlStore(ForkRows, DashboardReads, Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
     def __init__(self, url: str, *, migrate_schema: bool = True,

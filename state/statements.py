@@ -29,7 +29,9 @@ GUARD = (update(runs)
 NODE_COLUMNS = ("run_id", "node_id", "fan_index", "status", "attempt", "not_before", "output", "output_digest",
                 "error", "started_at", "finished_at", "duration")
 EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "node_id", "fan_index", "data")
-assert tuple(nodes.c.keys()) == NODE_COLUMNS and tuple(events.c.keys()) == EVENT_COLUMNS, \
+#: Node columns a driver never writes: a fork's inherited-row marker (``raysaga.state.fork_rows``), kept by an upsert.
+NODE_FORK_COLUMNS = ("origin_run_id",)
+assert tuple(nodes.c.keys()) == NODE_COLUMNS + NODE_FORK_COLUMNS and tuple(events.c.keys()) == EVENT_COLUMNS, \
     "the schema changed: update driver_sql and SqlStore.commit's row tuples"
 
 
@@ -68,17 +70,17 @@ def driver_sql(dialect: str) -> DriverSql:
         # PostgreSQL takes JSON text into a json column only with a cast; SQLite stores it as text
         return f"CAST({mark} AS JSON)" if dialect != "sqlite" and isinstance(column.type, JsonText) else mark
 
-    def insert_sql(table: Table) -> str:
-        return (f"INSERT INTO {table.name} ({', '.join(table.c.keys())}) "
-                f"VALUES ({', '.join(value(c) for c in table.c)})")
+    def insert_sql(table: Table, names: tuple[str, ...]) -> str:
+        return (f"INSERT INTO {table.name} ({', '.join(names)}) "
+                f"VALUES ({', '.join(value(table.c[n]) for n in names)})")
 
     keys = [c.name for c in nodes.primary_key.columns]
-    updates = ", ".join(f"{c.name} = excluded.{c.name}" for c in nodes.c if c.name not in keys)
+    updates = ", ".join(f"{name} = excluded.{name}" for name in NODE_COLUMNS if name not in keys)
     return DriverSql(
         guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark} "
                f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq"),
-        nodes=f"{insert_sql(nodes)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
-        events=insert_sql(events),
+        nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
+        events=insert_sql(events, EVENT_COLUMNS),
     )
 
 

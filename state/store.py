@@ -189,6 +189,26 @@ class Store(ABC):
         their nodes, events, effects, signals, memory and the blobs no other row references, in
         batches of ``batch_size`` runs (one short transaction each); ``dry_run`` only counts."""
 
+    # Forks and definition pins (raysaga.state.fork_rows; raysaga.orchestrator.fork and .versions).
+    @abstractmethod
+    def fork_run(self, new: NewRun, inherited: list[NodeRecord], data: dict[str, Any]) -> RunRecord:
+        """Create the forked run ``new`` with the ``inherited`` rows of its parent copied in (each
+        marked with the run that executed it), and a ``run_forked`` event holding ``data``, in one
+        transaction; ``RunExistsError`` if the id is taken."""
+
+    @abstractmethod
+    def inherited_effects(self, run_id: str) -> list[EffectRecord]:
+        """The ledger rows of the nodes a fork inherited (they stay with the runs that wrote them)."""
+
+    @abstractmethod
+    def children(self, run_id: str) -> list[RunSummary]:
+        """The runs forked from ``run_id``, oldest first."""
+
+    @abstractmethod
+    def repin_definition(self, lease: Lease, definition_hash: str, step_hashes: dict[str, str],
+                         data: dict[str, Any]) -> RunRecord:
+        """Pin the run to another workflow definition (fenced), with a ``definition_changed`` event."""
+
     # The dashboard's reads (raysaga.state.dashboard_reads; rows as dicts of their columns).
     @abstractmethod
     def run_page(self, f: RunFilter) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ GROUPS: dict[str, list[str]] = {
     "declaring a workflow": ["NOT_APPLIED", "RateLimit", "RetryPolicy", "Saga", "Secret", "StepContext", "Workflow"],
     "fan-out policies": ["ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
                          "min_success_ratio", "on_partial_failure", "quorum"],
-    "running": ["RunOptions", "cancel", "create_run", "resume", "retry", "run"],
+    "running": ["RunOptions", "cancel", "create_run", "fork", "replay", "resume", "retry", "run"],
     "the store": ["RunRecord", "RunStatus", "Store", "open_store", "prune"],
     "failing a step on purpose": ["Permanent", "StepFailure", "Transient"],
     "errors": ["RaySagaError", "UserError", "InvalidInputError", "InvalidOptionError", "NotJSONableError",

@@ -59,8 +59,13 @@ class Rollback:
                     if wf.compensation_for(name) is not None}
         targets: list[CompensationTarget] = []
         self._outputs: dict[PlanKey, Any] = {}
+        # a node a fork inherited is undone under the keys of the run that executed it (its
+        # compensation then has one key in the parent and in every fork: at most once overall)
+        self._origins: dict[PlanKey, str] = {}
         for target, row in step_targets(rows, undoable):
             targets.append(target)
+            if row.origin_run_id:
+                self._origins[target.key] = row.origin_run_id
             completed = row.status == NodeStatus.COMPLETED  # else in flight at the failure: no output
             self._outputs[target.key] = (blobs[row.output_digest] if row.output_digest
                                          else row.output) if completed else None
@@ -110,7 +115,8 @@ class Rollback:
                 self._outputs[key] = tool_output(result)
             else:
                 self._outputs[key] = None  # it may have taken effect: undone as the latest
-            call_key = effect_key(self.run_id, sub.step, row.fan_index, f"tool:{tool.name}", tool.key_args(args))
+            call_key = effect_key(row.origin_run_id or self.run_id, sub.step, row.fan_index, f"tool:{tool.name}",
+                                  tool.key_args(args))
             self._tool_calls[key] = _ToolCall(tool, args, call_key)
             found.append((sub.owner, sub.turn, sub.call, CompensationTarget(key, finished, step=sub.step)))
         found.sort(key=lambda f: (f[0], f[1], f[2]))
@@ -146,7 +152,8 @@ class Rollback:
                     kwargs[name] = self._outputs[key] if name == "output" else step_kwargs.get(name)
                 if spec.input_param:
                     kwargs[spec.input_param] = self.forward.run_input
-                step_key = effect_key(self.run_id, step, index, original.effect_name, step_kwargs)
+                step_key = effect_key(self._origins.get(key, self.run_id), step, index, original.effect_name,
+                                      step_kwargs)
                 done = self.calls.issue(comp, spec, kwargs, step_key + COMPENSATE_SUFFIX)
             if isinstance(done, Committed):
                 self.completed(comp)

@@ -5,7 +5,9 @@
 - ``raysaga_runs.queue``: set by ``submit``: a ``pending`` run a worker may start. A run started
   in the foreground (``raysaga run``) has none, so no worker races its own driver for it.
 - ``raysaga_runs.parent_run_id`` / ``forked_from``: a forked run's parent and the node it was
-  forked from (lineage, shown by ``status``).
+  forked from (lineage, shown by ``status``); ``step_hashes``: each step's signature hash at
+  creation, so a resume under a changed definition names the steps that changed.
+- ``raysaga_nodes.origin_run_id``: on a row a fork inherited, the run that executed the node.
 - ``raysaga_signals.dedup_key``: a decision's id, unique per run, so a double click is one decision.
 
 Revision ID: 0006
@@ -36,6 +38,12 @@ def upgrade() -> None:
             batch.add_column(sa.Column("parent_run_id", sa.String(200), nullable=True))
         if "forked_from" not in run_columns:
             batch.add_column(sa.Column("forked_from", sa.String(200), nullable=True))
+        if "step_hashes" not in run_columns:
+            batch.add_column(sa.Column("step_hashes", sa.Text().with_variant(sa.JSON(), "postgresql"), nullable=True))
+    node_columns = {c["name"] for c in inspector.get_columns("raysaga_nodes")}
+    if "origin_run_id" not in node_columns:
+        with op.batch_alter_table("raysaga_nodes") as batch:
+            batch.add_column(sa.Column("origin_run_id", sa.String(200), nullable=True))
     op.create_index("ix_raysaga_runs_status_wake", "raysaga_runs", ["status", "wake_at"], if_not_exists=True)
     op.create_index("ix_raysaga_runs_parent", "raysaga_runs", ["parent_run_id"], if_not_exists=True,
                     sqlite_where=sa.text("parent_run_id IS NOT NULL"),

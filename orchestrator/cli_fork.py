@@ -1,0 +1,106 @@
+"""``raysaga fork`` and ``raysaga replay`` (registered on the app in ``cli.py``; docs/fork.md).
+
+Each imports the store, the workflow DSL and (for fork) the driver only when it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+
+from raysaga.errors import UserError
+from raysaga.orchestrator import cli_input
+from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
+from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
+
+
+def _workflow(store: Any, run_id: str, ref: str | None) -> Any:
+    from raysaga.orchestrator.loader import load_recorded_workflow, load_workflow
+
+    return load_workflow(ref) if ref else load_recorded_workflow(store.get_run(run_id).workflow_ref, run_id)
+
+
+def _patch(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--input-patch is not JSON ({exc.msg} at character {exc.pos}): pass a JSON merge patch, "
+                        "e.g. '{\"question\": \"...\"}'") from None
+
+
+def fork(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run at rest to fork.")],
+    from_node: Annotated[str, typer.Option(
+        "--from", help="The node to re-run from (with everything downstream): STEP, STEP[ITEM] or AGENT@TURN[ITEM].")],
+    input_patch: Annotated[str | None, typer.Option(
+        "--input-patch", help="A JSON merge patch of the run's input, seen by the nodes that run afresh.")] = None,
+    workflow: WorkflowOpt = None,
+    run_id_new: Annotated[str | None, typer.Option("--run-id", help="Id of the new run (default: generated).")] = None,
+    db: DbOpt = None,
+    executor: ExecutorOpt = "ray",
+    address: AddressOpt = None,
+    lease_ttl: LeaseOpt = 15.0,
+    no_drive: Annotated[bool, typer.Option("--no-drive", help="Record the fork as pending; do not drive it.")] = False,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Start a new run from RUN's node --from: what is upstream of it starts completed with RUN's
+    outputs (no step, model call or effect repeated), the node and everything downstream run afresh."""
+    with errors():
+        cli_input.check_run_id(run_id)
+        if run_id_new is not None:
+            cli_input.check_run_id(run_id_new)
+        cli_input.positive_seconds("--lease-ttl", lease_ttl)
+        patch = _patch(input_patch)
+        from raysaga.orchestrator import cli_status, cli_store
+        from raysaga.orchestrator.fork import fork as do_fork
+        from raysaga.orchestrator.options import RunOptions
+
+        store = cli_store.open_for_writes(db, run_id)
+        wf = _workflow(store, run_id, workflow)
+        record = do_fork(wf, run_id, from_node=from_node, input_patch=patch, store=store, new_run_id=run_id_new,
+                         executor=executor, address=address, options=RunOptions(lease_ttl=lease_ttl),
+                         workflow_ref=workflow, drive=not no_drive)
+        say(err, f"forked {run_id} from {from_node}: run {record.run_id} is {record.status.value}")
+        record = store.get_run(record.run_id)
+        if as_json:
+            cli_status.stream_json(store, record, sys.stdout)
+        else:
+            cli_status.print_status(out, store, record, store_text=cli_store.describe(store.url))
+    if not no_drive and record.status.value != "completed":
+        raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def replay(
+    run_id: RunIdArg,
+    until: Annotated[str | None, typer.Option("--until", help="Replay only this step and what is upstream of it.")]
+    = None,
+    workflow: WorkflowOpt = None,
+    db: DbOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Re-execute a finished run's steps in this process against its recorded inputs (effects and
+    model calls served from the ledger and the stored turns: nothing reaches the outside world) and
+    report every node whose output now differs. Exit 1 when one differs."""
+    with errors():
+        cli_input.check_run_id(run_id)
+        from raysaga.orchestrator import cli_store
+        from raysaga.orchestrator.replay import replay as do_replay
+
+        store = cli_store.open_for_reads(db, run_id)
+        wf = _workflow(store, run_id, workflow)
+        report = do_replay(wf, run_id, store=store, until=until)
+        if as_json:
+            sys.stdout.write(json.dumps(report.as_data(), sort_keys=True, default=str) + "\n")
+        else:
+            for node in report.nodes:
+                say(out, f"{node.label:<28} {node.verdict:<9} {node.detail}".rstrip())
+            differing = report.differing
+            say(out, f"{len(differing)} of {len(report.nodes)} nodes differ"
+                     + (f": {', '.join(n.label for n in differing)}" if differing else ""))
+    if report.differing:
+        raise typer.Exit(EXIT_NOT_COMPLETED)

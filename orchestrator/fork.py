@@ -1,0 +1,228 @@
+"""Fork: a new run that re-runs a finished run from one node, without re-paying for the rest.
+
+``fork(wf, RUN, from_node="writer")`` creates a run (new id, ``parent_run_id`` = RUN,
+``forked_from`` = the node) whose nodes that are neither NODE nor downstream of it start
+completed with the parent's outputs: their rows are copied into the new run in the transaction
+that creates it (``Store.fork_run``), outputs kept as blobs referenced by digest, each row
+marked with the run that executed it. The new run is then driven like a resume: the machine
+restores the copied rows as completed, so NODE and everything downstream run afresh and nothing
+else is called again. Effects it executes get the new run's keys (a key is derived from the run
+id); the inherited ones are never executed again, and their ledger rows stay with the run that
+wrote them (``Store.inherited_effects``). If the fork rolls back, an inherited node is undone
+under the keys of the run that executed it, so parent and forks share one compensation key.
+
+What is inherited, precisely: a node's row when it completed in the parent, was not undone
+there (no compensation row), its step did not change in the code (per-step hashes,
+``raysaga.orchestrator.versions``), and every step it depends on was inherited whole. An agent
+node forked at a turn (``research@2[1]``: researcher 1's third turn) keeps the turns before it
+(model responses and tool results: no model call is repeated) and asks the model from that turn
+on. An ``input_patch`` (a JSON merge patch of the run's input) is seen by the nodes that run
+afresh; inherited ones keep what they computed, except effect steps and steps with a
+compensation that read the input: those run again, under the new run's keys.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from raysaga.errors import ForkError
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.versions import changes, step_hashes
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import NewRun, NodeRecord, NodeStatus, RunRecord, Store, open_store
+from raysaga.state.models import PRUNABLE
+from raysaga.types import check_run_id, is_compensation
+
+__all__ = ["fork", "inherited_rows", "merge_patch", "node_list", "parse_node"]
+
+_LABEL = re.compile(r"^(?P<node>[^\[\]]+)(?:\[(?P<index>\d+)\])?$")
+
+
+def parse_node(label: str) -> NodeKey:
+    """A node label as ``raysaga status`` shows it (``writer``, ``research[2]``, ``research@2[1]``)."""
+    found = _LABEL.match(label.strip())
+    try:
+        if found is None:
+            raise ValueError(label)
+        return NodeKey.parse(found["node"], int(found["index"]) if found["index"] is not None else -1)
+    except ValueError:
+        raise ForkError(f"{label!r} is not a node label: write STEP, STEP[ITEM] or AGENT@TURN[ITEM] "
+                        "(as `raysaga status RUN` shows them)") from None
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` with the JSON merge patch ``patch`` applied (RFC 7396: null removes a key)."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def node_list(wf: Workflow, rows: list[NodeRecord]) -> str:
+    """The nodes of a run, for a message: each step, a fan-out's items as a range, agents' turns."""
+    items: dict[str, set[int]] = defaultdict(set)
+    turns: dict[str, set[int]] = defaultdict(set)
+    for row in rows:
+        key = NodeKey.parse(row.node_id, row.fan_index)
+        if key.fan_index >= 0 and not key.compensates:
+            items[key.step].add(key.fan_index)
+        if key.turn is not None and key.call is None:
+            turns[key.step].add(key.turn)
+    shown = []
+    for step in wf.order:
+        text = step
+        if items.get(step):
+            text += f"[0..{max(items[step])}]"
+        if turns.get(step):
+            text += f" (turns {step}@0..{max(turns[step])})"
+        shown.append(text)
+    return ", ".join(shown)
+
+
+def _check_node(wf: Workflow, rows: list[NodeRecord], at: NodeKey, label: str, run_id: str) -> None:
+    where = f"run {run_id!r} has no node {label!r}"
+    nodes = f"the nodes there are: {node_list(wf, rows)}"
+    if at.step not in wf.steps:
+        raise ForkError(f"{where}: {nodes}")
+    if at.compensates:
+        raise ForkError(f"cannot fork from a compensation ({label!r}): fork from the step it undoes, {at.step!r}")
+    if at.call is not None:
+        raise ForkError(f"cannot fork from a tool call ({label!r}): fork from its turn, "
+                        f"{NodeKey(at.step, at.fan_index, at.turn).label!r} (that turn's model call is asked again)")
+    spec = wf.steps[at.step]
+    present = {(r.node_id, r.fan_index) for r in rows}
+    if at.fan_index >= 0 and (spec.map_over is None or (at.step, at.fan_index) not in present):
+        raise ForkError(f"{where}: {nodes}")
+    if at.turn is not None:
+        if spec.kind != "agent":
+            raise ForkError(f"{at.step!r} is not an agent, so it has no turns: fork from {at.step!r}")
+        if (at.node_id, at.fan_index) not in present:
+            raise ForkError(f"{where}: {nodes}")
+
+
+def _settled_call(key: NodeKey, row: NodeRecord) -> bool:
+    """An agent's sub-node whose answer is part of the conversation: a response, a tool result,
+    or a tool call that failed for good (the model was told)."""
+    return row.status == NodeStatus.COMPLETED or (key.call is not None and row.status == NodeStatus.FAILED)
+
+
+def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed: set[str] | None = None,
+                   input_changed: bool = False) -> list[NodeRecord]:
+    """The parent's rows a fork from ``at`` starts with (module docstring: what is inherited)."""
+    changed = changed or set()
+    owners: dict[str, dict[int, NodeRecord]] = defaultdict(dict)
+    calls: dict[tuple[str, int], list[tuple[NodeKey, NodeRecord]]] = defaultdict(list)
+    undone: set[tuple[str, int]] = set()
+    for row in rows:
+        key = NodeKey.parse(row.node_id, row.fan_index)
+        if is_compensation(row.node_id):
+            undone.add((key.step, key.fan_index))  # the step, item or agent node one of whose effects was undone
+        elif key.is_agent_call:
+            calls[(key.step, key.fan_index)].append((key, row))
+        else:
+            owners[key.step][key.fan_index] = row
+
+    def usable(step: str, index: int) -> NodeRecord | None:
+        row = owners[step].get(index)
+        return row if row is not None and row.status == NodeStatus.COMPLETED and (step, index) not in undone else None
+
+    kept: list[NodeRecord] = []
+    whole: set[str] = set()  # steps inherited whole: their dependents may be inherited
+    for step in wf.order:
+        spec = wf.steps[step]
+        if step in changed or any(dep not in whole for dep in spec.deps):
+            continue
+        if input_changed and spec.input_param and (spec.effect or wf.compensation_for(step) is not None):
+            continue  # its effect depends on the input: it runs again under the new run's keys
+        complete = step != at.step
+        for index in sorted(owners[step]):
+            if step == at.step and (index == at.fan_index or index < 0 or at.fan_index < 0):
+                continue  # NODE itself (and a fan-out's parent, which completes with its items)
+            found = usable(step, index)
+            if found is None:
+                complete = False
+                if spec.kind == "agent" and (step, index) not in undone:  # an unfinished agent keeps its turns
+                    kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
+                continue
+            kept.append(found)
+            kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
+        if step == at.step and at.turn is not None and (step, at.fan_index) not in undone:
+            kept += [r for k, r in calls[(step, at.fan_index)]
+                     if k.turn is not None and k.turn < at.turn and _settled_call(k, r)]
+        if complete and usable(step, -1) is not None and (spec.map_over is None or spec.fan_out_policy.partial
+                                                          or all(usable(step, i) for i in owners[step] if i >= 0)):
+            whole.add(step)
+    return kept
+
+
+def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = None,
+         store: Store | str | None = None, new_run_id: str | None = None, executor: Any = "ray",
+         address: str | None = None, options: RunOptions | None = None, workflow_ref: str | None = None,
+         on_progress: Callable[[Any], None] | None = None, drive: bool = True) -> RunRecord:
+    """Fork the run ``run_id`` at rest from the node ``from_node`` and drive the new run.
+
+    Args:
+        workflow: The workflow's definition now (steps changed since the parent ran are re-run).
+        run_id: The parent run (completed, failed, compensated, compensation_failed or cancelled).
+        from_node: ``STEP``, ``STEP[ITEM]`` or ``AGENT@TURN[ITEM]``, as ``raysaga status`` shows it.
+        input_patch: A JSON merge patch of the parent's input (``null`` removes a key).
+        new_run_id: The new run's id (default: ``<workflow>-<random>``).
+        options: The new run's options (budgets default to the parent's).
+        workflow_ref: ``MODULE:ATTR`` for ``raysaga resume`` (default: the parent's).
+        drive: False: record the fork as ``pending`` and return it (``raysaga resume`` drives it).
+
+    Returns:
+        The new run's record (at rest when driven).
+    """
+    from raysaga.orchestrator import runner  # the runner imports the driver (and Ray's executor) lazily
+
+    st = store if isinstance(store, Store) else open_store(store)
+    workflow.validate()
+    parent = st.get_run(run_id)
+    if parent.status not in PRUNABLE:
+        raise ForkError(f"run {run_id!r} is {parent.status.value}: only a run at rest (completed, failed, compensated, "
+                        f"compensation_failed, cancelled) can be forked; wait for it, or `raysaga cancel {run_id}`")
+    if parent.workflow_name != workflow.name:
+        raise ForkError(f"run {run_id!r} is a run of workflow {parent.workflow_name!r}, not {workflow.name!r}: "
+                        "fork it with its own workflow (--workflow MODULE:WF)")
+    rows = st.nodes(run_id)
+    at = parse_node(from_node)
+    _check_node(workflow, rows, at, from_node, run_id)
+    diff = changes(parent, workflow)
+    if diff is not None and not diff.known:
+        raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition changed "
+                        f"since: fork it with the code it started with ({diff.describe()})")
+    new_input = parent.input if input_patch is None else merge_patch(parent.input, input_patch)
+    checked = workflow.check_input(new_input)
+    inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
+                               input_changed=checked != parent.input)
+    if new_run_id is not None:
+        check_run_id(new_run_id, "--run-id")
+    opts = options or RunOptions()
+    new = NewRun(
+        run_id=new_run_id or f"{workflow.name}-{uuid.uuid4().hex[:12]}", workflow_name=workflow.name,
+        workflow_version=workflow.version, definition_hash=workflow.definition_hash,
+        step_hashes=step_hashes(workflow), workflow_ref=workflow_ref or parent.workflow_ref, input=checked,
+        deadline_at=time.time() + opts.deadline if opts.deadline else None,
+        retry_budget=opts.retry_budget if opts.retry_budget is not None else parent.retry_budget,
+        token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
+        cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
+        trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
+    record = st.fork_run(new, inherited, {
+        "parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
+        "changed_steps": sorted(diff.steps()) if diff else []})
+    if not drive:
+        return record
+    return runner.resume(workflow, record.run_id, store=st, executor=executor, address=address, options=options,
+                         on_progress=on_progress)
