@@ -23,6 +23,7 @@ import typer
 
 from raysaga.errors import RaySagaError, RunNotFoundError, UserError
 from raysaga.orchestrator import cli_input
+from raysaga.orchestrator.cli_dashboard import dashboard
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
 from raysaga.orchestrator.cli_fork import fork, replay
 from raysaga.orchestrator.cli_maintenance import db_upgrade, prune
@@ -473,6 +474,7 @@ app.command()(prune)
 app.command()(fork)
 app.command()(replay)
 app.command()(__import__("raysaga.orchestrator.cli_launch", fromlist=["launch"]).launch)
+app.command()(dashboard)
 db_app.command("upgrade")(db_upgrade)
 
 

@@ -1,0 +1,101 @@
+// The run list: filters, counts by state, keyset paging, the inbox of runs waiting for a human.
+import { clear, getJSON, h, secs, utc } from "./dom";
+import { cls, RUN_STATES, symbol } from "./status";
+import type { RunList, Waiting } from "./types";
+
+interface Filters { status: string; workflow: string; since: string; until: string; q: string }
+
+export function badge(state: string): HTMLElement {
+  return h("span", { class: `badge ${cls(state)}`, title: state }, `${symbol(state)} ${state}`);
+}
+
+export function renderList(root: HTMLElement, params: URLSearchParams): () => void {
+  clear(root);
+  const f: Filters = {
+    status: params.get("status") ?? "", workflow: params.get("workflow") ?? "", since: params.get("since") ?? "",
+    until: params.get("until") ?? "", q: params.get("q") ?? "",
+  };
+  const inbox = h("section", { class: "inbox", id: "inbox" });
+  const chips = h("div", { class: "chips", id: "counts" });
+  const table = h("tbody", { id: "runs" });
+  const more = h("div", { class: "more" });
+  const input = (name: keyof Filters, label: string, type = "text"): HTMLElement =>
+    h("label", {}, label, h("input", { name, type, value: f[name], "aria-label": label }));
+  const form = h("form", { class: "filters", id: "filters" },
+    input("q", "search"), input("workflow", "workflow"), input("since", "since", "datetime-local"),
+    input("until", "until", "datetime-local"),
+    h("label", {}, "state", h("select", { name: "status", "aria-label": "state" }, h("option", { value: "" }, "any"),
+      ...RUN_STATES.map((st) => h("option", { value: st, selected: st === f.status }, st)))),
+    h("button", { type: "submit" }, "Filter"));
+  form.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const data = new FormData(form as HTMLFormElement);
+    const next = new URLSearchParams();
+    for (const [k, v] of data.entries()) if (String(v)) next.set(k, String(v));
+    location.hash = "#/?" + next.toString();
+  });
+  root.append(h("h1", {}, "Runs"), inbox, form, chips,
+    h("table", { class: "runs" }, h("thead", {}, h("tr", {}, ...["run", "workflow", "state", "created", "age",
+      "reason"].map((c) => h("th", {}, c)))), table), more);
+
+  const query = (before: string | null): string => {
+    const p = new URLSearchParams();
+    for (const [k, v] of Object.entries(f)) if (v) p.set(k, v);
+    if (before) p.set("before", before);
+    return "/api/runs?" + p.toString();
+  };
+  const draw = (page: RunList, append: boolean): void => {
+    if (!append) {
+      clear(table);
+      clear(chips);
+      const total = Object.values(page.counts).reduce((a, b) => a + b, 0);
+      chips.append(h("a", { class: "chip" + (f.status ? "" : " on"), href: "#/?" + filterParams("") }, `all ${total}`));
+      for (const st of RUN_STATES) {
+        const n = page.counts[st] ?? 0;
+        if (n) chips.append(h("a", { class: `chip ${cls(st)}` + (f.status === st ? " on" : ""),
+          href: "#/?" + filterParams(st) }, `${symbol(st)} ${st} ${n}`));
+      }
+    }
+    for (const r of page.runs) {
+      table.append(h("tr", { "data-run": r.run_id },
+        h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(r.run_id)}` }, r.run_id)),
+        h("td", {}, `${r.workflow_name} v${r.workflow_version}`), h("td", {}, badge(r.status)),
+        h("td", {}, utc(r.created_at)), h("td", {}, secs(page.now - r.created_at)),
+        h("td", { class: "reason" }, r.status_reason ?? "")));
+    }
+    if (!page.runs.length && !append) table.append(h("tr", {}, h("td", { colspan: 6 }, "no runs match")));
+    clear(more);
+    if (page.next) {
+      const next = page.next;
+      more.append(h("button", { onclick: () => { paged = true; void getJSON<RunList>(query(next)).then((p) => draw(p, true)); } },
+        "Older runs"));
+    }
+  };
+  const filterParams = (status: string): string => {
+    const p = new URLSearchParams();
+    for (const [k, v] of Object.entries({ ...f, status })) if (v) p.set(k, v);
+    return p.toString();
+  };
+  const drawInbox = (waiting: Waiting[]): void => {
+    clear(inbox);
+    if (!waiting.length) return;
+    inbox.append(h("h2", {}, `Waiting for you (${waiting.length})`),
+      h("ul", {}, ...waiting.map((w) => h("li", {},
+        h("a", { href: `#/runs/${encodeURIComponent(w.run_id)}?node=${encodeURIComponent(w.node)}` },
+          `${w.run_id} · ${w.node}`), " ", typeof w.prompt === "string" ? w.prompt : "",
+        w.since ? h("span", { class: "muted" }, ` waiting since ${utc(w.since)}`) : null))));
+  };
+  let live = true;
+  let paged = false;
+  const refresh = (): void => {
+    void getJSON<RunList>(query(null)).then((p) => { if (live) draw(p, false); }).catch((e: Error) => {
+      clear(table);
+      table.append(h("tr", {}, h("td", { colspan: 6, class: "error" }, e.message)));
+    });
+    void getJSON<{ waiting: Waiting[] }>("/api/inbox").then((w) => { if (live) drawInbox(w.waiting); });
+  };
+  refresh();
+  // the first page refreshes on a timer; older pages stay as they were read
+  const timer = window.setInterval(() => { if (!paged) refresh(); }, 5000);
+  return () => { live = false; window.clearInterval(timer); };
+}

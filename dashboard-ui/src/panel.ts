@@ -1,0 +1,131 @@
+// The node panel: the row, its output (large ones fetched on demand), its error, its attempts from
+// the event log, its ledger rows, its compensation, an agent's turns, and an approval's form.
+import { actor, clear, getJSON, h, postJSON, pretty, secs, utc } from "./dom";
+import { badge } from "./list";
+import type { NodeDoc, Shown } from "./types";
+
+function value(shown: Shown | null, fetchUrl: string | null): HTMLElement {
+  if (!shown) return h("p", { class: "muted" }, "none");
+  if ("value" in shown) return h("pre", { class: "value" }, pretty(shown.value));
+  const box = h("div", { class: "value" });
+  const label = shown.digest ? `kept as blob ${shown.digest.slice(0, 19)}…` : `${shown.size ?? "?"} bytes (a preview)`;
+  box.append(h("p", { class: "muted" }, label));
+  if (shown.preview) box.append(h("pre", {}, shown.preview + " …"));
+  if (fetchUrl) {
+    const button = h("button", { class: "load" }, "Load the whole value");
+    button.addEventListener("click", () => {
+      button.setAttribute("disabled", "");
+      void getJSON<{ value: unknown }>(fetchUrl).then((v) => {
+        clear(box);
+        box.append(h("pre", {}, pretty(v.value)));
+      }).catch((e: Error) => box.append(h("p", { class: "error" }, e.message)));
+    });
+    box.append(button);
+  }
+  return box;
+}
+
+function errorBlock(error: Record<string, unknown> | null): HTMLElement | null {
+  if (!error) return null;
+  const trace = typeof error.traceback === "string" ? error.traceback : null;
+  const kind = [error.type, error.message].filter(Boolean).join(": ");
+  return h("div", { class: "error-block" },
+    h("p", {}, h("strong", {}, "error "), kind, error.reason ? ` (${String(error.reason)})` : "",
+      error.transient !== undefined ? h("span", { class: "muted" }, error.transient ? " · transient" :
+        " · permanent") : null),
+    trace ? h("details", {}, h("summary", {}, "traceback"), h("pre", {}, trace)) : null);
+}
+
+function section(title: string, ...body: (HTMLElement | null)[]): HTMLElement {
+  return h("section", {}, h("h3", {}, title), ...body);
+}
+
+function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unknown>, done: () => void): HTMLElement {
+  const answer = h("textarea", { rows: 4, class: "answer", "aria-label": "answer (JSON)" }) as HTMLTextAreaElement;
+  const comment = h("input", { class: "comment", placeholder: "comment", "aria-label": "comment" }) as HTMLInputElement;
+  const note = h("p", { class: "muted" });
+  const act = (verb: "approve" | "reject"): void => {
+    let parsed: unknown = undefined;
+    if (verb === "approve" && answer.value.trim()) {
+      try { parsed = JSON.parse(answer.value); } catch { note.textContent = "the answer is not JSON"; return; }
+    }
+    if (!window.confirm(`${verb} ${doc.node} of run ${runId} as ${actor()}?`)) return;
+    void postJSON(`/api/runs/${encodeURIComponent(runId)}/actions/${verb}`, {
+      confirm: true, by: actor(), node: doc.node, answer: parsed, comment: comment.value || undefined,
+    }).then(() => { note.textContent = `${verb}d`; done(); }).catch((e: Error) => { note.textContent = e.message; });
+  };
+  return section("Waiting for a decision",
+    request.prompt !== undefined ? h("p", { class: "prompt" }, String(request.prompt)) : null,
+    request.payload !== undefined ? h("pre", { class: "value" }, pretty(request.payload)) : null,
+    request.schema !== undefined ? h("details", {}, h("summary", {}, "answer schema"), h("pre", {},
+      pretty(request.schema))) : null,
+    h("label", {}, "answer (JSON)", answer), comment,
+    h("div", { class: "buttons" }, h("button", { class: "approve", onclick: () => act("approve") }, "Approve"),
+      h("button", { class: "reject", onclick: () => act("reject") }, "Reject")), note);
+}
+
+export async function renderPanel(box: HTMLElement, runId: string, label: string, onPick: (l: string) => void,
+  reload: () => void): Promise<void> {
+  clear(box);
+  box.append(h("p", { class: "muted" }, `loading ${label}…`));
+  const base = `/api/runs/${encodeURIComponent(runId)}/nodes/${encodeURIComponent(label)}`;
+  let doc: NodeDoc;
+  try {
+    doc = await getJSON<NodeDoc>(base);
+  } catch (e) {
+    clear(box);
+    box.append(h("p", { class: "error" }, (e as Error).message));
+    return;
+  }
+  clear(box);
+  const row = doc.row;
+  box.setAttribute("data-node", label);
+  box.append(h("div", { class: "panel-head" }, h("h2", {}, label), row ? badge(row.status) : badge("pending"),
+    h("button", { class: "close", "aria-label": "close", onclick: () => { box.hidden = true; } }, "×")));
+  if (!row) box.append(h("p", { class: "muted" }, "no row yet: this node has not started"));
+  else {
+    box.append(h("dl", { class: "facts" },
+      h("dt", {}, "attempts"), h("dd", {}, String(row.attempt)),
+      row.started_at ? h("dt", {}, "started") : null, row.started_at ? h("dd", {}, utc(row.started_at)) : null,
+      row.duration !== null ? h("dt", {}, "took") : null, row.duration !== null ? h("dd", {}, secs(row.duration)) : null,
+      row.not_before ? h("dt", {}, "next try") : null, row.not_before ? h("dd", {}, utc(row.not_before)) : null));
+    const request = row.status === "waiting" && doc.output && "value" in doc.output &&
+      typeof doc.output.value === "object" && doc.output.value !== null ? doc.output.value as Record<string, unknown> : null;
+    if (request) box.append(approvalForm(runId, doc, request, reload));
+  }
+  box.append(section("Output", value(doc.output, doc.output && !("value" in doc.output) ? base + "/output" : null)));
+  const err = errorBlock(doc.error);
+  if (err) box.append(section("Error", err));
+  if (doc.attempts.length) {
+    box.append(section("Attempts and events", h("ol", { class: "attempts" }, ...doc.attempts.map((e) => {
+      const data = (e.data ?? {}) as Record<string, unknown>;
+      const error = data.error as Record<string, unknown> | undefined;
+      return h("li", {}, h("span", { class: "muted" }, utc(e.at)), ` ${e.kind}`,
+        data.attempt !== undefined ? ` · attempt ${String(data.attempt)}` : "",
+        typeof data.delay === "number" ? ` · retry in ${secs(data.delay)}` : "",
+        error ? h("div", { class: "error" }, [error.type, error.message].filter(Boolean).join(": ")) : null);
+    }))));
+  }
+  if (doc.effects.length) {
+    box.append(section("Ledger (effects)", ...doc.effects.map((e) => h("div", { class: "ledger-row", "data-key": e.key },
+      h("div", {}, badge(e.status), " ", h("strong", {}, e.effect), h("span", { class: "muted" }, ` ${e.node}`)),
+      h("div", { class: "mono key" }, e.key), value(e.result, null)))));
+  }
+  if (doc.compensation.length) {
+    box.append(section("Compensation", ...doc.compensation.map((c) => h("p", {}, badge(c.status),
+      ` ${c.node} · attempt ${c.attempt} · ${utc(c.finished_at ?? c.started_at)}`))));
+  }
+  if (doc.turns.length) {
+    box.append(section("Agent turns", h("table", { class: "turns" },
+      h("thead", {}, h("tr", {}, ...["node", "state", "stop", "tokens in/out", "tools / text"].map((c) =>
+        h("th", {}, c)))),
+      h("tbody", {}, ...doc.turns.map((t) => {
+        const tr = h("tr", { class: "turn" }, h("td", {}, h("a", { href: "#", onclick: (ev: Event) => {
+          ev.preventDefault(); onPick(t.node);
+        } }, t.node)), h("td", {}, badge(t.status)), h("td", {}, t.stop_reason ?? ""),
+        h("td", {}, t.input_tokens != null ? `${t.input_tokens ?? "?"} / ${t.output_tokens ?? "?"}` : ""),
+        h("td", {}, (t.tool_uses ?? []).map((u) => u.name).join(", ") || (t.text ?? "").slice(0, 120)));
+        return tr;
+      })))));
+  }
+}

@@ -1,0 +1,230 @@
+// A run's page: its state and budgets, the DAG with live node states, a fan-out's items on demand,
+// the Gantt of attempts, the event timeline, the node panel and the run's actions. Live by
+// server-sent events from the event log: each message is a change (events, the rows they name, the
+// counts of the fan-outs they touch); a reconnect resumes from the last event id.
+import { actor, clear, clock, getJSON, h, postJSON, secs, utc } from "./dom";
+import { drawDag, legend, stepState, type DagView } from "./dag";
+import { drawGantt } from "./gantt";
+import { badge } from "./list";
+import { renderPanel } from "./panel";
+import { cls, symbol } from "./status";
+import type { Change, EventJSON, Row, RunDoc, RunSummary, StepState } from "./types";
+
+const MAX_EVENTS = 400;
+
+function baseStep(nodeId: string): { step: string; turn: boolean; comp: boolean } {
+  const comp = nodeId.endsWith(":compensate");
+  const bare = comp ? nodeId.slice(0, -":compensate".length) : nodeId;
+  const at = bare.indexOf("@");
+  return { step: at >= 0 ? bare.slice(0, at) : bare, turn: at >= 0, comp };
+}
+
+function emptyStep(): StepState {
+  return { row: null, items: [], counts: {}, turns: 0, calls: 0, compensation: null };
+}
+
+export function renderRun(root: HTMLElement, runId: string, params: URLSearchParams): () => void {
+  clear(root);
+  const enc = encodeURIComponent(runId);
+  const head = h("section", { class: "run-head", id: "run-head" });
+  const dagBox = h("div", { class: "dag-box", id: "dag" });
+  const fanBox = h("section", { class: "fan-box", id: "fan", hidden: true });
+  const ganttBox = h("section", { class: "gantt-box", id: "gantt" });
+  const timeline = h("ol", { class: "timeline", id: "timeline" });
+  const panel = h("aside", { class: "panel", id: "panel", hidden: true });
+  const liveNote = h("span", { class: "live", id: "live" }, "connecting…");
+  const hide = h("input", { type: "checkbox", id: "hide-completed" }) as HTMLInputElement;
+  root.append(head, h("div", { class: "run-body" },
+    h("div", { class: "run-main" },
+      h("div", { class: "toolbar" }, h("h2", {}, "DAG"), legend(),
+        h("label", {}, hide, " hide completed"), liveNote),
+      dagBox, fanBox, h("h2", {}, "Attempts"), ganttBox, h("h2", {}, "Events"), timeline),
+    panel));
+
+  let doc: RunDoc | null = null;
+  let view: DagView | null = null;
+  let selected: string | null = params.get("node");
+  const turnIds = new Map<string, Set<string>>();
+  const rows = new Map<string, Row>();
+  let stream: EventSource | null = null;
+  let closed = false;
+
+  const pick = (label: string): void => {
+    selected = label;
+    panel.hidden = false;
+    void renderPanel(panel, runId, label, pick, () => void load());
+    if (view && doc) for (const id of view.ids) view.update(id);
+  };
+
+  const drawHead = (run: RunSummary & Partial<RunDoc["run"]>, now: number): void => {
+    clear(head);
+    const budget = (used: number, cap: number | null, unit = ""): string => cap ? `${used}${unit} of ${cap}${unit}` :
+      `${used}${unit}`;
+    const actions = h("div", { class: "actions" });
+    const act = (verb: string, label: string, danger = false): HTMLElement => h("button", {
+      class: danger ? "danger" : "", "data-verb": verb, onclick: () => {
+        if (!window.confirm(`${label} run ${runId} as ${actor()}?`)) return;
+        void postJSON(`/api/runs/${enc}/actions/${verb}`, { confirm: true, by: actor() })
+          .then(() => { liveNote.textContent = `${label}: sent`; })
+          .catch((e: Error) => window.alert(e.message));
+      } }, label);
+    const rest = ["completed", "cancelled", "compensated"].includes(run.status);
+    if (!rest) actions.append(act("cancel", "Cancel", true), act("compensate", "Cancel and compensate", true));
+    if (run.status === "paused") actions.append(act("unpause", "Unpause"));
+    else if (!rest) actions.append(act("pause", "Pause"));
+    if (["failed", "compensation_failed"].includes(run.status)) actions.append(act("retry", "Retry"));
+    head.append(h("div", { class: "title" }, h("h1", {}, run.run_id), badge(run.status),
+        h("span", { class: "muted" }, `${run.workflow_name} v${run.workflow_version}`)));
+    if (run.status_reason) head.append(h("p", { class: "reason" }, run.status_reason));
+    head.append(h("dl", { class: "facts" },
+        h("dt", {}, "age"), h("dd", {}, `${secs(now - run.created_at)} (since ${utc(run.created_at)})`),
+        h("dt", {}, "updated"), h("dd", {}, utc(run.updated_at)),
+        h("dt", {}, "deadline"), h("dd", {}, run.deadline_at ? `${utc(run.deadline_at)} (${run.deadline_at > now ?
+          "in " + secs(run.deadline_at - now) : "passed"})` : "none"),
+        h("dt", {}, "retries"), h("dd", {}, budget(run.retries_used, run.retry_budget)),
+        h("dt", {}, "tokens"), h("dd", {}, budget(run.tokens_used, run.token_budget)),
+        h("dt", {}, "cost"), h("dd", {}, run.cost_budget ? `$${run.cost_used.toFixed(4)} of $${run.cost_budget}` :
+          `$${run.cost_used.toFixed(4)}`),
+        h("dt", {}, "driver"), h("dd", {}, run.lease_owner && (run.lease_expires_at ?? 0) > now ?
+          run.lease_owner.split(":").slice(0, 3).join(":") : "none")),
+      actions);
+  };
+
+  const allRows = (): Row[] => [...rows.values()];
+  const drawGanttNow = (): void => {
+    clear(ganttBox);
+    const resting = doc && ["completed", "cancelled", "compensated", "failed", "compensation_failed"]
+      .includes(doc.run.status);
+    ganttBox.append(drawGantt(allRows(), resting && doc ? doc.run.updated_at : Date.now() / 1000, pick));
+  };
+
+  const layout = (): void => {
+    if (!doc) return;
+    const d = doc;
+    clear(dagBox);
+    if (d.graph.note) dagBox.append(h("p", { class: "muted note" }, d.graph.note));
+    const hidden = (id: string): boolean => hide.checked && stepState(d.graph.nodes.find((n) => n.id === id),
+      d.steps[id]) === "completed";
+    view = drawDag(d.graph, d.steps, hidden, (id) => {
+      const node = d.graph.nodes.find((n) => n.id === id);
+      const st = d.steps[id];
+      if (node?.map_over || Object.keys(st?.counts ?? {}).length) void expand(id);
+      pick(id);
+    }, selected);
+    dagBox.append(view.svg);
+  };
+
+  const expand = async (step: string, status = ""): Promise<void> => {
+    fanBox.hidden = false;
+    clear(fanBox);
+    const counts = doc?.steps[step]?.counts ?? {};
+    const filter = h("select", { "aria-label": "items in state" }, h("option", { value: "" }, "every state"),
+      ...Object.keys(counts).map((k) => h("option", { value: k, selected: k === status }, `${k} (${counts[k]})`)));
+    filter.addEventListener("change", () => void expand(step, (filter as HTMLSelectElement).value));
+    const grid = h("div", { class: "items", "data-step": step });
+    fanBox.append(h("div", { class: "toolbar" }, h("h2", {}, `${step}: items`), filter,
+      h("button", { onclick: () => { fanBox.hidden = true; } }, "collapse")), grid);
+    let after = -1;
+    const more = h("button", {}, "more items");
+    const page = async (): Promise<void> => {
+      const got = await getJSON<{ items: Row[]; next: number | null }>(
+        `/api/runs/${enc}/items/${encodeURIComponent(step)}?after=${after}&limit=500${status ? "&status=" + status : ""}`);
+      for (const r of got.items) grid.append(itemCell(r));
+      more.remove();
+      if (got.next !== null) { after = got.next; fanBox.append(more); }
+    };
+    more.addEventListener("click", () => void page());
+    await page();
+  };
+  const itemCell = (r: Row): HTMLElement => h("button", { class: `item ${cls(r.status)}`, "data-node": r.node,
+    title: `${r.node}: ${r.status}`, onclick: () => pick(r.node) }, `${symbol(r.status)}${r.index ?? ""}`);
+
+  const addEvents = (events: EventJSON[]): void => {
+    for (const e of events) {
+      const data = e.data && typeof e.data === "object" ? JSON.stringify(e.data) : "";
+      timeline.append(h("li", { "data-seq": e.seq }, h("span", { class: "muted" }, `#${e.seq} ${clock(e.at)} `),
+        h("strong", {}, e.kind), e.node ? ` ${e.node}` : "",
+        data && data !== "{}" ? h("span", { class: "data" }, ` ${data.length > 160 ? data.slice(0, 160) + "…" : data}`)
+          : null));
+    }
+    while (timeline.childElementCount > MAX_EVENTS) timeline.firstElementChild?.remove();
+    timeline.scrollTop = timeline.scrollHeight;
+  };
+
+  const apply = (change: Change): void => {
+    if (!doc) return;
+    let relayout = false;
+    const touched = new Set<string>();
+    for (const r of change.nodes) {
+      const { step, turn, comp } = baseStep(r.node_id);
+      const st = doc.steps[step] ?? (doc.steps[step] = emptyStep());
+      if (!doc.graph.nodes.some((n) => n.id === step)) {
+        doc.graph.nodes.push({ id: step, kind: "step", map_over: null, effect: false, critical: true,
+          compensated: false, deps: [] });
+        relayout = true;
+      }
+      if (comp) st.compensation = r.status;
+      else if (turn) {
+        const seen = turnIds.get(step) ?? new Set<string>();
+        seen.add(r.node_id);
+        turnIds.set(step, seen);
+        st.turns = [...seen].filter((id) => !id.includes(".")).length;
+      } else if (r.index === null) st.row = r;
+      else {
+        const cell = fanBox.querySelector(`[data-node="${CSS.escape(r.node)}"]`);
+        if (cell) cell.replaceWith(itemCell(r));
+      }
+      if (r.index === null || rows.has(r.node) || rows.size < 200) rows.set(r.node, r);
+      touched.add(step);
+    }
+    for (const [step, counts] of Object.entries(change.counts)) {
+      (doc.steps[step] ?? (doc.steps[step] = emptyStep())).counts = counts;
+      touched.add(step);
+    }
+    drawHead({ ...doc.run, ...change.run }, Date.now() / 1000);
+    doc.run = { ...doc.run, ...change.run };
+    if (relayout || hide.checked) layout();
+    else for (const id of touched) view?.update(id);
+    addEvents(change.events);
+    drawGanttNow();
+    if (selected && panel.hidden === false && change.nodes.some((r) => r.node === selected ||
+      baseStep(r.node_id).step === selected)) void renderPanel(panel, runId, selected, pick, () => void load());
+  };
+
+  const connect = (cursor: number): void => {
+    stream?.close();
+    stream = new EventSource(`/api/runs/${enc}/stream?after=${cursor}`);
+    stream.addEventListener("open", () => { liveNote.textContent = "● live"; liveNote.className = "live on"; });
+    stream.addEventListener("error", () => { liveNote.textContent = "reconnecting…"; liveNote.className = "live"; });
+    stream.addEventListener("change", (ev) => {
+      const msg = ev as MessageEvent<string>;
+      apply(JSON.parse(msg.data) as Change);
+      document.body.setAttribute("data-seq", msg.lastEventId);
+    });
+  };
+
+  const load = async (): Promise<void> => {
+    try {
+      doc = await getJSON<RunDoc>(`/api/runs/${enc}`);
+    } catch (e) {
+      clear(head);
+      head.append(h("p", { class: "error" }, (e as Error).message));
+      return;
+    }
+    if (closed) return;
+    rows.clear();
+    for (const r of doc.rows) rows.set(r.node, r);
+    drawHead(doc.run, doc.now);
+    layout();
+    drawGanttNow();
+    clear(timeline);
+    const events = await getJSON<{ events: EventJSON[] }>(`/api/runs/${enc}/events?after=${Math.max(0,
+      doc.cursor - MAX_EVENTS)}&limit=${MAX_EVENTS}`);
+    addEvents(events.events.filter((e) => e.seq <= (doc?.cursor ?? 0)));
+    if (selected) pick(selected);
+    connect(doc.cursor);
+  };
+  hide.addEventListener("change", layout);
+  void load();
+  return () => { closed = true; stream?.close(); };
+}

@@ -1,0 +1,61 @@
+// The JSON the dashboard's API sends (orchestrator/dashboard/views.py).
+
+export interface RunSummary {
+  run_id: string; workflow_name: string; workflow_version: string; status: string;
+  status_reason: string | null; created_at: number; updated_at: number; deadline_at: number | null;
+  lease_owner: string | null; lease_expires_at: number | null; retries_used: number;
+  retry_budget: number | null; tokens_used: number; token_budget: number | null; cost_used: number;
+  cost_budget: number | null; parent_run_id: string | null;
+}
+
+export interface RunList { runs: RunSummary[]; counts: Record<string, number>; next: string | null; now: number }
+
+export interface Waiting {
+  run_id: string; workflow: string; node: string; since: number | null; reason: string | null;
+  prompt: unknown; approvers: unknown; timeout_at: number | null;
+}
+
+export interface Row {
+  node: string; node_id: string; index: number | null; status: string; attempt: number;
+  not_before: number | null; started_at: number | null; finished_at: number | null;
+  duration: number | null; output_digest: string | null;
+}
+
+export interface Shown { value?: unknown; preview?: string; size?: number; digest?: string }
+
+export interface GraphNode {
+  id: string; kind: string; map_over: string | null; effect: boolean; critical: boolean;
+  compensated: boolean; deps: string[];
+}
+
+export interface Graph { source: string; note?: string | null; nodes: GraphNode[]; edges: [string, string][] }
+
+export interface StepState {
+  row: Row | null; items: Row[]; counts: Record<string, number>; turns: number; calls: number;
+  compensation: string | null;
+}
+
+export interface RunDoc {
+  run: RunSummary & { trace_id: string; workflow_ref: string | null; input: Shown; output: Shown;
+    error: Record<string, unknown> | null; wake_at: number | null; event_seq: number };
+  graph: Graph; steps: Record<string, StepState>; rows: Row[]; cursor: number; now: number;
+}
+
+export interface EventJSON { seq: number; at: number; kind: string; node: string | null; data: unknown }
+
+export interface Change {
+  events: EventJSON[]; nodes: Row[]; counts: Record<string, Record<string, number>>; run: RunSummary;
+}
+
+export interface Turn extends Row {
+  stop_reason?: string; model?: string; input_tokens?: number; output_tokens?: number; cost?: number;
+  tool_uses?: { name: string; input: Shown }[]; text?: string; output: Shown; error: unknown;
+}
+
+export interface NodeDoc {
+  node: string; step: string; row: Row | null; output: Shown | null; error: Record<string, unknown> | null;
+  attempts: EventJSON[];
+  effects: { key: string; node: string; effect: string; status: string; result: Shown; external_id: string | null;
+    created_at: number; updated_at: number }[];
+  compensation: (Row & { error: unknown })[]; turns: Turn[];
+}

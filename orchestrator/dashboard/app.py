@@ -1,0 +1,177 @@
+"""The dashboard's HTTP application (FastAPI): the page, its JSON API, the live stream, /metrics.
+
+Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but GET/HEAD):
+
+- ``GET /`` the page (the front-end built from ``dashboard-ui/``, served from ``static/``);
+  ``/?token=T`` sets the token cookie and redirects to ``/``.
+- ``GET /api/runs`` a page of runs (``status``, ``workflow``, ``since``, ``until``, ``q``,
+  ``before``, ``limit``) with counts by state; ``GET /api/inbox`` nodes waiting for a human.
+- ``GET /api/runs/RUN`` the run, its DAG and its nodes' states, and ``cursor``, the event seq
+  they were read at; ``/items/STEP`` a fan-out's items; ``/nodes/NODE`` a node's panel;
+  ``/nodes/NODE/output`` its whole output; ``/events`` the event log.
+- ``GET /api/runs/RUN/stream?after=SEQ`` server-sent events from the event log: one ``change``
+  per page of new events (the events, the rows of the nodes they name, the counts of the
+  fan-outs they touch, the run's summary), with ``id: SEQ``; a browser reconnecting sends
+  ``Last-Event-ID`` and catches up from there.
+- ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
+- ``GET /metrics`` Prometheus text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+import anyio
+from fastapi import Body, FastAPI, HTTPException, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from sse_starlette.sse import EventSourceResponse
+
+from raysaga.errors import CorruptRecordError, RunNotFoundError, UserError
+from raysaga.orchestrator.dashboard import actions, metrics, views
+from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, SAFE_METHODS, Guard
+from raysaga.state import Store
+from raysaga.state.dashboard_reads import RunFilter
+
+# resolved: an editable install links each file, and StaticFiles follows no link out of its folder
+STATIC = Path(__file__).resolve().parent / "static"
+#: Seconds between two reads of the event log by one live stream.
+POLL_SECONDS = 0.4
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+                               "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
+               actor: str | None = None) -> FastAPI:
+    """The application over ``store``; ``actor`` names who acts when a request does not say."""
+    app = FastAPI(title="raysaga dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    state: dict[str, int] = {"streams": 0}
+
+    @app.middleware("http")
+    async def guarded(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        host = request.headers.get("host")
+        if not guard.host_ok(host):
+            return PlainTextResponse("forbidden host (the dashboard answers only to its own names)", 403)
+        query_token = request.query_params.get("token") if request.url.path == "/" else None
+        if not guard.token_ok(request.headers.get("authorization"), request.cookies.get(COOKIE), query_token):
+            return PlainTextResponse("a token is needed: open /?token=TOKEN once, or send Authorization: "
+                                     "Bearer TOKEN", 401, headers={"WWW-Authenticate": "Bearer"})
+        if request.method not in SAFE_METHODS and not guard.csrf_ok(
+                request.headers.get(CSRF_HEADER), request.headers.get("origin"), host):
+            return PlainTextResponse("refused: a state-changing request needs the page's CSRF header", 403)
+        response = await call_next(request)
+        for k, v in _HEADERS.items():
+            response.headers.setdefault(k, v)
+        return response
+
+    @app.exception_handler(RunNotFoundError)
+    async def not_found(request: Request, exc: RunNotFoundError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, 404)
+
+    @app.exception_handler(UserError)
+    async def bad_request(request: Request, exc: UserError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, 400)
+
+    @app.exception_handler(CorruptRecordError)
+    async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
+        return JSONResponse({"error": str(exc)}, 500)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index(request: Request, token: str | None = None) -> Response:
+        if token is not None and guard.token is not None:
+            redirect = RedirectResponse("/", 303)
+            redirect.set_cookie(COOKIE, guard.token, httponly=True, samesite="strict",
+                                secure=request.url.scheme == "https")
+            return redirect
+        page = (STATIC / "index.html").read_text(encoding="utf-8")
+        return HTMLResponse(page.replace("__RAYSAGA_CSRF__", guard.csrf))
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.get("/api/runs")
+    def runs(status: str | None = None, workflow: str | None = None, since: str | None = None,
+             until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50
+             ) -> dict[str, Any]:
+        f = RunFilter(status=status or None, workflow=workflow or None, since=views.parse_time(since, "since"),
+                      until=views.parse_time(until, "until"), text=(q or "").strip() or None,
+                      before=views.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE))
+        return views.run_list(store, f)
+
+    @app.get("/api/inbox")
+    def inbox() -> dict[str, Any]:
+        return {"waiting": views.inbox(store)}
+
+    @app.get("/api/runs/{run_id}")
+    def run(run_id: str) -> dict[str, Any]:
+        return views.run_page(store, run_id)
+
+    @app.get("/api/runs/{run_id}/items/{step}")
+    def items(run_id: str, step: str, after: int = -1, limit: int = 200, status: str | None = None
+              ) -> dict[str, Any]:
+        return views.fan_items(store, run_id, step, after, limit, status)
+
+    @app.get("/api/runs/{run_id}/nodes/{label}")
+    def node(run_id: str, label: str) -> dict[str, Any]:
+        return views.node_page(store, run_id, label)
+
+    @app.get("/api/runs/{run_id}/nodes/{label}/output")
+    def node_output(run_id: str, label: str) -> JSONResponse:
+        return JSONResponse({"value": views.node_output(store, run_id, label)})
+
+    @app.get("/api/runs/{run_id}/events")
+    def events(run_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+        if store.run_row(run_id) is None:
+            _missing(run_id)
+        return {"events": views.events_page(store, run_id, after, limit)}
+
+    @app.get("/api/runs/{run_id}/stream")
+    async def stream(request: Request, run_id: str, after: int | None = None) -> EventSourceResponse:
+        if await anyio.to_thread.run_sync(store.run_row, run_id) is None:
+            _missing(run_id)
+        last = request.headers.get("last-event-id")
+        cursor = int(last) if last and last.isdigit() else (after or 0)
+
+        async def changes() -> AsyncIterator[dict[str, str]]:
+            nonlocal cursor
+            state["streams"] += 1
+            try:
+                while not await request.is_disconnected():
+                    seq, change = await anyio.to_thread.run_sync(views.live_change, store, run_id, cursor)
+                    if change is None:
+                        await anyio.sleep(poll)
+                        continue
+                    cursor = seq
+                    yield {"id": str(seq), "event": "change", "data": json.dumps(change, default=str)}
+            finally:
+                state["streams"] -= 1
+
+        return EventSourceResponse(changes(), ping=15, headers={"Cache-Control": "no-store"})
+
+    @app.get("/metrics")
+    def prometheus() -> Response:
+        return Response(metrics.render(store, state["streams"]), media_type=metrics.CONTENT_TYPE)
+
+    @app.post("/api/runs/{run_id}/actions/{verb}")
+    def act(run_id: str, verb: str, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:
+        if body.get("confirm") is not True:
+            raise UserError(f"{verb}: confirm the action (send \"confirm\": true)")
+        by = str(body.get("by") or actor or "dashboard")
+        return actions.perform(store, run_id, verb, by=by, body=body)
+
+    return app
+
+
+def _missing(run_id: str) -> NoReturn:
+    raise HTTPException(404, f"run {run_id!r} not found")
+
+
+__all__ = ["POLL_SECONDS", "create_app"]

@@ -1,0 +1,261 @@
+"""The JSON documents the dashboard's pages read: a page of runs, a run, a node, a value.
+
+Every value shown passes through ``redact.scrub`` (secrets never reach the page, whatever a step
+returned), and a value above ``PREVIEW_BYTES`` of JSON is sent as a preview with its size: the
+page fetches the whole of it (``/api/runs/RUN/nodes/NODE/output``) only when asked. A node's
+output kept as a blob is fetched the same way, by the digest its row names.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from raysaga.errors import RunNotFoundError, UserError
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.dashboard.graph import base_step, graph_for
+from raysaga.state import Store, node_label
+from raysaga.state.dashboard_reads import RunFilter
+from raysaga.state.redact import scrub
+
+#: A value above this many bytes of JSON is sent as a preview; the page fetches the rest on demand.
+PREVIEW_BYTES = 16_384
+#: Items of a fan-out sent with the run (the rest by /items, on demand).
+ITEMS_SHOWN = 24
+#: Largest page of runs or items.
+MAX_PAGE = 500
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str, ensure_ascii=False)
+
+
+def shown(value: Any, limit: int = PREVIEW_BYTES) -> dict[str, Any]:
+    """A value as the page shows it: ``{"value": ...}``, or ``{"preview": text, "size": n}``."""
+    clean = scrub(value)
+    text = _json(clean)
+    if len(text) <= limit:
+        return {"value": clean}
+    return {"preview": text[:limit], "size": len(text.encode())}
+
+
+def _row(row: dict[str, Any]) -> dict[str, Any]:
+    """A light node row (no output) as JSON."""
+    return {"node": node_label(row["node_id"], row["fan_index"]), "node_id": row["node_id"],
+            "index": row["fan_index"] if row["fan_index"] >= 0 else None, "status": str(row["status"]),
+            "attempt": row["attempt"], "not_before": row["not_before"], "started_at": row["started_at"],
+            "finished_at": row["finished_at"], "duration": row["duration"],
+            "output_digest": row.get("output_digest")}
+
+
+def _run_json(row: dict[str, Any]) -> dict[str, Any]:
+    out = {k: row[k] for k in row}
+    out["status_reason"] = scrub(row.get("status_reason"))
+    return out
+
+
+def parse_time(value: str | None, name: str) -> float | None:
+    """An ISO date/time (UTC unless it says) or epoch seconds."""
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    from datetime import UTC, datetime
+
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise UserError(f"{name}={value!r} is not a time: use 2026-01-31, 2026-01-31T12:00 or epoch seconds") from None
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
+def run_list(store: Store, f: RunFilter) -> dict[str, Any]:
+    """One page of runs, the counts by state under the same filter, the next page's cursor."""
+    rows = store.run_page(f)
+    last = rows[-1] if len(rows) == f.limit else None
+    return {
+        "runs": [_run_json(r) for r in rows],
+        "counts": store.run_counts(f),
+        "next": None if last is None else f"{last['created_at']!r}|{last['run_id']}",
+        "now": time.time(),
+    }
+
+
+def parse_cursor(value: str | None) -> tuple[float, str] | None:
+    if not value:
+        return None
+    at, sep, run_id = value.partition("|")
+    try:
+        return (float(at), run_id) if sep else None
+    except ValueError:
+        raise UserError(f"before={value!r} is not a cursor from a previous page") from None
+
+
+def inbox(store: Store) -> list[dict[str, Any]]:
+    """Nodes waiting for a human, with their request (prompt, payload, approvers, schema, timeout)."""
+    out = []
+    for row in store.waiting_nodes():
+        request = row["output"] if isinstance(row["output"], dict) else {}
+        out.append({"run_id": row["run_id"], "workflow": row["workflow_name"],
+                    "node": node_label(row["node_id"], row["fan_index"]), "since": row["started_at"] or
+                    row["updated_at"], "reason": scrub(row["status_reason"]),
+                    "prompt": scrub(request.get("prompt")), "approvers": request.get("approvers"),
+                    "timeout_at": request.get("timeout_at")})
+    return out
+
+
+def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
+    """Per workflow step: its own row, a fan-out's counts and first items, agent turns counted,
+    its compensation's status."""
+    steps: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        key = NodeKey.parse(row["node_id"], row["fan_index"])
+        entry = steps.setdefault(key.step, {"row": None, "items": [], "counts": {}, "turns": 0, "calls": 0,
+                                            "compensation": None})
+        if key.compensates:
+            entry["compensation"] = str(row["status"])
+        elif key.call is not None:
+            entry["calls"] += 1
+        elif key.turn is not None:
+            entry["turns"] += 1
+        elif key.fan_index >= 0:
+            entry["items"].append(_row(row))
+        else:
+            entry["row"] = _row(row)
+    for step, c in counts.items():
+        steps.setdefault(step, {"row": None, "items": [], "counts": {}, "turns": 0, "calls": 0,
+                                "compensation": None})["counts"] = c
+    return steps
+
+
+def run_page(store: Store, run_id: str) -> dict[str, Any]:
+    """Everything a run page first draws. ``cursor`` is the event seq read *before* the rows, so
+    the live stream from it replays whatever changed while they were read (updates are idempotent)."""
+    run = store.get_run(run_id, lenient=True)
+    cursor = run.event_seq
+    rows = store.step_rows(run_id, ITEMS_SHOWN)
+    fanned = sorted({r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]})
+    counts = store.step_counts(run_id, fanned)
+    summary = store.run_row(run_id) or {}
+    return {
+        "run": {**_run_json(summary), "trace_id": run.trace_id, "workflow_ref": run.workflow_ref,
+                "input": shown(run.input), "output": shown(run.output),
+                "error": None if run.error is None else scrub(run.error.as_dict()),
+                "forked_from": run.forked_from, "wake_at": run.wake_at, "event_seq": run.event_seq},
+        "graph": graph_for(run, [r["node_id"] for r in rows]),
+        "steps": _steps(rows, counts),
+        "rows": [_row(r) for r in rows],
+        "cursor": cursor,
+        "now": time.time(),
+    }
+
+
+def fan_items(store: Store, run_id: str, step: str, after: int, limit: int, status: str | None) -> dict[str, Any]:
+    rows = store.fan_items(run_id, step, after, min(max(1, limit), MAX_PAGE), status or None)
+    return {"items": [_row(r) for r in rows], "next": rows[-1]["fan_index"] if len(rows) == limit else None}
+
+
+def parse_node(label: str) -> tuple[str, int]:
+    """``step``, ``step[3]``, ``research@2.1`` to (node_id, fan_index)."""
+    if label.endswith("]") and "[" in label:
+        head, _, index = label[:-1].rpartition("[")
+        if index.isdigit() and len(index) < 11:
+            return head, int(index)
+    return label, -1
+
+
+def _event_json(e: Any) -> dict[str, Any]:
+    return {"seq": e.seq, "at": e.at, "kind": e.kind, "node": None if e.node_id is None else
+            node_label(e.node_id, -1 if e.fan_index is None else e.fan_index), "data": scrub(e.data)}
+
+
+def _turn(row: dict[str, Any]) -> dict[str, Any]:
+    """An agent turn or tool call row: the model's usage, stop reason and tool uses when it holds them."""
+    out = _row(row)
+    value = row.get("output")
+    if isinstance(value, dict):
+        usage = value.get("usage")
+        out.update(stop_reason=value.get("stop_reason"), model=value.get("model"), cost=value.get("cost"))
+        if isinstance(usage, dict):
+            out.update(input_tokens=usage.get("input_tokens"), output_tokens=usage.get("output_tokens"))
+        content = value.get("content")
+        if isinstance(content, str):  # a tool call's result
+            out["text"] = content[:2000]
+        if isinstance(content, list):
+            out["tool_uses"] = [{"name": c.get("name"), "input": shown(c.get("input"), 2000)} for c in content
+                                if isinstance(c, dict) and c.get("type") == "tool_use"]
+            out["text"] = " ".join(str(c.get("text")) for c in content
+                                   if isinstance(c, dict) and c.get("type") == "text")[:2000]
+    out["output"] = shown(value, 4000)
+    out["error"] = scrub(row.get("error"))
+    return out
+
+
+def node_page(store: Store, run_id: str, label: str) -> dict[str, Any]:
+    """A node's panel: its row, output (or digest), error, attempts from the event log, ledger rows,
+    its compensation and, for an agent, its turns and tool calls."""
+    node_id, index = parse_node(label)
+    row = store.node_row(run_id, node_id, index)
+    if row is None and store.run_row(run_id) is None:
+        raise RunNotFoundError(run_id)
+    events = store.node_events(run_id, node_id, index)
+    subs = store.sub_rows(run_id, node_id, index) if NodeKey.parse(node_id).turn is None else []
+    comp = [r for r in subs if r["node_id"].endswith(":compensate") and "@" not in r["node_id"]]
+    turns = [r for r in subs if "@" in r["node_id"]]
+    output: dict[str, Any] | None = None
+    if row is not None:
+        output = {"digest": row["output_digest"]} if row["output_digest"] and row["output"] is None \
+            else shown(row["output"])
+    return {
+        "node": label, "step": base_step(node_id),
+        "row": None if row is None else _row(row),
+        "output": output,
+        "error": None if row is None else scrub(row["error"]),
+        "attempts": [_event_json(e) for e in events],
+        "effects": [{"key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
+                     "status": e.status.value, "result": shown(e.result, 4000), "external_id": e.external_id,
+                     "created_at": e.created_at, "updated_at": e.updated_at} for e in store.node_effects(
+                         run_id, node_id, index)],
+        "compensation": [{**_row(r), "error": scrub(r["error"])} for r in comp],
+        "turns": [_turn(r) for r in turns],
+    }
+
+
+def node_output(store: Store, run_id: str, label: str) -> Any:
+    """A node's whole output (from its blob when it is kept as one), scrubbed."""
+    node_id, index = parse_node(label)
+    row = store.node_row(run_id, node_id, index)
+    if row is None:
+        raise UserError(f"run {run_id!r} has no node {label!r}")
+    if row["output_digest"] and row["output"] is None:
+        return scrub(store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]])
+    return scrub(row["output"])
+
+
+def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    return [_event_json(e) for e in store.events(run_id, after_seq=after, limit=min(max(1, limit), MAX_PAGE))]
+
+
+def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tuple[int, dict[str, Any] | None]:
+    """What changed after event ``after``: the events, the rows of the nodes they name, the new
+    counts of the fan-outs they touch, the run's summary. Never the whole DAG."""
+    page = store.events(run_id, after_seq=after, limit=limit)
+    if not page:
+        return after, None
+    keys = {(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id}
+    rows = store.node_rows(run_id, keys)
+    fanned = {e.node_id for e in page
+              if e.node_id and ((e.fan_index is not None and e.fan_index >= 0) or e.kind == "fanout_expanded")}
+    return page[-1].seq, {
+        "events": [_event_json(e) for e in page],
+        "nodes": [_row(r) for r in rows],
+        "counts": store.step_counts(run_id, fanned),
+        "run": _run_json(store.run_row(run_id) or {}),
+    }
+
+
+__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "events_page", "fan_items", "inbox", "live_change", "node_output",
+           "node_page", "parse_cursor", "parse_node", "parse_time", "run_list", "run_page", "shown"]

@@ -1,0 +1,258 @@
+"""Read-only queries for the dashboard (``raysaga dashboard``) and its ``/metrics``.
+
+Each is one plain SELECT (or a few) on the store's read engine, reading only the columns its view
+shows: a page of runs never reads a run's input or output, a node's items never their outputs, so
+a 2,000-item fan-out or a store of many runs costs what is on screen. ``SqlStore`` exposes them as
+methods of the ``Store`` interface; the orchestrator never writes SQL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, or_, select, tuple_
+
+from raysaga.state.decoding import reading
+from raysaga.state.models import EffectRecord, EventRecord
+from raysaga.state.schema import breakers, effects, events, nodes, runs
+
+#: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
+COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "compensation_completed", "run_cancelled")
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """What the run list shows: every field optional; ``before`` is the keyset cursor
+    (created_at, run_id) of the last row of the previous page."""
+
+    status: str | None = None
+    workflow: str | None = None
+    since: float | None = None
+    until: float | None = None
+    text: str | None = None
+    before: tuple[float, str] | None = None
+    limit: int = 50
+
+
+_RUN_COLUMNS = (runs.c.run_id, runs.c.workflow_name, runs.c.workflow_version, runs.c.status, runs.c.status_reason,
+                runs.c.created_at, runs.c.updated_at, runs.c.deadline_at, runs.c.lease_owner,
+                runs.c.lease_expires_at, runs.c.retries_used, runs.c.retry_budget, runs.c.tokens_used,
+                runs.c.token_budget, runs.c.cost_used, runs.c.cost_budget, runs.c.parent_run_id)
+
+
+def _filtered(query: Any, f: RunFilter, *, with_status: bool = True) -> Any:
+    if with_status and f.status:
+        query = query.where(runs.c.status == f.status)
+    if f.workflow:
+        query = query.where(runs.c.workflow_name == f.workflow)
+    if f.since is not None:
+        query = query.where(runs.c.created_at >= f.since)
+    if f.until is not None:
+        query = query.where(runs.c.created_at < f.until)
+    if f.text:
+        needle = f.text.lower()
+        query = query.where(or_(*(func.lower(c).contains(needle, autoescape=True)
+                                  for c in (runs.c.run_id, runs.c.workflow_name, runs.c.status_reason))))
+    return query
+
+
+def run_page(engine: Engine, f: RunFilter) -> list[dict[str, Any]]:
+    """Newest first, summary columns only, keyset-paged on (created_at, run_id)."""
+    query = _filtered(select(*_RUN_COLUMNS), f)
+    if f.before is not None:
+        at, run_id = f.before
+        query = query.where(or_(runs.c.created_at < at, and_(runs.c.created_at == at, runs.c.run_id < run_id)))
+    query = query.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(f.limit)
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query).all()]
+
+
+def run_counts(engine: Engine, f: RunFilter | None = None) -> dict[str, int]:
+    """Runs by status under the filter (its status and cursor ignored): the list's tabs."""
+    query = select(runs.c.status, func.count()).group_by(runs.c.status)
+    if f is not None:
+        query = _filtered(query, f, with_status=False)
+    with engine.connect() as conn:
+        return {str(s): int(n) for s, n in conn.execute(query).all()}
+
+
+def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
+    """A run's summary columns (as ``run_page`` rows), or None."""
+    with engine.connect() as conn:
+        row = conn.execute(select(*_RUN_COLUMNS).where(runs.c.run_id == run_id)).first()
+    return None if row is None else dict(row._mapping)
+
+
+def waiting_nodes(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
+    """The inbox: nodes with status ``waiting`` (an approval's request in ``output``) of runs
+    waiting for a human, oldest run first."""
+    query = (select(runs.c.run_id, runs.c.workflow_name, runs.c.updated_at, runs.c.status_reason, nodes.c.node_id,
+                    nodes.c.fan_index, nodes.c.output, nodes.c.started_at)
+             .join(nodes, nodes.c.run_id == runs.c.run_id)
+             .where(runs.c.status == "waiting_human", nodes.c.status == "waiting")
+             .order_by(runs.c.updated_at, runs.c.run_id, nodes.c.node_id).limit(limit))
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query).all()]
+
+
+_LIGHT_NODE = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
+               nodes.c.output_digest, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration)
+
+
+def step_rows(engine: Engine, run_id: str, items_cap: int) -> list[dict[str, Any]]:
+    """Every node row of a run except fan-out items (steps, agent turns and tool calls,
+    compensations), and the first ``items_cap`` items of each fan-out: no outputs, no errors."""
+    query = select(*_LIGHT_NODE).where(nodes.c.run_id == run_id, nodes.c.fan_index < items_cap)
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query.order_by(nodes.c.node_id, nodes.c.fan_index)).all()]
+
+
+def items(engine: Engine, run_id: str, node_id: str, after: int = -1, limit: int = 500,
+          status: str | None = None) -> list[dict[str, Any]]:
+    """A fan-out's items by index after ``after`` (no outputs)."""
+    query = select(*_LIGHT_NODE).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id,
+                                       nodes.c.fan_index > after)
+    if status:
+        query = query.where(nodes.c.status == status)
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query.order_by(nodes.c.fan_index).limit(limit)).all()]
+
+
+def node_rows(engine: Engine, run_id: str, keys: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+    """The named node rows (no outputs): what a live update sends for the nodes an event names."""
+    wanted = sorted(set(keys))
+    if not wanted:
+        return []
+    query = select(*_LIGHT_NODE).where(nodes.c.run_id == run_id,
+                                       tuple_(nodes.c.node_id, nodes.c.fan_index).in_(wanted))
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query).all()]
+
+
+def step_counts(engine: Engine, run_id: str, node_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Items by status of each named fan-out step (its own row, fan_index -1, left out)."""
+    wanted = sorted(set(node_ids))
+    if not wanted:
+        return {}
+    query = (select(nodes.c.node_id, nodes.c.status, func.count())
+             .where(nodes.c.run_id == run_id, nodes.c.node_id.in_(wanted), nodes.c.fan_index >= 0)
+             .group_by(nodes.c.node_id, nodes.c.status))
+    out: dict[str, dict[str, int]] = {n: {} for n in wanted}
+    with engine.connect() as conn:
+        for node_id, node_status, count in conn.execute(query).all():
+            out[str(node_id)][str(node_status)] = int(count)
+    return out
+
+
+def node_row(engine: Engine, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
+    """One node row with its output (inline, or the digest of its blob) and error."""
+    query = select(nodes).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index == fan_index)
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        row = conn.execute(query).first()
+    return None if row is None else dict(row._mapping)
+
+
+def node_events(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: int = 500) -> list[EventRecord]:
+    """The events naming a node, oldest first."""
+    query = select(events).where(events.c.run_id == run_id, events.c.node_id == node_id)
+    query = query.where(events.c.fan_index == fan_index) if fan_index >= 0 else \
+        query.where(or_(events.c.fan_index.is_(None), events.c.fan_index < 0))
+    with reading(run_id, events.name), engine.connect() as conn:
+        rows = conn.execute(query.order_by(events.c.seq).limit(limit)).all()
+    return [EventRecord.model_validate(dict(r._mapping)) for r in rows]
+
+
+def node_effects(engine: Engine, run_id: str, node_id: str, fan_index: int) -> list[EffectRecord]:
+    """The ledger rows of a node: its own and, for an agent, its tool calls' (``node@turn.call``)
+    and its compensation's (``node:compensate``)."""
+    query = select(effects).where(effects.c.run_id == run_id, effects.c.fan_index == fan_index, or_(
+        effects.c.node_id == node_id, effects.c.node_id.startswith(node_id + "@", autoescape=True),
+        effects.c.node_id.startswith(node_id + ":", autoescape=True)))
+    with reading(run_id, effects.name), engine.connect() as conn:
+        rows = conn.execute(query.order_by(effects.c.created_at, effects.c.idempotency_key).limit(1000)).all()
+    return [EffectRecord.model_validate(dict(r._mapping)) for r in rows]
+
+
+def sub_rows(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
+    """An agent node's turns and tool calls (``node@2``, ``node@2.1``) and its compensation rows,
+    with their outputs (a turn's output holds the model's answer: usage, stop reason, tool uses)."""
+    query = select(nodes).where(nodes.c.run_id == run_id, nodes.c.fan_index == fan_index, or_(
+        nodes.c.node_id.startswith(node_id + "@", autoescape=True),
+        nodes.c.node_id.startswith(node_id + ":", autoescape=True)))
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        rows = conn.execute(query.order_by(nodes.c.started_at, nodes.c.node_id).limit(limit)).all()
+    return [dict(r._mapping) for r in rows]
+
+
+def metrics(engine: Engine) -> dict[str, Any]:
+    """Store-wide figures for ``/metrics``: runs by status, counted event kinds, ledger rows by
+    status, open circuit breakers, and waiting runs' oldest wait."""
+    with engine.connect() as conn:
+        by_status = {str(s): int(n) for s, n in conn.execute(
+            select(runs.c.status, func.count()).group_by(runs.c.status)).all()}
+        kinds = {str(k): int(n) for k, n in conn.execute(
+            select(events.c.kind, func.count()).where(events.c.kind.in_(COUNTED_EVENTS))
+            .group_by(events.c.kind)).all()}
+        ledger = {str(s): int(n) for s, n in conn.execute(
+            select(effects.c.status, func.count()).group_by(effects.c.status)).all()}
+        open_breakers = int(conn.execute(select(func.count()).select_from(breakers)
+                                         .where(breakers.c.state != "closed")).scalar_one())
+        waiting_since = [float(t) for (t,) in conn.execute(
+            select(runs.c.updated_at).where(runs.c.status.in_(("waiting_human", "waiting_timer", "paused")))
+            .order_by(runs.c.updated_at).limit(10_000)).all()]
+    return {"runs": by_status, "events": kinds, "effects": ledger, "open_breakers": open_breakers,
+            "waiting_since": waiting_since}
+
+
+class DashboardReads:
+    """The ``Store`` interface's dashboard reads, for ``SqlStore`` (which mixes this in): each
+    method is the function of the same name above on the store's read engine, nothing else."""
+
+    reader: Engine
+
+    def run_page(self, f: RunFilter) -> list[dict[str, Any]]:
+        return run_page(self.reader, f)
+
+    def run_counts(self, f: RunFilter | None = None) -> dict[str, int]:
+        return run_counts(self.reader, f)
+
+    def run_row(self, run_id: str) -> dict[str, Any] | None:
+        return run_row(self.reader, run_id)
+
+    def waiting_nodes(self, limit: int = 200) -> list[dict[str, Any]]:
+        return waiting_nodes(self.reader, limit)
+
+    def step_rows(self, run_id: str, items_cap: int) -> list[dict[str, Any]]:
+        return step_rows(self.reader, run_id, items_cap)
+
+    def fan_items(self, run_id: str, node_id: str, after: int = -1, limit: int = 500,
+                  status: str | None = None) -> list[dict[str, Any]]:
+        return items(self.reader, run_id, node_id, after, limit, status)
+
+    def node_rows(self, run_id: str, keys: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
+        return node_rows(self.reader, run_id, keys)
+
+    def step_counts(self, run_id: str, node_ids: Iterable[str]) -> dict[str, dict[str, int]]:
+        return step_counts(self.reader, run_id, node_ids)
+
+    def node_row(self, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
+        return node_row(self.reader, run_id, node_id, fan_index)
+
+    def node_events(self, run_id: str, node_id: str, fan_index: int, limit: int = 500) -> list[EventRecord]:
+        return node_events(self.reader, run_id, node_id, fan_index, limit)
+
+    def node_effects(self, run_id: str, node_id: str, fan_index: int) -> list[EffectRecord]:
+        return node_effects(self.reader, run_id, node_id, fan_index)
+
+    def sub_rows(self, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
+        return sub_rows(self.reader, run_id, node_id, fan_index, limit)
+
+    def store_metrics(self) -> dict[str, Any]:
+        return metrics(self.reader)
+
+
+__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "items", "metrics", "node_effects", "node_events",
+           "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts", "step_rows", "sub_rows",
+           "waiting_nodes"]

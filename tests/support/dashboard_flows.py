@@ -1,0 +1,139 @@
+"""Workflows the dashboard tests (and its screenshots) run: not a test module.
+
+Runs record ``workflow_ref`` (``tests.support.dashboard_flows:NAME``) so the dashboard draws each
+from its workflow's graph. ``GATE`` holds ``gated``'s ``gate`` step until a test sets it, so a
+browser can watch the run advance; every flow runs with the inline executor in the test's process.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import raysaga
+from raysaga import Permanent, StepContext, Workflow
+from raysaga.agents import Agent, tool
+from raysaga.agents.models import ScriptedModel, text_reply, tool_reply
+
+MODULE = "tests.support.dashboard_flows"
+#: ``gated``'s gate step waits for this (bounded: a forgotten gate fails the step, not the suite).
+GATE = threading.Event()
+#: A token-shaped value a step returns: the dashboard must never show it.
+LEAKY = "sk-ant-" + "x" * 30
+
+gated = Workflow("gated", version="1")
+
+
+@gated.step()
+def plan(input: dict[str, Any]) -> list[int]:
+    return list(range(int(input.get("items", 3))))
+
+
+@gated.map("plan")
+def fetch(plan: int) -> dict[str, int]:
+    return {"item": plan, "square": plan * plan}
+
+
+@gated.step()
+def gate(fetch: list[dict[str, int]]) -> int:
+    if not GATE.wait(60):
+        raise Permanent("the test never opened the gate")
+    return len(fetch)
+
+
+@gated.step()
+def report(gate: int, plan: list[int]) -> dict[str, Any]:
+    return {"items": gate, "token": LEAKY}
+
+
+shop = Workflow("shop", version="1")
+
+
+@shop.step(effect=True)
+def reserve(ctx: StepContext, input: dict[str, Any]) -> dict[str, str]:
+    return {"reservation": "r-" + ctx.idempotency_key[:8]}
+
+
+@shop.compensation("reserve")
+def release(ctx: StepContext, input: dict[str, Any], output: Any) -> dict[str, str]:
+    return {"released": str(output)}
+
+
+@shop.step(effect=True)
+def charge(ctx: StepContext, input: dict[str, Any], reserve: dict[str, str]) -> dict[str, str]:
+    return {"charge": "ch-" + ctx.idempotency_key[:8]}
+
+
+@shop.compensation("charge")
+def refund(ctx: StepContext, input: dict[str, Any], output: Any) -> dict[str, str]:
+    return {"refunded": str(output)}
+
+
+@shop.step()
+def ship(input: dict[str, Any], charge: dict[str, str]) -> str:
+    raise Permanent("the carrier refused the parcel (address unknown)")
+
+
+wide = Workflow("wide", version="1")
+
+
+@wide.step()
+def split(input: dict[str, Any]) -> list[int]:
+    return list(range(int(input["items"])))
+
+
+@wide.map("split")
+def square(split: int) -> int:
+    return split * split
+
+
+@wide.step()
+def total(square: list[int]) -> int:
+    return sum(square)
+
+
+@tool
+def lookup(sku: str) -> str:
+    """Look a product up."""
+    return f"{sku}: 12 in stock"
+
+
+@tool(effect=True, key=["sku"])
+def order(sku: str, qty: int) -> dict[str, Any]:
+    """Order more of a product."""
+    return {"po": f"po-{sku}-{qty}"}
+
+
+def _model() -> ScriptedModel:
+    return ScriptedModel(default=(tool_reply(("lookup", {"sku": "A1"})), tool_reply(("order", {"sku": "A1", "qty": 5})),
+                                  text_reply("Ordered 5 more of A1 (po-A1-5).")))
+
+
+helper = Workflow("helper", version="1")
+
+
+@helper.agent(Agent(name="buyer", model=_model(), system="You restock.", tools=(lookup, order)))
+def restock(input: dict[str, Any]) -> str:
+    return f"restock {input.get('sku', 'A1')}"
+
+
+def start(wf: Workflow, name: str, input: Any, url: str, run_id: str | None = None) -> str:
+    """Record a run of ``wf`` (named ``name`` in this module) without driving it."""
+    from raysaga.orchestrator.runner import create_run
+
+    return create_run(wf, input, store=url, run_id=run_id, workflow_ref=f"{MODULE}:{name}").run_id
+
+
+def drive(wf: Workflow, run_id: str, url: str) -> raysaga.RunRecord:
+    return raysaga.resume(wf, run_id, store=url, executor="inline")
+
+
+def populate(url: str, *, wide_items: int = 40) -> dict[str, str]:
+    """One run of each flow, driven to rest (``gated`` with its gate open): name -> run id."""
+    GATE.set()
+    runs = {}
+    for name, wf, value in (("gated", gated, {"items": 4}), ("shop", shop, {"sku": "A1"}),
+                            ("wide", wide, {"items": wide_items}), ("helper", helper, {"sku": "A1"})):
+        runs[name] = start(wf, name, value, url)
+        drive(wf, runs[name], url)
+    return runs
