@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from raysaga.errors import RaySagaError, RunNotFoundError, UserError
-from raysaga.orchestrator import cli_input
+from raysaga.orchestrator import cli_input, cli_ops
 from raysaga.orchestrator.cli_dashboard import dashboard
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
 from raysaga.orchestrator.cli_fork import fork, replay
@@ -162,6 +162,11 @@ def _report(store: SqlStore, run: RunRecord, as_json: bool) -> None:
         _status().stream_json(store, run, sys.stdout)
     else:
         _status().print_status(out, store, run, store_text=_stores().describe(store.url))
+    if run.status in (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
+        say(err, f"run {run.run_id} rests ({run.status_reason}); nothing holds it: "
+                 + ("`raysaga inbox` shows what to decide, `raysaga approve|reject RUN NODE` decides; "
+                    if run.status == RunStatus.WAITING_HUMAN else "")
+                 + f"a `raysaga worker` takes it up when it is due, or `raysaga resume {run.run_id}`")
 
 
 def _exit_for(run: RunRecord, success: RunStatus = RunStatus.COMPLETED) -> None:
@@ -471,6 +476,9 @@ def graph(
 
 
 app.command()(prune)
+for _command in (cli_ops.submit, cli_ops.worker, cli_ops.approve, cli_ops.reject, cli_ops.pause, cli_ops.unpause,
+                 cli_ops.inbox, cli_ops.stats):
+    app.command()(_command)
 app.command()(fork)
 app.command()(replay)
 app.command()(__import__("raysaga.orchestrator.cli_launch", fromlist=["launch"]).launch)

@@ -40,6 +40,7 @@ from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
     EffectStatus,
+    Lease,
     NewEvent,
     NodeStatus,
     RunRecord,
@@ -65,8 +66,7 @@ _TRANSITIONS = frozenset({RunStatus.COMPENSATING, RunStatus.COMPLETED, RunStatus
                           RunStatus.COMPENSATION_FAILED})
 
 
-def driver_id() -> str:
-    """A lease owner string naming this process (``raysaga.orchestrator.ownership``)."""
+def driver_id() -> str:  # a lease owner naming this process (raysaga.orchestrator.ownership)
     return new_owner()
 
 
@@ -76,7 +76,7 @@ class Driver:
 
     def __init__(self, workflow: Workflow, store: Store, executor: Executor, run_id: str, *,
                  options: RunOptions | None = None, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, faults: Faults | None = None) -> None:
+                 rng: random.Random | None = None, faults: Faults | None = None, lease: Lease | None = None) -> None:
         self.wf = workflow.validate()
         self.store = store
         executor = RateGate(executor, store, clock)  # rate-limited attempts wait for the fleet's admission
@@ -86,7 +86,8 @@ class Driver:
         self.clock = clock
         self.rng = rng or random.Random()
         self.faults = faults or Faults()
-        self.owner = driver_id()
+        self.owner = lease.owner if lease is not None else driver_id()
+        self._claimed = lease  # taken already (a worker's claim_next): drive does not claim again
         self.progress = Progress()
         self.run: RunRecord | None = None
         self.machine: RunMachine | None = None
@@ -100,7 +101,8 @@ class Driver:
     # ------------------------------------------------------------------ entry point
 
     def drive(self) -> RunRecord:
-        lease, taken_from = claim(self.store, self.run_id, self.owner, self.options.lease_ttl)
+        lease, taken_from = (self._claimed, None) if self._claimed is not None else \
+            claim(self.store, self.run_id, self.owner, self.options.lease_ttl)
         self._hb = Heartbeat(self.store, lease, period=min(1.0, self.options.lease_ttl / 3))
         lost = False
         self._stops.install()
@@ -328,15 +330,14 @@ class Driver:
             if signal.id in self._handled_signals:
                 continue
             self._handled_signals.add(signal.id)
+            payload = signal.payload if isinstance(signal.payload, dict) else {}
             if signal.kind in ("approve", "reject"):
                 m.decision(signal, self.clock())
             elif signal.kind == "pause":
-                payload = signal.payload if isinstance(signal.payload, dict) else {}
                 return self._pause(str(payload.get("reason") or "paused by operator"), signal.id)
             elif signal.kind == "unpause":  # this run is not paused: nothing to undo
                 m.out.batch.consumed_signals.append(signal.id)
             elif signal.kind == "cancel":
-                payload = signal.payload if isinstance(signal.payload, dict) else {}
                 reason = str(payload.get("reason") or "cancelled by operator")
                 if payload.get("compensate"):
                     m.stop_forward(reason, None, self.clock(), final=RunStatus.COMPENSATING, signal_id=signal.id)
@@ -389,7 +390,9 @@ class Driver:
     def _pause(self, reason: str | None = None, signal_id: int | None = None) -> RunRecord:
         assert self.machine is not None
         m = self.machine
-        self._drain_model_calls()
+        assert self._hb is not None
+        self._attempts.drain(m.agents.model_calls_in_flight(), m.absorb, lost=self._hb.lost, clock=self.clock,
+                             timeout=self._wait_timeout, run_id=self.run_id)
         m.pause(self.clock(), reason, signal_id)
         self._cancel(m.out.take_cancel())
         self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
@@ -401,34 +404,14 @@ class Driver:
         """Nothing left but waiting (for a human, or a far timer): record it and let go of the run."""
         assert self.machine is not None
         self.machine.rest(status, wake_at, reason, self.clock())
+        log.info("run %s: %s; its lease is released (a worker or `raysaga resume` continues it)", self.run_id, reason)
         record = self._flush()
         assert record is not None
-        log.info("run %s: %s; its lease is released (a worker or `raysaga resume` continues it)",
-                 self.run_id, reason)
         return record
 
-    def _drain_model_calls(self) -> None:
-        """Before a pause: let the agents' model calls in flight finish, and keep their answers
-        (committed with the pause). They used to be cancelled with the rest: an answer already
-        given, and billed, was lost, so the resume asked that turn again (a re-roll, invariant 3)
-        and the run counted fewer tokens than the provider billed. A call that fails, or passes
-        its timeout, is cancelled as before: it left no answer to keep."""
-        assert self._hb is not None and self.machine is not None
-        m = self.machine
-        sent = self._attempts.sent
-        waiting = {key for key in m.agents.model_calls_in_flight() if key in sent}
-        while waiting:
-            if self._hb.lost.is_set():
-                raise LeaseLostError(f"run {self.run_id!r}: lease lost; stopping without further calls")
-            now = self.clock()
-            waiting = {key for key in waiting if (sent[key].deadline_from(now) or now + 1) > now}
-            handles = [sent[key].handle for key in waiting]
-            for handle in self.executor.wait(handles, self._wait_timeout()) if handles else []:
-                key = NodeKey.parse(*handle.key)  # executors key a handle by (node_id, fan_index)
-                waiting.discard(key)
-                if handle.outcome is not None and handle.outcome.ok:
-                    self._attempts.pop(key)
-                    m.absorb([(key, handle.outcome)], now)
+    def interrupt(self, name: str) -> None:
+        """Stop at the next boundary as on SIGTERM (a worker stopping: the run is handed back)."""
+        self._stops.received = self._stops.received or name
 
     def _stop_interrupted(self) -> None:
         """Commit what finished, then raise ``DriverInterrupted`` (``drive`` settles and releases)."""

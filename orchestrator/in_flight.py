@@ -7,8 +7,11 @@ retried like any transient failure.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from raysaga.errors import LeaseLostError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.task import NodeOutcome
@@ -81,3 +84,25 @@ class InFlight:
                     transient=True, started_at=sent.started_at)
                 expired.append(sent.handle)
         return expired
+
+    def drain(self, keys: Iterable[NodeKey], absorb: Callable[[list[tuple[NodeKey, NodeOutcome]], float], None], *,
+              lost: threading.Event, clock: Callable[[], float], timeout: Callable[[], float], run_id: str) -> None:
+        """Before a pause: let these attempts (the agents' model calls in flight) finish, and hand
+        their answers to ``absorb`` (committed with the pause). They used to be cancelled with the
+        rest: an answer already given, and billed, was lost, so the resume asked that turn again
+        (a re-roll, invariant 3) and the run counted fewer tokens than the provider billed. A call
+        that fails, or passes its timeout, is cancelled as before: it left no answer to keep."""
+        sent = self.sent
+        waiting = {key for key in keys if key in sent}
+        while waiting:
+            if lost.is_set():
+                raise LeaseLostError(f"run {run_id!r}: lease lost; stopping without further calls")
+            now = clock()
+            waiting = {key for key in waiting if (sent[key].deadline_from(now) or now + 1) > now}
+            handles = [sent[key].handle for key in waiting]
+            for handle in self.executor.wait(handles, timeout()) if handles else []:
+                key = NodeKey.parse(*handle.key)  # executors key a handle by (node_id, fan_index)
+                waiting.discard(key)
+                if handle.outcome is not None and handle.outcome.ok:
+                    self.pop(key)
+                    absorb([(key, handle.outcome)], now)

@@ -8,9 +8,8 @@ output, or rolls the saga back on a rejection. Timeouts follow the declared outc
 
 from __future__ import annotations
 
-from typing import Any
-
 import time
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -203,7 +202,7 @@ def test_decisions_refused_for_nodes_not_waiting(sqlite_url: str) -> None:
     rested = _run(wf, sqlite_url)
     store = SqlStore(sqlite_url)
     try:
-        with pytest.raises(UserError, match="'pay' of run .* is not waiting for a decision"):
+        with pytest.raises(UserError, match=r"'pay' of run .* is not waiting for a decision"):
             store.decide(rested.run_id, "pay", "approve", by="x")
         with pytest.raises(UserError, match="names who made it"):
             store.decide(rested.run_id, "review", "approve", by=" ")

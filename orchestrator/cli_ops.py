@@ -1,0 +1,283 @@
+"""Operations from the command line: submit to the fleet, run a worker, decide approvals, pause,
+unpause, the inbox and the figures. Each verb is the twin of a ``raysaga.Client`` method.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from raysaga.errors import UserError
+from raysaga.orchestrator import cli_input
+from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
+from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg
+
+NodeArg = Annotated[str, typer.Argument(metavar="NODE",
+                                        help="The approval node (or agent tool call), as inbox shows it.")]
+ByOpt = Annotated[str | None, typer.Option("--by", envvar="RAYSAGA_USER",
+                                           help="Who decides (default: $RAYSAGA_USER, else $USER).")]
+DecisionOpt = Annotated[str | None, typer.Option(
+    "--decision-id", help="An id that makes a retried command one decision (default: a new one).")]
+
+
+def _client(db: str | None, run_id: str | None = None, *, writes: bool = True) -> Any:
+    from raysaga.orchestrator import cli_store
+    from raysaga.orchestrator.client import Client
+
+    store = cli_store.open_for_writes(db, run_id) if writes else cli_store.open_for_reads(db, run_id)
+    return Client(store)
+
+
+def _who(by: str | None) -> str:
+    who = by or os.environ.get("USER") or ""
+    if not who.strip():
+        raise UserError("say who decides: --by NAME (or set RAYSAGA_USER)")
+    return who.strip()
+
+
+def _node(node: str) -> tuple[str, int]:
+    """``review`` or ``review[3]`` (a fan-out's item), as ``inbox`` prints it."""
+    if node.endswith("]") and "[" in node:
+        name, index = node[:-1].split("[", 1)
+        if index.isdigit():
+            return name, int(index)
+    return node, -1
+
+
+def _next_step(run_id: str) -> str:
+    return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {run_id}`"
+
+
+def approve(
+    run_id: RunIdArg,
+    node: NodeArg,
+    by: ByOpt = None,
+    comment: Annotated[str | None, typer.Option("--comment", help="Recorded with the decision.")] = None,
+    answer: Annotated[str | None, typer.Option(
+        "--answer", help="An approve 'with edits': JSON (or @file.json) checked against the node's schema.")] = None,
+    decision_id: DecisionOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Approve a waiting approval (double and late decisions are refused with why)."""
+    with errors():
+        cli_input.check_run_id(run_id)
+        value = cli_input.parse_input(answer) if answer is not None else None
+        name, index = _node(node)
+        decision = _client(db, run_id).approve(run_id, name, by=_who(by), answer=value, comment=comment,
+                                               decision_id=decision_id, fan_index=index)
+        say(out, f"{node} of run {run_id}: approved by {decision.by} (decision {decision.decision_id}); "
+                 f"{_next_step(run_id)}")
+
+
+def reject(
+    run_id: RunIdArg,
+    node: NodeArg,
+    by: ByOpt = None,
+    comment: Annotated[str | None, typer.Option("--comment", help="Why (an agent's model is shown it).")] = None,
+    decision_id: DecisionOpt = None,
+    db: DbOpt = None,
+) -> None:
+    """Reject a waiting approval: the node fails (a critical one rolls the saga back); an agent's
+    tool call is refused and the model is told why."""
+    with errors():
+        cli_input.check_run_id(run_id)
+        name, index = _node(node)
+        decision = _client(db, run_id).reject(run_id, name, by=_who(by), comment=comment, decision_id=decision_id,
+                                              fan_index=index)
+        say(out, f"{node} of run {run_id}: rejected by {decision.by} (decision {decision.decision_id}); "
+                 f"{_next_step(run_id)}")
+
+
+def pause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
+    """Pause a run: its driver releases all compute at the next step boundary (at once without one)."""
+    with errors():
+        cli_input.check_run_id(run_id)
+        run = _client(db, run_id).pause(run_id, by=by or os.environ.get("USER"))
+        state = "paused" if run.status.value == "paused" else f"{run.status.value}; its driver pauses it shortly"
+        say(out, f"run {run_id}: {state} (`raysaga unpause {run_id}` lets it go on)")
+
+
+def unpause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
+    """Let a paused run go on."""
+    with errors():
+        cli_input.check_run_id(run_id)
+        _client(db, run_id).unpause(run_id, by=by or os.environ.get("USER"))
+        say(out, f"run {run_id}: unpaused; {_next_step(run_id)}")
+
+
+def inbox(
+    approver: Annotated[str | None, typer.Option("--for", help="Only what this approver may decide.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    db: DbOpt = None,
+) -> None:
+    """What waits for a human decision, oldest first."""
+    with errors():
+        waiting = _client(db, writes=False).inbox(approver)
+        if as_json:
+            for item in waiting:
+                sys.stdout.write(item.model_dump_json() + "\n")
+            return
+        if not waiting:
+            say(out, "nothing waits for a decision" + (f" by {approver}" if approver else ""))
+            return
+        from rich.table import Table
+
+        table = Table("run", "node", "asked", "approvers", "timeout", "prompt", show_lines=False)
+        now = time.time()
+        for item in waiting:
+            r = item.request
+            label = item.node if item.fan_index < 0 else f"{item.node}[{item.fan_index}]"
+            quorum = f" ({len(item.approvals)}/{r.quorum})" if r.quorum > 1 else ""
+            who = ", ".join(r.deciders() or ["anyone"]) + quorum
+            due = "-" if r.timeout_at is None else _ago(r.timeout_at - now, future=True)
+            table.add_row(item.run_id, label, _ago(now - r.asked_at), who, due, r.prompt[:80])
+        out.print(table)
+
+
+def submit(
+    workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW", help="e.g. examples.order.workflow:wf")],
+    input: Annotated[str | None, typer.Option("--input", "-i", help="JSON text, @file.json or @- for stdin.")] = None,
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Id for the run.")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Record a run for the worker fleet and return at once; prints the run id."""
+    with errors():
+        cli_input.check_run_id(run_id, "--run-id")
+        value = cli_input.parse_input(input)
+        from raysaga.orchestrator.loader import load_workflow, recordable_ref
+
+        wf = load_workflow(workflow)
+        cli_input.check_input(wf, value, input is not None)
+        run = _client(db).submit(wf, value, run_id=run_id, workflow_ref=recordable_ref(workflow))
+        sys.stdout.write(run.run_id + "\n")
+
+
+def worker(
+    workflow: Annotated[list[str] | None, typer.Option(
+        "--workflow", "-w", help="MODULE:WORKFLOW this worker drives (repeatable).")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="A TOML file: workflows = [...], concurrency, executor, address, limits = {wf = N}.")] = None,
+    concurrency: Annotated[int | None, typer.Option("--concurrency", "-c", help="Runs driven at once (4).")] = None,
+    limit: Annotated[list[str] | None, typer.Option(
+        "--limit", help="WORKFLOW=N: at most N runs of it driven at once, fleet-wide (repeatable).")] = None,
+    db: DbOpt = None,
+    executor: ExecutorOpt = "ray",
+    address: AddressOpt = None,
+    lease_ttl: LeaseOpt = 15.0,
+    poll: Annotated[float, typer.Option("--poll", help="Seconds between looks for work when idle.")] = 0.5,
+) -> None:
+    """Claim runnable runs of the registered workflows and drive them, until SIGTERM or Ctrl-C
+    (which hand the runs back: another worker takes them at once)."""
+    with errors():
+        settings = _worker_settings(config, workflow, concurrency, limit, executor, address)
+        cli_input.positive_seconds("--lease-ttl", lease_ttl)
+        cli_input.positive_seconds("--poll", poll)
+        from raysaga.orchestrator import cli_store
+        from raysaga.orchestrator.loader import load_workflow
+        from raysaga.orchestrator.options import RunOptions
+        from raysaga.orchestrator.worker import Worker
+
+        workflows = [load_workflow(ref) for ref in settings["workflows"]]
+        store = cli_store.open_for_writes(db)
+        w = Worker(workflows, store, concurrency=settings["concurrency"], executor=settings["executor"],
+                   address=settings["address"], options=RunOptions(lease_ttl=lease_ttl), poll=poll,
+                   limits=settings["limits"])
+        names = ", ".join(sorted(w.workflows))
+        say(out, f"worker {os.getpid()}: driving {names} from {cli_store.describe(store.url)}, "
+                 f"{w.concurrency} at once (SIGTERM or Ctrl-C stops it and hands its runs back)")
+        stops: list[int] = []
+
+        def on_signal(signum: int, frame: object) -> None:
+            stops.append(signum)
+            if len(stops) > 1:  # a second signal: stop at once; leases expire and others take over
+                os._exit(EXIT_SIGINT if signum == signal.SIGINT else EXIT_SIGTERM)
+            w.stop(signal.Signals(signum).name)
+
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, on_signal)
+        counts = w.run()
+        say(out, f"worker {os.getpid()}: stopped; claimed {counts.claimed}, completed {counts.completed}, "
+                 f"resting {counts.rested}, handed back {counts.handed_back}, errors {counts.failed}")
+
+
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the figures as JSON.")] = False,
+    prometheus: Annotated[bool, typer.Option("--prometheus", help="Prometheus text format.")] = False,
+    since: Annotated[float | None, typer.Option("--since", help="Only runs created in the last N seconds.")] = None,
+    db: DbOpt = None,
+) -> None:
+    """Runs by state, time waiting for humans, resumes, duplicates prevented, retries, claim latency."""
+    with errors():
+        cli_input.positive_seconds("--since", since)
+        figures = _client(db, writes=False).stats(None if since is None else time.time() - since)
+        if prometheus:
+            from raysaga.state.stats import prometheus as text
+
+            sys.stdout.write(text(figures))
+        elif as_json:
+            sys.stdout.write(figures.model_dump_json(indent=2) + "\n")
+        else:
+            by_state = ", ".join(f"{k} {v}" for k, v in sorted(figures.runs_by_state.items())) or "none"
+            w = figures.waiting_human_seconds
+            c = figures.claim_latency_seconds
+            rate = "-" if figures.resume_success_rate is None else f"{figures.resume_success_rate:.0%}"
+            for line in (f"runs: {by_state}",
+                         f"waiting for a human: {w.count} waits, p50 {_secs(w.p50)}, p95 {_secs(w.p95)}",
+                         f"resumes: {figures.resumes} of {figures.resumed_runs} runs; of those at rest, "
+                         f"{rate} completed",
+                         f"duplicate effects prevented (ledger hits): {figures.duplicates_prevented}",
+                         f"retries: {figures.retries}; circuit breakers open: {figures.breaker_trips}",
+                         f"worker claims: {c.count}, latency p50 {_secs(c.p50)}, p95 {_secs(c.p95)}"):
+                say(out, line)
+
+
+def _worker_settings(config: Path | None, workflows: list[str] | None, concurrency: int | None,
+                     limits: list[str] | None, executor: str, address: str | None) -> dict[str, Any]:
+    loaded: dict[str, Any] = {}
+    if config is not None:
+        try:
+            loaded = tomllib.loads(config.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"--config {config}: {exc}") from None
+        extra = sorted(set(loaded) - {"workflows", "concurrency", "executor", "address", "limits"})
+        if extra:
+            raise UserError(f"--config {config}: unknown keys {', '.join(extra)} (it takes workflows, concurrency, "
+                            "executor, address, limits)")
+    refs = [*loaded.get("workflows", []), *(workflows or [])]
+    if not refs or not all(isinstance(r, str) for r in refs):
+        raise UserError("name the workflows this worker drives: --workflow MODULE:WF (repeatable) or workflows = "
+                        "[...] in --config; a worker never imports a module named by the database")
+    table = dict(loaded.get("limits", {}))
+    for item in limits or []:
+        name, _, count = item.partition("=")
+        if not name or not count.strip().isdigit():
+            raise UserError(f"--limit {item!r}: write WORKFLOW=N (at most N runs of it driven at once)")
+        table[name.strip()] = int(count)
+    if not all(isinstance(v, int) and v >= 1 for v in table.values()):
+        raise UserError(f"limits must be whole numbers >= 1, got {json.dumps(table)}")
+    slots = concurrency if concurrency is not None else loaded.get("concurrency", 4)
+    if not isinstance(slots, int) or slots < 1:
+        raise UserError(f"--concurrency must be a whole number >= 1, got {slots!r}")
+    return {"workflows": refs, "concurrency": slots, "limits": table,
+            "executor": loaded.get("executor", executor), "address": address or loaded.get("address")}
+
+
+def _ago(seconds: float, future: bool = False) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        text = f"{seconds:.0f}s"
+    else:
+        text = f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+    return f"in {text}" if future else f"{text} ago"
+
+
+def _secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"

@@ -1,0 +1,162 @@
+"""A worker: a long-running process that claims runnable runs and drives them (``raysaga worker``).
+
+It drives only the workflows it was given (matched on name and definition hash: it never imports
+a module named by the database), at most ``concurrency`` runs at once, each by a ``Driver`` in a
+slot thread with its own executor. A slot claims through ``Store.claim_next`` (new submitted
+runs, runs whose driver died or handed them back, resting runs that are due: a timer, a
+decision, an unpause, an approval's timeout) and the claim's fence guards every later write, so
+several workers on one store never drive one run at once.
+
+``stop()`` (the CLI calls it on SIGTERM or Ctrl-C) stops claiming and asks each driver to stop
+at its next step boundary: it commits what finished, releases the lease and the run is free for
+another worker at once. A SIGKILLed worker's runs are taken over when their leases expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from raysaga.errors import DriverInterrupted, LeaseLostError, RaySagaError, UserError
+from raysaga.orchestrator.driver import Driver
+from raysaga.orchestrator.executor import Executor, make_executor
+from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.ownership import new_owner
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import Lease, RunStatus, Store
+
+log = logging.getLogger("raysaga.worker")
+
+
+@dataclass
+class WorkerCounts:
+    """What a worker did (for its log line at exit and for tests)."""
+
+    claimed: int = 0
+    completed: int = 0
+    rested: int = 0
+    handed_back: int = 0
+    failed: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    def __init__(self, workflows: Sequence[Workflow], store: Store, *, concurrency: int = 4, executor: str = "ray",
+                 address: str | None = None, options: RunOptions | None = None, poll: float = 0.5,
+                 limits: Mapping[str, int] | None = None) -> None:
+        if not workflows:
+            raise UserError("a worker drives registered workflows only: give at least one --workflow MODULE:WF")
+        by_name: dict[str, Workflow] = {}
+        for wf in workflows:
+            wf.validate()
+            if wf.name in by_name and by_name[wf.name].definition_hash != wf.definition_hash:
+                raise UserError(f"two definitions of workflow {wf.name!r} were given: register one per worker")
+            by_name[wf.name] = wf
+        unknown = sorted(set(limits or {}) - set(by_name))
+        if unknown:
+            raise UserError(f"--limit names {', '.join(unknown)}, which this worker does not drive "
+                            f"(it drives {', '.join(sorted(by_name))})")
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise UserError(f"--concurrency must be a whole number >= 1, got {concurrency!r}")
+        self.workflows = by_name
+        self.hashes = {name: wf.definition_hash for name, wf in by_name.items()}
+        self.store = store
+        self.concurrency = concurrency
+        self.executor_kind = executor
+        self.address = address
+        self.options = options or RunOptions()
+        self.poll = poll
+        self.limits = dict(limits or {})
+        self.counts = WorkerCounts()
+        self._stop = threading.Event()
+        self._stop_name = "SIGTERM"
+        self._lock = threading.Lock()
+        self._drivers: set[Driver] = set()
+
+    def run(self) -> WorkerCounts:
+        """Claim and drive until ``stop()``; returns what was done."""
+        primary: Executor | None = None
+        if self.executor_kind == "ray":  # Ray starts (or is joined) once, in this thread
+            primary = make_executor("ray", self.address)
+        slots = [threading.Thread(target=self._slot, name=f"raysaga-worker-{i}", daemon=True)
+                 for i in range(self.concurrency)]
+        for slot in slots:
+            slot.start()
+        try:
+            for slot in slots:
+                while slot.is_alive():
+                    slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
+        finally:
+            if primary is not None:
+                primary.shutdown()
+        return self.counts
+
+    def stop(self, name: str = "SIGTERM") -> None:
+        """Stop claiming; each driver stops at its next boundary and hands its run back."""
+        self._stop_name = name
+        self._stop.set()
+        with self._lock:
+            for driver in self._drivers:
+                driver.interrupt(name)
+
+    # ------------------------------------------------------------------ a slot
+
+    def _slot(self) -> None:
+        executor: Executor | None = None
+        rng = random.Random()
+        try:
+            while not self._stop.is_set():
+                try:
+                    claim = self.store.claim_next(new_owner(), self.options.lease_ttl, self.hashes,
+                                                  limits=self.limits)
+                except RaySagaError as exc:  # the store is unreachable for a moment: try again
+                    log.warning("worker: claim failed: %s", exc)
+                    claim = None
+                if claim is None:
+                    self._stop.wait(self.poll * (0.5 + rng.random()))  # jittered: slots do not poll in step
+                    continue
+                if executor is None:
+                    executor = make_executor(self.executor_kind, self.address)
+                self._drive(claim.lease, claim.workflow, claim.reason, executor)
+        finally:
+            if executor is not None:
+                executor.shutdown()
+
+    def _drive(self, lease: Lease, workflow: str, reason: str, executor: Executor) -> None:
+        with self._lock:
+            self.counts.claimed += 1
+            self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
+        driver = Driver(self.workflows[workflow], self.store, executor, lease.run_id, options=self.options,
+                        lease=lease)
+        with self._lock:
+            self._drivers.add(driver)
+            if self._stop.is_set():
+                driver.interrupt(self._stop_name)  # stopped between the claim and now: hand it back at once
+        try:
+            record = driver.drive()
+            with self._lock:
+                if record.status == RunStatus.COMPLETED:
+                    self.counts.completed += 1
+                else:
+                    self.counts.rested += 1
+            log.info("worker: run %s (%s) is %s", lease.run_id, reason, record.status.value)
+        except DriverInterrupted:
+            with self._lock:
+                self.counts.handed_back += 1
+            log.info("worker: run %s handed back (the worker stops)", lease.run_id)
+        except LeaseLostError as exc:
+            log.warning("worker: run %s: %s", lease.run_id, exc)
+        except RaySagaError as exc:
+            with self._lock:
+                self.counts.failed += 1
+            log.error("worker: run %s: %s", lease.run_id, exc)
+        except Exception:
+            with self._lock:
+                self.counts.failed += 1
+            log.exception("worker: run %s: unexpected error", lease.run_id)
+        finally:
+            with self._lock:
+                self._drivers.discard(driver)
