@@ -16,7 +16,7 @@ from sqlalchemy import Engine, and_, func, or_, select, tuple_
 
 from raysaga.state.decoding import reading
 from raysaga.state.models import EffectRecord, EventRecord
-from raysaga.state.schema import breakers, effects, events, nodes, runs
+from raysaga.state.schema import effects, events, nodes, runs
 
 #: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
 COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "compensation_completed", "run_cancelled")
@@ -83,18 +83,6 @@ def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
     with engine.connect() as conn:
         row = conn.execute(select(*_RUN_COLUMNS).where(runs.c.run_id == run_id)).first()
     return None if row is None else dict(row._mapping)
-
-
-def waiting_nodes(engine: Engine, limit: int = 200) -> list[dict[str, Any]]:
-    """The inbox: nodes with status ``waiting`` (an approval's request in ``output``) of runs
-    waiting for a human, oldest run first."""
-    query = (select(runs.c.run_id, runs.c.workflow_name, runs.c.updated_at, runs.c.status_reason, nodes.c.node_id,
-                    nodes.c.fan_index, nodes.c.output, nodes.c.started_at)
-             .join(nodes, nodes.c.run_id == runs.c.run_id)
-             .where(runs.c.status == "waiting_human", nodes.c.status == "waiting")
-             .order_by(runs.c.updated_at, runs.c.run_id, nodes.c.node_id).limit(limit))
-    with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query).all()]
 
 
 _LIGHT_NODE = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
@@ -187,23 +175,15 @@ def sub_rows(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: i
 
 
 def metrics(engine: Engine) -> dict[str, Any]:
-    """Store-wide figures for ``/metrics``: runs by status, counted event kinds, ledger rows by
-    status, open circuit breakers, and waiting runs' oldest wait."""
+    """Store-wide counts for ``/metrics`` beside ``Store.stats``: counted event kinds and ledger
+    rows by status (two GROUP BY queries)."""
     with engine.connect() as conn:
-        by_status = {str(s): int(n) for s, n in conn.execute(
-            select(runs.c.status, func.count()).group_by(runs.c.status)).all()}
         kinds = {str(k): int(n) for k, n in conn.execute(
             select(events.c.kind, func.count()).where(events.c.kind.in_(COUNTED_EVENTS))
             .group_by(events.c.kind)).all()}
         ledger = {str(s): int(n) for s, n in conn.execute(
             select(effects.c.status, func.count()).group_by(effects.c.status)).all()}
-        open_breakers = int(conn.execute(select(func.count()).select_from(breakers)
-                                         .where(breakers.c.state != "closed")).scalar_one())
-        waiting_since = [float(t) for (t,) in conn.execute(
-            select(runs.c.updated_at).where(runs.c.status.in_(("waiting_human", "waiting_timer", "paused")))
-            .order_by(runs.c.updated_at).limit(10_000)).all()]
-    return {"runs": by_status, "events": kinds, "effects": ledger, "open_breakers": open_breakers,
-            "waiting_since": waiting_since}
+    return {"events": kinds, "effects": ledger}
 
 
 class DashboardReads:
@@ -220,9 +200,6 @@ class DashboardReads:
 
     def run_row(self, run_id: str) -> dict[str, Any] | None:
         return run_row(self.reader, run_id)
-
-    def waiting_nodes(self, limit: int = 200) -> list[dict[str, Any]]:
-        return waiting_nodes(self.reader, limit)
 
     def step_rows(self, run_id: str, items_cap: int) -> list[dict[str, Any]]:
         return step_rows(self.reader, run_id, items_cap)
@@ -254,5 +231,4 @@ class DashboardReads:
 
 
 __all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "items", "metrics", "node_effects", "node_events",
-           "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts", "step_rows", "sub_rows",
-           "waiting_nodes"]
+           "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts", "step_rows", "sub_rows"]

@@ -223,10 +223,6 @@ class Store(ABC):
         """A run's summary columns, or None."""
 
     @abstractmethod
-    def waiting_nodes(self, limit: int = 200) -> list[dict[str, Any]]:
-        """Nodes waiting for a human (their request in ``output``) of runs ``waiting_human``."""
-
-    @abstractmethod
     def step_rows(self, run_id: str, items_cap: int) -> list[dict[str, Any]]:
         """A run's node rows without outputs; of each fan-out only the first ``items_cap`` items."""
 

@@ -57,8 +57,10 @@ function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unkno
   return section("Waiting for a decision",
     request.prompt !== undefined ? h("p", { class: "prompt" }, String(request.prompt)) : null,
     request.payload !== undefined ? h("pre", { class: "value" }, pretty(request.payload)) : null,
-    request.schema !== undefined ? h("details", {}, h("summary", {}, "answer schema"), h("pre", {},
-      pretty(request.schema))) : null,
+    request.answer_schema ? h("details", { open: true }, h("summary", {}, "the answer's JSON Schema (an approve with "
+      + "edits)"), h("pre", {}, pretty(request.answer_schema))) : null,
+    request.approvers ? h("p", { class: "muted" }, `may decide: ${(request.approvers as string[]).join(", ")}`) : null,
+    typeof request.timeout_at === "number" ? h("p", { class: "muted" }, `times out ${utc(request.timeout_at)}`) : null,
     h("label", {}, "answer (JSON)", answer), comment,
     h("div", { class: "buttons" }, h("button", { class: "approve", onclick: () => act("approve") }, "Approve"),
       h("button", { class: "reject", onclick: () => act("reject") }, "Reject")), note);
@@ -89,11 +91,14 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
       row.started_at ? h("dt", {}, "started") : null, row.started_at ? h("dd", {}, utc(row.started_at)) : null,
       row.duration !== null ? h("dt", {}, "took") : null, row.duration !== null ? h("dd", {}, secs(row.duration)) : null,
       row.not_before ? h("dt", {}, "next try") : null, row.not_before ? h("dd", {}, utc(row.not_before)) : null));
-    const request = row.status === "waiting" && doc.output && "value" in doc.output &&
-      typeof doc.output.value === "object" && doc.output.value !== null ? doc.output.value as Record<string, unknown> : null;
+    const held = doc.output && "value" in doc.output && typeof doc.output.value === "object" && doc.output.value !== null
+      ? (doc.output.value as Record<string, unknown>).approval : null;
+    const request = row.status === "waiting" && typeof held === "object" && held !== null ?
+      held as Record<string, unknown> : null;
     if (request) box.append(approvalForm(runId, doc, request, reload));
   }
-  box.append(section("Output", value(doc.output, doc.output && !("value" in doc.output) ? base + "/output" : null)));
+  if (row?.status !== "waiting")
+    box.append(section("Output", value(doc.output, doc.output && !("value" in doc.output) ? base + "/output" : null)));
   const err = errorBlock(doc.error);
   if (err) box.append(section("Error", err));
   if (doc.attempts.length) {

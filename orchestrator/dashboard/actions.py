@@ -1,80 +1,63 @@
-"""The dashboard's actions, each the twin of a CLI verb, through one adapter.
+"""The dashboard's actions, each the twin of a CLI verb, through ``raysaga.Client``.
 
-``perform`` calls ``raysaga.orchestrator.client.Client`` (approve, reject, cancel, pause,
-unpause) when that module exists in this installation; until then it falls back on what the
-engine already has: an approval or rejection is queued as a signal for the run's driver (the
-actor in its payload), a cancel goes through ``runner.cancel``. Every action names its actor
-(``by``), which the engine records in the run's event log.
+Approve, reject, cancel, cancel and compensate, pause and unpause are the client's methods on
+the dashboard's store, with the actor (``by``) the page sends: the store records each decision
+and transition as an event naming them. Retry drives the run, which a web request must not do:
+the page tells the operator the CLI verb instead (``raysaga retry RUN``).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from raysaga.errors import UserError
+from raysaga.orchestrator.client import Client
 from raysaga.state import Store
 
 VERBS = ("approve", "reject", "cancel", "compensate", "pause", "unpause", "retry")
 
 
-def _client(store: Store) -> Any | None:
-    try:
-        module = importlib.import_module("raysaga.orchestrator.client")
-    except ImportError:
-        return None
-    client_type = getattr(module, "Client", None)
-    if client_type is None:
-        return None
-    return client_type(db=getattr(store, "url", None))
-
-
 def _text(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
-    return None if value is None else str(value)[:2000]
+    return None if value is None or value == "" else str(value)[:2000]
+
+
+def _node(label: str) -> tuple[str, int]:
+    if label.endswith("]") and "[" in label:
+        head, _, index = label[:-1].rpartition("[")
+        if index.isdigit() and len(index) < 11:
+            return head, int(index)
+    return label, -1
 
 
 def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Do ``verb`` on the run as ``by``; ``UserError`` for an unknown verb or missing field."""
+    """Do ``verb`` on the run as ``by``; ``UserError`` for an unknown verb, a missing field or an
+    action the run's state refuses (the client's message)."""
     if verb not in VERBS:
         raise UserError(f"unknown action {verb!r}: one of {', '.join(VERBS)}")
     store.get_run(run_id, lenient=True)  # RunNotFoundError first
-    node = _text(body, "node")
-    if verb in ("approve", "reject") and not node:
-        raise UserError(f"{verb} needs the waiting node (\"node\")")
-    client = _client(store)
-    if client is not None:
-        if verb == "approve":
-            client.approve(run_id, node, by=by, answer=body.get("answer"), comment=_text(body, "comment"),
-                           decision_id=_text(body, "decision_id"))
-        elif verb == "reject":
-            client.reject(run_id, node, by=by, comment=_text(body, "comment"), decision_id=_text(body, "decision_id"))
-        elif verb in ("cancel", "compensate"):
-            client.cancel(run_id, compensate=verb == "compensate", by=by, reason=_text(body, "reason"))
-        elif verb == "pause":
-            client.pause(run_id, by=by)
-        elif verb == "unpause":
-            client.unpause(run_id, by=by)
-        else:
-            raise UserError("retry from the dashboard is not available yet: use `raysaga retry RUN`")
-        return {"ok": True, "verb": verb, "by": by}
-    return _fallback(store, run_id, verb, by=by, node=node, body=body)
-
-
-def _fallback(store: Store, run_id: str, verb: str, *, by: str, node: str | None,
-              body: dict[str, Any]) -> dict[str, Any]:
+    client = Client(store)  # borrows the store: never closed here
     if verb in ("approve", "reject"):
-        payload = {"by": by, "answer": body.get("answer"), "comment": _text(body, "comment")}
-        store.send_signal(run_id, verb, node, payload)
-        return {"ok": True, "verb": verb, "by": by, "queued": True}
-    if verb == "cancel":
-        from raysaga.orchestrator.runner import cancel
-
-        reason = _text(body, "reason") or "cancelled"
-        run = cancel(run_id, store=store, reason=f"{reason} (by {by}, from the dashboard)", wait=10.0)
-        return {"ok": True, "verb": verb, "by": by, "status": run.status.value}
-    raise UserError(f"{verb} from the dashboard needs raysaga.Client, which this installation does not have yet: "
-                    f"use the CLI")
+        label = _text(body, "node")
+        if not label:
+            raise UserError(f"{verb} needs the waiting node (\"node\")")
+        node, index = _node(label)
+        if verb == "approve":
+            decision = client.approve(run_id, node, by=by, answer=body.get("answer"), comment=_text(body, "comment"),
+                                      decision_id=_text(body, "decision_id"), fan_index=index)
+        else:
+            decision = client.reject(run_id, node, by=by, comment=_text(body, "comment"),
+                                     decision_id=_text(body, "decision_id"), fan_index=index)
+        return {"ok": True, "verb": verb, "by": by, "decision": decision.model_dump(mode="json")}
+    if verb == "retry":
+        raise UserError(f"retry drives the run, which the dashboard does not do: run `raysaga retry {run_id}`")
+    if verb in ("cancel", "compensate"):
+        run = client.cancel(run_id, compensate=verb == "compensate", by=by, reason=_text(body, "reason"))
+    elif verb == "pause":
+        run = client.pause(run_id, by=by, reason=_text(body, "reason"))
+    else:
+        run = client.unpause(run_id, by=by)
+    return {"ok": True, "verb": verb, "by": by, "status": run.status.value}
 
 
 __all__ = ["VERBS", "perform"]

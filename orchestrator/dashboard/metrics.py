@@ -1,10 +1,8 @@
 """``/metrics``: the store's figures in the Prometheus text format (0.0.4), written by hand (a few
-gauges and counters need no client library). Each scrape costs a handful of GROUP BY queries."""
+gauges need no client library). One scrape is ``Store.stats`` (the figures ``raysaga stats``
+prints) and two GROUP BY queries of the dashboard's own (``Store.store_metrics``)."""
 
 from __future__ import annotations
-
-import time
-from typing import Any
 
 from raysaga.state import RunStatus, Store
 
@@ -15,46 +13,41 @@ def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def _quantile(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def render(store: Store, live_streams: int = 0, now: float | None = None) -> str:
-    """The exposition text: runs by state, retries, failures, ledger rows by status (duplicates
-    prevented are the committed rows a resume found instead of calling again: counted by the
-    engine's events), open breakers, and how long runs have been waiting (p50/p95/max)."""
-    figures: dict[str, Any] = store.store_metrics()
-    now = time.time() if now is None else now
+def render(store: Store, live_streams: int = 0) -> str:
+    """The exposition text: runs by state, time waiting for a human (p50/p95), duplicates
+    prevented, retries, breakers open, resumes, counted events, ledger rows by status."""
+    stats = store.stats()
+    extra = store.store_metrics()
     lines: list[str] = []
 
-    def family(name: str, kind: str, text: str) -> None:
+    def gauge(name: str, text: str, samples: list[tuple[str, float | int | None]], kind: str = "gauge") -> None:
         lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+        for labels, value in samples:
+            if value is not None:
+                lines.append(f"{name}{labels} {value}")
 
-    family("raysaga_runs", "gauge", "Runs in the store by state.")
-    runs = figures["runs"]
+    runs = stats.runs_by_state
     known = [s.value for s in RunStatus]
-    for name in known + sorted(set(runs) - set(known)):
-        lines.append(f'raysaga_runs{{status="{_label(name)}"}} {runs.get(name, 0)}')
-    family("raysaga_events_total", "counter", "Events of these kinds in the event log (retries, failures, ...).")
-    for kind, n in sorted(figures["events"].items()):
-        lines.append(f'raysaga_events_total{{kind="{_label(kind)}"}} {n}')
-    family("raysaga_retries_total", "counter", "Attempts retried after a transient failure.")
-    lines.append(f"raysaga_retries_total {figures['events'].get('retry_scheduled', 0)}")
-    family("raysaga_effects", "gauge", "Idempotency ledger rows by status.")
-    for status in ("pending", "committed", "failed"):
-        lines.append(f'raysaga_effects{{status="{status}"}} {figures["effects"].get(status, 0)}')
-    family("raysaga_breakers_open", "gauge", "Circuit breakers not closed (open or half-open).")
-    lines.append(f"raysaga_breakers_open {figures['open_breakers']}")
-    waits = [max(0.0, now - t) for t in figures["waiting_since"]]
-    family("raysaga_waiting_seconds", "gauge", "How long runs waiting (human, timer, paused) have waited.")
-    for q in (0.5, 0.95):
-        lines.append(f'raysaga_waiting_seconds{{quantile="{q}"}} {_quantile(waits, q):.3f}')
-    lines.append(f'raysaga_waiting_seconds{{quantile="1"}} {max(waits, default=0.0):.3f}')
-    family("raysaga_dashboard_streams", "gauge", "Live streams (server-sent events) this dashboard serves.")
-    lines.append(f"raysaga_dashboard_streams {live_streams}")
+    gauge("raysaga_runs", "Runs in the store by state.",
+          [(f'{{status="{_label(n)}"}}', runs.get(n, 0)) for n in known + sorted(set(runs) - set(known))])
+    waits = stats.waiting_human_seconds
+    gauge("raysaga_waiting_human_seconds", "How long runs waited for a human (finished waits, and ongoing ones "
+          "up to now).", [('{quantile="0.5"}', waits.p50), ('{quantile="0.95"}', waits.p95)], "summary")
+    lines.append(f"raysaga_waiting_human_seconds_count {waits.count}")
+    gauge("raysaga_duplicates_prevented_total", "Effects served from the ledger instead of called again.",
+          [("", stats.duplicates_prevented)], "counter")
+    gauge("raysaga_retries_total", "Attempts retried after a transient failure.", [("", stats.retries)], "counter")
+    gauge("raysaga_breakers_open", "Circuit breakers open now.", [("", stats.breaker_trips)])
+    gauge("raysaga_resumes_total", "Claims of a run after its first (crash, hand-back, wake-up).",
+          [("", stats.resumes)], "counter")
+    gauge("raysaga_resume_success_ratio", "Of the runs resumed and now at rest, the share that completed.",
+          [("", stats.resume_success_rate)])
+    gauge("raysaga_events_total", "Events of these kinds in the event log.",
+          [(f'{{kind="{_label(k)}"}}', n) for k, n in sorted(extra["events"].items())], "counter")
+    gauge("raysaga_effects", "Idempotency ledger rows by status.",
+          [(f'{{status="{s}"}}', extra["effects"].get(s, 0)) for s in ("pending", "committed", "failed")])
+    gauge("raysaga_dashboard_streams", "Live streams (server-sent events) this dashboard serves.",
+          [("", live_streams)])
     return "\n".join(lines) + "\n"
 
 

@@ -95,16 +95,10 @@ def parse_cursor(value: str | None) -> tuple[float, str] | None:
 
 
 def inbox(store: Store) -> list[dict[str, Any]]:
-    """Nodes waiting for a human, with their request (prompt, payload, approvers, schema, timeout)."""
-    out = []
-    for row in store.waiting_nodes():
-        request = row["output"] if isinstance(row["output"], dict) else {}
-        out.append({"run_id": row["run_id"], "workflow": row["workflow_name"],
-                    "node": node_label(row["node_id"], row["fan_index"]), "since": row["started_at"] or
-                    row["updated_at"], "reason": scrub(row["status_reason"]),
-                    "prompt": scrub(request.get("prompt")), "approvers": request.get("approvers"),
-                    "timeout_at": request.get("timeout_at")})
-    return out
+    """Approvals waiting for a decision (prompt, approvers, timeout), oldest first."""
+    return [{"run_id": w.run_id, "workflow": w.workflow, "node": node_label(w.node, w.fan_index),
+             "since": w.request.asked_at, "prompt": scrub(w.request.prompt), "approvers": w.request.approvers,
+             "timeout_at": w.request.timeout_at, "approvals": w.approvals} for w in store.waiting_approvals()]
 
 
 def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:

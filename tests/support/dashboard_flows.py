@@ -10,8 +10,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pydantic import BaseModel
+
 import raysaga
-from raysaga import Permanent, StepContext, Workflow
+from raysaga import Approval, Ask, Permanent, StepContext, Workflow
 from raysaga.agents import Agent, tool
 from raysaga.agents.models import ScriptedModel, text_reply, tool_reply
 
@@ -115,6 +117,44 @@ helper = Workflow("helper", version="1")
 @helper.agent(Agent(name="buyer", model=_model(), system="You restock.", tools=(lookup, order)))
 def restock(input: dict[str, Any]) -> str:
     return f"restock {input.get('sku', 'A1')}"
+
+
+class Edit(BaseModel):
+    amount: int
+
+
+refund = Workflow("refund", version="1")
+
+
+@refund.step(effect=True)
+def hold(ctx: StepContext, input: dict[str, Any]) -> dict[str, Any]:
+    return {"amount": int(input.get("amount", 40)), "hold": "h-" + ctx.idempotency_key[:8]}
+
+
+@refund.compensation("hold")
+def unhold(ctx: StepContext, input: dict[str, Any], output: Any) -> dict[str, Any]:
+    return {"released": output}
+
+
+@refund.step(effect=True)
+def note(ctx: StepContext, hold: dict[str, Any]) -> str:
+    return "noted " + str(hold["amount"])
+
+
+@refund.compensation("note")
+def unnote(ctx: StepContext, hold: dict[str, Any], output: Any) -> str:
+    return "unnoted"
+
+
+@refund.approval(approvers=["alice", "bob"], answer=Edit)
+def review(hold: dict[str, Any], note: str) -> Ask:
+    return Ask(prompt=f"Refund {hold['amount']}?", payload=hold)
+
+
+@refund.step()
+def pay(hold: dict[str, Any], review: Approval) -> dict[str, Any]:
+    amount = review.answer["amount"] if review.answer else hold["amount"]
+    return {"paid": amount, "by": review.by}
 
 
 def start(wf: Workflow, name: str, input: Any, url: str, run_id: str | None = None) -> str:
