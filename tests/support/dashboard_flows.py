@@ -67,7 +67,7 @@ def charge(ctx: StepContext, input: dict[str, Any], reserve: dict[str, str]) -> 
 
 
 @shop.compensation("charge")
-def refund(ctx: StepContext, input: dict[str, Any], output: Any) -> dict[str, str]:
+def refund_charge(ctx: StepContext, input: dict[str, Any], output: Any) -> dict[str, str]:
     return {"refunded": str(output)}
 
 
