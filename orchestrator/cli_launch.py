@@ -96,8 +96,9 @@ def launch(
             say(err, f"note: the store is the SQLite file {where}: only a cluster on this machine can reach it "
                      "(use --db postgresql://... for a cluster of several machines)")
         if not wait:
+            token = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
             say(err, f"follow it: raysaga status {record.run_id}" + ("" if db is None else f" --db {where}")
-                + f"  (the driver's log: ray job logs {job.job.submission_id} --address {url})")
+                + f"  (the driver's log: {token}ray job logs {job.job.submission_id} --address {url})")
             return
         final = _follow(store, client, record.run_id, job.job.submission_id)
         from raysaga.orchestrator import cli_status

@@ -135,6 +135,8 @@ def connect(address: str) -> JobSubmissionClient:
     url = dashboard_url(address)
     from ray.job_submission import JobSubmissionClient
 
+    quiet_sdk_logs()  # after Ray's import, which sets its loggers up
+
     def attempt() -> JobSubmissionClient:
         return JobSubmissionClient(url)  # asks the server for its version: reachable, and let in
 
@@ -146,6 +148,14 @@ def connect(address: str) -> JobSubmissionClient:
         raise UserError(f"cannot reach the Ray Job API at {url} ({_first_line(exc)}): start the head with "
                         "`ray start --head --dashboard-port PORT` (the dashboard serves it; `pip install "
                         "'ray[default]'`), or fix --address") from None
+
+
+def quiet_sdk_logs() -> None:
+    """Ray's SDK logs each package upload at INFO on stderr; the launch says what it did itself."""
+    import logging
+
+    for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _first_line(exc: BaseException) -> str:
