@@ -190,9 +190,7 @@ def worker(
         w = Worker(workflows, store, concurrency=settings["concurrency"], executor=settings["executor"],
                    address=settings["address"], options=RunOptions(lease_ttl=lease_ttl), poll=poll,
                    limits=settings["limits"])
-        names = ", ".join(sorted(w.workflows))
-        say(out, f"worker {os.getpid()}: driving {names} from {cli_store.describe(store.url)}, "
-                 f"{w.concurrency} at once (SIGTERM or Ctrl-C stops it and hands its runs back)")
+        w.start_engine()  # Ray first: it installs signal handlers of its own, which ours replace
         stops: list[int] = []
 
         def on_signal(signum: int, frame: object) -> None:
@@ -203,6 +201,9 @@ def worker(
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, on_signal)
+        names = ", ".join(sorted(w.workflows))
+        say(out, f"worker {os.getpid()}: driving {names} from {cli_store.describe(store.url)}, "
+                 f"{w.concurrency} at once (SIGTERM or Ctrl-C stops it and hands its runs back)")
         counts = w.run()
         say(out, f"worker {os.getpid()}: stopped; claimed {counts.claimed}, completed {counts.completed}, "
                  f"resting {counts.rested}, handed back {counts.handed_back}, errors {counts.failed}")

@@ -75,12 +75,17 @@ class Worker:
         self._stop_name = "SIGTERM"
         self._lock = threading.Lock()
         self._drivers: set[Driver] = set()
+        self._primary: Executor | None = None
+
+    def start_engine(self) -> None:
+        """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
+        handlers of its own as it starts: a caller that handles SIGTERM installs its handler after."""
+        if self.executor_kind == "ray" and self._primary is None:
+            self._primary = make_executor("ray", self.address)
 
     def run(self) -> WorkerCounts:
         """Claim and drive until ``stop()``; returns what was done."""
-        primary: Executor | None = None
-        if self.executor_kind == "ray":  # Ray starts (or is joined) once, in this thread
-            primary = make_executor("ray", self.address)
+        self.start_engine()
         slots = [threading.Thread(target=self._slot, name=f"raysaga-worker-{i}", daemon=True)
                  for i in range(self.concurrency)]
         for slot in slots:
@@ -90,8 +95,9 @@ class Worker:
                 while slot.is_alive():
                     slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
         finally:
-            if primary is not None:
-                primary.shutdown()
+            if self._primary is not None:
+                self._primary.shutdown()
+                self._primary = None
         return self.counts
 
     def stop(self, name: str = "SIGTERM") -> None:

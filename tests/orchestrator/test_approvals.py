@@ -233,7 +233,7 @@ def test_definition_errors_name_the_fix() -> None:
     with pytest.raises(WorkflowDefinitionError, match="needs default="):
         wf.approval(timeout=5, on_timeout="default")(ask)
     with pytest.raises(WorkflowDefinitionError, match="not one str"):
-        wf.approval(approvers="alice")(ask)  # type: ignore[arg-type]
+        wf.approval(approvers="alice")(ask)  # a str is an Iterable[str] to a type checker: refused at run time
     with pytest.raises(WorkflowDefinitionError, match="on_timeout='later' is not one of"):
         wf.approval(timeout=5, on_timeout="later")(ask)  # type: ignore[arg-type]
 
