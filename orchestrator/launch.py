@@ -151,11 +151,13 @@ def connect(address: str) -> JobSubmissionClient:
 
 
 def quiet_sdk_logs() -> None:
-    """Ray's SDK logs each package upload at INFO on stderr; the launch says what it did itself."""
+    """Ray's SDK logs each package upload at INFO, and that ``.git`` and ``.venv`` are left out
+    (as ``EXCLUDES`` asks) at WARNING, on stderr; the launch says what it did itself."""
     import logging
 
     for name in ("ray.dashboard.modules.dashboard_sdk", "ray._private.runtime_env.packaging"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("ray._private.runtime_env.working_dir").setLevel(logging.ERROR)
 
 
 def _first_line(exc: BaseException) -> str:
