@@ -129,7 +129,22 @@ def _node_json(row: dict[str, Any]) -> dict[str, Any]:
         "not_before": row["not_before"],
         "error": row["error"],
         "output_digest": row["output_digest"],
+        "inherited_from": row.get("origin_run_id"),
     }
+
+
+def lineage(store: SqlStore, run: RunRecord) -> dict[str, Any]:
+    """A run's parent and the node it was forked from, and the runs forked from it (docs/fork.md);
+    empty for a run with neither."""
+    children = [{k: c[k] for k in ("run_id", "forked_from", "status")} for c in store.children(run.run_id)]
+    children = children[:CHILDREN_SHOWN]
+    if run.parent_run_id is None and not children:
+        return {}
+    return {"parent_run_id": run.parent_run_id, "forked_from": run.forked_from, "children": children}
+
+
+#: Forks of a run that ``status`` lists.
+CHILDREN_SHOWN = 50
 
 
 def _pending_json(step: str) -> dict[str, Any]:
@@ -161,6 +176,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
         "input": run.input, "output": run.output, "error": None if run.error is None else run.error.as_dict(),
         "node_counts": counts,
+        **lineage(store, run),
     }
     stream.write(_dumps(head)[:-1])
     next_after: str | None = None
@@ -256,14 +272,20 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
                        f"({seconds(max(0.0, run.updated_at - run.created_at))} in all)"))
     console.print(Text(f"driver: {describe_lease(run, time.time())}"))
     console.print(Text(f"store: {store_text}"))
+    family = lineage(store, run)
+    if family:
+        forks = ", ".join(f"{c['run_id']} (from {c['forked_from']}, {c['status']})" for c in family["children"])
+        parent = f"forked from {run.parent_run_id} at {run.forked_from}" if run.parent_run_id else ""
+        console.print(Text("lineage: " + "; ".join(p for p in (parent, f"forks: {forks}" if forks else "") if p)))
     infos, order = step_order(store, run.run_id, wf)
     by_step = {s.node_id: s for s in infos}
     table = [["node", "status", "attempts", "started", "took", "note"]]
     fan_notes: list[str] = []
 
     def add(label: str, row: dict[str, Any]) -> None:
+        note = f"inherited from {row['origin_run_id']}" if row.get("origin_run_id") else error_line(row["error"], 120)
         table.append([flat(label), row["status"], str(row["attempt"]), clock(row["started_at"]),
-                      seconds(row["duration"]), flat(error_line(row["error"], 120))])
+                      seconds(row["duration"]), flat(note)])
 
     for step in order:
         info = by_step.get(step)

@@ -54,9 +54,9 @@ class ReplayNode:
 
     label: str
     verdict: str
-    """``same``, ``differs``, ``failed`` (raised now), ``ledger`` (an effect: its recorded result,
-    not called), ``diverged`` (an agent would need a call the run never made), ``not run`` (no
-    completed row, or its inputs were not recorded)."""
+    """``same``, ``differs``, ``failed`` (raised now), ``ledger`` (an effect, an approval or a
+    sleep: its recorded outcome, not called), ``diverged`` (an agent would need a call the run
+    never made), ``not run`` (no completed row, or its inputs were not recorded)."""
     recorded: Any = None
     now: Any = None
     detail: str = ""
@@ -152,6 +152,8 @@ class _Replay:
                               detail="an effect: served from the ledger, not called")
         if spec.kind == "agent":
             return self.agent(label, step, index, kwargs, recorded)
+        if spec.kind != "step":  # an approval's decision, a sleep's wake-up: what happened, not code to re-run
+            return ReplayNode(label, LEDGER, recorded, recorded, detail=f"a {spec.kind}: its recorded outcome")
         ok, now = self.call(step, index, kwargs)
         if not ok:
             return ReplayNode(label, FAILED, recorded, None, detail=f"raises now: {now}")

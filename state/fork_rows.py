@@ -16,9 +16,9 @@ from sqlalchemy import Connection, Engine, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import RunExistsError
-from raysaga.state.decoding import SUMMARY, reading, records, summary
+from raysaga.state.decoding import reading, records
 from raysaga.state.error_record import stored_error
-from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus, RunSummary
+from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
 from raysaga.state.schema import effects, events, nodes, runs
 from raysaga.state.statements import fence_guard
@@ -75,11 +75,12 @@ class ForkRows:
         with self.reader.connect() as conn, reading(run_id, effects.name):
             return records(EffectRecord, conn.execute(query).all())
 
-    def children(self, run_id: str) -> list[RunSummary]:
-        """The runs forked from ``run_id``, oldest first (summary columns only)."""
-        query = select(*SUMMARY).where(runs.c.parent_run_id == run_id).order_by(runs.c.created_at, runs.c.run_id)
+    def children(self, run_id: str) -> list[dict[str, Any]]:
+        """The runs forked from ``run_id``, oldest first: ``run_id``, ``status``, ``forked_from``, ``created_at``."""
+        query = (select(runs.c.run_id, runs.c.status, runs.c.forked_from, runs.c.created_at)
+                 .where(runs.c.parent_run_id == run_id).order_by(runs.c.created_at, runs.c.run_id))
         with self.reader.connect() as conn:
-            return [summary(r._asdict()) for r in conn.execute(query).all()]
+            return [r._asdict() for r in conn.execute(query).all()]
 
     def repin_definition(self, lease: Lease, definition_hash: str, step_hashes: dict[str, str],
                          data: dict[str, Any]) -> RunRecord:

@@ -68,7 +68,8 @@ def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
 
 
 _NODE_COLUMNS = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
-                 nodes.c.output_digest, nodes.c.error, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration)
+                 nodes.c.output_digest, nodes.c.error, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration,
+                 nodes.c.origin_run_id)
 
 
 def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[str, int] | None = None,

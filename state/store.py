@@ -201,8 +201,8 @@ class Store(ABC):
         """The ledger rows of the nodes a fork inherited (they stay with the runs that wrote them)."""
 
     @abstractmethod
-    def children(self, run_id: str) -> list[RunSummary]:
-        """The runs forked from ``run_id``, oldest first."""
+    def children(self, run_id: str) -> list[dict[str, Any]]:
+        """The runs forked from ``run_id``, oldest first (``run_id``, ``status``, ``forked_from``, ``created_at``)."""
 
     @abstractmethod
     def repin_definition(self, lease: Lease, definition_hash: str, step_hashes: dict[str, str],

@@ -120,5 +120,5 @@ def test_status_json_keeps_its_keys_and_adds_schema_version(flow: str, sqlite_ur
             "lease_owner", "lease_expires_at", "retries_used", "retry_budget", "tokens_used", "cost_used", "input",
             "output", "error", "node_counts", "nodes", "effects"} <= set(data)
     assert set(data["nodes"][0]) == {"node", "step", "index", "status", "attempts", "started_at", "finished_at",
-                                     "duration", "not_before", "error", "output_digest"}
+                                     "duration", "not_before", "error", "output_digest", "inherited_from"}
     assert data["node_counts"] == {"completed": 5, "failed": 1}

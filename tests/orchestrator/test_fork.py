@@ -93,7 +93,7 @@ def test_fork_from_the_writer_asks_the_model_only_for_the_writer(research: Any) 
     filed = [e for e in store.inherited_effects("ar-w") if e.effect_name == "tool:file_report"]
     assert sorted(e.fan_index for e in filed) == [0, 1, 2, 3] and {e.run_id for e in filed} == {"ar-parent"}
     assert store.effects("ar-w") == []  # the fork executed no effect
-    assert [c.run_id for c in store.children("ar-parent")] == ["ar-w"]
+    assert [(c["run_id"], c["forked_from"]) for c in store.children("ar-parent")] == [("ar-w", "write")]
 
 
 def test_fork_from_a_researchers_third_turn_keeps_its_first_two(research: Any) -> None:
