@@ -27,7 +27,7 @@ from raysaga import RunOptions, StepContext, Workflow
 from raysaga.agents import AnthropicModel
 from raysaga.errors import DefinitionChangedError, ForkError
 from raysaga.state import NodeStatus, RunStatus, SqlStore
-from raysaga.testing import CrashAt, SimulatedCrash, drive_inline
+from raysaga.testing import CrashAt, FakeProvider, SimulatedCrash, drive_inline
 from tests.support import messages_server as ms
 from tests.support.services import FakeServices
 
@@ -312,3 +312,48 @@ def test_a_fork_reruns_the_steps_whose_definition_changed(sqlite_url: str) -> No
         assert origins == {"first": "vp", "second": None, "third": None}  # second changed: it ran again
     finally:
         store.close()
+
+
+# ---------------------------------------------------------------------- a fork's rollback of what it inherited
+
+PROVIDER = FakeProvider()
+SHIP_FAILS: list[bool] = [False]
+
+
+def _saga() -> Workflow:
+    wf = Workflow("fork_saga")
+
+    def refund(ctx: StepContext, output: dict[str, Any]) -> None:
+        PROVIDER.call("refund", ctx.idempotency_key, {"charge": output["id"]})
+
+    @wf.step(effect=True, compensate=refund)
+    def pay(ctx: StepContext, input: dict[str, Any]) -> dict[str, Any]:
+        return PROVIDER.call("charge", ctx.idempotency_key, {"amount": input["amount"]})
+
+    @wf.step()
+    def ship(pay: dict[str, Any]) -> str:
+        if SHIP_FAILS[0]:
+            raise raysaga.Permanent("the warehouse is closed")
+        return "shipped"
+
+    return wf
+
+
+def test_forks_rolling_back_undo_an_inherited_effect_once(sqlite_url: str) -> None:
+    """Two forks of one completed run both fail and roll back: the inherited charge is refunded
+    under its origin run's compensation key, so the provider sees one refund take effect."""
+    wf = _saga()
+    SHIP_FAILS[0] = False
+    assert raysaga.run(wf, {"amount": 5}, store=sqlite_url, run_id="s", executor="inline").status == \
+        RunStatus.COMPLETED
+    SHIP_FAILS[0] = True
+    try:
+        for child in ("s-1", "s-2"):
+            done = raysaga.fork(wf, "s", from_node="ship", store=sqlite_url, new_run_id=child, executor="inline")
+            assert done.status == RunStatus.COMPENSATED, done.status_reason
+    finally:
+        SHIP_FAILS[0] = False
+    charges, refunds = PROVIDER.effects("charge"), PROVIDER.effects("refund")
+    assert len(charges) == 1  # the forks never charged again
+    assert len(refunds) == 1 and refunds[0].key == charges[0].key + ":compensate"
+    assert [c.duplicate for c in PROVIDER.calls if c.kind == "refund"] == [False, True]
