@@ -27,7 +27,6 @@ import importlib.util
 import re
 import shlex
 import sysconfig
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,22 +221,11 @@ def submit(client: JobSubmissionClient, run_id: str, driver: int, *, env: dict[s
     except RuntimeError as exc:
         existing = job_info(client, sid)
         if existing is None:
-            raise UserError(f"the Ray cluster refused the job for run {run_id!r}: {_first_line(exc)}") from None
+            raise UserError(f"the Ray cluster refused job {sid} for run {run_id!r} ({_first_line(exc)}): the run "
+                            f"is recorded, not started; fix that and launch again with --run-id {run_id}") from None
         return Submitted(existing, started=False)
     job = job_info(client, sid)
     return Submitted(job or Job(sid, "PENDING"), started=True)
-
-
-def wait_for_job_start(client: JobSubmissionClient, sid: str, timeout: float) -> Job | None:
-    """The job once its entrypoint process runs (or it ended), polled until ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = job_info(client, sid)
-        if job is not None and (job.status != "PENDING" or time.monotonic() > deadline):
-            return job
-        if time.monotonic() > deadline:
-            return job
-        time.sleep(0.2)  # polling another process (the cluster's job manager) for its progress
 
 
 def job_log_tail(client: JobSubmissionClient, sid: str, lines: int = 3) -> list[str]:

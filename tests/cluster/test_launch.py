@@ -202,6 +202,23 @@ def test_launch_completes_on_the_cluster_and_a_killed_driver_is_taken_over(
     assert shown.returncode == 0 and "completed" in shown.stdout.splitlines()[0], shown.stdout + shown.stderr
 
 
+def test_launch_wait_follows_the_run_until_it_rests(cluster: Cluster, pg_url: str, tmp_path: Path) -> None:
+    project = _project(tmp_path)
+    run_id = f"hello-{uuid.uuid4().hex[:8]}"
+    launch = [RAYSAGA, "launch", "launch_flow:hello", "--address", cluster.dashboard, "--db", pg_url,
+              "--run-id", run_id]
+    followed = subprocess.run([*launch, "--wait"], cwd=project, env=cluster.client_env(), capture_output=True,
+                              text=True, timeout=120)
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    assert lines[0] == run_id and lines[1].startswith(f"run {run_id} (cluster-hello v1): completed"), followed.stdout
+    assert 'output: {"where": "special"}' in followed.stdout
+
+    again = subprocess.run(launch, cwd=project, env=cluster.client_env(), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.strip() == run_id
+    assert again.stderr.strip() == f"run {run_id} is already completed: nothing to launch"
+
+
 def test_run_address_finds_the_clusters_token_and_refuses_without_one(cluster: Cluster, tmp_path: Path) -> None:
     project = _project(tmp_path)
     db = f"sqlite:///{tmp_path / 'raysaga.db'}"
