@@ -56,6 +56,11 @@ class Tool:
     """Name of the dependency whose circuit breaker guards this tool (default: the tool's name)."""
     rate_limit: RateLimit | None = None
     """The fleet-wide limit its calls go through (``RateLimit``): a call over it waits, holding nothing."""
+    requires_approval: bool = False
+    """Each call waits for a human's decision before it runs (approve, approve with edited
+    arguments, or reject with a reason the model is shown); the model's turn is not asked again."""
+    approvers: tuple[str, ...] | None = None
+    """Who may decide its calls (None: anyone)."""
     compensate: Callable[..., Any] | None = None
     """Undoes one call of an effect tool when the run rolls back. It binds by name: the tool's own
     arguments, ``output`` (the call's result, decoded; None when its outcome is unknown) and
@@ -94,14 +99,16 @@ def _unknown_tool_option(where: str, unknown: list[str], options: list[str]) -> 
 def tool(fn: Callable[..., Any], /, *, name: str | None = None, description: str | None = None,
          effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
          timeout: float | None = None, breaker: str | None = None, compensate: Callable[..., Any] | None = None,
-         rate_limit: RateLimit | None = None) -> Tool: ...
+         rate_limit: RateLimit | None = None, requires_approval: bool = False,
+         approvers: Sequence[str] | None = None) -> Tool: ...
 
 
 @overload
 def tool(fn: None = None, /, *, name: str | None = None, description: str | None = None, effect: bool = False,
          key: Sequence[str] | None = None, retry: RetryPolicy | None = None, timeout: float | None = None,
          breaker: str | None = None, compensate: Callable[..., Any] | None = None,
-         rate_limit: RateLimit | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
+         rate_limit: RateLimit | None = None, requires_approval: bool = False,
+         approvers: Sequence[str] | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 @functools.partial(checked_options, what="tool()", unknown=_unknown_tool_option, misfit=WorkflowDefinitionError,
@@ -110,7 +117,8 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
          effect: bool = False, key: Sequence[str] | None = None, retry: RetryPolicy | None = None,
          timeout: float | None = None, breaker: str | None = None,
          compensate: Callable[..., Any] | None = None,
-         rate_limit: RateLimit | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
+         rate_limit: RateLimit | None = None, requires_approval: bool = False,
+         approvers: Sequence[str] | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a ``Tool`` from a typed function; its parameters become the JSON schema.
 
     Call forms: ``@tool``, ``@tool()``, ``@tool(effect=True, key=("order_id",))``, and
@@ -129,6 +137,10 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         breaker: the dependency whose circuit breaker guards it (default: the tool's name).
         compensate: the undo of one call of an effect tool, run when the run rolls back.
         rate_limit: a ``RateLimit`` its calls go through, shared by every driver on the store.
+        requires_approval: each call waits for a human (``raysaga approve|reject RUN NODE``):
+            approved, approved with edited arguments (``--answer``), or rejected with a reason
+            shown to the model; nothing runs before the decision and the model is not asked again.
+        approvers: who may decide its calls (default: anyone).
 
     Raises:
         WorkflowDefinitionError: an option of the wrong type, an unknown option, or a function
@@ -148,6 +160,14 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
             raise WorkflowDefinitionError(f"tool {tool_name!r}: @tool decorates functions, got {func!r}")
         key_names = _check_options(tool_name, description=description, effect=effect, key=key, retry=retry,
                                    timeout=timeout, breaker=breaker)
+        if not isinstance(requires_approval, bool):
+            raise WorkflowDefinitionError(f"tool {tool_name!r}: requires_approval= takes True or False")
+        if approvers is not None and (isinstance(approvers, str) or not approvers
+                                      or not all(isinstance(a, str) and a.strip() for a in approvers)):
+            raise WorkflowDefinitionError(f"tool {tool_name!r}: approvers= takes a non-empty list of names, "
+                                          f"got {approvers!r}")
+        if approvers is not None and not requires_approval:
+            raise WorkflowDefinitionError(f"tool {tool_name!r}: approvers= goes with requires_approval=True")
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise WorkflowDefinitionError(f"tool {tool_name!r}: rate_limit= takes a RateLimit, e.g. "
                                           f"RateLimit(name='search-api', requests=60), got {rate_limit!r}")
@@ -170,7 +190,8 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         doc = description or inspect.getdoc(func) or tool_name
         return Tool(name=tool_name, description=doc, fn=func, input_model=model, effect=effect,
                     key=key_names or None, retry=retry, timeout=timeout, breaker=breaker, rate_limit=rate_limit,
-                    compensate=compensate)
+                    compensate=compensate, requires_approval=requires_approval,
+                    approvers=None if approvers is None else tuple(approvers))
 
     if fn is not None:
         return build(fn)

@@ -10,6 +10,7 @@ model sees it, so a replay sees the same. The rules themselves are ``raysaga.age
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from raysaga.agents.agent import Agent
 from raysaga.agents.messages import ModelResponse
 from raysaga.agents.runtime import model_turn, tool_call
+from raysaga.agents.tools import ToolError
 from raysaga.agents.turns import (
     Answer,
     CallModel,
@@ -39,10 +41,12 @@ from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, MemoryOp, Outbox
+from raysaga.orchestrator.machine.waits import Waits
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import BreakerChange, MemoryEntry, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
-from raysaga.types import StepContext
+from raysaga.state.decisions import REQUEST_KEY, ApprovalRequest, request_of
+from raysaga.types import Approval, StepContext
 
 
 @dataclass
@@ -56,12 +60,17 @@ class _Node:
     due: set[NodeKey] = field(default_factory=set)  # retry timers fired
     pending_tools: dict[NodeKey, RunTool] = field(default_factory=dict)  # waiting on their breaker
     pending_memory: dict[NodeKey, UseMemory] = field(default_factory=dict)
+    asked: dict[NodeKey, ApprovalRequest] = field(default_factory=dict)  # tool calls asked of a human
+    approved: dict[NodeKey, dict[str, Any]] = field(default_factory=dict)  # their approved arguments
+    gated: dict[NodeKey, RunTool] = field(default_factory=dict)  # waiting for that decision
+    decisions: dict[NodeKey, list[int]] = field(default_factory=dict)  # consumed with the call's outcome
     finished: bool = False
 
 
 class AgentNodes:
     def __init__(self, run_id: str, trace_id: str, calls: Calls, forward: Forward, budgets: Budgets, out: Outbox,
-                 *, max_output_bytes: int, blob_threshold: int) -> None:
+                 waits: Waits, *, max_output_bytes: int, blob_threshold: int) -> None:
+        self.waits = waits
         self.run_id = run_id
         self.trace_id = trace_id
         self.calls = calls
@@ -127,7 +136,13 @@ class AgentNodes:
             sub = NodeKey.parse(row.node_id, row.fan_index)
             assert sub.turn is not None
             self.calls.attempts[sub] = row.attempt
-            if row.status == NodeStatus.COMPLETED:
+            if row.status == NodeStatus.WAITING and sub.call is not None:  # a tool call asked of a human
+                request = request_of(row)
+                if request is not None:
+                    node.asked[sub] = request
+                if isinstance(output, dict) and isinstance(output.get("approved"), dict):
+                    node.approved[sub] = output["approved"]["args"]
+            elif row.status == NodeStatus.COMPLETED:
                 node.conv.put(sub.turn, sub.call, output)
             elif sub.call is not None and row.status == NodeStatus.FAILED:
                 record_tool_failure(node.agent, node.conv, sub.turn, sub.call, row.error.as_dict() if row.error else {})
@@ -170,10 +185,10 @@ class AgentNodes:
             elif isinstance(action, RunTool):
                 sub = node.key.with_turn(action.turn, action.call)
                 node.waiting.add(sub)
-                node.pending_tools[sub] = action
-                tool = action.tool
-                self.out.queries.append(AdmitTool(sub, tool.breaker_name, node.agent.breaker_threshold,
-                                                  node.agent.breaker_cooldown))
+                if action.tool.requires_approval and sub not in node.approved:
+                    self._ask(node, sub, action)
+                else:
+                    self._admit(node, sub, dataclasses.replace(action, args=node.approved.get(sub, action.args)))
             elif isinstance(action, UseMemory):
                 self._use_memory(node, action)
             elif isinstance(action, Answer):
@@ -190,6 +205,66 @@ class AgentNodes:
                 node.finished = True  # nothing more from this node before the pause
                 self.pause_reason = self.pause_reason or action.reason
 
+    def _admit(self, node: _Node, sub: NodeKey, action: RunTool) -> None:
+        node.pending_tools[sub] = action
+        self.out.queries.append(AdmitTool(sub, action.tool.breaker_name, node.agent.breaker_threshold,
+                                          node.agent.breaker_cooldown))
+
+    # ------------------------------------------------------------------ tool calls that need a human
+
+    def _ask(self, node: _Node, sub: NodeKey, action: RunTool) -> None:
+        """Hold the call until a human decides; its row (``waiting``) holds the request."""
+        request = node.asked.get(sub)
+        if request is None:
+            tool = action.tool
+            request = node.asked[sub] = ApprovalRequest(
+                prompt=f"agent {node.key.label} asks to call {tool.name}", payload={"tool": tool.name,
+                                                                                 "args": action.args},
+                approvers=None if tool.approvers is None else list(tool.approvers),
+                answer_schema=_args_schema(tool.input_model.model_json_schema()), asked_at=self.out.now,
+                tool=tool.name)
+            self._write_asked(sub, request, None)
+            self.out.batch.events.append(NewEvent(kind="approval_requested", node_id=sub.node_id,
+                                                  fan_index=None if sub.fan_index < 0 else sub.fan_index,
+                                                  data={"approvers": request.approvers, "tool": tool.name}))
+        node.gated[sub] = action
+        self.waits.gate(sub, request, self.tool_decided)
+
+    def _write_asked(self, sub: NodeKey, request: ApprovalRequest, approved: dict[str, Any] | None) -> None:
+        output: dict[str, Any] = {REQUEST_KEY: request.model_dump(mode="json")}
+        if approved is not None:
+            output["approved"] = approved  # durable with the decision's consumption: a crash keeps it
+        self.out.batch.nodes.append(NodeWrite(node_id=sub.node_id, fan_index=sub.fan_index, status=NodeStatus.WAITING,
+                                              attempt=0, output=output, started_at=request.asked_at))
+
+    def tool_decided(self, sub: NodeKey, approval: Approval | None, error: dict[str, Any] | None,
+                     signals: list[int]) -> None:
+        """A human decided a gated tool call: run it (with the approved, maybe edited, arguments), or
+        answer the model that it was rejected, and why. The decision's signals are consumed with
+        the call's outcome (a crash before it finds the decision again)."""
+        node = self.nodes[sub.owner]
+        action = node.gated.pop(sub)
+        node.decisions[sub] = signals
+        self.due_nodes.add(node.key)
+        if approval is None:
+            node.waiting.discard(sub)
+            reason = (error or {}).get("message") or "rejected"
+            self._answered(node, sub, {"content": f"a human did not allow this call ({reason})", "is_error": True,
+                                       "rejected": True})
+            return
+        args = action.args
+        if approval.answer is not None:
+            try:
+                args = action.tool.validate(approval.answer)
+            except ToolError as exc:
+                node.waiting.discard(sub)
+                self._answered(node, sub, {"content": f"the approver's edited arguments do not fit: {exc.message}",
+                                           "is_error": True})
+                return
+        node.approved[sub] = args
+        self._write_asked(sub, node.asked[sub], {"args": args, "approval": approval.model_dump(mode="json")})
+        self._admit(node, sub, dataclasses.replace(action, args=args))
+
     def _issue(self, node: _Node, sub: NodeKey, spec: StepSpec, kwargs: dict[str, Any], ekey: str | None) -> None:
         node.calls[sub] = (spec, kwargs, ekey)
         done = self.calls.issue(sub, spec, kwargs, ekey)
@@ -201,6 +276,7 @@ class AgentNodes:
     def _answered(self, node: _Node, sub: NodeKey, result: dict[str, Any]) -> None:
         """A tool call answered by the engine itself: recorded before the model can see it."""
         assert sub.turn is not None and sub.call is not None
+        self.out.batch.consumed_signals.extend(node.decisions.pop(sub, []))
         node.conv.put(sub.turn, sub.call, result)
         self.out.batch.nodes.append(NodeWrite(node_id=sub.node_id, fan_index=sub.fan_index, status=NodeStatus.COMPLETED,
                                               output=result, finished_at=self.out.now))
@@ -268,6 +344,17 @@ class AgentNodes:
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
         if tool is not None:
             self._count(node, tool.breaker_name, True)
+        self.out.batch.consumed_signals.extend(node.decisions.pop(sub, []))
+        edited = node.approved.get(sub)
+        if edited is not None and isinstance(value, dict) and isinstance(value.get("content"), str):
+            asked = node.asked[sub].payload or {}
+            if edited != asked.get("args"):  # the model learns the call it asked for was changed
+                value = {**value, "content": f"(a human edited this call's arguments to "
+                                             f"{jsoncodec.dumps(edited, 'arguments')}) {value['content']}"}
+                node.conv.put(sub.turn, sub.call, value)
+                self.out.batch.nodes.append(NodeWrite(
+                    node_id=sub.node_id, fan_index=sub.fan_index, status=NodeStatus.COMPLETED,
+                    attempt=self.calls.attempts.get(sub, 1), output=value, finished_at=self.out.now))
 
     def on_failure(self, sub: NodeKey, error: dict[str, Any]) -> None:
         node = self.nodes[sub.owner]
@@ -278,6 +365,7 @@ class AgentNodes:
             self._fail(node, model_failure(sub.turn, error).error())
             return
         record_tool_failure(node.agent, node.conv, sub.turn, sub.call, error)
+        self.out.batch.consumed_signals.extend(node.decisions.pop(sub, []))
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
         if tool is not None:
             self._count(node, tool.breaker_name, False)
@@ -317,3 +405,8 @@ class AgentNodes:
         """Model calls under way: before a pause their answers are kept (an answer already given,
         and billed, would be lost and asked again: a re-roll)."""
         return [k for k in self.calls.inflight if k.is_agent_call and k.call is None]
+
+
+def _args_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's input schema as the schema of an approver's edited arguments."""
+    return {k: v for k, v in schema.items() if k != "title"}

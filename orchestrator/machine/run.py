@@ -65,9 +65,10 @@ class RunMachine:
         self.calls.retries_used = run.retries_used
         self.forward = Forward(wf, run.run_id, run.input, self.calls, self.out)
         self.budgets = Budgets(run.tokens_used, run.cost_used, run.token_budget, run.cost_budget)
-        self.agents = AgentNodes(run.run_id, run.trace_id, self.calls, self.forward, self.budgets, self.out,
-                                 max_output_bytes=options.max_output_bytes, blob_threshold=options.blob_threshold)
         self.waits = Waits(run.run_id, run.trace_id, self.calls, self.forward, self.out)
+        self.agents = AgentNodes(run.run_id, run.trace_id, self.calls, self.forward, self.budgets, self.out,
+                                 self.waits, max_output_bytes=options.max_output_bytes,
+                                 blob_threshold=options.blob_threshold)
         self.deadline_at = run.deadline_at
         self.run_error: Any = None if run.error is None else run.error.as_dict()
         self.phase = Phase.ROLLBACK if run.status == RunStatus.COMPENSATING else Phase.FORWARD

@@ -18,6 +18,7 @@ While such nodes wait and nothing else can progress, the run rests (``RunMachine
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from raysaga.node_key import NodeKey
@@ -34,6 +35,11 @@ from raysaga.types import Approval, StepContext
 #: Node kinds that wait (``StepSpec.kind``).
 WAIT_KINDS = frozenset({"approval", "sleep"})
 
+#: Told how a gated approval (an agent's tool call) settled: (key, the approval or None, the
+#: rejection's error or None, the decision signals, which the owner consumes once the call it
+#: gated has its outcome: until then a crash finds the decision again and nobody is asked twice).
+OnDecided = Callable[[NodeKey, Approval | None, dict[str, Any] | None, list[int]], None]
+
 
 class Waits:
     def __init__(self, run_id: str, trace_id: str, calls: Calls, forward: Forward, out: Outbox) -> None:
@@ -48,6 +54,7 @@ class Waits:
         self._building: set[NodeKey] = set()
         self._seen: set[int] = set()  # signals already applied
         self._early: list[SignalRecord] = []  # decisions read before their node was restored
+        self._gates: dict[NodeKey, OnDecided] = {}  # approvals owned by another part (an agent's tool call)
 
     # ------------------------------------------------------------------ starting
 
@@ -104,6 +111,12 @@ class Waits:
         self.out.batch.events.append(NewEvent(kind=event, node_id=key.node_id, fan_index=_fan(key), data={
             "approvers": request.deciders(), "quorum": request.quorum, "timeout_at": request.timeout_at}))
 
+    def gate(self, key: NodeKey, request: ApprovalRequest, on_decided: OnDecided) -> None:
+        """Wait for a decision on ``key`` for another part of the machine (an agent's tool call
+        that requires approval; its row, written by that part, holds the request)."""
+        self._gates[key] = on_decided
+        self._wait(key, request)
+
     def _wait(self, key: NodeKey, request: ApprovalRequest) -> None:
         self.requests[key] = request
         if request.timeout_at is not None:
@@ -121,7 +134,7 @@ class Waits:
         decision = decision_of(signal)
         if decision is None:
             return
-        key = NodeKey(decision.node, decision.fan_index)
+        key = NodeKey.parse(decision.node, decision.fan_index)
         request = self.requests.get(key)
         if request is None:  # read with the snapshot, before its node is restored: applied when it is
             self._early.append(signal)
@@ -177,6 +190,10 @@ class Waits:
 
     def _complete(self, key: NodeKey, approval: Approval) -> None:
         self.requests.pop(key, None)
+        gate = self._gates.pop(key, None)
+        if gate is not None:
+            gate(key, approval, None, [signal_id for signal_id, _ in self.decisions.pop(key, [])])
+            return
         self._settle(key, approval.model_dump(mode="json"))
 
     def _settle(self, key: NodeKey, value: Any) -> None:
@@ -190,6 +207,10 @@ class Waits:
 
     def _fail(self, key: NodeKey, error: dict[str, Any]) -> None:
         self.requests.pop(key, None)
+        gate = self._gates.pop(key, None)
+        if gate is not None:
+            gate(key, None, error, [signal_id for signal_id, _ in self.decisions.pop(key, [])])
+            return
         self._consume(key)
         self.forward.settle_failed(key, error, write=True, attempts=1)
 
@@ -204,6 +225,7 @@ class Waits:
                                                   finished_at=self.out.now))
         self.requests.clear()
         self.sleeping.clear()
+        self._gates.clear()
 
     # ------------------------------------------------------------------ where it stands
 
