@@ -26,6 +26,7 @@ from raysaga.orchestrator.ray_address import check_cluster, host_port, same_clus
 from raysaga.orchestrator.ray_auth import check_gcs
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.step_env import forwarded
 from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
 from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
 
@@ -172,10 +173,11 @@ class RayExecutor(Executor):
                 check_gcs(address)  # token authentication settled first: a refusal is one line, at once
             # workers must import the user's workflow module as the driver does
             pythonpath = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
+            env_vars = {"PYTHONPATH": pythonpath, **forwarded(os.environ)}  # RAYSAGA_ENV: what steps need
             try:
                 ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
                          logging_level=logging.ERROR, log_to_driver=False, configure_logging=True,
-                         runtime_env={"env_vars": {"PYTHONPATH": pythonpath}})
+                         runtime_env={"env_vars": env_vars})
             except (ConnectionError, TimeoutError) as exc:  # "auto" with no cluster running, a GCS gone...
                 if not address:
                     raise  # starting a local Ray failed: not a cluster to reach

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from raysaga.errors import UserError
 from raysaga.orchestrator.ray_auth import authenticated
+from raysaga.orchestrator.step_env import pick
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -45,9 +46,6 @@ MAX_DRIVER_JOBS = 100
 #: Left out of the shipped working_dir (gitignore syntax): never code the run imports.
 EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache",
             "node_modules", "*.egg-info", "*.db", "*.db-wal", "*.db-shm", ".raysaga")
-#: Variables the job's environment gets from raysaga or Ray themselves, never from ``--env``.
-RESERVED_ENV = frozenset({"RAYSAGA_DB", "RAY_ADDRESS", "PYTHONPATH", "RAY_JOB_CONFIG_JSON_ENV_VAR"})
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
@@ -76,22 +74,7 @@ def submission_id(run_id: str, driver: int = 1) -> str:
 
 def env_vars(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
     """The ``--env`` variables for the job: each named one as set here, nothing else."""
-    out: dict[str, str] = {}
-    missing = []
-    for name in names:
-        if not _ENV_NAME.fullmatch(name):
-            raise UserError(f"--env {name!r} is not a variable name: pass the NAME only (its value is read from "
-                            "this environment, never typed on the command line)")
-        if name in RESERVED_ENV:
-            raise UserError(f"--env {name}: raysaga or Ray sets {name} for the job itself; drop --env {name}")
-        if name not in environ:
-            missing.append(name)
-        else:
-            out[name] = environ[name]
-    if missing:
-        raise UserError(f"--env {', '.join(missing)}: not set in this environment; export "
-                        f"{'it' if len(missing) == 1 else 'them'} first, or drop the option")
-    return out
+    return pick(names, environ, "--env")
 
 
 def source_root(module_ref: str) -> Path | None:

@@ -4,6 +4,7 @@ itself, on a real cluster with token authentication, is ``tests/cluster/test_lau
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 import textwrap
@@ -12,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from raysaga.errors import UserError
 from raysaga.orchestrator import launch as lx
+from raysaga.orchestrator import step_env
 from tests.support.cli import invoke, one_line_error
 
 FLOW = textwrap.dedent('''
@@ -84,7 +87,7 @@ def test_a_bad_address_is_refused(project: Path, tmp_path: Path, address: str, m
 @pytest.mark.parametrize(("env", "message"), [
     ("VENDOR_TOKEN=abc", "--env 'VENDOR_TOKEN=abc' is not a variable name: pass the NAME only"),
     ("RAYSAGA_TEST_SURELY_UNSET", "--env RAYSAGA_TEST_SURELY_UNSET: not set in this environment; export it first"),
-    ("RAYSAGA_DB", "--env RAYSAGA_DB: raysaga or Ray sets RAYSAGA_DB for the job itself"),
+    ("RAYSAGA_DB", "--env RAYSAGA_DB: raysaga or Ray sets RAYSAGA_DB itself; drop it"),
 ])
 def test_a_bad_env_option_is_refused(project: Path, tmp_path: Path, env: str, message: str) -> None:
     db = tmp_path / "raysaga.db"
@@ -114,3 +117,16 @@ def test_a_module_given_as_a_file_outside_the_path_is_refused(tmp_path: Path, mo
     code, _, err = invoke("launch", f"{elsewhere / 'flows.py'}:wf", "--address", "http://127.0.0.1:8265",
                           "--db", f"sqlite:///{tmp_path / 'raysaga.db'}")
     one_line_error(code, err, "is not importable as MODULE:WORKFLOW from this folder")
+
+
+def test_a_driver_forwards_the_variables_raysaga_env_names_and_nothing_else() -> None:
+    environ = {"RAYSAGA_ENV": "VENDOR_TOKEN, REGION", "VENDOR_TOKEN": "t0k", "REGION": "eu", "HOME": "/home/me"}
+    assert step_env.forwarded(environ) == {"VENDOR_TOKEN": "t0k", "REGION": "eu"}
+    assert step_env.forwarded({"HOME": "/home/me"}) == {}
+    # inside a Ray Job that already carries one of them, Ray would refuse the same key twice
+    job = json.dumps({"runtime_env": {"env_vars": {"VENDOR_TOKEN": "t0k"}}})
+    assert step_env.forwarded({**environ, "RAY_JOB_CONFIG_JSON_ENV_VAR": job}) == {"REGION": "eu"}
+    with pytest.raises(UserError, match="RAYSAGA_ENV MISSING_ONE: not set in this environment"):
+        step_env.forwarded({"RAYSAGA_ENV": "MISSING_ONE"})
+    with pytest.raises(UserError, match="RAYSAGA_ENV PYTHONPATH: raysaga or Ray sets PYTHONPATH itself"):
+        step_env.forwarded({"RAYSAGA_ENV": "PYTHONPATH", "PYTHONPATH": "/x"})

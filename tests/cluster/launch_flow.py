@@ -83,3 +83,8 @@ hello = Workflow("cluster-hello")
 @hello.step(resources={"special": 1})
 def where() -> str | None:
     return os.environ.get(NODE_VAR)
+
+
+@hello.step()
+def mark() -> str | None:
+    return os.environ.get(MARK_VAR)

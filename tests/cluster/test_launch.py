@@ -212,7 +212,7 @@ def test_launch_wait_follows_the_run_until_it_rests(cluster: Cluster, pg_url: st
     assert followed.returncode == 0, followed.stderr
     lines = followed.stdout.splitlines()
     assert lines[0] == run_id and lines[1].startswith(f"run {run_id} (cluster-hello v1): completed"), followed.stdout
-    assert 'output: {"where": "special"}' in followed.stdout
+    assert 'output: {"mark": null, "where": "special"}' in followed.stdout  # nothing sent without --env
 
     again = subprocess.run(launch, cwd=project, env=cluster.client_env(), capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout.strip() == run_id
@@ -223,9 +223,10 @@ def test_run_address_finds_the_clusters_token_and_refuses_without_one(cluster: C
     project = _project(tmp_path)
     db = f"sqlite:///{tmp_path / 'raysaga.db'}"
     run = [RAYSAGA, "run", "launch_flow:hello", "--address", cluster.gcs, "--db", db, "--json"]
-    done = subprocess.run(run, cwd=project, env=cluster.client_env(), capture_output=True, text=True, timeout=120)
+    env = cluster.client_env(RAYSAGA_LAUNCH_MARK="forwarded", RAYSAGA_ENV="RAYSAGA_LAUNCH_MARK")
+    done = subprocess.run(run, cwd=project, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["output"] == {"where": "special"}
+    assert json.loads(done.stdout)["output"] == {"where": "special", "mark": "forwarded"}
 
     empty_home = tmp_path / "home"  # no ~/.ray/auth_token, no token variables
     empty_home.mkdir()
