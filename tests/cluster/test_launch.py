@@ -12,8 +12,8 @@ would stop every cluster of the machine).
 - launch returns in seconds, its process exits, the run completes on the cluster (the pinned
   step on the second node, the ``--env`` variable seen there), ``raysaga status`` from another
   process shows it; a second launch of the run starts no second job;
-- the job's driver SIGKILLed mid-run (an effect committed, the pinned step in flight): once the
-  lease expires the run is taken over and completes with no effect twice;
+- the job's driver SIGKILLed mid-run (an effect committed, the pinned step in flight): once its
+  lease expires a ``raysaga worker`` takes the run over and completes it with no effect twice;
 - a missing or wrong token is one line naming the fix, and no run is recorded.
 """
 
@@ -38,7 +38,7 @@ import pytest
 
 from raysaga import RunStatus
 from raysaga.state import NodeStatus, SqlStore
-from tests.support.crash_driver import process_gone, wait_lease_expired, wait_until
+from tests.support.crash_driver import process_gone, wait_until
 from tests.support.services import FakeServices, get_log
 
 pytestmark = pytest.mark.cluster
@@ -175,14 +175,28 @@ def test_launch_completes_on_the_cluster_and_a_killed_driver_is_taken_over(
                 os.kill(pid, signal.SIGKILL)
             wait_until(lambda: all(process_gone(pid) for pid in drivers), timeout=10, what="the killed driver to go")
             assert store.get_run(run_id).status == RunStatus.RUNNING
-            wait_lease_expired(store, run_id, timeout=30)
             gate.touch()
 
-            # ---- TAKEOVER: replace this `raysaga resume` with `raysaga worker --workflow launch_flow:wf
-            # ---- --db URL` once the worker fleet lands (it claims runs whose lease expired).
-            takeover = subprocess.run([RAYSAGA, "resume", run_id, "--db", pg_url, "--address", cluster.gcs, "-q"],
-                                      cwd=project, env=env, capture_output=True, text=True, timeout=120)
-            assert takeover.returncode == 0, takeover.stderr
+            # the takeover: a worker of the fleet claims the run once the dead driver's lease expires
+            log_file = tmp_path / "worker.log"
+            with log_file.open("w") as sink:
+                worker = subprocess.Popen(
+                    [RAYSAGA, "worker", "--workflow", "launch_flow:wf", "--db", pg_url, "--address", cluster.gcs,
+                     "--concurrency", "1", "--poll", "0.2"],
+                    cwd=project, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                wait_until(lambda: store.get_run(run_id).status == RunStatus.COMPLETED or worker.poll() is not None,
+                           timeout=90, what="a worker to take the run over and complete it")
+            finally:
+                worker.send_signal(signal.SIGTERM)  # hands its runs back and exits
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(worker.pid, signal.SIGKILL)
+                    worker.wait()
+            assert store.get_run(run_id).status == RunStatus.COMPLETED, log_file.read_text()[-3000:]
+            claims = [e for e in store.events(run_id) if e.kind == "lease_claimed"]
+            assert len(claims) == 2  # the job's driver, then the worker
 
             record = store.get_run(run_id)
             assert record.status == RunStatus.COMPLETED, record.status_reason
