@@ -52,7 +52,7 @@ function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unkno
     if (!window.confirm(`${verb} ${doc.node} of run ${runId} as ${actor()}?`)) return;
     void postJSON(`/api/runs/${encodeURIComponent(runId)}/actions/${verb}`, {
       confirm: true, by: actor(), node: doc.node, answer: parsed, comment: comment.value || undefined,
-    }).then(() => { note.textContent = `${verb}d`; done(); }).catch((e: Error) => { note.textContent = e.message; });
+    }).then(() => { note.textContent = verb === "approve" ? "approved" : "rejected"; done(); }).catch((e: Error) => { note.textContent = e.message; });
   };
   return section("Waiting for a decision",
     request.prompt !== undefined ? h("p", { class: "prompt" }, String(request.prompt)) : null,

@@ -1,13 +1,13 @@
 """Workflows the dashboard tests (and its screenshots) run: not a test module.
 
 Runs record ``workflow_ref`` (``tests.support.dashboard_flows:NAME``) so the dashboard draws each
-from its workflow's graph. ``GATE`` holds ``gated``'s ``gate`` step until a test sets it, so a
-browser can watch the run advance; every flow runs with the inline executor in the test's process.
+from its workflow's graph. ``gated`` and ``refund`` rest ``waiting_human`` at their approval until
+a test decides (``approve_and_resume``), so a browser or a stream watches them advance; every
+flow runs with the inline executor in the test's process.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,8 +18,6 @@ from raysaga.agents import Agent, tool
 from raysaga.agents.models import ScriptedModel, text_reply, tool_reply
 
 MODULE = "tests.support.dashboard_flows"
-#: ``gated``'s gate step waits for this (bounded: a forgotten gate fails the step, not the suite).
-GATE = threading.Event()
 #: A token-shaped value a step returns: the dashboard must never show it.
 LEAKY = "sk-ant-" + "x" * 30
 
@@ -36,16 +34,14 @@ def fetch(plan: int) -> dict[str, int]:
     return {"item": plan, "square": plan * plan}
 
 
-@gated.step()
-def gate(fetch: list[dict[str, int]]) -> int:
-    if not GATE.wait(60):
-        raise Permanent("the test never opened the gate")
-    return len(fetch)
+@gated.approval()
+def gate(fetch: list[dict[str, int]]) -> Ask:
+    return Ask(prompt=f"Publish {len(fetch)} items?", payload={"items": len(fetch)})
 
 
 @gated.step()
-def report(gate: int, plan: list[int]) -> dict[str, Any]:
-    return {"items": gate, "token": LEAKY}
+def report(gate: Approval, plan: list[int]) -> dict[str, Any]:
+    return {"items": len(plan), "approved_by": gate.by, "token": LEAKY}
 
 
 shop = Workflow("shop", version="1")
@@ -53,7 +49,7 @@ shop = Workflow("shop", version="1")
 
 @shop.step(effect=True)
 def reserve(ctx: StepContext, input: dict[str, Any]) -> dict[str, str]:
-    return {"reservation": "r-" + ctx.idempotency_key[:8]}
+    return {"reservation": "r-" + str(ctx.idempotency_key)[:8]}
 
 
 @shop.compensation("reserve")
@@ -63,7 +59,7 @@ def release(ctx: StepContext, input: dict[str, Any], output: Any) -> dict[str, s
 
 @shop.step(effect=True)
 def charge(ctx: StepContext, input: dict[str, Any], reserve: dict[str, str]) -> dict[str, str]:
-    return {"charge": "ch-" + ctx.idempotency_key[:8]}
+    return {"charge": "ch-" + str(ctx.idempotency_key)[:8]}
 
 
 @shop.compensation("charge")
@@ -128,7 +124,7 @@ refund = Workflow("refund", version="1")
 
 @refund.step(effect=True)
 def hold(ctx: StepContext, input: dict[str, Any]) -> dict[str, Any]:
-    return {"amount": int(input.get("amount", 40)), "hold": "h-" + ctx.idempotency_key[:8]}
+    return {"amount": int(input.get("amount", 40)), "hold": "h-" + str(ctx.idempotency_key)[:8]}
 
 
 @refund.compensation("hold")
@@ -168,12 +164,22 @@ def drive(wf: Workflow, run_id: str, url: str) -> raysaga.RunRecord:
     return raysaga.resume(wf, run_id, store=url, executor="inline")
 
 
+def approve_and_resume(wf: Workflow, run_id: str, node: str, url: str, *, by: str = "alice",
+                       answer: Any = None) -> raysaga.RunRecord:
+    """Decide a waiting approval as ``by`` and drive the run on (as a worker would)."""
+    with raysaga.Client(url) as client:
+        client.approve(run_id, node, by=by, answer=answer)
+    return drive(wf, run_id, url)
+
+
 def populate(url: str, *, wide_items: int = 40) -> dict[str, str]:
-    """One run of each flow, driven to rest (``gated`` with its gate open): name -> run id."""
-    GATE.set()
+    """One run of each flow, driven to rest (``gated`` approved and completed, ``refund`` waiting
+    for its approval): name -> run id."""
     runs = {}
     for name, wf, value in (("gated", gated, {"items": 4}), ("shop", shop, {"sku": "A1"}),
-                            ("wide", wide, {"items": wide_items}), ("helper", helper, {"sku": "A1"})):
+                            ("wide", wide, {"items": wide_items}), ("helper", helper, {"sku": "A1"}),
+                            ("refund", refund, {"amount": 40})):
         runs[name] = start(wf, name, value, url)
         drive(wf, runs[name], url)
+    approve_and_resume(gated, runs["gated"], "gate", url)
     return runs

@@ -1,0 +1,32 @@
+"""Fixtures of the dashboard tests: a store with one run of each demo flow, and a served dashboard."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raysaga.state import SqlStore
+from tests.support import dashboard_flows as flows
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SqlStore, dict[str, str]]]:
+    """A SQLite store holding one run of each flow, at rest; (store, flow name -> run id)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('dash') / 'raysaga.db'}"
+    runs = flows.populate(url)
+    store = SqlStore(url)
+    yield store, runs
+    store.close()
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    """Where a test saves screenshots: $RAYSAGA_TEST_ARTIFACTS when set, else its tmp_path."""
+    import os
+
+    where = os.environ.get("RAYSAGA_TEST_ARTIFACTS")
+    path = Path(where) if where else tmp_path
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,148 @@
+"""The dashboard's JSON API over a real store: the run list, a run's page, a node's panel, values
+on demand, /metrics, and no secret anywhere."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from raysaga.orchestrator.dashboard.server import build
+from raysaga.state import SqlStore
+from tests.support import dashboard_flows as flows
+
+BASE = "http://127.0.0.1:8765"
+
+
+@pytest.fixture(scope="module")
+def client(demo: tuple[SqlStore, dict[str, str]]) -> TestClient:
+    app, _ = build(demo[0])
+    return TestClient(app, base_url=BASE)  # type: ignore[arg-type]
+
+
+def get(client: TestClient, url: str) -> Any:
+    response = client.get(url)
+    assert response.status_code == 200, response.text
+    assert flows.LEAKY not in response.text  # secrets never shown, whatever a step returned
+    return response.json()
+
+
+def test_run_list_filters_counts_and_pages(client: TestClient, demo: tuple[SqlStore, dict[str, str]]) -> None:
+    _, runs = demo
+    page = get(client, "/api/runs")
+    assert {r["run_id"] for r in page["runs"]} == set(runs.values())
+    assert page["counts"] == {"completed": 3, "compensated": 1, "waiting_human": 1}
+    assert [r["run_id"] for r in get(client, "/api/runs?status=compensated")["runs"]] == [runs["shop"]]
+    assert [r["run_id"] for r in get(client, "/api/runs?workflow=wide")["runs"]] == [runs["wide"]]
+    assert [r["run_id"] for r in get(client, "/api/runs?q=CARRIER")["runs"]] == [runs["shop"]]  # the reason
+    assert get(client, "/api/runs?since=2999-01-01")["runs"] == []
+    assert len(get(client, "/api/runs?until=2999-01-01T00:00")["runs"]) == len(runs)
+    assert client.get("/api/runs?since=yesterday").status_code == 400
+    seen: list[str] = []
+    cursor = ""
+    while True:  # keyset paging, two at a time, newest first
+        page = get(client, f"/api/runs?limit=2&before={cursor}")
+        seen += [r["run_id"] for r in page["runs"]]
+        if page["next"] is None:
+            break
+        cursor = page["next"]
+    assert sorted(seen) == sorted(runs.values()) and len(seen) == len(set(seen))
+    [waiting] = get(client, "/api/inbox")["waiting"]
+    assert (waiting["run_id"], waiting["node"], waiting["prompt"]) == (runs["refund"], "review", "Refund 40?")
+
+
+def test_run_page_draws_the_workflows_graph_with_states(client: TestClient,
+                                                        demo: tuple[SqlStore, dict[str, str]]) -> None:
+    _, runs = demo
+    doc = get(client, f"/api/runs/{runs['gated']}")
+    graph = doc["graph"]
+    assert graph["source"] == "workflow"
+    assert [n["id"] for n in graph["nodes"]] == ["plan", "fetch", "gate", "report"]
+    assert sorted(map(tuple, graph["edges"])) == [("fetch", "gate"), ("gate", "report"), ("plan", "fetch"),
+                                                  ("plan", "report")]
+    assert next(n for n in graph["nodes"] if n["id"] == "fetch")["map_over"] == "plan"
+    steps = doc["steps"]
+    assert steps["fetch"]["counts"] == {"completed": 4} and len(steps["fetch"]["items"]) == 4
+    assert steps["gate"]["row"]["status"] == "completed"
+    assert doc["cursor"] == doc["run"]["event_seq"] > 0
+    assert doc["run"]["output"] == {"value": {"report": {"items": 4, "approved_by": ["alice"], "token": "[redacted]"}}}
+
+
+def test_wide_fan_out_is_counted_and_its_items_paged(client: TestClient,
+                                                     demo: tuple[SqlStore, dict[str, str]]) -> None:
+    _, runs = demo
+    doc = get(client, f"/api/runs/{runs['wide']}")
+    assert doc["steps"]["square"]["counts"] == {"completed": 40}
+    assert len(doc["steps"]["square"]["items"]) == 24  # the first ITEMS_SHOWN; the rest on demand
+    first = get(client, f"/api/runs/{runs['wide']}/items/square?limit=30")
+    assert [i["index"] for i in first["items"]] == list(range(30)) and first["next"] == 29
+    rest = get(client, f"/api/runs/{runs['wide']}/items/square?after=29&limit=30")
+    assert [i["index"] for i in rest["items"]] == list(range(30, 40)) and rest["next"] is None
+
+
+def test_node_panel_ledger_compensation_and_agent_turns(client: TestClient,
+                                                        demo: tuple[SqlStore, dict[str, str]]) -> None:
+    _, runs = demo
+    charge = get(client, f"/api/runs/{runs['shop']}/nodes/charge")
+    assert charge["row"]["status"] == "completed"
+    assert [(e["effect"], e["status"]) for e in charge["effects"]] == [("charge", "committed"),
+                                                                       ("charge:compensate", "committed")]
+    assert [c["node"] for c in charge["compensation"]] == ["charge:compensate"]
+    ship = get(client, f"/api/runs/{runs['shop']}/nodes/ship")
+    assert ship["error"]["type"] == "Permanent" and "carrier refused" in ship["error"]["message"]
+    assert [a["kind"] for a in ship["attempts"]] == ["node_failed"]
+    agent = get(client, f"/api/runs/{runs['helper']}/nodes/restock")
+    turns = {t["node"]: t for t in agent["turns"]}
+    assert list(turns) == ["restock@0", "restock@0.0", "restock@1", "restock@1.0", "restock@2"]
+    assert turns["restock@0"]["stop_reason"] == "tool_use" and turns["restock@0"]["input_tokens"] == 10
+    assert [u["name"] for u in turns["restock@1"]["tool_uses"]] == ["order"]
+    assert turns["restock@2"]["stop_reason"] == "end_turn"
+    assert [e["effect"] for e in agent["effects"]] == ["tool:order"]
+    review = get(client, f"/api/runs/{runs['refund']}/nodes/review")
+    assert review["row"]["status"] == "waiting"
+    assert review["output"]["value"]["approval"]["answer_schema"]["required"] == ["amount"]
+    assert client.get(f"/api/runs/{runs['shop']}/nodes/nope").json()["row"] is None
+    assert client.get("/api/runs/nope/nodes/x").status_code == 404
+    assert client.get("/api/runs/nope").status_code == 404
+
+
+def test_large_output_is_a_preview_then_fetched_whole(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    big = {"rows": ["x" * 100] * 2000, "token": flows.LEAKY}  # ~200 KB: kept as a blob by digest
+    run_id = flows.start(flows.wide, "wide", {"items": 1}, url)
+    store = SqlStore(url)
+    try:
+        from raysaga.state.models import Batch, NodeStatus, NodeWrite
+
+        lease = store.claim(run_id, "test", 30)
+        digest, data = _blob(big)
+        store.commit(lease, Batch(nodes=[NodeWrite(node_id="split", status=NodeStatus.COMPLETED, attempt=1,
+                                                   output_digest=digest)], blobs={digest: data}))
+        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        panel = get(client, f"/api/runs/{run_id}/nodes/split")
+        assert panel["output"] == {"digest": digest}
+        whole = get(client, f"/api/runs/{run_id}/nodes/split/output")["value"]
+        assert whole["rows"] == big["rows"] and whole["token"] == "[redacted]"
+    finally:
+        store.close()
+
+
+def _blob(value: Any) -> tuple[str, bytes]:
+    import hashlib
+
+    data = json.dumps(value).encode()
+    return "sha256:" + hashlib.sha256(data).hexdigest(), data
+
+
+def test_metrics_are_prometheus_text(client: TestClient, demo: tuple[SqlStore, dict[str, str]]) -> None:
+    response = client.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    lines = response.text.splitlines()
+    assert 'raysaga_runs{status="completed"} 3' in lines
+    assert 'raysaga_runs{status="waiting_human"} 1' in lines
+    assert 'raysaga_effects{status="committed"} 7' in lines
+    assert "raysaga_retries_total 0" in lines
+    assert any(line.startswith('raysaga_waiting_human_seconds{quantile="0.95"}') for line in lines)
+    assert "# TYPE raysaga_duplicates_prevented_total counter" in lines
