@@ -357,3 +357,13 @@ def test_forks_rolling_back_undo_an_inherited_effect_once(sqlite_url: str) -> No
     assert len(charges) == 1  # the forks never charged again
     assert len(refunds) == 1 and refunds[0].key == charges[0].key + ":compensate"
     assert [c.duplicate for c in PROVIDER.calls if c.kind == "refund"] == [False, True]
+
+    # a fork of a compensated run: what its rollback undid is not inherited, it runs again (a new charge)
+    fixed = raysaga.fork(wf, "s-1", from_node="ship", store=sqlite_url, new_run_id="s-3", executor="inline")
+    assert fixed.status == RunStatus.COMPLETED and fixed.output == {"ship": "shipped"}
+    assert len(PROVIDER.effects("charge")) == 2 and len(PROVIDER.effects("refund")) == 1
+    store = SqlStore(sqlite_url)
+    try:
+        assert {n.label: n.origin_run_id for n in store.nodes("s-3")} == {"pay": None, "ship": None}
+    finally:
+        store.close()
