@@ -77,14 +77,16 @@ def test_node_states_stream_while_a_run_advances(store_url: str) -> None:
     try:
         with serving(store) as base:
             seen: dict[str, str] = {}
+            counts: dict[str, dict[str, int]] = {}
             sizes: list[tuple[int, int]] = []
             later(flows.drive, flows.gated, run_id, store_url)  # runs until the approval, then rests
             for _, change, size in changes(base, run_id, after=0):
                 sizes.append((len(change["nodes"]), size))
                 seen.update({n["node"]: n["status"] for n in change["nodes"]})
+                counts.update(change["counts"])
                 kinds = [e["kind"] for e in change["events"]]
                 if "run_waiting_human" in kinds:
-                    assert change["counts"]["fetch"] == {"completed": 3} and seen["gate"] == "waiting"
+                    assert counts["fetch"] == {"completed": 3} and seen["gate"] == "waiting"
                     later(flows.approve_and_resume, flows.gated, run_id, "gate", store_url)
                 if "run_completed" in kinds:
                     break
