@@ -34,7 +34,10 @@ MAPPING = {
     "state": "raysaga/state",
 }
 # data files the package needs at runtime or for typing, beyond the .py modules
-REQUIRED_DATA = {"raysaga/py.typed", "raysaga/state/migrations/script.py.mako"}
+REQUIRED_DATA = {"raysaga/py.typed", "raysaga/state/migrations/script.py.mako",
+                 # the dashboard's committed front-end build: `pip install raysaga` needs no Node, no CDN
+                 "raysaga/orchestrator/dashboard/static/index.html", "raysaga/orchestrator/dashboard/static/app.js",
+                 "raysaga/orchestrator/dashboard/static/app.css"}
 SHADOWS = ("state", "agents", "orchestrator", "sagas")
 
 # The public surface, pinned: adding or removing an export is a deliberate API change that
