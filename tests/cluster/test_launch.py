@@ -5,9 +5,9 @@ ports, one CPU, a dashboard serving the Job API) and a second node joined with `
 --address`` offering ``{"special": 1}``, both started with ``RAY_AUTH_MODE=token`` and a token
 file of their own (``RAY_AUTH_TOKEN_PATH``; nothing is written to ``~/.ray``, which other
 clusters on the machine read). The launching shell has that token file but no
-``RAY_AUTH_MODE``: raysaga must find that the cluster wants it. Every process of the cluster
-mentions its temp dir; they are all killed at the end, pass or fail (never ``ray stop``, which
-would stop every cluster of the machine).
+``RAY_AUTH_MODE``: raysaga must find that the cluster wants it. Every process of a node mentions
+its temp dir; they are all killed at the end, pass or fail (never ``ray stop``, which would stop
+every cluster of the machine).
 
 - launch returns in seconds, its process exits, the run completes on the cluster (the pinned
   step on the second node, the ``--env`` variable seen there), ``raysaga status`` from another
@@ -104,7 +104,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     base = tmp_path_factory.mktemp("launch-cluster")
     token_file = base / "auth_token"
     token_file.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
-    temp_dir = Path(tempfile.mkdtemp(prefix="rsl-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    # short paths: Ray's socket paths must fit 107 bytes. The second node has a folder of its own: two
+    # nodes sharing one would unpack each job's code into one place, each replacing the other's copy
+    temp_dir = Path(tempfile.mkdtemp(prefix="rsl-", dir="/tmp"))
+    node_dir = Path(tempfile.mkdtemp(prefix="rsl2-", dir="/tmp"))
     gcs_port, dashboard_port = _free_port(), _free_port()
     common = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
     try:
@@ -113,14 +116,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                     f"--dashboard-agent-listen-port={_free_port()}", "--num-cpus=1", "--node-ip-address=127.0.0.1",
                     f"--temp-dir={temp_dir}"], _base_env(**common, RAYSAGA_TEST_NODE="head"))
         _ray_start([f"--address=127.0.0.1:{gcs_port}", "--num-cpus=1", '--resources={"special": 1}',
-                    f"--dashboard-agent-listen-port={_free_port()}", "--node-ip-address=127.0.0.1"],
+                    f"--dashboard-agent-listen-port={_free_port()}", "--node-ip-address=127.0.0.1",
+                    f"--temp-dir={node_dir}"],
                    _base_env(**common, RAYSAGA_TEST_NODE="special"))
         yield Cluster(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", token_file, temp_dir)
     finally:
-        for pid in _pids_mentioning(str(temp_dir)):  # both nodes share the head's session folder
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        for folder in (temp_dir, node_dir):  # every process of a node names its folder
+            for pid in _pids_mentioning(str(folder)):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _project(tmp_path: Path) -> Path:
