@@ -196,7 +196,7 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     if parent.workflow_name != workflow.name:
         raise ForkError(f"run {run_id!r} is a run of workflow {parent.workflow_name!r}, not {workflow.name!r}: "
                         "fork it with its own workflow (--workflow MODULE:WF)")
-    rows = st.nodes(run_id)
+    rows = st.node_states(run_id)  # no outputs: they are copied inside the store
     at = parse_node(from_node)
     _check_node(workflow, rows, at, from_node, run_id)
     diff = changes(parent, workflow)
@@ -219,7 +219,7 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
         cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
         trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
-    record = st.fork_run(new, inherited, {
+    record = st.fork_run(new, [(r.node_id, r.fan_index) for r in inherited], {
         "parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
         "changed_steps": sorted(diff.steps()) if diff else []})
     if not drive:

@@ -12,16 +12,28 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, insert, select, update
+from sqlalchemy import Connection, Engine, and_, func, insert, literal, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import RunExistsError
 from raysaga.state.decoding import reading, records
-from raysaga.state.error_record import stored_error
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
 from raysaga.state.schema import effects, events, nodes, runs
 from raysaga.state.statements import fence_guard
+
+#: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
+_CHUNK = 400
+
+
+def _copy_rows(conn: Connection, parent: str, child: str, keys: list[tuple[str, int]]) -> None:
+    """Copy the parent's rows ``keys`` into ``child``, each marked with the run that executed it."""
+    names = [c.name for c in nodes.c]
+    chosen = [literal(child).label("run_id") if n == "run_id" else
+              func.coalesce(nodes.c.origin_run_id, literal(parent)).label(n) if n == "origin_run_id" else
+              literal(None).label(n) if n == "not_before" else nodes.c[n] for n in names]
+    conn.execute(insert(nodes).from_select(names, select(*chosen).where(
+        nodes.c.run_id == parent, tuple_(nodes.c.node_id, nodes.c.fan_index).in_(keys))))
 
 
 class ForkRows:
@@ -36,19 +48,16 @@ class ForkRows:
     def get_run(self, run_id: str, *, lenient: bool = False) -> RunRecord:
         raise NotImplementedError  # SqlStore's
 
-    def fork_run(self, new: NewRun, inherited: list[NodeRecord], data: dict[str, Any]) -> RunRecord:
-        """Create the run ``new`` (``pending``, ``parent_run_id`` set) with the ``inherited`` rows
-        copied into it, in one transaction: a crash leaves the whole fork or nothing."""
+    def fork_run(self, new: NewRun, inherited: list[tuple[str, int]], data: dict[str, Any]) -> RunRecord:
+        """Create the run ``new`` (``pending``, ``parent_run_id`` set) with the parent's rows
+        ``inherited`` (``(node_id, fan_index)``) copied into it, in one transaction: a crash leaves
+        the whole fork or nothing. The rows are copied inside the database (``INSERT ... SELECT``),
+        so their outputs never pass through this process; blobs are referenced by digest."""
+        assert new.parent_run_id is not None, "a fork has a parent"
         now = time.time()
         values = new.model_dump(exclude={"input"})
         values.update(status=RunStatus.PENDING.value, version=0, fence=0, event_seq=2, retries_used=0,
                       tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
-        rows = [{
-            "run_id": new.run_id, "node_id": r.node_id, "fan_index": r.fan_index, "status": r.status.value,
-            "attempt": r.attempt, "not_before": None, "output": r.output, "output_digest": r.output_digest,
-            "error": scrub(stored_error(r.error)), "started_at": r.started_at, "finished_at": r.finished_at,
-            "duration": r.duration, "origin_run_id": r.origin_run_id or new.parent_run_id,
-        } for r in inherited]
         try:
             with self.engine.begin() as conn:
                 values["input"], values["input_digest"], _ = self._run_value(conn, new.input, "input")
@@ -57,11 +66,18 @@ class ForkRows:
                     {"run_id": new.run_id, "seq": 1, "at": now, "kind": "run_created",
                      "data": scrub({"workflow": new.workflow_name})},
                     {"run_id": new.run_id, "seq": 2, "at": now, "kind": "run_forked", "data": scrub(data)}])
-                if rows:
-                    conn.execute(insert(nodes), rows)
+                for i in range(0, len(inherited), _CHUNK):
+                    _copy_rows(conn, new.parent_run_id, new.run_id, inherited[i:i + _CHUNK])
         except IntegrityError:
             raise RunExistsError(new.run_id) from None
         return self.get_run(new.run_id)
+
+    def node_states(self, run_id: str) -> list[NodeRecord]:
+        """A run's node rows without their outputs (``output`` None; ``output_digest`` kept): what a
+        fork decides from, at the cost of the rows' metadata only."""
+        query = select(*[c for c in nodes.c if c.name != "output"]).where(nodes.c.run_id == run_id)
+        with self.reader.connect() as conn, reading(run_id, nodes.name):
+            return records(NodeRecord, conn.execute(query).all())
 
     def inherited_effects(self, run_id: str) -> list[EffectRecord]:
         """The ledger rows of the nodes ``run_id`` inherited (they belong to the runs that executed

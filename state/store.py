@@ -191,10 +191,14 @@ class Store(ABC):
 
     # Forks and definition pins (raysaga.state.fork_rows; raysaga.orchestrator.fork and .versions).
     @abstractmethod
-    def fork_run(self, new: NewRun, inherited: list[NodeRecord], data: dict[str, Any]) -> RunRecord:
-        """Create the forked run ``new`` with the ``inherited`` rows of its parent copied in (each
-        marked with the run that executed it), and a ``run_forked`` event holding ``data``, in one
-        transaction; ``RunExistsError`` if the id is taken."""
+    def fork_run(self, new: NewRun, inherited: list[tuple[str, int]], data: dict[str, Any]) -> RunRecord:
+        """Create the forked run ``new`` with its parent's rows ``inherited`` (``(node_id,
+        fan_index)``) copied in (each marked with the run that executed it), and a ``run_forked``
+        event holding ``data``, in one transaction; ``RunExistsError`` if the id is taken."""
+
+    @abstractmethod
+    def node_states(self, run_id: str) -> list[NodeRecord]:
+        """A run's node rows without their outputs (what a fork decides from)."""
 
     @abstractmethod
     def inherited_effects(self, run_id: str) -> list[EffectRecord]:

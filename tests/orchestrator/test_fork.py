@@ -367,3 +367,35 @@ def test_forks_rolling_back_undo_an_inherited_effect_once(sqlite_url: str) -> No
         assert {n.label: n.origin_run_id for n in store.nodes("s-3")} == {"pay": None, "ship": None}
     finally:
         store.close()
+
+
+def test_a_wide_fork_copies_every_inherited_row_inside_the_store(store_url: str) -> None:
+    """More rows than one copy statement takes: all of them, with their outputs, none re-run."""
+    wf = Workflow("wide_fork")
+    calls: list[int] = []
+
+    @wf.step()
+    def items(input: int) -> list[int]:
+        return list(range(input))
+
+    @wf.map("items")
+    def square(items: int) -> int:
+        calls.append(items)
+        return items * items
+
+    @wf.step()
+    def total(square: list[int]) -> int:
+        return sum(square)
+
+    done = raysaga.run(wf, 1000, store=store_url, run_id="wide", executor="inline")
+    assert done.status == RunStatus.COMPLETED
+    calls.clear()
+    child = raysaga.fork(wf, "wide", from_node="total", store=store_url, new_run_id="wide-c", executor="inline")
+    assert child.output == done.output and calls == []
+    store = SqlStore(store_url)
+    try:
+        rows = store.nodes("wide-c")
+        assert len([r for r in rows if r.origin_run_id == "wide"]) == 1000 + 2  # items, square and its 1000 items
+        assert {r.output for r in rows if r.node_id == "square" and r.fan_index == 999} == {999 * 999}
+    finally:
+        store.close()

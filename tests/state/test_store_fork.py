@@ -51,6 +51,10 @@ def _completed_parent(store: SqlStore, run_id: str) -> str:
     return digest
 
 
+def _keys(store: SqlStore, run_id: str) -> list[tuple[str, int]]:
+    return [(r.node_id, r.fan_index) for r in store.node_states(run_id)]
+
+
 def _blob_count(store: SqlStore) -> int:
     with store.engine.connect() as conn:
         return int(conn.execute(select(func.count()).select_from(blobs)).scalar_one())
@@ -60,8 +64,7 @@ def test_a_fork_references_its_parents_blobs_and_reads_back(store: SqlStore) -> 
     parent = f"p-{uuid.uuid4().hex[:6]}"
     digest = _completed_parent(store, parent)
     blobs_before = _blob_count(store)
-    rows = [r for r in store.nodes(parent) if r.node_id == "a"]
-    child = store.fork_run(_new(f"{parent}-c", parent, "b"), rows, {"parent": parent, "from": "b"})
+    child = store.fork_run(_new(f"{parent}-c", parent, "b"), [("a", -1)], {"parent": parent, "from": "b"})
     assert (child.status, child.parent_run_id, child.forked_from) == (RunStatus.PENDING, parent, "b")
     assert child.step_hashes == {"a": "1" * 16, "b": "2" * 16}
     assert _blob_count(store) == blobs_before  # referenced, not copied
@@ -69,6 +72,8 @@ def test_a_fork_references_its_parents_blobs_and_reads_back(store: SqlStore) -> 
     assert (row.node_id, row.status, row.output_digest, row.origin_run_id) == ("a", NodeStatus.COMPLETED, digest,
                                                                                parent)
     assert store.load_blobs({digest: "a"})[digest] == BIG
+    light = sorted(store.node_states(parent), key=lambda r: r.node_id)
+    assert [(r.node_id, r.output, r.output_digest) for r in light] == [("a", None, digest), ("b", None, None)]
     assert [(e.node_id, e.run_id) for e in store.inherited_effects(child.run_id)] == [("a", parent)]
     assert store.effects(child.run_id) == []
     assert [(c["run_id"], c["forked_from"], c["status"]) for c in store.children(parent)] == \
@@ -76,7 +81,7 @@ def test_a_fork_references_its_parents_blobs_and_reads_back(store: SqlStore) -> 
     assert [e.kind for e in store.events(child.run_id)] == ["run_created", "run_forked"]
 
     # a fork of the fork keeps the run that executed the node
-    grandchild = store.fork_run(_new(f"{parent}-g", child.run_id, "b"), store.nodes(child.run_id), {})
+    grandchild = store.fork_run(_new(f"{parent}-g", child.run_id, "b"), _keys(store, child.run_id), {})
     assert [r.origin_run_id for r in store.nodes(grandchild.run_id)] == [parent]
     assert [e.run_id for e in store.inherited_effects(grandchild.run_id)] == [parent]
 
@@ -84,16 +89,15 @@ def test_a_fork_references_its_parents_blobs_and_reads_back(store: SqlStore) -> 
 def test_a_fork_is_created_whole_or_not_at_all(store: SqlStore) -> None:
     parent = f"p-{uuid.uuid4().hex[:6]}"
     _completed_parent(store, parent)
-    rows = store.nodes(parent)
     with pytest.raises(RunExistsError):
-        store.fork_run(_new(parent, parent, "b"), rows, {})  # the id is taken: nothing is written
+        store.fork_run(_new(parent, parent, "b"), _keys(store, parent), {})  # the id is taken: nothing is written
     assert len(store.nodes(parent)) == 2 and store.children(parent) == []
 
 
 def test_the_forks_rows_survive_the_parents_prune(store: SqlStore) -> None:
     parent = f"p-{uuid.uuid4().hex[:6]}"
     digest = _completed_parent(store, parent)
-    child = store.fork_run(_new(f"{parent}-c", parent, "b"), store.nodes(parent), {})
+    child = store.fork_run(_new(f"{parent}-c", parent, "b"), _keys(store, parent), {})
     report = store.prune(older_than=0.0, statuses=[RunStatus.COMPLETED])
     assert report.runs >= 1
     with store.engine.connect() as conn:
