@@ -188,6 +188,9 @@ def _follow(store: SqlStore, client: JobSubmissionClient, run_id: str, sid: str)
                 return run
             for line in lx.job_log_tail(client, sid):
                 say(err, f"  {line}")
+            if run.status == RunStatus.PENDING:  # its driver never started: no worker claims a launched run
+                raise UserError(f"Ray job {sid} ended ({state[1]}) before it started run {run_id} (its log above): "
+                                f"fix that and launch it again with --run-id {run_id}")
             raise UserError(f"Ray job {sid} ended ({state[1]}) with run {run_id} still {run.status.value}: once "
                             "its lease expires, a `raysaga worker`, `raysaga resume` or another `raysaga launch "
                             f"--run-id {run_id}` takes it over")
