@@ -13,7 +13,8 @@ process resumes the fork, and the test checks against the golden fork:
   key appears;
 - a key called twice only where the kill left it uncertain (``before_commit``, inline: exact).
 
-Inline in the default run; the same points with Ray behind ``RAYSAGA_FULL_SWEEP=1`` (``slow``).
+Inline in the default run, on SQLite and on PostgreSQL; the same points with Ray behind
+``RAYSAGA_FULL_SWEEP=1`` (``slow``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from raysaga.state import EffectStatus, RunStatus, SqlStore
 from tests.support import REPO, fork_driver
 from tests.support import crash_driver as harness
 from tests.support.kill_sweep import EFFECT_POINTS, FULL_SWEEP, LEASE_TTL, case_ids, kill_and_resume, ledger_label
+from tests.support.postgres import drop_pg_database, make_pg_database
 from tests.support.services import FakeServices
 
 PARENT, CHILD, FROM = "fork-parent", "fork-child", "charge_card"
@@ -89,8 +91,9 @@ def golden(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Golden:
     return Golden(child.output, nodes, keys, parent_keys)
 
 
-def sweep_case(executor: str, point: str, label: str, golden: Golden, services: Any, tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'fork.db'}"
+def sweep_case(executor: str, point: str, label: str, golden: Golden, services: Any, tmp_path: Path,
+               db: str | None = None) -> None:
+    db = db or f"sqlite:///{tmp_path / 'fork.db'}"
     assert _parent(db, services) == golden.parent_keys  # the same parent: the same keys
     services.reset()
     uncertain: set[str] = set()
@@ -132,6 +135,18 @@ def test_the_sweep_covers_the_forks_own_execution() -> None:
 def test_fork_kill_sweep_inline(executor: str, point: str, label: str, golden: Golden, services: Any,
                                 tmp_path: Path) -> None:
     sweep_case(executor, point, label, golden, services, tmp_path)
+
+
+@pytest.mark.parametrize(("executor", "point", "label"), INLINE_CASES, ids=case_ids(INLINE_CASES))
+def test_fork_kill_sweep_inline_on_postgresql(executor: str, point: str, label: str, golden: Golden, services: Any,
+                                              pg_base_url: str, tmp_path: Path) -> None:
+    """The same points with the store on PostgreSQL (a database per case; the golden fork is SQLite's:
+    outputs and keys do not depend on the store)."""
+    url = make_pg_database(pg_base_url)
+    try:
+        sweep_case(executor, point, label, golden, services, tmp_path, db=url)
+    finally:
+        drop_pg_database(pg_base_url, url)
 
 
 @pytest.mark.ray
