@@ -17,7 +17,7 @@ from raysaga.orchestrator.cli_options import DbOpt
 def dashboard(
     db: DbOpt = None,
     host: Annotated[str, typer.Option(help="Address to bind. Anything but loopback needs --token.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8765,
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8780,
     token: Annotated[str | None, typer.Option(
         envvar="RAYSAGA_DASHBOARD_TOKEN", show_envvar=True,
         help="Secret every request must carry (open /?token=TOKEN once in the browser).")] = None,
