@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
+from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import json_type_problem
 from raysaga.state import jsoncodec
 
-if TYPE_CHECKING:
-    from raysaga.orchestrator.workflow import Workflow
+
+class Workflow(Protocol):
+    """What of a workflow its input depends on (``raysaga.orchestrator.workflow.Workflow``)."""
+
+    name: str
+    steps: dict[str, StepSpec]
 
 
 def input_type(wf: Workflow) -> Any:

@@ -13,17 +13,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.dsl_checks import check_common, step_where
+from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.types import Approval, check_number
 
-if TYPE_CHECKING:
-    from raysaga.orchestrator.workflow import Workflow
-
 R = TypeVar("R")
+#: The workflow's own spec builder and registration (``Workflow._make_spec``, ``Workflow._add``):
+#: handed in, so this module does not import the workflow that imports it.
+MakeSpec = Callable[..., StepSpec]
+AddSpec = Callable[[StepSpec], None]
 OnTimeout = Literal["reject", "default", "escalate"]
 _ON_TIMEOUT = ("reject", "default", "escalate")
 
@@ -42,7 +44,8 @@ class ApprovalOptions:
     escalate_to: tuple[str, ...]
 
 
-def approval(wf: Workflow, *, name: str | None, after: Iterable[str], approvers: Iterable[str] | None,
+def approval(make_spec: MakeSpec, add: AddSpec, *, name: str | None, after: Iterable[str],
+             approvers: Iterable[str] | None,
              quorum: int, answer: Any, timeout: float | None, on_timeout: OnTimeout, default: Any,
              escalate_to: Iterable[str], critical: bool, on_failure: str, map_over: str | None
              ) -> Callable[[Callable[..., R]], Callable[..., R]]:
@@ -52,16 +55,16 @@ def approval(wf: Workflow, *, name: str | None, after: Iterable[str], approvers:
                                 map_over=map_over)
         options = _options(where, approvers=approvers, quorum=quorum, answer=answer, timeout=timeout,
                            on_timeout=on_timeout, default=default, escalate_to=escalate_to)
-        spec = wf._make_spec(func, name=name, after=upstream, critical=critical, effect=False, effect_name=None,
-                             retry=None, timeout=None, compensate=None, reconcile=None, map_over=map_over,
-                             on_failure=on_failure)
-        wf._add(dataclasses.replace(spec, kind="approval", output_type=Approval, options={"approval": options}))
+        spec = make_spec(func, name=name, after=upstream, critical=critical, effect=False, effect_name=None,
+                         retry=None, timeout=None, compensate=None, reconcile=None, map_over=map_over,
+                         on_failure=on_failure)
+        add(dataclasses.replace(spec, kind="approval", output_type=Approval, options={"approval": options}))
         return func
 
     return decorate
 
 
-def sleep(wf: Workflow, name: str, *, seconds: float, after: Iterable[str]) -> None:
+def sleep(make_spec: MakeSpec, add: AddSpec, name: str, *, seconds: float, after: Iterable[str]) -> None:
     check_number(f"sleep {name!r}", "seconds", seconds, minimum=0, allowed="a finite number of seconds >= 0")
     upstream = check_common(name, name=name, after=after, critical=True, retry=None, timeout=None, map_over=None)
     if not upstream:
@@ -70,9 +73,9 @@ def sleep(wf: Workflow, name: str, *, seconds: float, after: Iterable[str]) -> N
     def slept() -> None:  # never called: the run machine settles a sleep node by its timer
         return None
 
-    spec = wf._make_spec(slept, name=name, after=upstream, critical=True, effect=False, effect_name=None,
-                         retry=None, timeout=None, compensate=None, reconcile=None, map_over=None)
-    wf._add(dataclasses.replace(spec, kind="sleep", output_type=Any, options={"seconds": float(seconds)}))
+    spec = make_spec(slept, name=name, after=upstream, critical=True, effect=False, effect_name=None,
+                     retry=None, timeout=None, compensate=None, reconcile=None, map_over=None)
+    add(dataclasses.replace(spec, kind="sleep", output_type=Any, options={"seconds": float(seconds)}))
 
 
 def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer: Any, timeout: float | None,

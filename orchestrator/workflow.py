@@ -273,9 +273,9 @@ class Workflow:
         ``escalate`` (to ``escalate_to``, for another ``timeout``). docs/operations.md."""
         from raysaga.orchestrator.waits_dsl import approval
 
-        return approval(self, name=name, after=after, approvers=approvers, quorum=quorum, answer=answer,
-                        timeout=timeout, on_timeout=on_timeout, default=default, escalate_to=escalate_to,
-                        critical=critical, on_failure=on_failure, map_over=map_over)
+        return approval(self._make_spec, self._add, name=name, after=after, approvers=approvers, quorum=quorum,
+                        answer=answer, timeout=timeout, on_timeout=on_timeout, default=default,
+                        escalate_to=escalate_to, critical=critical, on_failure=on_failure, map_over=map_over)
 
     @plain_options("Workflow.sleep()")
     def sleep(self, name: str, *, seconds: float, after: Iterable[str]) -> None:
@@ -283,7 +283,7 @@ class Workflow:
         nothing (the run rests ``waiting_timer``) and wakes on time after any crash."""
         from raysaga.orchestrator.waits_dsl import sleep
 
-        sleep(self, name, seconds=seconds, after=after)
+        sleep(self._make_spec, self._add, name, seconds=seconds, after=after)
 
     @decorator_options("map")
     def map(

@@ -107,6 +107,12 @@ class Calls:
         """Issue ``key`` again at ``when`` (a durable backoff: its row says ``not_before``)."""
         heapq.heappush(self.timers, (when, key))
 
+    def unschedule(self, key: NodeKey) -> None:
+        """Drop ``key``'s timers (an approval decided before its timeout)."""
+        if any(k == key for _, k in self.timers):
+            self.timers = [(t, k) for t, k in self.timers if k != key]
+            heapq.heapify(self.timers)
+
     def due(self) -> list[NodeKey]:
         """Timers that fired by now, in time order."""
         fired = []

@@ -244,7 +244,7 @@ class RunMachine:
         left waits for a human, or for a timer further away than ``release_after`` seconds.
         Returns (``waiting_human`` or ``waiting_timer``, when it is due again, why)."""
         if (self.phase != Phase.FORWARD or self.rollback is not None or not self.idle() or self.has_work()
-                or self.waits.busy() or self.forward.failure is not None):
+                or self.waits.busy() or self.forward.failure is not None or self.done()):
             return None
         when = self.next_timer()
         far = when is None or when - now > release_after

@@ -190,6 +190,7 @@ class Waits:
 
     def _complete(self, key: NodeKey, approval: Approval) -> None:
         self.requests.pop(key, None)
+        self.calls.unschedule(key)  # its timeout no longer applies
         gate = self._gates.pop(key, None)
         if gate is not None:
             gate(key, approval, None, [signal_id for signal_id, _ in self.decisions.pop(key, [])])
@@ -207,6 +208,7 @@ class Waits:
 
     def _fail(self, key: NodeKey, error: dict[str, Any]) -> None:
         self.requests.pop(key, None)
+        self.calls.unschedule(key)
         gate = self._gates.pop(key, None)
         if gate is not None:
             gate(key, None, error, [signal_id for signal_id, _ in self.decisions.pop(key, [])])

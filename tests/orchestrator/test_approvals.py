@@ -266,3 +266,18 @@ def test_durable_sleep_rests_and_wakes_on_time(store_url: str) -> None:
     assert done.status == RunStatus.COMPLETED and done.output == {"second": 2}
     assert done.updated_at >= rested.wake_at  # it woke no earlier than the time its row said
     assert LOG == ["first", "second"]
+
+
+def test_a_decided_approval_leaves_no_timer_behind(sqlite_url: str) -> None:
+    """An approval with a day-long timeout, approved: the run completes at once instead of resting
+    on the timeout that no longer applies."""
+    wf = refund_flow(timeout=86_400.0)
+    rested = _run(wf, sqlite_url)
+    assert rested.status == RunStatus.WAITING_HUMAN and rested.wake_at is not None
+    store = SqlStore(sqlite_url)
+    try:
+        store.decide(rested.run_id, "review", "approve", by="dana")
+    finally:
+        store.close()
+    done = _resume(wf, sqlite_url, rested.run_id)
+    assert done.status == RunStatus.COMPLETED, done.status_reason
