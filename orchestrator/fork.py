@@ -145,24 +145,25 @@ def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed
             continue
         if input_changed and spec.input_param and (spec.effect or wf.compensation_for(step) is not None):
             continue  # its effect depends on the input: it runs again under the new run's keys
-        complete = step != at.step
+        items = [i for i in owners[step] if i >= 0]
+        # a fan-out one of whose items was undone is expanded again (its parent row is not kept)
+        parent_ok = usable(step, -1) is not None and not any((step, i) in undone for i in items)
         for index in sorted(owners[step]):
             if step == at.step and (index == at.fan_index or index < 0 or at.fan_index < 0):
                 continue  # NODE itself (and a fan-out's parent, which completes with its items)
-            found = usable(step, index)
-            if found is None:
-                complete = False
-                if spec.kind == "agent" and (step, index) not in undone:  # an unfinished agent keeps its turns
-                    kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
-                continue
-            kept.append(found)
-            kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
-        if step == at.step and at.turn is not None and (step, at.fan_index) not in undone:
-            kept += [r for k, r in calls[(step, at.fan_index)]
-                     if k.turn is not None and k.turn < at.turn and _settled_call(k, r)]
-        if complete and usable(step, -1) is not None and (spec.map_over is None or spec.fan_out_policy.partial
-                                                          or all(usable(step, i) for i in owners[step] if i >= 0)):
-            whole.add(step)
+            found = usable(step, index) if index >= 0 or parent_ok else None
+            if found is not None:
+                kept.append(found)
+                kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
+            elif spec.kind == "agent" and (step, index) not in undone:  # an unfinished agent keeps its turns
+                kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
+        if step == at.step:
+            if at.turn is not None and (step, at.fan_index) not in undone:
+                kept += [r for k, r in calls[(step, at.fan_index)]
+                         if k.turn is not None and k.turn < at.turn and _settled_call(k, r)]
+        elif parent_ok and (spec.map_over is None or spec.fan_out_policy.partial
+                            or all(usable(step, i) is not None for i in items)):
+            whole.add(step)  # a partial fan-out's output is its parent's row (its FanOutResult)
     return kept
 
 
