@@ -20,7 +20,6 @@ import argparse
 import sys
 import threading
 import uuid
-
 from typing import Any
 
 from pydantic import BaseModel, Field

@@ -7,8 +7,9 @@ step's start and end are traced with the worker's pid: per run, the spans of dif
 never overlap, a killed worker's span ending when it was killed; and the run's claims carry
 strictly increasing fences), and nothing is left pending or leased.
 
-The default run is a representative subset (24 runs a store, submitted a few at a time while a worker is killed every 0.4-1.2 s); the acceptance
-size (150 runs a store: 300) runs with ``RAYSAGA_FULL_SWEEP=1``.
+The default run is a representative subset (24 runs a store, submitted a few at a time while a
+worker is killed every 0.4-1.2 s); the acceptance size (150 runs a store: 300) runs with
+``RAYSAGA_FULL_SWEEP=1``.
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ def test_fleet_survives_random_worker_kills(pg_url: str, tmp_path: Path, service
     readers = {name: SqlStore(url) for name, (url, _, _) in stores.items()}
 
     def all_done() -> bool:
-        return not any(waiting.values()) and all(r.status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATED)
-                   for name, store in readers.items()
-                   for r in store.list_runs(limit=RUNS_PER_STORE + 10))
+        at_rest = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATED)
+        return not any(waiting.values()) and all(r.status in at_rest for store in readers.values()
+                                                 for r in store.list_runs(limit=RUNS_PER_STORE + 10))
 
     try:
         deadline = time.monotonic() + (600 if FULL else 240)
