@@ -13,7 +13,8 @@ The public API, by group (one line each in docs/api.md):
   ``on_partial_failure``, and what a policy sees and answers: ``FanOutResult``, ``Continue``,
   ``RetryFailed``, ``Fail``, ``Compensate``.
 - **Running**: ``run``, ``create_run``, ``resume``, ``retry``, ``cancel``, ``fork``, ``replay``, ``RunOptions``;
-  ``Client`` (submit to the worker fleet, approve and reject, pause, cancel, the inbox, stats).
+  ``Client`` (submit to the worker fleet, approve and reject, pause, cancel, the inbox, stats),
+  ``Worker`` (claim and drive runnable runs, as ``raysaga worker`` does).
 - **The store**: ``open_store``, ``Store``, ``RunRecord``, ``RunStatus``, ``prune``.
 - **Failing a step on purpose**: ``StepFailure``, ``Permanent``, ``Transient``.
 - **Errors**: every one descends from ``RaySagaError`` (the tree is drawn in ``raysaga.errors``):
@@ -58,6 +59,7 @@ from raysaga.errors import (
 
 if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
     from raysaga.orchestrator.client import Client
+    from raysaga.orchestrator.worker import Worker
     from raysaga.orchestrator.fork import fork
     from raysaga.orchestrator.replay import replay
     from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
@@ -85,6 +87,7 @@ if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZ
 _LAZY = {
     **dict.fromkeys(("Approval", "Ask", "RateLimit", "RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
     **dict.fromkeys(("Client",), "raysaga.orchestrator.client"),
+    **dict.fromkeys(("Worker",), "raysaga.orchestrator.worker"),
     **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
     **dict.fromkeys(("fork",), "raysaga.orchestrator.fork"),
     **dict.fromkeys(("replay",), "raysaga.orchestrator.replay"),
@@ -126,6 +129,7 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     # running
     "Client",
     "RunOptions",
+    "Worker",
     "cancel",
     "create_run",
     "fork",

@@ -51,10 +51,12 @@ REPO = next(d for d in HERE.parents if (d / "pyproject.toml").is_file())
 #: ``raysaga.__all__``, group by group, in its order. Adding or removing an export is a
 #: deliberate API change: it shows up here, in the root docstring and in docs/api.md.
 GROUPS: dict[str, list[str]] = {
-    "declaring a workflow": ["NOT_APPLIED", "RateLimit", "RetryPolicy", "Saga", "Secret", "StepContext", "Workflow"],
+    "declaring a workflow": ["NOT_APPLIED", "Approval", "Ask", "RateLimit", "RetryPolicy", "Saga", "Secret",
+                             "StepContext", "Workflow"],
     "fan-out policies": ["ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
                          "min_success_ratio", "on_partial_failure", "quorum"],
-    "running": ["RunOptions", "cancel", "create_run", "fork", "replay", "resume", "retry", "run"],
+    "running": ["Client", "RunOptions", "Worker", "cancel", "create_run", "fork", "replay", "resume", "retry",
+                "run"],
     "the store": ["RunRecord", "RunStatus", "Store", "open_store", "prune"],
     "failing a step on purpose": ["Permanent", "StepFailure", "Transient"],
     "errors": ["RaySagaError", "UserError", "InvalidInputError", "InvalidOptionError", "NotJSONableError",

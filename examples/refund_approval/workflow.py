@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 
 import raysaga
 from examples.order.fake_services import FakeServices, get_log, post
-from raysaga import Approval, Ask, Client, RetryPolicy, StepContext, Workflow
+from raysaga import Approval, Ask, Client, RetryPolicy, StepContext, Worker, Workflow
 
 
 class RefundIn(BaseModel):
@@ -86,8 +86,6 @@ def main(argv: list[str] | None = None) -> int:
             decision = client.approve(run_id, "review", by="finance-lead", answer={"amount_cents": 4000},
                                       comment="partial: the box was fine")
             print(f"3. approved by {decision.by} with an edit: 4000 cents")
-            from raysaga.orchestrator.worker import Worker
-
             worker = Worker([wf], client.store, concurrency=1, executor="inline", poll=0.05)
             thread = threading.Thread(target=worker.run)
             thread.start()
