@@ -265,7 +265,9 @@ class FateWorld:
         return self.fates[label]
 
     def prompt(self, key: NodeKey, kwargs: dict[str, Any]) -> str:
-        return f"task for {key.label}: {jsoncodec.fingerprint(kwargs)[:12]}"
+        # normalised like every other node's inputs: an agent downstream of a partial fan-out gets
+        # its FanOutResult, whose failures' attempt counts a crash may raise (see ``normalise``)
+        return f"task for {key.label}: {jsoncodec.fingerprint(normalise(kwargs))[:12]}"
 
     def outcome(self, d: Dispatch, now: float) -> NodeOutcome:
         key = d.key
