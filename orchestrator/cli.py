@@ -28,6 +28,7 @@ from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out
 from raysaga.orchestrator.cli_fork import fork, replay
 from raysaga.orchestrator.cli_maintenance import db_upgrade, prune
 from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
+from raysaga.orchestrator.cli_watch import events, status
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 
 if TYPE_CHECKING:
@@ -78,8 +79,6 @@ app.add_typer(db_app, name="db")
 
 #: Most runs one ``raysaga list`` page shows.
 MAX_LIST = 1000
-#: Events read per round trip by ``raysaga events``.
-EVENT_PAGE = 1000
 
 
 @dataclass
@@ -340,48 +339,6 @@ def _finished_note(run: RunRecord) -> str:
             f"`raysaga cancel {run.run_id} --compensate` rolls it back)")
 
 
-@app.command()
-def status(
-    run_id: RunIdArg,
-    db: DbOpt = None,
-    as_json: Annotated[bool, typer.Option(
-        "--json", help="Every node's status, attempts and timings as JSON (streamed; schema_version 1).")] = False,
-    summary: Annotated[bool, typer.Option(
-        "--summary", help="With --json: counts per state per step and the failures, instead of every node.")] = False,
-    errors_: Annotated[bool, typer.Option(
-        "--errors", help="Every failed attempt of every failed node, with the latest traceback.")] = False,
-    node: Annotated[str | None, typer.Option(
-        "--node", help="One node's attempts and traceback, e.g. charge or square[3].")] = None,
-    nodes_limit: Annotated[int | None, typer.Option(
-        "--nodes-limit", help="With --json: at most this many nodes (see next_nodes_after).")] = None,
-    nodes_after: Annotated[str | None, typer.Option(
-        "--nodes-after", help="With --json: the nodes after this one (the previous page's next_nodes_after).")] = None,
-    workflow: Annotated[str | None, typer.Option(
-        "--workflow", help="MODULE:WORKFLOW to list steps that never started (imports that code).")] = None,
-) -> None:
-    """Where a run stands: every node in the order it ran, the driver, the store."""
-    with errors():
-        _run_id(run_id)
-        cli_input.int_in_range("--nodes-limit", nodes_limit, 1, cap=cli_input.INT64_MAX)
-        if node is not None:
-            _status().parse_label(node, "--node")
-        if nodes_after is not None:
-            _status().parse_label(nodes_after, "--nodes-after")
-        wf = _load_workflow(workflow) if workflow else None
-        store = _stores().open_for_reads(db, run_id)
-        record = store.get_run(run_id)
-        if wf is not None and wf.name != record.workflow_name:
-            raise UserError(f"run {run_id!r} belongs to workflow {record.workflow_name!r}, not {wf.name!r}: "
-                            "drop --workflow, or name that run's workflow")
-        if errors_ or node is not None:
-            _status().print_errors(out, store, record, node)
-        elif as_json:
-            _status().stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
-                                   nodes_after=nodes_after)
-        else:
-            _status().print_status(out, store, record, store_text=_stores().describe(store.url), wf=wf)
-
-
 @app.command("list")
 def list_runs(
     status: Annotated[str | None, typer.Option("--status", help="Only runs in this state.")] = None,
@@ -436,31 +393,6 @@ def list_runs(
 
 
 @app.command()
-def events(
-    run_id: RunIdArg,
-    db: DbOpt = None,
-    after: Annotated[int, typer.Option(help="Only events after this sequence number.")] = 0,
-    limit: Annotated[int | None, typer.Option(help="At most this many events.")] = None,
-) -> None:
-    """The run's append-only event log, one JSON object per line."""
-    with errors():
-        _run_id(run_id)
-        cli_input.int_in_range("--after", after, 0, cap=cli_input.INT64_MAX)
-        cli_input.int_in_range("--limit", limit, 1, cap=cli_input.INT64_MAX)
-        store = _stores().open_for_reads(db, run_id)
-        store.get_run(run_id)
-        left, seq = limit, after
-        while left is None or left > 0:
-            page = store.events(run_id, after_seq=seq, limit=EVENT_PAGE if left is None else min(EVENT_PAGE, left))
-            for e in page:
-                sys.stdout.write(e.model_dump_json() + "\n")
-            if not page:
-                break
-            seq = page[-1].seq
-            left = None if left is None else left - len(page)
-
-
-@app.command()
 def graph(
     workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW", help="The workflow to draw.")],
     format: Annotated[str, typer.Option("--format", "-f", help="mermaid or dot")] = "mermaid",
@@ -483,6 +415,8 @@ app.command()(fork)
 app.command()(replay)
 app.command()(__import__("raysaga.orchestrator.cli_launch", fromlist=["launch"]).launch)
 app.command()(dashboard)
+app.command()(status)
+app.command()(events)
 db_app.command("upgrade")(db_upgrade)
 
 

@@ -324,6 +324,20 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
                            "and its traceback"))
 
 
+def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str | None = None) -> None:
+    """The DAG layered by topological generation, each step's state, attempts, duration, fan-out
+    counts, effect and undo, agent turns and tokens. Imports the run's recorded workflow (as
+    ``resume`` does) unless ``workflow`` (MODULE:WF) is given; without either, the steps with rows."""
+    from raysaga.orchestrator import run_views
+
+    graph = run_views.run_graph(store, run, workflow)
+    if graph.get("note"):
+        console.print(Text(f"dag: {graph['note']}", style="dim"))
+    console.print(Text("dag (by generation):"))
+    for head, style, detail in run_views.layered_lines(graph, run_views.step_views(store, run.run_id, graph)):
+        console.print(Text.assemble((flat(head), style), "  ", flat(detail)))
+
+
 def _problem_items(store: SqlStore, run_id: str, step: str) -> Iterable[dict[str, Any]]:
     return queries.unfinished_items(store, run_id, step, ITEMS_SHOWN)
 

@@ -1,0 +1,189 @@
+"""The commands that look at one run: ``raysaga status`` (the table, ``--dag``, ``--watch``,
+``--json``, ``--format mermaid|dot|svg``) and ``raysaga events`` (``--follow``). Registered on the
+app in ``cli.py``; each imports the store and its views only when it runs (``raysaga --help``
+loads no SQLAlchemy)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import ModuleType
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from raysaga.errors import UserError
+from raysaga.orchestrator import cli_input
+from raysaga.orchestrator.cli_errors import errors, out
+from raysaga.orchestrator.cli_options import DbOpt, RunIdArg
+
+if TYPE_CHECKING:
+    from raysaga.state import RunRecord, SqlStore
+
+#: Events read per round trip by ``raysaga events``.
+EVENT_PAGE = 1000
+#: Run states a run rests in: ``--watch`` and ``--follow`` stop there.
+RESTING = frozenset({"completed", "failed", "compensated", "compensation_failed", "cancelled", "paused",
+                     "waiting_human", "waiting_timer"})
+FORMATS = ("text", "mermaid", "dot", "svg")
+
+
+def _status() -> ModuleType:
+    from raysaga.orchestrator import cli_status
+
+    return cli_status
+
+
+def _stores() -> ModuleType:
+    from raysaga.orchestrator import cli_store
+
+    return cli_store
+
+
+def _run_id(value: str) -> str:
+    checked = cli_input.check_run_id(value)
+    assert checked is not None
+    return checked
+
+
+def status(
+    run_id: RunIdArg,
+    db: DbOpt = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Every node's status, attempts and timings as JSON (streamed; schema_version 1).")] = False,
+    summary: Annotated[bool, typer.Option(
+        "--summary", help="With --json: counts per state per step and the failures, instead of every node.")] = False,
+    errors_: Annotated[bool, typer.Option(
+        "--errors", help="Every failed attempt of every failed node, with the latest traceback.")] = False,
+    node: Annotated[str | None, typer.Option(
+        "--node", help="One node's attempts and traceback, e.g. charge or square[3].")] = None,
+    nodes_limit: Annotated[int | None, typer.Option(
+        "--nodes-limit", help="With --json: at most this many nodes (see next_nodes_after).")] = None,
+    nodes_after: Annotated[str | None, typer.Option(
+        "--nodes-after", help="With --json: the nodes after this one (the previous page's next_nodes_after).")] = None,
+    workflow: Annotated[str | None, typer.Option(
+        "--workflow", help="MODULE:WORKFLOW to list steps that never started (imports that code).")] = None,
+    dag: Annotated[bool, typer.Option(
+        "--dag", help="Also draw the DAG by generation (imports the run's recorded workflow, or --workflow).")
+    ] = False,
+    watch: Annotated[bool, typer.Option(
+        "--watch", help="Redraw live until the run rests (completed, failed, waiting...).")] = False,
+    interval: Annotated[float, typer.Option(help="With --watch: seconds between redraws.")] = 1.0,
+    format: Annotated[str, typer.Option(
+        "--format", help="text (default), or the DAG coloured by state: mermaid, dot or svg.")] = "text",
+) -> None:
+    """Where a run stands: every node in the order it ran, the driver, the store."""
+    with errors():
+        _run_id(run_id)
+        cli_input.int_in_range("--nodes-limit", nodes_limit, 1, cap=cli_input.INT64_MAX)
+        if format not in FORMATS:
+            raise UserError(f"--format {format!r} is not known: use {', '.join(FORMATS)}")
+        if watch and (as_json or format != "text" or errors_ or node is not None):
+            raise UserError("--watch draws the human view: leave out --json, --format, --errors and --node")
+        if not 0.05 <= interval <= 3600:
+            raise UserError(f"--interval {interval} is not between 0.05 and 3600 seconds")
+        if node is not None:
+            _status().parse_label(node, "--node")
+        if nodes_after is not None:
+            _status().parse_label(nodes_after, "--nodes-after")
+        wf = None
+        if workflow:
+            from raysaga.orchestrator.loader import load_workflow
+
+            wf = load_workflow(workflow)
+        store = _stores().open_for_reads(db, run_id)
+        record = store.get_run(run_id)
+        if wf is not None and wf.name != record.workflow_name:
+            raise UserError(f"run {run_id!r} belongs to workflow {record.workflow_name!r}, not {wf.name!r}: "
+                            "drop --workflow, or name that run's workflow")
+        if errors_ or node is not None:
+            _status().print_errors(out, store, record, node)
+        elif as_json:
+            _status().stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
+                                   nodes_after=nodes_after)
+        elif format != "text":
+            _export(store, record, format, workflow)
+        elif watch:
+            _watch(store, record, wf=wf, workflow=workflow if dag else None, dag=dag, interval=interval)
+        else:
+            _status().print_status(out, store, record, store_text=_stores().describe(store.url), wf=wf)
+            if dag:
+                _status().print_dag(out, store, record, workflow)
+
+
+def _export(store: SqlStore, record: RunRecord, format: str, workflow: str | None) -> None:
+    from raysaga.orchestrator import run_views
+
+    graph = run_views.run_graph(store, record, workflow)
+    views = run_views.step_views(store, record.run_id, graph)
+    if format == "mermaid":
+        sys.stdout.write(run_views.mermaid(graph, views))
+    elif format == "dot":
+        sys.stdout.write(run_views.dot(graph, views, record.run_id))
+    else:
+        sys.stdout.write(run_views.svg(graph, views, f"{record.run_id} ({record.workflow_name}): {record.status}"))
+
+
+def _watch(store: SqlStore, record: RunRecord, *, wf: Any, workflow: str | None, dag: bool, interval: float) -> None:
+    """Redraw the status view in place (rich Live) until the run rests; Ctrl-C stops watching."""
+    from rich.live import Live
+
+    where = _stores().describe(store.url)
+    with Live(console=out, auto_refresh=False, transient=False) as live:
+        while True:
+            run = store.get_run(record.run_id, lenient=True)
+            live.update(_render(store, run, where, wf, workflow, dag, interval), refresh=True)
+            if run.status.value in RESTING:
+                break
+            time.sleep(interval)  # a redraw period, not a synchronisation
+
+
+def _render(store: SqlStore, run: RunRecord, where: str, wf: Any, workflow: str | None, dag: bool,
+            interval: float) -> Any:
+    from rich.console import Console
+    from rich.text import Text
+
+    capture = Console(width=out.width, highlight=False, soft_wrap=True, force_terminal=out.is_terminal,
+                      color_system="truecolor" if out.is_terminal else None)
+    with capture.capture() as got:
+        _status().print_status(capture, store, run, store_text=where, wf=wf)
+        if dag:
+            _status().print_dag(capture, store, run, workflow)
+    shown = Text.from_ansi(got.get())
+    if run.status.value not in RESTING:
+        shown.append(f"watching: redrawn every {interval:g}s until the run rests (Ctrl-C stops)\n", style="dim")
+    return shown
+
+
+def events(
+    run_id: RunIdArg,
+    db: DbOpt = None,
+    after: Annotated[int, typer.Option(help="Only events after this sequence number.")] = 0,
+    limit: Annotated[int | None, typer.Option(help="At most this many events.")] = None,
+    follow: Annotated[bool, typer.Option(
+        "--follow", "-f", help="Keep printing new events until the run rests (Ctrl-C stops).")] = False,
+    interval: Annotated[float, typer.Option(help="With --follow: seconds between reads of the log.")] = 0.5,
+) -> None:
+    """The run's append-only event log, one JSON object per line."""
+    with errors():
+        _run_id(run_id)
+        cli_input.int_in_range("--after", after, 0, cap=cli_input.INT64_MAX)
+        cli_input.int_in_range("--limit", limit, 1, cap=cli_input.INT64_MAX)
+        if not 0.05 <= interval <= 3600:
+            raise UserError(f"--interval {interval} is not between 0.05 and 3600 seconds")
+        store = _stores().open_for_reads(db, run_id)
+        store.get_run(run_id)
+        left, seq = limit, after
+        while left is None or left > 0:
+            page = store.events(run_id, after_seq=seq, limit=EVENT_PAGE if left is None else min(EVENT_PAGE, left))
+            for e in page:
+                sys.stdout.write(e.model_dump_json() + "\n")
+            if page:
+                seq = page[-1].seq
+                left = None if left is None else left - len(page)
+                continue
+            if not follow or (store.get_run(run_id, lenient=True).status.value in RESTING
+                              and not store.events(run_id, after_seq=seq, limit=1)):
+                break
+            sys.stdout.flush()
+            time.sleep(interval)  # the log's poll period, not a synchronisation
