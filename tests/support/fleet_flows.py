@@ -120,3 +120,7 @@ def after(ctx: StepContext, input: FleetIn, wait: int) -> str:
     reply = fake_services.post(input.services, "charge", _key(ctx), {"subject": f"slow-{wait}"})
     _trace(ctx, input, "end")
     return str(reply["id"])
+
+
+#: For ``tests.support.crash_driver --flows tests.support.fleet_flows --flow NAME``.
+FLOWS = {"short": short, "approval": approval, "slow": slow}
