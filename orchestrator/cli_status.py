@@ -200,10 +200,13 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
             more = list(_nodes(store, run.run_id, order, {s.node_id for s in infos}, parse_label(last), 1))
             next_after = last if more else None
     stream.write(', "effects": [')
-    for i, e in enumerate(store.effects(run.run_id)):
-        stream.write(("\n" if i == 0 else ",\n") + _dumps({
-            "key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
-            "status": e.status.value}))
+    inherited = store.inherited_effects(run.run_id) if run.parent_run_id else []
+    for i, e in enumerate([*store.effects(run.run_id), *inherited]):
+        item = {"key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
+                "status": e.status.value}
+        if e.run_id != run.run_id:  # a fork's inherited effect: the ledger row of the run that executed it
+            item["inherited_from"] = e.run_id
+        stream.write(("\n" if i == 0 else ",\n") + _dumps(item))
     stream.write('], "next_nodes_after": ' + _dumps(next_after) + "}\n")
     stream.flush()
 
@@ -277,6 +280,10 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         forks = ", ".join(f"{c['run_id']} (from {c['forked_from']}, {c['status']})" for c in family["children"])
         parent = f"forked from {run.parent_run_id} at {run.forked_from}" if run.parent_run_id else ""
         console.print(Text("lineage: " + "; ".join(p for p in (parent, f"forks: {forks}" if forks else "") if p)))
+        inherited = store.inherited_effects(run.run_id) if run.parent_run_id else []
+        if inherited:
+            console.print(Text("effects inherited (not executed again): " + ", ".join(
+                f"{node_label(e.node_id, e.fan_index)} ({e.status.value}, {e.run_id})" for e in inherited[:20])))
     infos, order = step_order(store, run.run_id, wf)
     by_step = {s.node_id: s for s in infos}
     table = [["node", "status", "attempts", "started", "took", "note"]]

@@ -47,6 +47,10 @@ def test_fork_then_status_shows_the_lineage(parent: tuple[str, Any]) -> None:
     assert (doc["parent_run_id"], doc["forked_from"]) == ("p", "send_email")
     inherited = {n["node"]: n["inherited_from"] for n in doc["nodes"]}
     assert inherited == {"reserve_stock": "p", "charge_card": "p", "send_email": None, "ship": None}
+    effects = [(e["node"], e.get("inherited_from")) for e in doc["effects"]]
+    assert effects == [("send_email", None), ("charge_card", "p")]
+    code, out, _ = invoke("status", "c", "--db", db)
+    assert "effects inherited (not executed again): charge_card (committed, p)" in out
 
 
 def test_fork_errors_are_one_line_naming_the_fix(parent: tuple[str, Any], sqlite_url: str) -> None:
