@@ -83,6 +83,12 @@ class Workflow:
     def __repr__(self) -> str:
         return f"Workflow({self.name!r}, version={self.version!r}, steps={list(self.steps)})"
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the DAG as an SVG, steps by generation (``raysaga.orchestrator.dag_svg``)."""
+        from raysaga.orchestrator.dag_svg import workflow_html
+
+        return workflow_html(self)
+
     # ------------------------------------------------------------------ decorators
     #
     # Every option is an explicit, typed keyword (no ``**options: Any``): a type checker sees a
