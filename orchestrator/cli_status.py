@@ -341,7 +341,8 @@ def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str |
     if graph.get("note"):
         console.print(Text(f"dag: {graph['note']}", style="dim"))
     console.print(Text("dag (by generation):"))
-    for head, style, detail in run_views.layered_lines(graph, run_views.step_views(store, run.run_id, graph)):
+    views = run_views.step_views(store, run.run_id, graph, running=run.status.value == "running")
+    for head, style, detail in run_views.layered_lines(graph, views):
         console.print(Text.assemble((flat(head), style), "  ", flat(detail)))
 
 

@@ -22,16 +22,18 @@ from raysaga.orchestrator.dag_svg import (
     svg,
     workflow_graph,
 )
-from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, _steps
+from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, _steps, fan_counts
 from raysaga.orchestrator.render import _dot_string, _mermaid_ids, _mermaid_label
 from raysaga.state import RunRecord, Store
 
 
-def step_views(store: Store, run_id: str, graph: dict[str, Any]) -> list[StepView]:
-    """The graph's steps in topological order, each with its state from the run's rows."""
+def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False) -> list[StepView]:
+    """The graph's steps in topological order, each with its state from the run's rows. In a
+    ``running`` run a step with no row whose inputs are all complete is in flight (the engine
+    writes most rows when a step ends), so it shows as running."""
     rows = store.step_rows(run_id, ITEMS_SHOWN)
-    fanned = sorted({r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]})
-    steps = _steps(rows, store.step_counts(run_id, fanned))
+    fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
+    steps = _steps(rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id))))
     out = []
     for node in graph["nodes"]:
         st = steps.get(node["id"], {})
@@ -49,6 +51,11 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any]) -> list[StepVie
         if view.turns:
             view.tokens = _agent_tokens(store, run_id, node["id"])
         out.append(view)
+    if running:
+        state = {v.step: v.state for v in out}
+        for v in out:
+            if v.state == "pending" and all(state.get(d) == "completed" for d in v.deps):
+                v.state = "running"
     return out
 
 
@@ -130,7 +137,7 @@ class RunView:
         run = self.run()
         graph = run_graph(self._store, run, self.workflow)
         title = f"{run.run_id} ({run.workflow_name} v{run.workflow_version}): {run.status.value}"
-        return svg(graph, step_views(self._store, run.run_id, graph), title)
+        return svg(graph, step_views(self._store, run.run_id, graph, running=run.status.value == "running"), title)
 
     def _repr_svg_(self) -> str:
         return self._repr_html_()

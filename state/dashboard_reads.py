@@ -134,6 +134,19 @@ def step_counts(engine: Engine, run_id: str, node_ids: Iterable[str]) -> dict[st
     return out
 
 
+def fanout_sizes(engine: Engine, run_id: str) -> dict[str, int]:
+    """How many items each fan-out of the run expanded into (its latest ``fanout_expanded`` event):
+    items in flight have no row yet, so this is what tells "3 of 2,000 done" from "3 of 3"."""
+    query = (select(events.c.node_id, events.c.data)
+             .where(events.c.run_id == run_id, events.c.kind == "fanout_expanded").order_by(events.c.seq))
+    sizes: dict[str, int] = {}
+    with reading(run_id, events.name), engine.connect() as conn:
+        for node_id, data in conn.execute(query).all():
+            if node_id and isinstance(data, dict) and isinstance(data.get("items"), int):
+                sizes[str(node_id)] = int(data["items"])
+    return sizes
+
+
 def node_row(engine: Engine, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
     """One node row with its output (inline, or the digest of its blob) and error."""
     query = select(nodes).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index == fan_index)
@@ -217,6 +230,9 @@ class DashboardReads:
     def node_row(self, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
         return node_row(self.reader, run_id, node_id, fan_index)
 
+    def fanout_sizes(self, run_id: str) -> dict[str, int]:
+        return fanout_sizes(self.reader, run_id)
+
     def node_events(self, run_id: str, node_id: str, fan_index: int, limit: int = 500) -> list[EventRecord]:
         return node_events(self.reader, run_id, node_id, fan_index, limit)
 
@@ -230,5 +246,6 @@ class DashboardReads:
         return metrics(self.reader)
 
 
-__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "items", "metrics", "node_effects", "node_events",
-           "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts", "step_rows", "sub_rows"]
+__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "fanout_sizes", "items", "metrics", "node_effects",
+           "node_events", "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts", "step_rows",
+           "sub_rows"]

@@ -244,6 +244,10 @@ class Store(ABC):
         """Items by status of each named fan-out step."""
 
     @abstractmethod
+    def fanout_sizes(self, run_id: str) -> dict[str, int]:
+        """How many items each of the run's fan-outs expanded into."""
+
+    @abstractmethod
     def node_row(self, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
         """One node row with its output (or its blob's digest) and error."""
 

@@ -39,8 +39,18 @@ function subline(node: GraphNode, st: StepState | undefined): string {
   return parts.join(" · ");
 }
 
+// A step with no row yet whose inputs are all complete, in a running run, is in flight: the engine
+// writes most steps' rows when they end, so this is read from the graph, not from a row.
+export function liveState(graph: Graph, steps: Record<string, StepState>, id: string, running: boolean): string {
+  const node = graph.nodes.find((n) => n.id === id);
+  const state = stepState(node, steps[id]);
+  if (state !== "pending" || !running || !node) return state;
+  const ready = node.deps.every((d) => stepState(graph.nodes.find((n) => n.id === d), steps[d]) === "completed");
+  return ready ? "running" : state;
+}
+
 export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (id: string) => boolean,
-  onPick: (id: string) => void, selected: string | null): DagView {
+  onPick: (id: string) => void, selected: string | null, running: () => boolean): DagView {
   const g = new dagre.graphlib.Graph();
   g.setGraph({ rankdir: "TB", nodesep: 28, ranksep: 44, marginx: 12, marginy: 12 });
   g.setDefaultEdgeLabel(() => ({}));
@@ -68,7 +78,7 @@ export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (i
     const node = byId.get(id);
     if (!grp || !node) return;
     const st = steps[id];
-    const state = stepState(node, st);
+    const state = liveState(graph, steps, id, running());
     grp.setAttribute("class", `node ${cls(state)}${node.map_over ? " fan" : ""}${id === selected ? " selected" : ""}`);
     grp.setAttribute("data-state", state);
     const label = grp.querySelector(".state");

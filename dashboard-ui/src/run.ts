@@ -3,7 +3,7 @@
 // server-sent events from the event log: each message is a change (events, the rows they name, the
 // counts of the fan-outs they touch); a reconnect resumes from the last event id.
 import { actor, clear, clock, getJSON, h, postJSON, secs, utc } from "./dom";
-import { drawDag, legend, stepState, type DagView } from "./dag";
+import { drawDag, legend, liveState, type DagView } from "./dag";
 import { drawGantt } from "./gantt";
 import { badge } from "./list";
 import { renderPanel } from "./panel";
@@ -103,14 +103,14 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     const d = doc;
     clear(dagBox);
     if (d.graph.note) dagBox.append(h("p", { class: "muted note" }, d.graph.note));
-    const hidden = (id: string): boolean => hide.checked && stepState(d.graph.nodes.find((n) => n.id === id),
-      d.steps[id]) === "completed";
+    const hidden = (id: string): boolean => hide.checked &&
+      liveState(d.graph, d.steps, id, d.run.status === "running") === "completed";
     view = drawDag(d.graph, d.steps, hidden, (id) => {
       const node = d.graph.nodes.find((n) => n.id === id);
       const st = d.steps[id];
       if (node?.map_over || Object.keys(st?.counts ?? {}).length) void expand(id);
       pick(id);
-    }, selected);
+    }, selected, () => doc?.run.status === "running");
     dagBox.append(view.svg);
   };
 
@@ -183,8 +183,9 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     }
     drawHead({ ...doc.run, ...change.run }, Date.now() / 1000);
     doc.run = { ...doc.run, ...change.run };
+    // a step's completion makes its dependents in flight: repaint every node (text only, no layout)
     if (relayout || hide.checked) layout();
-    else for (const id of touched) view?.update(id);
+    else for (const id of view?.ids ?? []) view?.update(id);
     addEvents(change.events);
     drawGanttNow();
     if (selected && panel.hidden === false && change.nodes.some((r) => r.node === selected ||

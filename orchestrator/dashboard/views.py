@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from raysaga.errors import RunNotFoundError, UserError
@@ -125,14 +126,27 @@ def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dic
     return steps
 
 
+def fan_counts(store: Store, run_id: str, steps: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Items by state of each named fan-out; items expanded but without a row yet (in flight or
+    queued) count as ``pending``."""
+    wanted = set(steps)
+    sizes = {k: v for k, v in store.fanout_sizes(run_id).items() if k in wanted} if wanted else {}
+    counts = store.step_counts(run_id, wanted | set(sizes))
+    for step, size in sizes.items():
+        have = sum(counts.get(step, {}).values())
+        if size > have:
+            counts.setdefault(step, {})["pending"] = size - have
+    return counts
+
+
 def run_page(store: Store, run_id: str) -> dict[str, Any]:
     """Everything a run page first draws. ``cursor`` is the event seq read *before* the rows, so
     the live stream from it replays whatever changed while they were read (updates are idempotent)."""
     run = store.get_run(run_id, lenient=True)
     cursor = run.event_seq
     rows = store.step_rows(run_id, ITEMS_SHOWN)
-    fanned = sorted({r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]})
-    counts = store.step_counts(run_id, fanned)
+    fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
+    counts = fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id)))
     summary = store.run_row(run_id) or {}
     return {
         "run": {**_run_json(summary), "trace_id": run.trace_id, "workflow_ref": run.workflow_ref,
@@ -246,7 +260,7 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
     return page[-1].seq, {
         "events": [_event_json(e) for e in page],
         "nodes": [_row(r) for r in rows],
-        "counts": store.step_counts(run_id, fanned),
+        "counts": fan_counts(store, run_id, fanned),
         "run": _run_json(store.run_row(run_id) or {}),
     }
 

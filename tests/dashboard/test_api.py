@@ -146,3 +146,29 @@ def test_metrics_are_prometheus_text(client: TestClient, demo: tuple[SqlStore, d
     assert "raysaga_retries_total 0" in lines
     assert any(line.startswith('raysaga_waiting_human_seconds{quantile="0.95"}') for line in lines)
     assert "# TYPE raysaga_duplicates_prevented_total counter" in lines
+
+
+def test_a_fan_out_in_flight_counts_its_items_without_rows(tmp_path: Any) -> None:
+    """Items in flight have no row yet: the fan-out counts them pending (from its expansion), and a
+    step whose inputs are complete is drawn in flight."""
+    from raysaga.orchestrator.run_views import run_graph, step_views
+    from raysaga.state.models import Batch, NewEvent, NodeStatus, NodeWrite, RunStatus, RunUpdate
+
+    url = f"sqlite:///{tmp_path / 'flight.db'}"
+    run_id = flows.start(flows.wide, "wide", {"items": 5}, url)
+    store = SqlStore(url)
+    try:
+        lease = store.claim(run_id, "test", 30)
+        done = [NodeWrite(node_id="square", fan_index=i, status=NodeStatus.COMPLETED, attempt=1, output=i * i)
+                for i in (0, 1)]
+        store.commit(lease, Batch(
+            nodes=[NodeWrite(node_id="split", status=NodeStatus.COMPLETED, attempt=1, output=[0, 1, 2, 3, 4]), *done],
+            events=[NewEvent(kind="fanout_expanded", node_id="square", data={"items": 5})],
+            run=RunUpdate(status=RunStatus.RUNNING)))
+        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        assert get(client, f"/api/runs/{run_id}")["steps"]["square"]["counts"] == {"completed": 2, "pending": 3}
+        run = store.get_run(run_id)
+        views = {v.step: v.state for v in step_views(store, run_id, run_graph(store, run), running=True)}
+        assert views == {"split": "completed", "square": "running", "total": "pending"}
+    finally:
+        store.close()
