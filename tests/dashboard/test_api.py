@@ -172,3 +172,25 @@ def test_a_fan_out_in_flight_counts_its_items_without_rows(tmp_path: Any) -> Non
         assert views == {"split": "completed", "square": "running", "total": "pending"}
     finally:
         store.close()
+
+
+def test_run_list_reads_on_sqlite_and_postgresql(store_url: str) -> None:
+    """The list's filters and keyset paging are plain SQL on both dialects; a search for ``%`` or
+    ``_`` means those characters, not wildcards."""
+    ids = ["alpha-1", "beta_50%", "beta-2", "gamma-3"]
+    for run_id in ids:
+        flows.start(flows.wide, "wide", {"items": 1}, store_url, run_id=run_id)
+    flows.start(flows.shop, "shop", {}, store_url, run_id="shop-1")
+    store = SqlStore(store_url)
+    try:
+        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        assert [r["run_id"] for r in get(client, "/api/runs?q=BETA")["runs"]] == ["beta-2", "beta_50%"]
+        assert [r["run_id"] for r in get(client, "/api/runs?q=_50%25")["runs"]] == ["beta_50%"]
+        assert [r["run_id"] for r in get(client, "/api/runs?q=a_1")["runs"]] == []  # '_' is not a wildcard
+        page = get(client, "/api/runs?workflow=wide&limit=3")
+        assert len(page["runs"]) == 3 and page["counts"] == {"pending": 4}
+        rest = get(client, f"/api/runs?workflow=wide&limit=3&before={page['next']}")
+        assert {r["run_id"] for r in page["runs"] + rest["runs"]} == set(ids) and rest["next"] is None
+        assert get(client, "/api/runs?status=pending")["counts"] == {"pending": 5}
+    finally:
+        store.close()
