@@ -50,7 +50,7 @@ export function liveState(graph: Graph, steps: Record<string, StepState>, id: st
 }
 
 export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (id: string) => boolean,
-  onPick: (id: string) => void, selected: string | null, running: () => boolean): DagView {
+  onPick: (id: string) => void, selected: string | null, running: () => boolean, ended: () => boolean): DagView {
   const g = new dagre.graphlib.Graph();
   g.setGraph({ rankdir: "TB", nodesep: 28, ranksep: 44, marginx: 12, marginy: 12 });
   g.setDefaultEdgeLabel(() => ({}));
@@ -84,7 +84,9 @@ export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (i
     const label = grp.querySelector(".state");
     if (label) label.textContent = `${symbol(state)} ${state}`;
     const sub = grp.querySelector(".sub");
-    if (sub) sub.textContent = subline(node, st);
+    // a node left waiting or running when its run ended (cancelled, rolled back) will not go on
+    const left = ended() && (state === "waiting" || state === "running");
+    if (sub) sub.textContent = left ? "left so: the run ended" : subline(node, st);
   };
   for (const id of ids) {
     const n = g.node(id);

@@ -8,8 +8,13 @@ const ROW = 18;
 const LEFT = 170;
 const MAX_ROWS = 80;
 
-export function drawGantt(rows: Row[], now: number, onPick: (label: string) => void): HTMLElement {
+// ``claims``: when each driver took the run (lease_claimed events): a resume starts a new segment,
+// drawn as a dashed line; ``segment`` (1-based) keeps the attempts that started in that one only.
+export function drawGantt(rows: Row[], now: number, onPick: (label: string) => void, claims: number[] = [],
+  segment = 0): HTMLElement {
+  const bounds = segment > 0 ? [claims[segment - 1] ?? 0, claims[segment] ?? Infinity] : [-Infinity, Infinity];
   const timed = rows.filter((r) => r.started_at !== null || r.not_before !== null)
+    .filter((r) => { const t = r.started_at ?? r.not_before ?? 0; return t >= bounds[0]! && t < bounds[1]!; })
     .sort((a, b) => (a.started_at ?? a.not_before ?? 0) - (b.started_at ?? b.not_before ?? 0)).slice(0, MAX_ROWS);
   if (!timed.length) return h("p", { class: "muted" }, "no attempt has started yet");
   const start = Math.min(...timed.map((r) => r.started_at ?? r.not_before ?? now));
@@ -42,6 +47,12 @@ export function drawGantt(rows: Row[], now: number, onPick: (label: string) => v
     }
     g.addEventListener("click", () => onPick(r.node));
     svg.append(g);
+  });
+  claims.forEach((at, i) => {
+    if (at > end) return;
+    const x = scale(Math.max(at, start));
+    svg.append(s("line", { x1: x, y1: 0, x2: x, y2: timed.length * ROW + 6, class: "claim" }),
+      s("text", { x: x + 3, y: 10, class: "claim-label" }, `driver ${i + 1}`));
   });
   const axisY = timed.length * ROW + 18;
   svg.append(s("text", { x: LEFT, y: axisY, class: "axis" }, clock(start)),

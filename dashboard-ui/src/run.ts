@@ -91,11 +91,23 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   };
 
   const allRows = (): Row[] => [...rows.values()];
+  const claims: number[] = [];
+  let segment = 0;
   const drawGanttNow = (): void => {
     clear(ganttBox);
     const resting = doc && ["completed", "cancelled", "compensated", "failed", "compensation_failed"]
       .includes(doc.run.status);
-    ganttBox.append(drawGantt(allRows(), resting && doc ? doc.run.updated_at : Date.now() / 1000, pick));
+    if (claims.length > 1) {
+      const pickSegment = h("select", { id: "segment", "aria-label": "driver segment" },
+        h("option", { value: "0" }, `every driver (${claims.length})`),
+        ...claims.map((at, i) => h("option", { value: String(i + 1), selected: segment === i + 1 },
+          `driver ${i + 1}, from ${clock(at)}`)));
+      pickSegment.addEventListener("change", () => { segment = Number((pickSegment as HTMLSelectElement).value);
+        drawGanttNow(); });
+      ganttBox.append(h("label", { class: "muted" }, "resume segment ", pickSegment));
+    }
+    ganttBox.append(drawGantt(allRows(), resting && doc ? doc.run.updated_at : Date.now() / 1000, pick, claims,
+      segment));
   };
 
   const layout = (): void => {
@@ -110,7 +122,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       const st = d.steps[id];
       if (node?.map_over || Object.keys(st?.counts ?? {}).length) void expand(id);
       pick(id);
-    }, selected, () => doc?.run.status === "running");
+    }, selected, () => doc?.run.status === "running",
+    () => ["completed", "cancelled", "compensated", "failed", "compensation_failed"].includes(doc?.run.status ?? ""));
     dagBox.append(view.svg);
   };
 
@@ -141,6 +154,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
 
   const addEvents = (events: EventJSON[]): void => {
     for (const e of events) {
+      if (e.kind === "lease_claimed" && !claims.includes(e.at)) claims.push(e.at);
       const data = e.data && typeof e.data === "object" ? JSON.stringify(e.data) : "";
       timeline.append(h("li", { "data-seq": e.seq }, h("span", { class: "muted" }, `#${e.seq} ${clock(e.at)} `),
         h("strong", {}, e.kind), e.node ? ` ${e.node}` : "",
@@ -222,6 +236,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     const events = await getJSON<{ events: EventJSON[] }>(`/api/runs/${enc}/events?after=${Math.max(0,
       doc.cursor - MAX_EVENTS)}&limit=${MAX_EVENTS}`);
     addEvents(events.events.filter((e) => e.seq <= (doc?.cursor ?? 0)));
+    drawGanttNow();
     if (selected) pick(selected);
     connect(doc.cursor);
   };

@@ -160,6 +160,12 @@ def test_cancel_and_compensate_from_the_page(page: Page, demo: tuple[SqlStore, d
         assert text.index("note:compensate") < text.index("hold:compensate")  # reverse order of completion
         expect(page.locator('svg.dag [data-node="hold"]')).to_contain_text("undo completed")
         page.screenshot(path=str(artifacts / "run-compensated.png"), full_page=True)
+        # two drivers: the first ran to the approval, the second rolled back; the second alone
+        expect(page.locator("#segment option")).to_have_count(3)
+        page.select_option("#segment", "2")
+        bars = page.locator("svg.gantt .bar")
+        expect(bars).to_have_count(2)
+        assert bars.evaluate_all("els => els.map(e => e.dataset.node)") == ["note:compensate", "hold:compensate"]
         worker.join()
     requested = next(e for e in store.events(run_id) if e.kind == "cancel_requested")
     assert requested.data["by"] == "carol" and requested.data["compensate"] is True
