@@ -214,7 +214,7 @@ class Driver:
                     if terminal is not None:
                         return terminal
                     continue
-                if m.may_overlap(keys) and not self._hb.waiting("cancel"):  # a cancel first
+                if m.may_overlap(keys) and not self._hb.waiting("cancel", "pause"):  # a cancel or pause first
                     terminal = self._advance()
                     if terminal is not None:
                         return terminal

@@ -59,10 +59,11 @@ class Heartbeat:
             except Exception as exc:  # a database hiccup: try again next beat
                 log.warning("run %s: heartbeat failed: %s", self.lease.run_id, exc)
 
-    def waiting(self, kind: str) -> bool:
-        """Whether a signal of ``kind`` was seen and not yet taken (a cancel: start nothing new)."""
+    def waiting(self, *kinds: str) -> bool:
+        """Whether a signal of one of ``kinds`` was seen and not yet taken (a cancel or a pause:
+        start nothing new before obeying it)."""
         with self._lock:
-            return any(s.kind == kind for s in self.signals)
+            return any(s.kind in kinds for s in self.signals)
 
     def take_signals(self) -> list[SignalRecord]:
         with self._lock:

@@ -8,6 +8,7 @@ output, or rolls the saga back on a rejection. Timeouts follow the declared outc
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -281,3 +282,33 @@ def test_a_decided_approval_leaves_no_timer_behind(sqlite_url: str) -> None:
         store.close()
     done = _resume(wf, sqlite_url, rested.run_id)
     assert done.status == RunStatus.COMPLETED, done.status_reason
+
+
+def test_concurrent_decisions_record_one(store_url: str) -> None:
+    """Eight approvers click at once: one decision is recorded, the others are told it is decided."""
+    wf = refund_flow()
+    rested = _run(wf, store_url)
+    stores = [SqlStore(store_url) for _ in range(8)]
+    results: list[str] = []
+    barrier = threading.Barrier(len(stores))
+
+    def click(i: int) -> None:
+        barrier.wait()
+        try:
+            stores[i].decide(rested.run_id, "review", "approve" if i % 2 else "reject", by=f"p{i}")
+            results.append("recorded")
+        except UserError as exc:
+            results.append("refused" if "already decided" in str(exc) else str(exc))
+
+    threads = [threading.Thread(target=click, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    try:
+        assert sorted(results) == ["recorded"] + ["refused"] * 7
+        assert len([s for s in stores[0].pending_signals(rested.run_id) if s.kind in ("approve", "reject")]) == 1
+        assert len([e for e in stores[0].events(rested.run_id) if e.kind == "decision"]) == 1
+    finally:
+        for s in stores:
+            s.close()
