@@ -12,6 +12,8 @@ every cluster of the machine).
 - launch returns in seconds, its process exits, the run completes on the cluster (the pinned
   step on the second node, the ``--env`` variable seen there), ``raysaga status`` from another
   process shows it; a second launch of the run starts no second job;
+- a run whose job died is taken over by launching it again (job ``raysaga-RUN-2``), which
+  ``--wait`` follows to the end; a launch of a completed run starts nothing;
 - the job's driver SIGKILLed mid-run (an effect committed, the pinned step in flight): once its
   lease expires a ``raysaga worker`` takes the run over and completes it with no effect twice;
 - a missing or wrong token is one line naming the fix, and no run is recorded.
@@ -146,6 +148,24 @@ def _node(store: SqlStore, run_id: str, name: str) -> NodeStatus | None:
     return next((n.status for n in store.nodes(run_id) if n.node_id == name), None)
 
 
+def _output(command: list[str], env: dict[str, str]) -> str:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    return done.stdout + done.stderr
+
+
+def _kill_the_driver_mid_run(store: SqlStore, run_id: str) -> None:
+    """Once the charge committed and the pinned step is in flight on the second node, SIGKILL the
+    job's driver (the gate file is still closed: the pinned step cannot have finished)."""
+    wait_until(lambda: _node(store, run_id, "charge") == NodeStatus.COMPLETED
+               and _node(store, run_id, "pinned") == NodeStatus.RUNNING, timeout=90,
+               what="the charge to commit and the pinned step to start on the cluster")
+    drivers = wait_until(lambda: _driver_pids(run_id), timeout=10, what="the job's driver process")
+    for pid in drivers:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: all(process_gone(pid) for pid in drivers), timeout=10, what="the killed driver to go")
+    assert store.get_run(run_id).status == RunStatus.RUNNING
+
+
 def test_launch_completes_on_the_cluster_and_a_killed_driver_is_taken_over(
         cluster: Cluster, pg_url: str, tmp_path: Path) -> None:
     project = _project(tmp_path)
@@ -162,7 +182,7 @@ def test_launch_completes_on_the_cluster_and_a_killed_driver_is_taken_over(
         assert first.returncode == 0, first.stderr
         assert first.stdout.strip() == run_id  # the run id alone on stdout; the launching process has exited
         assert f"launched as Ray job raysaga-{run_id}" in first.stderr
-        assert took < 20, f"launch took {took:.1f}s"
+        assert took < 30, f"launch took {took:.1f}s"  # ~2 s on an idle machine; CI machines are shared
 
         # a retried launch finds the job; it starts no second one
         again = subprocess.run(launch, cwd=project, env=env, capture_output=True, text=True, timeout=60)
@@ -171,15 +191,7 @@ def test_launch_completes_on_the_cluster_and_a_killed_driver_is_taken_over(
 
         store = SqlStore(pg_url)
         try:
-            # mid-run: the charge committed, the pinned step in flight on the second node
-            wait_until(lambda: _node(store, run_id, "charge") == NodeStatus.COMPLETED
-                       and _node(store, run_id, "pinned") == NodeStatus.RUNNING, timeout=90,
-                       what="the charge to commit and the pinned step to start on the cluster")
-            drivers = wait_until(lambda: _driver_pids(run_id), timeout=10, what="the job's driver process")
-            for pid in drivers:
-                os.kill(pid, signal.SIGKILL)
-            wait_until(lambda: all(process_gone(pid) for pid in drivers), timeout=10, what="the killed driver to go")
-            assert store.get_run(run_id).status == RunStatus.RUNNING
+            _kill_the_driver_mid_run(store, run_id)
             gate.touch()
 
             # the takeover: a worker of the fleet claims the run once the dead driver's lease expires
@@ -221,21 +233,42 @@ def test_launch_completes_on_the_cluster_and_a_killed_driver_is_taken_over(
     assert shown.returncode == 0 and "completed" in shown.stdout.splitlines()[0], shown.stdout + shown.stderr
 
 
-def test_launch_wait_follows_the_run_until_it_rests(cluster: Cluster, pg_url: str, tmp_path: Path) -> None:
+def test_launching_again_takes_over_a_run_whose_job_died(cluster: Cluster, pg_url: str, tmp_path: Path) -> None:
     project = _project(tmp_path)
-    run_id = f"hello-{uuid.uuid4().hex[:8]}"
-    launch = [RAYSAGA, "launch", "launch_flow:hello", "--address", cluster.dashboard, "--db", pg_url,
-              "--run-id", run_id]
-    followed = subprocess.run([*launch, "--wait"], cwd=project, env=cluster.client_env(), capture_output=True,
-                              text=True, timeout=120)
-    assert followed.returncode == 0, followed.stderr
-    lines = followed.stdout.splitlines()
-    assert lines[0] == run_id and lines[1].startswith(f"run {run_id} (cluster-hello v1): completed"), followed.stdout
-    assert 'output: {"mark": null, "where": "special"}' in followed.stdout  # nothing sent without --env
+    gate = tmp_path / "gate"
+    run_id = f"relaunch-{uuid.uuid4().hex[:8]}"
+    env = cluster.client_env(RAYSAGA_LAUNCH_MARK="x")
+    with FakeServices() as services:
+        order = json.dumps({"services_url": services.url, "order_id": "o-2", "gate": str(gate)})
+        launch = [RAYSAGA, "launch", "launch_flow:wf", "--input", order, "--address", cluster.dashboard,
+                  "--db", pg_url, "--env", "RAYSAGA_LAUNCH_MARK", "--run-id", run_id, "--lease-ttl", "3"]
+        first = subprocess.run(launch, cwd=project, env=env, capture_output=True, text=True, timeout=60)
+        assert first.returncode == 0, first.stderr
+        store = SqlStore(pg_url)
+        try:
+            _kill_the_driver_mid_run(store, run_id)
+            gate.touch()
+            job_status = [RAY, "job", "status", f"raysaga-{run_id}", "--address", cluster.dashboard]
+            token_env = {**env, "RAY_AUTH_MODE": "token"}
+            wait_until(lambda: f"Job 'raysaga-{run_id}' failed" in _output(job_status, token_env),
+                       timeout=30, interval=0.5, what="Ray to see the job's driver gone")
+            # the dead driver ran on this host, so its lease is provably gone: a new launch takes over at
+            # once; --wait follows it until the run rests
+            second = subprocess.run([*launch, "--wait"], cwd=project, env=env, capture_output=True, text=True,
+                                    timeout=120)
+            assert second.returncode == 0, second.stderr
+            assert f"launched as Ray job raysaga-{run_id}-2" in second.stderr
+            lines = second.stdout.splitlines()
+            assert lines[0] == run_id and lines[1].startswith(f"run {run_id} (cluster-launch v1): completed")
+            assert store.get_run(run_id).status == RunStatus.COMPLETED
+        finally:
+            store.close()
+        log = get_log(services.url)
+        assert dict(log["by_subject"]) == {"charge:o-2": 1, "email:o-2": 1}  # each effect once
 
-    again = subprocess.run(launch, cwd=project, env=cluster.client_env(), capture_output=True, text=True, timeout=60)
-    assert again.returncode == 0 and again.stdout.strip() == run_id
-    assert again.stderr.strip() == f"run {run_id} is already completed: nothing to launch"
+    at_rest = subprocess.run(launch, cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert at_rest.returncode == 0 and at_rest.stdout.strip() == run_id
+    assert at_rest.stderr.strip() == f"run {run_id} is already completed: nothing to launch"
 
 
 def test_run_address_finds_the_clusters_token_and_refuses_without_one(cluster: Cluster, tmp_path: Path) -> None:
@@ -254,7 +287,7 @@ def test_run_address_finds_the_clusters_token_and_refuses_without_one(cluster: C
     refused = subprocess.run([RAYSAGA, "run", "launch_flow:hello", "--address", cluster.gcs, "--db", fresh],
                              cwd=project, env=_base_env(HOME=str(empty_home)), capture_output=True, text=True,
                              timeout=120)
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 30  # no reconnect loop (it took 20 s and more, and printed a line a second)
     assert refused.returncode == 2
     assert refused.stderr.strip().splitlines() == [
         f"error: the Ray cluster at {cluster.gcs} requires token authentication and no token was found here: put "
