@@ -162,6 +162,7 @@ class Job:
 
 
 def job_info(client: JobSubmissionClient, sid: str) -> Job | None:
+    """The job ``sid`` as the cluster reports it, or None if the cluster never had it."""
     try:
         info = client.get_job_info(sid)
     except RuntimeError as exc:  # the SDK's 404 ("does not exist")
