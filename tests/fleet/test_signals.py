@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from raysaga import Client, RunOptions
+from raysaga import Client, RunOptions, RunRecord
 from raysaga.errors import UserError
 from raysaga.state import RunStatus
 from tests.support import fleet_flows as flows
@@ -69,9 +69,11 @@ def test_a_live_driver_obeys_pause(sqlite_url: str, services: FakeServices, tmp_
             wait_until(lambda: trace.exists() and "start" in trace.read_text(), timeout=90,
                        what="the slow step to start")
             client.pause(run.run_id, by="ops")  # a live driver: a signal
-            paused = wait_until(lambda: (r := client.get_run(run.run_id)).status == RunStatus.PAUSED
-                                and r.lease_owner is None and r, timeout=60,
-                                what="the driver to pause the run and release it")
+            def paused_and_free() -> RunRecord | None:
+                r = client.get_run(run.run_id)
+                return r if r.status == RunStatus.PAUSED and r.lease_owner is None else None
+
+            paused = wait_until(paused_and_free, timeout=60, what="the driver to pause the run and release it")
             assert "paused by ops" in (paused.status_reason or "")
             (tmp_path / "release").write_text("go")
             client.unpause(run.run_id)
@@ -96,9 +98,11 @@ def test_cancel_with_compensation_of_a_waiting_run(sqlite_url: str, services: Fa
         assert client.get_run(rested.run_id).wake_at is not None  # a worker takes it up now
         worker = start_worker(sqlite_url, "approval")
         try:
-            ended = wait_until(lambda: (r := client.get_run(rested.run_id)).status in (
-                RunStatus.COMPENSATED, RunStatus.CANCELLED, RunStatus.FAILED) and r, timeout=60,
-                what="the worker to roll the cancelled run back")
+            def ended_run() -> RunRecord | None:
+                r = client.get_run(rested.run_id)
+                return r if r.status in (RunStatus.COMPENSATED, RunStatus.CANCELLED, RunStatus.FAILED) else None
+
+            ended = wait_until(ended_run, timeout=60, what="the worker to roll the cancelled run back")
         finally:
             code, _, err = stop(worker)
         assert code == 0, err
