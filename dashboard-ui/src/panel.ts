@@ -67,7 +67,7 @@ function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unkno
 }
 
 export async function renderPanel(box: HTMLElement, runId: string, label: string, onPick: (l: string) => void,
-  reload: () => void): Promise<void> {
+  reload: () => void, inputs: string[] = []): Promise<void> {
   clear(box);
   box.append(h("p", { class: "muted" }, `loading ${label}…`));
   const base = `/api/runs/${encodeURIComponent(runId)}/nodes/${encodeURIComponent(label)}`;
@@ -96,6 +96,11 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
     const request = row.status === "waiting" && typeof held === "object" && held !== null ?
       held as Record<string, unknown> : null;
     if (request) box.append(approvalForm(runId, doc, request, reload));
+  }
+  if (inputs.length) {
+    // a node's input is its upstream steps' outputs (and the run's input): each a click away
+    box.append(section("Inputs", h("p", {}, "from ", ...inputs.flatMap((dep, i) => [i ? ", " : "",
+      h("a", { href: "#", class: "input-link", onclick: (ev: Event) => { ev.preventDefault(); onPick(dep); } }, dep)]))));
   }
   if (row?.status !== "waiting")
     box.append(section("Output", value(doc.output, doc.output && !("value" in doc.output) ? base + "/output" : null)));

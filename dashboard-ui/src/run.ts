@@ -49,10 +49,14 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   let stream: EventSource | null = null;
   let closed = false;
 
+  const depsOf = (label: string): string[] => {
+    const { step, turn, comp } = baseStep(label.replace(/\[\d+\]$/, ""));
+    return turn || comp ? [step] : doc?.graph.nodes.find((n) => n.id === step)?.deps ?? [];
+  };
   const pick = (label: string): void => {
     selected = label;
     panel.hidden = false;
-    void renderPanel(panel, runId, label, pick, () => void load());
+    void renderPanel(panel, runId, label, pick, () => void load(), depsOf(label));
     if (view && doc) for (const id of view.ids) view.update(id);
   };
 
@@ -203,7 +207,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     addEvents(change.events);
     drawGanttNow();
     if (selected && panel.hidden === false && change.nodes.some((r) => r.node === selected ||
-      baseStep(r.node_id).step === selected)) void renderPanel(panel, runId, selected, pick, () => void load());
+      baseStep(r.node_id).step === selected)) void renderPanel(panel, runId, selected, pick, () => void load(),
+      depsOf(selected));
   };
 
   const connect = (cursor: number): void => {

@@ -95,6 +95,12 @@ def test_the_run_list_and_a_run_advancing_live(page: Page, demo: tuple[SqlStore,
         expect(page.locator("#run-head .badge").first).to_contain_text("completed")
         expect(page.locator("#timeline")).to_contain_text("run_completed")
         assert page.evaluate("performance.timeOrigin") == loaded  # the same page all along
+        page.locator('svg.dag [data-node="report"]').click()
+        expect(page.locator("#panel .input-link")).to_have_text(["gate", "plan"])  # its inputs, a click away
+        page.check("#hide-completed")  # every node completed: nothing left to draw
+        expect(page.locator("svg.dag [data-node]")).to_have_count(0)
+        page.uncheck("#hide-completed")
+        expect(page.locator("svg.dag [data-node]")).to_have_count(4)
         worker.join()
 
 
