@@ -58,13 +58,14 @@ def fork(
         patch = _patch(input_patch)
         from raysaga.orchestrator import cli_status, cli_store
         from raysaga.orchestrator.fork import fork as do_fork
+        from raysaga.orchestrator.loader import recordable_ref
         from raysaga.orchestrator.options import RunOptions
 
         store = cli_store.open_for_writes(db, run_id)
         wf = _workflow(store, run_id, workflow)
         record = do_fork(wf, run_id, from_node=from_node, input_patch=patch, store=store, new_run_id=run_id_new,
                          executor=executor, address=address, options=RunOptions(lease_ttl=lease_ttl),
-                         workflow_ref=workflow, drive=not no_drive)
+                         workflow_ref=(recordable_ref(workflow) or "") if workflow else None, drive=not no_drive)
         say(err, f"forked {run_id} from {from_node}: run {record.run_id} is {record.status.value}")
         record = store.get_run(record.run_id)
         if as_json:

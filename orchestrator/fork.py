@@ -180,7 +180,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         input_patch: A JSON merge patch of the parent's input (``null`` removes a key).
         new_run_id: The new run's id (default: ``<workflow>-<random>``).
         options: The new run's options (budgets default to the parent's).
-        workflow_ref: ``MODULE:ATTR`` for ``raysaga resume`` (default: the parent's).
+        workflow_ref: ``MODULE:ATTR`` for ``raysaga resume`` (default: the parent's; ``""``: none, so
+            ``resume`` asks for ``--workflow``).
         drive: False: record the fork as ``pending`` and return it (``raysaga resume`` drives it).
 
     Returns:
@@ -214,7 +215,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     new = NewRun(
         run_id=new_run_id or f"{workflow.name}-{uuid.uuid4().hex[:12]}", workflow_name=workflow.name,
         workflow_version=workflow.version, definition_hash=workflow.definition_hash,
-        step_hashes=step_hashes(workflow), workflow_ref=workflow_ref or parent.workflow_ref, input=checked,
+        step_hashes=step_hashes(workflow), input=checked,
+        workflow_ref=parent.workflow_ref if workflow_ref is None else (workflow_ref or None),
         deadline_at=time.time() + opts.deadline if opts.deadline else None,
         retry_budget=opts.retry_budget if opts.retry_budget is not None else parent.retry_budget,
         token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,

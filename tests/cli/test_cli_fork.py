@@ -13,7 +13,7 @@ import pytest
 
 import raysaga
 from examples.order import workflow as order
-from raysaga.state import RunStatus
+from raysaga.state import RunStatus, SqlStore
 from raysaga.testing import CrashAt, SimulatedCrash, drive_inline
 from tests.support.cli import invoke, one_line_error
 from tests.support.services import FakeServices
@@ -40,6 +40,11 @@ def test_fork_then_status_shows_the_lineage(parent: tuple[str, Any]) -> None:
     assert "lineage: forked from p at send_email" in out
     assert "inherited from p" in out  # reserve_stock and charge_card rows
     assert sorted(services.log()["kinds"].values()) == ["email"]  # the charge was not called again
+    store = SqlStore(db)
+    try:
+        assert store.get_run("c").workflow_ref == ORDER  # `raysaga resume c` finds the code it forked with
+    finally:
+        store.close()
     code, out, _ = invoke("status", "p", "--db", db)
     assert code == 0 and "lineage: forks: c (from send_email, completed)" in out
     code, out, _ = invoke("status", "c", "--db", db, "--json")
