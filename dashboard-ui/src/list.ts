@@ -3,6 +3,12 @@ import { clear, getJSON, h, secs, utc } from "./dom";
 import { cls, RUN_STATES, symbol } from "./status";
 import type { RunList, Waiting } from "./types";
 
+interface Stats {
+  waiting_human_seconds: { count: number; p50: number | null; p95: number | null };
+  duplicates_prevented: number; retries: number; breaker_trips: number; resumed_runs: number;
+  resume_success_rate: number | null;
+}
+
 interface Filters { status: string; workflow: string; since: string; until: string; q: string }
 
 export function badge(state: string): HTMLElement {
@@ -16,6 +22,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     until: params.get("until") ?? "", q: params.get("q") ?? "",
   };
   const inbox = h("section", { class: "inbox", id: "inbox" });
+  const figures = h("dl", { class: "figures", id: "figures" });
   const chips = h("div", { class: "chips", id: "counts" });
   const table = h("tbody", { id: "runs" });
   const more = h("div", { class: "more" });
@@ -34,7 +41,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     for (const [k, v] of data.entries()) if (String(v)) next.set(k, String(v));
     location.hash = "#/?" + next.toString();
   });
-  root.append(h("h1", {}, "Runs"), inbox, form, chips,
+  root.append(h("h1", {}, "Runs"), figures, inbox, form, chips,
     h("table", { class: "runs" }, h("thead", {}, h("tr", {}, ...["run", "workflow", "state", "created", "age",
       "reason"].map((c) => h("th", {}, c)))), table), more);
 
@@ -85,6 +92,18 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
           `${w.run_id} · ${w.node}`), " ", typeof w.prompt === "string" ? w.prompt : "",
         w.since ? h("span", { class: "muted" }, ` waiting since ${utc(w.since)}`) : null))));
   };
+  const drawFigures = (st: Stats): void => {
+    clear(figures);
+    const q = (v: number | null | undefined): string => (v === null || v === undefined ? "–" : secs(v));
+    const pairs: [string, string][] = [
+      ["waiting for a human p50 / p95", `${q(st.waiting_human_seconds.p50)} / ${q(st.waiting_human_seconds.p95)}`],
+      ["duplicates prevented", String(st.duplicates_prevented)], ["retries", String(st.retries)],
+      ["breakers open", String(st.breaker_trips)],
+      ["resumed runs that completed", st.resume_success_rate === null ? "–" :
+        `${Math.round(st.resume_success_rate * 100)}% of ${st.resumed_runs}`],
+    ];
+    for (const [k, v] of pairs) figures.append(h("div", {}, h("dt", {}, k), h("dd", {}, v)));
+  };
   let live = true;
   let paged = false;
   const refresh = (): void => {
@@ -93,6 +112,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
       table.append(h("tr", {}, h("td", { colspan: 6, class: "error" }, e.message)));
     });
     void getJSON<{ waiting: Waiting[] }>("/api/inbox").then((w) => { if (live) drawInbox(w.waiting); });
+    void getJSON<Stats>("/api/stats").then((st) => { if (live) drawFigures(st); });
   };
   refresh();
   // the first page refreshes on a timer; older pages stay as they were read

@@ -14,7 +14,8 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
   fan-outs they touch, the run's summary), with ``id: SEQ``; a browser reconnecting sends
   ``Last-Event-ID`` and catches up from there.
 - ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
-- ``GET /metrics`` Prometheus text.
+- ``GET /api/stats`` the store's figures (``Store.stats``); ``GET /metrics`` the same and more as
+  Prometheus text.
 """
 
 from __future__ import annotations
@@ -105,6 +106,10 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
                       until=views.parse_time(until, "until"), text=(q or "").strip() or None,
                       before=views.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE))
         return views.run_list(store, f)
+
+    @app.get("/api/stats")
+    def stats() -> dict[str, Any]:
+        return store.stats().model_dump(mode="json")
 
     @app.get("/api/inbox")
     def inbox() -> dict[str, Any]:

@@ -49,6 +49,8 @@ def test_run_list_filters_counts_and_pages(client: TestClient, demo: tuple[SqlSt
             break
         cursor = page["next"]
     assert sorted(seen) == sorted(runs.values()) and len(seen) == len(set(seen))
+    figures = get(client, "/api/stats")
+    assert figures["runs_by_state"]["completed"] == 3 and figures["retries"] == 0
     [waiting] = get(client, "/api/inbox")["waiting"]
     assert (waiting["run_id"], waiting["node"], waiting["prompt"]) == (runs["refund"], "review", "Refund 40?")
 

@@ -81,6 +81,7 @@ def test_the_run_list_and_a_run_advancing_live(page: Page, demo: tuple[SqlStore,
         expect(page.locator(f'tr[data-run="{run_id}"]')).to_be_visible()
         expect(page.locator("#inbox")).to_contain_text("Publish 6 items?")
         expect(page.locator("#counts")).to_contain_text("waiting_human 2")
+        expect(page.locator("#figures")).to_contain_text("duplicates prevented")
         page.screenshot(path=str(artifacts / "run-list.png"), full_page=True)
         page.locator(f'tr[data-run="{run_id}"] a').click()
         gate = page.locator('svg.dag [data-node="gate"]')
