@@ -59,13 +59,13 @@ from raysaga.errors import (
 
 if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZY)
     from raysaga.orchestrator.client import Client
-    from raysaga.orchestrator.worker import Worker
     from raysaga.orchestrator.fork import fork
     from raysaga.orchestrator.replay import replay
     from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
     from raysaga.orchestrator.saga import Saga
     from raysaga.orchestrator.secrets import Secret
     from raysaga.orchestrator.spec import NOT_APPLIED
+    from raysaga.orchestrator.worker import Worker
     from raysaga.orchestrator.workflow import Workflow
     from raysaga.sagas.policy import (
         ALL,

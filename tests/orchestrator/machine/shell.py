@@ -41,7 +41,7 @@ import networkx as nx
 
 from raysaga.agents.messages import ModelResponse
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, Dispatch, MemoryOp
+from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, Dispatch, MemoryOp
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.task import NodeOutcome
@@ -283,9 +283,11 @@ class MachineShell:
         self._send(m.out.take_dispatch())
         return None
 
-    def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp) -> None:
+    def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp | CheckDecisions) -> None:
         m = self._machine()
-        if isinstance(query, BuildPrompt):
+        if isinstance(query, CheckDecisions):  # an approval's timeout: the decisions recorded so far
+            m.decisions_checked(query.key, self.fold.pending_signals())
+        elif isinstance(query, BuildPrompt):
             text = self.world.prompt(query.key, query.call.kwargs)
             m.prompt_built(query.key, NodeOutcome(ok=True, output_json=jsoncodec.dumps(text),
                                                   started_at=self.now, finished_at=self.now))
