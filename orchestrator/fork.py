@@ -187,7 +187,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     Returns:
         The new run's record (at rest when driven).
     """
-    from raysaga.orchestrator import runner  # the runner imports the driver (and Ray's executor) lazily
+    from raysaga.orchestrator import runner  # the driver and the executors, only when a fork is made
+    from raysaga.orchestrator.executor import Executor, make_executor
 
     st = store if isinstance(store, Store) else open_store(store)
     workflow.validate()
@@ -222,10 +223,15 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
         cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
         trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
-    record = st.fork_run(new, [(r.node_id, r.fan_index) for r in inherited], {
-        "parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
-        "changed_steps": sorted(diff.steps()) if diff else []})
+    data = {"parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
+            "changed_steps": sorted(diff.steps()) if diff else []}
     if not drive:
-        return record
-    return runner.resume(workflow, record.run_id, store=st, executor=executor, address=address, options=options,
-                         on_progress=on_progress)
+        return st.fork_run(new, [(r.node_id, r.fan_index) for r in inherited], data)
+    # the executor first (as `run` does): a cluster that cannot be reached leaves no pending fork behind
+    ex = executor if isinstance(executor, Executor) else make_executor(executor, address=address)
+    try:
+        record = st.fork_run(new, [(r.node_id, r.fan_index) for r in inherited], data)
+        return runner.resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
+    finally:
+        if ex is not executor:
+            ex.shutdown()

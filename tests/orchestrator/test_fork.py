@@ -399,3 +399,17 @@ def test_a_wide_fork_copies_every_inherited_row_inside_the_store(store_url: str)
         assert {r.output for r in rows if r.node_id == "square" and r.fan_index == 999} == {999 * 999}
     finally:
         store.close()
+
+
+def test_an_unreachable_cluster_leaves_no_pending_fork(sqlite_url: str) -> None:
+    with FakeServices() as services:
+        raysaga.run(order_example.wf, order_example.sample_input(services.url), store=sqlite_url, run_id="u",
+                    executor="inline")
+    with pytest.raises(raysaga.RaySagaError):
+        raysaga.fork(order_example.wf, "u", from_node="ship", store=sqlite_url, executor="ray",
+                     address="127.0.0.1:9")
+    store = SqlStore(sqlite_url)
+    try:
+        assert store.children("u") == []
+    finally:
+        store.close()
