@@ -110,12 +110,13 @@ def run_graph(store: Store, run: RunRecord, ref: str | None = None) -> dict[str,
     """The run's graph: of ``ref`` (an operator's MODULE:WF) when given, else of the workflow its
     row records (imported as ``resume`` does), else its steps from its rows without edges."""
     from raysaga.orchestrator.dashboard.graph import graph_for
+    from raysaga.orchestrator.dashboard.views import started_order
 
     if ref is not None:
         from raysaga.orchestrator.loader import load_workflow
 
         return {"source": "workflow", **workflow_graph(load_workflow(ref))}
-    return graph_for(run, [r["node_id"] for r in store.step_rows(run.run_id, 1)])
+    return graph_for(run, started_order(store.step_rows(run.run_id, 1)))
 
 
 class RunView:

@@ -59,6 +59,10 @@ export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (i
   for (const id of ids) g.setNode(id, { width: W, height: H });
   const kept = new Set(ids);
   for (const [a, b] of graph.edges) if (kept.has(a) && kept.has(b)) g.setEdge(a, b);
+  // a graph known only from rows has no edges: chain its steps (in the order they started) for the
+  // layout only, so they read top to bottom; no line is drawn for these
+  const chained = graph.source === "rows" && !graph.edges.length;
+  if (chained) ids.forEach((id, i) => { if (i) g.setEdge(ids[i - 1]!, id, { hidden: true }); });
   dagre.layout(g);
   const info = g.graph();
   const width = Math.max(info.width ?? 0, W + 24);
@@ -68,6 +72,7 @@ export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (i
   svg.append(s("defs", {}, s("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 9, refY: 5, markerWidth: 7,
     markerHeight: 7, orient: "auto-start-reverse" }, s("path", { d: "M 0 0 L 10 5 L 0 10 z", class: "arrowhead" }))));
   for (const e of g.edges()) {
+    if (chained) continue;
     const pts: { x: number; y: number }[] = g.edge(e).points ?? [];
     const d = pts.map((p: { x: number; y: number }, i: number) => `${i ? "L" : "M"} ${p.x.toFixed(1)} ${p.y.toFixed(1)}`).join(" ");
     svg.append(s("path", { d, class: "edge", "marker-end": "url(#arrow)" }));

@@ -67,7 +67,9 @@ def graph_for(run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
                                  "today's code")
             return graph
     else:
-        note = "the run does not record its workflow's module: steps are drawn from its rows, without edges"
+        note = ("the run does not record its workflow's module (`raysaga run MODULE:WF` records it; "
+                "raysaga.run(..., workflow_ref=...) too): steps are drawn from its rows, in the order they "
+                "started, without edges")
     steps = list(dict.fromkeys(base_step(s) for s in step_ids))
     return {"source": "rows", "definition_hash": None, "note": note, "edges": [],
             "nodes": [{"id": s, "kind": "step", "map_over": None, "effect": False, "critical": True,

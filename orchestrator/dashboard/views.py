@@ -126,6 +126,17 @@ def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dic
     return steps
 
 
+def started_order(rows: list[dict[str, Any]]) -> list[str]:
+    """Node ids by when their step first started (never-started last): the order a graph drawn
+    from rows alone lists its steps in."""
+    first: dict[str, float] = {}
+    for r in rows:
+        at = r["started_at"] if r["started_at"] is not None else float("inf")
+        step = base_step(r["node_id"])
+        first[step] = min(first.get(step, at), at)
+    return sorted(first, key=lambda step: (first[step], step))
+
+
 def fan_counts(store: Store, run_id: str, steps: Iterable[str]) -> dict[str, dict[str, int]]:
     """Items by state of each named fan-out; items expanded but without a row yet (in flight or
     queued) count as ``pending``."""
@@ -153,7 +164,7 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
                 "input": shown(run.input), "output": shown(run.output),
                 "error": None if run.error is None else scrub(run.error.as_dict()),
                 "forked_from": run.forked_from, "wake_at": run.wake_at, "event_seq": run.event_seq},
-        "graph": graph_for(run, [r["node_id"] for r in rows]),
+        "graph": graph_for(run, started_order(rows)),
         "steps": _steps(rows, counts),
         "rows": [_row(r) for r in rows],
         "cursor": cursor,

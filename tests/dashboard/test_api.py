@@ -196,3 +196,18 @@ def test_run_list_reads_on_sqlite_and_postgresql(store_url: str) -> None:
         assert get(client, "/api/runs?status=pending")["counts"] == {"pending": 5}
     finally:
         store.close()
+
+
+def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any) -> None:
+    from raysaga.orchestrator.runner import create_run
+
+    url = f"sqlite:///{tmp_path / 'noref.db'}"
+    run_id = create_run(flows.shop, {}, store=url).run_id  # records no workflow_ref
+    flows.drive(flows.shop, run_id, url)
+    store = SqlStore(url)
+    try:
+        graph = get(TestClient(build(store)[0], base_url=BASE), f"/api/runs/{run_id}")["graph"]  # type: ignore[arg-type]
+        assert graph["source"] == "rows" and graph["edges"] == [] and "does not record" in graph["note"]
+        assert [n["id"] for n in graph["nodes"]] == ["reserve", "charge", "ship"]  # in the order they started
+    finally:
+        store.close()
