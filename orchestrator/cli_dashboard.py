@@ -34,6 +34,12 @@ def dashboard(
         from raysaga.orchestrator import cli_store
         from raysaga.orchestrator.dashboard.server import build
 
+        if port == 0:  # any free port, named in the line below (uvicorn would not say which)
+            import socket
+
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+                probe.bind((host, 0))
+                port = int(probe.getsockname()[1])
         store = cli_store.open_for_reads(db)
         app, guard = build(store, host=host, token=token, allow_hosts=allow_host or ())
         shown = f"[{host}]" if ":" in host else host

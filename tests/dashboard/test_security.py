@@ -98,3 +98,30 @@ def test_security_headers(guarded: tuple[TestClient, str]) -> None:
     response = client.get("/api/runs", headers={"Authorization": f"Bearer {TOKEN}"})
     assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_the_command_serves_the_page_on_loopback(demo: tuple[SqlStore, dict[str, str]]) -> None:
+    import httpx
+
+    from tests.support.dashboard_serving import wait_until
+
+    proc = subprocess.Popen([sys.executable, "-m", "raysaga", "dashboard", "--db", demo[0].url, "--port", "0"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        found = re.search(r"on (http://127\.0\.0\.1:\d+/) over", line)
+        assert found, line
+        base = found.group(1)
+
+        def page() -> str | None:
+            try:
+                return httpx.get(base, timeout=2).text
+            except httpx.TransportError:
+                return None  # not listening yet
+
+        assert 'name="raysaga-csrf"' in wait_until(page, "the dashboard to answer", 30)
+        assert httpx.get(base + "api/runs", timeout=5).json()["counts"]["completed"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(30)
