@@ -44,7 +44,10 @@ SHADOWS = ("state", "agents", "orchestrator", "sagas")
 # must show up in this diff.
 EXPECTED_ALL = [
     "ALL",
+    "Approval",
+    "Ask",
     "BEST_EFFORT",
+    "Client",
     "Compensate",
     "Continue",
     "DriverInterrupted",
@@ -76,6 +79,7 @@ EXPECTED_ALL = [
     "StoreUnavailableError",
     "Transient",
     "UserError",
+    "Worker",
     "Workflow",
     "WorkflowDefinitionError",
     "cancel",
