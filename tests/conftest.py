@@ -29,6 +29,7 @@ import pytest
 
 from raysaga.state import SqlStore
 from tests.support.postgres import drop_pg_database, make_pg_database
+from tests.support.processes import pids_mentioning
 
 PG_ENV = "RAYSAGA_TEST_PG_URL"
 
@@ -144,16 +145,9 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _kill_processes_mentioning(marker: str) -> None:
     """SIGKILL every process whose command line contains ``marker`` (our Ray head's temp dir)."""
-    for proc_dir in Path("/proc").iterdir():
-        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            with contextlib.suppress(OSError):
-                os.kill(int(proc_dir.name), signal.SIGKILL)
+    for pid in pids_mentioning(marker):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

@@ -41,6 +41,7 @@ import pytest
 from raysaga import RunStatus
 from raysaga.state import NodeStatus, SqlStore
 from tests.support.crash_driver import process_gone, wait_until
+from tests.support.processes import pids_mentioning
 from tests.support.services import FakeServices, get_log
 
 pytestmark = pytest.mark.cluster
@@ -81,20 +82,6 @@ class Cluster:
         return _base_env(RAY_AUTH_TOKEN_PATH=str(self.token_file), **extra)
 
 
-def _pids_mentioning(marker: str) -> list[int]:
-    found = []
-    for proc_dir in Path("/proc").iterdir():
-        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(int(proc_dir.name))
-    return found
-
-
 def _ray_start(args: list[str], env: dict[str, str]) -> None:
     proc = subprocess.run([RAY, "start", *args, "--disable-usage-stats"], env=env, capture_output=True, text=True,
                           timeout=120, start_new_session=True)
@@ -124,7 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", token_file, temp_dir)
     finally:
         for folder in (temp_dir, node_dir):  # every process of a node names its folder
-            for pid in _pids_mentioning(str(folder)):
+            for pid in pids_mentioning(str(folder)):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             shutil.rmtree(folder, ignore_errors=True)
@@ -141,7 +128,7 @@ def _project(tmp_path: Path) -> Path:
 def _driver_pids(run_id: str) -> list[int]:
     """The job's entrypoint: ``python -m raysaga resume RUN`` and the shell Ray runs it in (only a
     Ray Job runs that here)."""
-    return _pids_mentioning(f"-m raysaga resume {run_id} ")
+    return pids_mentioning(f"-m raysaga resume {run_id} ")
 
 
 def _node(store: SqlStore, run_id: str, name: str) -> NodeStatus | None:

@@ -22,6 +22,7 @@ from raysaga.state import RunStatus, SqlStore
 from tests.support import REPO
 from tests.support import fleet_flows as flows
 from tests.support.crash_driver import process_gone, wait_until
+from tests.support.processes import pids_mentioning
 from tests.support.services import FakeServices
 from tests.support.worker_procs import assert_effects_once, fleet_input, start_worker, stop
 
@@ -136,7 +137,7 @@ def test_an_approval_holds_nothing_and_a_worker_completes_it(sqlite_url: str, se
         assert run.status == RunStatus.WAITING_HUMAN and run.lease_owner is None
         # nothing of the run is alive: no process (a Ray worker names itself ray::<task name>, and
         # raysaga names each task after its run) carries the run id
-        assert _processes_mentioning("appr-1") == []
+        assert pids_mentioning("appr-1") == []
         refused = subprocess.run([sys.executable, "-m", "raysaga", "approve", "appr-1", "review", "--by", "mallory",
                                   "--db", sqlite_url], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
         assert refused.returncode == 2 and "mallory may not decide" in refused.stderr
@@ -159,17 +160,3 @@ def test_an_approval_holds_nothing_and_a_worker_completes_it(sqlite_url: str, se
         assert [(e.data["by"], e.data["verdict"]) for e in decision] == [("alice", "approve")]
     finally:
         store.close()
-
-
-def _processes_mentioning(marker: str) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(int(proc.name))
-    return found
