@@ -211,3 +211,38 @@ def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any
         assert [n["id"] for n in graph["nodes"]] == ["reserve", "charge", "ship"]  # in the order they started
     finally:
         store.close()
+
+
+def test_actions_are_the_clients_and_name_the_actor(tmp_path: Any) -> None:
+    """Each action needs confirming, is done through raysaga.Client as the actor the page names,
+    and leaves an event saying who."""
+    url = f"sqlite:///{tmp_path / 'act.db'}"
+    store = SqlStore(url)
+    try:
+        app, guard = build(store)
+        client = TestClient(app, base_url=BASE)  # type: ignore[arg-type]
+        csrf = {"X-Raysaga-CSRF": guard.csrf}
+
+        def act(run_id: str, verb: str, **body: Any) -> Any:
+            return client.post(f"/api/runs/{run_id}/actions/{verb}", json=body, headers=csrf)
+
+        paused = flows.start(flows.refund, "refund", {"amount": 5}, url)
+        flows.drive(flows.refund, paused, url)
+        assert act(paused, "pause", by="dave").status_code == 400  # not confirmed: nothing done
+        assert act(paused, "pause", confirm=True, by="dave").json()["status"] == "paused"
+        assert act(paused, "unpause", confirm=True, by="dave").status_code == 200
+        assert act(paused, "retry", confirm=True).json()["error"].startswith("retry drives the run")
+        assert act(paused, "jump", confirm=True).status_code == 400
+        rejected = act(paused, "reject", confirm=True, by="bob", node="review", comment="no")
+        assert rejected.status_code == 200 and rejected.json()["decision"]["by"] == "bob"
+        refused = act(paused, "approve", confirm=True, by="mallory", node="review")
+        assert refused.status_code == 400 and "mallory may not decide" in refused.json()["error"]
+        kinds = {e.kind: e.data for e in store.events(paused)}
+        assert kinds["run_paused"]["by"] == "dave" and kinds["decision"]["by"] == "bob"
+        cancelled = flows.start(flows.refund, "refund", {"amount": 6}, url)
+        flows.drive(flows.refund, cancelled, url)
+        assert act(cancelled, "cancel", confirm=True, by="erin").json()["status"] == "cancelled"
+        assert store.get_run(cancelled).status_reason == "cancelled by erin"
+        assert act("nope", "cancel", confirm=True).status_code == 404
+    finally:
+        store.close()
