@@ -259,13 +259,22 @@ def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[
 
 
 def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tuple[int, dict[str, Any] | None]:
-    """What changed after event ``after``: the events, the rows of the nodes they name, the new
-    counts of the fan-outs they touch, the run's summary. Never the whole DAG."""
+    """What changed after event ``after``: the events, the rows of the nodes they name (of a
+    fan-out's items, ``ITEMS_SHOWN`` at most: its new counts say the rest), the new counts of the
+    fan-outs they touch, the run's summary. Never the whole DAG."""
     page = store.events(run_id, after_seq=after, limit=limit)
     if not page:
         return after, None
-    keys = {(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id}
-    rows = store.node_rows(run_id, keys)
+    keys = sorted({(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id})
+    per_step: dict[str, int] = {}
+    wanted = []
+    for node_id, index in keys:  # a fan-out's items: its counts say it all; a few rows for its list
+        if index >= 0:
+            per_step[node_id] = per_step.get(node_id, 0) + 1
+            if per_step[node_id] > ITEMS_SHOWN:
+                continue
+        wanted.append((node_id, index))
+    rows = store.node_rows(run_id, wanted)
     fanned = {e.node_id for e in page
               if e.node_id and ((e.fan_index is not None and e.fan_index >= 0) or e.kind == "fanout_expanded")}
     return page[-1].seq, {
