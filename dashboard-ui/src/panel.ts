@@ -133,7 +133,8 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
         const tr = h("tr", { class: "turn" }, h("td", {}, h("a", { href: "#", onclick: (ev: Event) => {
           ev.preventDefault(); onPick(t.node);
         } }, t.node)), h("td", {}, badge(t.status)), h("td", {}, t.stop_reason ?? ""),
-        h("td", {}, t.input_tokens != null ? `${t.input_tokens ?? "?"} / ${t.output_tokens ?? "?"}` : ""),
+        h("td", {}, t.input_tokens != null ? `${t.input_tokens ?? "?"} / ${t.output_tokens ?? "?"}` +
+          (typeof t.cost === "number" ? ` · $${t.cost.toFixed(4)}` : "") : ""),
         h("td", {}, (t.tool_uses ?? []).map((u) => u.name).join(", ") || (t.text ?? "").slice(0, 120)));
         return tr;
       })))));
