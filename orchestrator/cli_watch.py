@@ -125,10 +125,24 @@ def _export(store: SqlStore, record: RunRecord, format: str, workflow: str | Non
 
 
 def _watch(store: SqlStore, record: RunRecord, *, wf: Any, workflow: str | None, dag: bool, interval: float) -> None:
-    """Redraw the status view in place (rich Live) until the run rests; Ctrl-C stops watching."""
+    """Redraw the status view in place (rich Live) until the run rests; Ctrl-C stops watching.
+    Not on a terminal (a pipe, a log), each view that differs from the last is printed instead."""
     from rich.live import Live
 
     where = _stores().describe(store.url)
+    if not out.is_terminal:
+        last = ""
+        while True:
+            run = store.get_run(record.run_id, lenient=True)
+            shown = _render(store, run, where, wf, workflow, dag, interval)
+            key = "\n".join(line for line in shown.plain.splitlines() if not line.startswith("driver:"))
+            if key != last:  # the driver line's countdown alone is no change
+                out.print(shown)
+                sys.stdout.flush()
+                last = key
+            if run.status.value in RESTING:
+                return
+            time.sleep(interval)  # a redraw period, not a synchronisation
     with Live(console=out, auto_refresh=False, transient=False) as live:
         while True:
             run = store.get_run(record.run_id, lenient=True)

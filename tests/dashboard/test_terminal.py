@@ -121,6 +121,24 @@ def test_watch_in_a_pty_until_the_run_completes(tmp_path: Path) -> None:
         os.close(term.master)
 
 
+def test_watch_into_a_pipe_prints_each_change_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'pipe.db'}"
+    run_id = flows.start(flows.wide, "wide", {"items": 2}, url)
+    proc = subprocess.Popen([sys.executable, "-m", "raysaga", "status", run_id, "--db", url, "--watch",
+                             "--interval", "0.1"], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith(f"run {run_id} (wide v1): pending")
+        flows.drive(flows.wide, run_id, url)
+        rest = proc.stdout.read()
+        assert proc.wait(60) == 0
+        assert rest.count(f"run {run_id} (wide v1): pending") == 0  # an unchanged view is not printed again
+        assert rest.count(f"run {run_id} (wide v1): completed") == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_events_follow_until_the_run_rests(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'follow.db'}"
     run_id = flows.start(flows.wide, "wide", {"items": 3}, url)
