@@ -40,28 +40,77 @@ function section(title: string, ...body: (HTMLElement | null)[]): HTMLElement {
   return h("section", {}, h("h3", {}, title), ...body);
 }
 
+type Field = { name: string; type: string; title: string; required: boolean; input: HTMLInputElement };
+
+// An answer form from the approval's JSON Schema when it is an object of plain fields (string,
+// integer, number, boolean), pre-filled from the payload (an approve with edits); else a JSON box.
+function schemaFields(schema: unknown, payload: unknown): Field[] | null {
+  const sc = schema as { type?: string; properties?: Record<string, { type?: string; title?: string }>;
+    required?: string[] } | null;
+  if (!sc || sc.type !== "object" || !sc.properties) return null;
+  const plain = ["string", "integer", "number", "boolean"];
+  const entries = Object.entries(sc.properties);
+  if (!entries.length || entries.some(([, p]) => !plain.includes(p.type ?? ""))) return null;
+  const given = payload && typeof payload === "object" ? payload as Record<string, unknown> : {};
+  return entries.map(([name, p]) => {
+    const type = p.type ?? "string";
+    const input = h("input", { name, "aria-label": p.title ?? name, class: "field",
+      type: type === "boolean" ? "checkbox" : type === "string" ? "text" : "number",
+      step: type === "integer" ? "1" : type === "number" ? "any" : undefined }) as HTMLInputElement;
+    const value = given[name];
+    if (type === "boolean") input.checked = value === true;
+    else if (value !== undefined && value !== null && typeof value !== "object") input.value = String(value);
+    return { name, type, title: p.title ?? name, required: (sc.required ?? []).includes(name), input };
+  });
+}
+
+function readFields(fields: Field[]): Record<string, unknown> | string {
+  const out: Record<string, unknown> = {};
+  for (const f of fields) {
+    if (f.type === "boolean") { out[f.name] = f.input.checked; continue; }
+    const raw = f.input.value.trim();
+    if (!raw) { if (f.required) return `${f.title} is required`; continue; }
+    if (f.type === "string") out[f.name] = raw;
+    else {
+      const n = Number(raw);
+      if (!Number.isFinite(n) || (f.type === "integer" && !Number.isInteger(n))) return `${f.title} is not ${f.type === "integer" ? "an integer" : "a number"}`;
+      out[f.name] = n;
+    }
+  }
+  return out;
+}
+
 function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unknown>, done: () => void): HTMLElement {
+  const fields = request.answer_schema ? schemaFields(request.answer_schema, request.payload) : null;
   const answer = h("textarea", { rows: 4, class: "answer", "aria-label": "answer (JSON)" }) as HTMLTextAreaElement;
   const comment = h("input", { class: "comment", placeholder: "comment", "aria-label": "comment" }) as HTMLInputElement;
   const note = h("p", { class: "muted" });
   const act = (verb: "approve" | "reject"): void => {
     let parsed: unknown = undefined;
-    if (verb === "approve" && answer.value.trim()) {
+    if (verb === "approve" && fields) {
+      const read = readFields(fields);
+      if (typeof read === "string") { note.textContent = read; return; }
+      parsed = read;
+    } else if (verb === "approve" && request.answer_schema && answer.value.trim()) {
       try { parsed = JSON.parse(answer.value); } catch { note.textContent = "the answer is not JSON"; return; }
     }
     if (!window.confirm(`${verb} ${doc.node} of run ${runId} as ${actor()}?`)) return;
     void postJSON(`/api/runs/${encodeURIComponent(runId)}/actions/${verb}`, {
       confirm: true, by: actor(), node: doc.node, answer: parsed, comment: comment.value || undefined,
-    }).then(() => { note.textContent = verb === "approve" ? "approved" : "rejected"; done(); }).catch((e: Error) => { note.textContent = e.message; });
+    }).then(() => { note.textContent = verb === "approve" ? "approved" : "rejected"; done(); })
+      .catch((e: Error) => { note.textContent = e.message; });
   };
+  const answerBox = fields ? h("fieldset", { class: "answer-form" }, h("legend", {}, "answer (edit before approving)"),
+    ...fields.map((f) => h("label", {}, `${f.title}${f.required ? " *" : ""}`, f.input)))
+    : request.answer_schema ? h("label", {}, "answer (JSON)", answer) : null;
   return section("Waiting for a decision",
     request.prompt !== undefined ? h("p", { class: "prompt" }, String(request.prompt)) : null,
     request.payload !== undefined ? h("pre", { class: "value" }, pretty(request.payload)) : null,
-    request.answer_schema ? h("details", { open: true }, h("summary", {}, "the answer's JSON Schema (an approve with "
-      + "edits)"), h("pre", {}, pretty(request.answer_schema))) : null,
+    request.answer_schema ? h("details", { open: !fields }, h("summary", {}, "the answer's JSON Schema"),
+      h("pre", {}, pretty(request.answer_schema))) : null,
     request.approvers ? h("p", { class: "muted" }, `may decide: ${(request.approvers as string[]).join(", ")}`) : null,
     typeof request.timeout_at === "number" ? h("p", { class: "muted" }, `times out ${utc(request.timeout_at)}`) : null,
-    h("label", {}, "answer (JSON)", answer), comment,
+    answerBox, comment,
     h("div", { class: "buttons" }, h("button", { class: "approve", onclick: () => act("approve") }, "Approve"),
       h("button", { class: "reject", onclick: () => act("reject") }, "Reject")), note);
 }

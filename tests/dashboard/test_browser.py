@@ -135,7 +135,9 @@ def test_approve_from_the_page_and_the_run_completes(page: Page, demo: tuple[Sql
         panel = page.locator("#panel")
         expect(panel).to_contain_text("Refund 50?")
         expect(panel).to_contain_text("may decide: alice, bob")
-        panel.locator("textarea.answer").fill('{"amount": 45}')
+        amount = panel.locator('.answer-form input[name="amount"]')  # a form from the answer's schema
+        expect(amount).to_have_value("50")  # pre-filled from the request: an approve with edits
+        amount.fill("45")
         panel.locator("button.approve").click()
         expect(page.locator("#timeline")).to_contain_text("decision")  # streamed in, no reload
         decided = wait_until(lambda: [e for e in store.events(run_id) if e.kind == "decision"], "the decision")
