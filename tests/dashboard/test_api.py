@@ -178,37 +178,30 @@ def test_a_fan_out_in_flight_counts_its_items_without_rows(tmp_path: Any) -> Non
 
 def test_run_list_reads_on_sqlite_and_postgresql(store_url: str) -> None:
     """The list's filters and keyset paging are plain SQL on both dialects; a search for ``%`` or
-    ``_`` means those characters, not wildcards."""
-    ids = ["alpha-1", "beta_50%", "beta-2", "gamma-3"]
+    ``_`` means those characters, not wildcards. (The PostgreSQL database is the session's: every
+    query is narrowed to this test's runs by their unique prefix.)"""
+    import uuid
+
+    tag = "t" + uuid.uuid4().hex[:8]
+    ids = [f"{tag}-alpha-1", f"{tag}-beta_50%", f"{tag}-beta-2", f"{tag}-gamma-3"]
     for run_id in ids:
         flows.start(flows.wide, "wide", {"items": 1}, store_url, run_id=run_id)
-    flows.start(flows.shop, "shop", {}, store_url, run_id="shop-1")
+    flows.start(flows.shop, "shop", {}, store_url, run_id=f"{tag}-shop-1")
     store = SqlStore(store_url)
     try:
         client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
-        assert [r["run_id"] for r in get(client, "/api/runs?q=BETA")["runs"]] == ["beta-2", "beta_50%"]
-        assert [r["run_id"] for r in get(client, "/api/runs?q=_50%25")["runs"]] == ["beta_50%"]
-        assert [r["run_id"] for r in get(client, "/api/runs?q=a_1")["runs"]] == []  # '_' is not a wildcard
-        page = get(client, "/api/runs?workflow=wide&limit=3")
+
+        def ids_for(query: str) -> list[str]:
+            return [r["run_id"] for r in get(client, f"/api/runs?{query}")["runs"]]
+
+        assert ids_for(f"q={tag.upper()}-BETA") == [f"{tag}-beta-2", f"{tag}-beta_50%"]
+        assert ids_for(f"q={tag}-beta_50%25") == [f"{tag}-beta_50%"]
+        assert ids_for(f"q={tag}-a_1") == []  # '_' is not a wildcard
+        page = get(client, f"/api/runs?q={tag}&workflow=wide&limit=3")
         assert len(page["runs"]) == 3 and page["counts"] == {"pending": 4}
-        rest = get(client, f"/api/runs?workflow=wide&limit=3&before={page['next']}")
+        rest = get(client, f"/api/runs?q={tag}&workflow=wide&limit=3&before={page['next']}")
         assert {r["run_id"] for r in page["runs"] + rest["runs"]} == set(ids) and rest["next"] is None
-        assert get(client, "/api/runs?status=pending")["counts"] == {"pending": 5}
-    finally:
-        store.close()
-
-
-def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any) -> None:
-    from raysaga.orchestrator.runner import create_run
-
-    url = f"sqlite:///{tmp_path / 'noref.db'}"
-    run_id = create_run(flows.shop, {}, store=url).run_id  # records no workflow_ref
-    flows.drive(flows.shop, run_id, url)
-    store = SqlStore(url)
-    try:
-        graph = get(TestClient(build(store)[0], base_url=BASE), f"/api/runs/{run_id}")["graph"]  # type: ignore[arg-type]
-        assert graph["source"] == "rows" and graph["edges"] == [] and "does not record" in graph["note"]
-        assert [n["id"] for n in graph["nodes"]] == ["reserve", "charge", "ship"]  # in the order they started
+        assert get(client, f"/api/runs?q={tag}&status=pending")["counts"] == {"pending": 5}
     finally:
         store.close()
 
@@ -244,5 +237,21 @@ def test_actions_are_the_clients_and_name_the_actor(tmp_path: Any) -> None:
         assert act(cancelled, "cancel", confirm=True, by="erin").json()["status"] == "cancelled"
         assert store.get_run(cancelled).status_reason == "cancelled by erin"
         assert act("nope", "cancel", confirm=True).status_code == 404
+    finally:
+        store.close()
+
+
+def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any) -> None:
+    from raysaga.orchestrator.runner import create_run
+
+    url = f"sqlite:///{tmp_path / 'noref.db'}"
+    run_id = create_run(flows.shop, {}, store=url).run_id  # records no workflow_ref
+    flows.drive(flows.shop, run_id, url)
+    store = SqlStore(url)
+    try:
+        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        graph = get(client, f"/api/runs/{run_id}")["graph"]
+        assert graph["source"] == "rows" and graph["edges"] == [] and "does not record" in graph["note"]
+        assert [n["id"] for n in graph["nodes"]] == ["reserve", "charge", "ship"]  # in the order they started
     finally:
         store.close()
