@@ -47,5 +47,5 @@ def dashboard(
             + (" (token required: open /?token=TOKEN once)" if guard.token else ""))
         import uvicorn
 
-        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False,  # type: ignore[arg-type]
+        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False,
                     server_header=False)

@@ -19,7 +19,7 @@ BASE = "http://127.0.0.1:8765"
 @pytest.fixture(scope="module")
 def client(demo: tuple[SqlStore, dict[str, str]]) -> TestClient:
     app, _ = build(demo[0])
-    return TestClient(app, base_url=BASE)  # type: ignore[arg-type]
+    return TestClient(app, base_url=BASE)
 
 
 def get(client: TestClient, url: str) -> Any:
@@ -122,7 +122,7 @@ def test_large_output_is_a_preview_then_fetched_whole(tmp_path: Any) -> None:
         digest, data = _blob(big)
         store.commit(lease, Batch(nodes=[NodeWrite(node_id="split", status=NodeStatus.COMPLETED, attempt=1,
                                                    output_digest=digest)], blobs={digest: data}))
-        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        client = TestClient(build(store)[0], base_url=BASE)
         panel = get(client, f"/api/runs/{run_id}/nodes/split")
         assert panel["output"] == {"digest": digest}
         whole = get(client, f"/api/runs/{run_id}/nodes/split/output")["value"]
@@ -167,7 +167,7 @@ def test_a_fan_out_in_flight_counts_its_items_without_rows(tmp_path: Any) -> Non
             nodes=[NodeWrite(node_id="split", status=NodeStatus.COMPLETED, attempt=1, output=[0, 1, 2, 3, 4]), *done],
             events=[NewEvent(kind="fanout_expanded", node_id="square", data={"items": 5})],
             run=RunUpdate(status=RunStatus.RUNNING)))
-        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        client = TestClient(build(store)[0], base_url=BASE)
         assert get(client, f"/api/runs/{run_id}")["steps"]["square"]["counts"] == {"completed": 2, "pending": 3}
         run = store.get_run(run_id)
         views = {v.step: v.state for v in step_views(store, run_id, run_graph(store, run), running=True)}
@@ -189,7 +189,7 @@ def test_run_list_reads_on_sqlite_and_postgresql(store_url: str) -> None:
     flows.start(flows.shop, "shop", {}, store_url, run_id=f"{tag}-shop-1")
     store = SqlStore(store_url)
     try:
-        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        client = TestClient(build(store)[0], base_url=BASE)
 
         def ids_for(query: str) -> list[str]:
             return [r["run_id"] for r in get(client, f"/api/runs?{query}")["runs"]]
@@ -213,7 +213,7 @@ def test_actions_are_the_clients_and_name_the_actor(tmp_path: Any) -> None:
     store = SqlStore(url)
     try:
         app, guard = build(store)
-        client = TestClient(app, base_url=BASE)  # type: ignore[arg-type]
+        client = TestClient(app, base_url=BASE)
         csrf = {"X-Raysaga-CSRF": guard.csrf}
 
         def act(run_id: str, verb: str, **body: Any) -> Any:
@@ -249,7 +249,7 @@ def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any
     flows.drive(flows.shop, run_id, url)
     store = SqlStore(url)
     try:
-        client = TestClient(build(store)[0], base_url=BASE)  # type: ignore[arg-type]
+        client = TestClient(build(store)[0], base_url=BASE)
         graph = get(client, f"/api/runs/{run_id}")["graph"]
         assert graph["source"] == "rows" and graph["edges"] == [] and "does not record" in graph["note"]
         assert [n["id"] for n in graph["nodes"]] == ["reserve", "charge", "ship"]  # in the order they started

@@ -41,7 +41,7 @@ def test_the_cli_refuses_before_binding(demo: tuple[SqlStore, dict[str, str]]) -
 @pytest.fixture(scope="module")
 def guarded(demo: tuple[SqlStore, dict[str, str]]) -> tuple[TestClient, str]:
     app, guard = build(demo[0], host="0.0.0.0", token=TOKEN)
-    return TestClient(app, base_url="http://127.0.0.1:8765"), guard.csrf  # type: ignore[arg-type]
+    return TestClient(app, base_url="http://127.0.0.1:8765"), guard.csrf
 
 
 def test_a_request_without_the_token_is_401(guarded: tuple[TestClient, str]) -> None:
@@ -66,7 +66,7 @@ def test_a_foreign_host_is_403(guarded: tuple[TestClient, str], demo: tuple[SqlS
     assert client.get("/api/runs", headers={**auth, "Host": "evil.example:8765"}).status_code == 403
     assert client.get("/api/runs", headers={**auth, "Host": "localhost:8765"}).status_code == 200
     # on loopback without a token the Host check is the defence against DNS rebinding
-    loopback = TestClient(build(demo[0])[0], base_url="http://127.0.0.1:8765")  # type: ignore[arg-type]
+    loopback = TestClient(build(demo[0])[0], base_url="http://127.0.0.1:8765")
     assert loopback.get("/api/runs", headers={"Host": "rebound.example"}).status_code == 403
     assert loopback.get("/api/runs", headers={"Host": "127.0.0.1:8765"}).status_code == 200
     assert loopback.get("/api/runs", headers={"Host": "[::1]:8765"}).status_code == 200

@@ -38,7 +38,7 @@ def serving(store: Store, *, token: str | None = None, poll: float = 0.05) -> It
     """Serve the dashboard over ``store`` on 127.0.0.1; yields its base URL."""
     app, _ = build(store, token=token, poll=poll)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",  # type: ignore[arg-type]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
