@@ -1,5 +1,5 @@
 // The run list: filters, counts by state, keyset paging, the inbox of runs waiting for a human.
-import { clear, getJSON, h, secs, utc } from "./dom";
+import { actor, clear, getJSON, h, secs, utc } from "./dom";
 import { cls, RUN_STATES, symbol } from "./status";
 import type { RunList, Waiting } from "./types";
 
@@ -83,10 +83,10 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     for (const [k, v] of Object.entries({ ...f, status })) if (v) p.set(k, v);
     return p.toString();
   };
-  const drawInbox = (waiting: Waiting[]): void => {
+  const drawInbox = (waiting: Waiting[], who: string): void => {
     clear(inbox);
     if (!waiting.length) return;
-    inbox.append(h("h2", {}, `Waiting for you (${waiting.length})`),
+    inbox.append(h("h2", {}, who ? `Waiting for ${who} (${waiting.length})` : `Waiting for a human (${waiting.length})`),
       h("ul", {}, ...waiting.map((w) => h("li", {},
         h("a", { href: `#/runs/${encodeURIComponent(w.run_id)}?node=${encodeURIComponent(w.node)}` },
           `${w.run_id} · ${w.node}`), " ", typeof w.prompt === "string" ? w.prompt : "",
@@ -111,7 +111,10 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
       clear(table);
       table.append(h("tr", {}, h("td", { colspan: 6, class: "error" }, e.message)));
     });
-    void getJSON<{ waiting: Waiting[] }>("/api/inbox").then((w) => { if (live) drawInbox(w.waiting); });
+    // acting as someone: the approvals they may decide; else every waiting approval
+    const who = actor() === "dashboard" ? "" : actor();
+    void getJSON<{ waiting: Waiting[] }>("/api/inbox" + (who ? `?approver=${encodeURIComponent(who)}` : ""))
+      .then((w) => { if (live) drawInbox(w.waiting, who); });
     void getJSON<Stats>("/api/stats").then((st) => { if (live) drawFigures(st); });
   };
   refresh();

@@ -112,8 +112,8 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         return store.stats().model_dump(mode="json")
 
     @app.get("/api/inbox")
-    def inbox() -> dict[str, Any]:
-        return {"waiting": views.inbox(store)}
+    def inbox(approver: str | None = None) -> dict[str, Any]:
+        return {"waiting": views.inbox(store, approver or None)}
 
     @app.get("/api/runs/{run_id}")
     def run(run_id: str) -> dict[str, Any]:

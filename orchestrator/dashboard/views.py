@@ -95,11 +95,12 @@ def parse_cursor(value: str | None) -> tuple[float, str] | None:
         raise UserError(f"before={value!r} is not a cursor from a previous page") from None
 
 
-def inbox(store: Store) -> list[dict[str, Any]]:
-    """Approvals waiting for a decision (prompt, approvers, timeout), oldest first."""
+def inbox(store: Store, approver: str | None = None) -> list[dict[str, Any]]:
+    """Approvals waiting for a decision (prompt, approvers, timeout), oldest first; with
+    ``approver``, those they may decide."""
     return [{"run_id": w.run_id, "workflow": w.workflow, "node": node_label(w.node, w.fan_index),
              "since": w.request.asked_at, "prompt": scrub(w.request.prompt), "approvers": w.request.approvers,
-             "timeout_at": w.request.timeout_at, "approvals": w.approvals} for w in store.waiting_approvals()]
+             "timeout_at": w.request.timeout_at, "approvals": w.approvals} for w in store.waiting_approvals(approver)]
 
 
 def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:

@@ -53,6 +53,8 @@ def test_run_list_filters_counts_and_pages(client: TestClient, demo: tuple[SqlSt
     assert figures["runs_by_state"]["completed"] == 3 and figures["retries"] == 0
     [waiting] = get(client, "/api/inbox")["waiting"]
     assert (waiting["run_id"], waiting["node"], waiting["prompt"]) == (runs["refund"], "review", "Refund 40?")
+    assert get(client, "/api/inbox?approver=bob")["waiting"] == [waiting]  # bob may decide it
+    assert get(client, "/api/inbox?approver=mallory")["waiting"] == []
 
 
 def test_run_page_draws_the_workflows_graph_with_states(client: TestClient,
