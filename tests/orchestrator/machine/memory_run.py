@@ -45,7 +45,7 @@ from raysaga.state.models import PARKED, TERMINAL, can_transition
 __all__ = ["AT_REST", "InvariantViolation", "MemoryRun", "json_roundtrip"]
 
 #: Run states after which a driver writes nothing more (short of an operator's resume).
-AT_REST = frozenset(TERMINAL | PARKED | {RunStatus.PAUSED})
+AT_REST = frozenset(TERMINAL | PARKED | {RunStatus.PAUSED, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER})
 
 
 class InvariantViolation(AssertionError):

@@ -4,7 +4,8 @@
   fan-outs (``map_over``) with every kind of partial-failure policy, compensations, non-critical
   steps (skip or pass), and at most one agent node with scripted turns calling an effect tool
   (with or without an undo), a plain tool and, sometimes, the shared memory; sometimes a token
-  budget that pauses the run or fails the agent.
+  budget that pauses the run or fails the agent; now and then a human approval node, which the
+  plan's human approves or rejects once the run rests waiting for it (``human``).
 - ``build_workflow(plan)``: the plan declared with the public DSL (``raysaga.Workflow``,
   ``@wf.step``, ``@wf.agent``, ``@wf.compensation``, policies from ``raysaga``).
 - ``FateWorld``: what each attempt does. Every node (by label) has a fate, drawn by hypothesis
@@ -47,12 +48,15 @@ from raysaga.orchestrator.machine.outbox import Dispatch
 from raysaga.orchestrator.task import NodeOutcome
 from raysaga.sagas.policy import Decision
 from raysaga.state import NodeStatus, RunRecord, jsoncodec
+from raysaga.state.decisions import request_of
 from raysaga.testing import text_reply, tool_reply
 from tests.orchestrator.machine.memory_run import MemoryRun
 
-__all__ = ["AGENT", "Fate", "FateWorld", "Plan", "StepPlan", "build_workflow", "cases", "new_fold", "projection"]
+__all__ = ["AGENT", "HUMAN", "Fate", "FateWorld", "Plan", "StepPlan", "build_workflow", "cases", "human", "new_fold",
+           "projection"]
 
 AGENT = "ag"
+HUMAN = "h"
 POLICIES = ("all", "best_effort", "quorum", "ratio", "retry_round")
 COMPENSATION_ATTEMPTS = 3
 TOOL_ATTEMPTS = 2
@@ -67,7 +71,7 @@ TURN_TOKENS = 15  # each scripted model turn uses 10 input + 5 output tokens
 class StepPlan:
     name: str
     deps: tuple[str, ...] = ()
-    kind: str = "step"  # step | agent
+    kind: str = "step"  # step | agent | approval
     map_over: str | None = None
     policy: str = "all"
     effect: bool = False
@@ -80,6 +84,7 @@ class StepPlan:
     undo: bool = False  # agent: its effect tool has a compensation
     on_budget: str = "pause"  # agent
     undo_retry: bool = True  # its compensation declares a retry policy (else the default one)
+    verdict: str = "approve"  # approval: what the human decides once the run rests waiting for it
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,8 @@ class Plan:
                      else "", f"attempts={p.max_attempts}"]
             if p.kind == "agent":
                 bits += ["memory" if p.memory else "", "undo" if p.undo else "", f"on_budget={p.on_budget}"]
+            if p.kind == "approval":
+                bits.append(p.verdict)
             return f"{p.name}({', '.join(b for b in bits if b)})"
 
         return "; ".join(one(p) for p in self.steps) + (f"; backoff={self.backoff}; token_budget={self.token_budget}"
@@ -109,7 +116,8 @@ class Plan:
 
 
 @st.composite
-def cases(draw: st.DrawFn, *, max_steps: int = 5, agent: bool = True, backoff: bool = False) -> Plan:
+def cases(draw: st.DrawFn, *, max_steps: int = 5, agent: bool = True, backoff: bool = False,
+          approvals: bool = True) -> Plan:
     n = draw(st.integers(1, max_steps))
     agent_at = draw(st.none() | st.integers(0, n)) if agent else None
     plans: list[StepPlan] = []
@@ -122,6 +130,10 @@ def cases(draw: st.DrawFn, *, max_steps: int = 5, agent: bool = True, backoff: b
             plans.append(StepPlan(name=AGENT, deps=deps, kind="agent", critical=critical, on_failure=on_failure,
                                   memory=draw(st.booleans()), undo=draw(st.booleans()),
                                   on_budget=draw(st.sampled_from(["pause", "fail"]))))
+            continue
+        if approvals and earlier and draw(st.integers(0, 5)) == 0:  # a human approval now and then
+            plans.append(StepPlan(name=f"s{len(plans)}", deps=deps, kind="approval", critical=critical,
+                                  on_failure=on_failure, verdict=draw(st.sampled_from(["approve", "reject"]))))
             continue
         producers = [p.name for p in plans if p.kind == "step" and p.map_over is None]
         map_over = draw(st.none() | st.sampled_from(producers)) if producers else None
@@ -196,6 +208,10 @@ def build_workflow(plan: Plan) -> Workflow:
         if p.kind == "agent":
             wf.agent(_agent(p, plan.backoff), name=p.name, critical=p.critical, on_failure=p.on_failure)(fn)  # type: ignore[arg-type]
             continue
+        if p.kind == "approval":  # its request is built by the world's ``prompt``, as an agent's prompt is
+            wf.approval(name=p.name, approvers=[HUMAN], critical=p.critical,
+                        on_failure=p.on_failure)(fn)  # type: ignore[arg-type]
+            continue
         wf.step(fn, name=p.name, effect=p.effect, critical=p.critical, on_failure=p.on_failure,  # type: ignore[call-overload]
                 retry=_retry(p.max_attempts, plan.backoff), map_over=p.map_over,
                 policy=POLICY[p.policy] if p.map_over else None)
@@ -204,6 +220,27 @@ def build_workflow(plan: Plan) -> Workflow:
             retry = _retry(COMPENSATION_ATTEMPTS, plan.backoff) if p.undo_retry else None
             wf.compensation(p.name, retry=retry)(undo)
     return wf.validate()
+
+
+def human(plan: Plan) -> Callable[[MemoryRun, float], None]:
+    """The approver: decides every approval the run waits for, as the plan says, once (a decision
+    with the same id is not recorded twice), at a fixed time (so runs with and without crashes
+    record the same ``Approval``)."""
+
+    def decide(fold: MemoryRun, now: float) -> None:
+        recorded = {s.payload.get("decision_id") for s in fold.signals if isinstance(s.payload, dict)}
+        for row in fold.nodes.values():
+            if row.status != NodeStatus.WAITING or request_of(row) is None:
+                continue
+            decision_id = f"{row.node_id}-decision"
+            if decision_id in recorded:
+                continue
+            verdict = plan.step(row.node_id).verdict
+            fold.send_signal(verdict, {"decision_id": decision_id, "verdict": verdict, "by": HUMAN, "at": 0.0,
+                                       "node": row.node_id, "fan_index": row.fan_index, "comment": "as planned"},
+                             now)
+
+    return decide
 
 
 def new_fold(wf: Workflow, plan: Plan) -> MemoryRun:

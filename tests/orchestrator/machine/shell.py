@@ -8,6 +8,8 @@ runs. What the outside world does is the test's:
 
 - a ``World`` decides each attempt's outcome when it is sent (ok with an output, a transient or a
   permanent failure), answers prompt builders, and is the model behind agent turns;
+- ``decide`` is the human: when the run rests ``waiting_human`` it records decisions (as
+  ``Store.decide`` would), and the shell takes the run up again, as a worker does;
 - a ``Schedule`` decides which attempts in flight finish next (or that time just passes), where
   the process crashes, whether new attempts overlap a commit, and when operator signals arrive.
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -129,8 +131,10 @@ class Journal:
 
 class MachineShell:
     def __init__(self, wf: Workflow, fold: MemoryRun, world: World, schedule: Schedule, *,
-                 options: RunOptions | None = None, seed: int = 0) -> None:
+                 options: RunOptions | None = None, seed: int = 0,
+                 decide: Callable[[MemoryRun, float], None] | None = None) -> None:
         self.wf = wf.validate()
+        self.decide = decide  # the human: when the run rests waiting_human, it records decisions
         self.fold = fold
         self.world = world
         self.schedule = schedule
@@ -162,6 +166,9 @@ class MachineShell:
                 self.sent.clear()
                 self.cancelled.clear()
                 continue
+            if record.status == RunStatus.WAITING_HUMAN and self.decide is not None:
+                self.decide(self.fold, self.now)  # the human answers; then a worker takes the run up
+                continue
             self.rollback.at_rest(record)
             return record
 
@@ -182,6 +189,8 @@ class MachineShell:
         if run.status == RunStatus.PAUSED:
             if m.budgets.stop() is not None:
                 return run
+            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+        elif run.status in (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
         if run.status == RunStatus.PENDING:
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
@@ -205,6 +214,12 @@ class MachineShell:
             if m.pause_reason is not None:
                 return self._rested(self._pause())
             if m.idle():
+                resting = m.resting(self.now, self.options.release_after)
+                if resting is not None:  # nothing left but waiting for a human: the run is let go
+                    m.rest(*resting, self.now)
+                    record = self._flush()
+                    assert record is not None
+                    return self._rested(record)
                 when = m.next_timer()
                 if when is not None:
                     self.now = max(self.now, when)  # a durable backoff: the fake clock jumps to it
@@ -366,6 +381,9 @@ class MachineShell:
             if signal.id in self.handled:
                 continue
             self.handled.add(signal.id)
+            if signal.kind in ("approve", "reject"):
+                m.decision(signal, self.now)
+                continue
             if signal.kind != "cancel":
                 continue
             payload = signal.payload if isinstance(signal.payload, dict) else {}

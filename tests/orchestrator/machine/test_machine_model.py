@@ -56,6 +56,7 @@ from tests.orchestrator.machine.model_world import (
     StepPlan,
     build_workflow,
     cases,
+    human,
     new_fold,
     projection,
 )
@@ -156,7 +157,7 @@ class RandomSchedule:
 def drive(plan: Plan, world: FateWorld, schedule: Any) -> tuple[RunRecord, MachineShell]:
     """Run ``plan`` to rest."""
     wf = build_workflow(plan)
-    shell = MachineShell(wf, new_fold(wf, plan), world, schedule)
+    shell = MachineShell(wf, new_fold(wf, plan), world, schedule, decide=human(plan))
     record = shell.run()
     return record, shell
 
