@@ -176,7 +176,7 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
   }
   if (doc.turns.length) {
     box.append(section("Agent turns", h("table", { class: "turns" },
-      h("thead", {}, h("tr", {}, ...["node", "state", "stop", "tokens in/out", "tools / text"].map((c) =>
+      h("thead", {}, h("tr", {}, ...["node", "state", "stop", "in / out", "tools / text"].map((c) =>
         h("th", {}, c)))),
       h("tbody", {}, ...doc.turns.map((t) => {
         const tr = h("tr", { class: "turn" }, h("td", {}, h("a", { href: "#", onclick: (ev: Event) => {
