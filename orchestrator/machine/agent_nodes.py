@@ -206,6 +206,7 @@ class AgentNodes:
                 self.pause_reason = self.pause_reason or action.reason
 
     def _admit(self, node: _Node, sub: NodeKey, action: RunTool) -> None:
+        self.waits.restored_waiting.discard(sub)  # an approved call goes on: its row is no longer waiting
         node.pending_tools[sub] = action
         self.out.queries.append(AdmitTool(sub, action.tool.breaker_name, node.agent.breaker_threshold,
                                           node.agent.breaker_cooldown))

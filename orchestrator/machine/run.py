@@ -89,6 +89,8 @@ class RunMachine:
         for row in snap.nodes:
             output = outputs[row.output_digest] if row.output_digest else row.output
             key = NodeKey.parse(row.node_id, row.fan_index)
+            if row.status == NodeStatus.WAITING:
+                self.waits.restored_waiting.add(key)  # closed if the run stops before it waits again
             if key.is_agent_call:  # a model turn or tool call: its agent node replays it
                 self.agents.restore(row, output)
             elif not key.compensates and row.node_id in self.wf.steps:

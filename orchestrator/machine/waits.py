@@ -55,6 +55,9 @@ class Waits:
         self._seen: set[int] = set()  # signals already applied
         self._early: list[SignalRecord] = []  # decisions read before their node was restored
         self._gates: dict[NodeKey, OnDecided] = {}  # approvals owned by another part (an agent's tool call)
+        #: rows restored ``waiting`` (approvals, sleeps, gated tool calls): a run stopped (a cancel,
+        #: a failure) before they wait again in this process still closes them
+        self.restored_waiting: set[NodeKey] = set()
 
     # ------------------------------------------------------------------ starting
 
@@ -70,6 +73,7 @@ class Waits:
                 self.out.batch.events.append(NewEvent(kind="sleep_started", node_id=key.node_id,
                                                       data={"until": until}))
             self.sleeping[key] = until
+            self.restored_waiting.discard(key)
             self.calls.schedule(until, key)
             return
         request = request_of(row) if row is not None and row.status == NodeStatus.WAITING else None
@@ -118,6 +122,7 @@ class Waits:
         self._wait(key, request)
 
     def _wait(self, key: NodeKey, request: ApprovalRequest) -> None:
+        self.restored_waiting.discard(key)
         self.requests[key] = request
         if request.timeout_at is not None:
             self.calls.schedule(request.timeout_at, key)
@@ -221,12 +226,13 @@ class Waits:
 
     def stop_all(self, reason: str) -> None:
         """The forward DAG stops (failure, cancel): what waits is cancelled with it."""
-        for key in [*self.requests, *self.sleeping]:
+        for key in sorted({*self.requests, *self.sleeping, *self.restored_waiting}):
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
                                                   status=NodeStatus.CANCELLED, attempt=1, error={"reason": reason},
                                                   finished_at=self.out.now))
         self.requests.clear()
         self.sleeping.clear()
+        self.restored_waiting.clear()
         self._gates.clear()
 
     # ------------------------------------------------------------------ where it stands

@@ -103,8 +103,8 @@ def test_fleet_survives_random_worker_kills(pg_url: str, tmp_path: Path, service
         assert len(log["by_subject"]) == total and set(log["by_subject"].values()) == {1}
         assert set(log["effective"].values()) == {1}
         _assert_one_driver_at_a_time(trace, killed)
-        print(f"fleet: {total} runs, {len(killed)} workers SIGKILLed, {len(log['calls'])} provider calls, "
-              f"0 duplicate effects")
+        print(f"fleet: {len(stores) * RUNS_PER_STORE} runs, {len(killed)} workers SIGKILLed, "
+              f"{len(log['calls'])} provider calls for {total} effects, 0 duplicate effects")
     finally:
         for _, proc in slots:
             if proc.poll() is None:

@@ -16,7 +16,7 @@ import pytest
 
 from raysaga import Client, RunOptions, RunRecord
 from raysaga.errors import UserError
-from raysaga.state import RunStatus
+from raysaga.state import NodeStatus, RunStatus
 from tests.support import fleet_flows as flows
 from tests.support.crash_driver import wait_until
 from tests.support.services import FakeServices, get_log
@@ -109,3 +109,5 @@ def test_cancel_with_compensation_of_a_waiting_run(sqlite_url: str, services: Fa
         assert ended.status in (RunStatus.COMPENSATED, RunStatus.CANCELLED)
         assert "cancelled by ops" in (ended.status_reason or "")
         assert client.inbox() == []
+        review = next(n for n in client.store.nodes(rested.run_id) if n.node_id == "review")
+        assert review.status == NodeStatus.CANCELLED  # the wait is closed with the run
