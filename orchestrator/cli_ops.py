@@ -128,18 +128,15 @@ def inbox(
         if not waiting:
             say(out, "nothing waits for a decision" + (f" by {approver}" if approver else ""))
             return
-        from rich.table import Table
-
-        table = Table("run", "node", "asked", "approvers", "timeout", "prompt", show_lines=False)
         now = time.time()
-        for item in waiting:
+        for item in waiting:  # a block per approval: the run and node (what approve needs) never cut
             r = item.request
             label = item.node if item.fan_index < 0 else f"{item.node}[{item.fan_index}]"
-            quorum = f" ({len(item.approvals)}/{r.quorum})" if r.quorum > 1 else ""
-            who = ", ".join(r.deciders() or ["anyone"]) + quorum
-            due = "-" if r.timeout_at is None else _ago(r.timeout_at - now, future=True)
-            table.add_row(item.run_id, label, _ago(now - r.asked_at), who, due, r.prompt[:80])
-        out.print(table)
+            quorum = f" ({len(item.approvals)}/{r.quorum} approved)" if r.quorum > 1 else ""
+            due = "no timeout" if r.timeout_at is None else f"times out {_ago(r.timeout_at - now, future=True)}"
+            say(out, (f"{item.run_id} {label}", "bold"), f"  asked {_ago(now - r.asked_at)} · decided by "
+                f"{', '.join(r.deciders() or ['anyone'])}{quorum} · {due}")
+            say(out, f"  {r.prompt}")
 
 
 def submit(

@@ -150,7 +150,8 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
         settled = settles(request, so_far)
         if settled is not None:
             deciders = [d for d in so_far if d.verdict == settled]
-            raise UserError(f"the approval {label!r} of run {run_id!r} is already decided: {settled}d by "
+            done = "approved" if settled == "approve" else "rejected"
+            raise UserError(f"the approval {label!r} of run {run_id!r} is already decided: {done} by "
                             f"{', '.join(d.by for d in deciders)} at {_utc(deciders[-1].at)}")
         if verdict == "approve" and any(d.by == by for d in so_far):
             raise UserError(f"{by} already approved {label!r} of run {run_id!r}: a quorum of {request.quorum} "

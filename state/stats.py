@@ -129,25 +129,36 @@ def _quantiles(values: list[float]) -> Quantiles:
 
 
 def prometheus(stats: Stats) -> str:
-    """The figures in Prometheus' text exposition format."""
-    lines = ["# HELP raysaga_runs Runs by state.", "# TYPE raysaga_runs gauge"]
-    for state in RunStatus:
-        lines.append(f'raysaga_runs{{state="{state.value}"}} {stats.runs_by_state.get(state.value, 0)}')
-    for name, q, help_text in (
-            ("raysaga_waiting_human_seconds", stats.waiting_human_seconds, "Time runs rested waiting for a human."),
+    """The figures in Prometheus' text exposition format (0.0.4): ``raysaga stats --prometheus``,
+    and the first part of the dashboard's ``/metrics``."""
+    lines: list[str] = []
+
+    def metric(name: str, text: str, samples: list[tuple[str, float | int | None]], kind: str = "gauge") -> None:
+        lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+        lines.extend(f"{name}{labels} {value}" for labels, value in samples if value is not None)
+
+    known = [s.value for s in RunStatus]
+    states = known + sorted(set(stats.runs_by_state) - set(known))
+    metric("raysaga_runs", "Runs in the store by state.",
+           [(f'{{status="{label_value(n)}"}}', stats.runs_by_state.get(n, 0)) for n in states])
+    for name, q, text in (
+            ("raysaga_waiting_human_seconds", stats.waiting_human_seconds,
+             "How long runs waited for a human (finished waits, and ongoing ones up to now)."),
             ("raysaga_claim_latency_seconds", stats.claim_latency_seconds,
-             "From runnable to claimed by a worker.")):
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} summary"]
-        for quantile, value in (("0.5", q.p50), ("0.95", q.p95)):
-            if value is not None:
-                lines.append(f'{name}{{quantile="{quantile}"}} {value}')
+             "From a run becoming runnable to a worker's claim.")):
+        metric(name, text, [('{quantile="0.5"}', q.p50), ('{quantile="0.95"}', q.p95)], "summary")
         lines.append(f"{name}_count {q.count}")
-    for name, value, help_text in (
-            ("raysaga_resumes_total", stats.resumes, "Claims of a run after its first."),
-            ("raysaga_duplicates_prevented_total", stats.duplicates_prevented,
-             "Effects served from the ledger instead of being called again."),
-            ("raysaga_retries_total", stats.retries, "Retried attempts."),
-            ("raysaga_breakers_open", stats.breaker_trips, "Circuit breakers open now.")):
-        kind = "gauge" if name.endswith("_open") else "counter"
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    metric("raysaga_duplicates_prevented_total", "Effects served from the ledger instead of called again.",
+           [("", stats.duplicates_prevented)], "counter")
+    metric("raysaga_retries_total", "Attempts retried after a transient failure.", [("", stats.retries)], "counter")
+    metric("raysaga_breakers_open", "Circuit breakers open now.", [("", stats.breaker_trips)])
+    metric("raysaga_resumes_total", "Claims of a run after its first (crash, hand-back, wake-up).",
+           [("", stats.resumes)], "counter")
+    metric("raysaga_resume_success_ratio", "Of the runs resumed and now at rest, the share that completed.",
+           [("", stats.resume_success_rate)])
     return "\n".join(lines) + "\n"
+
+
+def label_value(value: str) -> str:
+    """A Prometheus label value, escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -49,7 +49,7 @@ class Waits:
         self.forward = forward
         self.out = out
         self.requests: dict[NodeKey, ApprovalRequest] = {}  # approvals waiting for a decision
-        self.sleeping: dict[NodeKey, float] = {}  # sleeps, until when
+        self.sleeping: dict[NodeKey, tuple[float, float | None]] = {}  # sleeps: until when, since when
         self.decisions: dict[NodeKey, list[tuple[int, Decision]]] = {}
         self._building: set[NodeKey] = set()
         self._seen: set[int] = set()  # signals already applied
@@ -72,7 +72,7 @@ class Waits:
                                                       started_at=self.out.now))
                 self.out.batch.events.append(NewEvent(kind="sleep_started", node_id=key.node_id,
                                                       data={"until": until}))
-            self.sleeping[key] = until
+            self.sleeping[key] = (until, row.started_at if row is not None else self.out.now)
             self.restored_waiting.discard(key)
             self.calls.schedule(until, key)
             return
@@ -186,27 +186,27 @@ class Waits:
 
     def timer_fired(self, key: NodeKey) -> None:
         if key in self.sleeping:
-            until = self.sleeping.pop(key)
-            self._settle(key, {"slept_until": until})
+            until, started = self.sleeping.pop(key)
+            self._settle(key, {"slept_until": until}, started)
         elif key in self.requests:
             self.out.queries.append(CheckDecisions(key))
 
     # ------------------------------------------------------------------ settling
 
     def _complete(self, key: NodeKey, approval: Approval) -> None:
-        self.requests.pop(key, None)
+        request = self.requests.pop(key, None)
         self.calls.unschedule(key)  # its timeout no longer applies
         gate = self._gates.pop(key, None)
         if gate is not None:
             gate(key, approval, None, [signal_id for signal_id, _ in self.decisions.pop(key, [])])
             return
-        self._settle(key, approval.model_dump(mode="json"))
+        self._settle(key, approval.model_dump(mode="json"), None if request is None else request.asked_at)
 
-    def _settle(self, key: NodeKey, value: Any) -> None:
+    def _settle(self, key: NodeKey, value: Any, started_at: float | None = None) -> None:
         self._consume(key)
         self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
                                               status=NodeStatus.COMPLETED, attempt=1, output=value,
-                                              finished_at=self.out.now))
+                                              started_at=started_at, finished_at=self.out.now))
         self.out.batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=_fan(key)))
         self.forward.outputs[key] = value
         self.forward.settle_completed(key)
