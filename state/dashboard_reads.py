@@ -86,7 +86,8 @@ def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
 
 
 _LIGHT_NODE = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
-               nodes.c.output_digest, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration)
+               nodes.c.output_digest, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration,
+               nodes.c.origin_run_id)
 
 
 def step_rows(engine: Engine, run_id: str, items_cap: int) -> list[dict[str, Any]]:

@@ -139,7 +139,10 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
       h("dt", {}, "attempts"), h("dd", {}, String(row.attempt)),
       row.started_at ? h("dt", {}, "started") : null, row.started_at ? h("dd", {}, utc(row.started_at)) : null,
       row.duration !== null ? h("dt", {}, "took") : null, row.duration !== null ? h("dd", {}, secs(row.duration)) : null,
-      row.not_before ? h("dt", {}, "next try") : null, row.not_before ? h("dd", {}, utc(row.not_before)) : null));
+      row.not_before ? h("dt", {}, "next try") : null, row.not_before ? h("dd", {}, utc(row.not_before)) : null,
+      row.inherited_from ? h("dt", {}, "inherited from") : null,
+      row.inherited_from ? h("dd", {}, h("a", { href: `#/runs/${encodeURIComponent(row.inherited_from)}` },
+        row.inherited_from), " (forked: not run again here)") : null));
     const held = doc.output && "value" in doc.output && typeof doc.output.value === "object" && doc.output.value !== null
       ? (doc.output.value as Record<string, unknown>).approval : null;
     const request = row.status === "waiting" && typeof held === "object" && held !== null ?

@@ -90,8 +90,25 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
         h("dt", {}, "cost"), h("dd", {}, run.cost_budget ? `$${run.cost_used.toFixed(4)} of $${run.cost_budget}` :
           `$${run.cost_used.toFixed(4)}`),
         h("dt", {}, "driver"), h("dd", {}, run.lease_owner && (run.lease_expires_at ?? 0) > now ?
-          run.lease_owner.split(":").slice(0, 3).join(":") : "none")),
+          run.lease_owner.split(":").slice(0, 3).join(":") : "none"),
+        ...lineage(run)),
       actions);
+  };
+
+  // where the run comes from and what was forked from it (docs/fork.md)
+  const lineage = (run: RunSummary & Partial<RunDoc["run"]>): HTMLElement[] => {
+    const link = (id: string): HTMLElement => h("a", { href: `#/runs/${encodeURIComponent(id)}` }, id);
+    const parts: HTMLElement[] = [];
+    if (run.parent_run_id) {
+      parts.push(h("dt", {}, "forked from"), h("dd", { class: "lineage" }, link(run.parent_run_id),
+        run.forked_from ? ` at ${run.forked_from}` : ""));
+    }
+    if (run.children && run.children.length) {
+      const forks = h("dd", { class: "lineage" });
+      run.children.forEach((c, i) => forks.append(i ? ", " : "", link(c.run_id), ` (${c.status}, from ${c.forked_from ?? "?"})`));
+      parts.push(h("dt", {}, "forks"), forks);
+    }
+    return parts;
   };
 
   const allRows = (): Row[] => [...rows.values()];

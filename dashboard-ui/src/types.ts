@@ -18,7 +18,7 @@ export interface Waiting {
 export interface Row {
   node: string; node_id: string; index: number | null; status: string; attempt: number;
   not_before: number | null; started_at: number | null; finished_at: number | null;
-  duration: number | null; output_digest: string | null;
+  duration: number | null; output_digest: string | null; inherited_from?: string | null;
 }
 
 export interface Shown { value?: unknown; preview?: string; size?: number; digest?: string }
@@ -37,7 +37,8 @@ export interface StepState {
 
 export interface RunDoc {
   run: RunSummary & { trace_id: string; workflow_ref: string | null; input: Shown; output: Shown;
-    error: Record<string, unknown> | null; wake_at: number | null; event_seq: number };
+    error: Record<string, unknown> | null; wake_at: number | null; event_seq: number;
+    forked_from: string | null; children: { run_id: string; status: string; forked_from: string | null }[] };
   graph: Graph; steps: Record<string, StepState>; rows: Row[]; cursor: number; now: number;
 }
 

@@ -47,7 +47,7 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
             "index": row["fan_index"] if row["fan_index"] >= 0 else None, "status": str(row["status"]),
             "attempt": row["attempt"], "not_before": row["not_before"], "started_at": row["started_at"],
             "finished_at": row["finished_at"], "duration": row["duration"],
-            "output_digest": row.get("output_digest")}
+            "output_digest": row.get("output_digest"), "inherited_from": row.get("origin_run_id")}
 
 
 def _run_json(row: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +164,9 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
         "run": {**_run_json(summary), "trace_id": run.trace_id, "workflow_ref": run.workflow_ref,
                 "input": shown(run.input), "output": shown(run.output),
                 "error": None if run.error is None else scrub(run.error.as_dict()),
-                "forked_from": run.forked_from, "wake_at": run.wake_at, "event_seq": run.event_seq},
+                "forked_from": run.forked_from, "wake_at": run.wake_at, "event_seq": run.event_seq,
+                "children": [{"run_id": c["run_id"], "status": str(c["status"]), "forked_from": c["forked_from"]}
+                             for c in store.children(run_id)]},
         "graph": graph_for(run, started_order(rows)),
         "steps": _steps(rows, counts),
         "rows": [_row(r) for r in rows],

@@ -257,3 +257,36 @@ def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any
         assert [n["id"] for n in graph["nodes"]] == ["reserve", "charge", "ship"]  # in the order they started
     finally:
         store.close()
+
+
+def test_lineage_of_a_forked_run(tmp_path: Any) -> None:
+    """A fork's page names its parent and the node it was forked from; the parent's page lists its
+    forks; an inherited node's row says where it was run (docs/fork.md)."""
+    import raysaga
+    from raysaga import Workflow
+
+    wf = Workflow("lineage")
+
+    @wf.step()
+    def first() -> int:
+        return 1
+
+    @wf.step()
+    def second(first: int) -> int:
+        return first + 1
+
+    url = f"sqlite:///{tmp_path / 'lineage.db'}"
+    parent = raysaga.run(wf, None, store=url, executor="inline", run_id="parent-1")
+    raysaga.fork(wf, parent.run_id, from_node="second", store=url, new_run_id="fork-1", executor="inline")
+    store = SqlStore(url)
+    try:
+        app, _ = build(store)
+        lineage = TestClient(app, base_url=BASE)
+        forked = get(lineage, "/api/runs/fork-1")
+        assert (forked["run"]["parent_run_id"], forked["run"]["forked_from"]) == ("parent-1", "second")
+        rows = {r["node"]: r for r in forked["rows"]}
+        assert rows["first"]["inherited_from"] == "parent-1" and rows["second"]["inherited_from"] is None
+        assert get(lineage, "/api/runs/parent-1")["run"]["children"] == [
+            {"run_id": "fork-1", "status": "completed", "forked_from": "second"}]
+    finally:
+        store.close()
