@@ -15,7 +15,7 @@ from typing import Any
 from raysaga.errors import ConcurrencyConflict, UserError
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.runner import cancel as cancel_run
-from raysaga.orchestrator.runner import create_run
+from raysaga.orchestrator.runner import create_run, reopen
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
 from raysaga.state.decisions import Decision, WaitingApproval
@@ -124,6 +124,15 @@ class Client:
         self.store.send_signal(run_id, "cancel", payload={"reason": reason, "compensate": True, "by": by})
         self.store.wake(run_id, [RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED], reason,
                         "cancel_requested", {"by": by, "compensate": True})
+        return self.get_run(run_id)
+
+    def retry(self, run_id: str, *, by: str | None = None) -> RunRecord:
+        """An operator's retry of a parked run, with the same idempotency keys: a ``failed`` run's
+        failed and skipped nodes go back to pending, a ``compensation_failed`` run's failed
+        compensations do; a worker takes the run up (or ``raysaga resume RUN``)."""
+        current = self.get_run(run_id)
+        record = reopen(self.store, run_id, compensations=current.status == RunStatus.COMPENSATION_FAILED)
+        self.store.wake(run_id, [record.status], f"retried by {by or 'operator'}", "retry_requested", {"by": by})
         return self.get_run(run_id)
 
     # ------------------------------------------------------------------ figures

@@ -263,17 +263,12 @@ def check_retryable(run: RunRecord, compensations: bool) -> None:
                         f"{'with' if compensations else 'without'} --compensations{hint}")
 
 
-def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
-          address: str | None = None, options: RunOptions | None = None,
-          on_progress: ProgressHook | None = None, compensations: bool = False) -> RunRecord:
-    """Operator retry of a parked run, with the same idempotency keys.
-
-    A ``failed`` run: its failed and skipped nodes run again; completed nodes and committed
-    effects stand. With ``compensations``, a ``compensation_failed`` run: its failed
-    compensations run again and the rollback completes.
-    """
-    st = _store(store)
-    run = st.get_run(run_id, lenient=True)  # a damaged input: the resume below parks it again, naming it
+def reopen(st: Store, run_id: str, compensations: bool = False) -> RunRecord:
+    """Make a parked run runnable again, with the same idempotency keys: a ``failed`` run's failed
+    and skipped nodes go back to pending and it is ``running``; with ``compensations``, a
+    ``compensation_failed`` run's failed compensations go back to pending and it is
+    ``compensating``. Its lease is free afterwards: ``resume`` (or a worker) drives it."""
+    run = st.get_run(run_id, lenient=True)  # a damaged input: the resume parks it again, naming it
     check_retryable(run, compensations)
     lease, _ = claim(st, run_id, driver_id(), CANCEL_TTL)
     try:
@@ -294,9 +289,24 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
                          NodeStatus.FAILED, NodeStatus.SKIPPED, NodeStatus.CANCELLED, NodeStatus.RETRYING)]
             update = RunUpdate(status=RunStatus.RUNNING, status_reason="operator retry",
                                retries_delta=-run.retries_used, error=None, set_error=True)
-        st.commit(lease, Batch(nodes=reset, run=update))
+        record = st.commit(lease, Batch(nodes=reset, run=update))
     finally:
         st.release(lease)
+    assert record is not None
+    return record
+
+
+def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
+          address: str | None = None, options: RunOptions | None = None,
+          on_progress: ProgressHook | None = None, compensations: bool = False) -> RunRecord:
+    """Operator retry of a parked run, with the same idempotency keys.
+
+    A ``failed`` run: its failed and skipped nodes run again; completed nodes and committed
+    effects stand. With ``compensations``, a ``compensation_failed`` run: its failed
+    compensations run again and the rollback completes.
+    """
+    st = _store(store)
+    reopen(st, run_id, compensations)
     return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                   on_progress=on_progress)
 

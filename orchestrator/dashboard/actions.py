@@ -2,8 +2,8 @@
 
 Approve, reject, cancel, cancel and compensate, pause and unpause are the client's methods on
 the dashboard's store, with the actor (``by``) the page sends: the store records each decision
-and transition as an event naming them. Retry drives the run, which a web request must not do:
-the page tells the operator the CLI verb instead (``raysaga retry RUN``).
+and transition as an event naming them. A web request never drives a run: retry makes the parked
+run runnable again (same keys) and a ``raysaga worker`` (or ``raysaga resume RUN``) drives it.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, An
             decision = client.reject(run_id, node, by=by, comment=_text(body, "comment"),
                                      decision_id=_text(body, "decision_id"), fan_index=index)
         return {"ok": True, "verb": verb, "by": by, "decision": decision.model_dump(mode="json")}
-    if verb == "retry":
-        raise UserError(f"retry drives the run, which the dashboard does not do: run `raysaga retry {run_id}`")
-    if verb in ("cancel", "compensate"):
+    if verb == "retry":  # the run is made runnable again; a worker (or `raysaga resume RUN`) drives it
+        run = client.retry(run_id, by=by)
+    elif verb in ("cancel", "compensate"):
         run = client.cancel(run_id, compensate=verb == "compensate", by=by, reason=_text(body, "reason"))
     elif verb == "pause":
         run = client.pause(run_id, by=by, reason=_text(body, "reason"))

@@ -111,3 +111,29 @@ def test_cancel_with_compensation_of_a_waiting_run(sqlite_url: str, services: Fa
         assert client.inbox() == []
         review = next(n for n in client.store.nodes(rested.run_id) if n.node_id == "review")
         assert review.status == NodeStatus.CANCELLED  # the wait is closed with the run
+
+
+def test_retry_of_a_failed_run_through_a_worker(sqlite_url: str, services: FakeServices, tmp_path: Path) -> None:
+    """An operator fixes what failed and retries from any process (the dashboard's button): the run
+    is runnable again with the same keys and a worker drives it; what completed is not re-run."""
+    import raysaga
+
+    (tmp_path / "broken").write_text("yes")
+    with Client(sqlite_url) as client:
+        failed = raysaga.run(flows.fragile, fleet_input(4, services, tmp_path / "t"), store=sqlite_url,
+                             executor="inline")
+        assert failed.status == RunStatus.FAILED
+        (tmp_path / "broken").unlink()
+        retried = client.retry(failed.run_id, by="ops")
+        assert retried.status == RunStatus.RUNNING and retried.lease_owner is None
+        with pytest.raises(UserError, match="only a failed run can be retried"):
+            client.retry(failed.run_id)
+        worker = start_worker(sqlite_url, "fragile")
+        try:
+            wait_until(lambda: client.get_run(failed.run_id).status == RunStatus.COMPLETED, timeout=60,
+                       what="the worker to complete the retried run")
+        finally:
+            code, _, err = stop(worker)
+        assert code == 0, err
+        assert any(e.kind == "retry_requested" and e.data["by"] == "ops" for e in client.store.events(failed.run_id))
+    assert get_log(services.url)["by_subject"] == {"charge:fragile-4": 1}

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from raysaga import Approval, RetryPolicy, StepContext, Workflow
+from raysaga import Approval, Permanent, RetryPolicy, StepContext, Workflow
 from tests.support import services as fake_services
 
 
@@ -122,5 +122,23 @@ def after(ctx: StepContext, input: FleetIn, wait: int) -> str:
     return str(reply["id"])
 
 
+fragile = Workflow("fleet_fragile")
+
+
+@fragile.step()
+def check(ctx: StepContext, input: FleetIn) -> int:
+    """Fails for good while the file ``broken`` stands beside ``input.trace`` (an operator's fix
+    is to delete it, then retry the run)."""
+    if (Path(input.trace).parent / "broken").exists():
+        raise Permanent("the upstream is broken")
+    return input.n
+
+
+@fragile.step(effect=True, retry=FAST_RETRY)
+def settle(ctx: StepContext, input: FleetIn, check: int) -> str:
+    reply = fake_services.post(input.services, "charge", _key(ctx), {"subject": f"fragile-{check}"})
+    return str(reply["id"])
+
+
 #: For ``tests.support.crash_driver --flows tests.support.fleet_flows --flow NAME``.
-FLOWS = {"short": short, "approval": approval, "slow": slow}
+FLOWS = {"short": short, "approval": approval, "slow": slow, "fragile": fragile}
