@@ -15,7 +15,8 @@ The public API, by group (one line each in docs/api.md):
 - **Running**: ``run``, ``create_run``, ``resume``, ``retry``, ``cancel``, ``fork``, ``replay``, ``RunOptions``;
   ``Client`` (submit to the worker fleet, approve and reject, pause, cancel, the inbox, stats),
   ``Worker`` (claim and drive runnable runs, as ``raysaga worker`` does).
-- **The store**: ``open_store``, ``Store``, ``RunRecord``, ``RunStatus``, ``prune``.
+- **The store**: ``open_store``, ``Store``, ``RunRecord``, ``RunStatus``, ``prune``; ``RunView`` (a run's
+  DAG with live states, in a notebook).
 - **Failing a step on purpose**: ``StepFailure``, ``Permanent``, ``Transient``.
 - **Errors**: every one descends from ``RaySagaError`` (the tree is drawn in ``raysaga.errors``):
   a caller's mistakes are ``UserError``s (``WorkflowDefinitionError``, ``InvalidInputError``,
@@ -61,6 +62,7 @@ if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZ
     from raysaga.orchestrator.client import Client
     from raysaga.orchestrator.fork import fork
     from raysaga.orchestrator.replay import replay
+    from raysaga.orchestrator.run_views import RunView
     from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
     from raysaga.orchestrator.saga import Saga
     from raysaga.orchestrator.secrets import Secret
@@ -88,6 +90,7 @@ _LAZY = {
     **dict.fromkeys(("Approval", "Ask", "RateLimit", "RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
     **dict.fromkeys(("Client",), "raysaga.orchestrator.client"),
     **dict.fromkeys(("Worker",), "raysaga.orchestrator.worker"),
+    **dict.fromkeys(("RunView",), "raysaga.orchestrator.run_views"),
     **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
     **dict.fromkeys(("fork",), "raysaga.orchestrator.fork"),
     **dict.fromkeys(("replay",), "raysaga.orchestrator.replay"),
@@ -140,6 +143,7 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     # the store
     "RunRecord",
     "RunStatus",
+    "RunView",
     "Store",
     "open_store",
     "prune",

@@ -57,7 +57,7 @@ GROUPS: dict[str, list[str]] = {
                          "min_success_ratio", "on_partial_failure", "quorum"],
     "running": ["Client", "RunOptions", "Worker", "cancel", "create_run", "fork", "replay", "resume", "retry",
                 "run"],
-    "the store": ["RunRecord", "RunStatus", "Store", "open_store", "prune"],
+    "the store": ["RunRecord", "RunStatus", "RunView", "Store", "open_store", "prune"],
     "failing a step on purpose": ["Permanent", "StepFailure", "Transient"],
     "errors": ["RaySagaError", "UserError", "InvalidInputError", "InvalidOptionError", "NotJSONableError",
                "SecretUnavailableError", "WorkflowDefinitionError", "StoreError", "LeaseHeldError",

@@ -69,6 +69,7 @@ EXPECTED_ALL = [
     "RunOptions",
     "RunRecord",
     "RunStatus",
+    "RunView",
     "Saga",
     "Secret",
     "SecretUnavailableError",
