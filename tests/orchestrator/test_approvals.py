@@ -312,3 +312,23 @@ def test_concurrent_decisions_record_one(store_url: str) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+def test_a_secret_in_a_decision_never_reaches_the_store(sqlite_url: str) -> None:
+    """An approver pastes an API key into the comment: the signal, the event, the node's output and
+    the decision returned all hold it redacted."""
+    key = "sk-ant-api03-" + "Q" * 40
+    wf = refund_flow()
+    rested = _run(wf, sqlite_url)
+    store = SqlStore(sqlite_url)
+    try:
+        decision = store.decide(rested.run_id, "review", "approve", by="erin", comment=f"paid with {key}")
+        assert key not in str(decision) and "[redacted]" in (decision.comment or "")
+        done = _resume(wf, sqlite_url, rested.run_id)
+        assert done.status == RunStatus.COMPLETED
+        stored = [str(e.data) for e in store.events(rested.run_id)]
+        stored += [str(n.output) for n in store.nodes(rested.run_id)]
+        assert not [s for s in stored if key in s]
+        assert any("[redacted]" in s for s in stored)
+    finally:
+        store.close()
