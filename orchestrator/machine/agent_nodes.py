@@ -137,11 +137,11 @@ class AgentNodes:
             assert sub.turn is not None
             self.calls.attempts[sub] = row.attempt
             if row.status == NodeStatus.WAITING and sub.call is not None:  # a tool call asked of a human
+                # it waits again; its decision, if one was made, is still an unconsumed signal (consumed
+                # only with the call's outcome) and is applied again: the row's "approved" is for readers
                 request = request_of(row)
                 if request is not None:
                     node.asked[sub] = request
-                if isinstance(output, dict) and isinstance(output.get("approved"), dict):
-                    node.approved[sub] = output["approved"]["args"]
             elif row.status == NodeStatus.COMPLETED:
                 node.conv.put(sub.turn, sub.call, output)
             elif sub.call is not None and row.status == NodeStatus.FAILED:

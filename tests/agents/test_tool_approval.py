@@ -33,6 +33,7 @@ REFUNDS: list[dict[str, Any]] = []
 def _fresh() -> None:
     SEEN.clear()
     REFUNDS.clear()
+    LOOKUPS.clear()
 
 
 @tool(effect=True, requires_approval=True, approvers=["alice"])
@@ -40,6 +41,16 @@ def refund(order: str, amount: int) -> str:
     """Refund an order."""
     REFUNDS.append({"order": order, "amount": amount})
     return f"refunded {amount} on {order}"
+
+
+LOOKUPS: list[str] = []
+
+
+@tool(requires_approval=True)
+def lookup(order: str) -> str:
+    """Look an order up."""
+    LOOKUPS.append(order)
+    return f"{order}: in transit"
 
 
 def flow() -> tuple[Workflow, RecordingModel]:
@@ -128,6 +139,35 @@ def test_a_crash_after_the_decision_keeps_it(sqlite_url: str) -> None:
         assert done.status == RunStatus.COMPLETED
         assert REFUNDS == [{"order": "o-1", "amount": 90}] and len(SEEN) == 2
         assert store.pending_signals(run_id) == []  # consumed with the call's outcome
+    finally:
+        store.close()
+
+
+def test_a_crash_between_the_decision_and_a_plain_tool_call_keeps_it(sqlite_url: str) -> None:
+    """A tool that is not an effect writes no row before its call: a crash before the commit of its
+    outcome leaves the row waiting and the decision unconsumed; the resume applies the same
+    decision again (nobody is asked twice) and consumes it with the call's outcome. The call itself
+    is at least once, like any plain step."""
+    model = recording(default=(tool_reply(("lookup", {"order": "o-9"})), text_reply("found")))
+    agent = Agent(name="reader", model=model, tools=(lookup,))
+    wf = Workflow("tool_approval_plain")
+
+    @wf.agent(agent)
+    def ask(input: str) -> str:
+        return input
+
+    run_id = raysaga.create_run(wf, "where is o-9", store=sqlite_url).run_id
+    drive(sqlite_url, wf, run_id)
+    store = SqlStore(sqlite_url)
+    try:
+        store.decide(run_id, "ask@0.0", "approve", by="alice")
+        with pytest.raises(SimulatedCrash):
+            drive(sqlite_url, wf, run_id, faults=CrashAt("before_commit", "ask@0.0"))
+        row = next(n for n in store.nodes(run_id) if n.node_id == "ask@0.0")
+        assert row.status == NodeStatus.WAITING and [s.kind for s in store.pending_signals(run_id)] == ["approve"]
+        done = drive(sqlite_url, wf, run_id)
+        assert done.status == RunStatus.COMPLETED and LOOKUPS == ["o-9", "o-9"]
+        assert store.pending_signals(run_id) == []  # the decision consumed with the call's outcome
     finally:
         store.close()
 
