@@ -12,12 +12,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raysaga.errors import ConcurrencyConflict, UserError
+from raysaga.errors import LeaseHeldError, UserError
+from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.ownership import claim
+from raysaga.orchestrator.runner import CANCEL_TTL, create_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
-from raysaga.orchestrator.runner import create_run, reopen
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import RunRecord, RunStatus, Store, open_store
+from raysaga.state import Batch, NewEvent, RunRecord, RunStatus, RunUpdate, Store, open_store
 from raysaga.state.decisions import Decision, WaitingApproval
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.stats import Stats
@@ -86,14 +88,30 @@ class Client:
             if run.status == RunStatus.PAUSED:
                 return run
             if run.status in _RESTING and not _live(run):
-                try:
-                    return self.store.transition(run_id, run.version, RunStatus.PAUSED, reason=reason,
-                                                 data={"by": by})
-                except ConcurrencyConflict:
-                    continue  # a worker took it up meanwhile: look again
+                paused = self._pause_at_rest(run_id, reason, by)
+                if paused is not None:
+                    return paused
+                continue  # a worker took it up meanwhile: look again
             self.store.send_signal(run_id, "pause", payload={"reason": reason, "by": by})
             return self.get_run(run_id)
         raise UserError(f"run {run_id!r} kept changing while it was being paused: try again")
+
+    def _pause_at_rest(self, run_id: str, reason: str, by: str | None) -> RunRecord | None:
+        """Pause a run no driver holds, under a lease of its own (as a cancel is taken): a worker
+        claiming the run a moment later finds it paused; one that claimed it first makes this
+        return None (the caller then signals its driver)."""
+        try:
+            lease, _ = claim(self.store, run_id, driver_id(), CANCEL_TTL)
+        except LeaseHeldError:
+            return None
+        try:
+            if self.store.get_run(run_id, lenient=True).status not in _RESTING:
+                return None
+            self.store.commit(lease, Batch(run=RunUpdate(status=RunStatus.PAUSED, status_reason=reason),
+                                           events=[NewEvent(kind="pause_requested", data={"by": by})]))
+        finally:
+            self.store.release(lease)
+        return self.get_run(run_id)
 
     def unpause(self, run_id: str, *, by: str | None = None) -> RunRecord:
         """Let a paused run go on: a worker takes it up at once (or ``raysaga resume RUN``)."""
