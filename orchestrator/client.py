@@ -19,7 +19,7 @@ from raysaga.orchestrator.ownership import claim
 from raysaga.orchestrator.runner import CANCEL_TTL, create_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import Batch, NewEvent, RunRecord, RunStatus, RunUpdate, Store, open_store
+from raysaga.state import RunRecord, RunStatus, Store, open_store
 from raysaga.state.decisions import Decision, WaitingApproval
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.stats import Stats
@@ -105,10 +105,11 @@ class Client:
         except LeaseHeldError:
             return None
         try:
-            if self.store.get_run(run_id, lenient=True).status not in _RESTING:
+            run = self.store.get_run(run_id, lenient=True)
+            if run.status not in _RESTING:
                 return None
-            self.store.commit(lease, Batch(run=RunUpdate(status=RunStatus.PAUSED, status_reason=reason),
-                                           events=[NewEvent(kind="pause_requested", data={"by": by})]))
+            # holding the lease, no driver can move the run: the transition's event names the actor
+            self.store.transition(run_id, run.version, RunStatus.PAUSED, reason=reason, data={"by": by})
         finally:
             self.store.release(lease)
         return self.get_run(run_id)
