@@ -68,9 +68,11 @@ def test_fleet_survives_random_worker_kills(pg_url: str, tmp_path: Path, service
     readers = {name: SqlStore(url) for name, (url, _, _) in stores.items()}
 
     def all_done() -> bool:
+        """Every run of this test at rest (PostgreSQL's database is the session's: other tests'
+        runs are there too, some left waiting on purpose)."""
         at_rest = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATED)
-        return not any(waiting.values()) and all(r.status in at_rest for store in readers.values()
-                                                 for r in store.list_runs(limit=RUNS_PER_STORE + 10))
+        return not any(waiting.values()) and all(readers[name].get_run(run_id).status in at_rest
+                                                 for name, submitted in runs.items() for run_id, _ in submitted)
 
     try:
         # the chaos lasts while runs arrive and for a fixed number of kills, then the fleet finishes
