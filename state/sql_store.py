@@ -198,8 +198,15 @@ class SqlStore(ForkRows, DashboardReads, Store):
                    data: Any = None) -> RunRecord:
         now = time.time()
         with self.engine.begin() as conn:
-            with reading(run_id, runs.name):  # the status and version columns only: never the values
-                found = conn.execute(select(runs.c.version).where(runs.c.run_id == run_id)).first()
+            # the status and version columns only (never the values), the row locked on PostgreSQL: read
+            # apart under READ COMMITTED, the version could predate a concurrent transition whose new
+            # status the next read saw (a loser of the race then failed 'running to running' instead
+            # of a ConcurrencyConflict); SQLite's BEGIN IMMEDIATE already serialises writers
+            query = select(runs.c.version).where(runs.c.run_id == run_id)
+            if conn.dialect.name == "postgresql":
+                query = query.with_for_update()
+            with reading(run_id, runs.name):
+                found = conn.execute(query).first()
             if found is None:
                 raise RunNotFoundError(run_id)
             current_status = run_status(conn, run_id)
