@@ -11,7 +11,10 @@ What it prints (medians over ``--reps``):
   "one Ray task + one fsync'd SQLite commit (WAL, synchronous=FULL) per node".
   Target: raysaga-ray / floor <= 1.2x.
 * Fan-out: nodes/s of ``plan -> N x item -> sink`` next to raw Ray submitting N no-op tasks
-  and one ``ray.get``. Target: raysaga / raw >= 0.8x.
+  and one ``ray.get``. Target: raysaga / raw >= 0.8x. Next to it, raw Ray *batched* the way
+  raysaga's executor batches fan-out items (``RayExecutor.MAX_CHUNK`` = 64 items per task):
+  N / 64 tasks each calling the no-op 64 times, one ``ray.get``. Target (issue 11, "lean
+  fan-out"): raysaga / batched raw Ray >= 0.5x at the big size.
 * DB size: bytes per node of the SQLite file (+ ``-wal``) after ``wal_checkpoint(TRUNCATE)``,
   gross and net of the empty migrated database. Targets: < 1 KiB/node net, and linear (net
   bytes/node about the same at the two fan-out sizes).
@@ -59,6 +62,7 @@ PG_ENV = "RAYSAGA_BENCH_PG_URL"
 
 TARGET_CHAIN_RATIO = 1.2  # raysaga-ray / (raw Ray round trip + one commit), at most
 TARGET_FANOUT_RATIO = 0.8  # raysaga / raw Ray nodes per second, at least
+TARGET_BATCHED_RATIO = 0.5  # raysaga / raw Ray batched in raysaga's chunks, nodes per second, at least (big fan-out)
 TARGET_BYTES_PER_NODE = 1024  # SQLite bytes per node net of the empty schema, below
 TARGET_LINEAR_TOLERANCE = 0.25  # net bytes/node of the big fan-out within +-25% of the small one
 
@@ -262,6 +266,22 @@ def raw_ray_fanout(ray: Any, task: Any, n: int) -> Timing:
     return t[0]
 
 
+def noop_chunk(size: int) -> None:
+    """The batched baseline's task body: ``size`` no-op items, as a raysaga chunk runs them."""
+    for _ in range(size):
+        flows.noop()
+
+
+def raw_ray_fanout_batched(ray: Any, chunk_task: Any, n: int) -> Timing:
+    """``n`` no-op items in tasks of ``RayExecutor.MAX_CHUNK`` (raysaga's chunk), one ``ray.get``."""
+    from raysaga.orchestrator.executor import RayExecutor
+
+    size = RayExecutor.MAX_CHUNK
+    with timed() as t:
+        ray.get([chunk_task.remote(min(size, n - i)) for i in range(0, n, size)])
+    return t[0]
+
+
 # ---------------------------------------------------------------------------- raysaga
 
 
@@ -363,6 +383,7 @@ def warm_up(ray: Any, task: Any, tmp: Path) -> None:
 def bench(ray: Any, sizes: Sizes, tmp: Path, pg_url: str | None, log: Callable[[str], None]) -> Results:
     results = Results()
     task = ray.remote(max_retries=0)(flows.noop)
+    chunk_task = ray.remote(max_retries=0)(noop_chunk)
     results.empty_db_bytes = empty_db_bytes(tmp)
     log("warming up")
     warm_up(ray, task, tmp)
@@ -381,6 +402,7 @@ def bench(ray: Any, sizes: Sizes, tmp: Path, pg_url: str | None, log: Callable[[
         for fan in sizes.fanouts:
             log(f"rep {rep + 1}/{sizes.reps}: fan-out of {fan:,}")
             results.add_fanout("raw_ray", fan, raw_ray_fanout(ray, task, fan))
+            results.add_fanout("raw_ray_batched", fan, raw_ray_fanout_batched(ray, chunk_task, fan))
             timing, path = raysaga_fanout(fan, tmp)
             results.add_fanout("raysaga", fan, timing)
             if rep == 0:
@@ -410,6 +432,8 @@ def _loadavg() -> str:
 
 def report(results: Results, sizes: Sizes, *, pg: bool) -> tuple[str, list[tuple[str, bool, str]]]:
     import ray
+
+    from raysaga.orchestrator.executor import RayExecutor
 
     out = io.StringIO()
 
@@ -442,14 +466,16 @@ def report(results: Results, sizes: Sizes, *, pg: bool) -> tuple[str, list[tuple
         p("  (PostgreSQL rows are compared with the PostgreSQL floor)")
     p()
     p("== Fan-out: plan -> N no-op items -> sink (executor=ray) ==")
-    p(f"  {'N':>8}  {'raw Ray tasks/s':>16}  {'raysaga nodes/s':>16}  {'ratio':>7}  "
-      f"{'driver CPU ms/node: raw':>24}  {'raysaga':>8}")
+    p(f"  {'N':>8}  {'raw Ray tasks/s':>16}  {'raw batched items/s':>20}  {'raysaga nodes/s':>16}  {'ratio':>7}  "
+      f"{'/batched':>8}  {'driver CPU ms/node: raw':>24}  {'raysaga':>8}")
     f = {k: median(v) for k, v in results.fanout.items()}
     fc = {k: median(v) for k, v in results.fanout_cpu.items()}
     for n in sizes.fanouts:
-        raw, ours = f[("raw_ray", n)], f[("raysaga", n)]
-        p(f"  {n:>8,}  {raw:16,.0f}  {ours:16,.0f}  {ours / raw:6.2f}x  "
-          f"{_ms(fc[('raw_ray', n)]):>24}  {_ms(fc[('raysaga', n)])}")
+        raw, batched, ours = f[("raw_ray", n)], f[("raw_ray_batched", n)], f[("raysaga", n)]
+        p(f"  {n:>8,}  {raw:16,.0f}  {batched:20,.0f}  {ours:16,.0f}  {ours / raw:6.2f}x  "
+          f"{ours / batched:7.2f}x  {_ms(fc[('raw_ray', n)]):>24}  {_ms(fc[('raysaga', n)])}")
+    p(f"  (raw batched: N / {RayExecutor.MAX_CHUNK} Ray tasks of {RayExecutor.MAX_CHUNK} no-op items each, "
+      "raysaga's largest chunk)")
     p()
     p("== DB size: SQLite file + -wal after PRAGMA wal_checkpoint(TRUNCATE) ==")
     p(f"  empty migrated database: {results.empty_db_bytes:,} bytes (net = total - empty)")
@@ -467,6 +493,10 @@ def report(results: Results, sizes: Sizes, *, pg: bool) -> tuple[str, list[tuple
         fanout_ratio = f[("raysaga", n)] / f[("raw_ray", n)]
         targets.append((f"fan-out {n:,}: raysaga / raw Ray nodes/s >= {TARGET_FANOUT_RATIO}x",
                         fanout_ratio >= TARGET_FANOUT_RATIO, f"{fanout_ratio:.2f}x"))
+    wide = sizes.fanouts[1]
+    batched_ratio = f[("raysaga", wide)] / f[("raw_ray_batched", wide)]
+    targets.append((f"fan-out {wide:,}: raysaga / raw Ray batched in chunks of {RayExecutor.MAX_CHUNK} "
+                    f">= {TARGET_BATCHED_RATIO}x", batched_ratio >= TARGET_BATCHED_RATIO, f"{batched_ratio:.2f}x"))
     worst_name, worst = max(results.db.items(), key=lambda kv: kv[1]["net_per_node"])
     targets.append((f"DB net bytes/node < {TARGET_BYTES_PER_NODE:,} (worst: {worst_name})",
                     worst["net_per_node"] < TARGET_BYTES_PER_NODE, f"{worst['net_per_node']:,.0f} B/node"))
