@@ -10,6 +10,9 @@ from pydantic import BaseModel, Field
 class Usage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    """Prompt tokens served from the provider's cache (reported, e.g. in traces; not in ``total``)."""
+    cache_creation_input_tokens: int = 0
 
     @property
     def total(self) -> int:

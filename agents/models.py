@@ -97,7 +97,9 @@ class AnthropicModel:
         return ModelResponse(
             content=[block.model_dump(mode="json", exclude_none=True) for block in message.content],
             stop_reason=message.stop_reason,
-            usage=Usage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens),
+            usage=Usage(input_tokens=message.usage.input_tokens, output_tokens=message.usage.output_tokens,
+                        cache_read_input_tokens=getattr(message.usage, "cache_read_input_tokens", None) or 0,
+                        cache_creation_input_tokens=getattr(message.usage, "cache_creation_input_tokens", None) or 0),
             model=message.model,
         )
 

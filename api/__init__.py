@@ -14,7 +14,8 @@ The public API, by group (one line each in docs/api.md):
   ``RetryFailed``, ``Fail``, ``Compensate``.
 - **Running**: ``run``, ``create_run``, ``resume``, ``retry``, ``cancel``, ``fork``, ``replay``, ``RunOptions``;
   ``Client`` (submit to the worker fleet, approve and reject, pause, cancel, the inbox, stats),
-  ``Worker`` (claim and drive runnable runs, as ``raysaga worker`` does).
+  ``Worker`` (claim and drive runnable runs, as ``raysaga worker`` does); ``configure_tracing``
+  (OpenTelemetry spans of every run, to a provider of your choice).
 - **The store**: ``open_store``, ``Store``, ``RunRecord``, ``RunStatus``, ``prune``; ``RunView`` (a run's
   DAG with live states, in a notebook).
 - **Failing a step on purpose**: ``StepFailure``, ``Permanent``, ``Transient``.
@@ -67,6 +68,7 @@ if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZ
     from raysaga.orchestrator.saga import Saga
     from raysaga.orchestrator.secrets import Secret
     from raysaga.orchestrator.spec import NOT_APPLIED
+    from raysaga.orchestrator.tracing import configure_tracing
     from raysaga.orchestrator.worker import Worker
     from raysaga.orchestrator.workflow import Workflow
     from raysaga.sagas.policy import (
@@ -94,6 +96,7 @@ _LAZY = {
     **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
     **dict.fromkeys(("fork",), "raysaga.orchestrator.fork"),
     **dict.fromkeys(("replay",), "raysaga.orchestrator.replay"),
+    **dict.fromkeys(("configure_tracing",), "raysaga.orchestrator.tracing"),
     **dict.fromkeys(("Secret",), "raysaga.orchestrator.secrets"),
     **dict.fromkeys(("NOT_APPLIED",), "raysaga.orchestrator.spec"),
     **dict.fromkeys(("Workflow",), "raysaga.orchestrator.workflow"),
@@ -134,6 +137,7 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     "RunOptions",
     "Worker",
     "cancel",
+    "configure_tracing",
     "create_run",
     "fork",
     "replay",

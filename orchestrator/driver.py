@@ -22,7 +22,7 @@ from typing import Any
 
 from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import agent_io, versions
+from raysaga.orchestrator import agent_io, tracing, versions
 from raysaga.orchestrator.blob_parking import parking
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
@@ -36,6 +36,7 @@ from raysaga.orchestrator.progress import Progress
 from raysaga.orchestrator.rate_gate import RateGate
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.task import NodeOutcome, execute
+from raysaga.orchestrator.tracing import RunTracing
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -66,8 +67,7 @@ _TRANSITIONS = frozenset({RunStatus.COMPENSATING, RunStatus.COMPLETED, RunStatus
                           RunStatus.COMPENSATION_FAILED})
 
 
-def driver_id() -> str:  # a lease owner naming this process (raysaga.orchestrator.ownership)
-    return new_owner()
+driver_id = new_owner  # a lease owner naming this process (raysaga.orchestrator.ownership)
 
 
 class Driver:
@@ -97,6 +97,7 @@ class Driver:
         self._handled_signals: set[int] = set()
         self._blob_refs: dict[str, str] = {}  # digest -> the node (or input) it was read for
         self._pending = Batch()  # writes of the shell itself (events), committed with the machine's
+        self.tracing: RunTracing | None = None  # OpenTelemetry spans from what is committed (off: None)
 
     # ------------------------------------------------------------------ entry point
 
@@ -162,6 +163,9 @@ class Driver:
             and (e.node_id, e.fan_index) not in completed})
         m = RunMachine(self.wf, snap.run, self.options, self.rng)
         m.restore(snap, outputs, ledger)
+        self.tracing = tracing.for_run(self.wf, snap.run, self.owner)
+        if self.tracing is not None:
+            self.tracing.restored(snap, outputs)
         self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)
         return m
@@ -486,14 +490,9 @@ class Driver:
         record = self.store.commit(self._hb.lease, batch)
         if record is not None:
             self.run = record
+        if self.tracing is not None:
+            self.tracing.committed(batch, record)
         self.faults.hit("after_commit", labels or [])
-        self._report_progress()
+        if self.machine is not None:
+            self.progress.report(self.machine.forward.counts)
         return record
-
-    def _report_progress(self) -> None:
-        if self.machine is None or not self.progress.listeners:
-            return
-        counts = self.machine.forward.counts
-        if (self.progress.done, self.progress.failed) != (counts.done, counts.failed):
-            self.progress.done, self.progress.failed = counts.done, counts.failed
-            self.progress.notify()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -18,3 +19,9 @@ class Progress:
     def notify(self) -> None:
         for listener in self.listeners:
             listener(self)
+
+    def report(self, counts: Any) -> None:
+        """Take the machine's ``done``/``failed`` counts; tell the listeners when they moved."""
+        if self.listeners and (self.done, self.failed) != (counts.done, counts.failed):
+            self.done, self.failed = counts.done, counts.failed
+            self.notify()

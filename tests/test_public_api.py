@@ -55,7 +55,7 @@ GROUPS: dict[str, list[str]] = {
                              "StepContext", "Workflow"],
     "fan-out policies": ["ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
                          "min_success_ratio", "on_partial_failure", "quorum"],
-    "running": ["Client", "RunOptions", "Worker", "cancel", "create_run", "fork", "replay", "resume", "retry",
+    "running": ["Client", "RunOptions", "Worker", "cancel", "configure_tracing", "create_run", "fork", "replay", "resume", "retry",
                 "run"],
     "the store": ["RunRecord", "RunStatus", "RunView", "Store", "open_store", "prune"],
     "failing a step on purpose": ["Permanent", "StepFailure", "Transient"],

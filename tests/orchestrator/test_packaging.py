@@ -84,6 +84,7 @@ EXPECTED_ALL = [
     "Workflow",
     "WorkflowDefinitionError",
     "cancel",
+    "configure_tracing",
     "create_run",
     "fork",
     "min_success_ratio",

@@ -46,7 +46,7 @@ from pydantic import BaseModel
 
 from raysaga import RetryPolicy, Workflow
 from raysaga.agents import Agent, AnthropicModel, tool
-from tests.support import REPO
+from tests.support import REPO, spans
 from tests.support import crash_driver as harness
 from tests.support import messages_server as ms
 from tests.support import services as fake_services
@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--go-file", default=None, help="import everything, then wait for this file")
     parser.add_argument("--log-level", default=None, help="configure root logging at this level (to stderr)")
     args = parser.parse_args(argv)
+    spans.install_from_env()  # RAYSAGA_TEST_SPANS: this process's spans to a file (tests/orchestrator/test_tracing.py)
     if args.log_level:
         logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr)
 

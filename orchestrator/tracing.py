@@ -1,0 +1,251 @@
+"""OpenTelemetry spans of a run, made from what its driver commits (the ``otel`` extra).
+
+Off unless the process uses the OpenTelemetry SDK: an application that set a global
+``TracerProvider`` (or ran under ``opentelemetry-instrument``), or called ``configure_tracing``.
+Off, a driver pays one dictionary lookup per run and imports nothing.
+
+Spans are written from committed rows, never from what is about to happen, so a span says what the
+store says: run → node → attempt → model turn → tool call, plus compensations (under the node they
+undo), waits for a human or a timer, and retry backoffs. Every id is derived from the run and what
+the span is about (``raysaga.orchestrator.tracing_ids``), so a crash and its resume, even on
+another machine, make one trace. A row is committed once, so its span is emitted once: a resume
+replays a model turn answered before the crash from the store, and marks that as a *replay* span
+(``raysaga.turn.replayed``, no token usage) instead of a second span of the turn.
+
+A span starts and ends at the times the rows hold; a node's span starts at the first attempt this
+driver saw begin (after a resume: the attempt in flight when it took over).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from raysaga.agents.messages import Usage
+from raysaga.node_key import NodeKey, NodeKind
+from raysaga.orchestrator import tracing_attrs as attrs_of
+from raysaga.orchestrator.tracing_ids import DeterministicIds, span_id, trace_id_of
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import Batch, NodeStatus, NodeWrite, RunRecord, RunSnapshot
+from raysaga.state.models import PARKED, TERMINAL
+
+__all__ = ["RunTracing", "configure_tracing", "for_run"]
+
+_provider: Any = None
+_ENDED = frozenset({NodeStatus.COMPLETED, NodeStatus.FAILED, NodeStatus.CANCELLED})
+_OUTCOMES = _ENDED | {NodeStatus.RETRYING}
+_RUN_ENDS = TERMINAL | PARKED
+
+
+def configure_tracing(tracer_provider: Any | None = None) -> None:
+    """Send raysaga's spans to ``tracer_provider`` (an OpenTelemetry SDK ``TracerProvider``)
+    instead of OpenTelemetry's global one; ``None`` goes back to the global provider."""
+    global _provider
+    _provider = tracer_provider
+
+
+def for_run(workflow: Workflow, run: RunRecord, owner: str) -> RunTracing | None:
+    """The run's tracer, or None when nothing would receive its spans."""
+    provider = _provider
+    if provider is None:
+        api = sys.modules.get("opentelemetry.trace")
+        if api is None:  # nobody imported OpenTelemetry: tracing is off
+            return None
+        provider = api.get_tracer_provider()
+        if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
+            return None
+    return RunTracing(workflow, run, owner, provider)
+
+
+class RunTracing:
+    """Turns one driver's committed batches into spans (used from the driver's thread)."""
+
+    def __init__(self, workflow: Workflow, run: RunRecord, owner: str, provider: Any) -> None:
+        from opentelemetry import context, trace
+
+        self._api, self._empty = trace, context.Context()
+        self.wf, self.run, self.owner = workflow, run, owner
+        self.trace_id = trace_id_of(run.trace_id)
+        self.ids = DeterministicIds(self.trace_id)
+        self.tracer = provider.get_tracer("raysaga")
+        if hasattr(self.tracer, "id_generator"):  # the SDK's tracer: our ids, not random ones
+            self.tracer.id_generator = self.ids
+        self._started: dict[str, float] = {}  # label -> start of its attempt in flight
+        self._first: dict[str, float] = {}  # label -> start of the first attempt seen
+        self._waiting: dict[str, tuple[float, str]] = {}  # label -> (since, "human" | "timer")
+        self._attempt: dict[str, int] = {}  # label -> its latest attempt (agent nodes, turns)
+        self._tool_uses: dict[str, list[tuple[str, str]]] = {}  # turn label -> (tool, call id)s
+
+    # ------------------------------------------------------------------ what the driver tells
+
+    def restored(self, snap: RunSnapshot, outputs: Mapping[str, Any]) -> None:
+        """Learn the rows a resume starts from; mark the model turns it replays from the store."""
+        status = {NodeKey.parse(n.node_id, n.fan_index): n.status for n in snap.nodes}
+        now = time.time()
+        for n in snap.nodes:
+            key = NodeKey.parse(n.node_id, n.fan_index)
+            self._seen(key, n.status, n.attempt, n.started_at, n.not_before, now)
+            if key.kind != NodeKind.TURN or n.status != NodeStatus.COMPLETED:
+                continue
+            output = outputs.get(n.output_digest) if n.output_digest else n.output
+            self._tool_uses[key.label] = attrs_of.tool_uses(output)
+            if status.get(key.owner) not in _ENDED:  # its agent goes on: this answer is replayed
+                self._emit(self._turn_name(key), span_id(self.run.run_id, "replay", key.label, self.owner),
+                           self._owner_attempt(key), now, now,
+                           {**self._where(key, n.attempt), **attrs_of.model_turn(output, self._model(key), None,
+                                                                                 replayed=True)})
+
+    def committed(self, batch: Batch, record: RunRecord | None) -> None:
+        if record is not None:
+            self.run = record
+        now = time.time()
+        effects = {(e.node_id, e.fan_index): e for e in batch.effects}
+        for row in batch.nodes:
+            self._row(row, batch.blobs, effects, now)
+        if batch.run is not None and batch.run.status in _RUN_ENDS:
+            self._run_span(now)
+
+    # ------------------------------------------------------------------ rows to spans
+
+    def _seen(self, key: NodeKey, status: NodeStatus, attempt: int, started: float | None,
+              not_before: float | None, now: float) -> None:
+        label = key.label
+        if attempt:
+            self._attempt[label] = attempt
+        if status in (NodeStatus.RUNNING, NodeStatus.WAITING, NodeStatus.RETRYING) and started is not None:
+            self._first.setdefault(label, started)
+            if key.kind == NodeKind.ITEM:  # a fan-out's span starts with its first item
+                self._first.setdefault(key.step, started)
+            if status != NodeStatus.RETRYING:
+                self._started[label] = started
+        if status == NodeStatus.WAITING:
+            self._waiting.setdefault(label, (started or now, "timer" if not_before else "human"))
+
+    def _row(self, row: NodeWrite, blobs: Mapping[str, bytes], effects: Mapping[tuple[str, int], Any],
+             now: float) -> None:
+        key = NodeKey.parse(row.node_id, row.fan_index)
+        label, status = key.label, row.status
+        self._seen(key, status, row.attempt, row.started_at, row.not_before, now)
+        if status not in _OUTCOMES and status != NodeStatus.SKIPPED:
+            return
+        end = row.finished_at or now
+        start = row.started_at or self._started.pop(label, None) or end
+        self._started.pop(label, None)
+        waited = self._waiting.pop(label, None)
+        if waited is not None:
+            self._emit(f"wait {key.step}", span_id(self.run.run_id, "wait", label, row.attempt),
+                       self._node_span(key.owner), waited[0], max(waited[0], start if row.started_at else end),
+                       {**self._where(key, row.attempt), "raysaga.wait.kind": waited[1]})
+        attrs = self._where(key, row.attempt)
+        error = attrs_of.error_type(row.error) if status != NodeStatus.COMPLETED else None
+        effect = effects.get((row.node_id, row.fan_index))
+        if effect is not None:
+            attrs["raysaga.effect.key"], attrs["raysaga.effect.status"] = effect.idempotency_key, str(effect.status)
+        kind = key.kind
+        if kind == NodeKind.TURN:
+            output = self._value(row, blobs)
+            if status == NodeStatus.COMPLETED:
+                self._tool_uses[label] = attrs_of.tool_uses(output)
+            attrs.update(attrs_of.model_turn(output, self._model(key), self._cost(key, output)))
+            self._emit(self._turn_name(key), span_id(self.run.run_id, "turn", label, row.attempt or 1),
+                       self._owner_attempt(key), start, end, attrs, error)
+        elif kind == NodeKind.TOOL_CALL:
+            turn = NodeKey(key.step, key.fan_index, key.turn).label
+            asked = self._tool_uses.get(turn, [])
+            name, call_id = asked[key.call] if key.call is not None and key.call < len(asked) else ("", "")
+            result = self._value(row, blobs)
+            attrs.update(attrs_of.tool_call(name, call_id, result))
+            self._emit(f"execute_tool {name}".rstrip(), span_id(self.run.run_id, "tool", label, row.attempt),
+                       span_id(self.run.run_id, "turn", turn, self._attempt.get(turn, 1)), start, end, attrs,
+                       error or attrs.get("error.type"))
+        elif kind == NodeKind.COMPENSATION:
+            self._emit(f"compensate {key.step}", span_id(self.run.run_id, "compensate", label, row.attempt),
+                       self._node_span(key.owner), start, end, attrs, error)
+        else:
+            self._step_row(key, row, start, end, attrs, error)
+
+    def _step_row(self, key: NodeKey, row: NodeWrite, start: float, end: float, attrs: dict[str, Any],
+                  error: str | None) -> None:
+        label, status, run_id = key.label, row.status, self.run.run_id
+        spec = self.wf.steps.get(key.step)
+        fan_out_parent = key.fan_index < 0 and spec is not None and spec.map_over is not None
+        if status != NodeStatus.SKIPPED and not fan_out_parent:
+            self._emit(f"attempt {key.step}", span_id(run_id, "attempt", label, row.attempt), self._node_span(key),
+                       start, end, attrs, error)
+        if status == NodeStatus.RETRYING and row.not_before:
+            self._emit(f"backoff {key.step}", span_id(run_id, "backoff", label, row.attempt), self._node_span(key),
+                       end, max(end, row.not_before), {**attrs, "raysaga.wait.kind": "backoff"})
+        if status in _ENDED or status == NodeStatus.SKIPPED:
+            parent = span_id(run_id, "node", key.step) if key.fan_index >= 0 else span_id(run_id, "run")
+            node_attrs = {**attrs, "raysaga.node.status": str(status)}
+            node_attrs.pop("raysaga.attempt", None)
+            self._emit(f"node {key.step}", self._node_span(key), parent, min(self._first.pop(label, start), start),
+                       end, node_attrs, error)
+
+    def _run_span(self, now: float) -> None:
+        run = self.run
+        attrs = {"raysaga.run.id": run.run_id, "raysaga.workflow.name": run.workflow_name,
+                 "raysaga.workflow.version": run.workflow_version, "raysaga.run.status": str(run.status),
+                 "raysaga.run.tokens_used": run.tokens_used, "raysaga.run.cost_usd": run.cost_used}
+        if run.parent_run_id:
+            attrs["raysaga.run.parent_run_id"] = run.parent_run_id
+        failed = None if run.status == "completed" else (run.status_reason or str(run.status))
+        self._emit(f"run {run.workflow_name}", span_id(run.run_id, "run"), None, run.created_at, now, attrs, failed)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _emit(self, name: str, sid: int, parent: int | None, start: float, end: float, attrs: dict[str, Any],
+              error: str | None = None) -> None:
+        api = self._api
+        ctx = self._empty
+        if parent is not None:
+            ctx = api.set_span_in_context(api.NonRecordingSpan(api.SpanContext(
+                self.trace_id, parent, is_remote=True, trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED))), ctx)
+        self.ids.next_span = sid
+        span = self.tracer.start_span(name, context=ctx, attributes=attrs, start_time=int(start * 1e9))
+        if error:
+            span.set_status(api.Status(api.StatusCode.ERROR, error))
+        span.end(end_time=int(max(start, end) * 1e9))
+
+    def _where(self, key: NodeKey, attempt: int) -> dict[str, Any]:
+        return {"raysaga.run.id": self.run.run_id, "raysaga.node": key.label, "raysaga.step": key.step,
+                "raysaga.fan_index": key.fan_index, "raysaga.attempt": attempt}
+
+    def _node_span(self, key: NodeKey) -> int:
+        return span_id(self.run.run_id, "node", key.label)
+
+    def _owner_attempt(self, key: NodeKey) -> int:
+        owner = key.owner.label
+        return span_id(self.run.run_id, "attempt", owner, self._attempt.get(owner, 1))
+
+    def _agent(self, key: NodeKey) -> Any:
+        spec = self.wf.steps.get(key.step)
+        return None if spec is None else spec.options.get("agent")
+
+    def _model(self, key: NodeKey) -> str | None:
+        agent = self._agent(key)
+        name = getattr(getattr(agent, "model", None), "name", None)
+        return str(name) if name else None
+
+    def _turn_name(self, key: NodeKey) -> str:
+        model = self._model(key)
+        return f"chat {model}" if model else "chat"
+
+    def _cost(self, key: NodeKey, response: Any) -> float | None:
+        agent = self._agent(key)
+        if agent is None or not isinstance(response, dict) or not isinstance(response.get("usage"), dict):
+            return None
+        try:
+            return float(agent.model.cost(Usage.model_validate(response["usage"])))
+        except Exception:  # a model without prices, a usage it cannot read: no cost attribute
+            return None
+
+    @staticmethod
+    def _value(row: NodeWrite, blobs: Mapping[str, bytes]) -> Any:
+        if row.output_digest is None:
+            return row.output
+        raw = blobs.get(row.output_digest)
+        return None if raw is None else json.loads(raw)
