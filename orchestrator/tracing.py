@@ -27,7 +27,7 @@ from typing import Any
 from raysaga.agents.messages import Usage
 from raysaga.node_key import NodeKey, NodeKind
 from raysaga.orchestrator import tracing_attrs as attrs_of
-from raysaga.orchestrator.tracing_ids import DeterministicIds, span_id, trace_id_of
+from raysaga.orchestrator.tracing_ids import DeterministicIds, deterministic, span_id, trace_id_of
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, NodeStatus, NodeWrite, RunRecord, RunSnapshot
 from raysaga.state.models import PARKED, TERMINAL
@@ -69,10 +69,8 @@ class RunTracing:
         self._api, self._empty = trace, context.Context()
         self.wf, self.run, self.owner = workflow, run, owner
         self.trace_id = trace_id_of(run.trace_id)
-        self.ids = DeterministicIds(self.trace_id)
         self.tracer = provider.get_tracer("raysaga")
-        if hasattr(self.tracer, "id_generator"):  # the SDK's tracer: our ids, not random ones
-            self.tracer.id_generator = self.ids
+        self.ids: DeterministicIds | None = deterministic(self.tracer)  # None: not the SDK's tracer
         self._started: dict[str, float] = {}  # label -> start of its attempt in flight
         self._first: dict[str, float] = {}  # label -> start of the first attempt seen
         self._waiting: dict[str, tuple[float, str]] = {}  # label -> (since, "human" | "timer")
@@ -140,7 +138,7 @@ class RunTracing:
                        self._node_span(key.owner), waited[0], max(waited[0], start if row.started_at else end),
                        {**self._where(key, row.attempt), "raysaga.wait.kind": waited[1]})
         attrs = self._where(key, row.attempt)
-        error = attrs_of.error_type(row.error) if status != NodeStatus.COMPLETED else None
+        error = attrs_of.error_type(row.error) if status not in (NodeStatus.COMPLETED, NodeStatus.SKIPPED) else None
         effect = effects.get((row.node_id, row.fan_index))
         if effect is not None:
             attrs["raysaga.effect.key"], attrs["raysaga.effect.status"] = effect.idempotency_key, str(effect.status)
@@ -204,7 +202,8 @@ class RunTracing:
         if parent is not None:
             ctx = api.set_span_in_context(api.NonRecordingSpan(api.SpanContext(
                 self.trace_id, parent, is_remote=True, trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED))), ctx)
-        self.ids.next_span = sid
+        if self.ids is not None:
+            self.ids.use(self.trace_id, sid)
         span = self.tracer.start_span(name, context=ctx, attributes=attrs, start_time=int(start * 1e9))
         if error:
             span.set_status(api.Status(api.StatusCode.ERROR, error))

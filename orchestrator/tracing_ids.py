@@ -11,9 +11,10 @@ exported before its parent still finds it, and a span emitted twice would show u
 from __future__ import annotations
 
 import hashlib
+import threading
 from typing import Any
 
-__all__ = ["DeterministicIds", "span_id", "trace_id_of"]
+__all__ = ["DeterministicIds", "deterministic", "span_id", "step_span_context", "trace_id_of"]
 
 
 def trace_id_of(run_trace_id: str) -> int:
@@ -45,20 +46,44 @@ def step_span_context(run_id: str, run_trace_id: str, node_label: str, attempt: 
 class DeterministicIds:
     """An SDK ``IdGenerator`` that hands out the ids its caller set just before ``start_span``.
 
-    The SDK asks its tracer's generator for a span id (and, for a root span, a trace id) inside
-    ``start_span``; raysaga's tracer sets ``next_span`` and ``trace_id`` first. Used from the
-    driver's thread only.
+    The SDK shares one tracer per instrumentation scope in a process, and asks its generator for a
+    span id (and, for a root span, a trace id) inside ``start_span``. A worker drives several runs
+    at once, one per thread, so the ids are set per thread (``use``) and taken by the next span
+    that thread starts; a span started by anyone else gets the SDK's random ids (``fallback``).
     """
 
-    def __init__(self, trace_id: int) -> None:
-        self.trace_id = trace_id
-        self.next_span = 0
+    def __init__(self, fallback: Any) -> None:
+        self.fallback = fallback
+        self._local = threading.local()
+
+    def use(self, trace_id: int, span_id: int) -> None:
+        self._local.ids = (trace_id, span_id)
 
     def generate_span_id(self) -> int:
-        return self.next_span
+        ids = getattr(self._local, "ids", None)
+        if ids is None:
+            return int(self.fallback.generate_span_id())
+        self._local.ids = None
+        return int(ids[1])
 
     def generate_trace_id(self) -> int:
-        return self.trace_id
+        ids = getattr(self._local, "ids", None)
+        return int(self.fallback.generate_trace_id()) if ids is None else int(ids[0])
 
     def is_trace_id_random(self) -> bool:
-        return False
+        return getattr(self._local, "ids", None) is None and bool(self.fallback.is_trace_id_random())
+
+
+_install = threading.Lock()
+
+
+def deterministic(tracer: Any) -> DeterministicIds | None:
+    """Make ``tracer`` (an SDK tracer, shared by the process) take its ids from a
+    ``DeterministicIds``, once; None for a tracer that is not the SDK's (its ids stay its own)."""
+    with _install:
+        current = getattr(tracer, "id_generator", None)
+        if current is None:
+            return None
+        if not isinstance(current, DeterministicIds):
+            current = tracer.id_generator = DeterministicIds(current)
+        return current

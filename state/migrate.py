@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from pathlib import Path
 
 from sqlalchemy import Engine, inspect, select, text
@@ -85,6 +86,10 @@ def check_version(found: int | None) -> None:
         )
 
 
+#: Held while alembic migrates a database in this process (see ``upgrade``).
+_MIGRATING = threading.Lock()
+
+
 def upgrade(engine: Engine) -> int:
     """Bring the database to this raysaga's schema; return the version now in force."""
     found = current_version(engine)
@@ -93,6 +98,16 @@ def upgrade(engine: Engine) -> int:
     check_writable(_url(engine))
     if found == SCHEMA_VERSION:
         return found
+    with _MIGRATING:  # alembic's `context` and `op` are module globals: one migration per process at once
+        if current_version(engine) == SCHEMA_VERSION:  # another thread migrated it meanwhile
+            return SCHEMA_VERSION
+        _migrate(engine)
+    found = current_version(engine)
+    check_version(found)
+    return found or 0
+
+
+def _migrate(engine: Engine) -> None:
     with opening(_url(engine)), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # two processes migrating one database at once: the second waits, then finds it done
@@ -104,6 +119,3 @@ def upgrade(engine: Engine) -> int:
         cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, "head")
-    found = current_version(engine)
-    check_version(found)
-    return found or 0

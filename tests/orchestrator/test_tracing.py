@@ -18,6 +18,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -176,6 +177,45 @@ def test_a_wait_for_a_human_is_a_span_of_its_node(exported: InMemorySpanExporter
     [wait] = [s for s in index.values() if s.name == "wait review"]
     assert wait.attributes["raysaga.wait.kind"] == "human"
     assert index[wait.parent_id or 0].name == "node review"
+
+
+def test_runs_driven_at_once_in_one_process_keep_their_own_ids(exported: InMemorySpanExporter,
+                                                               tmp_path: Path) -> None:
+    """A worker drives several runs at once, one per thread, through the SDK's one shared tracer:
+    each run's spans carry its own trace id and ids (a barrier makes the two runs' steps, and so
+    their commits and spans, interleave)."""
+    barrier = threading.Barrier(2)
+    wf = Workflow("otel_pair")
+
+    @wf.step()
+    def one(input: int) -> int:
+        barrier.wait(30)
+        return input
+
+    @wf.step()
+    def two(one: int) -> int:
+        barrier.wait(30)
+        return one + 1
+
+    done: dict[int, raysaga.RunRecord] = {}
+
+    def drive(i: int) -> None:
+        done[i] = raysaga.run(wf, i, store=f"sqlite:///{tmp_path / f'{i}.db'}", executor="inline")
+
+    threads = [threading.Thread(target=drive, args=(i,)) for i in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(done) == [1, 2] and {r.status for r in done.values()} == {RunStatus.COMPLETED}
+    spans = from_memory(exported.get_finished_spans())
+    for record in done.values():
+        mine = [s for s in spans if s.trace_id == int(record.trace_id, 16)]
+        index = one_tree(mine, record.trace_id)
+        assert {s.attributes["raysaga.run.id"] for s in mine} == {record.run_id}
+        assert sorted(s.name for s in index.values()) == [
+            "attempt one", "attempt two", "node one", "node two", "run otel_pair"]
+    assert len(spans) == 10, "a span in neither run's trace"
 
 
 def test_a_turn_carries_cache_tokens_and_content_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
