@@ -1,9 +1,23 @@
-"""Crash injection for recovery tests: SIGKILL this process at a named point.
+"""Fault injection for recovery tests: SIGKILL this process, raise, or stall at a named point.
 
 ``RAYSAGA_FAULTS="after_pending:charge,before_commit:*"`` kills the driver the first time it
 reaches one of those points for a matching node label. Points: ``before_pending``,
 ``after_pending`` (the ledger row is durable, the call not made), ``before_commit`` (the
 call returned, its result not yet durable), ``after_commit``, ``before_transition``.
+
+A rule may name what happens instead of the SIGKILL, after ``=``::
+
+    RAYSAGA_FAULTS="after_pending:charge=raise,before_commit:*=stall:2,after_commit:work[3]=kill"
+
+- ``kill`` (the default): SIGKILL this process, there and then.
+- ``raise``: raise ``FaultInjected`` (a ``RuntimeError`` the driver does not expect) out of
+  the driver, as a bug in the engine or a failing library would.
+- ``stall:SECONDS``: block the driver there for that long (a GC pause, a stopped VM, a slow
+  disk), then go on; a stall longer than the lease lets another driver take the run over.
+
+A ``raise`` or ``stall`` rule fires once per ``Faults`` (one per driver), at its first match;
+a later pass through the point goes on unharmed. Labels are node labels (``charge``,
+``work[3]``, ``charge:compensate``) or ``*`` for any; ``before_transition``'s label is ``*``.
 With the variable unset this costs one attribute check.
 """
 
@@ -11,26 +25,70 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable
 
 ENV = "RAYSAGA_FAULTS"
 POINTS = frozenset({"before_pending", "after_pending", "before_commit", "after_commit", "before_transition"})
+KILL, RAISE, STALL = "kill", "raise", "stall"
+
+
+class FaultInjected(RuntimeError):
+    """Raised at a point armed with ``raise``: an error the driver does not expect."""
+
+    def __init__(self, point: str, label: str) -> None:
+        super().__init__(f"fault injected at {point}:{label} ({ENV})")
+        self.point = point
+        self.label = label
+
+    def __reduce__(self) -> tuple[type[FaultInjected], tuple[str, str]]:
+        return (type(self), (self.point, self.label))
+
+
+def _parse_action(action: str) -> tuple[str, float]:
+    """``kill`` | ``raise`` | ``stall:SECONDS`` -> (mode, seconds)."""
+    mode, _, arg = action.partition(":")
+    if mode in (KILL, RAISE) and not arg:
+        return mode, 0.0
+    if mode == STALL:
+        try:
+            seconds = float(arg)
+        except ValueError:
+            seconds = -1.0
+        if seconds >= 0:
+            return mode, seconds
+        raise ValueError(f"{ENV}: {action!r}: stall takes seconds >= 0, e.g. stall:2")
+    raise ValueError(f"{ENV}: unknown action {action!r}; use kill, raise or stall:SECONDS")
 
 
 class Faults:
     def __init__(self, spec: str | None = None) -> None:
         spec = os.environ.get(ENV, "") if spec is None else spec
-        self._rules: set[tuple[str, str]] = set()
+        self._rules: dict[tuple[str, str], tuple[str, float]] = {}
         for part in filter(None, (p.strip() for p in spec.split(","))):
-            point, _, label = part.partition(":")
+            rule, eq, action = part.rpartition("=")
+            if not eq:
+                rule, action = part, KILL
+            point, _, label = rule.partition(":")
             if point not in POINTS:
                 raise ValueError(f"{ENV}: unknown point {point!r}; known: {sorted(POINTS)}")
-            self._rules.add((point, label or "*"))
+            self._rules.setdefault((point, label or "*"), _parse_action(action))
         self.active = bool(self._rules)
 
     def hit(self, point: str, labels: Iterable[str]) -> None:
         if not self.active:
             return
         for label in labels:
-            if (point, label) in self._rules or (point, "*") in self._rules:
+            rule = (point, label) if (point, label) in self._rules else (point, "*")
+            action = self._rules.get(rule)
+            if action is None:
+                continue
+            mode, seconds = action
+            if mode == KILL:
                 os.kill(os.getpid(), signal.SIGKILL)
+            del self._rules[rule]  # raise and stall fire once
+            self.active = bool(self._rules)
+            if mode == RAISE:
+                raise FaultInjected(point, label)
+            time.sleep(seconds)  # the injected stall itself
+            return
