@@ -281,6 +281,10 @@ class RunOptions:
     a backoff) further away than this many seconds — records the run ``waiting_human`` or
     ``waiting_timer``, releases it and returns: the wait holds no process, no Ray task and no
     memory. A ``raysaga worker`` takes it up when it is due (or ``raysaga resume``)."""
+    max_driver_deaths: int = 3
+    """A run whose last this-many drivers all died before committing any step's outcome (a step
+    that kills its process: a poison pill) is parked as ``failed`` naming the steps in flight,
+    instead of being resumed, and killing a worker, forever. ``raysaga retry`` it once fixed."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.labels, dict) or not all(
@@ -301,6 +305,8 @@ class RunOptions:
                      allowed="None or a whole number of tokens >= 0")
         check_number("RunOptions", "cost_budget", self.cost_budget, minimum=0, optional=True,
                      allowed="None or a finite amount of USD >= 0")
+        check_number("RunOptions", "max_driver_deaths", self.max_driver_deaths, minimum=1, integer=True,
+                     allowed="a whole number >= 1")
         check_number("RunOptions", "release_after", self.release_after, minimum=0,
                      allowed="a finite number of seconds >= 0 (0: release at every wait)")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import agent_io, tracing, versions
+from raysaga.orchestrator import agent_io, crash_loop, tracing, versions
 from raysaga.orchestrator.blob_parking import parking
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
@@ -134,6 +134,10 @@ class Driver:
         run = versions.pin(self.store, self._hb.lease, snapshot.run, self.wf, allow_changed=self.options.allow_changed)
         if run.status in TERMINAL or run.status in PARKED:
             return run
+        looping = crash_loop.park_if_looping(self.store, self._hb.lease, run, snapshot.nodes, self.wf,
+                                             self.options.max_driver_deaths)
+        if looping is not None:
+            return looping  # its last drivers all died without progress: a poison pill, parked
         self.run = run
         self._hb.start()
         m = self.machine = self._restore(snapshot)
@@ -163,9 +167,7 @@ class Driver:
             and (e.node_id, e.fan_index) not in completed})
         m = RunMachine(self.wf, snap.run, self.options, self.rng)
         m.restore(snap, outputs, ledger)
-        self.tracing = tracing.for_run(self.wf, snap.run, self.owner)
-        if self.tracing is not None:
-            self.tracing.restored(snap, outputs)
+        self.tracing = tracing.for_run(self.wf, snap, outputs, self.owner)  # None: nobody receives spans
         self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)
         return m

@@ -47,8 +47,9 @@ def configure_tracing(tracer_provider: Any | None = None) -> None:
     _provider = tracer_provider
 
 
-def for_run(workflow: Workflow, run: RunRecord, owner: str) -> RunTracing | None:
-    """The run's tracer, or None when nothing would receive its spans."""
+def for_run(workflow: Workflow, snap: RunSnapshot, outputs: Mapping[str, Any], owner: str) -> RunTracing | None:
+    """The tracer of the run a driver restored from ``snap`` (node outputs by digest in
+    ``outputs``), or None when nothing would receive its spans."""
     provider = _provider
     if provider is None:
         api = sys.modules.get("opentelemetry.trace")
@@ -57,7 +58,9 @@ def for_run(workflow: Workflow, run: RunRecord, owner: str) -> RunTracing | None
         provider = api.get_tracer_provider()
         if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
             return None
-    return RunTracing(workflow, run, owner, provider)
+    tracer = RunTracing(workflow, snap.run, owner, provider)
+    tracer.restored(snap, outputs)
+    return tracer
 
 
 class RunTracing:

@@ -36,6 +36,10 @@ ClaimReason = Literal["new", "takeover", "due"]
 CANDIDATES = 16
 
 _ACTIVE = (RunStatus.RUNNING.value, RunStatus.COMPENSATING.value)
+#: A run in one of these whose lease is claimed while another owner still holds it (expired, or
+#: its process provably gone) was abandoned: that driver died mid-run. The claim's event says so
+#: (``abandoned_by``), which is how a crash loop is told apart from runs that rest or are handed back.
+ABANDONABLE = frozenset(_ACTIVE)
 _RESTING = (RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value)
 
 
@@ -65,14 +69,14 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, s
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("raysaga-claim-limits")})
         live = _live_counts(conn, list(limits), now) if limits else {}
         query = (select(runs.c.run_id, runs.c.status, runs.c.workflow_name, runs.c.created_at, runs.c.wake_at,
-                        runs.c.lease_expires_at, runs.c.updated_at)
+                        runs.c.lease_expires_at, runs.c.updated_at, runs.c.lease_owner)
                  .where(_runnable(workflows, now))
                  .order_by(func.coalesce(runs.c.wake_at, runs.c.created_at), runs.c.run_id)
                  .limit(CANDIDATES))
         if postgres:
             query = query.with_for_update(skip_locked=True)
         for row in conn.execute(query).all():
-            run_id, status, workflow, created_at, wake_at, lease_expires_at, updated_at = row
+            run_id, status, workflow, created_at, wake_at, lease_expires_at, updated_at, held_by = row
             limit = limits.get(workflow)
             if limit is not None and live.get(workflow, 0) >= limit:
                 continue
@@ -92,8 +96,10 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, s
             else:
                 reason, since = "due", wake_at if wake_at is not None else updated_at
             latency = max(0.0, now - since)
-            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data={
-                "owner": owner, "fence": fence, "worker": True, "reason": reason, "latency": round(latency, 4)}))
+            data = {"owner": owner, "fence": fence, "worker": True, "reason": reason, "latency": round(latency, 4)}
+            if held_by is not None and status in ABANDONABLE:
+                data["abandoned_by"] = held_by  # its driver stopped without letting go: it died
+            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
             return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl),
                          workflow=workflow, reason=reason, latency=latency)
     return None

@@ -27,7 +27,7 @@ from raysaga.errors import (
     UserError,
 )
 from raysaga.state import blob_rows, claims, decisions, migrate, rate_limits, shared_rows, stats
-from raysaga.state.claims import Claim
+from raysaga.state.claims import ABANDONABLE, Claim
 from raysaga.state.dashboard_reads import DashboardReads
 from raysaga.state.decisions import Decision, Verdict, WaitingApproval
 from raysaga.state.decoding import (
@@ -239,6 +239,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
         if take_from is not None:  # the caller proved this owner's process gone: one atomic take-over
             free = or_(free, runs.c.lease_owner == take_from)
         with self.engine.begin() as conn:
+            before = conn.execute(select(runs.c.lease_owner, runs.c.status).where(runs.c.run_id == run_id)).first()
             row = conn.execute(
                 update(runs)
                 .where(runs.c.run_id == run_id, free)
@@ -257,6 +258,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
             data: dict[str, Any] = {"owner": owner, "fence": fence}
             if take_from is not None:
                 data["taken_from"] = take_from
+            if before is not None and before.lease_owner is not None and before.status in ABANDONABLE:
+                data["abandoned_by"] = before.lease_owner  # its driver stopped without letting go: it died
             conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
         return Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl)
 

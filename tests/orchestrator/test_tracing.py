@@ -243,7 +243,7 @@ def test_off_a_run_makes_no_tracer_and_imports_no_opentelemetry(tmp_path: Path) 
     store = SqlStore(f"sqlite:///{tmp_path / 'off.db'}")
     try:
         record = raysaga.run(wf, 1, store=store, executor="inline")
-        assert tracing.for_run(wf, record, "me") is None
+        assert tracing.for_run(wf, store.snapshot(record.run_id), {}, "me") is None
     finally:
         store.close()
     script = ("import sys, raysaga\n"

@@ -1,0 +1,104 @@
+"""A poison pill: a run whose drivers keep dying before they commit anything is parked, not resumed
+forever.
+
+A step that kills the process running it (a segfaulting extension, an out-of-memory kill, an
+``os._exit`` in a library) kills the driver when it runs inline, and the next driver to resume
+the run runs it again. With a worker fleet that is a crash loop: every worker in turn takes the
+run up and dies. (On Ray the step dies in a Ray worker, which the driver sees as a failed attempt,
+so its retry policy ends it.)
+
+The store's events tell it: a claim whose previous driver still held the lease (it never let go:
+no release, pause, rest or hand-back) says ``abandoned_by``; an attempt's outcome (a node
+completed, failed, retried or skipped) is progress. When the last ``RunOptions.max_driver_deaths``
+drivers all died without progress, the run is parked as ``failed`` (``compensation_failed`` in a
+rollback) naming the steps that were in flight, and an operator fixes the step and ``raysaga
+retry``s the run. Pure: the driver reads the events and commits what this returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import (
+    Batch,
+    EventRecord,
+    Lease,
+    NewEvent,
+    NodeRecord,
+    NodeStatus,
+    RunRecord,
+    RunStatus,
+    RunUpdate,
+    Store,
+)
+from raysaga.state.models import can_transition
+
+__all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "park_if_looping", "parking", "suspects"]
+
+log = logging.getLogger("raysaga.driver")
+
+#: Events that mean an attempt's outcome was committed: the driver before got somewhere.
+PROGRESS = frozenset({"node_completed", "node_failed", "node_skipped", "retry_scheduled", "compensation_retry",
+                      "approval_requested", "sleep_started", "fanout_expanded", "run_created"})
+#: How many of the run's last events are read to count the deaths (a death without progress
+#: writes two or three: its successor's claim, a transition, a take-over note).
+WINDOW = 100
+
+
+def deaths_in_a_row(events: Sequence[EventRecord]) -> int:
+    """How many drivers in a row died without committing an attempt's outcome, counted back from the
+    newest claim in ``events`` (ascending by seq, ending with this driver's own claim)."""
+    deaths = 0
+    abandoned = False  # the newer claim seen last took the lease from a driver that had died
+    for event in reversed(events):
+        if event.kind == "lease_claimed":
+            if abandoned:
+                deaths += 1  # that driver's time, from this claim to the newer one, made no progress
+            abandoned = isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
+            if not abandoned:
+                break
+        elif event.kind in PROGRESS:
+            break
+    return deaths
+
+
+def suspects(nodes: Iterable[NodeRecord], wf: Workflow) -> list[str]:
+    """What the dying drivers were running: the nodes recorded in flight, and the steps ready to
+    start (a quick step is sent before its row is written, so it may have no row at all)."""
+    rows = list(nodes)
+    done = {n.node_id for n in rows if n.fan_index < 0 and n.status == NodeStatus.COMPLETED}
+    found = {n.label for n in rows if n.status == NodeStatus.RUNNING}
+    found |= {name for name, spec in wf.steps.items() if name not in done and all(d in done for d in spec.deps)}
+    return sorted(found)
+
+
+def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str) -> tuple[bool, Batch]:
+    """(whether the run must first go back to ``running``, the batch that parks it)."""
+    target = RunStatus.COMPENSATION_FAILED if status == RunStatus.COMPENSATING else RunStatus.FAILED
+    where = f"in flight or ready each time: {', '.join(suspected[:10])}{' ...' if len(suspected) > 10 else ''}"
+    reason = (f"crash loop: the last {deaths} drivers of this run died before committing any step's outcome "
+              f"({where}); a step may be killing its process. Fix it (or run it on Ray, where its death is "
+              f"a failed attempt), then `raysaga retry {run_id}`")[:1000]
+    error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50]}
+    resume_first = not can_transition(status, target) and can_transition(status, RunStatus.RUNNING)
+    batch = Batch(run=RunUpdate(status=target, status_reason=reason, error=error, set_error=True))
+    batch.events.append(NewEvent(kind="crash_loop", data={"deaths": deaths, "suspects": suspected[:50]}))
+    return resume_first, batch
+
+
+def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[NodeRecord], wf: Workflow,
+                    limit: int) -> RunRecord | None:
+    """Park the run (and return it) when its last ``limit`` drivers died without progress; else
+    None. A new run has had no driver to lose: nothing is read for it."""
+    if run.status == RunStatus.PENDING:
+        return None
+    deaths = deaths_in_a_row(store.events(run.run_id, after_seq=max(0, run.event_seq - WINDOW)))
+    if deaths < limit:
+        return None
+    resume_first, batch = parking(run.status, deaths, suspects(nodes, wf), run.run_id)
+    if resume_first:
+        store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+    log.error("run %s: %s", run.run_id, batch.run.status_reason if batch.run else "parked")
+    return store.commit(lease, batch) or store.get_run(run.run_id)
