@@ -17,16 +17,18 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from raysaga.errors import DriverInterrupted, LeaseLostError, RaySagaError, UserError
+from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import new_owner
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import Lease, RunStatus, Store
+from raysaga.state import Lease, RunRecord, RunStatus, Store
+from raysaga.state.engine import is_outage
 
 log = logging.getLogger("raysaga.worker")
 
@@ -113,13 +115,21 @@ class Worker:
     def _slot(self) -> None:
         executor: Executor | None = None
         rng = random.Random()
+        down_since: float | None = None  # the store stopped answering this slot's claims then
         try:
             while not self._stop.is_set():
                 try:
                     claim = self.store.claim_next(new_owner(), self.options.lease_ttl, self.hashes,
                                                   limits=self.limits)
-                except RaySagaError as exc:  # the store is unreachable for a moment: try again
-                    log.warning("worker: claim failed: %s", exc)
+                    if down_since is not None:
+                        log.warning("worker: the store answers again (after %.1f s)", time.time() - down_since)
+                        down_since = None
+                except Exception as exc:  # a slot never dies: it tries again after a pause
+                    if not (is_outage(exc) or isinstance(exc, RaySagaError)):
+                        log.exception("worker: claim failed")
+                    elif down_since is None:  # unreachable for a moment (a restart): said once, not per poll
+                        down_since = time.time()
+                        log.warning("worker: claim failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
                     claim = None
                 if claim is None:
                     self._stop.wait(self.poll * (0.5 + rng.random()))  # jittered: slots do not poll in step
@@ -135,14 +145,8 @@ class Worker:
         with self._lock:
             self.counts.claimed += 1
             self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
-        driver = Driver(self.workflows[workflow], self.store, executor, lease.run_id, options=self.options,
-                        lease=lease)
-        with self._lock:
-            self._drivers.add(driver)
-            if self._stop.is_set():
-                driver.interrupt(self._stop_name)  # stopped between the claim and now: hand it back at once
         try:
-            record = driver.drive()
+            record = self._drive_through_outages(lease, workflow, executor)
             with self._lock:
                 if record.status == RunStatus.COMPLETED:
                     self.counts.completed += 1
@@ -163,6 +167,53 @@ class Worker:
             with self._lock:
                 self.counts.failed += 1
             log.exception("worker: run %s: unexpected error", lease.run_id)
-        finally:
+
+    def _drive_through_outages(self, lease: Lease, workflow: str, executor: Executor) -> RunRecord:
+        """Drive the run; when the store drops out under the driver (a server restart, a lost
+        connection), wait until it answers and drive the run again under the same lease, from what
+        is durable. Nothing is lost (the driver fails stop: what it had not committed is redone as
+        after a crash), the run does not wait for its lease to expire, and its next claim is not
+        counted as a driver's death (``raysaga.orchestrator.crash_loop``)."""
+        while True:
+            driver = Driver(self.workflows[workflow], self.store, executor, lease.run_id, options=self.options,
+                            lease=lease)
             with self._lock:
-                self._drivers.discard(driver)
+                self._drivers.add(driver)
+                if self._stop.is_set():
+                    driver.interrupt(self._stop_name)  # stopped between the claim and now: hand it back at once
+            try:
+                return driver.drive()
+            except Exception as exc:
+                if not is_outage(exc) or self._stop.is_set():
+                    raise
+                log.warning("worker: run %s: the store is unreachable (%s); driving it again once it answers",
+                            lease.run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            finally:
+                with self._lock:
+                    self._drivers.discard(driver)
+            self._wait_for_store(lease.run_id)
+            lease = self._lease_again(lease)
+
+    def _lease_again(self, lease: Lease) -> Lease:
+        """The run's lease after an outage: still ours (renewed), or claimed again when the failed
+        driver managed to release it; ``LeaseLostError`` when another worker has the run now."""
+        try:
+            return self.store.renew(lease)
+        except LeaseLostError:
+            pass
+        try:
+            return self.store.claim(lease.run_id, lease.owner, self.options.lease_ttl)
+        except LeaseHeldError:
+            raise LeaseLostError(f"run {lease.run_id!r}: another driver took it up during the outage") from None
+
+    def _wait_for_store(self, run_id: str) -> None:
+        """Poll the store (jittered, up to 2 s apart) until it answers, or the worker stops."""
+        delay = 0.05
+        while not self._stop.wait(delay * (0.5 + random.random())):
+            try:
+                self.store.get_run(run_id)
+                return
+            except Exception as exc:  # still down: wait longer
+                if not is_outage(exc):
+                    raise
+                delay = min(2.0, delay * 2)

@@ -377,3 +377,11 @@ def check_writable(url: str) -> None:
     for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         if p.exists() and not os.access(p, os.W_OK):
             raise StoreUnavailableError(_explain_sqlite(path, "attempt to write a readonly database"))
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store could not be reached or answer for a moment (a server
+    restarting, a dropped connection, a locked SQLite file), so that the same work may be tried
+    again once it answers; not a constraint, a type or a programming error."""
+    return isinstance(exc, (StoreUnavailableError, sa_exc.OperationalError, sa_exc.InterfaceError,
+                            sqlite3.OperationalError))
