@@ -14,8 +14,13 @@ A rule may name what happens instead of the SIGKILL, after ``=``::
   the driver, as a bug in the engine or a failing library would.
 - ``stall:SECONDS``: block the driver there for that long (a GC pause, a stopped VM, a slow
   disk), then go on; a stall longer than the lease lets another driver take the run over.
+- ``drop`` or ``drop:P``: raise ``ConnectionDropped`` (a ``StoreUnavailableError``), as a
+  connection lost right after the database committed does: at ``after_commit`` or
+  ``after_pending`` the write is durable but the driver never heard so (an ambiguous commit).
+  With ``P`` (0 < P <= 1) each pass drops with that chance (drawn from fresh entropy: a driver
+  started again to find its own write must not meet the same draw at the same write forever).
 
-A ``raise`` or ``stall`` rule fires once per ``Faults`` (one per driver), at its first match;
+A ``raise``, ``stall`` or ``drop`` rule fires once per ``Faults`` (one per driver), at its first match;
 a later pass through the point goes on unharmed. Labels are node labels (``charge``,
 ``work[3]``, ``charge:compensate``) or ``*`` for any; ``before_transition``'s label is ``*``.
 With the variable unset this costs one attribute check.
@@ -24,13 +29,16 @@ With the variable unset this costs one attribute check.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import time
 from collections.abc import Iterable
 
+from raysaga.errors import StoreUnavailableError
+
 ENV = "RAYSAGA_FAULTS"
 POINTS = frozenset({"before_pending", "after_pending", "before_commit", "after_commit", "before_transition"})
-KILL, RAISE, STALL = "kill", "raise", "stall"
+KILL, RAISE, STALL, DROP = "kill", "raise", "stall", "drop"
 
 
 class FaultInjected(RuntimeError):
@@ -45,11 +53,26 @@ class FaultInjected(RuntimeError):
         return (type(self), (self.point, self.label))
 
 
+class ConnectionDropped(StoreUnavailableError):
+    """Raised at a point armed with ``drop``: the store's answer was lost (the write may be durable)."""
+
+    def __init__(self, point: str, label: str) -> None:
+        super().__init__(f"the connection to the store was lost at {point}:{label} (a fault injected by {ENV})")
+
+
 def _parse_action(action: str) -> tuple[str, float]:
     """``kill`` | ``raise`` | ``stall:SECONDS`` -> (mode, seconds)."""
     mode, _, arg = action.partition(":")
     if mode in (KILL, RAISE) and not arg:
         return mode, 0.0
+    if mode == DROP:
+        try:
+            chance = float(arg) if arg else 1.0
+        except ValueError:
+            chance = -1.0
+        if 0 < chance <= 1:
+            return mode, chance
+        raise ValueError(f"{ENV}: {action!r}: drop takes a chance 0 < P <= 1, e.g. drop:0.3")
     if mode == STALL:
         try:
             seconds = float(arg)
@@ -58,7 +81,7 @@ def _parse_action(action: str) -> tuple[str, float]:
         if seconds >= 0:
             return mode, seconds
         raise ValueError(f"{ENV}: {action!r}: stall takes seconds >= 0, e.g. stall:2")
-    raise ValueError(f"{ENV}: unknown action {action!r}; use kill, raise or stall:SECONDS")
+    raise ValueError(f"{ENV}: unknown action {action!r}; use kill, raise, drop[:P] or stall:SECONDS")
 
 
 class Faults:
@@ -86,9 +109,13 @@ class Faults:
             mode, seconds = action
             if mode == KILL:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if mode == DROP and seconds < 1 and random.random() >= seconds:  # seconds: the chance
+                continue
             del self._rules[rule]  # raise and stall fire once
             self.active = bool(self._rules)
             if mode == RAISE:
                 raise FaultInjected(point, label)
+            if mode == DROP:
+                raise ConnectionDropped(point, label)
             time.sleep(seconds)  # the injected stall itself
             return
