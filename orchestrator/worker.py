@@ -192,6 +192,8 @@ class Worker:
                 with self._lock:
                     self._drivers.discard(driver)
             self._wait_for_store(lease.run_id)
+            if self._stop.is_set():  # the worker stops during the outage: the run's lease expires
+                raise DriverInterrupted(lease.run_id, self._stop_name)
             lease = self._lease_again(lease)
 
     def _lease_again(self, lease: Lease) -> Lease:
