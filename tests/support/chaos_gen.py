@@ -1,0 +1,89 @@
+"""The hypothesis strategy of the chaos suite's random DAGs (specs for ``tests.support.chaos_flows``).
+
+``dag_specs(min_steps, max_steps)`` draws a JSON spec of ``min_steps``-``max_steps`` steps in a
+topological order (``s0``, ``s1``, ...), each depending on up to three earlier ones:
+
+- kinds: plain steps, ``plan`` steps (1-4 elements) and ``map`` steps fanning out over an
+  earlier plan, with a partial-failure policy (``all``, ``best_effort``, ``quorum(k)``,
+  ``ratio(r)``) and up to two items that fail permanently;
+- about half the steps are effects (one call to the fake provider with their key), about a
+  third have a compensation (an effect of its own);
+- up to two steps fail permanently on purpose (half of them non-critical, their dependents
+  skipped or handed the failure), and some are flaky (a transient error on attempt 1).
+
+Plans never fail and are always critical, so a map always fans out over a list. An effect never
+takes a partial fan-out's result (a ``FanOutResult``) as an input: its failures carry attempt
+counts, which a crash before the fan-out settles may raise (a killed attempt counts), and the
+effect's key digests its inputs, so its key would differ from the golden run's without any call
+being repeated. Plain steps take them (their outputs digest them without the counts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+from tests.support.chaos_flows import digest
+
+MAX_DEPS = 3
+MAX_ITEMS = 4
+
+
+@st.composite
+def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50) -> dict[str, Any]:
+    n = draw(st.integers(min_steps, max_steps), label="steps")
+    failing = set(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True), label="failing"))
+    steps: list[dict[str, Any]] = []
+    plans: list[str] = []
+    partial: set[str] = set()  # maps whose policy hands dependents a FanOutResult
+    for i in range(n):
+        name = f"s{i}"
+        earlier = [s["name"] for s in steps]
+        kind = draw(st.sampled_from(["step", "step", "step", "plan"] + (["map", "map"] if plans else [])))
+        extra = draw(st.lists(st.sampled_from(earlier), max_size=MAX_DEPS, unique=True)) if earlier else []
+        step: dict[str, Any] = {"name": name, "kind": kind, "deps": extra}
+        if kind == "plan":
+            step["items"] = draw(st.integers(1, MAX_ITEMS))
+            plans.append(name)
+            steps.append(step)
+            continue
+        if kind == "map":
+            step["over"] = draw(st.sampled_from(plans))
+            step["deps"] = [step["over"], *(d for d in extra if d != step["over"])]
+            step["fail_items"] = draw(st.lists(st.integers(0, MAX_ITEMS - 1), max_size=2, unique=True))
+            policy = draw(st.sampled_from(["all", "best_effort", "quorum", "ratio"]))
+            step["policy"] = {"kind": policy}
+            if policy != "all":
+                partial.add(name)
+            if policy == "quorum":
+                step["policy"]["k"] = draw(st.integers(1, MAX_ITEMS))
+            elif policy == "ratio":
+                step["policy"]["r"] = draw(st.sampled_from([0.25, 0.5, 0.75, 1.0]))
+        step["effect"] = draw(st.booleans())
+        if step["effect"]:  # see the module's docstring: no partial fan-out result in an effect's key
+            step["deps"] = [d for d in step["deps"] if d not in partial or d == step.get("over")]
+        step["compensate"] = draw(st.sampled_from([False, False, True]))
+        step["fate"] = "fail" if i in failing and kind == "step" else draw(st.sampled_from(["ok"] * 7 + ["flaky"]))
+        if draw(st.sampled_from([True, True, True, False])) is False or (i in failing and draw(st.booleans())):
+            step["critical"] = False
+            step["on_failure"] = draw(st.sampled_from(["skip", "pass"]))
+        steps.append(step)
+    return {"name": f"chaos_{digest(steps)[:10]}", "steps": steps}
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """One line per step, for a failing example's report."""
+    lines = []
+    for s in spec["steps"]:
+        flags = [f for f in ("effect", "compensate") if s.get(f)]
+        if s.get("critical") is False:
+            flags.append(f"noncritical:{s.get('on_failure')}")
+        if s.get("fate", "ok") != "ok":
+            flags.append(s["fate"])
+        if s["kind"] == "map":
+            flags.append(f"over={s['over']} policy={s['policy']} fail_items={s['fail_items']}")
+        if s["kind"] == "plan":
+            flags.append(f"items={s['items']}")
+        lines.append(f"{s['name']} {s['kind']} <- {','.join(s['deps']) or '-'} {' '.join(flags)}")
+    return "\n".join(lines)
