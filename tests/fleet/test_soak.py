@@ -48,6 +48,7 @@ MAX_SLOPE_MIB_PER_MIN = 2.0
 T = TypeVar("T")
 
 pytestmark = [
+    pytest.mark.timeout(SECONDS + 900),  # the suite's per-test limit is for tests, not for a soak
     pytest.mark.skipif(SECONDS <= 0, reason="a soak runs only when RAYSAGA_SOAK_SECONDS is set"),
     pytest.mark.skipif(private_postgres.available() is not None,
                        reason=f"no private PostgreSQL server here: {private_postgres.available()}"),
