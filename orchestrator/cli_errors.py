@@ -128,5 +128,12 @@ def errors(current: object = None) -> Iterator[None]:
                     hint=True) from None
     except Exception as exc:  # anything else: one line, the type named, the traceback behind --debug
         message = _one_line(str(exc), MAX_FOREIGN_MESSAGE)
+        run_id = getattr(current, "run_id", None)
+        from raysaga.state.engine import is_outage  # sqlalchemy: only once something failed
+
+        if run_id and is_outage(exc):  # the store dropped out under a driver, which stopped as after a crash
+            raise _fail("store unreachable:", "red", f"{_one_line(str(getattr(exc, 'orig', None) or exc), 200)}; "
+                        f"what was committed is intact: `raysaga resume {run_id}` continues the run once the "
+                        "store answers", EXIT_USAGE) from None
         raise _fail("error:", "red", f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
                     EXIT_USAGE, hint=True) from None

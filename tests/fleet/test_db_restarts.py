@@ -15,10 +15,12 @@ runs, a crash every 5-40 s, down up to 2 s.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,8 +34,8 @@ import raysaga
 from raysaga import Client
 from raysaga.state import EffectStatus, RunStatus, SqlStore
 from raysaga.state.engine import is_outage
+from tests.support import REPO, private_postgres
 from tests.support import fleet_flows as flows
-from tests.support import private_postgres
 from tests.support.crash_driver import wait_until
 from tests.support.services import FakeServices, get_log
 from tests.support.worker_procs import fleet_input, start_worker
@@ -154,4 +156,36 @@ def test_a_fleet_rides_out_postgres_crashes(tmp_path: Path, services: FakeServic
                 worker.proc.kill()
         reader.close()
         client.close()
+        pg.close()
+
+
+def test_a_foreground_run_whose_store_drops_says_how_to_go_on(tmp_path: Path) -> None:
+    """``raysaga run`` in a terminal: the store crashes under the driver. It stops as after a crash,
+    says so in one line with the command that continues (exit 2, no traceback), and that command
+    finishes the run once the server is back."""
+    pg = private_postgres.PrivatePostgres()
+    pg.start()
+    try:
+        cmd = [sys.executable, "-m", "raysaga", "run", "tests.support.slow_flow:wf", "--db", pg.url,
+               "--run-id", "slow-1", "--executor", "inline", "--quiet", "--input", json.dumps({"dir": str(tmp_path)})]
+        proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        wait_until((tmp_path / "started").exists, timeout=120, what="the step to start")
+        pg.crash()
+        (tmp_path / "go").touch()  # the step returns; its driver meets a store that is gone
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 2, (out, err)
+        assert err.startswith("store unreachable:") and "`raysaga resume slow-1` continues the run" in err, err
+        assert "Traceback" not in err
+        pg.start()
+        resumed = subprocess.run([sys.executable, "-m", "raysaga", "resume", "slow-1", "--db", pg.url, "--quiet",
+                                  "--executor", "inline"], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                                 capture_output=True, text=True, timeout=120)
+        assert resumed.returncode == 0, resumed.stderr
+        store = SqlStore(pg.url)
+        try:
+            assert store.get_run("slow-1").output == {"after": "held then after"}
+        finally:
+            store.close()
+    finally:
         pg.close()
