@@ -1,5 +1,9 @@
 """Engine bugs the chaos suite found and that are not fixed yet, each a strict xfail.
 
+Both are one bug seen twice: a run that ends while some effect node's outcome is unknown to the
+engine (``raysaga.sagas.rollback.UNKNOWN_OUTCOME``: cancelled in flight, or waiting to retry)
+leaves that node's ledger row ``pending`` (and, for a retry, the node ``retrying``) for ever.
+
 ``a fan-out that fails fast leaves pending rows``: a fan-out of effect items under the ``ALL``
 policy whose item fails for good fails at once and cancels its other items. Their ledger rows,
 written ``pending`` before the calls, stay ``pending`` for ever, even once the run is finished
@@ -12,6 +16,12 @@ no rollback runs). Found by the random kill sweep's golden runs (DAG ``chaos_e70
 The fix belongs to the machine and the driver (settle the cancelled items' rows: recorded as
 done when the outcome is in hand, else left to reconcile/compensate), which this suite does not
 touch.
+
+``a rollback over items waiting to retry leaves pending rows``: the items of an effect fan-out
+failed transiently (before their calls) and wait for their retry when a sibling fails for good;
+the rollback compensates them (their outcome is unknown: right, and safe) and the run ends
+``compensated``, with the items still ``retrying`` and their ledger rows ``pending``. Found by
+the random sweep (DAG ``chaos_3cf7112d89``).
 """
 
 from __future__ import annotations
@@ -56,3 +66,34 @@ def test_a_fan_out_that_fails_fast_leaves_no_pending_row(tmp_path: Path) -> None
     assert called == {"after", "work[1]", "work[2]"}, (called, nodes)
     # ... yet nothing settles their rows: a finished run with effects in an unknown state
     assert {label: status for label, (_, status) in ledger.items() if status == "pending"} == {}, (ledger, nodes)
+
+
+RETRYING = {"name": "retrying_rollback", "steps": [
+    {"name": "plan", "kind": "plan", "deps": [], "items": 2},
+    {"name": "work", "kind": "map", "over": "plan", "deps": ["plan"], "effect": True, "compensate": True,
+     "fate": "flaky", "fail_items": [], "policy": {"kind": "best_effort"}},
+    {"name": "boom", "kind": "step", "deps": ["plan"], "fate": "fail"},
+]}
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a rollback over fan-out items waiting to retry ends the run with "
+                                       "their ledger rows pending and the items retrying")
+def test_a_rollback_over_items_waiting_to_retry_leaves_no_pending_row(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'run.db'}"
+    with FakeServices() as services:
+        done = harness.run_driver(chaos_flows.save(RETRYING, tmp_path), db, RUN_ID, flows=FLOWS,
+                                  any_state_ok=True, lease_ttl=0.5, run_input=chaos_flows.sample_input(services.url))
+        log = services.log()
+    assert done.returncode == 0 and done.result is not None, done.describe()
+    assert done.result["status"] == "compensated", done.result
+    store = SqlStore(db)
+    try:
+        nodes = {n.label: n.status.value for n in store.nodes(RUN_ID)}
+        ledger = ledger_of(store)
+    finally:
+        store.close()
+    # the items never made their calls; the rollback undid them anyway (their outcome unknown)
+    assert {label for label, (key, _) in ledger.items() if key in log["raw"]} == \
+        {"work:compensate[0]", "work:compensate[1]"}, (ledger, log["raw"])
+    assert {label: status for label, (_, status) in ledger.items() if status == "pending"} == {}, (ledger, nodes)
+    assert nodes["work[0]"] == nodes["work[1]"] == "failed", nodes
