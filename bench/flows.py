@@ -8,8 +8,9 @@ workers' ``PYTHONPATH``).
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
-from raysaga import Workflow
+from raysaga import StepContext, Workflow
 
 
 def noop() -> None:
@@ -78,3 +79,61 @@ def io_fanout(io_bound: bool) -> Workflow:
     wf.map("waits", io_bound=io_bound)(wait_item)
     wf.step(wait_sink)
     return wf.validate()
+
+
+def spin(seconds: float) -> None:
+    """Busy CPU for ``seconds`` (holds the GIL: a CPU-bound item)."""
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def spin_item(waits: float) -> None:
+    """One CPU-bound item: spins ``waits`` seconds."""
+    spin(waits)
+
+
+def spin_sink(spin_item: list[None]) -> int:
+    return len(spin_item)
+
+
+@cache
+def cpu_fanout() -> Workflow:
+    """``waits -> spin_item[0..N-1] -> spin_sink``; input ``{"n": N, "wait": S}`` (S of CPU each)."""
+    wf = Workflow("bench-cpu-fanout")
+    wf.step(waits)
+    wf.map("waits")(spin_item)
+    wf.step(spin_sink)
+    return wf.validate()
+
+
+def slow_step(ctx: StepContext, input: dict[str, Any]) -> None:
+    """A resume-bench step: appends ``start``/``end`` lines (time, node, pid) to ``input["log"]``
+    around a ``input["secs"]`` sleep, so the bench sees what ran, when, and in which process."""
+    import os
+    import time
+
+    def log(what: str) -> None:
+        with open(str(input["log"]), "a") as f:
+            f.write(f"{time.time():.6f} {what} {ctx.node_id} {os.getpid()}\n")
+
+    log("start")
+    time.sleep(float(input["secs"]))
+    log("end")
+
+
+@cache
+def slow_chain(n: int) -> Workflow:
+    """``r00 -> r01 -> ... -> r{n-1}``, each a ``slow_step``; input ``{"log": PATH, "secs": S}``."""
+    wf = Workflow(f"bench-slow-chain-{n}")
+    prev: str | None = None
+    for i in range(n):
+        name = f"r{i:02d}"
+        wf.step(slow_step, name=name, after=(prev,) if prev else ())
+        prev = name
+    return wf.validate()
+
+
+slow_chain_20 = slow_chain(20)  # `raysaga run flows:slow_chain_20` (bench/resume.py)
