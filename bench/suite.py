@@ -89,8 +89,11 @@ def versions() -> str:
 
     names = ("ray", "langgraph", "langgraph-checkpoint-sqlite", "langgraph-checkpoint-postgres", "dbos",
              "sqlalchemy", "psycopg")
+    import raysaga
+
     return (", ".join(f"{n} {v(n)}" for n in names) +
-            f", SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, {os.cpu_count()} CPUs")
+            f", SQLite {sqlite3.sqlite_version}, Python {platform.python_version()}, {os.cpu_count()} CPUs; "
+            f"raysaga imported from {Path(raysaga.__file__).parent}")
 
 
 def main(argv: list[str] | None = None) -> int:
