@@ -11,19 +11,29 @@ from __future__ import annotations
 
 from raysaga.agents.breaker import BreakerPolicy, admit
 from raysaga.orchestrator.machine.outbox import AdmitTool, MemoryOp
-from raysaga.state import Lease, MemoryEntry, Store
+from raysaga.state import BreakerRecord, Lease, MemoryEntry, Store
 
 #: Compare-and-set attempts on a breaker row before giving up (a change by another driver each time).
 CAS_TRIES = 5
 
 
-def admit_tool(store: Store, query: AdmitTool, now: float) -> str | None:
-    """None if the call may go out now; else what the model is told."""
+def admit_tool(store: Store, query: AdmitTool, now: float, seen: dict[str, BreakerRecord] | None = None) -> str | None:
+    """None if the call may go out now; else what the model is told.
+
+    ``seen``: breakers already read in this round of the driver (the tool calls a burst of model
+    answers asks for), reused: a round reads each breaker once, not once per call. Only a state
+    that admitting leaves as it is (closed, or open and cooling down) is reused; a probe changes
+    the row, and the next call reads it again.
+    """
     policy = BreakerPolicy(query.threshold, query.cooldown)
     name = query.breaker
     for _ in range(CAS_TRIES):
-        record = store.breaker_get(name)
+        record = seen.pop(name, None) if seen is not None else None
+        if record is None:
+            record = store.breaker_get(name)
         allowed, wait, change = admit(record, now, policy)
+        if change is None and seen is not None:
+            seen[name] = record
         if not allowed:
             return (f"the tool is unavailable: {name} failed {record.failures} times in a row and its circuit "
                     f"breaker is open; try again in about {max(1, round(wait))} s, or continue without it")

@@ -26,6 +26,7 @@ from raysaga.orchestrator import agent_io, crash_loop, tracing, versions
 from raysaga.orchestrator.blob_parking import parking
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
+from raysaga.orchestrator.gc_pacing import paced_gc
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.in_flight import InFlight
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, Dispatch, MemoryOp
@@ -34,6 +35,7 @@ from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner
 from raysaga.orchestrator.progress import Progress
 from raysaga.orchestrator.rate_gate import RateGate
+from raysaga.orchestrator.records import new_budgets
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.tracing import RunTracing
@@ -112,7 +114,8 @@ class Driver:
                 self._pending.events.append(NewEvent(kind="lease_taken_over", data={
                     "from": taken_from, "reason": "its driver process is gone (same host and boot)"}))
             try:
-                return self._drive()
+                with paced_gc():  # few young collections while driving (see gc_pacing)
+                    return self._drive()
             except BlobIntegrityError as exc:
                 return self._park_on_blob(exc)
         except LeaseLostError:
@@ -141,7 +144,7 @@ class Driver:
         self.run = run
         self._hb.start()
         m = self.machine = self._restore(snapshot)
-        budgets = self._new_budgets(run)
+        budgets = new_budgets(self.options, run)
         if budgets is not None:
             self.run = self._commit(Batch(run=budgets)) or run
             m.set_budgets(self.run.token_budget, self.run.cost_budget)
@@ -171,14 +174,6 @@ class Driver:
         self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)
         return m
-
-    def _new_budgets(self, run: RunRecord) -> RunUpdate | None:
-        """Budgets given to this resume (raising a spent one lets a paused run go on)."""
-        tokens = self.options.token_budget if self.options.token_budget is not None else run.token_budget
-        cost = self.options.cost_budget if self.options.cost_budget is not None else run.cost_budget
-        if (tokens, cost) == (run.token_budget, run.cost_budget):
-            return None
-        return RunUpdate(token_budget=tokens, cost_budget=cost, set_budgets=True)
 
     # ------------------------------------------------------------------ the loop
 
@@ -258,15 +253,16 @@ class Driver:
             queries = m.out.take_queries()
             if not queries:
                 break
+            breakers: dict[str, Any] = {}  # one read of a breaker per round (agent_io.admit_tool)
             for query in queries:
-                self._answer(query)
-        self._cancel(m.out.take_cancel())
+                self._answer(query, breakers)
+        self._attempts.cancel(m.out.take_cancel())
         if m.failure is not None:
             return self._stop_forward_on_failure()
         self._send(m.out.take_dispatch())
         return None
 
-    def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp | CheckDecisions) -> None:
+    def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp | CheckDecisions, breakers: dict[str, Any]) -> None:
         assert self.machine is not None and self._hb is not None
         m = self.machine
         if isinstance(query, BuildPrompt):
@@ -274,7 +270,7 @@ class Driver:
         elif isinstance(query, CheckDecisions):
             m.decisions_checked(query.key, self.store.pending_signals(self.run_id))
         elif isinstance(query, AdmitTool):
-            m.tool_admitted(query.key, agent_io.admit_tool(self.store, query, self.clock()))
+            m.tool_admitted(query.key, agent_io.admit_tool(self.store, query, self.clock(), breakers))
         else:
             if query.name == "memory_write":
                 self._flush()  # what led to this write is durable first
@@ -300,9 +296,6 @@ class Driver:
             handle = self.executor.submit(d.spec, d.call, f"{self.run_id}:{d.key.label}")
             self._attempts.add(d.key, handle, now, d.spec.timeout)
 
-    def _cancel(self, keys: list[NodeKey]) -> None:
-        self._attempts.cancel(keys)
-
     def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
         """Hand the machine what came back; carry out the cancels it decides."""
         assert self.machine is not None
@@ -316,7 +309,7 @@ class Driver:
             outcomes.append((key, handle.outcome))
         now = self.clock()
         m.absorb(outcomes, now)
-        self._cancel(m.out.take_cancel())
+        self._attempts.cancel(m.out.take_cancel())
         return [key for key, _ in outcomes]
 
     def _settle_cancelled(self, then: str, timeout: float) -> None:
@@ -349,7 +342,7 @@ class Driver:
                     m.stop_forward(reason, None, self.clock(), final=RunStatus.COMPENSATING, signal_id=signal.id)
                     return self._begin_rollback()
                 m.cancel(reason, signal.id, self.clock())
-                self._cancel(m.out.take_cancel())
+                self._attempts.cancel(m.out.take_cancel())
                 self._settle_cancelled("the run is cancelled", SETTLE_SECONDS)
                 return self._flush()
         if m.past_deadline(self.clock()):
@@ -368,7 +361,7 @@ class Driver:
         machine read the rows and roll back (or end the run when nothing needs undoing)."""
         assert self.machine is not None
         m = self.machine
-        self._cancel(m.out.take_cancel())
+        self._attempts.cancel(m.out.take_cancel())
         self._settle_cancelled("rolling back or failing the run", SETTLE_SECONDS)
         self._flush()  # the failure and the cancellations are durable before the rollback reads them
         rolling_back = m.begin_rollback(*self._rows_and_blobs(), self.clock())
@@ -400,7 +393,7 @@ class Driver:
         self._attempts.drain(m.agents.model_calls_in_flight(), m.absorb, lost=self._hb.lost, clock=self.clock,
                              timeout=self._wait_timeout, run_id=self.run_id)
         m.pause(self.clock(), reason, signal_id)
-        self._cancel(m.out.take_cancel())
+        self._attempts.cancel(m.out.take_cancel())
         self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
         record = self._flush()
         assert record is not None

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from raysaga.state import RunUpdate
+from raysaga.orchestrator.options import RunOptions
+from raysaga.state import RunRecord, RunUpdate
 from raysaga.state.redact import scrub_text
 
 
@@ -37,3 +38,12 @@ def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:
 
 def short_error(error: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in error.items() if k != "traceback"}
+
+
+def new_budgets(options: RunOptions, run: RunRecord) -> RunUpdate | None:
+    """Budgets given to this resume (raising a spent one lets a paused run go on)."""
+    tokens = options.token_budget if options.token_budget is not None else run.token_budget
+    cost = options.cost_budget if options.cost_budget is not None else run.cost_budget
+    if (tokens, cost) == (run.token_budget, run.cost_budget):
+        return None
+    return RunUpdate(token_budget=tokens, cost_budget=cost, set_budgets=True)

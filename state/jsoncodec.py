@@ -80,10 +80,41 @@ def _check(value: Any, where: str, depth: int) -> JSONValue:
     )
 
 
+# one encoder: json.dumps with any keyword argument builds a new JSONEncoder per call
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether ``value`` is already plain JSON that ``to_jsonable`` would return unchanged: only
+    exact ``dict``/``list``/``str``/``int``/finite ``float``/``bool``/None, str keys, valid UTF-8,
+    at most ``MAX_DEPTH`` deep. No path strings are built (those are for the error, made by ``_check``)."""
+    if value is None or value is True or value is False:
+        return True
+    kind = type(value)
+    if kind is int:
+        return True
+    if kind is str:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if depth >= MAX_DEPTH:
+        return False
+    if kind is dict:
+        return all(type(key) is str and _plain(key, depth) and _plain(item, depth + 1) for key, item in value.items())
+    if kind is list:
+        return all(_plain(item, depth + 1) for item in value)
+    return False
+
+
 def dumps(value: Any, where: str = "value") -> str:
     """Canonical JSON text (sorted keys, no spaces) of a checked value."""
-    return json.dumps(to_jsonable(value, where), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                      allow_nan=False)
+    if _plain(value, 0):  # the common case, checked without building the paths an error would name
+        return _ENCODER.encode(value)
+    return _ENCODER.encode(to_jsonable(value, where))
 
 
 def _no_constants(name: str) -> Any:

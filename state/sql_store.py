@@ -298,12 +298,19 @@ class SqlStore(ForkRows, DashboardReads, Store):
             sql = driver_sql(conn.dialect.name)
             # the hot statements run as plain SQL built once per dialect: Core would rebuild,
             # cache-key and look up each of them on every commit (~0.3 ms a commit)
-            row = conn.exec_driver_sql(sql.guard, (len(new_events), now, run_id, lease.fence)).first()
+            upd = batch.run
+            if upd is not None and (upd.retries_delta or upd.tokens_delta or upd.cost_delta):
+                row = conn.exec_driver_sql(sql.counting_guard, (
+                    len(new_events), now, upd.retries_delta, upd.tokens_delta, upd.cost_delta, run_id,
+                    lease.fence)).first()
+            else:
+                row = conn.exec_driver_sql(sql.guard, (len(new_events), now, run_id, lease.fence)).first()
             if row is None:
                 raise stale_fence(lease)
             seq_end = int(row[0])
             changed: RunRecord | None = None
-            if batch.run is not None:
+            if upd is not None and (upd.status is not None or upd.set_wake or upd.set_output or upd.set_error
+                                    or upd.set_budgets):  # counters alone: added by the guard above
                 changed = self._apply_run_update(conn, lease, batch, now)
             if batch.blobs:
                 blob_rows.put(conn, blob_rows.rows_of(batch.blobs))
@@ -343,12 +350,6 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 self._run_value(conn, upd.output, "output")
         if upd.set_error:
             values["error"] = scrub(stored_error(upd.error))
-        if upd.retries_delta:
-            values["retries_used"] = runs.c.retries_used + upd.retries_delta
-        if upd.tokens_delta:
-            values["tokens_used"] = runs.c.tokens_used + upd.tokens_delta
-        if upd.cost_delta:
-            values["cost_used"] = runs.c.cost_used + upd.cost_delta
         if upd.set_budgets:
             values.update(token_budget=upd.token_budget, cost_budget=upd.cost_budget)
         if values:

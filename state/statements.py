@@ -54,16 +54,19 @@ def fence_guard(conn: Connection, lease: Lease, n_events: int, now: float) -> in
 
 @dataclass(frozen=True)
 class DriverSql:
-    """The driver commit's three hot statements as plain SQL for one dialect."""
+    """The driver commit's hot statements as plain SQL for one dialect."""
 
     guard: str
+    counting_guard: str
+    """The guard that also adds to the run's counters (retries, tokens, cost): a batch whose run
+    update is only counters (a model turn's tokens) needs no statement of its own, nor a read."""
     nodes: str
     events: str
 
 
 @functools.cache
 def driver_sql(dialect: str) -> DriverSql:
-    """The driver commit's three hot statements as plain SQL for ``dialect`` (qmark or format params)."""
+    """The driver commit's hot statements as plain SQL for ``dialect`` (qmark or format params)."""
     mark = "?" if dialect == "sqlite" else "%s"
 
     def value(column: Column[Any]) -> str:
@@ -79,6 +82,9 @@ def driver_sql(dialect: str) -> DriverSql:
     return DriverSql(
         guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark} "
                f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq"),
+        counting_guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark}, "
+                        f"retries_used = retries_used + {mark}, tokens_used = tokens_used + {mark}, "
+                        f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq"),
         nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
         events=insert_sql(events, EVENT_COLUMNS),
     )

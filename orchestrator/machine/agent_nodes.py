@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.agents.agent import Agent
-from raysaga.agents.messages import ModelResponse
 from raysaga.agents.runtime import model_turn, tool_call
 from raysaga.agents.tools import ToolError
 from raysaga.agents.turns import (
@@ -339,7 +338,8 @@ class AgentNodes:
         assert sub.turn is not None
         node.conv.put(sub.turn, sub.call, value)
         if sub.call is None:
-            response = ModelResponse.model_validate(value)
+            response = node.conv.turns[sub.turn].response  # validated by put
+            assert response is not None
             self.budgets.charge(response.usage.total, node.agent.model.cost(response.usage), self.out.batch)
             return
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
