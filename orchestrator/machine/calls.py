@@ -61,6 +61,7 @@ class Calls:
         self.inflight: dict[NodeKey, Attempt] = {}
         self.timers: list[tuple[float, NodeKey]] = []
         self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
+        self.draining: set[NodeKey] = set()  # effects let land after their step failed (see ``drain``)
         self.retries_used = 0
         self.retry_budget: int | None = None
 
@@ -161,7 +162,8 @@ class Calls:
         budget_left = budget is None or self.retries_used < budget
         batch = self.out.batch
         node_id, index = key.node_id, key.fan_index
-        if outcome.transient and flight.attempt < policy.max_attempts and budget_left:
+        draining = key in self.draining  # its step failed meanwhile: what it did is recorded, never retried
+        if outcome.transient and flight.attempt < policy.max_attempts and budget_left and not draining:
             delay = backoff_delay(flight.attempt, policy, self.rng)
             asked = error.get("retry_after")
             if isinstance(asked, int | float) and asked > delay:
@@ -200,10 +202,20 @@ class Calls:
 
     # ------------------------------------------------------------------ cancel, quiet ticks
 
+    def drain(self, keys: list[NodeKey], reason: str) -> None:
+        """Stop what is in flight of a step that failed without stopping the run: plain attempts
+        are cancelled; an effect's attempt is let land instead, so that its ledger row says what it
+        did (``committed`` with its result, or ``failed``). Cancelled, its row would stay ``pending``
+        on a finished run for ever: nothing would ever settle or compensate it."""
+        effects = [key for key in keys if key in self.inflight and key in self.keys]
+        self.draining.update(effects)
+        self.cancel([key for key in keys if key not in self.draining], reason)
+
     def cancel(self, keys: list[NodeKey], reason: str, *, write: bool = True) -> None:
         """Stop attempts in flight (the shell cancels them); their rows say so unless ``write`` is off."""
         for key in keys:
             flight = self.inflight.pop(key, None)
+            self.draining.discard(key)
             if flight is None:
                 continue
             self.out.cancel.append(key)

@@ -265,8 +265,8 @@ class Forward:
             batch.events.append(NewEvent(kind="node_skipped", node_id=skipped, data={"because": step}))
 
     def _cancel_steps(self, steps: set[str]) -> None:
-        self.calls.cancel([k for k in self.calls.inflight if k.step in steps and not k.is_agent_call
-                           and not k.compensates], "its step failed")
+        self.calls.drain([k for k in self.calls.inflight if k.step in steps and not k.is_agent_call
+                          and not k.compensates], "its step failed")
 
     def _decide(self, step: str) -> None:
         """Every item of a partial fan-out settled: ask its policy, record the decision, obey it."""

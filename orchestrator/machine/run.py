@@ -175,6 +175,13 @@ class RunMachine:
         for key, outcome in finished:
             if key not in self.calls.inflight:
                 continue  # cancelled while this round was absorbed (a closed fan-out's sibling)
+            if key in self.calls.draining:  # an effect let land after its step failed: recorded, no more
+                self.calls.draining.discard(key)
+                if outcome.ok:
+                    self.calls.succeeded(key, outcome)
+                else:
+                    self.calls.failed(key, outcome)
+                continue
             if outcome.ok:
                 value = self.calls.succeeded(key, outcome)
                 if key.is_agent_call:

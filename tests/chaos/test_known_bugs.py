@@ -1,10 +1,11 @@
-"""Engine bugs the chaos suite found and that are not fixed yet, each a strict xfail.
+"""Engine bugs the chaos suite found: a fixed one stays as its regression test, an open one is a
+strict xfail.
 
 Both are one bug seen twice: a run that ends while some effect node's outcome is unknown to the
 engine (``raysaga.sagas.rollback.UNKNOWN_OUTCOME``: cancelled in flight, or waiting to retry)
 leaves that node's ledger row ``pending`` (and, for a retry, the node ``retrying``) for ever.
 
-``a fan-out that fails fast leaves pending rows``: a fan-out of effect items under the ``ALL``
+``a fan-out that fails fast leaves pending rows`` (FIXED): a fan-out of effect items under the ``ALL``
 policy whose item fails for good fails at once and cancels its other items. Their ledger rows,
 written ``pending`` before the calls, stay ``pending`` for ever, even once the run is finished
 (here it completes: the fan-out is non-critical). With the inline executor the cancelled items
@@ -13,11 +14,10 @@ them (``InlineExecutor.cancel`` discards a finished outcome) and marks the items
 On Ray the calls may or may not have happened. Either way a finished run keeps effects in an
 unknown state that nothing will ever settle or compensate (the fan-out is not critical, so
 no rollback runs). Found by the random kill sweep's golden runs (DAG ``chaos_e702630313``).
-The fix belongs to the machine and the driver (settle the cancelled items' rows: recorded as
-done when the outcome is in hand, else left to reconcile/compensate), which this suite does not
-touch.
+Fixed in the machine (``Calls.drain``): a step that fails without stopping the run cancels its
+plain attempts but lets its effects in flight land, so their ledger rows say what they did.
 
-``a rollback over items waiting to retry leaves pending rows``: the items of an effect fan-out
+``a rollback over items waiting to retry leaves pending rows`` (OPEN): the items of an effect fan-out
 failed transiently (before their calls) and wait for their retry when a sibling fails for good;
 the rollback compensates them (their outcome is unknown: right, and safe) and the run ends
 ``compensated``, with the items still ``retrying`` and their ledger rows ``pending``. Found by
@@ -44,8 +44,6 @@ FAIL_FAST = {"name": "fail_fast", "steps": [
 ]}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a fan-out failing fast leaves its cancelled items' ledger rows "
-                                       "pending on a finished run (their calls took effect inline)")
 def test_a_fan_out_that_fails_fast_leaves_no_pending_row(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'run.db'}"
     with FakeServices() as services:
@@ -64,7 +62,7 @@ def test_a_fan_out_that_fails_fast_leaves_no_pending_row(tmp_path: Path) -> None
     # the other items ran and called the provider (inline runs an item at submit) ...
     called = {label for label, (key, _) in ledger.items() if key in log["effective"]}
     assert called == {"after", "work[1]", "work[2]"}, (called, nodes)
-    # ... yet nothing settles their rows: a finished run with effects in an unknown state
+    # ... and their rows say so: no finished run with effects in an unknown state
     assert {label: status for label, (_, status) in ledger.items() if status == "pending"} == {}, (ledger, nodes)
 
 
