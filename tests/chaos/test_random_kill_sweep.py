@@ -33,6 +33,7 @@ from tests.support.chaos_sweep import fault_case, golden_run
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.services import FakeServices
 
+LONG = 4 * 3600  # seconds: a full sweep's own time limit
 DAGS = int(os.environ.get("RAYSAGA_CHAOS_DAGS", "200" if FULL_SWEEP else "3"))
 KILLS = int(os.environ.get("RAYSAGA_CHAOS_KILLS", "2"))
 MAX_STEPS = 50 if FULL_SWEEP else 20
@@ -52,6 +53,7 @@ def report_counts() -> Iterator[None]:
     print(f"\nrandom kill sweep: {STATS}")
 
 
+@pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep
 @settings(max_examples=DAGS, deadline=None, derandomize=not FULL_SWEEP, database=None,
           phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is real processes
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -30,6 +30,7 @@ from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.services import FakeServices, get_log
 from tests.support.worker_procs import fleet_input, start_worker
 
+LONG = 4 * 3600  # seconds: a full sweep's own time limit
 RUNS = int(os.environ.get("RAYSAGA_CHAOS_FLEET_RUNS", "1000" if FULL_SWEEP else "40"))
 WORKERS, SUBMITTERS = 4, 3
 
@@ -40,6 +41,7 @@ def services() -> Iterator[FakeServices]:
         yield svc
 
 
+@pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep
 def test_four_workers_on_one_sqlite_file(tmp_path: Path, services: FakeServices) -> None:
     db = f"sqlite:///{tmp_path / 'fleet.db'}"
     trace = tmp_path / "trace.log"

@@ -43,6 +43,7 @@ from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.services import FakeServices
 
 crash_flows = harness.load_flows()
+LONG = 4 * 3600  # seconds: a full sweep's own time limit
 ZOMBIES = int(os.environ.get("RAYSAGA_CHAOS_ZOMBIES", "500" if FULL_SWEEP else "3"))
 RESUMERS = 16 if FULL_SWEEP else 6
 RACE_PROCS, RACE_THREADS = 4, (250 if FULL_SWEEP else 25)
@@ -90,6 +91,7 @@ def test_zombie_writes_and_calls_nothing(kill: tuple[str, str], rollback: Golden
 
 @pytest.mark.slow
 @pytest.mark.skipif(not FULL_SWEEP, reason="500 zombie trials run with RAYSAGA_FULL_SWEEP=1")
+@pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep
 @settings(max_examples=max(1, ZOMBIES // 20), deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=dag_specs(5, 30), seed=st.integers(0, 2**32 - 1))
