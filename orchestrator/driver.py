@@ -215,7 +215,9 @@ class Driver:
                     if terminal is not None:
                         return terminal
                     continue
-                if m.may_overlap(keys) and not self._hb.waiting("cancel", "pause"):  # a cancel or pause first
+                # the next attempts start while this batch commits (not inline: they would run first),
+                if m.may_overlap(keys) and not self.executor.runs_at_submit and not self._hb.waiting(
+                        "cancel", "pause"):  # and not with a cancel or pause asked: they come first
                     terminal = self._advance()
                     if terminal is not None:
                         return terminal

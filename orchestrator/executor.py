@@ -46,6 +46,9 @@ class Executor(ABC):
     """Runs attempts, and tracks what it has in flight itself."""
 
     name: str
+    #: The attempt runs inside ``submit``: nothing overlaps the caller, so the driver commits what
+    #: finished before it sends the next attempt (else a death in that one would lose both).
+    runs_at_submit: bool = False
 
     @abstractmethod
     def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle: ...
@@ -82,6 +85,7 @@ class InlineExecutor(Executor):
     """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt it)."""
 
     name = "inline"
+    runs_at_submit = True
 
     def __init__(self) -> None:
         self._done: list[Handle] = []

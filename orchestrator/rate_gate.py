@@ -69,6 +69,7 @@ class RateGate(Executor):
     def __init__(self, inner: Executor, store: Store, clock: Callable[[], float] = time.time) -> None:
         self.inner = inner
         self.name = inner.name
+        self.runs_at_submit = inner.runs_at_submit
         self.store = store
         self.clock = clock
         self._queues: dict[str, deque[_Held]] = {}  # per limit: attempts waiting, first come first served

@@ -5,9 +5,7 @@ tests.support.poison_flows``.
 Every step appends its name to ``<log_dir>/calls`` before anything else, so the test counts the
 attempts that really started, across every process that ran them.
 
-- ``poison``: ``swallow`` SIGKILLs its process on every attempt. (It has no upstream step: run
-  inline, a finished step's commit overlaps the next step, so a step before it would die with the
-  driver uncommitted every time and be what the store shows as in flight.)
+- ``poison``: ``swallow`` SIGKILLs its process on every attempt.
 - ``stumbles``: ``s1 → s2 → s3 → s4``; each step kills its process on its first attempt only, so
   every driver but the first gets one step done before it dies: deaths, but never in a row
   without progress.
