@@ -191,10 +191,20 @@ class Worker:
             finally:
                 with self._lock:
                     self._drivers.discard(driver)
+            lease = self._after_outage(lease)
+
+    def _after_outage(self, lease: Lease) -> Lease:
+        """Wait until the store answers, then take the run's lease up again (the store may drop
+        out again meanwhile: then wait again)."""
+        while True:
             self._wait_for_store(lease.run_id)
             if self._stop.is_set():  # the worker stops during the outage: the run's lease expires
                 raise DriverInterrupted(lease.run_id, self._stop_name)
-            lease = self._lease_again(lease)
+            try:
+                return self._lease_again(lease)
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
 
     def _lease_again(self, lease: Lease) -> Lease:
         """The run's lease after an outage: still ours (renewed), or claimed again when the failed
