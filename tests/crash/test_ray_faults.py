@@ -21,7 +21,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -29,6 +29,7 @@ import raysaga
 from raysaga.state import EffectStatus, RunStatus, SqlStore
 from tests.support import crash_driver as harness
 from tests.support import ray_fault_flows as flows
+from tests.support.processes import first_pid_mentioning, ray_nodes
 from tests.support.services import FakeServices, get_log
 
 pytestmark = pytest.mark.ray
@@ -121,14 +122,12 @@ def second_node(ray_address: str) -> Iterator[tuple[str, int]]:
          f"--resources={json.dumps({marker: 1})}", "--disable-usage-stats"],
         capture_output=True, text=True, timeout=120, start_new_session=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    raylet = harness.wait_until(lambda: _pid_with(marker), timeout=30, what="the second node's raylet")
+    raylet = harness.wait_until(lambda: first_pid_mentioning(marker), timeout=30, what="the second node's raylet")
     sid = os.getsid(raylet)
     assert sid != os.getsid(0)
     try:
-        import ray
-
         node_id: str = harness.wait_until(
-            lambda: next((n["NodeID"] for n in _nodes(ray) if n["Alive"] and marker in n["Resources"]), None),
+            lambda: next((n["NodeID"] for n in ray_nodes() if n["Alive"] and marker in n["Resources"]), None),
             timeout=60, what="the second node to join the cluster")
         yield node_id, sid
     finally:
@@ -147,20 +146,6 @@ def kill_session(sid: int) -> int:
     return killed
 
 
-def _nodes(ray: Any) -> list[dict[str, Any]]:
-    """``ray.nodes()``: one dict per node of the cluster (Ray leaves it untyped)."""
-    return cast(list[dict[str, Any]], ray.nodes())
-
-
-def _pid_with(marker: str) -> int | None:
-    for proc_dir in Path("/proc").iterdir():
-        if proc_dir.name.isdigit():
-            try:
-                if marker in (proc_dir / "cmdline").read_bytes().decode(errors="replace"):
-                    return int(proc_dir.name)
-            except OSError:
-                continue
-    return None
 
 
 def test_a_ray_node_removed_mid_run(ray_session: str, second_node: tuple[str, int], sqlite_url: str,

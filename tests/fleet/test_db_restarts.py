@@ -23,20 +23,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 import raysaga
 from raysaga import Client
 from raysaga.state import EffectStatus, RunStatus, SqlStore
-from raysaga.state.engine import is_outage
 from tests.support import REPO, private_postgres
 from tests.support import fleet_flows as flows
 from tests.support.crash_driver import wait_until
+from tests.support.private_postgres import retrying
 from tests.support.services import FakeServices, get_log
 from tests.support.worker_procs import fleet_input, start_worker
 
@@ -49,8 +48,6 @@ MIN_CRASHES = 3 if FULL else 4
 LEASE_TTL = 3.0
 SETTLED_WITHIN = 60.0  # the acceptance: no run stuck 60 s after the end of the chaos
 
-T = TypeVar("T")
-
 pytestmark = pytest.mark.skipif(private_postgres.available() is not None,
                                 reason=f"no private PostgreSQL server here: {private_postgres.available()}")
 
@@ -60,17 +57,6 @@ def services() -> Iterator[FakeServices]:
     with FakeServices() as svc:
         yield svc
 
-
-def retrying(what: Callable[[], T]) -> T:
-    """The test's own calls ride out the outages it causes."""
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            return what()
-        except Exception as exc:
-            if not is_outage(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)  # the server is down: poll it again (not a synchronisation)
 
 
 class Drained:

@@ -22,10 +22,10 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -37,6 +37,7 @@ from raysaga.state.engine import is_outage
 from tests.support import fleet_flows as flows
 from tests.support import private_postgres
 from tests.support.crash_driver import wait_until
+from tests.support.private_postgres import retrying
 from tests.support.services import FakeServices, get_log
 from tests.support.worker_procs import fleet_input, start_worker
 
@@ -45,7 +46,6 @@ SAMPLE_EVERY = 5.0
 RUNS_PER_SECOND = 4.0  # a steady load, not a flood: the soak is about time and cycles
 CLIENTS = "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'"
 MAX_SLOPE_MIB_PER_MIN = 2.0
-T = TypeVar("T")
 
 pytestmark = [
     pytest.mark.timeout(SECONDS + 900),  # the suite's per-test limit is for tests, not for a soak
@@ -54,16 +54,6 @@ pytestmark = [
                        reason=f"no private PostgreSQL server here: {private_postgres.available()}"),
 ]
 
-
-def retrying(what: Callable[[], T]) -> T:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return what()
-        except Exception as exc:
-            if not is_outage(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)  # the server is down: poll it again (not a synchronisation)
 
 
 def rss_mib(pid: int) -> float:

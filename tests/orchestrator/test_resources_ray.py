@@ -20,7 +20,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -28,6 +28,7 @@ import raysaga
 from raysaga import RetryPolicy, RunStatus, Workflow
 from raysaga.state import NodeStatus, SqlStore
 from tests.support import crash_driver as harness
+from tests.support.processes import first_pid_mentioning, ray_nodes
 
 pytestmark = pytest.mark.ray
 
@@ -82,10 +83,10 @@ def special_node(ray_address: str, tmp_path: Path) -> Iterator[str]:
     pgid = None
     try:
         assert proc.returncode == 0, proc.stderr[-2000:]
-        raylet = harness.wait_until(lambda: _pid_with(marker), timeout=30, what="the second node's raylet")
+        raylet = harness.wait_until(lambda: first_pid_mentioning(marker), timeout=30, what="the second node's raylet")
         pgid = os.getpgid(raylet)
         node_id: str = harness.wait_until(
-            lambda: next((n["NodeID"] for n in _ray_nodes() if n["Alive"] and marker in n["Resources"]), None),
+            lambda: next((n["NodeID"] for n in ray_nodes() if n["Alive"] and marker in n["Resources"]), None),
             timeout=60, what="the second node to join the cluster")
         yield node_id
     finally:
@@ -94,28 +95,12 @@ def special_node(ray_address: str, tmp_path: Path) -> Iterator[str]:
             # no later task is sent to it); then whatever `ray start` started for it is killed
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGTERM)
-            harness.wait_until(lambda: not any(n["Alive"] and marker in n["Resources"] for n in _ray_nodes()),
+            harness.wait_until(lambda: not any(n["Alive"] and marker in n["Resources"] for n in ray_nodes()),
                                timeout=60, what="the second node to leave the cluster")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGKILL)
 
 
-def _ray_nodes() -> list[dict[str, Any]]:
-    """``ray.nodes()``: one dict per node of the cluster (Ray leaves it untyped)."""
-    import ray
-
-    return cast(list[dict[str, Any]], ray.nodes())  # type: ignore[no-untyped-call]
-
-
-def _pid_with(marker: str) -> int | None:
-    for proc_dir in Path("/proc").iterdir():
-        if proc_dir.name.isdigit():
-            try:
-                if marker in (proc_dir / "cmdline").read_bytes().decode(errors="replace"):
-                    return int(proc_dir.name)
-            except OSError:
-                continue
-    return None
 
 
 def test_a_custom_resource_runs_the_step_on_the_node_offering_it(

@@ -15,9 +15,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-__all__ = ["PrivatePostgres", "available"]
+__all__ = ["PrivatePostgres", "available", "retrying"]
+
+T = TypeVar("T")
 
 _USER = "postgres"
 
@@ -87,3 +92,18 @@ class PrivatePostgres:
         if (self.data / "postmaster.pid").exists():
             self.crash()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def retrying(what: Callable[[], T], timeout: float = 120.0) -> T:
+    """``what()``, called again while the store is unreachable (a test's own calls ride out the
+    outages it causes), for at most ``timeout`` seconds."""
+    from raysaga.state.engine import is_outage
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return what()
+        except Exception as exc:
+            if not is_outage(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)  # the server is down: poll it again (not a synchronisation)

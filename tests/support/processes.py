@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, cast
 
 
 def pids_mentioning(marker: str) -> list[int]:
@@ -21,3 +22,16 @@ def pids_mentioning(marker: str) -> list[int]:
         if marker in cmdline:
             found.append(int(proc_dir.name))
     return found
+
+
+def first_pid_mentioning(marker: str) -> int | None:
+    """One process whose command line contains ``marker`` (e.g. a second Ray node's raylet), if any."""
+    found = pids_mentioning(marker)
+    return found[0] if found else None
+
+
+def ray_nodes() -> list[dict[str, Any]]:
+    """``ray.nodes()`` of the cluster this process joined: one dict per node (Ray leaves it untyped)."""
+    import ray
+
+    return cast(list[dict[str, Any]], ray.nodes())  # type: ignore[no-untyped-call]
