@@ -4,22 +4,29 @@ the blob and ``raysaga retry``s it. Pure: the driver commits what this returns."
 
 from __future__ import annotations
 
+from typing import Any
+
 from raysaga.errors import BlobIntegrityError
 from raysaga.state import Batch, NewEvent, RunStatus, RunUpdate
 from raysaga.state.models import can_transition
 
 
-def parking(status: RunStatus, exc: BlobIntegrityError, where: str | None, run_id: str) -> tuple[bool, Batch]:
+def parked(status: RunStatus, reason: str, error: dict[str, Any], event: NewEvent) -> tuple[bool, Batch]:
     """(whether the run must first go back to ``running`` to reach the parked state, the batch that
-    parks it) for a run in ``status``."""
+    parks it: ``failed``, or ``compensation_failed`` mid-rollback) for a run in ``status``. Shared by
+    every reason to park a run (a damaged blob here, a crash loop in ``crash_loop``)."""
     target = RunStatus.COMPENSATION_FAILED if status == RunStatus.COMPENSATING else RunStatus.FAILED
+    resume_first = not can_transition(status, target) and can_transition(status, RunStatus.RUNNING)
+    return resume_first, Batch(run=RunUpdate(status=target, status_reason=reason, error=error, set_error=True),
+                               events=[event])
+
+
+def parking(status: RunStatus, exc: BlobIntegrityError, where: str | None, run_id: str) -> tuple[bool, Batch]:
+    """``parked`` for a blob that is missing or altered."""
     reason = (f"blob {exc.digest} of {where or 'this run'} {exc.problem}: the store was changed outside "
               "raysaga, so the run is parked and the data not used; restore the blob (or the node) and "
               f"`raysaga retry {run_id}`")[:1000]
     error = {"type": "BlobIntegrityError", "digest": exc.digest, "problem": exc.problem, "node": where,
              "message": str(exc)}
-    resume_first = not can_transition(status, target) and can_transition(status, RunStatus.RUNNING)
-    batch = Batch(run=RunUpdate(status=target, status_reason=reason, error=error, set_error=True))
-    batch.events.append(NewEvent(kind="blob_integrity_error", node_id=None, data={
+    return parked(status, reason, error, NewEvent(kind="blob_integrity_error", node_id=None, data={
         "digest": exc.digest, "problem": exc.problem, "node": where}))
-    return resume_first, batch

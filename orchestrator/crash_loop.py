@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 
+from raysaga.orchestrator.blob_parking import parked
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -33,7 +34,6 @@ from raysaga.state import (
     RunUpdate,
     Store,
 )
-from raysaga.state.models import can_transition
 
 __all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "park_if_looping", "parking", "suspects"]
 
@@ -75,17 +75,14 @@ def suspects(nodes: Iterable[NodeRecord], wf: Workflow) -> list[str]:
 
 
 def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str) -> tuple[bool, Batch]:
-    """(whether the run must first go back to ``running``, the batch that parks it)."""
-    target = RunStatus.COMPENSATION_FAILED if status == RunStatus.COMPENSATING else RunStatus.FAILED
+    """``blob_parking.parked`` for a crash loop: the reason names the steps and the way out."""
     where = f"in flight or ready each time: {', '.join(suspected[:10])}{' ...' if len(suspected) > 10 else ''}"
     reason = (f"crash loop: the last {deaths} drivers of this run died before committing any step's outcome "
               f"({where}); a step may be killing its process. Fix it (or run it on Ray, where its death is "
               f"a failed attempt), then `raysaga retry {run_id}`")[:1000]
     error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50]}
-    resume_first = not can_transition(status, target) and can_transition(status, RunStatus.RUNNING)
-    batch = Batch(run=RunUpdate(status=target, status_reason=reason, error=error, set_error=True))
-    batch.events.append(NewEvent(kind="crash_loop", data={"deaths": deaths, "suspects": suspected[:50]}))
-    return resume_first, batch
+    return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
+                                                                          "suspects": suspected[:50]}))
 
 
 def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[NodeRecord], wf: Workflow,
