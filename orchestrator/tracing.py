@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from raysaga.agents.messages import Usage
+from raysaga.errors import InvalidOptionError
 from raysaga.node_key import NodeKey, NodeKind
 from raysaga.orchestrator import tracing_attrs as attrs_of
 from raysaga.orchestrator.tracing_ids import DeterministicIds, deterministic, span_id, trace_id_of
@@ -44,6 +45,10 @@ def configure_tracing(tracer_provider: Any | None = None) -> None:
     """Send raysaga's spans to ``tracer_provider`` (an OpenTelemetry SDK ``TracerProvider``)
     instead of OpenTelemetry's global one; ``None`` goes back to the global provider."""
     global _provider
+    if tracer_provider is not None and not callable(getattr(tracer_provider, "get_tracer", None)):
+        raise InvalidOptionError(f"configure_tracing: {type(tracer_provider).__name__} is not an OpenTelemetry "
+                                 "TracerProvider (it has no get_tracer): pass e.g. "
+                                 "opentelemetry.sdk.trace.TracerProvider(), or None for the global provider")
     _provider = tracer_provider
 
 

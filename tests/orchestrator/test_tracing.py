@@ -256,3 +256,9 @@ def test_off_a_run_makes_no_tracer_and_imports_no_opentelemetry(tmp_path: Path) 
               "assert not loaded, loaded\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_configuring_something_that_is_no_tracer_provider_is_refused_at_once() -> None:
+    with pytest.raises(raysaga.InvalidOptionError, match="str is not an OpenTelemetry TracerProvider"):
+        raysaga.configure_tracing("http://collector:4318")  # an endpoint where a provider belongs
+    assert tracing._provider is None  # nothing half-configured
