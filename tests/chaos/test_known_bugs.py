@@ -1,5 +1,5 @@
-"""Engine bugs the chaos suite found: a fixed one stays as its regression test, an open one is a
-strict xfail.
+"""Engine bugs the chaos suite found: a fixed one stays as its regression test (an open one would
+be a strict xfail).
 
 Both are one bug seen twice: a run that ends while some effect node's outcome is unknown to the
 engine (``raysaga.sagas.rollback.UNKNOWN_OUTCOME``: cancelled in flight, or waiting to retry)
@@ -17,18 +17,19 @@ no rollback runs). Found by the random kill sweep's golden runs (DAG ``chaos_e70
 Fixed in the machine (``Calls.drain``): a step that fails without stopping the run cancels its
 plain attempts but lets its effects in flight land, so their ledger rows say what they did.
 
-``a rollback over items waiting to retry leaves pending rows`` (OPEN): the items of an effect fan-out
+``a rollback over items waiting to retry leaves pending rows`` (FIXED): the items of an effect fan-out
 failed transiently (before their calls) and wait for their retry when a sibling fails for good;
-the rollback compensates them (their outcome is unknown: right, and safe) and the run ends
+the rollback compensates them (their outcome is unknown: right, and safe) and the run ended
 ``compensated``, with the items still ``retrying`` and their ledger rows ``pending``. Found by
-the random sweep (DAG ``chaos_3cf7112d89``).
+the random sweep (DAG ``chaos_3cf7112d89``). Fixed in the machine (``Rollback._settle_undone``):
+the commit of the compensation of a node whose outcome was unknown also settles its ledger row
+``failed`` (the result says it was undone with its outcome unknown) and its row (``retrying`` ->
+``failed``, ``running`` -> ``cancelled``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-import pytest
 
 from raysaga.state import SqlStore
 from tests.support import chaos_flows
@@ -74,8 +75,6 @@ RETRYING = {"name": "retrying_rollback", "steps": [
 ]}
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a rollback over fan-out items waiting to retry ends the run with "
-                                       "their ledger rows pending and the items retrying")
 def test_a_rollback_over_items_waiting_to_retry_leaves_no_pending_row(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'run.db'}"
     with FakeServices() as services:

@@ -185,8 +185,8 @@ def test_diamond_on_ray(ray_address: str, services: Any, db: tuple[str, SqlStore
 def test_sibling_in_flight_at_the_failure_is_compensated(ray_address: str, services: Any,
                                                           db: tuple[str, SqlStore], tmp_path: Path) -> None:
     """c fails while b (an effect whose call landed) is still running on a Ray worker: the
-    driver cancels b, and b is compensated with output=None (its ledger row still pending),
-    before a."""
+    driver cancels b, and b is compensated with output=None (its outcome unknown), before a;
+    once undone, b's ledger row is settled ``failed`` (nothing stays ``pending`` for ever)."""
     url, store = db
     control = tmp_path / "control"
     control.mkdir()
@@ -197,8 +197,9 @@ def test_sibling_in_flight_at_the_failure_is_compensated(ray_address: str, servi
     rows = {n.label: n for n in store.nodes(RUN_ID)}
     assert rows["c"].status == NodeStatus.FAILED
     assert rows["b"].status in (NodeStatus.CANCELLED, NodeStatus.RUNNING), rows["b"]
-    ledger = {e.node_id: e.status for e in store.effects(RUN_ID)}
-    assert ledger["b"] == EffectStatus.PENDING, "b's outcome should have stayed unknown"
+    ledger = {e.node_id: e for e in store.effects(RUN_ID)}
+    assert ledger["b"].status == EffectStatus.FAILED, ledger["b"]
+    assert "outcome was unknown" in str(ledger["b"].result), ledger["b"]
     log = services.log()
     order = check_rollback(flows.inflight, store, RUN_ID, log, {("a", -1), ("b", -1)}, unknown={("b", -1)})
     assert order == [("b", -1), ("a", -1)]

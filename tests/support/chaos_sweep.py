@@ -9,8 +9,7 @@ compares the result with the golden run:
   but for nodes that raced a failure (``raced``: a resume may dispatch independent nodes in
   another order than the golden run did, so one of them may have run before the failure in
   one run and not in the other); those are reported, and everything below leaves them out;
-- the ledger holds exactly the golden keys (per node label), none left ``pending`` (but the rows
-  of nodes whose outcome is unknown, cancelled or waiting to retry: known bugs, ``pending_rows``);
+- the ledger holds exactly the golden keys (per node label), none left ``pending`` (``pending_rows``);
 - the provider saw one *effective* call per golden key and no other key, the same effects per
   subject; a key got a second *raw* call only if its ledger row was ``pending`` at the fault
   (the call's outcome was unknown); with the inline executor (nothing in flight at a fault)
@@ -116,7 +115,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices) -> Go
     try:
         view = run_view(store)
         assert view["status"] in ("completed", "failed", "compensated"), view
-        nodes = {n.label: n.status.value for n in store.nodes(RUN_ID)}
+        nodes = node_states(store)
         ledger = ledger_of(store)
         order = completions(store)
     finally:
@@ -129,13 +128,22 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices) -> Go
                   [label for label in order if SUFFIX not in label], reachable(nodes, ledger))
 
 
+#: A node's state once a rollback undid it while its outcome was unknown (it was in flight or
+#: waiting to retry: ``raysaga.orchestrator.machine.rollback.UNDONE_UNKNOWN``); as racy as before.
+UNDONE = "undone"
+
+
+def node_states(store: SqlStore) -> dict[str, str]:
+    """Each node's status, or ``UNDONE`` for a node settled by the rollback that undid it."""
+    return {n.label: UNDONE if n.error is not None and n.error.type == "Compensated" else n.status.value
+            for n in store.nodes(RUN_ID)}
+
+
 def pending_rows(nodes: dict[str, str], ledger: dict[str, tuple[str, str]]) -> list[str]:
-    """Ledger rows left ``pending`` at the end, but for those of nodes whose outcome the engine
-    holds unknown (cancelled in flight, waiting to retry): the known bugs of
-    ``tests/chaos/test_known_bugs.py`` (a finished run keeps such rows ``pending`` for ever)."""
-    unknown = {status.value for status in UNKNOWN_OUTCOME}
-    return [label for label, (_, status) in ledger.items()
-            if status == EffectStatus.PENDING.value and nodes.get(label) not in unknown]
+    """Ledger rows left ``pending`` at the end of a run: none may be (``tests/chaos/test_known_bugs.py``
+    holds the two ways a finished run once kept them, both fixed)."""
+    return [f"{label} ({nodes.get(label)})" for label, (_, status) in ledger.items()
+            if status == EffectStatus.PENDING.value]
 
 
 def _step_of(golden: Golden, label: str) -> dict[str, Any] | None:
@@ -177,7 +185,7 @@ def raced(golden: Golden, nodes: dict[str, str | None]) -> set[str]:
     failure is seen). Such a node may end otherwise than in the golden run, but only between
     "outcome unknown or never started" (``cancelled``, ``retrying``, ``running``, no row) and
     an outcome. Nothing else may differ."""
-    racy = {status.value for status in UNKNOWN_OUTCOME} | {None}
+    racy = {status.value for status in UNKNOWN_OUTCOME} | {UNDONE, None}
     diff = {forward_label(label) for label in set(golden.nodes) | set(nodes)
             if golden.nodes.get(label) != nodes.get(label)}
     if not diff:
@@ -194,7 +202,7 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
     """A faulted-and-resumed run against its golden run (see the module's docstring); returns
     the labels of nodes that raced a failure and ended otherwise than in the golden run."""
     assert run_view(store) == golden.run, (kill, run_view(store), golden.run)
-    nodes: dict[str, str | None] = {n.label: n.status.value for n in store.nodes(RUN_ID)}
+    nodes: dict[str, str | None] = dict(node_states(store))
     race = raced(golden, nodes)
     ledger = ledger_of(store)
     same = {label for label in set(ledger) | set(golden.ledger) if forward_label(label) not in race}
