@@ -12,6 +12,12 @@ the same run and time, from the relaunch's ``Popen``, the first step that starts
   session (its local Ray with it), so the relaunch starts Ray again.
 * raysaga, joining a running cluster: a ``ray start --head`` cluster started once, up for the
   whole scenario; both launches ``--address`` it; the kill takes the driver only.
+* raysaga, a running ``raysaga worker`` takes over: a ``raysaga worker`` (joined to that cluster,
+  warmed by driving one run of the chain to the end first) watches a store of its own; each rep's
+  first launch is a ``raysaga run --address`` driver on that store, SIGKILLed the same way, and
+  nothing is relaunched: the worker sees that the run's driver is gone (same host) and takes the
+  run over at once (``orchestrator/worker.py``). Its time is counted from the kill, not from a
+  relaunch (there is none): kill -> first step, so it includes noticing the death.
 * LangGraph + SqliteSaver and DBOS (SQLite): ``resume_child.py``.
 
 "Completed steps re-run" counts steps whose ``end`` was logged before the kill and that start
@@ -46,6 +52,7 @@ KILL_AT = 10  # killed while this step runs (KILL_AT steps completed)
 INLINE = "raysaga inline"
 COLD = "raysaga on Ray, cold (starts Ray)"
 CLUSTER = "raysaga joining a running Ray cluster"
+FLEET = "raysaga: a running worker takes over (kill->)"
 LANGGRAPH = "LangGraph + SqliteSaver"
 DBOS = "DBOS (SQLite)"
 
@@ -105,9 +112,9 @@ def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.005)
 
 
-def attempt(first: list[str], again: list[str], log: Path, env: dict[str, str], secs: float, *,
-            kill_session: bool, marker: str | None = None) -> Attempt:
-    """Launch ``first``, SIGKILL it midway, run ``again`` to the end; what the log says."""
+def launch_and_kill(first: list[str], log: Path, env: dict[str, str], secs: float, *, kill_session: bool,
+                    marker: str | None = None) -> float:
+    """Launch ``first`` and SIGKILL it while step ``KILL_AT`` runs; the time of the kill."""
     step = f"r{KILL_AT:02d}"
     proc = subprocess.Popen(first, cwd=HERE, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -128,6 +135,13 @@ def attempt(first: list[str], again: list[str], log: Path, env: dict[str, str], 
             proc.stderr.close()
     if marker and kill_session:
         _kill(_mentioning(marker))  # the local Ray the driver started, if it left its session
+    return killed_at
+
+
+def attempt(first: list[str], again: list[str], log: Path, env: dict[str, str], secs: float, *,
+            kill_session: bool, marker: str | None = None) -> Attempt:
+    """Launch ``first``, SIGKILL it midway, run ``again`` to the end; what the log says."""
+    killed_at = launch_and_kill(first, log, env, secs, kill_session=kill_session, marker=marker)
     time.sleep(0.2)  # the kill settles (a cluster's workers of the dead job go too)
     start = time.time()
     relaunch = subprocess.Popen(again, cwd=HERE, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
@@ -139,6 +153,11 @@ def attempt(first: list[str], again: list[str], log: Path, env: dict[str, str], 
         _kill(_session_pids(relaunch.pid))  # what it left behind (a local Ray's agents), and itself on a timeout
     if relaunch.returncode != 0:
         raise RuntimeError(f"relaunch exited {relaunch.returncode}: {err.decode()[-2000:]}")
+    return tally(log, killed_at, start, finished)
+
+
+def tally(log: Path, killed_at: float, start: float, finished: float) -> Attempt:
+    """What the log says: the first step from ``start`` on, and what ran again."""
     lines = _lines(log)
     before = [(t, w, s) for t, w, s in lines if t < killed_at]
     after = [(t, w, s) for t, w, s in lines if t >= start]
@@ -182,13 +201,23 @@ def ray_cluster(tmp: Path) -> Iterator[str]:
         _kill(_session_pids(starter.pid) + _mentioning(str(temp)))
 
 
+def _raysaga_env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _chain_cmd(db: str, run_id: str, log: Path, secs: float) -> list[str]:
+    return [str(BIN / "raysaga"), "run", "flows:slow_chain_20", "--db", db, "--run-id", run_id, "-q",
+            "-i", json.dumps({"log": str(log), "secs": secs})]
+
+
 def raysaga_attempt(tmp: Path, secs: float, executor: str, address: str | None) -> Attempt:
     tag = uuid.uuid4().hex[:8]
     log, db = tmp / f"rs-{tag}.log", f"sqlite:///{tmp / f'rs-{tag}.db'}"
     run_id = f"resume-{tag}"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
-           "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ADDRESS", None)
+    env = _raysaga_env()
     ray_tmp = tmp / f"rt{tag}"
     where = ["--executor", executor]
     if address:
@@ -196,16 +225,55 @@ def raysaga_attempt(tmp: Path, secs: float, executor: str, address: str | None) 
     elif executor == "ray":
         ray_tmp.mkdir()
         env.update(RAY_ADDRESS="local", RAY_TMPDIR=str(ray_tmp))
-    cli = str(BIN / "raysaga")
-    first = [cli, "run", "flows:slow_chain_20", "--db", db, "--run-id", run_id, "-q",
-             "-i", json.dumps({"log": str(log), "secs": secs}), *where]
-    again = [cli, "resume", run_id, "--db", db, "-q", *where]
+    first = [*_chain_cmd(db, run_id, log, secs), *where]
+    again = [str(BIN / "raysaga"), "resume", run_id, "--db", db, "-q", *where]
     try:
         return attempt(first, again, log, env, secs, kill_session=executor == "ray" and not address,
                        marker=str(ray_tmp))
     finally:
         if executor == "ray" and not address:
             _kill(_mentioning(str(ray_tmp)))
+
+
+@contextlib.contextmanager
+def worker_fleet(tmp: Path, address: str) -> Iterator[str]:
+    """A ``raysaga worker`` for ``flows:slow_chain_20`` joined to the cluster at ``address``, with
+    default settings, on a store of its own (yielded), warmed by driving one run to the end."""
+    db = f"sqlite:///{tmp / 'fleet.db'}"
+    env = _raysaga_env()
+    errors = (tmp / "fleet-worker.err").open("wb")
+    worker = subprocess.Popen([str(BIN / "raysaga"), "worker", "--workflow", "flows:slow_chain_20", "--db", db,
+                               "--executor", "ray", "--address", address], cwd=HERE, env=env,
+                              start_new_session=True, stdout=subprocess.PIPE, stderr=errors)
+    try:
+        assert worker.stdout is not None
+        if not worker.stdout.readline().startswith(b"worker "):  # its banner: joined, signals in place
+            raise RuntimeError(f"raysaga worker did not start: {(tmp / 'fleet-worker.err').read_text()[-2000:]}")
+        warm = tmp / "fleet-warm.log"
+        subprocess.run([str(BIN / "raysaga"), "submit", "flows:slow_chain_20", "--db", db, "-i",
+                        json.dumps({"log": str(warm), "secs": 0.0})], cwd=HERE, env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        last = f"r{STEPS - 1:02d}"
+        _wait_for(lambda: any(w == "end" and s == last for _, w, s in _lines(warm)), 120, "the fleet's warm-up run")
+        yield db
+    finally:
+        worker.send_signal(signal.SIGTERM)  # it hands back what it drives and leaves Ray
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(30)
+        _kill(_session_pids(worker.pid))
+        errors.close()
+
+
+def fleet_attempt(tmp: Path, secs: float, address: str, db: str) -> Attempt:
+    """A ``raysaga run`` driver on the fleet's store, SIGKILLed midway; the worker finishes the run."""
+    tag = uuid.uuid4().hex[:8]
+    log = tmp / f"fleet-{tag}.log"
+    first = [*_chain_cmd(db, f"fleet-{tag}", log, secs), "--executor", "ray", "--address", address]
+    killed_at = launch_and_kill(first, log, _raysaga_env(), secs, kill_session=False)
+    last = f"r{STEPS - 1:02d}"
+    _wait_for(lambda: any(w == "end" and s == last for _, w, s in _lines(log)), 300, "the worker to finish the run")
+    ended = max(t for t, w, s in _lines(log) if w == "end" and s == last)
+    return tally(log, killed_at, killed_at, ended - killed_at)
 
 
 def peer_attempt(tmp: Path, secs: float, system: str) -> Attempt:
@@ -223,8 +291,10 @@ def run(reps: int, secs: float, tmp: Path, log: Callable[[str], None], *, with_r
             (INLINE, lambda: raysaga_attempt(tmp, secs, "inline", None))]
         if with_ray:
             address = stack.enter_context(ray_cluster(tmp))
+            fleet_db = stack.enter_context(worker_fleet(tmp, address))
             systems += [(COLD, lambda: raysaga_attempt(tmp, secs, "ray", None)),
-                        (CLUSTER, lambda: raysaga_attempt(tmp, secs, "ray", address))]
+                        (CLUSTER, lambda: raysaga_attempt(tmp, secs, "ray", address)),
+                        (FLEET, lambda: fleet_attempt(tmp, secs, address, fleet_db))]
         if lg_peer.available():
             systems.append((LANGGRAPH, lambda: peer_attempt(tmp, secs, "langgraph")))
         else:
@@ -254,12 +324,19 @@ def run(reps: int, secs: float, tmp: Path, log: Callable[[str], None], *, with_r
         rows.append([label, spread(first[label]), vs, spread(total[label], "{:.2f}"),
                      f"{int(sum(rerun[label]))}", f"{int(sum(in_flight[label]))}"])
     r.table(["", "relaunch -> 1st step s", "this / LangGraph", "relaunch -> end s", "completed re-run",
-             "in-flight re-run"], rows, [40, 24, 18, 20, 16, 16])
+             "in-flight re-run"], rows, [46, 24, 18, 20, 16, 16])
     r.p(f"  (re-runs summed over the reps; 'relaunch -> end' includes the remaining {STEPS - KILL_AT} steps)")
+    if FLEET in first:
+        r.p(f"  ('{FLEET}': no relaunch; a `raysaga worker` already joined to the cluster takes the run over: "
+            "timed from the SIGKILL)")
     if CLUSTER in first:
         r.target(ratio_target("resume: raysaga joining a running cluster <= LangGraph's relaunch -> first step",
                               pair_ratios(first[CLUSTER], first[LANGGRAPH]), at_most=1.0))
-    for label in (INLINE, COLD, CLUSTER):
+    if FLEET in first:
+        r.target(ratio_target("resume: a running raysaga worker takes over, kill -> first step (no relaunch) <= "
+                              "LangGraph's relaunch -> first step", pair_ratios(first[FLEET], first[LANGGRAPH]),
+                              at_most=1.0))
+    for label in (INLINE, COLD, CLUSTER, FLEET):
         if label in first:
             n = int(sum(rerun[label]))
             r.target(Target(f"resume: {label}: completed steps re-run == 0", n == 0, str(n)))

@@ -7,6 +7,14 @@ runs, runs whose driver died or handed them back, resting runs that are due: a t
 decision, an unpause, an approval's timeout) and the claim's fence guards every later write, so
 several workers on one store never drive one run at once.
 
+A run whose driver died on this host (a SIGKILLed ``raysaga run``, an OOM-killed worker) is taken
+over at once, without waiting for its lease to expire: when a slot finds nothing to claim, the
+worker looks (at most once per ``poll``) at the active runs of its workflows whose lease owner is
+provably gone (``ownership.owner_is_gone``: same host, boot and pid namespace, process dead) and
+claims one from that owner (``ownership.claim``; the claim names it ``abandoned_by``, so a crash
+loop is still counted). An owner on another host cannot be proven gone from here: its runs wait
+for their lease to expire, as before.
+
 ``stop()`` (the CLI calls it on SIGTERM or Ctrl-C) stops claiming and asks each driver to stop
 at its next step boundary: it commits what finished, releases the lease and the run is free for
 another worker at once. A SIGKILLed worker's runs are taken over when their leases expire.
@@ -25,12 +33,16 @@ from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, Ra
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.ownership import new_owner
+from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Lease, RunRecord, RunStatus, Store
+from raysaga.state.claims import Claim
 from raysaga.state.engine import is_outage
 
 log = logging.getLogger("raysaga.worker")
+
+#: Active runs (per state, newest first) a worker looks at for a driver gone on this host.
+ORPHAN_SCAN = 500
 
 
 @dataclass
@@ -78,6 +90,7 @@ class Worker:
         self._lock = threading.Lock()
         self._drivers: set[Driver] = set()
         self._primary: Executor | None = None
+        self._next_scan = 0.0  # no look for runs of dead drivers before then (one look per poll)
 
     def start_engine(self) -> None:
         """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
@@ -120,7 +133,7 @@ class Worker:
             while not self._stop.is_set():
                 try:
                     claim = self.store.claim_next(new_owner(), self.options.lease_ttl, self.hashes,
-                                                  limits=self.limits)
+                                                  limits=self.limits) or self.claim_orphan()
                     if down_since is not None:
                         log.warning("worker: the store answers again (after %.1f s)", time.time() - down_since)
                         down_since = None
@@ -140,6 +153,30 @@ class Worker:
         finally:
             if executor is not None:
                 executor.shutdown()
+
+    def claim_orphan(self) -> Claim | None:
+        """A run of ours whose driver is provably gone (see the module doc), its lease taken from
+        that driver; None when there is none, or another slot looked less than ``poll`` ago."""
+        now = time.time()
+        with self._lock:
+            if now < self._next_scan:
+                return None
+            self._next_scan = now + self.poll
+        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):
+            for row in self.store.list_runs(status, ORPHAN_SCAN):
+                if (row.corrupt or row.workflow_name not in self.workflows or row.lease_owner is None
+                        or (row.lease_expires_at or 0.0) < now  # expired: claim_next takes it
+                        or not owner_is_gone(row.lease_owner)):
+                    continue
+                if self.store.get_run(row.run_id, lenient=True).definition_hash != self.hashes[row.workflow_name]:
+                    continue  # another definition: a worker that registered that one drives it
+                try:
+                    lease, _ = claim(self.store, row.run_id, new_owner(), self.options.lease_ttl)
+                except LeaseHeldError:  # another worker took it first, or a resume did
+                    continue
+                return Claim(lease=lease, workflow=row.workflow_name, reason="takeover",
+                             latency=max(0.0, time.time() - row.updated_at))
+        return None
 
     def _drive(self, lease: Lease, workflow: str, reason: str, executor: Executor) -> None:
         with self._lock:
