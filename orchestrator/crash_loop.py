@@ -40,8 +40,8 @@ __all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "park_if_looping", "parking"
 log = logging.getLogger("raysaga.driver")
 
 #: Events that mean an attempt's outcome was committed: the driver before got somewhere.
-PROGRESS = frozenset({"node_completed", "node_failed", "node_skipped", "retry_scheduled", "compensation_retry",
-                      "approval_requested", "sleep_started", "fanout_expanded", "run_created"})
+PROGRESS = frozenset({"node_completed", "items_completed", "node_failed", "node_skipped", "retry_scheduled",
+                      "compensation_retry", "approval_requested", "sleep_started", "fanout_expanded", "run_created"})
 #: How many of the run's last events are read to count the deaths (a death without progress
 #: writes two or three: its successor's claim, a transition, a take-over note).
 WINDOW = 100

@@ -19,7 +19,8 @@ from raysaga.state.models import EffectRecord, EventRecord
 from raysaga.state.schema import effects, events, nodes, runs
 
 #: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
-COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "compensation_completed", "run_cancelled")
+COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "items_completed", "compensation_completed",
+                  "run_cancelled")
 
 
 @dataclass(frozen=True)

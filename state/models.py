@@ -71,9 +71,12 @@ class NodeStatus(StrEnum):
 
 
 class EffectStatus(StrEnum):
-    PENDING = "pending"
+    PENDING = "pending"  # written before the call: it may be under way, or may have happened
     COMMITTED = "committed"
     FAILED = "failed"
+    ABANDONED = "abandoned"
+    """Still ``pending`` when its run ended or was parked: the call may or may not have happened,
+    and no driver will settle it. Re-issued (an operator's retry), it is reconciled under its key."""
 
 
 class _Record(BaseModel):

@@ -324,6 +324,10 @@ class SqlStore(ForkRows, DashboardReads, Store):
                     for n in batch.nodes])
             if batch.effects:
                 self._write_effects(conn, run_id, batch, now)
+            if upd is not None and upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED):
+                # no driver will settle what is still pending: say so (see EffectStatus.ABANDONED)
+                conn.exec_driver_sql(sql.abandon_effects, (EffectStatus.ABANDONED.value, now, run_id,
+                                                           EffectStatus.PENDING.value))
             if new_events:
                 first = seq_end - len(new_events) + 1
                 conn.exec_driver_sql(sql.events, [
@@ -364,13 +368,14 @@ class SqlStore(ForkRows, DashboardReads, Store):
         final = [e for e in batch.effects if e.status != EffectStatus.PENDING]
         if pending:
             rows = [{"run_id": run_id, "created_at": now, "updated_at": now, **e.model_dump()} for e in pending]
-            # insert-once: an existing row keeps its key and status, except that a failed
-            # effect an operator retries becomes pending again (same key)
+            # insert-once: an existing row keeps its key and status, except that a failed or
+            # abandoned effect an operator retries becomes pending again (same key)
             stmt = insert_for(conn, effects)
             stmt = stmt.on_conflict_do_update(
                 index_elements=["idempotency_key"],
                 set_={"status": EffectStatus.PENDING.value, "updated_at": now},
-                where=effects.c.status == EffectStatus.FAILED.value,
+                where=or_(effects.c.status == EffectStatus.FAILED.value,
+                          effects.c.status == EffectStatus.ABANDONED.value),  # no IN: executemany
             )
             conn.execute(stmt, rows)
         if final:

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
 from raysaga.state.models import Lease
-from raysaga.state.schema import JsonText, events, nodes, runs
+from raysaga.state.schema import JsonText, effects, events, nodes, runs
 
 #: The fence guard as Core: proves the fence, reserves ``g_n`` event seqs, returns the last one.
 GUARD = (update(runs)
@@ -62,6 +62,8 @@ class DriverSql:
     update is only counters (a model turn's tokens) needs no statement of its own, nor a read."""
     nodes: str
     events: str
+    abandon_effects: str
+    """A run ends or is parked: its ledger rows still pending become abandoned (EffectStatus)."""
 
 
 @functools.cache
@@ -87,6 +89,8 @@ def driver_sql(dialect: str) -> DriverSql:
                         f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq"),
         nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
         events=insert_sql(events, EVENT_COLUMNS),
+        abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
+                         f"WHERE run_id = {mark} AND status = {mark}"),
     )
 
 

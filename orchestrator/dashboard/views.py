@@ -261,6 +261,12 @@ def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[
     return [_event_json(e) for e in store.events(run_id, after_seq=after, limit=min(max(1, limit), MAX_PAGE))]
 
 
+def _items_of(event: Any) -> list[int]:
+    """The item indexes an ``items_completed`` event lists (one event per fan-out per commit)."""
+    items = event.data.get("items") if isinstance(event.data, dict) else None
+    return [i for i in items if isinstance(i, int)] if isinstance(items, list) else []
+
+
 def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tuple[int, dict[str, Any] | None]:
     """What changed after event ``after``: the events, the rows of the nodes they name (of a
     fan-out's items, ``ITEMS_SHOWN`` at most: its new counts say the rest), the new counts of the
@@ -268,7 +274,9 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
     page = store.events(run_id, after_seq=after, limit=limit)
     if not page:
         return after, None
-    keys = sorted({(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id})
+    keys = sorted({(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id}
+                  | {(e.node_id, i) for e in page if e.kind == "items_completed" and e.node_id
+                     for i in _items_of(e)[:ITEMS_SHOWN]})
     per_step: dict[str, int] = {}
     wanted = []
     for node_id, index in keys:  # a fan-out's items: its counts say it all; a few rows for its list
@@ -279,7 +287,8 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
         wanted.append((node_id, index))
     rows = store.node_rows(run_id, wanted)
     fanned = {e.node_id for e in page
-              if e.node_id and ((e.fan_index is not None and e.fan_index >= 0) or e.kind == "fanout_expanded")}
+              if e.node_id and ((e.fan_index is not None and e.fan_index >= 0)
+                                or e.kind in ("fanout_expanded", "items_completed"))}
     return page[-1].seq, {
         "events": [_event_json(e) for e in page],
         "nodes": [_row(r) for r in rows],

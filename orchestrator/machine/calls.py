@@ -62,6 +62,8 @@ class Calls:
         self.timers: list[tuple[float, NodeKey]] = []
         self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
         self.draining: set[NodeKey] = set()  # effects let land after their step failed (see ``drain``)
+        self._items_events: list[NewEvent] | None = None  # the batch's events list the next two are for
+        self._items_of: dict[str, list[int]] = {}  # step -> its items completed in that batch, in order
         self.retries_used = 0
         self.retry_budget: int | None = None
 
@@ -86,7 +88,7 @@ class Calls:
                 batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
                                              data={"attempt": attempt, "from": "ledger"}))
                 return Committed(result)
-            reconciling = status == EffectStatus.PENDING
+            reconciling = status in (EffectStatus.PENDING, EffectStatus.ABANDONED)  # it may have happened
             self.ledger[ekey] = (EffectStatus.PENDING, None)
             batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index,
                                              effect_name=spec.effect_name, args_digest=args_digest(kwargs),
@@ -103,6 +105,17 @@ class Calls:
             self.unrecorded.append(key)
         self.out.dispatch.append(Dispatch(key, spec, call))
         return None
+
+    def unissue(self, ekeys: set[str]) -> None:
+        """Effects issued in this batch that will never be sent (the run failed first): their
+        ``pending`` ledger rows are dropped from the batch, as if never issued. (Not for a row
+        already ``pending`` before, from an earlier driver: that call may have happened.)"""
+        if not ekeys:
+            return
+        for ekey in ekeys:
+            self.ledger.pop(ekey, None)
+        effects = self.out.batch.effects
+        effects[:] = [e for e in effects if e.idempotency_key not in ekeys or e.status != EffectStatus.PENDING]
 
     def schedule(self, when: float, key: NodeKey) -> None:
         """Issue ``key`` again at ``when`` (a durable backoff: its row says ``not_before``)."""
@@ -147,9 +160,25 @@ class Calls:
             node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
             output=None if digest else value, output_digest=digest, started_at=outcome.started_at,
             finished_at=outcome.finished_at, duration=outcome.finished_at - outcome.started_at))
-        batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
-                                     data={"attempt": flight.attempt}))
+        if key.fan_index >= 0 and ekey is None and not key.compensates and not key.is_agent_call:
+            self._item_completed(key)
+        else:
+            batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
+                                         data={"attempt": flight.attempt}))
         return value
+
+    def _item_completed(self, key: NodeKey) -> None:
+        """A plain fan-out item completed: one ``items_completed`` event per step per batch lists
+        the items in the order they completed (a row per item says the rest). One event per item
+        was half of a big fan-out's writes and of its bytes, for nothing a reader used."""
+        events = self.out.batch.events
+        if self._items_events is not events:  # a new batch
+            self._items_events, self._items_of = events, {}
+        items = self._items_of.get(key.node_id)
+        if items is None:
+            items = self._items_of[key.node_id] = []
+            events.append(NewEvent(kind="items_completed", node_id=key.node_id, data={"items": items}))
+        items.append(key.fan_index)
 
     def failed(self, key: NodeKey, outcome: NodeOutcome) -> tuple[dict[str, Any], int] | None:
         """A failed attempt: None when it is retried after a backoff (the timer is set), else its

@@ -37,7 +37,7 @@ from raysaga.sagas.rollback import (
     rollback_outcome,
     step_targets,
 )
-from raysaga.state import EffectStatus, EffectWrite, NodeRecord, NodeStatus, NodeWrite, RunUpdate
+from raysaga.state import NodeRecord, NodeStatus, NodeWrite, RunUpdate
 
 PlanKey = tuple[str, int]  # the plan's key of a target: (node_id, fan_index) of the node undone
 
@@ -55,15 +55,6 @@ class _ToolCall:
 UNDONE_UNKNOWN = {"type": "Compensated", "transient": False,
                   "reason": "rolled back while its outcome was unknown (in flight, cancelled or waiting to "
                             "retry): its compensation ran"}
-
-
-@dataclass(frozen=True)
-class _Unsettled:
-    """A target whose own row (and ledger row) the rollback must settle once it is undone."""
-
-    row: NodeRecord
-    effect_name: str
-    key: str | None = None  # its idempotency key, when known up front (a tool call's)
 
 
 class Rollback:
@@ -86,11 +77,11 @@ class Rollback:
         self._origins: dict[PlanKey, str] = {}
         # nodes whose outcome is unknown: once undone, their rows and ledger rows are settled (a
         # finished run leaves no effect 'pending' and no node 'retrying' for ever)
-        self._unsettled: dict[PlanKey, _Unsettled] = {}
+        self._unsettled: dict[PlanKey, NodeRecord] = {}
         for target, row in step_targets(rows, undoable):
             targets.append(target)
             if row.status in UNKNOWN_OUTCOME:
-                self._unsettled[target.key] = _Unsettled(row, wf.steps[row.node_id].effect_name)
+                self._unsettled[target.key] = row
             if row.origin_run_id:
                 self._origins[target.key] = row.origin_run_id
             completed = row.status == NodeStatus.COMPLETED  # else in flight at the failure: no output
@@ -146,7 +137,7 @@ class Rollback:
                                   tool.key_args(args))
             self._tool_calls[key] = _ToolCall(tool, args, call_key)
             if row.status in UNKNOWN_OUTCOME:
-                self._unsettled[key] = _Unsettled(row, f"tool:{tool.name}", call_key)
+                self._unsettled[key] = row
             found.append((sub.owner, sub.turn, sub.call, CompensationTarget(key, finished, step=sub.step)))
         found.sort(key=lambda f: (f[0], f[1], f[2]))
         targets = []
@@ -183,8 +174,6 @@ class Rollback:
                     kwargs[spec.input_param] = self.forward.run_input
                 step_key = effect_key(self._origins.get(key, self.run_id), step, index, original.effect_name,
                                       step_kwargs)
-                if key in self._unsettled:
-                    self._unsettled[key] = _Unsettled(self._unsettled[key].row, original.effect_name, step_key)
                 done = self.calls.issue(comp, spec, kwargs, step_key + COMPENSATE_SUFFIX)
             if isinstance(done, Committed):
                 self.completed(comp)
@@ -229,27 +218,18 @@ class Rollback:
         self._settle_undone(key)
 
     def _settle_undone(self, key: PlanKey) -> None:
-        """The compensation of a node whose outcome was unknown committed: in the same batch, its
-        ledger row, if still ``pending``, ends ``failed`` (whatever the call did is undone; the
-        result says so), and a row left ``retrying`` ends ``failed`` (its last attempt failed and
-        no retry will come), one left ``running`` ``cancelled`` (it was in flight when the run
-        stopped and never came back). A finished run keeps nothing unknown for ever."""
-        unsettled = self._unsettled.pop(key, None)
-        if unsettled is None:
+        """The compensation of a node whose outcome was unknown committed: in the same batch, a row
+        left ``retrying`` ends ``failed`` (its last attempt failed and no retry will come), one left
+        ``running`` ``cancelled`` (it was in flight when the run stopped and never came back). Its
+        ledger row, still ``pending``, becomes ``abandoned`` when the run ends (``EffectStatus``)."""
+        row = self._unsettled.pop(key, None)
+        if row is None:
             return
-        row, batch = unsettled.row, self.calls.out.batch
         final = {NodeStatus.RETRYING: NodeStatus.FAILED, NodeStatus.RUNNING: NodeStatus.CANCELLED}.get(row.status)
         if final is not None:
-            batch.nodes.append(NodeWrite(node_id=row.node_id, fan_index=row.fan_index, status=final,
-                                         attempt=row.attempt, error=UNDONE_UNKNOWN, started_at=row.started_at,
-                                         finished_at=self.calls.out.now))
-        status, _ = self.calls.ledger.get(unsettled.key or "", (None, None))
-        if unsettled.key is not None and status == EffectStatus.PENDING:
-            self.calls.ledger[unsettled.key] = (EffectStatus.FAILED, None)
-            batch.effects.append(EffectWrite(idempotency_key=unsettled.key, node_id=row.node_id,
-                                             fan_index=row.fan_index, effect_name=unsettled.effect_name,
-                                             args_digest="", status=EffectStatus.FAILED,
-                                             result={"error": UNDONE_UNKNOWN["reason"]}))
+            self.calls.out.batch.nodes.append(NodeWrite(
+                node_id=row.node_id, fan_index=row.fan_index, status=final, attempt=row.attempt,
+                error=UNDONE_UNKNOWN, started_at=row.started_at, finished_at=self.calls.out.now))
 
     def failed(self, comp: NodeKey, error: Any) -> None:
         key = self._target(comp)

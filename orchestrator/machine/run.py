@@ -139,7 +139,10 @@ class RunMachine:
                 break
             self.agents.advance_due()
         if self.forward.failure is not None:  # prepared in this round but never to be sent
-            for sent in self.out.take_dispatch():
+            unsent = self.out.take_dispatch()
+            self.calls.unissue({sent.call.ctx.idempotency_key for sent in unsent  # never called: no ledger row
+                                if sent.call.ctx.idempotency_key is not None and not sent.call.ctx.reconciling})
+            for sent in unsent:
                 self.calls.inflight.pop(sent.key, None)
                 self.out.batch.nodes.append(NodeWrite(
                     node_id=sent.key.node_id, fan_index=sent.key.fan_index, status=NodeStatus.CANCELLED,

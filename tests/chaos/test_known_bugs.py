@@ -22,9 +22,9 @@ failed transiently (before their calls) and wait for their retry when a sibling 
 the rollback compensates them (their outcome is unknown: right, and safe) and the run ended
 ``compensated``, with the items still ``retrying`` and their ledger rows ``pending``. Found by
 the random sweep (DAG ``chaos_3cf7112d89``). Fixed in the machine (``Rollback._settle_undone``):
-the commit of the compensation of a node whose outcome was unknown also settles its ledger row
-``failed`` (the result says it was undone with its outcome unknown) and its row (``retrying`` ->
-``failed``, ``running`` -> ``cancelled``).
+the commit of the compensation of a node whose outcome was unknown also settles its row
+(``retrying`` -> ``failed``, ``running`` -> ``cancelled``), and the store marks every ledger row
+still ``pending`` when a run ends or is parked ``abandoned`` (``EffectStatus.ABANDONED``).
 """
 
 from __future__ import annotations
