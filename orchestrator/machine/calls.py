@@ -253,6 +253,17 @@ class Calls:
                     node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED, attempt=flight.attempt,
                     error={"reason": reason}, started_at=flight.started_at, finished_at=self.out.now))
 
+    def stop_retries(self, reason: str, plain: Callable[[NodeKey], bool]) -> None:
+        """The forward DAG stops for good: a ``plain`` node waiting out a retry backoff will not be
+        retried, and its row says so (``cancelled``) rather than ``retrying`` on a run that ended.
+        (Its timer goes with ``cancel_all``; a rollback still undoes it: its outcome is unknown.)"""
+        for _, key in self.timers:
+            if not key.compensates and key not in self.inflight and plain(key):
+                self.out.batch.nodes.append(NodeWrite(
+                    node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED,
+                    attempt=self.attempts.get(key, 0), error={"reason": f"not retried: {reason}"},
+                    finished_at=self.out.now))
+
     def cancel_all(self, reason: str, *, write: bool = True, keep_compensation_timers: bool = True) -> None:
         self.cancel(list(self.inflight), reason, write=write)
         self.timers = [(t, k) for t, k in self.timers if keep_compensation_timers and k.compensates]

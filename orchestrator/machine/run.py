@@ -295,9 +295,15 @@ class RunMachine:
         """Stop the forward DAG: cancel what is in flight. The shell then settles the cancelled
         attempts, commits, and hands the run's rows to ``begin_rollback``."""
         self.out.now = now
+        self.calls.stop_retries(reason, self._plain)
         self.calls.cancel_all(reason)
         self.waits.stop_all(reason)
         self._stopping = (reason, error, final, signal_id)
+
+    def _plain(self, key: NodeKey) -> bool:
+        """A step's or item's own node (its retries are the calls', not an agent's or a wait's)."""
+        spec = self.wf.steps.get(key.node_id)
+        return spec is not None and spec.kind == "step"
 
     def stop_on_failure(self, now: float) -> None:
         """A critical node failed for good: stop dispatching and roll back what was done (or fail
@@ -354,6 +360,7 @@ class RunMachine:
     def cancel(self, reason: str, signal_id: int, now: float) -> None:
         """An operator's cancel (without compensation): stop everything, end cancelled."""
         self.out.now = now
+        self.calls.stop_retries("run cancelled", self._plain)
         self.calls.cancel_all("run cancelled")
         self.waits.stop_all("run cancelled")
         batch = self.out.batch

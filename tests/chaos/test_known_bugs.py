@@ -22,9 +22,9 @@ failed transiently (before their calls) and wait for their retry when a sibling 
 the rollback compensates them (their outcome is unknown: right, and safe) and the run ended
 ``compensated``, with the items still ``retrying`` and their ledger rows ``pending``. Found by
 the random sweep (DAG ``chaos_3cf7112d89``). Fixed in the machine (``Rollback._settle_undone``):
-the commit of the compensation of a node whose outcome was unknown also settles its row
-(``retrying`` -> ``failed``, ``running`` -> ``cancelled``), and the store marks every ledger row
-still ``pending`` when a run ends or is parked ``abandoned`` (``EffectStatus.ABANDONED``).
+the stop cancels the retries (the items end ``cancelled``, "not retried: ..."), the rollback
+still undoes them, and the store marks every ledger row still ``pending`` when a run ends or is
+parked ``abandoned`` (``EffectStatus.ABANDONED``).
 """
 
 from __future__ import annotations
@@ -93,4 +93,5 @@ def test_a_rollback_over_items_waiting_to_retry_leaves_no_pending_row(tmp_path: 
     assert {label for label, (key, _) in ledger.items() if key in log["raw"]} == \
         {"work:compensate[0]", "work:compensate[1]"}, (ledger, log["raw"])
     assert {label: status for label, (_, status) in ledger.items() if status == "pending"} == {}, (ledger, nodes)
-    assert nodes["work[0]"] == nodes["work[1]"] == "failed", nodes
+    # and no node says it will retry on a run that ended: the stop cancelled their retries
+    assert nodes["work[0]"] == nodes["work[1]"] == "cancelled", nodes
