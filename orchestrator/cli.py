@@ -260,10 +260,12 @@ def resume(
             _report(store, before, as_json)
             _exit_for(before)
             return
-        wf = _workflow_for(store, run_id, workflow)
-        result = _drive(lambda hook: _runner().resume(wf, run_id, store=store, executor=executor, address=address,
-                                                   options=options, on_progress=hook),
-                        len(wf.steps), quiet or as_json)
+        with _runner().executor_started(executor, address) as started:  # Ray joins while the code loads
+            wf = _workflow_for(store, run_id, workflow)
+            ex = started()
+            result = _drive(lambda hook: _runner().resume(wf, run_id, store=store, executor=ex, options=options,
+                                                       on_progress=hook),
+                            len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
     _exit_for(result)
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from threading import Thread
 from typing import Any
 
 from raysaga.errors import LeaseHeldError, RunExistsError, RunNotFoundError, UserError
@@ -45,6 +48,32 @@ def _store(store: Store | str | None) -> Store:
 
 def _executor(executor: ExecutorArg, address: str | None) -> Executor:
     return executor if isinstance(executor, Executor) else make_executor(executor, address=address)
+
+
+@contextlib.contextmanager
+def executor_started(executor: str, address: str | None) -> Iterator[Callable[[], Executor]]:
+    """Start the executor now and yield the call that waits for it (raising what starting it
+    raised); shut down on exit. Ray's is started in a thread: importing Ray and joining the
+    cluster is the larger part of a resume's start-up, and the caller loads the run's workflow
+    meanwhile. The sooner this process joins, the sooner its Ray job's first worker process
+    (which every new driver needs before its first step runs) is under way."""
+    started: Future[Executor] = Future()
+
+    def start() -> None:
+        try:
+            started.set_result(make_executor(executor, address))
+        except BaseException as exc:  # handed to whoever waits for it
+            started.set_exception(exc)
+
+    if executor == "ray":
+        Thread(target=start, name="raysaga-join-ray", daemon=True).start()
+    else:
+        start()
+    try:
+        yield started.result
+    finally:
+        if started.exception() is None:  # waits for it; a failure the caller never asked for is moot
+            started.result().shutdown()
 
 
 def new_run_id(workflow: Workflow) -> str:
@@ -311,4 +340,4 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
                   on_progress=on_progress)
 
 
-__all__ = ["NO_INPUT", "SqlStore", "cancel", "create_run", "new_run_id", "resume", "retry", "run"]
+__all__ = ["NO_INPUT", "SqlStore", "cancel", "create_run", "executor_started", "new_run_id", "resume", "retry", "run"]
