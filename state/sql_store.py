@@ -72,7 +72,7 @@ from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
 from raysaga.state.schema import effects, events, nodes, runs, signals
-from raysaga.state.statements import driver_sql, insert_for, json_param, stale_fence, upsert
+from raysaga.state.statements import HotSql, driver_sql, insert_for, json_param, stale_fence, upsert
 from raysaga.state.store import Store
 
 #: ``list_runs`` pages are at most this long (summary rows only, so this bounds its memory).
@@ -298,13 +298,13 @@ class SqlStore(ForkRows, DashboardReads, Store):
             sql = driver_sql(conn.dialect.name)
             # the hot statements run as plain SQL built once per dialect: Core would rebuild,
             # cache-key and look up each of them on every commit (~0.3 ms a commit)
+            hot = HotSql(conn)
             upd = batch.run
             if upd is not None and (upd.retries_delta or upd.tokens_delta or upd.cost_delta):
-                row = conn.exec_driver_sql(sql.counting_guard, (
-                    len(new_events), now, upd.retries_delta, upd.tokens_delta, upd.cost_delta, run_id,
-                    lease.fence)).first()
+                row = hot.one(sql.counting_guard, (len(new_events), now, upd.retries_delta, upd.tokens_delta,
+                                                   upd.cost_delta, run_id, lease.fence))
             else:
-                row = conn.exec_driver_sql(sql.guard, (len(new_events), now, run_id, lease.fence)).first()
+                row = hot.one(sql.guard, (len(new_events), now, run_id, lease.fence))
             if row is None:
                 raise stale_fence(lease)
             seq_end = int(row[0])
@@ -317,7 +317,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
-                conn.exec_driver_sql(sql.nodes, [
+                hot.many(sql.nodes, [
                     (run_id, n.node_id, n.fan_index, n.status.value, n.attempt, n.not_before, json_param(n.output),
                      n.output_digest, json_param(scrub(stored_error(n.error))), n.started_at, n.finished_at,
                      n.duration)
@@ -326,11 +326,10 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 self._write_effects(conn, run_id, batch, now)
             if upd is not None and upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED):
                 # no driver will settle what is still pending: say so (see EffectStatus.ABANDONED)
-                conn.exec_driver_sql(sql.abandon_effects, (EffectStatus.ABANDONED.value, now, run_id,
-                                                           EffectStatus.PENDING.value))
+                hot.many(sql.abandon_effects, [(EffectStatus.ABANDONED.value, now, run_id, EffectStatus.PENDING.value)])
             if new_events:
                 first = seq_end - len(new_events) + 1
-                conn.exec_driver_sql(sql.events, [
+                hot.many(sql.events, [
                     (run_id, first + i, now, e.kind, e.node_id, e.fan_index, json_param(scrub(e.data)))
                     for i, e in enumerate(new_events)])
             if batch.consumed_signals:

@@ -8,11 +8,14 @@ On the commit path, building and cache-keying a Core statement costs more than r
 from __future__ import annotations
 
 import functools
+import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Column, Connection, Table, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
@@ -92,6 +95,43 @@ def driver_sql(dialect: str) -> DriverSql:
         abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
                          f"WHERE run_id = {mark} AND status = {mark}"),
     )
+
+
+class HotSql:
+    """Runs the driver commit's plain SQL (``DriverSql``) in the transaction of ``conn``.
+
+    On SQLite on the connection's own DBAPI cursor: SQLAlchemy's execution context (cursor
+    wrapper, result proxy, events) cost about as much CPU as SQLite's work on these few-row
+    statements, which a chain of steps pays at every commit. An error is raised as the
+    SQLAlchemy error ``exec_driver_sql`` would raise. Elsewhere through ``exec_driver_sql``
+    (psycopg's disconnect handling, which invalidates the pooled connection, stays SQLAlchemy's)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.raw = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+
+    def one(self, statement: str, params: tuple[Any, ...]) -> Any:
+        """The first row of ``statement``, or None."""
+        if self.raw is None:
+            return self.conn.exec_driver_sql(statement, params).first()
+        return self._raw(statement, lambda cur: cur.execute(statement, params).fetchone())
+
+    def many(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
+        if self.raw is None:
+            self.conn.exec_driver_sql(statement, rows)
+        else:
+            self._raw(statement, lambda cur: cur.executemany(statement, rows))
+
+    def _raw(self, statement: str, run: Callable[[Any], Any]) -> Any:
+        assert self.raw is not None
+        cur = self.raw.cursor()
+        try:
+            return run(cur)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(statement, None, exc, sqlite3.Error, hide_parameters=True,
+                                      dialect=self.conn.dialect) from exc
+        finally:
+            cur.close()
 
 
 def json_param(value: Any) -> str | None:
