@@ -75,8 +75,8 @@ class Rollback:
         # a node a fork inherited is undone under the keys of the run that executed it (its
         # compensation then has one key in the parent and in every fork: at most once overall)
         self._origins: dict[PlanKey, str] = {}
-        # nodes whose outcome is unknown: once undone, their rows and ledger rows are settled (a
-        # finished run leaves no effect 'pending' and no node 'retrying' for ever)
+        # nodes whose outcome is unknown: once undone, their rows are settled (a finished run
+        # leaves no node 'retrying' or 'running' for ever; its ledger rows: EffectStatus.ABANDONED)
         self._unsettled: dict[PlanKey, NodeRecord] = {}
         for target, row in step_targets(rows, undoable):
             targets.append(target)
