@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +17,7 @@ from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
+from raysaga.orchestrator.ray_address import host_port
 from raysaga.orchestrator.secrets import comparable
 from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
@@ -53,10 +55,12 @@ def _executor(executor: ExecutorArg, address: str | None) -> Executor:
 @contextlib.contextmanager
 def executor_started(executor: str, address: str | None) -> Iterator[Callable[[], Executor]]:
     """Start the executor now and yield the call that waits for it (raising what starting it
-    raised); shut down on exit. Ray's is started in a thread: importing Ray and joining the
-    cluster is the larger part of a resume's start-up, and the caller loads the run's workflow
-    meanwhile. The sooner this process joins, the sooner its Ray job's first worker process
-    (which every new driver needs before its first step runs) is under way."""
+    raised); shut down on exit. Joining a running Ray cluster (HOST:PORT) happens in a thread:
+    importing Ray and joining is the larger part of a resume's start-up, and the caller loads the
+    run's workflow meanwhile. The sooner this process joins, the sooner its Ray job's first worker
+    process (which every new driver needs before its first step runs) is under way. A local Ray
+    is started here, in the calling thread: Ray ties the processes it starts (GCS, raylet) to the
+    life of the thread that started them (``PR_SET_PDEATHSIG``), and a helper thread ends."""
     started: Future[Executor] = Future()
 
     def start() -> None:
@@ -65,7 +69,7 @@ def executor_started(executor: str, address: str | None) -> Iterator[Callable[[]
         except BaseException as exc:  # handed to whoever waits for it
             started.set_exception(exc)
 
-    if executor == "ray":
+    if executor == "ray" and _joins_a_cluster(address):
         Thread(target=start, name="raysaga-join-ray", daemon=True).start()
     else:
         start()
@@ -74,6 +78,15 @@ def executor_started(executor: str, address: str | None) -> Iterator[Callable[[]
     finally:
         if started.exception() is None:  # waits for it; a failure the caller never asked for is moot
             started.result().shutdown()
+
+
+def _joins_a_cluster(address: str | None) -> bool:
+    """Whether Ray would join a cluster at HOST:PORT (not start a local one, or look for one)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    try:
+        return address is not None and host_port(address) is not None
+    except UserError:
+        return False  # malformed: the executor refuses it, in the calling thread
 
 
 def new_run_id(workflow: Workflow) -> str:

@@ -5,10 +5,14 @@ run on the session's cluster completes. Fresh processes (this one may be connect
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,7 @@ from raysaga.orchestrator.runner import create_run, executor_started
 from raysaga.state import RunStatus, SqlStore
 from tests.support import REPO
 from tests.support.cli import one_line_error
+from tests.support.processes import pids_mentioning
 
 FLOW = """
 from raysaga import Workflow
@@ -58,9 +63,11 @@ def _pending_run(tmp_path: Path) -> tuple[str, SqlStore]:
     return url, store
 
 
-def _resume(url: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _resume(url: str, cwd: Path, *extra: str,
+            ray_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), str(REPO)])}
     env.pop("RAY_ADDRESS", None)
+    env.update(ray_env or {})
     return subprocess.run([sys.executable, "-m", "raysaga", "resume", "rs-1", "--db", url, "--quiet", *extra],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
 
@@ -100,6 +107,24 @@ def test_a_resume_on_the_cluster_completes(tmp_path: Path, ray_address: str) -> 
         assert run.status == RunStatus.COMPLETED and run.output == {"second": 2} and run.lease_owner is None
     finally:
         store.close()
+
+
+def test_a_resume_that_starts_a_local_ray_completes(tmp_path: Path) -> None:
+    """No cluster to join: Ray is started in the command's own thread (the processes Ray starts
+    die with the thread that started them: from a helper thread they were gone before the first
+    step, and the resume hung for a minute, then failed)."""
+    url, store = _pending_run(tmp_path)
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rs-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    try:
+        done = _resume(url, tmp_path, ray_env={"RAY_ADDRESS": "local", "RAY_TMPDIR": str(ray_tmp)})
+        assert done.returncode == 0, done.stderr
+        assert store.get_run("rs-1").status == RunStatus.COMPLETED
+    finally:
+        store.close()
+        for pid in pids_mentioning(str(ray_tmp)):  # the local Ray it started, if any outlived it
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def test_executor_started_raises_the_start_error_where_it_is_asked_for() -> None:
