@@ -83,6 +83,12 @@ class Agent:
     rate_limit: RateLimit | None = None
     """The provider's limit its model calls go through, shared by every driver on the store
     (``RateLimit(name="anthropic", requests=50, tokens=40_000)``)."""
+    speculative_tools: bool = True
+    """Run the tools a model response asks for that change nothing (not ``effect=True``, no
+    approval, no rate limit) in the model call's own task, right after the response, and use
+    their results if the engine then decides those very calls (docs/agents.md). Off: each tool
+    call is sent on its own once the response is durable. Such a tool may then run once more
+    than the agent uses it (a result the engine does not take), as after a crash."""
 
     def __post_init__(self) -> None:
         check_name("agent", self.name)
@@ -134,6 +140,8 @@ class Agent:
             raise InvalidOptionError(f"{owner}.transport_retry must be a RetryPolicy, got {self.transport_retry!r}")
         if self.rate_limit is not None and not isinstance(self.rate_limit, RateLimit):
             raise InvalidOptionError(f"{owner}.rate_limit must be a RateLimit, got {self.rate_limit!r}")
+        if not isinstance(self.speculative_tools, bool):
+            raise InvalidOptionError(f"{owner}.speculative_tools must be True or False, got {self.speculative_tools!r}")
         if not isinstance(self.shared_memory, bool):
             raise InvalidOptionError(f"{owner}.shared_memory must be True or False, got {self.shared_memory!r}")
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from raysaga.agents.breaker import BreakerPolicy, admit
 from raysaga.orchestrator.machine.outbox import AdmitTool, MemoryOp
-from raysaga.state import BreakerRecord, Lease, MemoryEntry, Store
+from raysaga.orchestrator.speculation import is_peek
+from raysaga.state import BreakerRecord, BreakerState, Lease, MemoryEntry, Store
 
 #: Compare-and-set attempts on a breaker row before giving up (a change by another driver each time).
 CAS_TRIES = 5
@@ -23,10 +24,18 @@ def admit_tool(store: Store, query: AdmitTool, now: float, seen: dict[str, Break
     ``seen``: breakers already read in this round of the driver (the tool calls a burst of model
     answers asks for), reused: a round reads each breaker once, not once per call. Only a state
     that admitting leaves as it is (closed, or open and cooling down) is reused; a probe changes
-    the row, and the next call reads it again.
+    the row, and the next call reads it again. A query whose key ``is_peek`` only reads: None
+    if the breaker is closed (its tools may run speculatively), else why not.
     """
     policy = BreakerPolicy(query.threshold, query.cooldown)
     name = query.breaker
+    if is_peek(query.key):  # a read for speculation: None only if closed; never takes the probe
+        record = seen.get(name) if seen is not None else None
+        if record is None:
+            record = store.breaker_get(name)
+            if seen is not None and record.state == BreakerState.CLOSED:
+                seen[name] = record
+        return None if record.state == BreakerState.CLOSED else f"breaker {name} is {record.state.value}"
     for _ in range(CAS_TRIES):
         record = seen.pop(name, None) if seen is not None else None
         if record is None:

@@ -42,6 +42,8 @@ class NodeOutcome:
     transient: bool = False
     started_at: float = 0.0
     finished_at: float = 0.0
+    aside: Any = None
+    """What the step offers the driver besides its output, never stored with it (``Aside``)."""
 
     @staticmethod
     def failure(exc: BaseException, *, transient: bool, started_at: float) -> NodeOutcome:
@@ -57,6 +59,16 @@ class NodeOutcome:
                            finished_at=time.time())
 
 
+@dataclass(frozen=True)
+class Aside:
+    """A step's return value with something for the driver alone: ``value`` is the output (stored,
+    capped, classified as any output); ``aside`` rides along in ``NodeOutcome.aside`` and is not
+    part of it (an agent's model call offers the results of tools it ran speculatively)."""
+
+    value: Any
+    aside: Any
+
+
 def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
     """Run one attempt of ``spec``. Never raises: every failure comes back classified."""
     started = time.time()
@@ -69,6 +81,9 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
             result = _call(spec.reconcile, kwargs)
         if result is NOT_APPLIED:
             result = _call(spec.fn, kwargs)
+        aside = None
+        if isinstance(result, Aside):
+            result, aside = result.value, result.aside
         text = jsoncodec.dumps(result, f"output of step {call.ctx.label!r}")
         size = len(text.encode("utf-8"))
         if size > call.max_output_bytes:
@@ -76,7 +91,7 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
                 f"output of step {call.ctx.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
                 "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
             )
-        return NodeOutcome(ok=True, output_json=text, started_at=started, finished_at=time.time())
+        return NodeOutcome(ok=True, output_json=text, started_at=started, finished_at=time.time(), aside=aside)
     except NotJSONableError as exc:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:

@@ -30,7 +30,7 @@ CACHE_LIMIT = 512
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 PackedCall = tuple[str, str, int, int, str, str | None, bool, dict[str, Any], int, bool]
-PackedOutcome = tuple[bool, str | None, dict[str, Any] | None, bool, float, float]
+PackedOutcome = tuple[bool, str | None, dict[str, Any] | None, bool, float, float, Any]
 
 
 class SpecPacker:
@@ -66,13 +66,13 @@ def unpack_call(packed: PackedCall) -> NodeCall:
 
 
 def pack_outcome(o: NodeOutcome) -> PackedOutcome:
-    return (o.ok, o.output_json, o.error, o.transient, o.started_at, o.finished_at)
+    return (o.ok, o.output_json, o.error, o.transient, o.started_at, o.finished_at, o.aside)
 
 
 def unpack_outcomes(data: bytes) -> list[NodeOutcome]:
     """The driver's reading of a task's result: one outcome per call it carried."""
-    return [NodeOutcome(ok=ok, output_json=out, error=err, transient=tr, started_at=s, finished_at=f)
-            for ok, out, err, tr, s, f in pickle.loads(data)]
+    return [NodeOutcome(ok=ok, output_json=out, error=err, transient=tr, started_at=s, finished_at=f, aside=a)
+            for ok, out, err, tr, s, f, a in pickle.loads(data)]
 
 
 # ---------------------------------------------------------------- the worker's half

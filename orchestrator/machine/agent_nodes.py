@@ -11,12 +11,10 @@ model sees it, so a replay sees the same. The rules themselves are ``raysaga.age
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.agents.agent import Agent
-from raysaga.agents.runtime import model_turn, tool_call
 from raysaga.agents.tools import ToolError
 from raysaga.agents.turns import (
     Answer,
@@ -40,8 +38,10 @@ from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, MemoryOp, Outbox
+from raysaga.orchestrator.machine.speculating import Speculation
 from raysaga.orchestrator.machine.waits import Waits
 from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.speculation import Offer, is_peek, speculable, tool_spec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import BreakerChange, MemoryEntry, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
 from raysaga.state.decisions import REQUEST_KEY, ApprovalRequest, request_of
@@ -63,6 +63,7 @@ class _Node:
     approved: dict[NodeKey, dict[str, Any]] = field(default_factory=dict)  # their approved arguments
     gated: dict[NodeKey, RunTool] = field(default_factory=dict)  # waiting for that decision
     decisions: dict[NodeKey, list[int]] = field(default_factory=dict)  # consumed with the call's outcome
+    offers: dict[NodeKey, Offer] = field(default_factory=dict)  # tool calls the last response's call ran
     finished: bool = False
 
 
@@ -85,6 +86,7 @@ class AgentNodes:
         self._starting: dict[NodeKey, AgentStart] = {}  # waiting on their prompt
         self._tool_specs: dict[tuple[str, str], StepSpec] = {}
         self._model_specs: dict[str, StepSpec] = {}
+        self.speculation = Speculation(calls, out, max_output_bytes)
 
     # ------------------------------------------------------------------ restore, start
 
@@ -117,11 +119,7 @@ class AgentNodes:
         agent: Agent = start.spec.options["agent"]
         model_spec = self._model_specs.get(key.step)
         if model_spec is None:  # one per step: its fan-out's nodes share it
-            model_spec = self._model_specs[key.step] = StepSpec(
-                name=f"{key.step}@model", fn=functools.partial(model_turn, agent.model), deps=(),
-                param_deps=("request",), input_param=None, ctx_param=None, param_types={"request": Any},
-                output_type=Any, retry=agent.transport_retry, timeout=agent.model_timeout,
-                rate_limit=agent.rate_limit)
+            model_spec = self._model_specs[key.step] = self.speculation.model_spec(key.step, agent)
         node = self.nodes[key] = _Node(key, agent, Conversation(prompt), model_spec)
         self._replay(node, self._rows.pop(key, []))
         self.due_nodes.add(key)
@@ -180,7 +178,13 @@ class AgentNodes:
             return
         for action in next_actions(node.agent, node.conv, waiting=set(), budget_stop=self.budgets.stop()):
             if isinstance(action, CallModel):
-                self._issue(node, node.key.with_turn(action.turn), node.model_spec, {"request": action.request}, None)
+                model_kwargs = self.speculation.model_kwargs(node.key, node.agent, action.request)
+                if model_kwargs is None:
+                    continue  # advanced again once the breakers it may speculate on are read
+                node.offers.clear()  # what the last turn's call ran and nobody took: unused
+                sub = node.key.with_turn(action.turn)
+                self._issue(node, sub, node.model_spec, model_kwargs, None)
+                self.speculation.issued_model_call(sub)
             elif isinstance(action, RunTool):
                 sub = node.key.with_turn(action.turn, action.call)
                 node.waiting.add(sub)
@@ -284,6 +288,9 @@ class AgentNodes:
     # ------------------------------------------------------------------ answers from the shell
 
     def tool_admitted(self, sub: NodeKey, unavailable: str | None) -> None:
+        if is_peek(sub):  # a breaker read for speculation
+            self.due_nodes.update(self.speculation.peeked(sub, unavailable))
+            return
         node = self.nodes[sub.owner]
         action = node.pending_tools.pop(sub)
         node.waiting.discard(sub)
@@ -291,20 +298,38 @@ class AgentNodes:
         if node.finished:
             return
         if unavailable is not None:
+            self.speculation.refused(action.tool.breaker_name)
+            node.offers.pop(sub, None)
             self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True})
             return
         tool = action.tool
         spec = self._tool_specs.get((sub.step, tool.name))
         if spec is None:  # one per step and tool: the executor packs each distinct spec once
-            spec = self._tool_specs[sub.step, tool.name] = StepSpec(
-                name=f"{sub.step}@tool:{tool.name}", fn=functools.partial(tool_call, tool), deps=(),
-                param_deps=("args",), input_param=None, ctx_param="ctx", param_types={"args": Any},
-                output_type=Any, effect=tool.effect, effect_name=f"tool:{tool.name}", retry=tool.retry,
-                timeout=tool.timeout, rate_limit=tool.rate_limit)
+            spec = self._tool_specs[sub.step, tool.name] = tool_spec(sub.step, tool)
+        offer = node.offers.pop(sub, None)
+        if self.speculation.matches(offer, tool.name, action.args) and speculable(tool) and sub not in node.approved:
+            assert offer is not None
+            self._take_offer(node, sub, spec, action.args, offer)
+            return
         ekey = None
         if tool.effect:
             ekey = effect_key(self.run_id, sub.step, sub.fan_index, f"tool:{tool.name}", tool.key_args(action.args))
         self._issue(node, sub, spec, {"args": action.args}, ekey)
+
+    def _take_offer(self, node: _Node, sub: NodeKey, spec: StepSpec, args: dict[str, Any], offer: Offer) -> None:
+        """The call just decided ran already, speculatively, in its response's model call: its
+        outcome (success or failure) is that of the call's attempt, which is not sent. The response
+        is durable (its commit came first); the result is, before the next model call goes out."""
+        node.calls[sub] = (spec, {"args": args}, None)
+        self.speculation.take(sub, spec, offer.outcome)
+        if offer.outcome.ok:
+            self.on_success(sub, self.calls.succeeded(sub, offer.outcome))
+            return
+        failed = self.calls.failed(sub, offer.outcome)
+        if failed is None:  # retried after a backoff, as a sent attempt would be
+            node.waiting.add(sub)
+        else:
+            self.on_failure(sub, failed[0])
 
     def _use_memory(self, node: _Node, action: UseMemory) -> None:
         sub = node.key.with_turn(action.turn, action.call)
@@ -331,13 +356,16 @@ class AgentNodes:
 
     # ------------------------------------------------------------------ outcomes
 
-    def on_success(self, sub: NodeKey, value: Any) -> None:
+    def on_success(self, sub: NodeKey, value: Any, aside: Any = None) -> None:
+        """A call's result (recorded by ``Calls``). ``aside``: a model call's offers, the tool calls
+        it ran speculatively (``raysaga.orchestrator.speculation``), taken only if decided."""
         node = self.nodes[sub.owner]
         node.waiting.discard(sub)
         self.due_nodes.add(node.key)
         assert sub.turn is not None
         node.conv.put(sub.turn, sub.call, value)
         if sub.call is None:
+            node.offers = {sub.with_turn(sub.turn, o.call): o for o in aside or () if isinstance(o, Offer)}
             response = node.conv.turns[sub.turn].response  # validated by put
             assert response is not None
             self.budgets.charge(response.usage.total, node.agent.model.cost(response.usage), self.out.batch)
@@ -373,12 +401,14 @@ class AgentNodes:
 
     def _count(self, node: _Node, breaker: str, ok: bool) -> None:
         """A tool call's outcome on its circuit breaker: counted by the store in this batch's transaction."""
+        self.speculation.counted(breaker, ok)
         self.out.batch.breakers.append(BreakerChange(name=breaker, ok=ok, at=self.out.now,
                                                      threshold=node.agent.breaker_threshold,
                                                      cooldown=node.agent.breaker_cooldown))
 
     def _finish(self, node: _Node, output: Any) -> None:
         node.finished = True
+        node.offers.clear()
         key = node.key
         self.forward.outputs[key] = output
         text = jsoncodec.dumps(output, f"answer of agent node {key.label!r}")
@@ -396,6 +426,7 @@ class AgentNodes:
 
     def _fail(self, node: _Node, error: dict[str, Any]) -> None:
         node.finished = True
+        node.offers.clear()
         self.calls.cancel([k for k in self.calls.inflight if k.is_agent_call and k.owner == node.key],
                           "its agent node failed", write=False)
         self.forward.settle_failed(node.key, error, write=True, attempts=1)
