@@ -1,8 +1,20 @@
-"""Engine bugs the chaos suite found: a fixed one stays as its regression test (an open one would
-be a strict xfail).
+"""Engine bugs the chaos suite found: a fixed one stays as its regression test, an open one is a
+strict xfail.
 
-Both are one bug seen twice: a run that ends while some effect node's outcome is unknown to the
-engine (``raysaga.sagas.rollback.UNKNOWN_OUTCOME``: cancelled in flight, or waiting to retry)
+``a decision made while a driver holds the run is lost`` (OPEN, strict xfail): a run rests
+``waiting_human``; a driver takes it up without a decision (a worker re-driving it after a lost
+answer, an orphan scan, a ``resume``) and moves it to ``running``; a human decides right then
+(``store.decide`` records it and its signal; its wake finds the run ``running`` and sets no
+``wake_at``); the driver, having read its signals before, rests the run ``waiting_human`` again.
+The decision's signal stays unconsumed and the run has no wake: no worker ever takes it up
+(``claim_next`` passes it by), only a manual ``resume`` would. Found by
+``tests/fleet/test_ambiguous_commits.py`` (drops on run transitions made workers re-drive
+resting runs while the test decided: 2 runs stuck ``waiting_human`` for 240 s, decisions
+recorded). The fix belongs to the store or the machine (``state/decisions.py``'s wake, or the
+rest's commit checking for unconsumed signals), which this suite does not own.
+
+The two below are one bug seen twice: a run that ends while some effect node's outcome is
+unknown to the engine (``raysaga.sagas.rollback.UNKNOWN_OUTCOME``: cancelled in flight, or waiting to retry)
 leaves that node's ledger row ``pending`` (and, for a retry, the node ``retrying``) for ever.
 
 ``a fan-out that fails fast leaves pending rows`` (FIXED): a fan-out of effect items under the ``ALL``
@@ -30,8 +42,13 @@ parked ``abandoned`` (``EffectStatus.ABANDONED``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from raysaga.state import SqlStore
+import pytest
+
+import raysaga
+from raysaga.state import RunStatus, SqlStore
+from raysaga.state.models import Batch, Lease, RunRecord
 from tests.support import chaos_flows
 from tests.support import crash_driver as harness
 from tests.support.chaos_sweep import FLOWS, RUN_ID, ledger_of
@@ -95,3 +112,58 @@ def test_a_rollback_over_items_waiting_to_retry_leaves_no_pending_row(tmp_path: 
     assert {label: status for label, (_, status) in ledger.items() if status == "pending"} == {}, (ledger, nodes)
     # and no node says it will retry on a run that ended: the stop cancelled their retries
     assert nodes["work[0]"] == nodes["work[1]"] == "cancelled", nodes
+
+
+DECIDED_MID_DRIVE = {"name": "decided_mid_drive", "steps": [
+    {"name": "review", "kind": "approval", "deps": [], "verdict": "approve"},
+    {"name": "after", "kind": "step", "deps": ["review"], "effect": True},
+]}
+
+
+class DecidesMidDrive(SqlStore):
+    """The store of a driver that takes up a resting run: right after it moved the run back to
+    ``running``, a human decides (through another connection, as ``raysaga approve`` would)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.decided: Any = None
+
+    def commit(self, lease: Lease, batch: Batch) -> RunRecord | None:
+        record = super().commit(lease, batch)
+        if self.decided is None and batch.run is not None and batch.run.status == RunStatus.RUNNING:
+            human = SqlStore(self.url)
+            try:
+                self.decided = human.decide(lease.run_id, "review", "approve", by=chaos_flows.DECIDER)
+            finally:
+                human.close()
+        return record
+
+
+@pytest.mark.xfail(strict=True, reason="open: a decision made while a driver holds the run is lost "
+                                       "(the run rests waiting_human, its decision unconsumed, with no wake)")
+def test_a_decision_made_while_a_driver_holds_the_run_is_not_lost(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'run.db'}"
+    flow = chaos_flows.build(DECIDED_MID_DRIVE)
+    options = raysaga.RunOptions(lease_ttl=0.5)
+    store = SqlStore(db)
+    with FakeServices() as services:
+        first = raysaga.run(flow, chaos_flows.sample_input(services.url), store=store, run_id=RUN_ID,
+                            executor="inline", options=options)
+        assert first.status == RunStatus.WAITING_HUMAN
+        driver_store = DecidesMidDrive(db)
+        try:
+            second = raysaga.resume(flow, RUN_ID, store=driver_store, executor="inline", options=options)
+        finally:
+            driver_store.close()
+        assert driver_store.decided is not None, "the decision was not made mid-drive"
+        try:
+            # the driver applied the decision, or left the run where the fleet takes it up again
+            if second.status != RunStatus.COMPLETED:
+                run = store.get_run(RUN_ID)
+                assert run.lease_owner is None, run
+                claim = store.claim_next("a-worker", 5.0, {flow.name: flow.definition_hash})
+                assert claim is not None, (f"the run rests {run.status.value} ({run.status_reason}) with the "
+                                           f"decision unconsumed ({store.pending_signals(RUN_ID)}) and no wake: "
+                                           "no worker will take it up")
+        finally:
+            store.close()

@@ -1,19 +1,30 @@
-"""Invariants 1, 2 and 5 on random DAGs: a driver faulted anywhere and resumed ends as the golden run.
+"""Invariants 1, 2, 3 and 5 on random DAGs: a driver faulted anywhere and resumed ends as the golden run.
 
 Hypothesis draws workflows (``tests.support.chaos_gen``: 5-50 steps, effects, compensations,
-fan-outs with partial-failure policies, non-critical steps, permanent and transient failures);
+fan-outs with partial-failure policies, non-critical steps, permanent and transient failures,
+agents on the real ``anthropic`` SDK against ``tests.support.messages_server`` with plain,
+effect and compensated tools, and approvals the harness approves or rejects whenever the run
+rests for them, the same way in every run);
 per DAG a golden run goes uninterrupted in a driver process, then each case faults a driver
 at a (point, node) pair the golden run passes, drawn at random, and a new process resumes the
 run to rest. ``tests.support.chaos_sweep.check`` compares it with the golden run: status,
 output, error, node statuses, ledger keys (none pending), one effective call per golden key
-and no other key, repeats only of calls uncertain at the fault, and the compensations' order
-(nodes that raced a failure may differ, within limits: see ``chaos_sweep.raced``; the sweep
-counts the cases where some did).
+and no other key, repeats only of calls uncertain at the fault, the compensations' order, no
+model turn asked again once its answer was durable (inline: exactly the answers lost at the
+fault, once each), each agent asked the golden requests, the golden token count (nodes that
+raced a failure may differ, within limits: see ``chaos_sweep.raced``; the sweep counts the
+cases where some did).
 
-Most faults are SIGKILLs; one in four raises ``FaultInjected`` out of the driver instead. CI:
-a few DAGs of 5-20 steps, the same ones each time (derandomised); ``RAYSAGA_FULL_SWEEP=1``:
-200 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_DAGS`` and ``RAYSAGA_CHAOS_KILLS`` override the
-counts). A failing example prints its spec and its golden run.
+Most faults are SIGKILLs; one in four raises ``FaultInjected`` out of the driver instead. The
+inline executor: CI a few DAGs of 5-20 steps, the same ones each time (derandomised);
+``RAYSAGA_FULL_SWEEP=1`` 200 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_DAGS`` and
+``RAYSAGA_CHAOS_KILLS`` override the counts). The Ray executor (the session's local cluster):
+CI the fixed DAG ``RAY_MIXED`` (an agent with every kind of tool beside an effect fan-out, then
+a failure: a rollback) SIGKILLed once the model answered a turn, before the answer is durable;
+full 20 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_RAY_DAGS``). The inline sweep has the fixed
+DAG ``MIXED`` (an agent, two approvals, one rejected, a rollback) as an explicit example, so CI
+always has agents, approvals and a rollback whatever the generator draws. A failing example prints
+its spec and its golden run.
 """
 
 from __future__ import annotations
@@ -22,23 +33,53 @@ import itertools
 import json
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, note, settings
+from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 
+from raysaga.state import EffectStatus
+from tests.support import chaos_flows
 from tests.support.chaos_gen import dag_specs, describe
-from tests.support.chaos_sweep import fault_case, golden_run
+from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows
 from tests.support.kill_sweep import FULL_SWEEP
+from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
 
+# The agents' API key, for the driver processes and for the Ray workers, which read it from the
+# raylet's environment: the session's Ray head starts after collection, inheriting this.
+os.environ[chaos_flows.KEY_ENV] = chaos_flows.TEST_KEY
+
 LONG = 4 * 3600  # seconds: a full sweep's own time limit
-DAGS = int(os.environ.get("RAYSAGA_CHAOS_DAGS", "200" if FULL_SWEEP else "3"))
+DAGS = int(os.environ.get("RAYSAGA_CHAOS_DAGS", "200" if FULL_SWEEP else "2"))
+RAY_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_DAGS", "20" if FULL_SWEEP else "1"))
 KILLS = int(os.environ.get("RAYSAGA_CHAOS_KILLS", "2"))
 MAX_STEPS = 50 if FULL_SWEEP else 20
 _counter = itertools.count()
-STATS: dict[str, int] = {"dags": 0, "faults": 0, "kills": 0, "raises": 0, "raced": 0, "rolled_back": 0}
+#: An agent (plain, effect and compensated tools) and an approved approval on one branch, an
+#: effect fan-out on the other, then an approval the harness rejects: the run rolls back.
+MIXED: dict[str, Any] = {"name": "chaos_mixed", "steps": [
+    {"name": "s0", "kind": "step", "deps": [], "effect": True, "compensate": True},
+    {"name": "s1", "kind": "plan", "deps": ["s0"], "items": 2},
+    {"name": "s2", "kind": "agent", "deps": ["s0"], "turns": [["lookup", "act_undone"], ["act"]]},
+    {"name": "s3", "kind": "approval", "deps": ["s2"], "verdict": "approve"},
+    {"name": "s4", "kind": "map", "over": "s1", "deps": ["s1"], "effect": True, "compensate": True,
+     "fail_items": [], "policy": {"kind": "all"}},
+    {"name": "s5", "kind": "approval", "deps": ["s3", "s4"], "verdict": "reject"},
+]}
+MIXED_SEED = 7
+#: ``MIXED`` without its approvals (their decisions are the driver's, whatever the executor:
+#: each costs a Ray driver more in CI), the rollback from a step failing for good.
+RAY_MIXED: dict[str, Any] = {"name": "chaos_ray_mixed", "steps": [
+    *MIXED["steps"][:3], MIXED["steps"][4],
+    {"name": "s5", "kind": "step", "deps": ["s2", "s4"], "fate": "fail"},
+]}
+RAY_CI_FAULT = (("before_commit", "s2@1"), "kill")
+COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
+          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned")
+STATS: dict[str, dict[str, int]] = {"inline": dict.fromkeys(COUNTS, 0), "ray": dict.fromkeys(COUNTS, 0)}
 
 
 @pytest.fixture(scope="module")
@@ -47,37 +88,93 @@ def services() -> Iterator[FakeServices]:
         yield fake
 
 
+@pytest.fixture(scope="module")
+def model() -> Iterator[MessagesServer]:
+    """The agents' Messages API: replies pure in the request (``chaos_flows.reply_for``)."""
+    with MessagesServer(chaos_flows.reply_for) as srv:
+        yield srv
+
+
 @pytest.fixture(scope="module", autouse=True)
 def report_counts() -> Iterator[None]:
     yield
-    print(f"\nrandom kill sweep: {STATS}")
+    for executor, stats in STATS.items():
+        if stats["dags"]:
+            print(f"\nrandom kill sweep ({executor}): {stats}")
+
+
+def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, services: FakeServices,
+              model: MessagesServer, tmp_path_factory: pytest.TempPathFactory,
+              note: Callable[[str], None] = note, faults: list[tuple[Kill, str]] | None = None) -> None:
+    """One example: the golden run of ``spec``, then ``kills`` faults drawn from ``seed`` (or
+    ``faults``: (point, label) and mode); ``note``: where the steps are told, a hypothesis note
+    or, outside a hypothesis test, ``print``."""
+    note(describe(spec))
+    note("SPEC " + json.dumps(spec, sort_keys=True))
+    folder = tmp_path_factory.mktemp(f"dag{next(_counter)}")
+    golden = golden_run(spec, folder, services, executor=executor, model=model)
+    note(f"golden: {golden.run['status']}, {len(golden.nodes)} nodes, {len(golden.ledger)} ledger rows, "
+         f"compensations {golden.undo_order}, {golden.rests} rests for a decision")
+    stats = STATS[executor]
+    count(stats, golden)
+    # the faults come from a drawn seed, not from draws that depend on the golden run's shape
+    rng = random.Random(seed)
+    if faults is None:
+        drawn = rng.sample(golden.reachable, min(kills, len(golden.reachable)))
+        faults = [(kill, rng.choice(["kill", "kill", "kill", "raise"])) for kill in drawn]
+    for i, (kill, mode) in enumerate(faults):
+        assert kill in golden.reachable, (kill, golden.reachable)
+        note(f"fault {i}: {kill} ({mode})")
+        case = folder / f"case{i}"
+        case.mkdir()
+        race = fault_case(golden, kill, mode, services, case, model=model, stats=stats)
+        note(f"fault {i}: nodes that raced the failure: {sorted(race)}")
+        stats["faults"] += 1
+        stats["raced"] += bool(race)
+        stats["kills" if mode == "kill" else "raises"] += 1
+
+
+def count(stats: dict[str, int], golden: Golden) -> None:
+    steps = golden.spec["steps"]
+    stats["dags"] += 1
+    stats["rolled_back"] += golden.run["status"] == "compensated"
+    stats["agents"] += sum(s["kind"] == "agent" for s in steps)
+    stats["approvals"] += sum(s["kind"] == "approval" for s in steps)
+    stats["rejected"] += sum(s.get("verdict") == "reject" for s in steps)
+    stats["golden_abandoned"] += len(pending_rows(golden.nodes, golden.ledger, EffectStatus.ABANDONED))
 
 
 @pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep
 @settings(max_examples=DAGS, deadline=None, derandomize=not FULL_SWEEP, database=None,
           phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is real processes
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(spec=dag_specs(5, MAX_STEPS), seed=st.integers(0, 2**32 - 1))
-def test_random_dags_faulted_anywhere_end_as_golden(spec: dict[str, object], seed: int, services: FakeServices,
+@given(spec=dag_specs(5, MAX_STEPS, agents=True, approvals=True), seed=st.integers(0, 2**32 - 1))
+@example(spec=MIXED, seed=MIXED_SEED)
+def test_random_dags_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, services: FakeServices,
+                                                    model: MessagesServer,
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
-    note(describe(spec))
-    note("SPEC " + json.dumps(spec, sort_keys=True))
-    folder = tmp_path_factory.mktemp(f"dag{next(_counter)}")
-    golden = golden_run(spec, folder, services)
-    note(f"golden: {golden.run['status']}, {len(golden.nodes)} nodes, {len(golden.ledger)} ledger rows, "
-         f"compensations {golden.undo_order}")
-    # the faults come from a drawn seed, not from draws that depend on the golden run's shape
-    rng = random.Random(seed)
-    kills = rng.sample(golden.reachable, min(KILLS, len(golden.reachable)))
-    STATS["dags"] += 1
-    STATS["rolled_back"] += golden.run["status"] == "compensated"
-    for i, kill in enumerate(kills):
-        mode = rng.choice(["kill", "kill", "kill", "raise"])
-        note(f"fault {i}: {kill} ({mode})")
-        case = folder / f"case{i}"
-        case.mkdir()
-        race = fault_case(golden, kill, mode, services, case)
-        note(f"fault {i}: nodes that raced the failure: {sorted(race)}")
-        STATS["faults"] += 1
-        STATS["raced"] += bool(race)
-        STATS["kills" if mode == "kill" else "raises"] += 1
+    sweep_dag(spec, seed, KILLS, "inline", services, model, tmp_path_factory)
+
+
+@pytest.mark.ray
+def test_a_mixed_dag_on_ray_faulted_ends_as_golden(ray_address: str, services: FakeServices, model: MessagesServer,
+                                                   tmp_path_factory: pytest.TempPathFactory) -> None:
+    """CI's Ray case: ``RAY_MIXED`` on the Ray executor (drivers join the session's local cluster;
+    steps, model calls and tool calls run there, so a fault may leave some in flight), killed
+    with turn 1's answer in hand: the resume asks that turn again, and nothing else."""
+    sweep_dag(RAY_MIXED, MIXED_SEED, 1, "ray", services, model, tmp_path_factory, note=print, faults=[RAY_CI_FAULT])
+    assert STATS["ray"]["model_requests"] > 0 and STATS["ray"]["rolled_back"] == 1, STATS["ray"]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(not FULL_SWEEP, reason="the random Ray sweep runs with RAYSAGA_FULL_SWEEP=1")
+@pytest.mark.timeout(LONG)
+@settings(max_examples=RAY_DAGS, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=dag_specs(5, 50, agents=True, approvals=True), seed=st.integers(0, 2**32 - 1))
+def test_random_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, ray_address: str,
+                                                           services: FakeServices, model: MessagesServer,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The random sweep on the Ray executor."""
+    sweep_dag(spec, seed, KILLS, "ray", services, model, tmp_path_factory)

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import raysaga
@@ -57,6 +58,12 @@ ROLLBACK = {"name": "zombie_rollback", "steps": [
     {"name": "merge", "kind": "step", "deps": ["work"]},
     {"name": "boom", "kind": "step", "deps": ["merge"], "effect": True, "fate": "fail"},
 ]}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_counts() -> Iterator[None]:
+    yield
+    print(f"\nzombies and races: {STATS}")
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +100,7 @@ def test_zombie_writes_and_calls_nothing(kill: tuple[str, str], rollback: Golden
 @pytest.mark.skipif(not FULL_SWEEP, reason="500 zombie trials run with RAYSAGA_FULL_SWEEP=1")
 @pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep
 @settings(max_examples=max(1, ZOMBIES // 20), deadline=None, database=None,
+          phases=[Phase.explicit, Phase.generate],  # no shrinking: each example is real processes
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(spec=dag_specs(5, 30), seed=st.integers(0, 2**32 - 1))
 def test_zombie_trials_full(spec: dict[str, Any], seed: int, rollback: Golden, services: FakeServices,
@@ -103,7 +111,11 @@ def test_zombie_trials_full(spec: dict[str, Any], seed: int, rollback: Golden, s
     for dag in (golden, rollback):
         points = zombie_points(dag)
         for kill in rng.sample(points, min(10, len(points))):
-            zombie_trial(dag, kill, services, tmp_path_factory.mktemp("zombie"))
+            try:
+                zombie_trial(dag, kill, services, tmp_path_factory.mktemp("zombie"))
+            except AssertionError as exc:  # a replay may fail otherwise (timing): say which trial this was
+                raise AssertionError(f"zombie trial at {kill} of {dag.spec['name']}: {exc}\n"
+                                     f"SPEC {json.dumps(dag.spec, sort_keys=True)}") from exc
             STATS["zombie_trials"] += 1
 
 

@@ -23,7 +23,17 @@ Every step is deterministic in its inputs and its attempt number:
 - ``effect``: one call to the fake provider (kind ``do``, subject ``<seed>/<label>``) with
   ``ctx.idempotency_key``; ``compensate``: a compensation calling it (kind ``undo``, subject
   ``<seed>/<label>:undo``) with its own key, so the provider's ordered log is the rollback's order;
-- ``critical`` (default true) and ``on_failure`` (``skip``/``pass``) as in the DSL.
+- ``critical`` (default true) and ``on_failure`` (``skip``/``pass``) as in the DSL;
+- ``agent``: an agent node on the real ``anthropic`` SDK (``AnthropicModel``) pointed at
+  ``tests.support.messages_server`` (the saved spec's ``model_url``), whose answers
+  ``reply_for`` scripts from the prompt: ``turns`` lists, per turn, the tool calls the model asks
+  for (``lookup``, no effect; ``act``, an effect, kind ``do``; ``act_undone``, an effect with an
+  undo, kind ``undo``, as a compensated step's), then a final JSON answer digesting every tool
+  result it saw. Tool arguments carry the provider's URL outside their key (``key=``);
+- ``approval``: an approval node; the harness decides it (``verdict``, by ``DECIDER``) once the
+  run rests waiting for it (``decide``), so golden and faulted runs get the same decisions. An
+  ``Approval``'s time and decision ids differ between runs: digests leave them out, and an
+  effect never takes an approval as an input (its key would digest them).
 
 A step's output digests its name, the run's seed and every input it received (canonical JSON,
 fan-out results included), so a resumed run that fed a step anything else than the golden run
@@ -42,8 +52,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from raysaga import BEST_EFFORT, Permanent, RetryPolicy, StepContext, Workflow, min_success_ratio, quorum
+from raysaga import BEST_EFFORT, Approval, Permanent, RetryPolicy, StepContext, Workflow, min_success_ratio, quorum
+from raysaga.agents import Agent, AnthropicModel, tool
 from raysaga.sagas.policy import ALL, FanOutPolicy, FanOutResult
+from tests.support import messages_server as ms
 from tests.support import services as fake_services
 
 #: A flaky step's second attempt is due at once: with any backoff, whether a rollback starts
@@ -54,6 +66,15 @@ COMPENSATION_RETRY = RetryPolicy(max_attempts=3, base=0.01, cap=0.02)
 FATES = ("ok", "fail", "flaky")
 POLICIES = ("all", "best_effort", "quorum", "ratio")
 FAN_OUT_FIELDS = set(FanOutResult.model_fields)
+APPROVAL_FIELDS = set(Approval.model_fields)
+#: Fields of an ``Approval`` that differ between two runs decided alike (when, which decision row).
+APPROVAL_VOLATILE = ("at", "decision_ids")
+MODEL = "claude-haiku-4-5"
+#: The API key the driver processes and Ray workers run with (``tests.support.agent_flows``'s).
+KEY_ENV, TEST_KEY = "ANTHROPIC_API_KEY", "sk-ant-test-raysaga-agents"
+DECIDER = "chaos"
+TOOLS = ("lookup", "act", "act_undone")
+AGENT_TRANSPORT = RetryPolicy(max_attempts=6, base=0.02, cap=0.1)
 
 
 class ChaosIn(BaseModel):
@@ -70,12 +91,17 @@ def canonical(value: Any) -> Any:
 
     A fan-out result's failures lose their attempt counts: a crash may cost an attempt (a killed
     attempt counts, so a step that kills its process is parked), so they may differ from the
-    golden run's without anything being wrong."""
+    golden run's without anything being wrong. An approval's time and decision ids, and a
+    rejection's decision id, go too: each run's decisions are made anew."""
     if isinstance(value, BaseModel):
         return canonical(value.model_dump(mode="json"))
     if isinstance(value, dict):
         if set(value) == FAN_OUT_FIELDS:  # a FanOutResult, as a step with an untyped input gets it
             value = {**value, "failures": [{k: v for k, v in f.items() if k != "attempts"} for f in value["failures"]]}
+        if set(value) == APPROVAL_FIELDS:  # an Approval: when and under which ids it was decided differ
+            value = {k: v for k, v in value.items() if k not in APPROVAL_VOLATILE}
+        if value.get("type") == "Rejected":  # a rejection's error record: its decision's id differs
+            value = {k: v for k, v in value.items() if k != "decision_id"}
         return {str(k): canonical(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [canonical(v) for v in value]
@@ -129,20 +155,23 @@ def _policy(spec: dict[str, Any] | None) -> FanOutPolicy:
     return ALL
 
 
-def _function(step: dict[str, Any]) -> Callable[..., Any]:
-    """A function named after the step whose parameters are ``ctx``, ``input`` and its dependencies."""
+def _function(step: dict[str, Any], run: Callable[..., Any] | None = None) -> Callable[..., Any]:
+    """A function named after the step whose parameters are ``ctx``, ``input`` and its dependencies
+    (``run(step, input, deps)`` given: no ``ctx``, for an agent's prompt or an approval's ask)."""
     deps: list[str] = list(step["deps"])
 
     def body(**kwargs: Any) -> Any:
-        ctx, run_input = kwargs.pop("ctx"), kwargs.pop("input")
-        return run_step(step, ctx, run_input, kwargs)
+        run_input = kwargs.pop("input")
+        if run is not None:
+            return run(step, run_input, kwargs)
+        return run_step(step, kwargs.pop("ctx"), run_input, kwargs)
 
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [inspect.Parameter("ctx", kind, annotation=StepContext),
-              inspect.Parameter("input", kind, annotation=ChaosIn)]
+    head = {"input": ChaosIn} if run is not None else {"ctx": StepContext, "input": ChaosIn}
+    params = [inspect.Parameter(name, kind, annotation=ann) for name, ann in head.items()]
     params += [inspect.Parameter(dep, kind, annotation=Any) for dep in deps]
     body.__signature__ = inspect.Signature(params, return_annotation=Any)  # type: ignore[attr-defined]
-    body.__annotations__ = {"ctx": StepContext, "input": ChaosIn, **dict.fromkeys(deps, Any), "return": Any}
+    body.__annotations__ = {**head, **dict.fromkeys(deps, Any), "return": Any}
     body.__name__ = body.__qualname__ = step["name"]
     return body
 
@@ -154,6 +183,14 @@ def build(spec: dict[str, Any]) -> Workflow:
         options: dict[str, Any] = {
             "name": step["name"], "effect": bool(step.get("effect")), "retry": FAST_RETRY,
             "critical": bool(step.get("critical", True)), "on_failure": step.get("on_failure", "skip")}
+        if step["kind"] == "agent":
+            wf.agent(make_agent(step, spec["model_url"]), name=step["name"], critical=options["critical"],
+                     on_failure=options["on_failure"])(_function(step, prompt))
+            continue
+        if step["kind"] == "approval":
+            wf.approval(name=step["name"], approvers=[DECIDER], critical=options["critical"],
+                        on_failure=options["on_failure"])(_function(step, ask))
+            continue
         if step["kind"] == "map":
             wf.map(step["over"], policy=_policy(step.get("policy")), **options)(_function(step))
         else:
@@ -161,6 +198,113 @@ def build(spec: dict[str, Any]) -> Workflow:
         if step.get("compensate"):
             wf.compensation(step["name"], retry=COMPENSATION_RETRY)(undo)
     return wf.validate()
+
+
+# ---------------------------------------------------------------------- agents and approvals
+
+
+class AgentAnswer(BaseModel):
+    """An agent node's output: its name and a digest of its prompt and of every tool result."""
+
+    agent: str
+    d: str
+
+
+def prompt(step: dict[str, Any], input: ChaosIn, deps: dict[str, Any]) -> str:
+    """An agent's prompt: everything the scripted model needs (``reply_for`` parses it)."""
+    head = f"agent {step['name']} seed={input.seed} services={input.services_url} deps={digest(deps)}"
+    return f"{head}\nturns={json.dumps(step['turns'], separators=(',', ':'))}"
+
+
+def ask(step: dict[str, Any], input: ChaosIn, deps: dict[str, Any]) -> str:
+    return f"approve {step['name']} of {input.seed}? inputs {digest(deps)}"
+
+
+def lookup_impl(subject: str, n: int) -> str:
+    """A plain tool: deterministic in its arguments."""
+    return f"found {digest(subject, n)}"
+
+
+def act_impl(subject: str, n: int, services_url: str, idempotency_key: str | None = None) -> dict[str, Any]:
+    """An effect tool: one provider call (kind ``do``) under the call's key."""
+    assert idempotency_key is not None
+    reply = fake_services.post(services_url, "do", idempotency_key, {"subject": subject})
+    return {"receipt": str(reply["id"])}
+
+
+def act_undo(ctx: StepContext, output: Any, subject: str, n: int, services_url: str) -> dict[str, Any]:
+    """The undo of an ``act_undone`` call: one provider call, kind ``undo``."""
+    reply = fake_services.post(services_url, "undo", _key(ctx), {"subject": f"{subject}:undo",
+                                                                 "output": digest(output)})
+    return {"undo": reply["id"]}
+
+
+KEY = ("subject", "n")  # the provider's URL is no part of what a call does
+lookup = tool(lookup_impl, name="lookup", description="Look a subject up.")
+act = tool(act_impl, name="act", effect=True, key=KEY, description="Do something (an effect).")
+act_undone = tool(act_impl, name="act_undone", effect=True, key=KEY, compensate=act_undo,
+                  description="Do something that a rollback undoes.")
+
+
+def make_agent(step: dict[str, Any], model_url: str) -> Agent:
+    model = AnthropicModel(MODEL, base_url=model_url, timeout=30.0, api_key_env=KEY_ENV)
+    return Agent(f"agent_{step['name']}", model, system="You are a chaos-suite agent.", output_type=AgentAnswer,
+                 tools=(lookup, act, act_undone), transport_retry=AGENT_TRANSPORT,
+                 max_turns=len(step["turns"]) + 2)
+
+
+def parse_prompt(text: str) -> tuple[dict[str, str], list[list[str]]]:
+    """``prompt``'s fields and turns back from the conversation's first message."""
+    head, _, turns = text.partition("\nturns=")
+    words = head.split()
+    assert words[0] == "agent", text
+    fields = dict(w.split("=", 1) for w in words[2:])
+    fields["agent"] = words[1]
+    return fields, json.loads(turns)
+
+
+def _tool_results(request: dict[str, Any]) -> list[Any]:
+    return [block.get("content") for m in request["messages"] if m.get("role") == "user"
+            and isinstance(m.get("content"), list) for block in m["content"]
+            if isinstance(block, dict) and block.get("type") == "tool_result"]
+
+
+def turn_usage(turn: int) -> tuple[int, int]:
+    return (100 + turn, 10 + turn)
+
+
+def reply_for(request: dict[str, Any]) -> ms.Reply:
+    """The scripted model of every agent node: a ``MessagesServer`` responder, pure in the request.
+
+    Turn ``t < len(turns)`` asks for ``turns[t]``'s tool calls (subject ``<seed>/<agent>@<t>.<k>``,
+    unique per call); turn ``len(turns)`` answers ``AgentAnswer`` as JSON."""
+    first = ms.conversation_of(request)
+    assert first is not None, request
+    fields, turns = parse_prompt(first)
+    turn = ms.turn_of(request)
+    name, seed = fields["agent"], fields["seed"]
+    if turn < len(turns):
+        blocks = [ms.tool_use_block(t, {"subject": f"{seed}/{name}@{turn}.{k}", "n": turn}
+                                    if t == "lookup" else
+                                    {"subject": f"{seed}/{name}@{turn}.{k}", "n": turn,
+                                     "services_url": fields["services"]})
+                  for k, t in enumerate(turns[turn])]
+        return ms.reply(blocks, usage=turn_usage(turn))
+    if turn == len(turns):
+        answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
+        return ms.text(json.dumps(answer), usage=turn_usage(turn))
+    raise LookupError(f"{name} has {len(turns)} tool turns, asked for turn {turn}")
+
+
+def decide(store: Any, spec: dict[str, Any], run_id: str) -> list[str]:
+    """Decide every approval the run waits for as ``spec`` says (``verdict``); return their names."""
+    verdicts = {s["name"]: s.get("verdict", "approve") for s in spec["steps"] if s["kind"] == "approval"}
+    decided = []
+    for waiting in store.waiting_approvals(run_id=run_id):
+        store.decide(run_id, waiting.node, verdicts[waiting.node], by=DECIDER, fan_index=waiting.fan_index,
+                     comment=f"{verdicts[waiting.node]} by the chaos harness")
+        decided.append(waiting.node)
+    return decided
 
 
 @cache
@@ -186,8 +330,9 @@ class _Specs(Mapping[str, Workflow]):
 FLOWS = _Specs()
 
 
-def save(spec: dict[str, Any], folder: Path) -> str:
-    """Write ``spec`` as JSON into ``folder``; return the path a driver process takes as ``--flow``."""
+def save(spec: dict[str, Any], folder: Path, model_url: str | None = None) -> str:
+    """Write ``spec`` as JSON into ``folder`` (with the Messages server's URL its agents call);
+    return the path a driver process takes as ``--flow``."""
     path = folder / f"{spec['name']}.json"
-    path.write_text(json.dumps(spec, indent=1, sort_keys=True))
+    path.write_text(json.dumps({**spec, "model_url": model_url}, indent=1, sort_keys=True))
     return str(path)

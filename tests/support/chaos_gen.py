@@ -9,13 +9,19 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
 - about half the steps are effects (one call to the fake provider with their key), about a
   third have a compensation (an effect of its own);
 - up to two steps fail permanently on purpose (half of them non-critical, their dependents
-  skipped or handed the failure), and some are flaky (a transient error on attempt 1).
+  skipped or handed the failure), and some are flaky (a transient error on attempt 1);
+- with ``agents=True``, ``agent`` nodes (1-3 tool turns of 1-2 calls each, drawn from the plain
+  ``lookup`` and the effects ``act`` and ``act_undone``, then the answer); with
+  ``approvals=True``, ``approval`` nodes the harness approves (3 in 4) or rejects, some of them
+  non-critical.
 
 Plans never fail and are always critical, so a map always fans out over a list. An effect never
 takes a partial fan-out's result (a ``FanOutResult``) as an input: its failures carry attempt
 counts, which a crash before the fan-out settles may raise (a killed attempt counts), and the
 effect's key digests its inputs, so its key would differ from the golden run's without any call
-being repeated. Plain steps take them (their outputs digest them without the counts).
+being repeated. Plain steps take them (their outputs digest them without the counts). For the
+same reason an effect, or a compensated step, never takes an approval as an input: its decision
+time differs per run, and the key of the effect or of its compensation digests the inputs.
 """
 
 from __future__ import annotations
@@ -24,25 +30,43 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.chaos_flows import digest
+from tests.support.chaos_flows import TOOLS, digest
 
 MAX_DEPS = 3
 MAX_ITEMS = 4
 
 
+MAX_TURNS = 3
+
+
 @st.composite
-def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50) -> dict[str, Any]:
+def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agents: bool = False,
+              approvals: bool = False) -> dict[str, Any]:
     n = draw(st.integers(min_steps, max_steps), label="steps")
     failing = set(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True), label="failing"))
     steps: list[dict[str, Any]] = []
     plans: list[str] = []
     partial: set[str] = set()  # maps whose policy hands dependents a FanOutResult
+    decided: set[str] = set()  # approvals: no effect takes one as an input
+    kinds = ["step", "step", "step", "plan"] + ["agent"] * agents + ["approval"] * approvals
     for i in range(n):
         name = f"s{i}"
         earlier = [s["name"] for s in steps]
-        kind = draw(st.sampled_from(["step", "step", "step", "plan"] + (["map", "map"] if plans else [])))
+        kind = draw(st.sampled_from(kinds + (["map", "map"] if plans else [])))
         extra = draw(st.lists(st.sampled_from(earlier), max_size=MAX_DEPS, unique=True)) if earlier else []
         step: dict[str, Any] = {"name": name, "kind": kind, "deps": extra}
+        if kind in ("agent", "approval"):
+            if kind == "agent":
+                step["turns"] = draw(st.lists(st.lists(st.sampled_from(TOOLS), min_size=1, max_size=2),
+                                              min_size=1, max_size=MAX_TURNS))
+            else:
+                step["verdict"] = draw(st.sampled_from(["approve", "approve", "approve", "reject"]))
+                decided.add(name)
+            if draw(st.sampled_from([True, True, True, False])) is False:
+                step["critical"] = False
+                step["on_failure"] = draw(st.sampled_from(["skip", "pass"]))
+            steps.append(step)
+            continue
         if kind == "plan":
             step["items"] = draw(st.integers(1, MAX_ITEMS))
             plans.append(name)
@@ -62,8 +86,10 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50) -> dict[
                 step["policy"]["r"] = draw(st.sampled_from([0.25, 0.5, 0.75, 1.0]))
         step["effect"] = draw(st.booleans())
         if step["effect"]:  # see the module's docstring: no partial fan-out result in an effect's key
-            step["deps"] = [d for d in step["deps"] if d not in partial or d == step.get("over")]
+            step["deps"] = [d for d in step["deps"] if (d not in partial or d == step.get("over")) and d not in decided]
         step["compensate"] = draw(st.sampled_from([False, False, True]))
+        if step["compensate"]:  # a compensation's key digests its step's inputs (effect or not)
+            step["deps"] = [d for d in step["deps"] if d not in decided]
         step["fate"] = "fail" if i in failing and kind == "step" else draw(st.sampled_from(["ok"] * 7 + ["flaky"]))
         if draw(st.sampled_from([True, True, True, False])) is False or (i in failing and draw(st.booleans())):
             step["critical"] = False
@@ -85,5 +111,9 @@ def describe(spec: dict[str, Any]) -> str:
             flags.append(f"over={s['over']} policy={s['policy']} fail_items={s['fail_items']}")
         if s["kind"] == "plan":
             flags.append(f"items={s['items']}")
+        if s["kind"] == "agent":
+            flags.append(f"turns={s['turns']}")
+        if s["kind"] == "approval":
+            flags.append(s["verdict"])
         lines.append(f"{s['name']} {s['kind']} <- {','.join(s['deps']) or '-'} {' '.join(flags)}")
     return "\n".join(lines)

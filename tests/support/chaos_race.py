@@ -1,10 +1,13 @@
 """Zombie drivers and lease races for the chaos suite.
 
 ``zombie_trial``: driver A is armed to stall (``RAYSAGA_FAULTS=<point>:<label>=stall:S``) at a
-fault point of a chaos DAG; once the store or the provider shows it got there, the test
-SIGSTOPs it (its heartbeat stops with it), waits for its lease to expire, lets driver B resume
-the run to rest, snapshots everything durable and the provider's log, then SIGCONTs A. A must
-notice its stale fence and exit (lease lost) without writing a row or making a call.
+fault point of a chaos DAG; once the store or the provider shows it got there and A sits in the
+stall (``stalled``: its main thread blocked in ``time.sleep`` for a while, so not still making
+another call the inline executor runs in the same batch), the test SIGSTOPs it (its heartbeat
+stops with it) at a moment it holds no write lock on the SQLite file (``frozen_unlocked``),
+waits for its lease to expire, lets driver B resume the run to rest, snapshots everything
+durable and the provider's log, then SIGCONTs A. A must notice its stale fence and exit (lease
+lost) without writing a row or making a call.
 
 As a script, ``python -m tests.support.chaos_race --db URL --run-id ID --threads N --go FILE``
 is one process of a claim race: N threads wait for the go file, then each calls
@@ -18,10 +21,15 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import signal
+import sqlite3
+import subprocess
 import sys
 import threading
+import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +94,88 @@ def arrived(kill: Kill, golden: Golden, store: SqlStore, services: FakeServices)
     return any(n.label == label and n.status == NodeStatus.COMPLETED for n in store.nodes(RUN_ID))
 
 
+#: ``clock_nanosleep``'s syscall number, CLOCK_MONOTONIC and TIMER_ABSTIME: how ``time.sleep``
+#: blocks on Linux (glibc's ``nanosleep``, SQLite's busy wait, passes CLOCK_REALTIME and no flag).
+CLOCK_NANOSLEEP = {"x86_64": "230", "aarch64": "115"}.get(platform.machine())
+PYTHON_SLEEP = [CLOCK_NANOSLEEP, "0x1", "0x1"]
+#: How long A must be seen in a sleep to be in the stall (the engine's own sleeps here, a
+#: compensation's retry backoff or a busy wait, last 20 ms at most; the stall ``STALL``).
+IN_STALL = 0.2
+
+
+def sleeping(pid: int) -> bool:
+    """Whether process ``pid``'s main thread is blocked in ``time.sleep`` (Linux ``/proc``; on an
+    architecture this does not know, always true: the arrival alone is then what is waited for)."""
+    if CLOCK_NANOSLEEP is None:
+        return True
+    try:
+        return Path(f"/proc/{pid}/syscall").read_text().split()[:3] == PYTHON_SLEEP
+    except OSError:
+        return False
+
+
+def stalled(kill: Kill, golden: Golden, store: SqlStore, services: FakeServices,
+            a: subprocess.Popen[str]) -> Callable[[], bool]:
+    """A condition for ``wait_until``: A arrived at ``kill`` and has been sleeping for ``IN_STALL``
+    seconds (or it exited). The provider seeing ``before_commit``'s key is not enough alone: the
+    inline executor may still be running the batch's other calls before A reaches the commit."""
+    since: list[float] = []
+
+    def check() -> bool:
+        if a.poll() is not None:
+            return True
+        if not (sleeping(a.pid) and arrived(kill, golden, store, services)):
+            since.clear()
+            return False
+        since[:] = since or [time.monotonic()]
+        return time.monotonic() - since[0] >= IN_STALL
+
+    return check
+
+
+def write_locked(path: Path) -> bool:
+    """Whether some connection holds SQLite file ``path``'s write lock (a ``BEGIN IMMEDIATE`` that
+    would have to wait)."""
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        assert "locked" in str(exc) or "busy" in str(exc), exc
+        return True
+    finally:
+        conn.close()
+
+
+def frozen_unlocked(a: subprocess.Popen[str], path: Path) -> Callable[[], bool]:
+    """A condition for ``wait_until`` that SIGSTOPs A and holds when A holds no write lock on the
+    store; else it lets A go on (SIGCONT) for the next try. A's heartbeat thread writes while its
+    main thread stalls: stopped inside that short transaction, A would lock every other driver
+    out of the SQLite file for as long as it stays stopped (a frozen process does that to SQLite:
+    no driver can take over then, so the trial stops A between two writes)."""
+
+    def check() -> bool:
+        os.kill(a.pid, signal.SIGSTOP)
+        harness.wait_until(lambda: stopped(a.pid), timeout=10, what=f"pid {a.pid} stopped", interval=0.001)
+        if not write_locked(path):
+            return True
+        os.kill(a.pid, signal.SIGCONT)
+        return False
+
+    return check
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (SIGSTOP is delivered asynchronously: until
+    then a thread may still take a lock)."""
+    states = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            states.append((task / "stat").read_text().rpartition(")")[2].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def zombie_trial(golden: Golden, kill: Kill, services: FakeServices, folder: Path) -> None:
     db = f"sqlite:///{folder / 'run.db'}"
     go = folder / "go"
@@ -97,9 +187,8 @@ def zombie_trial(golden: Golden, kill: Kill, services: FakeServices, folder: Pat
     a = harness.spawn(golden.path, db, RUN_ID, flows=FLOWS, any_state_ok=True, lease_ttl=ZOMBIE_TTL,
                       run_input=chaos_flows.sample_input(services.url), faults=f"{kill[0]}:{kill[1]}=stall:{STALL}")
     try:
-        harness.wait_until(lambda: arrived(kill, golden, store, services) or a.poll() is not None, timeout=60,
-                           what=f"driver A to reach {kill}")
-        os.kill(a.pid, signal.SIGSTOP)
+        harness.wait_until(stalled(kill, golden, store, services, a), timeout=60, what=f"driver A to stall at {kill}")
+        harness.wait_until(frozen_unlocked(a, folder / "run.db"), timeout=10, what="A stopped holding no lock")
         assert a.poll() is None, f"A ended before it was stopped at {kill}:\n{harness.finish(a).describe()}"
         uncertain = {e.idempotency_key for e in store.effects(RUN_ID) if e.status == EffectStatus.PENDING}
         returned = uncertain & set(services.log()["raw"])
