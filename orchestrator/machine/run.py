@@ -188,7 +188,7 @@ class RunMachine:
             if outcome.ok:
                 value = self.calls.succeeded(key, outcome)
                 if key.is_agent_call:
-                    self.agents.on_success(key, value)
+                    self.agents.on_success(key, value, outcome.aside)
                 elif key.compensates:
                     assert self.rollback is not None
                     self.rollback.completed(key)
