@@ -83,12 +83,13 @@ class Agent:
     rate_limit: RateLimit | None = None
     """The provider's limit its model calls go through, shared by every driver on the store
     (``RateLimit(name="anthropic", requests=50, tokens=40_000)``)."""
-    speculative_tools: bool = True
+    speculative_tools: bool = False
     """Run the tools a model response asks for that change nothing (not ``effect=True``, no
     approval, no rate limit) in the model call's own task, right after the response, and use
-    their results if the engine then decides those very calls (docs/agents.md). Off: each tool
-    call is sent on its own once the response is durable. Such a tool may then run once more
-    than the agent uses it (a result the engine does not take), as after a crash."""
+    their results if the engine then decides those very calls (docs/agents.md): one round trip
+    through the I/O pool per turn instead of two. Such a tool may then run before the response
+    is durable, and once more than the agent uses it (after a crash, or a result the engine
+    does not take). Off (the default): each tool call is sent once the response is durable."""
 
     def __post_init__(self) -> None:
         check_name("agent", self.name)

@@ -107,7 +107,7 @@ SPECULATIVE = "raysaga-speculative-"
 def test_a_read_tool_runs_with_the_response_once_and_its_result_is_the_calls(sqlite_url: str) -> None:
     script = (tool_reply(("lookup", {"q": "a"})), tool_reply(("lookup", {"q": "b"}), ("lookup", {"q": "c"})),
               text_reply("done"))
-    agent = Agent(name="reader", model=recording(default=script), tools=(lookup,))
+    agent = Agent(name="reader", model=recording(default=script), tools=(lookup,), speculative_tools=True)
     final, nodes, events = drive(sqlite_url, workflow(agent))
 
     assert final.status == RunStatus.COMPLETED, final.error
@@ -127,7 +127,7 @@ def test_a_read_tool_runs_with_the_response_once_and_its_result_is_the_calls(sql
 
 def test_effect_approval_and_switched_off_tools_are_sent_not_speculated(sqlite_url: str) -> None:
     script = (tool_reply(("order", {"q": "a"}), ("lookup", {"q": "b"})), text_reply("done"))
-    agent = Agent(name="buyer", model=recording(default=script), tools=(order, lookup))
+    agent = Agent(name="buyer", model=recording(default=script), tools=(order, lookup), speculative_tools=True)
     final, _, _ = drive(sqlite_url, workflow(agent))
     assert final.status == RunStatus.COMPLETED, final.error
     threads = {name: thread for name, _, thread in RAN}
@@ -135,14 +135,14 @@ def test_effect_approval_and_switched_off_tools_are_sent_not_speculated(sqlite_u
     assert threads["lookup"] == f"{SPECULATIVE}lookup"
 
     RAN.clear()
-    off = Agent(name="plain", model=recording(default=script), tools=(order, lookup), speculative_tools=False)
+    off = Agent(name="plain", model=recording(default=script), tools=(order, lookup))  # off by default
     final, _, _ = drive(sqlite_url, workflow(off))
     assert final.status == RunStatus.COMPLETED, final.error
     assert sorted(RAN) == [("lookup", "b", "MainThread"), ("order", "a", "MainThread")]
 
     RAN.clear()
     gated = Agent(name="gated", model=recording(default=(tool_reply(("wire_money", {"q": "x"})),)),
-                  tools=(wire_money,))
+                  tools=(wire_money,), speculative_tools=True)
     final, _, _ = drive(sqlite_url, workflow(gated))
     assert final.status == RunStatus.WAITING_HUMAN
     assert RAN == []  # nothing runs before the human decides
@@ -151,7 +151,7 @@ def test_effect_approval_and_switched_off_tools_are_sent_not_speculated(sqlite_u
 def test_a_failed_speculative_call_is_that_attempts_failure_and_is_retried(sqlite_url: str) -> None:
     FAILURES.append(1)  # the first call fails (transient), the retry succeeds
     agent = Agent(name="retrier", model=recording(default=(tool_reply(("flaky", {"q": "a"})), text_reply("ok"))),
-                  tools=(flaky,))
+                  tools=(flaky,), speculative_tools=True)
     final, nodes, events = drive(sqlite_url, workflow(agent))
 
     assert final.status == RunStatus.COMPLETED, final.error
@@ -179,7 +179,7 @@ def test_a_tool_slower_than_the_budget_is_abandoned_and_the_call_sent(sqlite_url
         return "on time"
 
     agent = Agent(name="patient", model=recording(default=(tool_reply(("slow", {"q": "a"})), text_reply("ok"))),
-                  tools=(tool(slow),))
+                  tools=(tool(slow),), speculative_tools=True)
     final, nodes, _ = drive(sqlite_url, workflow(agent))
     assert finished.wait(10)
     assert final.status == RunStatus.COMPLETED, final.error
