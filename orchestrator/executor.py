@@ -8,6 +8,7 @@ with the same idempotency key.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -135,6 +136,16 @@ class _Lane:
         return max(1, min(largest, int(target / max(mean, 1e-6))))
 
 
+@functools.cache
+def _remote_run_packed() -> Any:
+    """One Ray remote function per process: a new one is exported to the cluster again at its first
+    call of each run (1-2 ms a run, ~50 ms the first time); Ray re-exports it by itself to a new
+    job or cluster."""
+    import ray
+
+    return ray.remote(max_retries=0, retry_exceptions=False)(run_packed)
+
+
 class RayExecutor(Executor):
     """Each attempt is a Ray task named ``<run_id>:<node>`` (readable in Ray's dashboard).
 
@@ -193,7 +204,7 @@ class RayExecutor(Executor):
             raise UserError(f"this process is already connected to the Ray cluster at "
                             f"{ray.get_runtime_context().gcs_address}, not {address}: drive runs on {address} "
                             "from another process, or drop --address")
-        self._remote = ray.remote(max_retries=0, retry_exceptions=False)(run_packed)
+        self._remote = _remote_run_packed()
         self._packer = SpecPacker()
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
         self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
