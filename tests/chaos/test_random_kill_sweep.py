@@ -78,7 +78,7 @@ RAY_MIXED: dict[str, Any] = {"name": "chaos_ray_mixed", "steps": [
 ]}
 RAY_CI_FAULT = (("before_commit", "s2@1"), "kill")
 COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
-          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned")
+          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed")
 STATS: dict[str, dict[str, int]] = {"inline": dict.fromkeys(COUNTS, 0), "ray": dict.fromkeys(COUNTS, 0)}
 
 
@@ -132,6 +132,8 @@ def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, servic
         stats["faults"] += 1
         stats["raced"] += bool(race)
         stats["kills" if mode == "kill" else "raises"] += 1
+    if FULL_SWEEP:  # a long sweep cut short still tells what it did
+        print(f"random kill sweep ({executor}) so far: {stats}", flush=True)
 
 
 def count(stats: dict[str, int], golden: Golden) -> None:
