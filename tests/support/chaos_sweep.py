@@ -97,8 +97,15 @@ def run_view(store: SqlStore, run_id: str = RUN_ID) -> dict[str, Any]:
 
 
 def completions(store: SqlStore, run_id: str = RUN_ID) -> list[str]:
-    """Labels of completed nodes, forward and compensations, in the order they completed."""
-    return [node_label(e.node_id, e.fan_index) for e in store.events(run_id) if e.kind == "node_completed"]
+    """Labels of completed nodes, forward and compensations, in the order they completed (a
+    fan-out's plain items completed in one commit are one ``items_completed`` event, in order)."""
+    labels = []
+    for e in store.events(run_id):
+        if e.kind == "node_completed":
+            labels.append(node_label(e.node_id, e.fan_index))
+        elif e.kind == "items_completed" and isinstance(e.data, dict):
+            labels.extend(node_label(e.node_id, i) for i in e.data.get("items", []))
+    return labels
 
 
 def node_label(node_id: str | None, fan_index: int | None) -> str:
