@@ -404,7 +404,7 @@ class Driver:
     def _rest(self, status: RunStatus, wake_at: float | None, reason: str) -> RunRecord:
         """Nothing left but waiting (for a human, or a far timer): record it and let go of the run."""
         assert self.machine is not None
-        self.machine.rest(status, wake_at, reason, self.clock())
+        self.machine.rest(status, wake_at, reason, self.clock(), max(self._handled_signals, default=0))
         log.info("run %s: %s; its lease is released (a worker or `raysaga resume` continues it)", self.run_id, reason)
         record = self._flush()
         assert record is not None

@@ -30,7 +30,7 @@ def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:
     if new.set_error:
         merged.error, merged.set_error = new.error, True
     if new.set_wake:
-        merged.wake_at, merged.set_wake = new.wake_at, True
+        merged.wake_at, merged.set_wake, merged.signals_seen = new.wake_at, True, new.signals_seen
     if new.set_budgets:
         merged.token_budget, merged.cost_budget, merged.set_budgets = new.token_budget, new.cost_budget, True
     return merged

@@ -216,6 +216,16 @@ def waiting(engine: Engine, approver: str | None = None, run_id: str | None = No
 # ---------------------------------------------------------------- helpers
 
 
+def decided_after(conn: Connection, run_id: str, seen: int) -> bool:
+    """Whether a decision newer than signal ``seen`` waits unconsumed: one recorded while a driver
+    held the run, which it never read. The commit that rests the run asks this, in its own
+    transaction: a decision is either committed before it (and seen here) or after it (and then
+    finds the run resting, and wakes it itself), so none is lost."""
+    return conn.execute(select(signals.c.id).where(
+        signals.c.run_id == run_id, signals.c.consumed_at.is_(None), signals.c.id > seen,
+        signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value])).limit(1)).first() is not None
+
+
 def _lock_run(conn: Connection, run_id: str) -> RunStatus:
     """The run's status, its row locked for this transaction (SQLite: BEGIN IMMEDIATE already
     serialises writers), so two decisions on one node are checked one after the other."""

@@ -345,6 +345,9 @@ class RunUpdate(BaseModel):
     """When a run that rests without a driver is due again (written when ``set_wake``; a status
     change without it clears the time: only a resting run has one)."""
     set_wake: bool = False
+    signals_seen: int | None = None
+    """A rest's: the newest signal the driver acted on. A decision recorded after it, while the
+    driver held the run (so it set no wake), makes the rest due at once (``decided_after``)."""
 
 
 class BreakerChange(BaseModel):

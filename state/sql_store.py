@@ -29,7 +29,7 @@ from raysaga.errors import (
 from raysaga.state import blob_rows, claims, decisions, migrate, rate_limits, shared_rows, stats
 from raysaga.state.claims import ABANDONABLE, Claim
 from raysaga.state.dashboard_reads import DashboardReads
-from raysaga.state.decisions import Decision, Verdict, WaitingApproval
+from raysaga.state.decisions import Decision, Verdict, WaitingApproval, decided_after
 from raysaga.state.decoding import (
     SUMMARY,
     decode_summary,
@@ -348,6 +348,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
             values.update(status=upd.status.value, status_reason=reason, version=runs.c.version + 1, wake_at=None)
         if upd.set_wake:
             values["wake_at"] = upd.wake_at
+            if upd.signals_seen is not None and decided_after(conn, lease.run_id, upd.signals_seen):
+                values["wake_at"] = now  # a decision came while this driver held the run: due at once
         if upd.set_output:
             values["output"], values["output_digest"], values["output_key"] = \
                 self._run_value(conn, upd.output, "output")

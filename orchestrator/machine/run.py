@@ -270,12 +270,13 @@ class RunMachine:
             return RunStatus.WAITING_TIMER, when, f"waiting for {what}"
         return None
 
-    def rest(self, status: RunStatus, wake_at: float | None, reason: str, now: float) -> None:
+    def rest(self, status: RunStatus, wake_at: float | None, reason: str, now: float,
+             signals_seen: int | None = None) -> None:
         """Record the run resting (its lease is then released): a worker takes it up at ``wake_at``,
-        or when a decision arrives."""
+        or when a decision arrives (``signals_seen``: the newest signal the shell handed in)."""
         self.out.now = now
-        self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(status=status, status_reason=reason,
-                                                                      wake_at=wake_at, set_wake=True))
+        self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(
+            status=status, status_reason=reason, wake_at=wake_at, set_wake=True, signals_seen=signals_seen))
         self.phase = Phase.ENDED
 
     def check_stuck(self) -> None:

@@ -1,7 +1,7 @@
 """Engine bugs the chaos suite found: a fixed one stays as its regression test, an open one is a
 strict xfail.
 
-``a decision made while a driver holds the run is lost`` (OPEN, strict xfail): a run rests
+``a decision made while a driver holds the run is lost`` (FIXED): a run rests
 ``waiting_human``; a driver takes it up without a decision (a worker re-driving it after a lost
 answer, an orphan scan, a ``resume``) and moves it to ``running``; a human decides right then
 (``store.decide`` records it and its signal; its wake finds the run ``running`` and sets no
@@ -10,8 +10,9 @@ The decision's signal stays unconsumed and the run has no wake: no worker ever t
 (``claim_next`` passes it by), only a manual ``resume`` would. Found by
 ``tests/fleet/test_ambiguous_commits.py`` (drops on run transitions made workers re-drive
 resting runs while the test decided: 2 runs stuck ``waiting_human`` for 240 s, decisions
-recorded). The fix belongs to the store or the machine (``state/decisions.py``'s wake, or the
-rest's commit checking for unconsumed signals), which this suite does not own.
+recorded). Fixed in the store: the commit that rests a run carries the newest signal its driver acted on
+(``RunUpdate.signals_seen``) and, in the same transaction, makes the rest due at once when a
+decision newer than that waits unconsumed (``state.decisions.decided_after``).
 
 The two below are one bug seen twice: a run that ends while some effect node's outcome is
 unknown to the engine (``raysaga.sagas.rollback.UNKNOWN_OUTCOME``: cancelled in flight, or waiting to retry)
@@ -43,8 +44,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 import raysaga
 from raysaga.state import RunStatus, SqlStore
@@ -139,8 +138,6 @@ class DecidesMidDrive(SqlStore):
         return record
 
 
-@pytest.mark.xfail(strict=True, reason="open: a decision made while a driver holds the run is lost "
-                                       "(the run rests waiting_human, its decision unconsumed, with no wake)")
 def test_a_decision_made_while_a_driver_holds_the_run_is_not_lost(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'run.db'}"
     flow = chaos_flows.build(DECIDED_MID_DRIVE)
