@@ -19,9 +19,11 @@ Plans never fail and are always critical, so a map always fans out over a list. 
 takes a partial fan-out's result (a ``FanOutResult``) as an input: its failures carry attempt
 counts, which a crash before the fan-out settles may raise (a killed attempt counts), and the
 effect's key digests its inputs, so its key would differ from the golden run's without any call
-being repeated. Plain steps take them (their outputs digest them without the counts). For the
-same reason an effect, or a compensated step, never takes an approval as an input: its decision
-time differs per run, and the key of the effect or of its compensation digests the inputs.
+being repeated; nor does a compensated step, whose compensation's key digests its inputs too
+(found by a sweep: ``s11`` over a best-effort fan-out whose failed item a crash cost an attempt).
+Plain steps take them (their outputs digest them without the counts). For the same reason an
+effect, or a compensated step, never takes an approval as an input: its decision time differs
+per run, and the key of the effect or of its compensation digests the inputs.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
             step["deps"] = [d for d in step["deps"] if (d not in partial or d == step.get("over")) and d not in decided]
         step["compensate"] = draw(st.sampled_from([False, False, True]))
         if step["compensate"]:  # a compensation's key digests its step's inputs (effect or not)
-            step["deps"] = [d for d in step["deps"] if d not in decided]
+            step["deps"] = [d for d in step["deps"] if (d not in partial or d == step.get("over")) and d not in decided]
         step["fate"] = "fail" if i in failing and kind == "step" else draw(st.sampled_from(["ok"] * 7 + ["flaky"]))
         if draw(st.sampled_from([True, True, True, False])) is False or (i in failing and draw(st.booleans())):
             step["critical"] = False
