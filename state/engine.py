@@ -190,9 +190,15 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
         try:
             conn.connection.driver_connection.execute(begin)
         except sqlite3.Error as exc:
-            raise sa_exc.DBAPIError.instance(begin, None, exc, sqlite3.Error, dialect=conn.dialect) from exc
+            raise as_sqlalchemy_error(begin, exc, conn.dialect) from exc
 
     return engine
+
+
+def as_sqlalchemy_error(statement: str, exc: sqlite3.Error, dialect: Any) -> sa_exc.StatementError:
+    """A SQLite error from a statement run on the DBAPI connection, as the SQLAlchemy error
+    ``exec_driver_sql`` would have raised (callers, ``is_outage``, tell errors apart by those)."""
+    return sa_exc.DBAPIError.instance(statement, None, exc, sqlite3.Error, hide_parameters=True, dialect=dialect)
 
 
 def _enable_wal(cur: Any) -> None:

@@ -15,10 +15,10 @@ from typing import Any
 
 from sqlalchemy import Column, Connection, Table, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import DBAPIError
 
 from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
+from raysaga.state.engine import as_sqlalchemy_error
 from raysaga.state.models import Lease
 from raysaga.state.schema import JsonText, effects, events, nodes, runs
 
@@ -128,8 +128,7 @@ class HotSql:
         try:
             return run(cur)
         except sqlite3.Error as exc:
-            raise DBAPIError.instance(statement, None, exc, sqlite3.Error, hide_parameters=True,
-                                      dialect=self.conn.dialect) from exc
+            raise as_sqlalchemy_error(statement, exc, self.conn.dialect) from exc
         finally:
             cur.close()
 
