@@ -9,7 +9,8 @@ agent turns, the rollback) are the machine's: ``raysaga.orchestrator.machine``.
 
 Delivery guarantees: an ``effect=True`` step runs through the ledger (``pending`` is durable
 before the call, ``committed`` with the result after), so it takes effect at most once per
-idempotency key. Other steps are at-least-once: a crash while one is in flight re-runs it.
+idempotency key. Other steps are at-least-once: a crash while one is in flight (or, for a
+fan-out's plain item, before its completion's commit: ``commit_pacing``) re-runs it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import agent_io, crash_loop, tracing, versions
 from raysaga.orchestrator.blob_parking import parking
+from raysaga.orchestrator.commit_pacing import CommitPacer
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.gc_pacing import paced_gc
@@ -68,7 +70,6 @@ SETTLE_SECONDS = 30.0
 _TRANSITIONS = frozenset({RunStatus.COMPENSATING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATED,
                           RunStatus.COMPENSATION_FAILED})
 
-
 driver_id = new_owner  # a lease owner naming this process (raysaga.orchestrator.ownership)
 
 
@@ -99,6 +100,7 @@ class Driver:
         self._handled_signals: set[int] = set()
         self._blob_refs: dict[str, str] = {}  # digest -> the node (or input) it was read for
         self._pending = Batch()  # writes of the shell itself (events), committed with the machine's
+        self._pacer = CommitPacer()  # plain items' completions share a commit over a few ms
         self.tracing: RunTracing | None = None  # OpenTelemetry spans from what is committed (off: None)
 
     # ------------------------------------------------------------------ entry point
@@ -195,6 +197,8 @@ class Driver:
             if m.pause_reason is not None:
                 return self._pause()
             if m.idle():
+                if self._pacer.deadline() is not None:
+                    self._flush()  # nothing in flight: no completion to wait for
                 resting = m.resting(self.clock(), self.options.release_after)
                 if resting is not None:
                     return self._rest(*resting)
@@ -221,20 +225,19 @@ class Driver:
                     terminal = self._advance()
                     if terminal is not None:
                         return terminal
-                self._flush()
-            elif m.calls.has_unrecorded():
+                if self.executor.runs_at_submit or not self._pacer.may_wait(m.out.batch, self._pending, self.clock()):
+                    self._flush()
+            elif m.calls.has_unrecorded() and self._pacer.deadline() is None:
                 m.calls.record_running()  # a quiet tick: attempts still in flight become durable as 'running'
                 self._flush()
             elif not m.out.batch.empty() or not self._pending.empty():
-                self._flush()
+                self._flush()  # (a paced batch's time is up: what is in flight is no quiet tick's)
 
     def _wait_timeout(self) -> float:
         assert self.machine is not None
         now = self.clock()
         horizon = now + IDLE_TICK
-        when = self.machine.next_timer()
-        if when is not None:
-            horizon = min(horizon, when)
+        horizon = min([horizon, *(w for w in (self.machine.next_timer(), self._pacer.deadline()) if w is not None)])
         return max(0.0, self._attempts.horizon(now, horizon) - now)
 
     def _sleep_until(self, when: float) -> None:
@@ -295,7 +298,8 @@ class Driver:
         for d in dispatches:
             if self._stops.received is not None:
                 break  # a stop signal: what is not sent yet stays unsent (an inline step runs at submit)
-            handle = self.executor.submit(d.spec, d.call, f"{self.run_id}:{d.key.label}")
+            handle = self.executor.submit(d.spec, d.call)
+            handle.node = d.key
             self._attempts.add(d.key, handle, now, d.spec.timeout)
 
     def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
@@ -304,7 +308,7 @@ class Driver:
         m = self.machine
         outcomes: list[tuple[NodeKey, NodeOutcome]] = []
         for handle in finished:
-            key = NodeKey.parse(*handle.key)  # executors key a handle by (node_id, fan_index)
+            key = handle.node or NodeKey.parse(*handle.key)  # executors key a handle by (node_id, fan_index)
             if self._attempts.pop(key) is None:
                 continue  # cancelled while this round was absorbed
             assert handle.outcome is not None
@@ -468,15 +472,16 @@ class Driver:
         batch = self._pending.take()
         if self.machine is not None:
             mine = self.machine.out.take_batch()
+            self._pacer.committed()
             mine.events = [*batch.events, *mine.events]
             batch = mine
         if batch.empty():
             return None
-        # Crash points before_commit/after_commit name the nodes whose *outcome* this batch makes
-        # durable. A 'running' row (an effect's pending write, an in-flight node) is no outcome:
-        # counting it made `before_commit:<effect>` fire on the pending flush, before the call,
-        # so the window "call returned, result not yet durable" was never exercised.
-        labels = [node_label(n.node_id, n.fan_index) for n in batch.nodes if n.status != NodeStatus.RUNNING]
+        # Crash points before/after_commit name the nodes whose *outcome* this batch makes durable:
+        # not a 'running' row (an effect's pending write), else `before_commit:<effect>` fired
+        # before the call, and the window "call returned, result not durable" went untested.
+        labels = [node_label(n.node_id, n.fan_index) for n in batch.node_writes()
+                  if n.status != NodeStatus.RUNNING] if self.faults.active else []
         if batch.run is not None and batch.run.status in _TRANSITIONS:
             self.faults.hit("before_transition", ["*"])
         self.faults.hit("before_commit", labels)

@@ -37,6 +37,8 @@ class Handle:
     """An attempt in flight."""
 
     key: tuple[str, int]
+    node: Any = None
+    """The driver's ``NodeKey`` of the attempt, set by the driver (so it need not parse ``key``)."""
     ref: Any = None
     outcome: NodeOutcome | None = None
     sent: bool = False
@@ -52,7 +54,8 @@ class Executor(ABC):
     runs_at_submit: bool = False
 
     @abstractmethod
-    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle: ...
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        """Start (or queue) an attempt; a Ray task is named ``<run_id>:<node>`` (``task_name``)."""
 
     @abstractmethod
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
@@ -79,6 +82,11 @@ class Executor(ABC):
         """Release what the executor started."""
 
 
+def task_name(call: NodeCall) -> str:
+    """What Ray's dashboard calls an attempt's task: ``<run_id>:<node>``."""
+    return f"{call.fields[0]}:{call.label}"
+
+
 _CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancelled"})
 
 
@@ -91,8 +99,8 @@ class InlineExecutor(Executor):
     def __init__(self) -> None:
         self._done: list[Handle] = []
 
-    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
-        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index), outcome=execute(spec, call), sent=True)
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        handle = Handle(key=(call.node_id, call.fan_index), outcome=execute(spec, call), sent=True)
         self._done.append(handle)
         return handle
 
@@ -124,7 +132,7 @@ class _Lane:
     limit: int
     chunked: bool
     spec: StepSpec | None = None  # a chunked lane's step; the timed lane's items carry their own
-    queue: deque[tuple[Handle, NodeCall, str, StepSpec]] = field(default_factory=deque)
+    queue: deque[tuple[Handle, NodeCall, StepSpec]] = field(default_factory=deque)
     tasks: int = 0  # Ray tasks of this lane in flight
     items_done: int = 0
     busy: float = 0.0  # seconds the finished items ran, summed
@@ -230,11 +238,11 @@ class RayExecutor(Executor):
         """Declared ``io_bound``, or by default an agent's model or tool call (``step@turn[.k]``)."""
         if spec.io_bound is not None:
             return spec.io_bound
-        node_id = call.ctx.node_id
+        node_id = call.node_id
         return "@" in node_id and not is_compensation(node_id)
 
-    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
-        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        handle = Handle(key=(call.node_id, call.fan_index))
         if spec.resources is not None:
             problem = self._feasible.problem(spec.name, spec.resources)
             if problem is not None:  # it would wait in Ray's queue forever: fail it, permanently
@@ -248,14 +256,14 @@ class RayExecutor(Executor):
             lane = self._io  # sent while the pool has a free thread: a timeout starts with the call
         elif spec.timeout is not None:
             lane = self._timed
-        elif call.ctx.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
+        elif call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
                 lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
         if lane is None:
-            self._send(spec, [(handle, call, task_name)], None)
+            self._send(spec, [(handle, call)], None)
             return handle
-        lane.queue.append((handle, call, task_name, spec))  # sent by _pump, at the next wait
+        lane.queue.append((handle, call, spec))  # sent by _pump, at the next wait
         return handle
 
     def _all_lanes(self) -> list[_Lane]:
@@ -265,23 +273,23 @@ class RayExecutor(Executor):
         if self._io.queue:
             pool = self.io_pool
             while self._io.queue and pool.room() > 0:
-                handle, call, name, spec = self._io.queue.popleft()
-                self._send(spec, [(handle, call, name)], self._io)
+                handle, call, spec = self._io.queue.popleft()
+                self._send(spec, [(handle, call)], self._io)
         for lane in self._all_lanes():
             if lane is self._io:
                 continue
             while lane.queue and lane.tasks < lane.limit:
                 size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
                 items = [lane.queue.popleft() for _ in range(size)]
-                self._send(items[0][3], [(handle, call, name) for handle, call, name, _ in items], lane)
+                self._send(items[0][2], [(handle, call) for handle, call, _ in items], lane)
 
-    def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall, str]], lane: _Lane | None) -> None:
+    def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall]], lane: _Lane | None) -> None:
         if len(items) == 1:
-            name = items[0][2]
+            name = task_name(items[0][1])
         else:
-            first, last = items[0][1].ctx, items[-1][1].ctx
-            name = f"{first.run_id}:{first.node_id}[{first.fan_index}..{last.fan_index}]"
-        payload = self._packer.pack_calls(spec, [call for _, call, _ in items])
+            first, last = items[0][1].fields, items[-1][1].fields
+            name = f"{first[0]}:{first[1]}[{first[2]}..{last[2]}]"
+        payload = self._packer.pack_calls(spec, [call for _, call in items])
         ref: Any
         if lane is self._io:
             ref = self.io_pool.send(payload, name)
@@ -289,7 +297,7 @@ class RayExecutor(Executor):
             ref = self._remote.options(name=name, **spec.resources.ray_options()).remote(payload)
         else:
             ref = self._remote.options(name=name).remote(payload)
-        handles = [handle for handle, _, _ in items]
+        handles = [handle for handle, _ in items]
         for handle in handles:
             handle.ref = ref
             handle.sent = True

@@ -22,7 +22,7 @@ class Sent:
     handle: Handle
     started_at: float
     timeout: float | None
-    label: str
+    key: NodeKey
     deadline: float | None = None
 
     def deadline_from(self, now: float) -> float | None:
@@ -39,7 +39,7 @@ class InFlight:
         self._timed: dict[NodeKey, Sent] = {}  # sent with a timeout (may hold stale entries)
 
     def add(self, key: NodeKey, handle: Handle, now: float, timeout: float | None) -> None:
-        sent = self.sent[key] = Sent(handle, now, timeout, key.label)
+        sent = self.sent[key] = Sent(handle, now, timeout, key)
         if timeout is not None:
             sent.deadline_from(now)
             self._timed[key] = sent
@@ -80,7 +80,7 @@ class InFlight:
             if deadline is not None and now >= deadline and sent.handle.outcome is None:
                 self.executor.cancel(sent.handle)
                 sent.handle.outcome = NodeOutcome.failure(
-                    TimeoutError(f"step {sent.label!r} exceeded its timeout of {sent.timeout}s"),
+                    TimeoutError(f"step {sent.key.label!r} exceeded its timeout of {sent.timeout}s"),
                     transient=True, started_at=sent.started_at)
                 expired.append(sent.handle)
         return expired

@@ -40,7 +40,6 @@ class _Held:
     handle: Handle
     spec: StepSpec
     call: NodeCall
-    task_name: str
     grant: int | None = None
     inner: Handle | None = None
 
@@ -77,11 +76,11 @@ class RateGate(Executor):
         self._sent: dict[Handle, _Held] = {}  # the inner handle of an admitted attempt -> its entry
         self._held: dict[Handle, _Held] = {}  # the driver's handle of a rate-limited attempt -> its entry
 
-    def submit(self, spec: StepSpec, call: NodeCall, task_name: str) -> Handle:
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
         if spec.rate_limit is None:
-            return self.inner.submit(spec, call, task_name)
-        handle = Handle(key=(call.ctx.node_id, call.ctx.fan_index))
-        held = self._held[handle] = _Held(handle, spec, call, task_name)
+            return self.inner.submit(spec, call)
+        handle = Handle(key=(call.node_id, call.fan_index))
+        held = self._held[handle] = _Held(handle, spec, call)
         self._queues.setdefault(spec.rate_limit.name, deque()).append(held)
         self._admit()
         return handle
@@ -103,7 +102,7 @@ class RateGate(Executor):
                     break
                 queue.popleft()
                 held.grant = admission.grant
-                held.inner = self.inner.submit(held.spec, held.call, held.task_name)
+                held.inner = self.inner.submit(held.spec, held.call)
                 held.handle.sent = held.inner.sent
                 self._sent[held.inner] = held
 

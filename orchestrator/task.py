@@ -10,7 +10,7 @@ import asyncio
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
@@ -20,21 +20,75 @@ from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
 from raysaga.state.redact import scrub_text
 
+#: A ``StepContext``'s fields in order: run_id, node_id, fan_index, attempt, trace_id,
+#: idempotency_key, reconciling.
+ContextFields = tuple[str, str, int, int, str, str | None, bool]
 
-@dataclass(frozen=True)
+
 class NodeCall:
-    """Everything a worker needs besides the step itself."""
+    """Everything a worker needs besides the step itself: the attempt's context, the JSON values
+    of the step's data parameters (``kwargs``: dependencies, fan-out item, input), its output cap.
 
-    ctx: StepContext
-    kwargs: dict[str, Any]
-    """JSON values for the step's data parameters (dependencies, fan-out item, input)."""
-    max_output_bytes: int
-    reconcile: bool = False
+    Built once per attempt on the driver's hot path, so a plain slotted class holding the
+    context's fields: the ``StepContext`` (a frozen dataclass, ~2 us to build) is made only when
+    something asks for it (a step that takes one, a message naming the node); a fan-out's items
+    reach a Ray worker without ever making one on the driver.
+    """
+
+    __slots__ = ("_ctx", "fields", "kwargs", "max_output_bytes", "reconcile")
+
+    def __init__(self, ctx: StepContext | None = None, kwargs: dict[str, Any] | None = None,
+                 max_output_bytes: int = 0, reconcile: bool = False, *, fields: ContextFields | None = None) -> None:
+        if fields is None:
+            assert ctx is not None, "NodeCall needs ctx= or fields="
+            fields = (ctx.run_id, ctx.node_id, ctx.fan_index, ctx.attempt, ctx.trace_id, ctx.idempotency_key,
+                      ctx.reconciling)
+        self.fields = fields
+        self.kwargs: dict[str, Any] = {} if kwargs is None else kwargs
+        self.max_output_bytes = max_output_bytes
+        self.reconcile = reconcile
+        self._ctx = ctx
+
+    @property
+    def ctx(self) -> StepContext:
+        if self._ctx is None:
+            run_id, node_id, fan_index, attempt, trace_id, key, reconciling = self.fields
+            self._ctx = StepContext(run_id=run_id, node_id=node_id, fan_index=fan_index, attempt=attempt,
+                                    trace_id=trace_id, idempotency_key=key, reconciling=reconciling)
+        return self._ctx
+
+    @property
+    def node_id(self) -> str:
+        return self.fields[1]
+
+    @property
+    def fan_index(self) -> int:
+        return self.fields[2]
+
+    @property
+    def attempt(self) -> int:
+        return self.fields[3]
+
+    @property
+    def idempotency_key(self) -> str | None:
+        return self.fields[5]
+
+    @property
+    def reconciling(self) -> bool:
+        return self.fields[6]
+
+    @property
+    def label(self) -> str:
+        node_id, index = self.fields[1], self.fields[2]
+        return node_id if index < 0 else f"{node_id}[{index}]"
+
+    def __repr__(self) -> str:
+        return f"NodeCall({self.label}, attempt {self.attempt})"
 
 
-@dataclass(frozen=True)
-class NodeOutcome:
-    """A finished attempt: JSON text of the output, or a classified error record."""
+class NodeOutcome(NamedTuple):
+    """A finished attempt: JSON text of the output, or a classified error record. (A named
+    tuple: the driver makes one per item of a fan-out, and a frozen dataclass cost ~2 us.)"""
 
     ok: bool
     output_json: str | None = None
@@ -84,11 +138,11 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
         aside = None
         if isinstance(result, Aside):
             result, aside = result.value, result.aside
-        text = jsoncodec.dumps(result, f"output of step {call.ctx.label!r}")
+        text = jsoncodec.dumps(result, f"output of step {call.label!r}")
         size = len(text.encode("utf-8"))
         if size > call.max_output_bytes:
             raise Permanent(
-                f"output of step {call.ctx.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
+                f"output of step {call.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
                 "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
             )
         return NodeOutcome(ok=True, output_json=text, started_at=started, finished_at=time.time(), aside=aside)

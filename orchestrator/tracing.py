@@ -109,7 +109,7 @@ class RunTracing:
             self.run = record
         now = time.time()
         effects = {(e.node_id, e.fan_index): e for e in batch.effects}
-        for row in batch.nodes:
+        for row in batch.node_writes():
             self._row(row, batch.blobs, effects, now)
         if batch.run is not None and batch.run.status in _RUN_ENDS:
             self._run_span(now)

@@ -19,9 +19,8 @@ import hashlib
 import pickle  # noqa: TID251 - in transit between the driver and its Ray workers, never at rest
 from typing import Any
 
-from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+from raysaga.orchestrator.task import ContextFields, NodeCall, NodeOutcome, execute
 
 #: Specs kept per process, both sides. A tool call makes a new spec object per call (same
 #: bytes, same digest), so the driver's table is keyed by object and emptied when full.
@@ -29,7 +28,7 @@ CACHE_LIMIT = 512
 
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 
-PackedCall = tuple[str, str, int, int, str, str | None, bool, dict[str, Any], int, bool]
+PackedCall = tuple[ContextFields, dict[str, Any], int, bool]
 PackedOutcome = tuple[bool, str | None, dict[str, Any] | None, bool, float, float, Any]
 
 
@@ -53,16 +52,12 @@ class SpecPacker:
 
 
 def pack_call(call: NodeCall) -> PackedCall:
-    ctx = call.ctx
-    return (ctx.run_id, ctx.node_id, ctx.fan_index, ctx.attempt, ctx.trace_id, ctx.idempotency_key,
-            ctx.reconciling, call.kwargs, call.max_output_bytes, call.reconcile)
+    return (call.fields, call.kwargs, call.max_output_bytes, call.reconcile)
 
 
 def unpack_call(packed: PackedCall) -> NodeCall:
-    run_id, node_id, fan_index, attempt, trace_id, key, reconciling, kwargs, max_bytes, reconcile = packed
-    ctx = StepContext(run_id=run_id, node_id=node_id, fan_index=fan_index, attempt=attempt, trace_id=trace_id,
-                      idempotency_key=key, reconciling=reconciling)
-    return NodeCall(ctx=ctx, kwargs=kwargs, max_output_bytes=max_bytes, reconcile=reconcile)
+    fields, kwargs, max_bytes, reconcile = packed
+    return NodeCall(fields=fields, kwargs=kwargs, max_output_bytes=max_bytes, reconcile=reconcile)
 
 
 def pack_outcome(o: NodeOutcome) -> PackedOutcome:

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from raysaga.state import jsoncodec
 from raysaga.state.error_record import ErrorInput, ErrorRecord
 
 
@@ -362,10 +363,18 @@ class BreakerChange(BaseModel):
     cooldown: float
 
 
+#: A completed plain fan-out item, compactly: ``(node_id, fan_index, attempt, output JSON text or None,
+#: output digest or None, started_at, finished_at)``. A wide fan-out writes thousands of these a
+#: second; a ``NodeWrite`` each (a validated model) was a tenth of the driver's time per item.
+ItemRow = tuple[str, int, int, str | None, str | None, float, float]
+
+
 class Batch(BaseModel):
     """Everything one driver commit writes, in one transaction (group commit)."""
 
     nodes: list[NodeWrite] = Field(default_factory=list)
+    items: list[ItemRow] = Field(default_factory=list)
+    """Completed plain fan-out items (``ItemRow``), upserted like ``nodes``, before them."""
     effects: list[EffectWrite] = Field(default_factory=list)
     events: list[NewEvent] = Field(default_factory=list)
     blobs: dict[str, bytes] = Field(default_factory=dict)
@@ -374,14 +383,19 @@ class Batch(BaseModel):
     breakers: list[BreakerChange] = Field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.nodes or self.effects or self.events or self.blobs or self.run or self.consumed_signals
-                    or self.breakers)
+        return not (self.nodes or self.items or self.effects or self.events or self.blobs or self.run
+                    or self.consumed_signals or self.breakers)
+
+    def node_writes(self) -> list[NodeWrite]:
+        """Every node write, the compact item rows made ``NodeWrite`` objects (for readers off the hot path)."""
+        return [*(item_write(row) for row in self.items), *self.nodes]
 
     def take(self) -> Batch:
         """Move everything into a new batch and leave this one empty (same object, for its holders)."""
-        taken = Batch.model_construct(nodes=self.nodes, effects=self.effects, events=self.events, blobs=self.blobs,
-                                      run=self.run, consumed_signals=self.consumed_signals, breakers=self.breakers)
-        self.nodes, self.effects, self.events, self.blobs, self.run = [], [], [], {}, None
+        taken = Batch.model_construct(nodes=self.nodes, items=self.items, effects=self.effects, events=self.events,
+                                      blobs=self.blobs, run=self.run, consumed_signals=self.consumed_signals,
+                                      breakers=self.breakers)
+        self.nodes, self.items, self.effects, self.events, self.blobs, self.run = [], [], [], [], {}, None
         self.consumed_signals, self.breakers = [], []
         return taken
 
@@ -418,3 +432,11 @@ class BreakerRecord(_Record):
     failures: int = 0
     opened_at: float | None = None
     version: int = 0
+
+
+def item_write(row: ItemRow) -> NodeWrite:
+    """An ``ItemRow`` as the ``NodeWrite`` it stands for."""
+    node_id, fan_index, attempt, output, digest, started, finished = row
+    return NodeWrite(node_id=node_id, fan_index=fan_index, status=NodeStatus.COMPLETED, attempt=attempt,
+                     output=None if output is None else jsoncodec.loads(output), output_digest=digest,
+                     started_at=started, finished_at=finished, duration=finished - started)

@@ -58,6 +58,7 @@ from raysaga.state.models import (
     NewEvent,
     NewRun,
     NodeRecord,
+    NodeStatus,
     RunRecord,
     RunSnapshot,
     RunStatus,
@@ -314,6 +315,10 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 changed = self._apply_run_update(conn, lease, batch, now)
             if batch.blobs:
                 blob_rows.put(conn, blob_rows.rows_of(batch.blobs))
+            if batch.items:  # completed plain items: their output is canonical JSON text already
+                hot.many(sql.nodes, [(run_id, node_id, index, NodeStatus.COMPLETED.value, attempt, None, output, digest,
+                                      None, started, finished, finished - started)
+                                     for node_id, index, attempt, output, digest, started, finished in batch.items])
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)

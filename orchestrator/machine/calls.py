@@ -24,7 +24,6 @@ from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, jsoncodec
-from raysaga.types import StepContext
 
 
 @dataclass
@@ -97,9 +96,9 @@ class Calls:
         if recorded:
             batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.RUNNING,
                                          attempt=attempt, started_at=now))
-        ctx = StepContext(run_id=self.run_id, node_id=key.node_id, fan_index=key.fan_index, attempt=attempt,
-                          trace_id=self.trace_id, idempotency_key=ekey, reconciling=reconciling)
-        call = NodeCall(ctx=ctx, kwargs=kwargs, max_output_bytes=self.max_output_bytes, reconcile=reconciling)
+        call = NodeCall(fields=(self.run_id, key.node_id if key.turn is not None or key.compensates else key.step,
+                                key.fan_index, attempt, self.trace_id, ekey, reconciling),
+                        kwargs=kwargs, max_output_bytes=self.max_output_bytes, reconcile=reconciling)
         self.inflight[key] = Attempt(spec, attempt, now, recorded)
         if not recorded:
             self.unrecorded.append(key)
@@ -142,15 +141,23 @@ class Calls:
     def succeeded(self, key: NodeKey, outcome: NodeOutcome) -> Any:
         """Record a finished attempt's output (and its ledger commit); return the value."""
         flight = self.inflight.pop(key)
-        assert outcome.output_json is not None
-        value = jsoncodec.loads(outcome.output_json)
-        data = outcome.output_json.encode("utf-8")
+        text = outcome.output_json
+        assert text is not None
+        value = jsoncodec.loads(text)
         digest = None
         batch = self.out.batch
-        if len(data) > self.blob_threshold:
-            digest = jsoncodec.digest(data)
-            batch.blobs[digest] = data
+        if len(text) * 4 > self.blob_threshold:  # (a UTF-8 character is at most 4 bytes)
+            data = text.encode("utf-8")
+            if len(data) > self.blob_threshold:
+                digest = jsoncodec.digest(data)
+                batch.blobs[digest] = data
         ekey = self.keys.get(key)
+        if ekey is None and key.fan_index >= 0 and key.turn is None and not key.compensates:
+            # a plain fan-out item: a compact row, its output the worker's canonical JSON text
+            batch.items.append((key.step, key.fan_index, flight.attempt, None if digest or value is None else text,
+                                digest, outcome.started_at, outcome.finished_at))
+            self._item_completed(key)
+            return value
         if ekey is not None:
             self.ledger[ekey] = (EffectStatus.COMMITTED, value)
             batch.effects.append(EffectWrite(
@@ -160,11 +167,8 @@ class Calls:
             node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.COMPLETED, attempt=flight.attempt,
             output=None if digest else value, output_digest=digest, started_at=outcome.started_at,
             finished_at=outcome.finished_at, duration=outcome.finished_at - outcome.started_at))
-        if key.fan_index >= 0 and ekey is None and not key.compensates and not key.is_agent_call:
-            self._item_completed(key)
-        else:
-            batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
-                                         data={"attempt": flight.attempt}))
+        batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
+                                     data={"attempt": flight.attempt}))
         return value
 
     def _item_completed(self, key: NodeKey) -> None:

@@ -25,6 +25,8 @@ from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.policy import Decision, Fail, Verdict
 from raysaga.state import NewEvent, NodeRecord, NodeStatus, NodeWrite
 
+_MISSING: Any = object()
+
 
 @dataclass(frozen=True)
 class AgentStart:
@@ -67,6 +69,7 @@ class Forward:
         self.parents_done: set[str] = set()  # fan-out parents already durable as completed
         self.failure: tuple[str, dict[str, Any]] | None = None  # a critical node failed: (label, error)
         self.counts = Counts(total=len(wf.steps))
+        self._item_inputs: dict[str, list[tuple[str, Any, bool]]] = {}  # map step -> (param, value, mapped)
 
     # ------------------------------------------------------------------ restore
 
@@ -142,20 +145,23 @@ class Forward:
 
     def kwargs(self, step: str, index: int) -> dict[str, Any]:
         """The JSON inputs of a forward node: run input, upstream outputs, its fan-out item."""
-        spec = self.wf.steps[step]
-        kwargs: dict[str, Any] = {}
-        if spec.input_param:
-            kwargs[spec.input_param] = self.run_input
-        for dep in spec.param_deps:
-            value = self.output_of(dep)
-            kwargs[dep] = value[index] if dep == spec.map_over else value
-        return kwargs
+        inputs = self._item_inputs.get(step) if index >= 0 else None
+        if inputs is None:
+            spec = self.wf.steps[step]
+            inputs = [(spec.input_param, self.run_input, False)] if spec.input_param else []
+            inputs += [(dep, self.output_of(dep), dep == spec.map_over) for dep in spec.param_deps]
+            if index >= 0:  # an item's upstream outputs are final: its siblings take the same
+                self._item_inputs[step] = inputs
+        return {name: value[index] if mapped else value for name, value, mapped in inputs}
 
     def output_of(self, step: str) -> Any:
         key = NodeKey(step)
-        if key not in self.outputs and self.wf.steps[step].map_over is not None:
-            self.outputs[key] = [self.outputs[NodeKey(step, i)] for i in range(self.fan_total(step))]
-        return self.outputs[key]
+        value = self.outputs.get(key, _MISSING)
+        if value is _MISSING and self.wf.steps[step].map_over is not None:
+            value = self.outputs[key] = [self.outputs[NodeKey(step, i)] for i in range(self.fan_total(step))]
+        elif value is _MISSING:
+            raise KeyError(key)
+        return value
 
     def fan_total(self, step: str) -> int:
         upstream = self.wf.steps[step].map_over

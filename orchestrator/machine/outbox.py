@@ -9,7 +9,7 @@ the order the shell's loop defines (docs/architecture.md).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.spec import StepSpec
@@ -17,9 +17,9 @@ from raysaga.orchestrator.task import NodeCall
 from raysaga.state import Batch
 
 
-@dataclass(frozen=True)
-class Dispatch:
-    """Send an attempt to the executor (after the batch's ledger rows are durable)."""
+class Dispatch(NamedTuple):
+    """Send an attempt to the executor (after the batch's ledger rows are durable). (A named
+    tuple: one per item of a fan-out.)"""
 
     key: NodeKey
     spec: StepSpec

@@ -59,6 +59,7 @@ class RunMachine:
         self.wf = wf
         self.run_id = run.run_id
         self.out = Outbox()
+        self._records_first_of: dict[str, bool] = {}  # step name -> recorded 'running' before its call
         self.calls = Calls(run.run_id, run.trace_id, self.out, max_output_bytes=options.max_output_bytes,
                            blob_threshold=options.blob_threshold, rng=rng, records_first=self._records_first)
         self.calls.retry_budget = run.retry_budget
@@ -79,7 +80,13 @@ class RunMachine:
     def _records_first(self, spec: StepSpec) -> bool:
         """Effects and compensated steps are durable as 'running' before their call, so a rollback
         that starts while they are in flight (or after a crash) knows to compensate them."""
-        return spec.effect or (spec.name in self.wf.steps and self.wf.compensation_for(spec.name) is not None)
+        if spec.effect:
+            return True
+        first = self._records_first_of.get(spec.name)
+        if first is None:
+            first = self._records_first_of[spec.name] = (spec.name in self.wf.steps
+                                                         and self.wf.compensation_for(spec.name) is not None)
+        return first
 
     # ------------------------------------------------------------------ restore
 
@@ -140,13 +147,13 @@ class RunMachine:
             self.agents.advance_due()
         if self.forward.failure is not None:  # prepared in this round but never to be sent
             unsent = self.out.take_dispatch()
-            self.calls.unissue({sent.call.ctx.idempotency_key for sent in unsent  # never called: no ledger row
-                                if sent.call.ctx.idempotency_key is not None and not sent.call.ctx.reconciling})
+            self.calls.unissue({sent.call.idempotency_key for sent in unsent  # never called: no ledger row
+                                if sent.call.idempotency_key is not None and not sent.call.reconciling})
             for sent in unsent:
                 self.calls.inflight.pop(sent.key, None)
                 self.out.batch.nodes.append(NodeWrite(
                     node_id=sent.key.node_id, fan_index=sent.key.fan_index, status=NodeStatus.CANCELLED,
-                    attempt=sent.call.ctx.attempt, error={"reason": "not sent: the run failed"}, finished_at=now))
+                    attempt=sent.call.attempt, error={"reason": "not sent: the run failed"}, finished_at=now))
 
     # answers to the shell's queries (see outbox.Query)
 

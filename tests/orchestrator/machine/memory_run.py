@@ -100,7 +100,7 @@ class MemoryRun:
             changed = self.run
         for digest, data in batch.blobs.items():
             self.blobs.setdefault(digest, data)
-        for n in batch.nodes:  # in order: a node written twice in one batch ends as its last write
+        for n in batch.node_writes():  # in order: a node written twice in one batch ends as its last write
             self.nodes[(n.node_id, n.fan_index)] = NodeRecord(
                 run_id=self.run.run_id, node_id=n.node_id, fan_index=n.fan_index, status=n.status, attempt=n.attempt,
                 not_before=n.not_before, output=json_roundtrip(n.output), output_digest=n.output_digest,
@@ -177,7 +177,7 @@ class MemoryRun:
 
 
 def _describe(batch: Batch) -> str:
-    parts = [f"{n.node_id}[{n.fan_index}]={n.status.value}" for n in batch.nodes]
+    parts = [f"{n.node_id}[{n.fan_index}]={n.status.value}" for n in batch.node_writes()]
     parts += [f"ledger {e.idempotency_key[:12]}={e.status.value}" for e in batch.effects]
     if batch.run is not None:
         parts.append(f"run={batch.run.model_dump(exclude_defaults=True)}")

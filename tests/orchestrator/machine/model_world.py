@@ -317,7 +317,7 @@ class FateWorld:
             attempts = MODEL_ATTEMPTS if key.call is None else TOOL_ATTEMPTS
         else:
             attempts = self.plan.step(key.step).max_attempts
-        what = self.fate(key.label, attempts).at(d.call.ctx.attempt)
+        what = self.fate(key.label, attempts).at(d.call.attempt)
         if what == "transient":
             return NodeOutcome(ok=False, error={"type": "Flaky", "message": "flaky", "transient": True},
                                transient=True, started_at=now)
@@ -335,7 +335,7 @@ class FateWorld:
         if key.is_agent_call:
             args = kwargs["args"]
             if d.spec.name.endswith("@tool:charge"):
-                ekey = d.call.ctx.idempotency_key or ""
+                ekey = d.call.idempotency_key or ""
                 return {"content": jsoncodec.dumps({"charged": args["amount"], "ref": ekey[-8:]}), "is_error": False}
             return {"content": jsoncodec.dumps({"q": args["q"], "hits": 2}), "is_error": False}
         base = {"node": key.label, "in": jsoncodec.fingerprint(normalise(kwargs))[:10]}

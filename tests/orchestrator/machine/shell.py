@@ -32,7 +32,6 @@ A broken invariant raises ``InvariantViolation``.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -319,14 +318,14 @@ class MachineShell:
         if not dispatches:
             return
         batch = self._machine().out.batch
-        if batch.effects or any(n.status == NodeStatus.RUNNING for n in batch.nodes):
+        if batch.effects or any(n.status == NodeStatus.RUNNING for n in batch.node_writes()):
             self._flush()  # ledger 'pending' rows and compensated steps' 'running' rows: durable before the call
         self.rollback.on_send([d for d in dispatches if d.key.compensates])
         for d in dispatches:
             self._check_effect_key(d)
             outcome = self.world.outcome(d, self.now)
             self.sent[d.key] = Sent(d, self.now, outcome)
-            self.journal.dispatched.append((self.incarnation, d.key.label, d.call.ctx.idempotency_key))
+            self.journal.dispatched.append((self.incarnation, d.key.label, d.call.idempotency_key))
             if outcome.ok and not d.key.compensates and (d.key.call is not None or d.key.turn is None):
                 self.journal.applied.add((d.key.node_id, d.key.fan_index))
 
@@ -334,7 +333,7 @@ class MachineShell:
         """Invariant: an effect key goes out only while its ledger row is durable and 'pending'; and
         an effect node never gets a fresh key while an earlier one of its keys may have taken effect
         (a 'pending' or 'committed' row): the service could not tell the two calls are one."""
-        ekey = d.call.ctx.idempotency_key
+        ekey = d.call.idempotency_key
         if d.spec.effect and ekey is None:
             raise InvariantViolation(f"effect {d.key.label} was sent without an idempotency key")
         if ekey is None:
@@ -343,7 +342,7 @@ class MachineShell:
         if row is None or row.status != EffectStatus.PENDING:
             seen = sum(1 for _, _, k in self.journal.dispatched if k == ekey)
             raise InvariantViolation(
-                f"effect key {ekey} of {d.key.label} (attempt {d.call.ctx.attempt}) was sent while its durable "
+                f"effect key {ekey} of {d.key.label} (attempt {d.call.attempt}) was sent while its durable "
                 f"ledger row is {'absent' if row is None else row.status.value} (sent {seen} time(s) before)")
         keys = self.journal.keys.setdefault(d.key.label, set())
         for earlier in keys - {ekey}:
@@ -365,7 +364,7 @@ class MachineShell:
         outcomes = []
         for key in finished:
             sent = self.sent.pop(key)
-            outcomes.append((key, dataclasses.replace(sent.outcome, finished_at=self.now)))
+            outcomes.append((key, sent.outcome._replace(finished_at=self.now)))
         m.absorb(outcomes, self.now)
         self._cancel(m.out.take_cancel())
         return list(finished)
@@ -430,7 +429,7 @@ class MachineShell:
             sent = self.sent.get(key)
             if sent is not None and sent.outcome.ok:
                 del self.sent[key]
-                m.absorb([(key, dataclasses.replace(sent.outcome, finished_at=self.now))], self.now)
+                m.absorb([(key, sent.outcome._replace(finished_at=self.now))], self.now)
         m.pause(self.now)
         self._cancel(m.out.take_cancel())
         record = self._flush()
@@ -447,7 +446,7 @@ class MachineShell:
         if m.calls.inflight:
             raise InvariantViolation(f"the run rests {record.status.value} with attempts in flight: "
                                      f"{sorted(k.label for k in m.calls.inflight)}")
-        late = [(s.dispatch.key, dataclasses.replace(s.outcome, finished_at=self.now + 1.0))
+        late = [(s.dispatch.key, s.outcome._replace(finished_at=self.now + 1.0))
                 for s in [*self.cancelled, *self.sent.values()]]
         m.absorb(late, self.now + 1.0)  # cancelled attempts a slow executor still reports
         m.advance(self.now + 1e6)  # every timer fires
@@ -455,7 +454,7 @@ class MachineShell:
         if not out.batch.empty() or out.dispatch or out.queries:
             raise InvariantViolation(
                 f"after the run rested {record.status.value} the machine produced writes, dispatches or queries: "
-                f"{[n.node_id for n in out.batch.nodes]}, {[d.key.label for d in out.dispatch]}, {out.queries}")
+                f"{[n.node_id for n in out.batch.node_writes()]}, {[d.key.label for d in out.dispatch]}, {out.queries}")
         return record
 
     # ------------------------------------------------------------------ writes
@@ -473,7 +472,7 @@ class MachineShell:
         record = self.fold.commit(batch, self.now)
         self._completed = any(n.status == NodeStatus.COMPLETED and (n.node_id, n.fan_index) in self._absorbing
                               and not NodeKey.parse(n.node_id).compensates and NodeKey.parse(n.node_id).turn is None
-                              for n in batch.nodes)
+                              for n in batch.node_writes())
         self.rollback.after_commit(batch)
         for payload in self.schedule.signals("committed", self.fold, self.now):
             self.fold.send_signal("cancel", payload, self.now)

@@ -296,7 +296,7 @@ def completes(label: str) -> Any:
     def when(moment: str, batch: Batch) -> bool:
         return moment == "after" and any(
             n.status == NodeStatus.COMPLETED and NodeKey.parse(n.node_id, n.fan_index).label == label
-            for n in batch.nodes)
+            for n in batch.node_writes())
     return when
 
 
@@ -365,7 +365,8 @@ def test_oracle_bites_a_fresh_key_after_a_crash(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(RunMachine, "__init__", salted)
 
     def while_s0_runs(moment: str, batch: Batch) -> bool:
-        return moment == "before" and any(n.node_id == "s0" and n.status == NodeStatus.COMPLETED for n in batch.nodes)
+        return moment == "before" and any(n.node_id == "s0" and n.status == NodeStatus.COMPLETED
+                                          for n in batch.node_writes())
 
     with pytest.raises(InvariantViolation, match="sent with a fresh key"):
         drive(CHAIN, fixed_world(CHAIN, {}), Scripted(crash_when=while_s0_runs))
@@ -490,7 +491,7 @@ def fails(label: str) -> Any:
     def when(moment: str, batch: Batch) -> bool:
         return moment == "after" and any(
             n.status == NodeStatus.FAILED and NodeKey.parse(n.node_id, n.fan_index).label == label
-            for n in batch.nodes) and batch.run is None
+            for n in batch.node_writes()) and batch.run is None
     return when
 
 
@@ -556,7 +557,7 @@ def test_found_resume_keeps_a_policy_s_compensate_verdict() -> None:
 
     def verdict_committed(moment: str, batch: Batch) -> bool:
         return moment == "after" and any(n.node_id == "s1" and n.fan_index < 0 and n.status == NodeStatus.FAILED
-                                         for n in batch.nodes)
+                                         for n in batch.node_writes())
 
     record, shell = drive(plan, world, Scripted(crash_when=verdict_committed))
     assert shell.journal.crashes == 1
@@ -576,7 +577,7 @@ def signal_compensate_at_once(moment: str, fold: MemoryRun) -> dict[str, Any] | 
 
 
 def crash_before_completion(moment: str, batch: Batch) -> bool:
-    return moment == "before" and any(n.status == NodeStatus.COMPLETED for n in batch.nodes)
+    return moment == "before" and any(n.status == NodeStatus.COMPLETED for n in batch.node_writes())
 
 
 ONE_UNDOABLE = Plan(steps=(StepPlan("s0", compensated=True, max_attempts=1),), fail_rate=0)
@@ -627,7 +628,8 @@ def test_found_resume_passes_the_same_failure_record() -> None:
     world = fixed_world(plan, {"s1[1]": Fate(0, "permanent")})
 
     def while_s2_runs(moment: str, batch: Batch) -> bool:  # s2 was sent: crash before its result is durable
-        return moment == "before" and any(n.node_id == "s2" and n.status == NodeStatus.COMPLETED for n in batch.nodes)
+        return moment == "before" and any(n.node_id == "s2" and n.status == NodeStatus.COMPLETED
+                                          for n in batch.node_writes())
 
     _, reference = drive(plan, world, PrioritySchedule(0))
     _, crashed = drive(plan, world, Scripted(crash_when=while_s2_runs))
