@@ -66,11 +66,16 @@ def run_status(conn: Connection, run_id: str) -> RunStatus:
     row = conn.execute(select(runs.c.status).where(runs.c.run_id == run_id)).first()
     if row is None:
         raise RunNotFoundError(run_id)
+    return status_of(run_id, row[0])
+
+
+def status_of(run_id: str, stored: Any) -> RunStatus:
+    """A stored status column as a ``RunStatus``; ``CorruptRecordError`` when it is not a run state."""
     with reading(run_id, runs.name):
         try:
-            return RunStatus(row[0])
+            return RunStatus(stored)
         except ValueError:
-            raise CorruptRecordError(f"raysaga_runs.status is {short(row[0])}, not a run state") from None
+            raise CorruptRecordError(f"raysaga_runs.status is {short(stored)}, not a run state") from None
 
 
 def run_record(conn: Connection, row: Row[Any], *, lenient: bool = False) -> RunRecord:
@@ -79,7 +84,11 @@ def run_record(conn: Connection, row: Row[Any], *, lenient: bool = False) -> Run
     ``lenient``: a value whose blob is missing, altered or not JSON reads as None (its
     ``*_digest`` still names it) instead of raising; for status checks and operator commands
     on a damaged run, never for data a step receives."""
-    values = row._asdict()
+    return record_of(conn, row._asdict(), lenient=lenient)
+
+
+def record_of(conn: Connection, values: dict[str, Any], *, lenient: bool = False) -> RunRecord:
+    """``run_record`` of a row already as column -> value (``values`` is consumed)."""
     run_id = values["run_id"]
     output_key = values.pop("output_key", None)
     wanted = {values[f"{name}_digest"]: f"{name} of run {run_id!r}" for name in ("input", "output")

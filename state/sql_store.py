@@ -35,8 +35,8 @@ from raysaga.state.decoding import (
     decode_summary,
     reading,
     records,
-    run_record,
     run_status,
+    status_of,
     summary,
     summary_as_bytes,
     undecodable,
@@ -45,6 +45,7 @@ from raysaga.state.decoding import reading as _reading  # noqa: F401  # imported
 from raysaga.state.engine import make_engine, normalize_url, redact
 from raysaga.state.error_record import stored_error
 from raysaga.state.fork_rows import ForkRows
+from raysaga.state.ledger_rows import write_effects
 from raysaga.state.models import (
     PARKED,
     TERMINAL,
@@ -71,9 +72,10 @@ from raysaga.state.prune import PruneReport
 from raysaga.state.prune import prune as prune_runs
 from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
 from raysaga.state.schema import effects, events, nodes, runs, signals
-from raysaga.state.statements import HotSql, driver_sql, insert_for, json_param, stale_fence, upsert
+from raysaga.state.statements import HotSql, driver_sql, json_param, stale_fence
 from raysaga.state.store import Store
 
 #: ``list_runs`` pages are at most this long (summary rows only, so this bounds its memory).
@@ -123,23 +125,21 @@ class SqlStore(ForkRows, DashboardReads, Store):
         try:
             with self.engine.begin() as conn:
                 values["input"], values["input_digest"], _ = self._run_value(conn, new.input, "input")
-                conn.execute(insert(runs).values(**values))
-                conn.execute(insert(events).values(run_id=new.run_id, seq=1, at=now, kind="run_created",
-                                                   data=scrub({"workflow": new.workflow_name})))
+                dialect, hot = conn.dialect.name, HotSql(conn)
+                # the row as inserted (RETURNING): no read of it after the commit
+                row = hot.one(insert_run_sql(dialect, tuple(values)), run_params(values))
+                hot.many(driver_sql(dialect).events, [(new.run_id, 1, now, "run_created", None, None,
+                                                       json_param(scrub({"workflow": new.workflow_name})))])
+                return run_of(conn, new.run_id, row, lenient=False)
         except IntegrityError:
             raise RunExistsError(new.run_id) from None
-        return self.get_run(new.run_id)
 
     def get_run(self, run_id: str, *, lenient: bool = False) -> RunRecord:
         with self.reader.connect() as conn:
             return self._get_run(conn, run_id, lenient=lenient)
 
     def _get_run(self, conn: Connection, run_id: str, *, lenient: bool = False) -> RunRecord:
-        with reading(run_id, runs.name):
-            row = conn.execute(select(runs).where(runs.c.run_id == run_id)).first()
-        if row is None:
-            raise RunNotFoundError(run_id)
-        return run_record(conn, row, lenient=lenient)
+        return read_run(conn, run_id, lenient=lenient)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
                   before: tuple[float, str] | None = None) -> list[RunSummary]:
@@ -183,17 +183,10 @@ class SqlStore(ForkRows, DashboardReads, Store):
     def snapshot(self, run_id: str) -> RunSnapshot:
         with self.reader.connect() as conn:
             run = self._get_run(conn, run_id)
-            with reading(run_id, nodes.name):
-                node_rows = records(NodeRecord, conn.execute(select(nodes).where(nodes.c.run_id == run_id)).all())
-            with reading(run_id, effects.name):
-                effect_rows = records(EffectRecord,
-                                      conn.execute(select(effects).where(effects.c.run_id == run_id)).all())
-            with reading(run_id, signals.name):
-                signal_rows = records(SignalRecord, conn.execute(
-                    select(signals).where(signals.c.run_id == run_id, signals.c.consumed_at.is_(None))
-                    .order_by(signals.c.id)
-                ).all())
-        return RunSnapshot(run=run, nodes=node_rows, effects=effect_rows, signals=signal_rows)
+            sql = run_sql(conn.dialect.name)
+            return RunSnapshot(run=run, nodes=read_records(conn, run_id, nodes, sql.nodes, NodeRecord),
+                               effects=read_records(conn, run_id, effects, sql.effects, EffectRecord),
+                               signals=read_records(conn, run_id, signals, sql.signals, SignalRecord))
 
     def transition(self, run_id: str, expected_version: int, status: RunStatus, *, reason: str | None = None,
                    data: Any = None) -> RunRecord:
@@ -236,18 +229,13 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def claim(self, run_id: str, owner: str, ttl: float, *, take_from: str | None = None) -> Lease:
         now = time.time()
-        free = or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now)
-        if take_from is not None:  # the caller proved this owner's process gone: one atomic take-over
-            free = or_(free, runs.c.lease_owner == take_from)
         with self.engine.begin() as conn:
-            before = conn.execute(select(runs.c.lease_owner, runs.c.status).where(runs.c.run_id == run_id)).first()
-            row = conn.execute(
-                update(runs)
-                .where(runs.c.run_id == run_id, free)
-                .values(lease_owner=owner, lease_expires_at=now + ttl, fence=runs.c.fence + 1,
-                        event_seq=runs.c.event_seq + 1, updated_at=now)
-                .returning(runs.c.fence, runs.c.event_seq)
-            ).first()
+            sql, hot = run_sql(conn.dialect.name), HotSql(conn)
+            before = hot.one(sql.lease_state, (run_id,))
+            # free (never taken, released, or expired), or held by an owner the caller proved gone
+            params = (owner, now + ttl, now, run_id, now)
+            row = hot.one(sql.claim, params) if take_from is None else \
+                hot.one(sql.claim_taking, (*params, take_from))  # one atomic take-over
             if row is None:
                 current = self._get_run(conn, run_id, lenient=True)  # raises RunNotFoundError
                 left = (current.lease_expires_at or now) - now
@@ -259,9 +247,10 @@ class SqlStore(ForkRows, DashboardReads, Store):
             data: dict[str, Any] = {"owner": owner, "fence": fence}
             if take_from is not None:
                 data["taken_from"] = take_from
-            if before is not None and before.lease_owner not in (None, owner) and before.status in ABANDONABLE:
-                data["abandoned_by"] = before.lease_owner  # its driver stopped without letting go: it died
-            conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
+            if before is not None and before[0] not in (None, owner) and before[1] in ABANDONABLE:
+                data["abandoned_by"] = before[0]  # its driver stopped without letting go: it died
+            hot.many(driver_sql(conn.dialect.name).events,
+                     [(run_id, seq, now, "lease_claimed", None, None, json_param(data))])
         return Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl)
 
     def renew(self, lease: Lease) -> Lease:
@@ -279,11 +268,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def release(self, lease: Lease) -> None:
         with self.engine.begin() as conn:
-            conn.execute(
-                update(runs)
-                .where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
-                .values(lease_owner=None, lease_expires_at=None)
-            )
+            HotSql(conn).many(run_sql(conn.dialect.name).release, [(lease.run_id, lease.fence)])
 
     # ---------------------------------------------------------------- the driver's commit
 
@@ -295,12 +280,14 @@ class SqlStore(ForkRows, DashboardReads, Store):
             new_events = [*new_events, NewEvent(kind="run_" + batch.run.status.value,
                                                 data={"reason": batch.run.status_reason})]
         run_id = lease.run_id
+        upd = batch.run
+        updates_run = upd is not None and (upd.status is not None or upd.set_wake or upd.set_output or upd.set_error
+                                           or upd.set_budgets)  # counters alone: added by the guard below
         with self.engine.begin() as conn:
             sql = driver_sql(conn.dialect.name)
             # the hot statements run as plain SQL built once per dialect: Core would rebuild,
             # cache-key and look up each of them on every commit (~0.3 ms a commit)
             hot = HotSql(conn)
-            upd = batch.run
             if upd is not None and (upd.retries_delta or upd.tokens_delta or upd.cost_delta):
                 row = hot.one(sql.counting_guard, (len(new_events), now, upd.retries_delta, upd.tokens_delta,
                                                    upd.cost_delta, run_id, lease.fence))
@@ -310,9 +297,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 raise stale_fence(lease)
             seq_end = int(row[0])
             changed: RunRecord | None = None
-            if upd is not None and (upd.status is not None or upd.set_wake or upd.set_output or upd.set_error
-                                    or upd.set_budgets):  # counters alone: added by the guard above
-                changed = self._apply_run_update(conn, lease, batch, now)
+            if updates_run:
+                changed = self._apply_run_update(conn, lease, batch, now, row[1])
             if batch.blobs:
                 blob_rows.put(conn, blob_rows.rows_of(batch.blobs))
             if batch.items:  # completed plain items: their output is canonical JSON text already
@@ -328,7 +314,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
                      n.duration)
                     for n in batch.nodes])
             if batch.effects:
-                self._write_effects(conn, run_id, batch, now)
+                write_effects(conn, run_id, batch, now)
             if upd is not None and upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED):
                 # no driver will settle what is still pending: say so (see EffectStatus.ABANDONED)
                 hot.many(sql.abandon_effects, [(EffectStatus.ABANDONED.value, now, run_id, EffectStatus.PENDING.value)])
@@ -343,14 +329,15 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 shared_rows.count_breaker_outcomes(conn, batch.breakers, now)
             return changed
 
-    def _apply_run_update(self, conn: Connection, lease: Lease, batch: Batch, now: float) -> RunRecord:
+    def _apply_run_update(self, conn: Connection, lease: Lease, batch: Batch, now: float, status: Any) -> RunRecord:
+        """The batch's run update; ``status`` is the run's as the fence guard returned it."""
         assert batch.run is not None
         upd = batch.run
         values: dict[str, Any] = {}
         if upd.status is not None:
-            _check_transition(lease.run_id, run_status(conn, lease.run_id), upd.status)
+            _check_transition(lease.run_id, status_of(lease.run_id, status), upd.status)
             reason = None if upd.status_reason is None else scrub_text(upd.status_reason)
-            values.update(status=upd.status.value, status_reason=reason, version=runs.c.version + 1, wake_at=None)
+            values.update(status=upd.status.value, status_reason=reason, wake_at=None)  # and version + 1
         if upd.set_wake:
             values["wake_at"] = upd.wake_at
             if upd.signals_seen is not None and decided_after(conn, lease.run_id, upd.signals_seen):
@@ -362,31 +349,14 @@ class SqlStore(ForkRows, DashboardReads, Store):
             values["error"] = scrub(stored_error(upd.error))
         if upd.set_budgets:
             values.update(token_budget=upd.token_budget, cost_budget=upd.cost_budget)
-        if values:
-            conn.execute(update(runs).where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
-                         .values(**values))
         # a run parked or ended may have a damaged value (the reason it is parked): read it leniently
         at_rest = upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED)
-        return self._get_run(conn, lease.run_id, lenient=at_rest)
-
-    def _write_effects(self, conn: Connection, run_id: str, batch: Batch, now: float) -> None:
-        pending = [e for e in batch.effects if e.status == EffectStatus.PENDING]
-        final = [e for e in batch.effects if e.status != EffectStatus.PENDING]
-        if pending:
-            rows = [{"run_id": run_id, "created_at": now, "updated_at": now, **e.model_dump()} for e in pending]
-            # insert-once: an existing row keeps its key and status, except that a failed or
-            # abandoned effect an operator retries becomes pending again (same key)
-            stmt = insert_for(conn, effects)
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["idempotency_key"],
-                set_={"status": EffectStatus.PENDING.value, "updated_at": now},
-                where=or_(effects.c.status == EffectStatus.FAILED.value,
-                          effects.c.status == EffectStatus.ABANDONED.value),  # no IN: executemany
-            )
-            conn.execute(stmt, rows)
-        if final:
-            rows = [{"run_id": run_id, "created_at": now, "updated_at": now, **e.model_dump()} for e in final]
-            upsert(conn, effects, rows, ["idempotency_key"], keep=("created_at",))
+        if not values:
+            return self._get_run(conn, lease.run_id, lenient=at_rest)
+        # the row as updated (RETURNING): no read of its own
+        row = HotSql(conn).one(update_run_sql(conn.dialect.name, tuple(values), upd.status is not None),
+                               (*run_params(values), lease.run_id, lease.fence))
+        return run_of(conn, lease.run_id, row, lenient=at_rest)
 
     # ---------------------------------------------------------------- reads
 

@@ -60,6 +60,8 @@ class DriverSql:
     """The driver commit's hot statements as plain SQL for one dialect."""
 
     guard: str
+    """Proves the fence, reserves event seqs; returns the last one and the run's status (which the
+    guard does not change: a transition is checked against it, with no read of its own)."""
     counting_guard: str
     """The guard that also adds to the run's counters (retries, tokens, cost): a batch whose run
     update is only counters (a model turn's tokens) needs no statement of its own, nor a read."""
@@ -86,10 +88,11 @@ def driver_sql(dialect: str) -> DriverSql:
     updates = ", ".join(f"{name} = excluded.{name}" for name in NODE_COLUMNS if name not in keys)
     return DriverSql(
         guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark} "
-               f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq"),
+               f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq, status"),
         counting_guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark}, "
                         f"retries_used = retries_used + {mark}, tokens_used = tokens_used + {mark}, "
-                        f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq"),
+                        f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} "
+                        "RETURNING event_seq, status"),
         nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
         events=insert_sql(events, EVENT_COLUMNS),
         abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
@@ -115,6 +118,12 @@ class HotSql:
         if self.raw is None:
             return self.conn.exec_driver_sql(statement, params).first()
         return self._raw(statement, lambda cur: cur.execute(statement, params).fetchone())
+
+    def all(self, statement: str, params: tuple[Any, ...]) -> list[Any]:
+        """Every row of ``statement``."""
+        if self.raw is None:
+            return list(self.conn.exec_driver_sql(statement, params).all())
+        return self._raw(statement, lambda cur: cur.execute(statement, params).fetchall())  # type: ignore[no-any-return]
 
     def many(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
         if self.raw is None:
