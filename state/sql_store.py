@@ -75,7 +75,14 @@ from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
 from raysaga.state.schema import effects, events, nodes, runs, signals
-from raysaga.state.statements import HotSql, driver_sql, json_param, stale_fence
+from raysaga.state.statements import (
+    HotSql,
+    driver_sql,
+    hot_transaction,
+    json_param,
+    sqlite_write,
+    stale_fence,
+)
 from raysaga.state.store import Store
 
 #: ``list_runs`` pages are at most this long (summary rows only, so this bounds its memory).
@@ -94,6 +101,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
         # reads on their own engine: on SQLite they then never take the write lock
         self.reader: Engine = make_engine(self.url, for_reads=True) if self.dialect_of(self.url) == "sqlite" \
             else self.engine
+        # commits of plain SQL only skip SQLAlchemy's Connection on SQLite (statements.sqlite_write)
+        self._plain_commits = self.dialect_of(self.url) == "sqlite"
         if migrate_schema:
             migrate.upgrade(self.engine)
         else:
@@ -283,11 +292,13 @@ class SqlStore(ForkRows, DashboardReads, Store):
         upd = batch.run
         updates_run = upd is not None and (upd.status is not None or upd.set_wake or upd.set_output or upd.set_error
                                            or upd.set_budgets)  # counters alone: added by the guard below
-        with self.engine.begin() as conn:
-            sql = driver_sql(conn.dialect.name)
+        # a batch of plain SQL only (a step's node and events, counters) on SQLite: no Connection
+        plain = self._plain_commits and not (updates_run or batch.blobs or batch.effects or batch.consumed_signals
+                                             or batch.breakers)
+        with sqlite_write(self.engine) if plain else hot_transaction(self.engine) as hot:
+            sql = driver_sql(hot.dialect.name)
             # the hot statements run as plain SQL built once per dialect: Core would rebuild,
             # cache-key and look up each of them on every commit (~0.3 ms a commit)
-            hot = HotSql(conn)
             if upd is not None and (upd.retries_delta or upd.tokens_delta or upd.cost_delta):
                 row = hot.one(sql.counting_guard, (len(new_events), now, upd.retries_delta, upd.tokens_delta,
                                                    upd.cost_delta, run_id, lease.fence))
@@ -298,9 +309,9 @@ class SqlStore(ForkRows, DashboardReads, Store):
             seq_end = int(row[0])
             changed: RunRecord | None = None
             if updates_run:
-                changed = self._apply_run_update(conn, lease, batch, now, row[1])
+                changed = self._apply_run_update(hot.core(), lease, batch, now, row[1])
             if batch.blobs:
-                blob_rows.put(conn, blob_rows.rows_of(batch.blobs))
+                blob_rows.put(hot.core(), blob_rows.rows_of(batch.blobs))
             if batch.items:  # completed plain items: their output is canonical JSON text already
                 hot.many(sql.nodes, [(run_id, node_id, index, NodeStatus.COMPLETED.value, attempt, None, output, digest,
                                       None, started, finished, finished - started)
@@ -314,7 +325,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
                      n.duration)
                     for n in batch.nodes])
             if batch.effects:
-                write_effects(conn, run_id, batch, now)
+                write_effects(hot.core(), run_id, batch, now)
             if upd is not None and upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED):
                 # no driver will settle what is still pending: say so (see EffectStatus.ABANDONED)
                 hot.many(sql.abandon_effects, [(EffectStatus.ABANDONED.value, now, run_id, EffectStatus.PENDING.value)])
@@ -324,9 +335,9 @@ class SqlStore(ForkRows, DashboardReads, Store):
                     (run_id, first + i, now, e.kind, e.node_id, e.fan_index, json_param(scrub(e.data)))
                     for i, e in enumerate(new_events)])
             if batch.consumed_signals:
-                shared_rows.consume_signals(conn, run_id, batch.consumed_signals, now)
+                shared_rows.consume_signals(hot.core(), run_id, batch.consumed_signals, now)
             if batch.breakers:
-                shared_rows.count_breaker_outcomes(conn, batch.breakers, now)
+                shared_rows.count_breaker_outcomes(hot.core(), batch.breakers, now)
             return changed
 
     def _apply_run_update(self, conn: Connection, lease: Lease, batch: Batch, now: float, status: Any) -> RunRecord:

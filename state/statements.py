@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Column, Connection, Table, bindparam, update
+from sqlalchemy import Column, Connection, Engine, Table, bindparam, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 
 from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
@@ -110,24 +112,37 @@ class HotSql:
     (psycopg's disconnect handling, which invalidates the pooled connection, stays SQLAlchemy's)."""
 
     def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+        self.conn: Connection | None = conn
+        self.dialect: Dialect = conn.dialect
         self.raw = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+
+    @classmethod
+    def on_dbapi(cls, raw: sqlite3.Connection, dialect: Dialect) -> HotSql:
+        """On a SQLite DBAPI connection with no ``Connection`` around it (``sqlite_write``)."""
+        hot = cls.__new__(cls)
+        hot.conn, hot.dialect, hot.raw = None, dialect, raw
+        return hot
+
+    def core(self) -> Connection:
+        """The transaction's ``Connection``, for Core statements (there is none in ``sqlite_write``)."""
+        assert self.conn is not None, "a sqlite_write transaction runs plain SQL only"
+        return self.conn
 
     def one(self, statement: str, params: tuple[Any, ...]) -> Any:
         """The first row of ``statement``, or None."""
         if self.raw is None:
-            return self.conn.exec_driver_sql(statement, params).first()
+            return self.core().exec_driver_sql(statement, params).first()
         return self._raw(statement, lambda cur: cur.execute(statement, params).fetchone())
 
     def all(self, statement: str, params: tuple[Any, ...]) -> list[Any]:
         """Every row of ``statement``."""
         if self.raw is None:
-            return list(self.conn.exec_driver_sql(statement, params).all())
+            return list(self.core().exec_driver_sql(statement, params).all())
         return self._raw(statement, lambda cur: cur.execute(statement, params).fetchall())  # type: ignore[no-any-return]
 
     def many(self, statement: str, rows: list[tuple[Any, ...]]) -> None:
         if self.raw is None:
-            self.conn.exec_driver_sql(statement, rows)
+            self.core().exec_driver_sql(statement, rows)
         else:
             self._raw(statement, lambda cur: cur.executemany(statement, rows))
 
@@ -137,9 +152,51 @@ class HotSql:
         try:
             return run(cur)
         except sqlite3.Error as exc:
-            raise as_sqlalchemy_error(statement, exc, self.conn.dialect) from exc
+            raise as_sqlalchemy_error(statement, exc, self.dialect) from exc
         finally:
             cur.close()
+
+
+@contextmanager
+def hot_transaction(engine: Engine) -> Iterator[HotSql]:
+    """``engine.begin()``, as a ``HotSql`` (whose ``core()`` is the ``Connection``)."""
+    with engine.begin() as conn:
+        yield HotSql(conn)
+
+
+@contextmanager
+def sqlite_write(engine: Engine) -> Iterator[HotSql]:
+    """A write transaction of plain SQL (``HotSql``) on a pooled SQLite connection, without a
+    SQLAlchemy ``Connection`` around it: ``BEGIN IMMEDIATE``, the body's statements, ``COMMIT``;
+    ``ROLLBACK`` when the body or the commit raises.
+
+    The transaction ``engine.begin()`` makes on the writer engine (the same pool and pooled
+    connection, so the same pragmas: ``synchronous=FULL``, WAL, the busy timeout; the same BEGIN),
+    minus the ``Connection``'s own work: its transaction objects and event dispatch cost more CPU
+    than SQLite's work in a plain step's commit (nodes and events only), which a chain pays at
+    every step. Errors are raised as the SQLAlchemy errors ``engine.begin()`` raises; a
+    connection SQLAlchemy would call disconnected is discarded, as it would."""
+    pooled = engine.raw_connection()
+    try:
+        raw = pooled.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
+        statement = "BEGIN IMMEDIATE"
+        try:
+            raw.execute(statement)
+            try:
+                yield HotSql.on_dbapi(raw, engine.dialect)
+                statement = "COMMIT"
+                raw.commit()
+            except BaseException:
+                if raw.in_transaction:
+                    raw.rollback()
+                raise
+        except sqlite3.Error as exc:  # BEGIN or COMMIT (or the ROLLBACK): the body's are converted already
+            if engine.dialect.is_disconnect(cast(Any, exc), pooled, None):
+                pooled.invalidate(exc)
+            raise as_sqlalchemy_error(statement, exc, engine.dialect) from exc
+    finally:
+        pooled.close()
 
 
 def json_param(value: Any) -> str | None:

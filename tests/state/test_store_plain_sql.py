@@ -1,9 +1,10 @@
-"""The run's own statements as plain SQL (``raysaga.state.run_sql``) read and write exactly what
-the Core statements did.
+"""The run's own statements as plain SQL (``raysaga.state.run_sql``) and the plain-SQL commit on
+SQLite (``statements.sqlite_write``) read and write exactly what the Core statements did.
 
 Records the store returns from a write (``create_run``, a commit's run update) equal what a
 fresh read returns; a snapshot equals its rows read through SQLAlchemy Core and validated; a
-transition is still checked against the stored status (now returned by the fence guard).
+transition is still checked against the stored status (now returned by the fence guard); and a
+plain-SQL transaction that fails part-way writes nothing and leaves its connection usable.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import exc as sa_exc
 from sqlalchemy import select, text
 
-from raysaga.errors import CorruptRecordError
+from raysaga.errors import CorruptRecordError, LeaseLostError, NotJSONableError
 from raysaga.state import (
     Batch,
     EffectRecord,
@@ -33,6 +35,7 @@ from raysaga.state import (
 )
 from raysaga.state.decoding import run_record
 from raysaga.state.schema import effects, nodes, runs, signals
+from raysaga.state.statements import driver_sql, sqlite_write
 
 #: Values whose JSON text is easy to get subtly wrong: big and float-looking numbers, unicode, nesting.
 AWKWARD = {"big": 12345678901234567891, "float": 2.0, "tiny": 1e-300, "text": "héllo ☃ \u2028", "none": None,
@@ -146,3 +149,47 @@ def test_a_transition_is_checked_against_the_stored_status_and_a_corrupt_one_is_
 def _row(store: SqlStore, run_id: str) -> dict[str, Any]:
     with store.engine.connect() as conn:
         return conn.execute(select(runs).where(runs.c.run_id == run_id)).one()._asdict()
+
+
+def _footprint(store: SqlStore, run_id: str) -> tuple[Any, ...]:
+    return _row(store, run_id), store.nodes(run_id), store.events(run_id)
+
+
+def test_a_plain_commit_that_fails_part_way_writes_nothing_and_its_connection_stays_usable(sqlite_url: str) -> None:
+    store = SqlStore(sqlite_url)
+    try:
+        run_id = new_run(store)
+        lease = store.claim(run_id, "driver", 30.0)
+        store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+        before = _footprint(store, run_id)
+        # the fence guard has run (it reserved event seqs) when the node's output is refused
+        with pytest.raises(NotJSONableError):
+            store.commit(lease, Batch(nodes=[NodeWrite.model_construct(node_id="a", fan_index=-1, attempt=1,
+                                                                       status=NodeStatus.COMPLETED, output={1, 2},
+                                                                       output_digest=None, error=None,
+                                                                       not_before=None, started_at=None,
+                                                                       finished_at=None, duration=None)],
+                                      events=[NewEvent(kind="note")]))
+        assert _footprint(store, run_id) == before
+        # a statement the database refuses: SQLAlchemy's error, and again nothing written
+        with pytest.raises(sa_exc.OperationalError), sqlite_write(store.engine) as hot:
+            assert hot.one(driver_sql("sqlite").guard, (1, 1.0, run_id, lease.fence)) is not None
+            hot.one("SELECT no_such_column FROM raysaga_runs", ())
+        assert _footprint(store, run_id) == before
+        with pytest.raises(RuntimeError), sqlite_write(store.engine) as hot:
+            hot.one(driver_sql("sqlite").guard, (1, 1.0, run_id, lease.fence))
+            raise RuntimeError("the body fails")
+        assert _footprint(store, run_id) == before
+        # the pooled connection was given back with no transaction open: commits go on
+        store.commit(lease, Batch(nodes=[NodeWrite(node_id="a", status=NodeStatus.COMPLETED, output=AWKWARD)],
+                                  events=[NewEvent(kind="note")]))
+        assert [n.output for n in store.nodes(run_id)] == [AWKWARD]
+        assert [e.kind for e in store.events(run_id)][-1] == "note"
+        # and a stale fence still stops a plain commit before it writes
+        store.claim(run_id, "other", 30.0, take_from="driver")
+        after = _footprint(store, run_id)
+        with pytest.raises(LeaseLostError):
+            store.commit(lease, Batch(nodes=[NodeWrite(node_id="b", status=NodeStatus.COMPLETED)]))
+        assert _footprint(store, run_id) == after
+    finally:
+        store.close()
