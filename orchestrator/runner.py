@@ -156,7 +156,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             assert run_id is not None
             _existing(workflow, st, run_id, given)
             record = st.get_run(run_id, lenient=True)
-        return resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
+        # the record in hand, not a second read: the driver reads the run again under its lease
+        return _drive(workflow, st, record, ex, None, options, on_progress)
     finally:
         if not isinstance(executor, Executor):
             ex.shutdown()
@@ -188,8 +189,15 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
     revives those) is returned as it stands: nothing is claimed or written."""
     st = _store(store)
     current = st.get_run(run_id, lenient=True)  # RunNotFoundError before starting Ray
+    return _drive(workflow, st, current, executor, address, options, on_progress)
+
+
+def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: ExecutorArg, address: str | None,
+           options: RunOptions | None, on_progress: ProgressHook | None) -> RunRecord:
+    """``resume`` of the run ``current`` (just read, or just created)."""
     if current.status in TERMINAL or current.status in PARKED:
         return current
+    run_id = current.run_id
     ex = _executor(executor, address)
     try:
         driver = Driver(workflow, st, ex, run_id, options=options)
