@@ -24,7 +24,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,7 @@ from raysaga.state import EffectStatus, RunStatus, SqlStore
 from tests.support import REPO, private_postgres
 from tests.support import fleet_flows as flows
 from tests.support.crash_driver import wait_until
-from tests.support.private_postgres import retrying
+from tests.support.private_postgres import retrying, submit_once
 from tests.support.services import FakeServices, get_log
 from tests.support.worker_procs import fleet_input, start_worker
 
@@ -98,7 +97,7 @@ def test_a_fleet_rides_out_postgres_crashes(tmp_path: Path, services: FakeServic
     try:
         crasher.start()
         for n in range(RUNS):  # runs arrive while the server crashes
-            submitted.append((retrying(partial(client.submit, flows.short, fleet_input(n, services, trace))).run_id, n))
+            submitted.append((submit_once(client, flows.short, fleet_input(n, services, trace), f"dbr-{n}"), n))
             if n % 3 == 2:
                 time.sleep(0.1)  # pacing the arrivals over the chaos (not a synchronisation)
         wait_until(lambda: len(crashes) >= MIN_CRASHES, timeout=120, what=f"{MIN_CRASHES} crashes of the server")

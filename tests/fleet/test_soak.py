@@ -23,7 +23,6 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from raysaga.state.engine import is_outage
 from tests.support import fleet_flows as flows
 from tests.support import private_postgres
 from tests.support.crash_driver import wait_until
-from tests.support.private_postgres import retrying
+from tests.support.private_postgres import retrying, submit_once
 from tests.support.services import FakeServices, get_log
 from tests.support.worker_procs import fleet_input, start_worker
 
@@ -118,8 +117,8 @@ def test_a_fleet_stays_flat_under_faults(tmp_path: Path, services: FakeServices)
         next_sample, n = started, 0
         while time.time() - started < SECONDS:
             while n < (time.time() - started) * RUNS_PER_SECOND:
-                submitted.append((retrying(partial(client.submit, flows.short,
-                                                   fleet_input(n, services, trace))).run_id, n))
+                submitted.append((submit_once(client, flows.short, fleet_input(n, services, trace),
+                                              f"soak-{n}"), n))
                 n += 1
             if time.time() >= next_sample:
                 at = time.time() - started

@@ -18,7 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 __all__ = ["PrivatePostgres", "available", "retrying"]
 
@@ -107,3 +107,19 @@ def retrying(what: Callable[[], T], timeout: float = 120.0) -> T:
             if not is_outage(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.05)  # the server is down: poll it again (not a synchronisation)
+
+
+def submit_once(client: Any, workflow: Any, value: Any, run_id: str) -> str:
+    """Submit ``run_id`` across the outages: a retried submit names its run, so an attempt whose
+    commit landed before its answer was lost is found (``RunExistsError``) instead of recorded
+    twice. (An anonymous submit retried that way made a second run of the same order: the
+    provider saw its subject charged under two runs' keys.)"""
+    from raysaga import RunExistsError
+
+    def attempt() -> str:
+        try:
+            return str(client.submit(workflow, value, run_id=run_id).run_id)
+        except RunExistsError:
+            return run_id
+
+    return retrying(attempt)
