@@ -25,6 +25,13 @@ full 20 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_RAY_DAGS``). The inline sweep
 DAG ``MIXED`` (an agent, two approvals, one rejected, a rollback) as an explicit example, so CI
 always has agents, approvals and a rollback whatever the generator draws. A failing example prints
 its spec and its golden run.
+
+The second generator (``dag_specs(fanned=True)``, ``test_random_fanned_dags_...``) adds the shapes
+the first one leaves out: agents fanned out over a plan (with a partial-failure policy), approvals
+fanned out over a plan (``map_over``, an item rejected now and then), agents calling tools that
+raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fail transiently).
+CI runs only its fixed DAG ``FANNED`` (one of each, then a rejected item: a rollback) x 2
+faults; ``RAYSAGA_FULL_SWEEP=1`` adds 50 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_FANNED_DAGS``).
 """
 
 from __future__ import annotations
@@ -77,9 +84,23 @@ RAY_MIXED: dict[str, Any] = {"name": "chaos_ray_mixed", "steps": [
     {"name": "s5", "kind": "step", "deps": ["s2", "s4"], "fate": "fail"},
 ]}
 RAY_CI_FAULT = (("before_commit", "s2@1"), "kill")
+FANNED_DAGS = int(os.environ.get("RAYSAGA_CHAOS_FANNED_DAGS", "50" if FULL_SWEEP else "0"))
+#: The second generator's shapes, one of each: an agent per element of a plan calling the tools
+#: that raise, an agent whose effect tool fails for good, an approval per element whose item 2
+#: the harness rejects: the run rolls back (the agents' undone calls, the compensated step).
+FANNED: dict[str, Any] = {"name": "chaos_fanned", "steps": [
+    {"name": "s0", "kind": "plan", "deps": [], "items": 3},
+    {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
+     "turns": [["lookup", "broken"], ["act_undone", "unreachable"]]},
+    {"name": "s2", "kind": "step", "deps": ["s0"], "effect": True, "compensate": True},
+    {"name": "s3", "kind": "agent", "deps": ["s2"], "turns": [["act_broken", "act"]]},
+    {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [2]},
+]}
+FANNED_SEED = 11
 COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
-          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed")
-STATS: dict[str, dict[str, int]] = {"inline": dict.fromkeys(COUNTS, 0), "ray": dict.fromkeys(COUNTS, 0)}
+          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
+          "agent_fan_outs", "approval_fan_outs", "raising_calls")
+STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0) for group in ("inline", "ray", "fanned")}
 
 
 @pytest.fixture(scope="module")
@@ -105,17 +126,19 @@ def report_counts() -> Iterator[None]:
 
 def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, services: FakeServices,
               model: MessagesServer, tmp_path_factory: pytest.TempPathFactory,
-              note: Callable[[str], None] = note, faults: list[tuple[Kill, str]] | None = None) -> None:
+              note: Callable[[str], None] = note, faults: list[tuple[Kill, str]] | None = None,
+              group: str | None = None) -> None:
     """One example: the golden run of ``spec``, then ``kills`` faults drawn from ``seed`` (or
     ``faults``: (point, label) and mode); ``note``: where the steps are told, a hypothesis note
-    or, outside a hypothesis test, ``print``."""
+    or, outside a hypothesis test, ``print``; ``group``: whose counts (default: the executor's)."""
     note(describe(spec))
     note("SPEC " + json.dumps(spec, sort_keys=True))
     folder = tmp_path_factory.mktemp(f"dag{next(_counter)}")
     golden = golden_run(spec, folder, services, executor=executor, model=model)
     note(f"golden: {golden.run['status']}, {len(golden.nodes)} nodes, {len(golden.ledger)} ledger rows, "
          f"compensations {golden.undo_order}, {golden.rests} rests for a decision")
-    stats = STATS[executor]
+    group = group or executor
+    stats = STATS[group]
     count(stats, golden)
     # the faults come from a drawn seed, not from draws that depend on the golden run's shape
     rng = random.Random(seed)
@@ -133,7 +156,7 @@ def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, servic
         stats["raced"] += bool(race)
         stats["kills" if mode == "kill" else "raises"] += 1
     if FULL_SWEEP:  # a long sweep cut short still tells what it did
-        print(f"random kill sweep ({executor}) so far: {stats}", flush=True)
+        print(f"random kill sweep ({group}) so far: {stats}", flush=True)
 
 
 def count(stats: dict[str, int], golden: Golden) -> None:
@@ -142,7 +165,12 @@ def count(stats: dict[str, int], golden: Golden) -> None:
     stats["rolled_back"] += golden.run["status"] == "compensated"
     stats["agents"] += sum(s["kind"] == "agent" for s in steps)
     stats["approvals"] += sum(s["kind"] == "approval" for s in steps)
-    stats["rejected"] += sum(s.get("verdict") == "reject" for s in steps)
+    items = {s["name"]: s.get("items", 0) for s in steps}
+    stats["rejected"] += sum(s.get("verdict") == "reject" for s in steps) + sum(
+        i < items[s["over"]] for s in steps if s["kind"] == "approval" and "over" in s for i in s["reject_items"])
+    stats["agent_fan_outs"] += sum(s["kind"] == "agent" and "over" in s for s in steps)
+    stats["approval_fan_outs"] += sum(s["kind"] == "approval" and "over" in s for s in steps)
+    stats["raising_calls"] += sum(t in chaos_flows.RAISING for s in steps for turn in s.get("turns", ()) for t in turn)
     stats["golden_abandoned"] += len(pending_rows(golden.nodes, golden.ledger, EffectStatus.ABANDONED))
 
 
@@ -156,6 +184,19 @@ def test_random_dags_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: 
                                                     model: MessagesServer,
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
     sweep_dag(spec, seed, KILLS, "inline", services, model, tmp_path_factory)
+
+
+@pytest.mark.timeout(LONG if FULL_SWEEP else 300)
+@settings(max_examples=max(FANNED_DAGS, 1), deadline=None, database=None,
+          phases=[Phase.explicit, Phase.generate] if FANNED_DAGS else [Phase.explicit],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=dag_specs(5, MAX_STEPS, agents=True, approvals=True, fanned=True), seed=st.integers(0, 2**32 - 1))
+@example(spec=FANNED, seed=FANNED_SEED)
+def test_random_fanned_dags_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, services: FakeServices,
+                                                           model: MessagesServer,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The second generator's shapes (agents and approvals in fan-outs, tools that raise), inline."""
+    sweep_dag(spec, seed, KILLS, "inline", services, model, tmp_path_factory, group="fanned")
 
 
 @pytest.mark.ray

@@ -28,12 +28,19 @@ Every step is deterministic in its inputs and its attempt number:
   ``tests.support.messages_server`` (the saved spec's ``model_url``), whose answers
   ``reply_for`` scripts from the prompt: ``turns`` lists, per turn, the tool calls the model asks
   for (``lookup``, no effect; ``act``, an effect, kind ``do``; ``act_undone``, an effect with an
-  undo, kind ``undo``, as a compensated step's), then a final JSON answer digesting every tool
-  result it saw. Tool arguments carry the provider's URL outside their key (``key=``);
+  undo, kind ``undo``, as a compensated step's; and the tools that raise, ``RAISING``:
+  ``broken``, a plain tool raising ``ToolError``; ``act_broken``, an effect tool failing for good
+  (``Permanent``) before any call; ``unreachable``, a plain tool whose every attempt is a
+  ``ConnectionError``, retried at once until its attempts are spent), then a final JSON answer
+  digesting every tool result it saw, errors included (the agent goes on after a tool's error).
+  Tool arguments carry the provider's URL outside their key (``key=``). With ``over`` (and
+  ``policy``) the agent fans out over a plan: one agent per element, its prompt naming its
+  item (``item=``), so its tool calls' subjects are its own;
 - ``approval``: an approval node; the harness decides it (``verdict``, by ``DECIDER``) once the
   run rests waiting for it (``decide``), so golden and faulted runs get the same decisions. An
   ``Approval``'s time and decision ids differ between runs: digests leave them out, and an
-  effect never takes an approval as an input (its key would digest them).
+  effect never takes an approval as an input (its key would digest them). With ``over``, one
+  approval per element of a plan (``map_over``), each approved but those in ``reject_items``.
 
 A step's output digests its name, the run's seed and every input it received (canonical JSON,
 fan-out results included), so a resumed run that fed a step anything else than the golden run
@@ -53,7 +60,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raysaga import BEST_EFFORT, Approval, Permanent, RetryPolicy, StepContext, Workflow, min_success_ratio, quorum
-from raysaga.agents import Agent, AnthropicModel, tool
+from raysaga.agents import Agent, AnthropicModel, ToolError, tool
 from raysaga.sagas.policy import ALL, FanOutPolicy, FanOutResult
 from tests.support import messages_server as ms
 from tests.support import services as fake_services
@@ -74,6 +81,10 @@ MODEL = "claude-haiku-4-5"
 KEY_ENV, TEST_KEY = "ANTHROPIC_API_KEY", "sk-ant-test-raysaga-agents"
 DECIDER = "chaos"
 TOOLS = ("lookup", "act", "act_undone")
+#: Tools that raise (``tests.support.chaos_gen`` draws them with ``raising_tools=True``).
+RAISING = ("broken", "act_broken", "unreachable")
+#: ``unreachable``'s retries: due at once (a backoff would race the wall clock across a crash).
+TOOL_RETRY = RetryPolicy(max_attempts=2, base=0.0, cap=0.0)
 AGENT_TRANSPORT = RetryPolicy(max_attempts=6, base=0.02, cap=0.1)
 
 
@@ -184,12 +195,13 @@ def build(spec: dict[str, Any]) -> Workflow:
             "name": step["name"], "effect": bool(step.get("effect")), "retry": FAST_RETRY,
             "critical": bool(step.get("critical", True)), "on_failure": step.get("on_failure", "skip")}
         if step["kind"] == "agent":
+            fan_out = {"map_over": step["over"], "policy": _policy(step.get("policy"))} if "over" in step else {}
             wf.agent(make_agent(step, spec["model_url"]), name=step["name"], critical=options["critical"],
-                     on_failure=options["on_failure"])(_function(step, prompt))
+                     on_failure=options["on_failure"], **fan_out)(_function(step, prompt))
             continue
         if step["kind"] == "approval":
             wf.approval(name=step["name"], approvers=[DECIDER], critical=options["critical"],
-                        on_failure=options["on_failure"])(_function(step, ask))
+                        on_failure=options["on_failure"], map_over=step.get("over"))(_function(step, ask))
             continue
         if step["kind"] == "map":
             wf.map(step["over"], policy=_policy(step.get("policy")), **options)(_function(step))
@@ -211,9 +223,18 @@ class AgentAnswer(BaseModel):
 
 
 def prompt(step: dict[str, Any], input: ChaosIn, deps: dict[str, Any]) -> str:
-    """An agent's prompt: everything the scripted model needs (``reply_for`` parses it)."""
+    """An agent's prompt: everything the scripted model needs (``reply_for`` parses it); an
+    agent of a fan-out names its item (the element's ``item`` of the plan it maps over)."""
     head = f"agent {step['name']} seed={input.seed} services={input.services_url} deps={digest(deps)}"
+    if "over" in step:
+        head += f" item={deps[step['over']]['item']}"
     return f"{head}\nturns={json.dumps(step['turns'], separators=(',', ':'))}"
+
+
+def agent_label(fields: Mapping[str, str]) -> str:
+    """The node label of the agent a prompt's ``fields`` (``parse_prompt``) belong to: ``s3``, or
+    ``s3[1]`` for item 1 of a fan-out."""
+    return fields["agent"] + (f"[{fields['item']}]" if "item" in fields else "")
 
 
 def ask(step: dict[str, Any], input: ChaosIn, deps: dict[str, Any]) -> str:
@@ -239,18 +260,48 @@ def act_undo(ctx: StepContext, output: Any, subject: str, n: int, services_url: 
     return {"undo": reply["id"]}
 
 
+def broken_impl(subject: str, n: int) -> str:
+    """A plain tool answering every call with an error the model sees (``ToolError``)."""
+    raise ToolError(f"broken on purpose: {subject}")
+
+
+def act_broken_impl(subject: str, n: int, services_url: str, idempotency_key: str | None = None) -> dict[str, Any]:
+    """An effect tool failing for good (``Permanent``) before it calls anything."""
+    raise Permanent(f"act_broken fails on purpose: {subject}")
+
+
+def unreachable_impl(subject: str, n: int) -> str:
+    """A plain tool whose every attempt fails transiently: its retries spent, the model sees an error."""
+    raise ConnectionError(f"unreachable on purpose: {subject}")
+
+
 KEY = ("subject", "n")  # the provider's URL is no part of what a call does
 lookup = tool(lookup_impl, name="lookup", description="Look a subject up.")
 act = tool(act_impl, name="act", effect=True, key=KEY, description="Do something (an effect).")
 act_undone = tool(act_impl, name="act_undone", effect=True, key=KEY, compensate=act_undo,
                   description="Do something that a rollback undoes.")
+broken = tool(broken_impl, name="broken", description="Look a subject up (always answers an error).")
+act_broken = tool(act_broken_impl, name="act_broken", effect=True, key=KEY,
+                  description="Do something (an effect that always fails).")
+unreachable = tool(unreachable_impl, name="unreachable", retry=TOOL_RETRY,
+                   description="Look a subject up (its service is never reachable).")
+#: Far above any DAG's tool failures: a breaker opening would hang on its cooldown (wall clock),
+#: which a crash's pause may let run out in one run and not in another.
+BREAKER_THRESHOLD = 10_000
 
 
 def make_agent(step: dict[str, Any], model_url: str) -> Agent:
     model = AnthropicModel(MODEL, base_url=model_url, timeout=30.0, api_key_env=KEY_ENV)
+    tools = (lookup, act, act_undone) + ((broken, act_broken, unreachable) if uses_raising(step) else ())
     return Agent(f"agent_{step['name']}", model, system="You are a chaos-suite agent.", output_type=AgentAnswer,
-                 tools=(lookup, act, act_undone), transport_retry=AGENT_TRANSPORT,
-                 max_turns=len(step["turns"]) + 2)
+                 tools=tools, transport_retry=AGENT_TRANSPORT, max_turns=len(step["turns"]) + 2,
+                 breaker_threshold=BREAKER_THRESHOLD)
+
+
+def uses_raising(step: dict[str, Any]) -> bool:
+    """Whether an agent step asks for a tool that raises (only those agents are offered them, so
+    the other agents' requests are what they were before these tools existed)."""
+    return any(t in RAISING for turn in step["turns"] for t in turn)
 
 
 def parse_prompt(text: str) -> tuple[dict[str, str], list[list[str]]]:
@@ -282,10 +333,10 @@ def reply_for(request: dict[str, Any]) -> ms.Reply:
     assert first is not None, request
     fields, turns = parse_prompt(first)
     turn = ms.turn_of(request)
-    name, seed = fields["agent"], fields["seed"]
+    name, seed = agent_label(fields), fields["seed"]
     if turn < len(turns):
         blocks = [ms.tool_use_block(t, {"subject": f"{seed}/{name}@{turn}.{k}", "n": turn}
-                                    if t == "lookup" else
+                                    if t in ("lookup", "broken", "unreachable") else
                                     {"subject": f"{seed}/{name}@{turn}.{k}", "n": turn,
                                      "services_url": fields["services"]})
                   for k, t in enumerate(turns[turn])]
@@ -296,13 +347,21 @@ def reply_for(request: dict[str, Any]) -> ms.Reply:
     raise LookupError(f"{name} has {len(turns)} tool turns, asked for turn {turn}")
 
 
+def verdict(step: dict[str, Any], fan_index: int | None) -> str:
+    """What the harness answers ``step``'s approval (its item ``fan_index`` for a fan-out)."""
+    if "over" in step:
+        return "reject" if fan_index in step.get("reject_items", []) else "approve"
+    return str(step.get("verdict", "approve"))
+
+
 def decide(store: Any, spec: dict[str, Any], run_id: str) -> list[str]:
     """Decide every approval the run waits for as ``spec`` says (``verdict``); return their names."""
-    verdicts = {s["name"]: s.get("verdict", "approve") for s in spec["steps"] if s["kind"] == "approval"}
+    steps = {s["name"]: s for s in spec["steps"] if s["kind"] == "approval"}
     decided = []
     for waiting in store.waiting_approvals(run_id=run_id):
-        store.decide(run_id, waiting.node, verdicts[waiting.node], by=DECIDER, fan_index=waiting.fan_index,
-                     comment=f"{verdicts[waiting.node]} by the chaos harness")
+        answer = verdict(steps[waiting.node], waiting.fan_index)
+        store.decide(run_id, waiting.node, answer, by=DECIDER, fan_index=waiting.fan_index,
+                     comment=f"{answer} by the chaos harness")
         decided.append(waiting.node)
     return decided
 

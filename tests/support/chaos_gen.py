@@ -13,7 +13,13 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
 - with ``agents=True``, ``agent`` nodes (1-3 tool turns of 1-2 calls each, drawn from the plain
   ``lookup`` and the effects ``act`` and ``act_undone``, then the answer); with
   ``approvals=True``, ``approval`` nodes the harness approves (3 in 4) or rejects, some of them
-  non-critical.
+  non-critical;
+- ``fanned=True`` (the shapes of the second generator, ``test_random_fanned_dags_...``): about
+  half the agents and approvals drawn after a plan fan out over it (an agent per element, with
+  a partial-failure policy; an approval per element, up to one of them rejected), and agents
+  also call the tools that raise (``chaos_flows.RAISING``: a ``ToolError``, an effect failing
+  for good before its call, a tool whose every attempt fails transiently). Off, the draws are
+  exactly those of the first generator, so its derandomised CI DAGs stay what they were.
 
 Plans never fail and are always critical, so a map always fans out over a list. An effect never
 takes a partial fan-out's result (a ``FanOutResult``) as an input: its failures carry attempt
@@ -32,7 +38,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.chaos_flows import TOOLS, digest
+from tests.support.chaos_flows import RAISING, TOOLS, digest
 
 MAX_DEPS = 3
 MAX_ITEMS = 4
@@ -43,7 +49,7 @@ MAX_TURNS = 3
 
 @st.composite
 def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agents: bool = False,
-              approvals: bool = False) -> dict[str, Any]:
+              approvals: bool = False, fanned: bool = False) -> dict[str, Any]:
     n = draw(st.integers(min_steps, max_steps), label="steps")
     failing = set(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True), label="failing"))
     steps: list[dict[str, Any]] = []
@@ -58,9 +64,21 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
         extra = draw(st.lists(st.sampled_from(earlier), max_size=MAX_DEPS, unique=True)) if earlier else []
         step: dict[str, Any] = {"name": name, "kind": kind, "deps": extra}
         if kind in ("agent", "approval"):
+            over = draw(st.sampled_from([None, *plans]), label="over") if fanned and plans else None
+            if over is not None:  # a fan-out: one agent, or one approval, per element of the plan
+                step["over"] = over
+                step["deps"] = [over, *(d for d in extra if d != over)]
             if kind == "agent":
-                step["turns"] = draw(st.lists(st.lists(st.sampled_from(TOOLS), min_size=1, max_size=2),
+                tools = TOOLS + RAISING if fanned else TOOLS
+                step["turns"] = draw(st.lists(st.lists(st.sampled_from(tools), min_size=1, max_size=2),
                                               min_size=1, max_size=MAX_TURNS))
+                if over is not None:
+                    step["policy"] = draw(policies(), label="policy")
+                    if step["policy"]["kind"] != "all":
+                        partial.add(name)
+            elif over is not None:
+                step["reject_items"] = draw(st.lists(st.integers(0, MAX_ITEMS - 1), max_size=1), label="reject")
+                decided.add(name)
             else:
                 step["verdict"] = draw(st.sampled_from(["approve", "approve", "approve", "reject"]))
                 decided.add(name)
@@ -78,14 +96,9 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
             step["over"] = draw(st.sampled_from(plans))
             step["deps"] = [step["over"], *(d for d in extra if d != step["over"])]
             step["fail_items"] = draw(st.lists(st.integers(0, MAX_ITEMS - 1), max_size=2, unique=True))
-            policy = draw(st.sampled_from(["all", "best_effort", "quorum", "ratio"]))
-            step["policy"] = {"kind": policy}
-            if policy != "all":
+            step["policy"] = draw(policies())
+            if step["policy"]["kind"] != "all":
                 partial.add(name)
-            if policy == "quorum":
-                step["policy"]["k"] = draw(st.integers(1, MAX_ITEMS))
-            elif policy == "ratio":
-                step["policy"]["r"] = draw(st.sampled_from([0.25, 0.5, 0.75, 1.0]))
         step["effect"] = draw(st.booleans())
         if step["effect"]:  # see the module's docstring: no partial fan-out result in an effect's key
             step["deps"] = [d for d in step["deps"] if (d not in partial or d == step.get("over")) and d not in decided]
@@ -98,6 +111,17 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
             step["on_failure"] = draw(st.sampled_from(["skip", "pass"]))
         steps.append(step)
     return {"name": f"chaos_{digest(steps)[:10]}", "steps": steps}
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> dict[str, Any]:
+    """A fan-out's partial-failure policy, as ``chaos_flows._policy`` reads it."""
+    policy: dict[str, Any] = {"kind": draw(st.sampled_from(["all", "best_effort", "quorum", "ratio"]))}
+    if policy["kind"] == "quorum":
+        policy["k"] = draw(st.integers(1, MAX_ITEMS))
+    elif policy["kind"] == "ratio":
+        policy["r"] = draw(st.sampled_from([0.25, 0.5, 0.75, 1.0]))
+    return policy
 
 
 def describe(spec: dict[str, Any]) -> str:
@@ -113,9 +137,11 @@ def describe(spec: dict[str, Any]) -> str:
             flags.append(f"over={s['over']} policy={s['policy']} fail_items={s['fail_items']}")
         if s["kind"] == "plan":
             flags.append(f"items={s['items']}")
+        if s["kind"] in ("agent", "approval") and "over" in s:
+            flags.append(f"over={s['over']}" + (f" policy={s['policy']}" if "policy" in s else ""))
         if s["kind"] == "agent":
             flags.append(f"turns={s['turns']}")
         if s["kind"] == "approval":
-            flags.append(s["verdict"])
+            flags.append(s["verdict"] if "verdict" in s else f"reject_items={s['reject_items']}")
         lines.append(f"{s['name']} {s['kind']} <- {','.join(s['deps']) or '-'} {' '.join(flags)}")
     return "\n".join(lines)

@@ -173,7 +173,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
         assert model.repeated_requests() == [], "the golden run asked a model turn twice"
         assert all(r.kind == "ok" for r in model.requests), [r.kind for r in model.requests]
         for r in model.requests:
-            asked.setdefault(turn_label(r).partition("@")[0], set()).add(r.key)
+            asked.setdefault(agent_of(turn_label(r)), set()).add(r.key)
     undo = undo_order(log, ledger)
     return Golden(spec, path, view, nodes, ledger, log["effective"], log["by_subject"], undo,
                   [label for label in order if SUFFIX not in label], reachable(nodes, ledger), executor, asked,
@@ -253,9 +253,16 @@ def until_fault(drivers: Drivers, store: SqlStore, spec: dict[str, Any], faults:
 
 
 def turn_label(request: Any) -> str:
-    """A model request's node label: ``<agent step>@<turn>``."""
+    """A model request's node label: ``<agent step>@<turn>``, ``<agent step>@<turn>[<item>]`` in a fan-out."""
     fields, _ = chaos_flows.parse_prompt(str(request.conversation))
-    return f"{fields['agent']}@{request.turn}"
+    return f"{fields['agent']}@{request.turn}" + (f"[{fields['item']}]" if "item" in fields else "")
+
+
+def agent_of(turn: str) -> str:
+    """The agent node of a turn's label: ``s3@1`` -> ``s3``, ``s3@1[2]`` -> ``s3[2]``."""
+    head, _, rest = turn.partition("@")
+    _, bracket, item = rest.partition("[")
+    return head + bracket + item
 
 
 #: A node's state once a rollback undid it while its outcome was unknown (it was in flight or
@@ -438,11 +445,11 @@ def check_model(golden: Golden, store: SqlStore, model: MessagesServer, kill: Ki
     nodes = node_states(store)
     settled = {a for a in golden.asked if a not in race and golden.nodes.get(a) == NodeStatus.COMPLETED.value}
     if executor == "inline":  # an answer lost with the driver is asked again, once, when its agent goes on
-        must = {label for label in lost if label.partition("@")[0] in settled}
+        must = {label for label in lost if agent_of(label) in settled}
         assert must <= repeated, f"{kill}: answers lost at the fault and not asked again: {sorted(must - repeated)}"
     asked: dict[str, set[str]] = {}
     for r in requests:
-        asked.setdefault(labels[r.key].partition("@")[0], set()).add(r.key)
+        asked.setdefault(agent_of(labels[r.key]), set()).add(r.key)
     for agent in set(golden.asked) | set(asked):
         if agent not in race and golden.nodes.get(agent) == nodes.get(agent):
             assert asked.get(agent, set()) == golden.asked.get(agent, set()), \
