@@ -138,13 +138,17 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
         aside = None
         if isinstance(result, Aside):
             result, aside = result.value, result.aside
-        text = jsoncodec.dumps(result, f"output of step {call.label!r}")
-        size = len(text.encode("utf-8"))
-        if size > call.max_output_bytes:
-            raise Permanent(
-                f"output of step {call.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
-                "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
-            )
+        try:
+            text = "null" if result is None else jsoncodec.dumps(result, "output")
+        except NotJSONableError:  # again, naming the step (not built for every item that succeeds)
+            text = jsoncodec.dumps(result, f"output of step {call.label!r}")
+        if len(text) * 4 > call.max_output_bytes:  # (else it fits: a character is at most 4 bytes)
+            size = len(text.encode("utf-8"))
+            if size > call.max_output_bytes:
+                raise Permanent(
+                    f"output of step {call.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
+                    "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
+                )
         return NodeOutcome(ok=True, output_json=text, started_at=started, finished_at=time.time(), aside=aside)
     except NotJSONableError as exc:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
@@ -156,6 +160,6 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
 
 def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
     result = fn(**kwargs)
-    if asyncio.iscoroutine(result):
+    if result is not None and asyncio.iscoroutine(result):
         result = asyncio.run(result)
     return result

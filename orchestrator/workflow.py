@@ -486,9 +486,13 @@ class Workflow:
         return run_input.check_input(self, value)
 
 
+#: Declared types a JSON value of exactly that type already is (no validation to run).
+_SCALARS = frozenset({int, str, float, bool})
+
+
 def coerce(tp: Any, value: Any) -> Any:
     """Turn stored JSON back into the type a step's parameter declares (pydantic models etc.)."""
-    if tp is Any or tp is None or value is None:
+    if tp is Any or tp is None or value is None or (type(value) is tp and tp in _SCALARS):
         return value
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp.model_validate(value)

@@ -143,7 +143,7 @@ class Calls:
         flight = self.inflight.pop(key)
         text = outcome.output_json
         assert text is not None
-        value = jsoncodec.loads(text)
+        value = None if text == "null" else jsoncodec.loads(text)
         digest = None
         batch = self.out.batch
         if len(text) * 4 > self.blob_threshold:  # (a UTF-8 character is at most 4 bytes)
