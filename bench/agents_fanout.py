@@ -105,9 +105,14 @@ def join(research: list[str]) -> int:
     return len(research)
 
 
+#: Set by ``--speculative-tools`` (an environment variable: Ray workers build the agent too).
+SPECULATIVE_ENV = "RAYSAGA_BENCH_SPECULATIVE"
+
+
 def make_agent(base_url: str, calls: int) -> Agent:
     model = AnthropicModel(MODEL, max_tokens=256, base_url=base_url, timeout=30.0, api_key_env=KEY_ENV)
-    return Agent("sub_agent", model, system=SYSTEM, tools=(LOOKUP,), max_turns=calls + 1, max_tokens=256)
+    return Agent("sub_agent", model, system=SYSTEM, tools=(LOOKUP,), max_turns=calls + 1, max_tokens=256,
+                 speculative_tools=os.environ.get(SPECULATIVE_ENV) == "1")
 
 
 def build(base_url: str, calls: int) -> Workflow:
@@ -308,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="1 rep")
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph")
+    parser.add_argument("--speculative-tools", action="store_true",
+                        help="Agent(speculative_tools=True): a model call's attempt runs the tools it asks for")
     parser.add_argument("--fail-on-miss", action="store_true")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     args = parser.parse_args(argv)
@@ -318,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ["RAYSAGA_IO_CONCURRENCY"] = str(args.concurrency)
     os.environ[KEY_ENV] = LOCAL_KEY  # before Ray starts: its workers inherit it
+    if args.speculative_tools:
+        os.environ[SPECULATIVE_ENV] = "1"
     import bench
     from raysaga.orchestrator.io_pool import io_concurrency_limit
 
