@@ -14,7 +14,7 @@ once, as before. A batch waits at most ``window`` seconds from its first complet
 
 from __future__ import annotations
 
-from raysaga.state import Batch, NodeStatus
+from raysaga.state import Batch
 
 #: How long a plain item's completion may wait for others to share its commit.
 WINDOW_S = 0.02
@@ -27,23 +27,22 @@ class CommitPacer:
         self.window = window
         self.max_rows = max_rows
         self._since: float | None = None  # when the waiting batch got its first completion
-        self._checked = (0, 0)  # its node writes and events already seen to be items' (O(1) a row)
+        self._events_seen = 0  # its events already seen to be items_completed (O(1) an event)
 
     def may_wait(self, batch: Batch, shell: Batch, now: float) -> bool:
         """Whether ``batch`` (the machine's) may stay uncommitted for now; ``shell``: the
-        driver's own pending writes, which never wait."""
-        if (not shell.empty() or batch.run is not None or batch.effects or batch.blobs or batch.consumed_signals
-                or batch.breakers or len(batch.nodes) + len(batch.items) >= self.max_rows
-                or not (batch.nodes or batch.items)):
+        driver's own pending writes, which never wait.
+
+        Only the compact rows of plain items (``Batch.items``) wait: any ``NodeWrite`` (an
+        agent's turn, an approval, a failure, a 'running' row) is committed at once."""
+        if (not batch.items or batch.nodes or batch.run is not None or batch.effects or batch.blobs
+                or batch.consumed_signals or batch.breakers or not shell.empty()
+                or len(batch.items) >= self.max_rows):
             return False
-        nodes, events = self._checked
-        if nodes > len(batch.nodes) or events > len(batch.events):
-            nodes = events = 0  # not the batch seen last: look at all of it
-        if any(n.fan_index < 0 or n.status != NodeStatus.COMPLETED for n in batch.nodes[nodes:]):
+        seen = self._events_seen if self._events_seen <= len(batch.events) else 0
+        if any(e.kind != "items_completed" for e in batch.events[seen:]):
             return False
-        if any(e.kind != "items_completed" for e in batch.events[events:]):
-            return False
-        self._checked = (len(batch.nodes), len(batch.events))
+        self._events_seen = len(batch.events)
         if self._since is None:
             self._since = now
         return now - self._since < self.window
@@ -53,4 +52,4 @@ class CommitPacer:
         return None if self._since is None else self._since + self.window
 
     def committed(self) -> None:
-        self._since, self._checked = None, (0, 0)
+        self._since, self._events_seen = None, 0

@@ -100,8 +100,8 @@ def test_only_completed_items_wait_and_never_past_the_window() -> None:
     assert pacer.deadline() is None and pacer.may_wait(completed_items(3), shell, now=11.0)
 
 
-@pytest.mark.parametrize("other", ["failed row", "running row", "plain node", "effect", "run update", "event",
-                                   "shell event", "too many"])
+@pytest.mark.parametrize("other", ["failed row", "running row", "plain node", "agent turn", "effect", "run update",
+                                   "event", "shell event", "too many"])
 def test_anything_but_completed_items_is_committed_at_once(other: str) -> None:
     pacer = CommitPacer(window=0.02, max_rows=100)
     batch, shell = completed_items(0), Batch()
@@ -112,6 +112,8 @@ def test_anything_but_completed_items_is_committed_at_once(other: str) -> None:
         batch.nodes.append(NodeWrite(node_id="shape", fan_index=1, status=NodeStatus.RUNNING, attempt=1))
     elif other == "plain node":
         batch.nodes.append(NodeWrite(node_id="plan", status=NodeStatus.COMPLETED, attempt=1))
+    elif other == "agent turn":  # a fanned-out agent's answered turn: durable before its tools run
+        batch.nodes.append(NodeWrite(node_id="research@1", fan_index=3, status=NodeStatus.COMPLETED, attempt=1))
     elif other == "effect":
         batch.effects.append(EffectWrite(idempotency_key="k", node_id="pay", effect_name="pay", args_digest="d",
                                          status=EffectStatus.PENDING))
