@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import InfeasibleResourcesError, UserError
+from raysaga.node_key import NodeKey
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, is_actor_death, shared_pool
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
@@ -37,8 +38,8 @@ class Handle:
     """An attempt in flight."""
 
     key: tuple[str, int]
-    node: Any = None
-    """The driver's ``NodeKey`` of the attempt, set by the driver (so it need not parse ``key``)."""
+    node: NodeKey | None = None
+    """The driver's key of the attempt, set by the driver (so it need not parse ``key``)."""
     ref: Any = None
     outcome: NodeOutcome | None = None
     sent: bool = False
