@@ -83,6 +83,8 @@ class NodeKey(NamedTuple):
     @property
     def node_id(self) -> str:
         """The store's text form of everything but the fan-out index."""
+        if self.turn is None and not self.compensates:
+            return self.step  # a step or an item: the common case, on every attempt's path
         text = self.step
         if self.turn is not None:
             text = f"{text}{AGENT_SEP}{self.turn}" if self.call is None else f"{text}{AGENT_SEP}{self.turn}.{self.call}"

@@ -96,8 +96,7 @@ class Calls:
         if recorded:
             batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.RUNNING,
                                          attempt=attempt, started_at=now))
-        call = NodeCall(fields=(self.run_id, key.node_id if key.turn is not None or key.compensates else key.step,
-                                key.fan_index, attempt, self.trace_id, ekey, reconciling),
+        call = NodeCall(fields=(self.run_id, key.node_id, key.fan_index, attempt, self.trace_id, ekey, reconciling),
                         kwargs=kwargs, max_output_bytes=self.max_output_bytes, reconcile=reconciling)
         self.inflight[key] = Attempt(spec, attempt, now, recorded)
         if not recorded:
