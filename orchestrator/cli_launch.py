@@ -113,9 +113,9 @@ def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any,
     (same workflow; an ``--input`` given must equal the recorded one)."""
     if run_id is None:
         return None
-    from raysaga.orchestrator.runner import NO_INPUT, _existing
+    from raysaga.orchestrator.runner import NO_INPUT, existing_run
 
-    return _existing(wf, store, run_id, value if given else NO_INPUT)
+    return existing_run(wf, store, run_id, value if given else NO_INPUT)
 
 
 def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: str, lease_ttl: float,

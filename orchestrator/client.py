@@ -12,11 +12,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raysaga.errors import LeaseHeldError, UserError
+from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
-from raysaga.orchestrator.runner import CANCEL_TTL, create_run, reopen
+from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
@@ -48,9 +48,23 @@ class Client:
     def submit(self, workflow: Workflow, input: Any = None, *, run_id: str | None = None, queue: str = "default",
                options: RunOptions | None = None, workflow_ref: str | None = None) -> RunRecord:
         """Record a run for the worker fleet and return at once (``pending``): a ``raysaga worker``
-        that registered this workflow (same name and definition) starts it."""
-        return create_run(workflow, input, store=self.store, run_id=run_id, options=options,
-                          workflow_ref=workflow_ref, queue=queue)
+        that registered this workflow (same name and definition) starts it.
+
+        With a ``run_id`` (an order number, a request id) a submit is idempotent: a retry, say
+        after a timeout that hid whether the first one landed, returns the run already recorded
+        under that id, as it stands now, instead of starting a second one. The same id with
+        another workflow or input raises ``UserError``. Without a ``run_id`` every call records a
+        new run: a blind retry may then start the work twice."""
+        try:
+            return create_run(workflow, input, store=self.store, run_id=run_id, options=options,
+                              workflow_ref=workflow_ref, queue=queue)
+        except RunExistsError:
+            assert run_id is not None  # a generated id is new
+            existing = existing_run(workflow, self.store, run_id, input)
+            if existing is None:  # pruned between the insert and this read: record it again
+                return self.submit(workflow, input, run_id=run_id, queue=queue, options=options,
+                                   workflow_ref=workflow_ref)
+            return existing
 
     def get_run(self, run_id: str) -> RunRecord:
         return self.store.get_run(run_id, lenient=True)

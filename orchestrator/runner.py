@@ -135,7 +135,7 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     to just resume."""
     st = _store(store)
     workflow.validate()
-    if run_id is not None and _existing(workflow, st, run_id, input) is not None:
+    if run_id is not None and existing_run(workflow, st, run_id, input) is not None:
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
     given = input
@@ -154,7 +154,7 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             # path, so the loser backs off on the lease (LeaseHeldError) like any second driver,
             # instead of failing with "already exists" (a different input is still refused).
             assert run_id is not None
-            _existing(workflow, st, run_id, given)
+            existing_run(workflow, st, run_id, given)
             record = st.get_run(run_id, lenient=True)
         # the record in hand, not a second read: the driver reads the run again under its lease
         return _drive(workflow, st, record, ex, None, options, on_progress)
@@ -163,8 +163,9 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             ex.shutdown()
 
 
-def _existing(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunRecord | None:
-    """The run ``run_id`` if it exists, after checking that this call may resume it."""
+def existing_run(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunRecord | None:
+    """The run ``run_id`` if it exists, after checking that this call may resume it: same
+    workflow, and the same input unless ``input`` is ``NO_INPUT`` (else ``UserError``)."""
     try:
         existing = st.get_run(run_id)
     except RunNotFoundError:

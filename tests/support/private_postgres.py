@@ -110,16 +110,12 @@ def retrying(what: Callable[[], T], timeout: float = 120.0) -> T:
 
 
 def submit_once(client: Any, workflow: Any, value: Any, run_id: str) -> str:
-    """Submit ``run_id`` across the outages: a retried submit names its run, so an attempt whose
-    commit landed before its answer was lost is found (``RunExistsError``) instead of recorded
+    """Submit ``run_id`` across the outages: a submit under a run id is idempotent, so an attempt
+    whose commit landed before its answer was lost returns that run instead of recording it
     twice. (An anonymous submit retried that way made a second run of the same order: the
     provider saw its subject charged under two runs' keys.)"""
-    from raysaga import RunExistsError
 
     def attempt() -> str:
-        try:
-            return str(client.submit(workflow, value, run_id=run_id).run_id)
-        except RunExistsError:
-            return run_id
+        return str(client.submit(workflow, value, run_id=run_id).run_id)
 
     return retrying(attempt)
