@@ -16,7 +16,7 @@ from sqlalchemy import Engine, and_, func, or_, select, tuple_
 
 from raysaga.state.decoding import reading
 from raysaga.state.models import EffectRecord, EventRecord
-from raysaga.state.schema import effects, events, nodes, runs
+from raysaga.state.schema import effects, events, node_columns, node_finished, nodes, runs
 
 #: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
 COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "items_completed", "compensation_completed",
@@ -87,7 +87,7 @@ def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
 
 
 _LIGHT_NODE = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
-               nodes.c.output_digest, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration,
+               nodes.c.output_digest, nodes.c.started_at, node_finished, nodes.c.duration,
                nodes.c.origin_run_id)
 
 
@@ -151,7 +151,8 @@ def fanout_sizes(engine: Engine, run_id: str) -> dict[str, int]:
 
 def node_row(engine: Engine, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
     """One node row with its output (inline, or the digest of its blob) and error."""
-    query = select(nodes).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index == fan_index)
+    query = select(*node_columns).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id,
+                                        nodes.c.fan_index == fan_index)
     with reading(run_id, nodes.name), engine.connect() as conn:
         row = conn.execute(query).first()
     return None if row is None else dict(row._mapping)
@@ -181,7 +182,7 @@ def node_effects(engine: Engine, run_id: str, node_id: str, fan_index: int) -> l
 def sub_rows(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
     """An agent node's turns and tool calls (``node@2``, ``node@2.1``) and its compensation rows,
     with their outputs (a turn's output holds the model's answer: usage, stop reason, tool uses)."""
-    query = select(nodes).where(nodes.c.run_id == run_id, nodes.c.fan_index == fan_index, or_(
+    query = select(*node_columns).where(nodes.c.run_id == run_id, nodes.c.fan_index == fan_index, or_(
         nodes.c.node_id.startswith(node_id + "@", autoescape=True),
         nodes.c.node_id.startswith(node_id + ":", autoescape=True)))
     with reading(run_id, nodes.name), engine.connect() as conn:

@@ -19,7 +19,7 @@ from raysaga.errors import RunExistsError
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
-from raysaga.state.schema import effects, events, nodes, runs
+from raysaga.state.schema import effects, events, node_columns, nodes, runs
 from raysaga.state.statements import fence_guard
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
@@ -75,7 +75,7 @@ class ForkRows:
     def node_states(self, run_id: str) -> list[NodeRecord]:
         """A run's node rows without their outputs (``output`` None; ``output_digest`` kept): what a
         fork decides from, at the cost of the rows' metadata only."""
-        query = select(*[c for c in nodes.c if c.name != "output"]).where(nodes.c.run_id == run_id)
+        query = select(*[c for c in node_columns if c.name != "output"]).where(nodes.c.run_id == run_id)
         with self.reader.connect() as conn, reading(run_id, nodes.name):
             return records(NodeRecord, conn.execute(query).all())
 

@@ -18,7 +18,7 @@ from sqlalchemy import func, or_, select
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading as _reading
 from raysaga.state.models import EventRecord, NodeStatus
-from raysaga.state.schema import events, nodes, runs
+from raysaga.state.schema import events, node_finished, nodes, runs
 from raysaga.state.sql_store import SqlStore
 
 #: Rows fetched per round trip when streaming nodes.
@@ -68,7 +68,7 @@ def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
 
 
 _NODE_COLUMNS = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
-                 nodes.c.output_digest, nodes.c.error, nodes.c.started_at, nodes.c.finished_at, nodes.c.duration,
+                 nodes.c.output_digest, nodes.c.error, nodes.c.started_at, node_finished, nodes.c.duration,
                  nodes.c.origin_run_id)
 
 

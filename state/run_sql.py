@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Table
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading, record_of
 from raysaga.state.models import RunRecord
-from raysaga.state.schema import JsonText, effects, nodes, runs, signals
+from raysaga.state.schema import NODE_FINISHED_SQL, JsonText, effects, nodes, runs, signals
 from raysaga.state.statements import HotSql, json_param
 
 #: The run row's columns, in table order: what every run statement here selects or returns.
@@ -46,7 +46,10 @@ def _param(dialect: str, name: str) -> str:
 
 
 def _select(table: Table) -> str:
-    return f"SELECT {', '.join(table.c.keys())} FROM {table.name}"
+    # a node row's finished_at is derived for a compact item row (schema.NODE_FINISHED_SQL)
+    names = (f"{NODE_FINISHED_SQL} AS {c.name}" if table is nodes and c.name == "finished_at" else c.name
+             for c in table.c)
+    return f"SELECT {', '.join(names)} FROM {table.name}"
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,6 @@ from raysaga.state.models import (
     NewEvent,
     NewRun,
     NodeRecord,
-    NodeStatus,
     RunRecord,
     RunSnapshot,
     RunStatus,
@@ -74,11 +73,12 @@ from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
-from raysaga.state.schema import effects, events, nodes, runs, signals
+from raysaga.state.schema import effects, events, node_columns, nodes, runs, signals
 from raysaga.state.statements import (
     HotSql,
     driver_sql,
     hot_transaction,
+    item_rows,
     json_param,
     sqlite_write,
     stale_fence,
@@ -313,9 +313,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
             if batch.blobs:
                 blob_rows.put(hot.core(), blob_rows.rows_of(batch.blobs))
             if batch.items:  # completed plain items: their output is canonical JSON text already
-                hot.many(sql.nodes, [(run_id, node_id, index, NodeStatus.COMPLETED.value, attempt, None, output, digest,
-                                      None, started, finished, finished - started)
-                                     for node_id, index, attempt, output, digest, started, finished in batch.items])
+                hot.many(sql.nodes, item_rows(run_id, batch.items))
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
@@ -397,7 +395,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def nodes(self, run_id: str) -> list[NodeRecord]:
         with self.reader.connect() as conn, reading(run_id, nodes.name):
-            rows = conn.execute(select(nodes).where(nodes.c.run_id == run_id)
+            rows = conn.execute(select(*node_columns).where(nodes.c.run_id == run_id)
                                 .order_by(nodes.c.started_at.is_(None), nodes.c.started_at, nodes.c.node_id,
                                           nodes.c.fan_index)).all()
             return records(NodeRecord, rows)

@@ -21,7 +21,7 @@ from sqlalchemy.engine import Dialect
 from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
 from raysaga.state.engine import as_sqlalchemy_error
-from raysaga.state.models import Lease
+from raysaga.state.models import ItemRow, Lease, NodeStatus
 from raysaga.state.schema import JsonText, effects, events, nodes, runs
 
 #: The fence guard as Core: proves the fence, reserves ``g_n`` event seqs, returns the last one.
@@ -197,6 +197,21 @@ def sqlite_write(engine: Engine) -> Iterator[HotSql]:
             raise as_sqlalchemy_error(statement, exc, engine.dialect) from exc
     finally:
         pooled.close()
+
+
+_COMPLETED = NodeStatus.COMPLETED.value
+
+
+def item_rows(run_id: str, items: list[ItemRow]) -> list[tuple[Any, ...]]:
+    """``DriverSql.nodes`` rows of completed plain fan-out items, compactly: ``finished_at`` NULL,
+    ``duration`` set (readers derive it back: ``schema.NODE_FINISHED_SQL``), 8 bytes less a row.
+
+    Exact: two timestamps within a factor of two of each other (any two epoch times) subtract
+    exactly (Sterbenz), so ``started + (finished - started) == finished`` to the bit; a row for which
+    that does not hold (a clock that said 0) is written whole."""
+    return [(run_id, node_id, index, _COMPLETED, attempt, None, output, digest, None, started,
+             None if started + (duration := finished - started) == finished else finished, duration)
+            for node_id, index, attempt, output, digest, started, finished in items]
 
 
 def json_param(value: Any) -> str | None:
