@@ -10,6 +10,14 @@ process per concurrent task), a pool of 2 actors x 32 threads 0.23 s (ideal 0.20
 Each call carries the same packed ``bytes`` as a task (``wire.run_packed``), so outcomes come back
 exactly as from a task, and the driver commits them the same way.
 
+Calls sent together go as ONE actor call per actor (``send_many``): a Ray streaming generator
+(``IoWorker.run_many``) that runs them in the actor's threads and yields the outcomes of those
+that have ended, grouped, as they end. A burst of 50 calls (a turn of 50 agents in lockstep: their
+model calls, then their tool calls) was 50 actor calls, ~0.3-0.6 ms each of the driver's time
+and more of Ray's, ~20-35 ms a burst on 2 cores, paid twice a turn; one stream per actor costs
+~1 ms to send, and its outcomes come back in a few grouped items (bench/agents_fanout.py). Each
+call keeps its own attempt, outcome, timeout and cancellation; only the transport is shared.
+
 Failure and cancellation: a thread cannot be killed, its process can. A call whose actor dies
 (killed, OOM, node lost) ends with ``RayActorError``: the executor reports a transient failure of
 that attempt (retried under the same idempotency key) and the pool replaces the actor. A cancelled
@@ -23,11 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import heapq
 import math
 import os
+import pickle  # noqa: TID251 - in transit between the driver and its pool actors, never at rest
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -60,13 +72,45 @@ def io_concurrency_limit(value: int | None = None) -> int:
 
 
 class IoWorker:
-    """The pool's actor class: each method call runs in one of the actor's threads."""
+    """The pool's actor class: each method call runs in one of the actor's threads; the calls of a
+    ``run_many`` stream run in a thread pool of the same size."""
+
+    def __init__(self, threads: int = THREADS_PER_ACTOR) -> None:
+        self._threads = threads
+        self._runner: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
 
     def run(self, payload: bytes) -> bytes:
         return run_packed(payload)
 
+    def run_many(self, payloads: list[bytes]) -> Iterator[bytes]:
+        """Run the calls at once; yield ``pickle([(index, packed outcomes | exception)])`` groups,
+        each of the calls that ended since the last (a burst that ends together is one item)."""
+        with self._lock:
+            if self._runner is None:
+                self._runner = ThreadPoolExecutor(self._threads, thread_name_prefix="raysaga-io")
+            runner = self._runner
+        futures = {runner.submit(run_packed, payload): i for i, payload in enumerate(payloads)}
+        pending: set[Future[bytes]] = set(futures)
+        while pending:
+            done, pending = wait_futures(pending, return_when=FIRST_COMPLETED)
+            yield pickle.dumps([_reported(futures[f], f) for f in done], protocol=pickle.HIGHEST_PROTOCOL)
+
     def pid(self) -> int:
         return os.getpid()
+
+
+def _reported(index: int, future: Future[bytes]) -> tuple[int, bytes | BaseException]:
+    """A call's packed outcomes, or why ``run_packed`` itself raised (a spec the worker cannot
+    unpickle): a failure of the call, reported as a task's failure is (transient)."""
+    try:
+        return index, future.result()
+    except Exception as exc:  # carried to the driver, which classifies it
+        try:
+            pickle.dumps(exc)
+            return index, exc
+        except Exception:  # an exception that does not pickle: its text
+            return index, RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -91,6 +135,26 @@ class PoolActor:
     """Refs of its cancelled calls not yet seen to end."""
     retired_at: float | None = None
     dead: bool = False
+    streams: set[IoStream] = field(default_factory=set)
+    """Its ``run_many`` streams not seen to end."""
+
+
+@dataclass(eq=False)
+class IoStream:
+    """One ``run_many`` actor call: the calls it carries, by index, until each is seen to end."""
+
+    gen: Any  # ray.ObjectRefGenerator
+    actor: PoolActor
+    tags: dict[int, Any]  # index -> the caller's tag (the executor's Handle), calls not ended
+    cancelled: set[int] = field(default_factory=set)  # of those, the cancelled ones
+
+    def index_of(self, tag: Any) -> int | None:
+        return next((i for i, t in self.tags.items() if t == tag), None)
+
+
+#: One ended call from ``collect``: the caller's tag, its packed outcomes (``bytes``) or the
+#: exception that failed it, and whether that was its actor dying.
+Ended = tuple[Any, "bytes | BaseException", bool]
 
 
 class IoPool:
@@ -111,6 +175,7 @@ class IoPool:
         self._active: list[PoolActor] = []  # taking new calls
         self._retired: list[PoolActor] = []  # a call of theirs was cancelled: killed once drained
         self._calls: dict[Any, PoolActor] = {}  # ref -> its actor, until the call is seen to end
+        self._streams: dict[Any, IoStream] = {}  # generator -> its stream, until it is seen to end
         self._live = 0
         self._lock = threading.RLock()
 
@@ -132,6 +197,111 @@ class IoPool:
         self._calls[ref] = actor
         return ref
 
+    @_locked
+    def send_many(self, calls: list[tuple[bytes, Any]], name: str) -> list[IoStream]:
+        """Start calls (packed payload, the caller's tag), ONE actor call per actor that gets some:
+        each call to the least busy actor, as ``send`` does. Call only while ``room() >= len(calls)``.
+        The returned streams' ``gen`` are what to ``ray.wait`` on; ``collect`` reads them."""
+        while len(self._active) < self._count:
+            self._active.append(self._spawn())
+        heap = [(a.live, i) for i, a in enumerate(self._active)]
+        heapq.heapify(heap)
+        shares: dict[int, list[tuple[bytes, Any]]] = {}
+        for call in calls:
+            live, i = heapq.heappop(heap)
+            shares.setdefault(i, []).append(call)
+            heapq.heappush(heap, (live + 1, i))
+        streams = []
+        for i, share in shares.items():
+            actor = self._active[i]
+            gen = actor.handle.run_many.options(name=name, num_returns="streaming").remote(
+                [payload for payload, _ in share])
+            stream = IoStream(gen=gen, actor=actor, tags={k: tag for k, (_, tag) in enumerate(share)})
+            actor.streams.add(stream)
+            actor.live += len(share)
+            self._live += len(share)
+            self._streams[gen] = stream
+            streams.append(stream)
+        return streams
+
+    def stream_of(self, gen: Any) -> IoStream | None:
+        return self._streams.get(gen)
+
+    @_locked
+    def collect(self, gen: Any) -> tuple[list[Ended], bool]:
+        """What a ready stream reports: the calls that ended (cancelled ones too: the caller drops
+        them), and whether the stream is over. Reads every item already there, never blocks
+        (call it once ``ray.wait`` returned ``gen``). A failed item (the actor died, or was killed
+        for a cancelled call) fails every call not ended yet: transient, retried by the driver."""
+        stream = self._streams.get(gen)
+        if stream is None:
+            return [], True
+        ended: list[Ended] = []
+        while stream.tags:
+            try:
+                ref = next(gen)
+            except StopIteration:  # over with calls unreported: cannot happen unless Ray lost it
+                self._fail_stream(stream, RuntimeError("the I/O pool's stream ended early"), False, ended)
+                break
+            try:
+                reported = pickle.loads(self._ray.get(ref))
+            except Exception as exc:  # the actor died or was killed: the calls failed
+                self._fail_stream(stream, exc, is_actor_death(exc), ended)
+                break
+            for index, result in reported:
+                tag = self._end(stream, index)
+                if tag is not None:
+                    ended.append((tag, result, False))
+            if not stream.tags or not gen.next_ready():
+                break
+        over = not stream.tags
+        if over:
+            self._forget(stream)
+        self._reap()
+        return ended, over
+
+    def _end(self, stream: IoStream, index: int) -> Any:
+        """One call of ``stream`` seen to end; returns its tag."""
+        tag = stream.tags.pop(index, None)
+        if tag is None:
+            return None
+        if index in stream.cancelled:
+            stream.cancelled.discard(index)
+        else:
+            stream.actor.live -= 1
+            self._live -= 1
+        return tag
+
+    def _fail_stream(self, stream: IoStream, exc: BaseException, died: bool, ended: list[Ended]) -> None:
+        for index in list(stream.tags):
+            ended.append((self._end(stream, index), exc, died))
+        self._forget(stream)
+        if not stream.actor.dead:  # replaced at the next send; killed in case it was only unreachable
+            self._drop(stream.actor, kill=True)
+
+    def _forget(self, stream: IoStream) -> None:
+        self._streams.pop(stream.gen, None)
+        stream.actor.streams.discard(stream)
+
+    @_locked
+    def cancel_call(self, gen: Any, tag: Any) -> None:
+        """Stop counting one call of a stream; retire its actor (killed once its other calls end)."""
+        stream = self._streams.get(gen)
+        index = None if stream is None else stream.index_of(tag)
+        if stream is None or index is None or index in stream.cancelled:
+            return
+        stream.cancelled.add(index)
+        stream.actor.live -= 1
+        self._live -= 1
+        self._retire(stream.actor)
+        self._reap()
+
+    @_locked
+    def unsettled(self) -> list[Any]:
+        """Streams (their ``gen``) with a cancelled call not seen to end. Once ``kill_retired`` ran,
+        each ends (its actor is dead) as soon as Ray has seen that; ``collect`` then reads it."""
+        return [s.gen for s in self._streams.values() if s.cancelled]
+
     def _spawn(self) -> PoolActor:
         if self._cls is None:
             self._cls = self._ray.remote(IoWorker)
@@ -141,8 +311,9 @@ class IoPool:
             # on the driver's node (soft: elsewhere if it is gone): a call's bytes cross no network
             # twice, and a zero-CPU actor is not put on a node that only offers a custom resource
             self._strategy = NodeAffinitySchedulingStrategy(self._ray.get_runtime_context().get_node_id(), soft=True)
-        handle = self._cls.options(num_cpus=0, max_concurrency=self._threads, max_restarts=0,
-                                   max_task_retries=0, scheduling_strategy=self._strategy).remote()
+        # a stream waits in one of Ray's threads while its calls run in the actor's own pool
+        handle = self._cls.options(num_cpus=0, max_concurrency=self._threads + 1, max_restarts=0,
+                                   max_task_retries=0, scheduling_strategy=self._strategy).remote(self._threads)
         return PoolActor(handle=handle, threads=self._threads)
 
     # ------------------------------------------------------------------ ends
@@ -176,12 +347,15 @@ class IoPool:
         actor.cancelled.add(ref)
         actor.live -= 1
         self._live -= 1
+        self._retire(actor)
+        self._reap()
+
+    def _retire(self, actor: PoolActor) -> None:
         if actor.retired_at is None and not actor.dead:
             actor.retired_at = time.monotonic()
             if actor in self._active:
                 self._active.remove(actor)
             self._retired.append(actor)
-        self._reap()
 
     def _reap(self) -> None:
         """Kill the retired actors whose other calls have ended, or whose grace is over."""
@@ -196,7 +370,7 @@ class IoPool:
         for actor in list(self._retired):
             self._drop(actor, kill=True)
         for actor in list(self._active):  # a cancelled call on a live actor (cannot happen: it retires)
-            if actor.cancelled:
+            if actor.cancelled or any(s.cancelled for s in actor.streams):
                 self._drop(actor, kill=True)
 
     @_locked
@@ -219,6 +393,7 @@ class IoPool:
         for actor in [*self._active, *self._retired]:
             self._drop(actor, kill=True)
         self._calls.clear()
+        self._streams.clear()
         self._live = 0
 
     # ------------------------------------------------------------------ introspection (tests, bench)
