@@ -258,6 +258,8 @@ class Forward:
                 self.failure = (NodeKey(step, index).label, error)
             return
         self._cancel_steps({step})
+        if restored:
+            self._drain_restored(step)
         if spec.on_failure == "pass":
             self.outputs[NodeKey(step)] = step_failed_record(step, error)
             self._count_done(self.sched.decided(step))
@@ -273,6 +275,20 @@ class Forward:
     def _cancel_steps(self, steps: set[str]) -> None:
         self.calls.drain([k for k in self.calls.inflight if k.step in steps and not k.is_agent_call
                           and not k.compensates], "its step failed")
+
+    def _drain_restored(self, step: str) -> None:
+        """The driver that failed ``step`` let its effects in flight land (``Calls.drain``) and
+        died first: their rows still say 'running', their ledger rows 'pending'. Sent again under
+        their keys (reconciling), and drained, they settle as they would have without the crash,
+        instead of ending ``abandoned``."""
+        if not self.wf.steps[step].effect:
+            return
+        for key in [k for k, row in self.restored.items()
+                    if k.step == step and k.fan_index >= 0 and row.status == NodeStatus.RUNNING]:
+            del self.restored[key]
+            self.issue(key)  # its pending ledger row makes it a reconciling call
+            if key in self.calls.inflight:
+                self.calls.draining.add(key)
 
     def _decide(self, step: str) -> None:
         """Every item of a partial fan-out settled: ask its policy, record the decision, obey it."""

@@ -637,3 +637,21 @@ def test_found_resume_passes_the_same_failure_record() -> None:
     keys = [key for _, label, key in crashed.journal.dispatched if label == "s2"]
     assert len(keys) == 2 and keys[0] == keys[1], keys  # sent again after the kill, under its first key
     compare_runs(reference, crashed)
+
+
+def test_found_effects_drained_at_a_crash_land_after_the_resume() -> None:
+    """A non-critical effect fan-out: an item fails for good, its siblings in flight are let land
+    (drained, their ledger rows 'pending'), and the driver dies right after the failure's commit.
+    The resume sends them again under their keys (reconciling), so they end completed as in the
+    uninterrupted run; they used to stay unsent and end 'abandoned' (found by the hypothesis hunt)."""
+    plan = Plan(steps=(StepPlan("s0", items=3),
+                       StepPlan("s1", deps=("s0",), map_over="s0", effect=True, critical=False, max_attempts=1)),
+                fail_rate=0)
+    world = fixed_world(plan, {"s1[2]": Fate(0, "permanent")})  # s1[2] finishes first (salt 0), the others fly
+    _, reference = drive(plan, world, PrioritySchedule(0))
+    landed = {k for k, n in reference.fold.nodes.items() if n.status == NodeStatus.COMPLETED}
+    assert {("s1", 0), ("s1", 1)} <= landed
+    _, crashed = drive(plan, world, Scripted(crash_when=fails("s1[2]")))
+    assert crashed.journal.crashes == 1
+    assert [label for _, label, key in crashed.journal.dispatched if key][-2:] == ["s1[0]", "s1[1]"]  # sent again
+    compare_runs(reference, crashed)
