@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
@@ -31,7 +31,7 @@ from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.gc_pacing import paced_gc
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.in_flight import InFlight
-from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, Dispatch, MemoryOp
+from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, ItemsDispatch, MemoryOp, Send
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner
@@ -74,8 +74,7 @@ driver_id = new_owner  # a lease owner naming this process (raysaga.orchestrator
 
 
 class Driver:
-    """Advances one run to a resting state (completed, failed, compensated, cancelled, paused, or
-    lease lost)."""
+    """Advances one run to a resting state (completed, failed, compensated, cancelled, paused, lease lost)."""
 
     def __init__(self, workflow: Workflow, store: Store, executor: Executor, run_id: str, *,
                  options: RunOptions | None = None, clock: Callable[[], float] = time.time,
@@ -264,7 +263,7 @@ class Driver:
         self._attempts.cancel(m.out.take_cancel())
         if m.failure is not None:
             return self._stop_forward_on_failure()
-        self._send(m.out.take_dispatch())
+        self._send(m.out.take_dispatch() if self.executor.runs_at_submit else m.out.take_sends())
         return None
 
     def _answer(self, query: BuildPrompt | AdmitTool | MemoryOp | CheckDecisions, breakers: dict[str, Any]) -> None:
@@ -281,7 +280,7 @@ class Driver:
                 self._flush()  # what led to this write is durable first
             m.memory_done(query.key, query, agent_io.memory(self.store, self._hb.lease, query))
 
-    def _send(self, dispatches: list[Dispatch]) -> None:
+    def _send(self, dispatches: Sequence[Send]) -> None:
         assert self.machine is not None
         if not dispatches:
             return
@@ -298,9 +297,10 @@ class Driver:
         for d in dispatches:
             if self._stops.received is not None:
                 break  # a stop signal: what is not sent yet stays unsent (an inline step runs at submit)
-            handle = self.executor.submit(d.spec, d.call)
-            handle.node = d.key
-            self._attempts.add(d.key, handle, now, d.spec.timeout)
+            if isinstance(d, ItemsDispatch):  # (inline, items come one by one: a stop is seen between them)
+                self._attempts.add_items(d.keys, self.executor.submit_items(d.spec, d.calls), now, d.spec.timeout)
+            else:
+                self._attempts.add(d.key, self.executor.submit(d.spec, d.call), now, d.spec.timeout)
 
     def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
         """Hand the machine what came back; carry out the cancels it decides."""

@@ -33,7 +33,7 @@ from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
 from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Handle:
     """An attempt in flight."""
 
@@ -57,6 +57,11 @@ class Executor(ABC):
     @abstractmethod
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
         """Start (or queue) an attempt; a Ray task is named ``<run_id>:<node>`` (``task_name``)."""
+
+    def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
+        """First attempts of plain items of one fan-out step (``ItemsDispatch``): ``submit`` each,
+        unless the executor queues them more cheaply at once."""
+        return [self.submit(spec, call) for call in calls]
 
     @abstractmethod
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
@@ -267,6 +272,18 @@ class RayExecutor(Executor):
         lane.queue.append((handle, call, spec))  # sent by _pump, at the next wait
         return handle
 
+    def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
+        if (not calls or spec.timeout is not None or spec.io_bound or spec.effect or spec.map_over is None
+                or spec.kind != "step" or (spec.resources is not None and self._feasible.problem(
+                    spec.name, spec.resources) is not None)):
+            return super().submit_items(spec, calls)  # another lane, or failed one by one
+        lane = self._lanes.get(spec.name)
+        if lane is None or lane.spec is not spec:
+            lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
+        handles = [Handle((spec.name, call.fields[2])) for call in calls]
+        lane.queue.extend(zip(handles, calls, itertools.repeat(spec)))  # sent by _pump, at the next wait
+        return handles
+
     def _all_lanes(self) -> list[_Lane]:
         return [*self._lanes.values(), self._timed, self._io]
 
@@ -334,14 +351,15 @@ class RayExecutor(Executor):
             outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * len(carried)
             if lane is not None:
                 lane.tasks -= 1
-                for outcome in outcomes:
-                    if outcome.finished_at and outcome.started_at:
-                        lane.items_done += 1
-                        lane.busy += outcome.finished_at - outcome.started_at
+                if lane.chunked:  # (what sizes its chunks)
+                    timed = [o.finished_at - o.started_at for o in outcomes if o.finished_at and o.started_at]
+                    lane.items_done += len(timed)
+                    lane.busy += sum(timed)
+            finished = self._finished
             for handle, outcome in zip(carried, outcomes, strict=True):
                 if handle.outcome is None:  # not cancelled meanwhile
                     handle.outcome = outcome
-                    self._finished[handle] = None
+                    finished[handle] = None
         if ready:
             self._pump()  # the next chunks run while the driver commits these
         return self._take(wanted)

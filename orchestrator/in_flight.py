@@ -17,7 +17,7 @@ from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.task import NodeOutcome
 
 
-@dataclass
+@dataclass(slots=True)
 class Sent:
     handle: Handle
     started_at: float
@@ -39,10 +39,22 @@ class InFlight:
         self._timed: dict[NodeKey, Sent] = {}  # sent with a timeout (may hold stale entries)
 
     def add(self, key: NodeKey, handle: Handle, now: float, timeout: float | None) -> None:
+        """Track an attempt just handed to the executor; its handle learns its node."""
+        handle.node = key
         sent = self.sent[key] = Sent(handle, now, timeout, key)
         if timeout is not None:
             sent.deadline_from(now)
             self._timed[key] = sent
+
+    def add_items(self, keys: list[NodeKey], handles: list[Handle], now: float, timeout: float | None) -> None:
+        """``add`` each of a fan-out's items sent together; each handle learns its node."""
+        sent = self.sent
+        for key, handle in zip(keys, handles, strict=True):
+            if timeout is None:
+                handle.node = key
+                sent[key] = Sent(handle, now, None, key)
+            else:
+                self.add(key, handle, now, timeout)
 
     def pop(self, key: NodeKey) -> Sent | None:
         return self.sent.pop(key, None)

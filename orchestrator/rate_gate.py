@@ -85,6 +85,11 @@ class RateGate(Executor):
         self._admit()
         return handle
 
+    def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
+        if spec.rate_limit is None:
+            return self.inner.submit_items(spec, calls)
+        return super().submit_items(spec, calls)
+
     def _admit(self) -> None:
         """Send what the store admits now, each limit's queue in order (stop at its first refusal)."""
         for name, queue in self._queues.items():
@@ -120,7 +125,7 @@ class RateGate(Executor):
         else:
             inner = [self._inner_of(h) for h in handles]
             finished = self.inner.wait([h for h in inner if h is not None], timeout)
-        done = [self._finished(h) for h in finished]
+        done = [self._finished(h) for h in finished] if self._sent else finished
         for held in self._sent.values():
             assert held.inner is not None
             held.handle.sent = held.inner.sent  # a queued Ray attempt's timeout starts when it is sent

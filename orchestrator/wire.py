@@ -66,8 +66,7 @@ def pack_outcome(o: NodeOutcome) -> PackedOutcome:
 
 def unpack_outcomes(data: bytes) -> list[NodeOutcome]:
     """The driver's reading of a task's result: one outcome per call it carried."""
-    return [NodeOutcome(ok=ok, output_json=out, error=err, transient=tr, started_at=s, finished_at=f, aside=a)
-            for ok, out, err, tr, s, f, a in pickle.loads(data)]
+    return list(map(NodeOutcome._make, pickle.loads(data)))  # packed in the named tuple's field order
 
 
 # ---------------------------------------------------------------- the worker's half

@@ -17,7 +17,7 @@ from typing import Any
 
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import args_digest
-from raysaga.orchestrator.machine.outbox import Dispatch, Outbox
+from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch, Outbox
 from raysaga.orchestrator.options import DEFAULT_RETRY
 from raysaga.orchestrator.records import merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
@@ -26,7 +26,7 @@ from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, jsoncodec
 
 
-@dataclass
+@dataclass(slots=True)
 class Attempt:
     """An attempt handed to the shell and not yet back."""
 
@@ -103,6 +103,26 @@ class Calls:
             self.unrecorded.append(key)
         self.out.dispatch.append(Dispatch(key, spec, call))
         return None
+
+    def issue_items(self, spec: StepSpec, keys: list[NodeKey], kwargs: list[dict[str, Any]]) -> None:
+        """Send attempts of plain fan-out items of ``spec`` (no effect, no 'running' row first):
+        ``issue`` for each, as one command to the shell (``ItemsDispatch``)."""
+        now, attempts, inflight = self.out.now, self.attempts, self.inflight
+        head, tail = (self.run_id, spec.name), (self.trace_id, None, False)
+        max_bytes = self.max_output_bytes
+        calls = []
+        for key, item_kwargs in zip(keys, kwargs, strict=True):
+            attempt = attempts.get(key, 0) + 1
+            attempts[key] = attempt
+            calls.append(NodeCall(fields=(*head, key.fan_index, attempt, *tail), kwargs=item_kwargs,
+                                  max_output_bytes=max_bytes))
+            inflight[key] = Attempt(spec, attempt, now, False)
+        self.unrecorded.extend(keys)
+        self.out.dispatch.append(ItemsDispatch(spec, keys, calls))
+
+    def records_first(self, spec: StepSpec) -> bool:
+        """Whether ``spec``'s attempts are durable as 'running' before they are sent."""
+        return self._records_first(spec)
 
     def unissue(self, ekeys: set[str]) -> None:
         """Effects issued in this batch that will never be sent (the run failed first): their

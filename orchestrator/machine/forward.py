@@ -70,6 +70,7 @@ class Forward:
         self.failure: tuple[str, dict[str, Any]] | None = None  # a critical node failed: (label, error)
         self.counts = Counts(total=len(wf.steps))
         self._item_inputs: dict[str, list[tuple[str, Any, bool]]] = {}  # map step -> (param, value, mapped)
+        self._plain_items: dict[str, bool] = {}  # step -> its items are sent as a group (``prepare_all``)
 
     # ------------------------------------------------------------------ restore
 
@@ -107,6 +108,46 @@ class Forward:
         self.settle_failed(key, row.error.as_dict() if row.error else {}, write=False, attempts=row.attempt)
 
     # ------------------------------------------------------------------ dispatch
+
+    def prepare_all(self, ready: list[tuple[str, int]]) -> list[AgentStart | WaitStart]:
+        """``prepare`` each ready node, in order; the items of a plain fan-out (no effect, no row
+        to settle first) are issued together (``Calls.issue_items``): one command for a wide
+        fan-out's items, not one per item. Returns the agent and wait nodes to start."""
+        starts: list[AgentStart | WaitStart] = []
+        restored = self.restored
+        group_step, group = "", list[NodeKey]()
+        for step, index in ready:
+            key = NodeKey(step, index)
+            if index >= 0 and self._is_plain_map(step) and (not restored or key not in restored):
+                if step != group_step and group:
+                    self._issue_items(group_step, group)
+                    group = []
+                group_step = step
+                group.append(key)
+                continue
+            if group:
+                self._issue_items(group_step, group)
+                group = []
+            start = self.prepare(key)
+            if start is not None:
+                starts.append(start)
+        if group:
+            self._issue_items(group_step, group)
+        return starts
+
+    def _is_plain_map(self, step: str) -> bool:
+        plain = self._plain_items.get(step)
+        if plain is None:
+            spec = self.wf.steps[step]
+            plain = self._plain_items[step] = (spec.kind == "step" and spec.map_over is not None and not spec.effect
+                                               and not self.calls.records_first(spec))
+        return plain
+
+    def _issue_items(self, step: str, keys: list[NodeKey]) -> None:
+        self.kwargs(step, keys[0].fan_index)  # caches the step's inputs (the items' upstream outputs are final)
+        inputs = self._item_inputs[step]
+        self.calls.issue_items(self.wf.steps[step], keys, [
+            {name: value[key.fan_index] if mapped else value for name, value, mapped in inputs} for key in keys])
 
     def prepare(self, key: NodeKey) -> AgentStart | WaitStart | None:
         """Issue a ready node, or settle it without a call (restored, a fan-out parent); an

@@ -26,6 +26,21 @@ class Dispatch(NamedTuple):
     call: NodeCall
 
 
+class ItemsDispatch(NamedTuple):
+    """Send first attempts of plain fan-out items of one step, as one command: a wide fan-out's
+    items go to the executor's lane in one call (``Executor.submit_items``), not one by one."""
+
+    spec: StepSpec
+    keys: list[NodeKey]
+    calls: list[NodeCall]
+
+    def each(self) -> list[Dispatch]:
+        return [Dispatch(key, self.spec, call) for key, call in zip(self.keys, self.calls, strict=True)]
+
+
+Send = Dispatch | ItemsDispatch
+
+
 @dataclass(frozen=True)
 class BuildPrompt:
     """Run an agent node's prompt builder here, in the driver (cheap, pure user code), and hand
@@ -77,16 +92,22 @@ class Outbox:
 
     now: float = 0.0
     batch: Batch = field(default_factory=Batch)
-    dispatch: list[Dispatch] = field(default_factory=list)
+    dispatch: list[Send] = field(default_factory=list)
     cancel: list[NodeKey] = field(default_factory=list)
     queries: list[Query] = field(default_factory=list)
 
     def take_batch(self) -> Batch:
         return self.batch.take()
 
-    def take_dispatch(self) -> list[Dispatch]:
+    def take_sends(self) -> list[Send]:
+        """The attempts to send, items of a fan-out grouped (the driver's path)."""
         taken, self.dispatch = self.dispatch, []
         return taken
+
+    def take_dispatch(self) -> list[Dispatch]:
+        """The attempts to send, one by one."""
+        return [one for send in self.take_sends()
+                for one in (send.each() if isinstance(send, ItemsDispatch) else (send,))]
 
     def take_cancel(self) -> list[NodeKey]:
         taken, self.cancel = self.cancel, []

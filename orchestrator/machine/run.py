@@ -136,8 +136,7 @@ class RunMachine:
             return
         while True:
             while ready := self.forward.sched.pop_ready():  # settling a node can make more ready
-                for step, index in ready:
-                    start = self.forward.prepare(NodeKey(step, index))
+                for start in self.forward.prepare_all(ready):
                     if isinstance(start, AgentStart):
                         self.agents.start(start)
                     elif isinstance(start, WaitStart):

@@ -454,7 +454,8 @@ class MachineShell:
         if not out.batch.empty() or out.dispatch or out.queries:
             raise InvariantViolation(
                 f"after the run rested {record.status.value} the machine produced writes, dispatches or queries: "
-                f"{[n.node_id for n in out.batch.node_writes()]}, {[d.key.label for d in out.dispatch]}, {out.queries}")
+                f"{[n.node_id for n in out.batch.node_writes()]}, {[d.key.label for d in out.take_dispatch()]}, "
+                f"{out.queries}")
         return record
 
     # ------------------------------------------------------------------ writes
