@@ -32,6 +32,17 @@ fanned out over a plan (``map_over``, an item rejected now and then), agents cal
 raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fail transiently).
 CI runs only its fixed DAG ``FANNED`` (one of each, then a rejected item: a rollback) x 2
 faults; ``RAYSAGA_FULL_SWEEP=1`` adds 50 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_FANNED_DAGS``).
+
+The third generator (``dag_specs(fanned=True, ending=True)``, ``test_random_ending_dags_...``) adds
+agents that end on their own (max turns, a loop, answers never valid, an answer refused once,
+a turn the API refuses, a turn the API is overloaded for at every attempt; in fan-outs with
+partial-failure policies too), transport faults of the Messages server (429, 500, 529, a
+dropped connection) before some answers, tools failing transiently once then succeeding (a
+plain one and an effect), tools declared ``requires_approval`` (approved or rejected by the
+harness), and ``speculative_tools`` agents. CI runs its three fixed DAGs (``ENDS``,
+``MODEL_FAULTS``, ``GATED``), each faulted at one chosen point (two with
+``RAYSAGA_FULL_SWEEP=1``); ``RAYSAGA_FULL_SWEEP=1`` adds 50
+random DAGs inline (``RAYSAGA_CHAOS_ENDING_DAGS``) and 10 on Ray (``RAYSAGA_CHAOS_RAY_ENDING_DAGS``).
 """
 
 from __future__ import annotations
@@ -97,10 +108,64 @@ FANNED: dict[str, Any] = {"name": "chaos_fanned", "steps": [
     {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [2]},
 ]}
 FANNED_SEED = 11
+ENDING_SEED = 13
+ENDING_DAGS = int(os.environ.get("RAYSAGA_CHAOS_ENDING_DAGS", "50" if FULL_SWEEP else "0"))
+RAY_ENDING_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_ENDING_DAGS", "10" if FULL_SWEEP else "0"))
+#: The third generator's agents that end on their own: an agent per element of a plan whose item
+#: 1 loops (``LoopDetected``), best effort; an agent never answering valid JSON (non-critical,
+#: its failure handed on), then one whose first answer is refused (it completes); then an agent
+#: that never stops asking for tools (``MaxTurns``, critical: the run rolls back).
+ENDS: dict[str, Any] = {"name": "chaos_ends", "steps": [
+    {"name": "s0", "kind": "step", "deps": [], "effect": True, "compensate": True},
+    {"name": "s1", "kind": "plan", "deps": ["s0"], "items": 3},
+    {"name": "s2", "kind": "agent", "over": "s1", "deps": ["s1"], "policy": {"kind": "best_effort"},
+     "turns": [["act_undone"]], "end": "loop", "end_items": [1]},
+    {"name": "s3", "kind": "agent", "deps": ["s0"], "turns": [["lookup"]], "end": "invalid", "critical": False,
+     "on_failure": "pass"},
+    {"name": "s4", "kind": "agent", "deps": ["s3"], "turns": [["lookup"]], "end": "fixed"},
+    {"name": "s5", "kind": "agent", "deps": ["s2", "s4"], "turns": [["act_undone"], ["lookup"]], "end": "max_turns"},
+]}
+#: Model-side faults: a fan-out of agents meeting a 429, and a 500 then a 529, before answers; an
+#: agent meeting a dropped connection, then overloaded at every attempt of its last turn
+#: (``ModelUnavailable``, non-critical: its dependent skipped); a fan-out under ``quorum(1)``
+#: whose item 0 the API refuses (400: ``ModelCallFailed``).
+MODEL_FAULTS: dict[str, Any] = {"name": "chaos_model_faults", "steps": [
+    {"name": "s0", "kind": "plan", "deps": [], "items": 2},
+    {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
+     "turns": [["lookup"], ["act"]], "model_faults": {"0": ["429"], "2": ["500", "529"]}},
+    {"name": "s2", "kind": "agent", "deps": ["s1"], "turns": [["act_undone"]], "model_faults": {"1": ["drop"]},
+     "end": "model_down", "critical": False, "on_failure": "skip"},
+    {"name": "s3", "kind": "step", "deps": ["s2"], "effect": True},
+    {"name": "s4", "kind": "agent", "over": "s0", "deps": ["s0", "s1"], "policy": {"kind": "quorum", "k": 1},
+     "turns": [["lookup"]], "end": "model_400", "end_items": [0]},
+]}
+#: Tools failing once then succeeding, tools a human must allow, speculative agents: an agent
+#: calling the flaky tools, then two gated effects (the second rejected); an agent per element
+#: calling a gated effect, then the flaky lookup, its second turn meeting a 529 first; both
+#: speculative; then an approval the harness rejects: the run rolls back the allowed calls.
+GATED: dict[str, Any] = {"name": "chaos_gated", "steps": [
+    {"name": "s0", "kind": "plan", "deps": [], "items": 2},
+    {"name": "s1", "kind": "agent", "deps": [], "turns": [["lookup_flaky", "act_flaky"], ["act_gated", "act_gated"]],
+     "reject_calls": ["1.1"], "speculative": True},
+    {"name": "s2", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
+     "turns": [["act_gated"], ["lookup_flaky", "lookup"]], "model_faults": {"1": ["529"]}, "speculative": True},
+    {"name": "s3", "kind": "approval", "deps": ["s1", "s2"], "verdict": "reject"},
+]}
+#: Each fixed DAG of the third generator with the faults CI gives it (point, label, mode).
+ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
+    # the loop's failing turn answered, not durable (asked again); the last turn before MaxTurns
+    "ends": (ENDS, [(("before_commit", "s2@4[1]"), "kill"), (("before_commit", "s5@5"), "raise")]),
+    # a 429 lost with its driver (the retry gets the next planned reply); the 400 lost (asked again)
+    "model_faults": (MODEL_FAULTS, [(("before_commit", "s1@0[0]"), "kill"), (("before_commit", "s4@1[0]"), "raise")]),
+    # the flaky effect's failed first attempt; a gated effect's call sent, its outcome not durable
+    "gated": (GATED, [(("before_commit", "s1@0.1"), "raise"), (("after_pending", "s2@0.0[1]"), "kill")]),
+}
 COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
           "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
-          "agent_fan_outs", "approval_fan_outs", "raising_calls")
-STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0) for group in ("inline", "ray", "fanned")}
+          "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
+          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents")
+STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
+                                    for group in ("inline", "ray", "fanned", "ending", "ray_ending")}
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +176,9 @@ def services() -> Iterator[FakeServices]:
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[MessagesServer]:
-    """The agents' Messages API: replies pure in the request (``chaos_flows.reply_for``)."""
-    with MessagesServer(chaos_flows.reply_for) as srv:
+    """The agents' Messages API: replies pure in the request (``chaos_flows.reply_for``) but for
+    the planned transport faults (``chaos_flows.ChaosModel``: counted from each run's reset)."""
+    with MessagesServer(chaos_flows.ChaosModel(), backlog=128) as srv:
         yield srv
 
 
@@ -137,6 +203,8 @@ def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, servic
     golden = golden_run(spec, folder, services, executor=executor, model=model)
     note(f"golden: {golden.run['status']}, {len(golden.nodes)} nodes, {len(golden.ledger)} ledger rows, "
          f"compensations {golden.undo_order}, {golden.rests} rests for a decision")
+    note("golden steps: " + " ".join(f"{label}={status}" for label, status in sorted(golden.nodes.items())
+                                     if "@" not in label and ":" not in label))
     group = group or executor
     stats = STATS[group]
     count(stats, golden)
@@ -171,6 +239,13 @@ def count(stats: dict[str, int], golden: Golden) -> None:
     stats["agent_fan_outs"] += sum(s["kind"] == "agent" and "over" in s for s in steps)
     stats["approval_fan_outs"] += sum(s["kind"] == "approval" and "over" in s for s in steps)
     stats["raising_calls"] += sum(t in chaos_flows.RAISING for s in steps for turn in s.get("turns", ()) for t in turn)
+    agents = [s for s in steps if s["kind"] == "agent"]
+    stats["ending_agents"] += sum("end" in s for s in agents)
+    stats["faulty_models"] += sum(bool(s.get("model_faults")) for s in agents)
+    stats["flaky_calls"] += sum(t in ("lookup_flaky", "act_flaky") for s in agents for turn in s["turns"] for t in turn)
+    stats["gated_calls"] += sum(t == "act_gated" for s in agents for turn in s["turns"] for t in turn)
+    stats["rejected_calls"] += sum(len(s.get("reject_calls", ())) for s in agents)
+    stats["speculative_agents"] += sum(bool(s.get("speculative")) for s in agents)
     stats["golden_abandoned"] += len(pending_rows(golden.nodes, golden.ledger, EffectStatus.ABANDONED))
 
 
@@ -197,6 +272,45 @@ def test_random_fanned_dags_faulted_anywhere_end_as_golden(spec: dict[str, Any],
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
     """The second generator's shapes (agents and approvals in fan-outs, tools that raise), inline."""
     sweep_dag(spec, seed, KILLS, "inline", services, model, tmp_path_factory, group="fanned")
+
+
+@pytest.mark.parametrize("shape", sorted(ENDING_CI))
+def test_ending_shapes_faulted_end_as_golden(shape: str, services: FakeServices, model: MessagesServer,
+                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    """CI's cases of the third generator: each fixed DAG faulted at the first of its chosen
+    points (CI's time), at both with ``RAYSAGA_FULL_SWEEP=1``."""
+    spec, faults = ENDING_CI[shape]
+    sweep_dag(spec, ENDING_SEED, KILLS, "inline", services, model, tmp_path_factory, note=print,
+              faults=faults if FULL_SWEEP else faults[:1], group="ending")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ENDING_DAGS, reason="the third generator's random sweep runs with RAYSAGA_FULL_SWEEP=1")
+@pytest.mark.timeout(LONG)
+@settings(max_examples=ENDING_DAGS or 1, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=dag_specs(5, MAX_STEPS, agents=True, approvals=True, fanned=True, ending=True),
+       seed=st.integers(0, 2**32 - 1))
+def test_random_ending_dags_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, services: FakeServices,
+                                                           model: MessagesServer,
+                                                           tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The third generator's shapes (agents ending on their own, model faults, flaky and gated
+    tools, speculative agents), inline."""
+    sweep_dag(spec, seed, KILLS, "inline", services, model, tmp_path_factory, group="ending")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(not RAY_ENDING_DAGS, reason="the third generator's Ray sweep runs with RAYSAGA_FULL_SWEEP=1")
+@pytest.mark.timeout(LONG)
+@settings(max_examples=RAY_ENDING_DAGS or 1, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=dag_specs(5, 50, agents=True, approvals=True, fanned=True, ending=True), seed=st.integers(0, 2**32 - 1))
+def test_random_ending_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, ray_address: str,
+                                                                  services: FakeServices, model: MessagesServer,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The third generator's shapes on the Ray executor."""
+    sweep_dag(spec, seed, KILLS, "ray", services, model, tmp_path_factory, group="ray_ending")
 
 
 @pytest.mark.ray

@@ -52,6 +52,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -86,6 +87,21 @@ RAISING = ("broken", "act_broken", "unreachable")
 #: ``unreachable``'s retries: due at once (a backoff would race the wall clock across a crash).
 TOOL_RETRY = RetryPolicy(max_attempts=2, base=0.0, cap=0.0)
 AGENT_TRANSPORT = RetryPolicy(max_attempts=6, base=0.02, cap=0.1)
+#: The third generator's tools (``tests.support.chaos_gen`` draws them with ``ending=True``):
+#: ``lookup_flaky`` and ``act_flaky`` fail transiently on their first attempt (before any call)
+#: and then succeed, ``act_gated`` is an effect that waits for a human (``requires_approval``).
+ENDING = ("lookup_flaky", "act_flaky", "act_gated")
+#: The flaky tools' retries: due at once, and one to spare (a crash may cost an attempt).
+FLAKY_RETRY = RetryPolicy(max_attempts=3, base=0.0, cap=0.0)
+#: How an agent of the third generator ends on its own once its scripted tool turns are done
+#: (``end``): ``max_turns`` (it keeps asking for tools), ``loop`` (the same call again and again:
+#: warned, then ``LoopDetected``), ``invalid`` (answers that are not JSON: ``InvalidOutput``),
+#: ``fixed`` (one answer refused, the next one valid: it completes), ``model_400`` (its last turn
+#: refused by the API: ``ModelCallFailed``), ``model_down`` (its last turn overloaded at every
+#: attempt: ``ModelUnavailable``).
+ENDS = ("max_turns", "loop", "invalid", "fixed", "model_400", "model_down")
+#: Transport faults the Messages server answers a turn with before its answer (``model_faults``).
+MODEL_FAULTS = ("429", "500", "529", "drop")
 
 
 class ChaosIn(BaseModel):
@@ -196,6 +212,8 @@ def build(spec: dict[str, Any]) -> Workflow:
             "critical": bool(step.get("critical", True)), "on_failure": step.get("on_failure", "skip")}
         if step["kind"] == "agent":
             fan_out = {"map_over": step["over"], "policy": _policy(step.get("policy"))} if "over" in step else {}
+            if spec.get("marks") and uses(step, ENDING):
+                step = {**step, "marks": spec["marks"]}
             wf.agent(make_agent(step, spec["model_url"]), name=step["name"], critical=options["critical"],
                      on_failure=options["on_failure"], **fan_out)(_function(step, prompt))
             continue
@@ -226,9 +244,13 @@ def prompt(step: dict[str, Any], input: ChaosIn, deps: dict[str, Any]) -> str:
     """An agent's prompt: everything the scripted model needs (``reply_for`` parses it); an
     agent of a fan-out names its item (the element's ``item`` of the plan it maps over)."""
     head = f"agent {step['name']} seed={input.seed} services={input.services_url} deps={digest(deps)}"
+    item = None
     if "over" in step:
-        head += f" item={deps[step['over']]['item']}"
-    return f"{head}\nturns={json.dumps(step['turns'], separators=(',', ':'))}"
+        item = int(deps[step["over"]]["item"])
+        head += f" item={item}"
+    text = f"{head}\nturns={json.dumps(step['turns'], separators=(',', ':'))}"
+    plan = plan_of(step, item)
+    return text + (f"\nplan={json.dumps(plan, separators=(',', ':'), sort_keys=True)}" if plan else "")
 
 
 def agent_label(fields: Mapping[str, str]) -> str:
@@ -260,6 +282,43 @@ def act_undo(ctx: StepContext, output: Any, subject: str, n: int, services_url: 
     return {"undo": reply["id"]}
 
 
+def _first_attempt(marks: str, subject: str) -> bool:
+    """Whether this is the first attempt of the call about ``subject`` in this run: a tool cannot
+    see its attempt, so the first one leaves a mark (a file in ``marks``, created exclusively:
+    once per run, whatever the process; the harness empties the folder before every run)."""
+    folder = Path(marks)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        (folder / hashlib.sha256(subject.encode()).hexdigest()[:24]).open("x").close()
+    except FileExistsError:
+        return False
+    return True
+
+
+def reset_marks(path: str) -> None:
+    """Forget every flaky call's first attempt (before a run of the spec saved at ``path``)."""
+    marks = json.loads(Path(path).read_text()).get("marks")
+    if marks and Path(marks).is_dir():
+        for mark in Path(marks).iterdir():
+            mark.unlink()
+
+
+def lookup_flaky_impl(subject: str, n: int, marks: str) -> str:
+    """A plain tool failing transiently (``ConnectionError``) on its first attempt, then answering."""
+    if _first_attempt(marks, subject):
+        raise ConnectionError(f"lookup_flaky: flaky on its first attempt: {subject}")
+    return f"found {digest(subject, n)}"
+
+
+def act_flaky_impl(subject: str, n: int, services_url: str, marks: str,
+                   idempotency_key: str | None = None) -> dict[str, Any]:
+    """An effect tool failing transiently on its first attempt before its call, then calling the
+    provider (kind ``do``) under the call's key: the retry must carry the same key."""
+    if _first_attempt(marks, subject):
+        raise ConnectionError(f"act_flaky: flaky on its first attempt: {subject}")
+    return act_impl(subject, n, services_url, idempotency_key)
+
+
 def broken_impl(subject: str, n: int) -> str:
     """A plain tool answering every call with an error the model sees (``ToolError``)."""
     raise ToolError(f"broken on purpose: {subject}")
@@ -285,6 +344,12 @@ act_broken = tool(act_broken_impl, name="act_broken", effect=True, key=KEY,
                   description="Do something (an effect that always fails).")
 unreachable = tool(unreachable_impl, name="unreachable", retry=TOOL_RETRY,
                    description="Look a subject up (its service is never reachable).")
+lookup_flaky = tool(lookup_flaky_impl, name="lookup_flaky", retry=FLAKY_RETRY,
+                    description="Look a subject up (its service fails once).")
+act_flaky = tool(act_flaky_impl, name="act_flaky", effect=True, key=KEY, retry=FLAKY_RETRY,
+                 description="Do something (an effect whose service fails once).")
+act_gated = tool(act_impl, name="act_gated", effect=True, key=KEY, compensate=act_undo, requires_approval=True,
+                 approvers=[DECIDER], description="Do something a human must allow (undone by a rollback).")
 #: Far above any DAG's tool failures: a breaker opening would hang on its cooldown (wall clock),
 #: which a crash's pause may let run out in one run and not in another.
 BREAKER_THRESHOLD = 10_000
@@ -293,25 +358,67 @@ BREAKER_THRESHOLD = 10_000
 def make_agent(step: dict[str, Any], model_url: str) -> Agent:
     model = AnthropicModel(MODEL, base_url=model_url, timeout=30.0, api_key_env=KEY_ENV)
     tools = (lookup, act, act_undone) + ((broken, act_broken, unreachable) if uses_raising(step) else ())
+    tools += (lookup_flaky, act_flaky, act_gated) if uses(step, ENDING) else ()
+    # an agent that ends on its own gets room for it: 2 refused answers and a third (``invalid``),
+    # 2 loop calls, the warned one and the one that fails (``loop``); ``max_turns`` uses them all
+    extra = 4 if "end" in step else 2
     return Agent(f"agent_{step['name']}", model, system="You are a chaos-suite agent.", output_type=AgentAnswer,
-                 tools=tools, transport_retry=AGENT_TRANSPORT, max_turns=len(step["turns"]) + 2,
-                 breaker_threshold=BREAKER_THRESHOLD)
+                 tools=tools, transport_retry=AGENT_TRANSPORT, max_turns=len(step["turns"]) + extra,
+                 breaker_threshold=BREAKER_THRESHOLD, speculative_tools=bool(step.get("speculative")))
 
 
 def uses_raising(step: dict[str, Any]) -> bool:
     """Whether an agent step asks for a tool that raises (only those agents are offered them, so
     the other agents' requests are what they were before these tools existed)."""
-    return any(t in RAISING for turn in step["turns"] for t in turn)
+    return uses(step, RAISING)
+
+
+def uses(step: dict[str, Any], tools: tuple[str, ...]) -> bool:
+    return any(t in tools for turn in step["turns"] for t in turn)
+
+
+def tool_at(step: dict[str, Any] | None, label: str) -> str | None:
+    """The tool the call ``label`` (``s3@1.0``, ``s3@1.0[2]``) of agent ``step`` asks for, if any."""
+    if step is None or step["kind"] != "agent":
+        return None
+    call = label.partition("[")[0].partition("@")[2]
+    turn, dot, k = call.partition(".")
+    if not dot or not turn.isdigit() or not k.isdigit() or int(turn) >= len(step["turns"]):
+        return None
+    calls = step["turns"][int(turn)]
+    return calls[int(k)] if int(k) < len(calls) else None
+
+
+def plan_of(step: dict[str, Any], item: int | None) -> dict[str, Any]:
+    """What the scripted model does besides ``turns`` for ``step`` (its item ``item`` in a fan-out):
+    ``end`` (``ENDS``; in a fan-out only for the items in ``end_items``) and ``faults`` (turn ->
+    the transport faults answered before its answer, ``MODEL_FAULTS``); {} for the first two
+    generators' agents (their prompts are as they were)."""
+    plan: dict[str, Any] = {}
+    if "end" in step and (item is None or "over" not in step or item in step.get("end_items", [])):
+        plan["end"] = step["end"]
+    if step.get("model_faults"):
+        plan["faults"] = step["model_faults"]
+    if step.get("marks"):
+        plan["marks"] = step["marks"]
+    return plan
 
 
 def parse_prompt(text: str) -> tuple[dict[str, str], list[list[str]]]:
     """``prompt``'s fields and turns back from the conversation's first message."""
-    head, _, turns = text.partition("\nturns=")
+    fields, turns, _ = parse_plan(text)
+    return fields, turns
+
+
+def parse_plan(text: str) -> tuple[dict[str, str], list[list[str]], dict[str, Any]]:
+    """``prompt``'s fields, turns and plan (``plan_of``) back from the conversation's first message."""
+    head, _, rest = text.partition("\nturns=")
+    turns, _, plan = rest.partition("\nplan=")
     words = head.split()
     assert words[0] == "agent", text
     fields = dict(w.split("=", 1) for w in words[2:])
     fields["agent"] = words[1]
-    return fields, json.loads(turns)
+    return fields, json.loads(turns), json.loads(plan) if plan else {}
 
 
 def _tool_results(request: dict[str, Any]) -> list[Any]:
@@ -324,27 +431,98 @@ def turn_usage(turn: int) -> tuple[int, int]:
     return (100 + turn, 10 + turn)
 
 
+def _args(t: str, subject: str, turn: int, fields: Mapping[str, str], plan: Mapping[str, Any]) -> dict[str, Any]:
+    args: dict[str, Any] = {"subject": subject, "n": turn}
+    if t not in ("lookup", "broken", "unreachable", "lookup_flaky"):
+        args["services_url"] = fields["services"]
+    if t in ("lookup_flaky", "act_flaky"):
+        args["marks"] = plan["marks"]
+    return args
+
+
 def reply_for(request: dict[str, Any]) -> ms.Reply:
     """The scripted model of every agent node: a ``MessagesServer`` responder, pure in the request.
 
     Turn ``t < len(turns)`` asks for ``turns[t]``'s tool calls (subject ``<seed>/<agent>@<t>.<k>``,
-    unique per call); turn ``len(turns)`` answers ``AgentAnswer`` as JSON."""
+    unique per call); turn ``len(turns)`` answers ``AgentAnswer`` as JSON. An agent whose plan
+    (``plan_of``) says how it ends (``ENDS``) does that from turn ``len(turns)`` on instead. The
+    transport faults of ``plan["faults"]`` are ``ChaosModel``'s (they need a count of arrivals)."""
     first = ms.conversation_of(request)
     assert first is not None, request
-    fields, turns = parse_prompt(first)
+    fields, turns, plan = parse_plan(first)
     turn = ms.turn_of(request)
     name, seed = agent_label(fields), fields["seed"]
     if turn < len(turns):
-        blocks = [ms.tool_use_block(t, {"subject": f"{seed}/{name}@{turn}.{k}", "n": turn}
-                                    if t in ("lookup", "broken", "unreachable") else
-                                    {"subject": f"{seed}/{name}@{turn}.{k}", "n": turn,
-                                     "services_url": fields["services"]})
+        blocks = [ms.tool_use_block(t, _args(t, f"{seed}/{name}@{turn}.{k}", turn, fields, plan))
                   for k, t in enumerate(turns[turn])]
         return ms.reply(blocks, usage=turn_usage(turn))
-    if turn == len(turns):
+    end = plan.get("end")
+    if end == "max_turns":  # never done: one more lookup each turn, until the agent's max_turns
+        return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@{turn}.0", "n": turn})],
+                        usage=turn_usage(turn))
+    if end == "loop":  # the same call each turn: answered twice, then warned, then the node fails
+        return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@loop", "n": 0})],
+                        usage=turn_usage(turn))
+    if end == "model_400":
+        return ms.fault(400, f"{name}: refused on purpose")
+    if end == "model_down":
+        return ms.fault(529, f"{name}: overloaded on purpose")
+    if end == "invalid" or (end == "fixed" and turn == len(turns)):
+        return ms.text(f"{name} has no JSON to give (turn {turn})", usage=turn_usage(turn))
+    if turn == len(turns) + (end == "fixed"):
         answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
         return ms.text(json.dumps(answer), usage=turn_usage(turn))
     raise LookupError(f"{name} has {len(turns)} tool turns, asked for turn {turn}")
+
+
+def transport_fault(kind: str) -> ms.Reply:
+    """A transient fault of the Messages API (``MODEL_FAULTS``); a 429 asks for a short wait."""
+    if kind == "drop":
+        return ms.drop()
+    return ms.fault(int(kind), retry_after=0.05) if kind == "429" else ms.fault(int(kind))
+
+
+def planned_faults(request: dict[str, Any]) -> list[str]:
+    """The transport faults planned before the answer to this request's turn ([] for most)."""
+    first = ms.conversation_of(request)
+    if first is None or not first.startswith("agent "):
+        return []
+    _, _, plan = parse_plan(first)
+    return list(plan.get("faults", {}).get(str(ms.turn_of(request)), []))
+
+
+def fails_for_good(request: dict[str, Any]) -> bool:
+    """Whether this request's every arrival is answered with an error (``model_400``, ``model_down``)."""
+    first = ms.conversation_of(request)
+    if first is None or not first.startswith("agent "):
+        return False
+    _, turns, plan = parse_plan(first)
+    return plan.get("end") in ("model_400", "model_down") and ms.turn_of(request) >= len(turns)
+
+
+class ChaosModel:
+    """``reply_for`` with the planned transport faults: the first arrivals of a turn with
+    ``plan["faults"]`` get those faults, in order, and later ones its answer. The arrivals are
+    counted from the last ``reset`` (the harness resets with the server's log, before each run)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._arrivals: dict[str, int] = {}
+
+    def reset(self) -> None:
+        with self._lock:
+            self._arrivals.clear()
+
+    def __call__(self, request: dict[str, Any]) -> ms.Reply:
+        faults = planned_faults(request)
+        if faults:
+            key = ms.request_key(request)
+            with self._lock:
+                arrival = self._arrivals.get(key, 0)
+                self._arrivals[key] = arrival + 1
+            if arrival < len(faults):
+                return transport_fault(faults[arrival])
+        return reply_for(request)
 
 
 def verdict(step: dict[str, Any], fan_index: int | None) -> str:
@@ -354,12 +532,20 @@ def verdict(step: dict[str, Any], fan_index: int | None) -> str:
     return str(step.get("verdict", "approve"))
 
 
+def tool_verdict(step: dict[str, Any], node: str) -> str:
+    """What the harness answers the gated tool call ``node`` (``s3@1.0``) of agent ``step``:
+    rejected if its ``<turn>.<call>`` is in ``reject_calls`` (every item alike in a fan-out)."""
+    return "reject" if node.partition("@")[2] in step.get("reject_calls", []) else "approve"
+
+
 def decide(store: Any, spec: dict[str, Any], run_id: str) -> list[str]:
-    """Decide every approval the run waits for as ``spec`` says (``verdict``); return their names."""
-    steps = {s["name"]: s for s in spec["steps"] if s["kind"] == "approval"}
+    """Decide every approval the run waits for as ``spec`` says (``verdict``, ``tool_verdict`` for
+    an agent's gated tool call); return their names."""
+    steps = {s["name"]: s for s in spec["steps"] if s["kind"] in ("approval", "agent")}
     decided = []
     for waiting in store.waiting_approvals(run_id=run_id):
-        answer = verdict(steps[waiting.node], waiting.fan_index)
+        step = steps[waiting.node.partition("@")[0]]
+        answer = tool_verdict(step, waiting.node) if step["kind"] == "agent" else verdict(step, waiting.fan_index)
         store.decide(run_id, waiting.node, answer, by=DECIDER, fan_index=waiting.fan_index,
                      comment=f"{answer} by the chaos harness")
         decided.append(waiting.node)
@@ -390,8 +576,12 @@ FLOWS = _Specs()
 
 
 def save(spec: dict[str, Any], folder: Path, model_url: str | None = None) -> str:
-    """Write ``spec`` as JSON into ``folder`` (with the Messages server's URL its agents call);
-    return the path a driver process takes as ``--flow``."""
+    """Write ``spec`` as JSON into ``folder`` (with the Messages server's URL its agents call, and
+    the folder of its flaky tools' marks if any agent calls one); return the path a driver
+    process takes as ``--flow``."""
     path = folder / f"{spec['name']}.json"
-    path.write_text(json.dumps({**spec, "model_url": model_url}, indent=1, sort_keys=True))
+    extra: dict[str, Any] = {"model_url": model_url}
+    if any(s["kind"] == "agent" and uses(s, ENDING) for s in spec["steps"]):
+        extra["marks"] = str(folder / "marks")
+    path.write_text(json.dumps({**spec, **extra}, indent=1, sort_keys=True))
     return str(path)

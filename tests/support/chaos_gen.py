@@ -20,6 +20,17 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
   also call the tools that raise (``chaos_flows.RAISING``: a ``ToolError``, an effect failing
   for good before its call, a tool whose every attempt fails transiently). Off, the draws are
   exactly those of the first generator, so its derandomised CI DAGs stay what they were.
+- ``ending=True`` (the third generator, ``test_random_ending_dags_...``; with ``fanned=True``):
+  about half the agents end on their own once their tool turns are done (``end``, one of
+  ``chaos_flows.ENDS``: max turns, a loop, answers that are never valid JSON, an answer refused
+  once and then valid, the API refusing a turn (400), the API overloaded at every attempt (529);
+  in a fan-out only for the items in ``end_items``, so a partial-failure policy sees failed
+  agents); about a third of the agents meet transport faults (``model_faults``: per turn up to
+  two of 429, 500, 529 and a dropped connection before the answer); agents also call the
+  flaky tools (``lookup_flaky``, ``act_flaky``: a transient failure on the first attempt, then
+  success) and ``act_gated`` (an effect with ``requires_approval``, its calls in
+  ``reject_calls`` rejected by the harness); a third of the agents are ``speculative``. Off,
+  no draw of this list is made.
 
 Plans never fail and are always critical, so a map always fans out over a list. An effect never
 takes a partial fan-out's result (a ``FanOutResult``) as an input: its failures carry attempt
@@ -38,7 +49,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.chaos_flows import RAISING, TOOLS, digest
+from tests.support.chaos_flows import ENDING, ENDS, MODEL_FAULTS, RAISING, TOOLS, digest
 
 MAX_DEPS = 3
 MAX_ITEMS = 4
@@ -49,7 +60,7 @@ MAX_TURNS = 3
 
 @st.composite
 def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agents: bool = False,
-              approvals: bool = False, fanned: bool = False) -> dict[str, Any]:
+              approvals: bool = False, fanned: bool = False, ending: bool = False) -> dict[str, Any]:
     n = draw(st.integers(min_steps, max_steps), label="steps")
     failing = set(draw(st.lists(st.integers(0, n - 1), max_size=2, unique=True), label="failing"))
     steps: list[dict[str, Any]] = []
@@ -57,6 +68,7 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
     partial: set[str] = set()  # maps whose policy hands dependents a FanOutResult
     decided: set[str] = set()  # approvals: no effect takes one as an input
     kinds = ["step", "step", "step", "plan"] + ["agent"] * agents + ["approval"] * approvals
+    kinds += ["agent", "agent"] if ending else []  # the third generator is about agents: more of them
     for i in range(n):
         name = f"s{i}"
         earlier = [s["name"] for s in steps]
@@ -69,13 +81,16 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
                 step["over"] = over
                 step["deps"] = [over, *(d for d in extra if d != over)]
             if kind == "agent":
-                tools = TOOLS + RAISING if fanned else TOOLS
+                tools: tuple[str, ...] = TOOLS + RAISING if fanned else TOOLS
+                tools += ENDING if ending else ()
                 step["turns"] = draw(st.lists(st.lists(st.sampled_from(tools), min_size=1, max_size=2),
                                               min_size=1, max_size=MAX_TURNS))
                 if over is not None:
                     step["policy"] = draw(policies(), label="policy")
                     if step["policy"]["kind"] != "all":
                         partial.add(name)
+                if ending:
+                    draw_ending(draw, step)
             elif over is not None:
                 step["reject_items"] = draw(st.lists(st.integers(0, MAX_ITEMS - 1), max_size=1), label="reject")
                 decided.add(name)
@@ -113,6 +128,26 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
     return {"name": f"chaos_{digest(steps)[:10]}", "steps": steps}
 
 
+def draw_ending(draw: st.DrawFn, step: dict[str, Any]) -> None:
+    """The third generator's draws for an agent ``step`` (see the module's docstring)."""
+    end = draw(st.sampled_from([None, None, *ENDS]), label="end")
+    if end is not None:
+        step["end"] = end
+        if "over" in step:
+            step["end_items"] = draw(st.lists(st.integers(0, MAX_ITEMS - 1), min_size=1, max_size=2, unique=True),
+                                     label="end_items")
+    if draw(st.sampled_from([False, False, True]), label="faulty model"):
+        last = len(step["turns"]) + (end == "fixed")  # the answer's turn (one more when the first is refused)
+        step["model_faults"] = draw(st.dictionaries(
+            st.integers(0, last).map(str), st.lists(st.sampled_from(MODEL_FAULTS), min_size=1, max_size=2),
+            min_size=1, max_size=2), label="model_faults")
+    gated = [f"{t}.{k}" for t, calls in enumerate(step["turns"]) for k, tool in enumerate(calls) if tool == "act_gated"]
+    if gated:
+        step["reject_calls"] = draw(st.lists(st.sampled_from(gated), max_size=1), label="reject_calls")
+    if draw(st.sampled_from([False, False, True]), label="speculative"):
+        step["speculative"] = True
+
+
 @st.composite
 def policies(draw: st.DrawFn) -> dict[str, Any]:
     """A fan-out's partial-failure policy, as ``chaos_flows._policy`` reads it."""
@@ -141,6 +176,8 @@ def describe(spec: dict[str, Any]) -> str:
             flags.append(f"over={s['over']}" + (f" policy={s['policy']}" if "policy" in s else ""))
         if s["kind"] == "agent":
             flags.append(f"turns={s['turns']}")
+            flags += [f"{k}={s[k]}" for k in ("end", "end_items", "model_faults", "reject_calls", "speculative")
+                      if k in s]
         if s["kind"] == "approval":
             flags.append(s["verdict"] if "verdict" in s else f"reject_items={s['reject_items']}")
         lines.append(f"{s['name']} {s['kind']} <- {','.join(s['deps']) or '-'} {' '.join(flags)}")
