@@ -14,14 +14,13 @@ import logging
 import os
 import sys
 import time
-from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import InfeasibleResourcesError, UserError
-from raysaga.node_key import NodeKey
+from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, task_name
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, is_actor_death, shared_pool
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
@@ -29,102 +28,10 @@ from raysaga.orchestrator.ray_auth import check_gcs
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.step_env import forwarded
-from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
 
-
-@dataclass(eq=False, slots=True)
-class Handle:
-    """An attempt in flight."""
-
-    key: tuple[str, int]
-    node: NodeKey | None = None
-    """The driver's key of the attempt, set by the driver (so it need not parse ``key``)."""
-    ref: Any = None
-    outcome: NodeOutcome | None = None
-    sent: bool = False
-    """Handed to the engine. A queued attempt has not started: its timeout does not run yet."""
-
-
-class Executor(ABC):
-    """Runs attempts, and tracks what it has in flight itself."""
-
-    name: str
-    #: The attempt runs inside ``submit``: nothing overlaps the caller, so the driver commits what
-    #: finished before it sends the next attempt (else a death in that one would lose both).
-    runs_at_submit: bool = False
-
-    @abstractmethod
-    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
-        """Start (or queue) an attempt; a Ray task is named ``<run_id>:<node>`` (``task_name``)."""
-
-    def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
-        """First attempts of plain items of one fan-out step (``ItemsDispatch``): ``submit`` each,
-        unless the executor queues them more cheaply at once."""
-        return [self.submit(spec, call) for call in calls]
-
-    @abstractmethod
-    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
-        """Block up to ``timeout`` for one attempt, then return every finished one (outcome set).
-
-        ``handles=None`` means any attempt of this executor (the driver's main loop: O(finished),
-        not O(in flight)); a collection waits for those only, and others that finish meanwhile
-        are returned by a later wait. A cancelled attempt is never returned.
-        """
-
-    @abstractmethod
-    def cancel(self, handle: Handle) -> None: ...
-
-    def settle_cancelled(self, timeout: float) -> int:
-        """Block until every cancelled attempt has stopped, up to ``timeout``; return how many have not.
-
-        A cancel is a request: until the attempt is seen to end, it may still be calling out. The
-        driver settles before compensating (an effect must not land after its undo) and before
-        recording a final state. Nothing to settle by default (an inline attempt is never running).
-        """
-        return 0
-
-    def shutdown(self) -> None:  # noqa: B027 - optional hook, a no-op by default
-        """Release what the executor started."""
-
-
-def task_name(call: NodeCall) -> str:
-    """What Ray's dashboard calls an attempt's task: ``<run_id>:<node>``."""
-    return f"{call.fields[0]}:{call.label}"
-
-
-_CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancelled"})
-
-
-class InlineExecutor(Executor):
-    """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt it)."""
-
-    name = "inline"
-    runs_at_submit = True
-
-    def __init__(self) -> None:
-        self._done: list[Handle] = []
-
-    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
-        handle = Handle(key=(call.node_id, call.fan_index), outcome=execute(spec, call), sent=True)
-        self._done.append(handle)
-        return handle
-
-    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
-        if handles is None:
-            done, self._done = self._done, []
-        else:
-            wanted = set(handles)
-            done = [h for h in self._done if h in wanted]
-            self._done = [h for h in self._done if h not in wanted]
-        if not done and timeout > 0:
-            time.sleep(timeout)  # nothing in flight can finish: this is a timer wait, not a sync
-        return done
-
-    def cancel(self, handle: Handle) -> None:
-        handle.outcome = handle.outcome or _CANCELLED
-        if handle in self._done:
-            self._done.remove(handle)
+__all__ = ["Executor", "Handle", "InlineExecutor", "RayExecutor", "make_executor", "task_name"]
 
 
 @dataclass(eq=False)
@@ -289,10 +196,9 @@ class RayExecutor(Executor):
 
     def _pump(self) -> None:
         if self._io.queue:
-            pool = self.io_pool
-            while self._io.queue and pool.room() > 0:
-                handle, call, spec = self._io.queue.popleft()
-                self._send(spec, [(handle, call)], self._io)
+            room = self.io_pool.room()
+            if room > 0:  # every I/O-bound attempt ready now: one actor call per pool actor
+                self._send_io([self._io.queue.popleft() for _ in range(min(room, len(self._io.queue)))])
         for lane in self._all_lanes():
             if lane is self._io:
                 continue
@@ -323,6 +229,37 @@ class RayExecutor(Executor):
         if lane is not None:
             lane.tasks += 1
 
+    def _send_io(self, items: list[tuple[Handle, NodeCall, StepSpec]]) -> None:
+        """I/O-bound attempts sent together (``IoPool.send_many``): each keeps its own packed call
+        and outcome; a pool actor gets one streaming call for its share, not one call each."""
+        calls = [(self._packer.pack_calls(spec, [call]), handle) for handle, call, spec in items]
+        first = items[0][1]
+        name = task_name(first) if len(items) == 1 else f"{first.fields[0]}:io[{len(items)} calls]"
+        for stream in self.io_pool.send_many(calls, name):
+            carried = list(stream.tags.values())
+            for handle in carried:
+                handle.ref = stream.gen
+                handle.sent = True
+            self._inflight[stream.gen] = (carried, self._io)
+            self._io.tasks += 1
+
+    def _is_stream(self, ref: Any) -> bool:
+        return self._pool is not None and self._pool.stream_of(ref) is not None
+
+    def _collect(self, gen: Any) -> bool:
+        """Read a ready I/O stream: outcomes of the calls that ended; True once it is over."""
+        assert self._pool is not None
+        started = time.time()
+        ended, over = self._pool.collect(gen)
+        for handle, result, _ in ended:
+            if handle.outcome is None:  # not cancelled meanwhile
+                handle.outcome = (unpack_outcomes(result)[0] if isinstance(result, bytes)
+                                  else NodeOutcome.failure(result, transient=True, started_at=started))
+                self._finished[handle] = None
+        if over and self._inflight.pop(gen, None) is not None:
+            self._io.tasks -= 1
+        return over
+
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         self._pump()
         if self._cancelled and time.monotonic() >= self._recancel_at:
@@ -344,6 +281,11 @@ class RayExecutor(Executor):
         if ready and rest:  # group commit: drain everything else that is already finished
             more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
+        streams = [ref for ref in ready if self._is_stream(ref)]
+        for gen in streams:
+            self._collect(gen)
+        if streams:
+            ready = [ref for ref in ready if not self._is_stream(ref) and ref in self._inflight]
         for ref, (result, died) in zip(ready, self._results(ready), strict=True):
             carried, lane = self._inflight.pop(ref)
             if lane is self._io and self._pool is not None:
@@ -395,18 +337,24 @@ class RayExecutor(Executor):
         self._finished.pop(handle, None)
         if handle.outcome is not None:
             return
-        handle.outcome = _CANCELLED  # wait() never returns it
+        handle.outcome = CANCELLED  # wait() never returns it
         if handle.ref is None:  # queued in a lane, not sent
             for lane in self._all_lanes():
                 if any(item[0] is handle for item in lane.queue):
                     lane.queue = deque(item for item in lane.queue if item[0] is not handle)
             return
         entry = self._inflight.get(handle.ref)
+        stream = self._is_stream(handle.ref)
+        if stream:
+            assert self._pool is not None
+            self._pool.cancel_call(handle.ref, handle)  # its actor retires, as for a call of its own
         if entry is not None and all(h.outcome is not None for h in entry[0]):
             del self._inflight[handle.ref]
             if entry[1] is not None:
                 entry[1].tasks -= 1
             self._cancelled[handle.ref] = None
+            if stream:
+                return
             if entry[1] is self._io and self._pool is not None:
                 self._pool.cancel(handle.ref)  # a thread cannot be killed: its actor retires (io_pool)
                 return
@@ -426,20 +374,26 @@ class RayExecutor(Executor):
         A cancelled call of the I/O pool stops when its retired actor is killed: once the actor's
         other calls end (or its grace is over), or at once when ``settling``.
         """
-        refs = list(self._cancelled)
-        ended, running = self._ray.wait(refs, num_returns=len(refs), timeout=0)
         pool = self._pool
-        for ref in ended:
-            del self._cancelled[ref]
-            if pool is not None:
-                pool.ended(ref, False)
         if pool is not None:
             if settling:
                 pool.kill_retired()
             else:
                 pool.tick()
+        # a stream in flight with a cancelled call among others is settled too (its actor killed)
+        refs = list(dict.fromkeys([*self._cancelled, *(pool.unsettled() if pool is not None and settling else ())]))
+        if not refs:
+            return []
+        ended, running = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        for ref in ended:
+            if self._is_stream(ref) and not self._collect(ref):
+                running.append(ref)  # calls of it are still running
+                continue
+            self._cancelled.pop(ref, None)
+            if pool is not None:
+                pool.ended(ref, False)
         for ref in running:
-            if pool is not None and pool.owns(ref):
+            if pool is not None and (pool.owns(ref) or self._is_stream(ref)):
                 continue  # an actor task: only killing its actor stops it (done above)
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
@@ -448,7 +402,7 @@ class RayExecutor(Executor):
 
     def settle_cancelled(self, timeout: float) -> int:
         deadline = time.monotonic() + timeout
-        while self._cancelled:
+        while self._cancelled or (self._pool is not None and self._pool.unsettled()):
             running = self._recancel(settling=True)
             left = deadline - time.monotonic()
             if not running or left <= 0:

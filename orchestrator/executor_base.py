@@ -1,0 +1,110 @@
+"""What every executor offers the driver (``Executor``, its ``Handle``), and the inline executor.
+
+The Ray executor is ``raysaga.orchestrator.executor``; both are reached through it.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+
+
+@dataclass(eq=False, slots=True)
+class Handle:
+    """An attempt in flight."""
+
+    key: tuple[str, int]
+    node: NodeKey | None = None
+    """The driver's key of the attempt, set by the driver (so it need not parse ``key``)."""
+    ref: Any = None
+    outcome: NodeOutcome | None = None
+    sent: bool = False
+    """Handed to the engine. A queued attempt has not started: its timeout does not run yet."""
+
+
+class Executor(ABC):
+    """Runs attempts, and tracks what it has in flight itself."""
+
+    name: str
+    #: The attempt runs inside ``submit``: nothing overlaps the caller, so the driver commits what
+    #: finished before it sends the next attempt (else a death in that one would lose both).
+    runs_at_submit: bool = False
+
+    @abstractmethod
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        """Start (or queue) an attempt; a Ray task is named ``<run_id>:<node>`` (``task_name``)."""
+
+    def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
+        """First attempts of plain items of one fan-out step (``ItemsDispatch``): ``submit`` each,
+        unless the executor queues them more cheaply at once."""
+        return [self.submit(spec, call) for call in calls]
+
+    @abstractmethod
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        """Block up to ``timeout`` for one attempt, then return every finished one (outcome set).
+
+        ``handles=None`` means any attempt of this executor (the driver's main loop: O(finished),
+        not O(in flight)); a collection waits for those only, and others that finish meanwhile
+        are returned by a later wait. A cancelled attempt is never returned.
+        """
+
+    @abstractmethod
+    def cancel(self, handle: Handle) -> None: ...
+
+    def settle_cancelled(self, timeout: float) -> int:
+        """Block until every cancelled attempt has stopped, up to ``timeout``; return how many have not.
+
+        A cancel is a request: until the attempt is seen to end, it may still be calling out. The
+        driver settles before compensating (an effect must not land after its undo) and before
+        recording a final state. Nothing to settle by default (an inline attempt is never running).
+        """
+        return 0
+
+    def shutdown(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Release what the executor started."""
+
+
+def task_name(call: NodeCall) -> str:
+    """What Ray's dashboard calls an attempt's task: ``<run_id>:<node>``."""
+    return f"{call.fields[0]}:{call.label}"
+
+
+CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancelled"})
+
+
+class InlineExecutor(Executor):
+    """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt it)."""
+
+    name = "inline"
+    runs_at_submit = True
+
+    def __init__(self) -> None:
+        self._done: list[Handle] = []
+
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        handle = Handle(key=(call.node_id, call.fan_index), outcome=execute(spec, call), sent=True)
+        self._done.append(handle)
+        return handle
+
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        if handles is None:
+            done, self._done = self._done, []
+        else:
+            wanted = set(handles)
+            done = [h for h in self._done if h in wanted]
+            self._done = [h for h in self._done if h not in wanted]
+        if not done and timeout > 0:
+            time.sleep(timeout)  # nothing in flight can finish: this is a timer wait, not a sync
+        return done
+
+    def cancel(self, handle: Handle) -> None:
+        handle.outcome = handle.outcome or CANCELLED
+        if handle in self._done:
+            self._done.remove(handle)
