@@ -163,7 +163,7 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
 COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
           "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
           "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
-          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents")
+          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests")
 STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
                                     for group in ("inline", "ray", "fanned", "ending", "ray_ending")}
 

@@ -104,6 +104,17 @@ def reset_model(model: MessagesServer) -> None:
         reset()
 
 
+def model_requests(model: MessagesServer, executor: str = "inline") -> list[Any]:
+    """The requests that reached the model: those with a body. On Ray a model call runs in a
+    worker, which a fault may kill while it sends its request: the server then reads a cut-off
+    body and answers it 400 itself, without a turn, so it is no call of the model (inline a fault
+    stops the driver between two commits, never inside a call: none may be cut off there)."""
+    requests = model.requests
+    if executor == "inline":
+        assert all(r.body is not None for r in requests), [r.seq for r in requests if r.body is None]
+    return [r for r in requests if r.body is not None]
+
+
 def check_replies(requests: list[Any], kill: Kill | None = None) -> None:
     """Every reply but an answer was planned: the transport faults of its turn
     (``chaos_flows.planned_faults``) for its first arrivals since the model's reset, the error of
@@ -426,7 +437,10 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
     keys = {key for key, _ in ledger.values()}
     assert set(log["raw"]) <= keys, f"{kill}: a call carried a key the run's ledger does not hold"
     golden_keys = {key for label, (key, _) in golden.ledger.items() if forward_label(label) not in race}
-    assert set(log["effective"]) & golden_keys == set(golden.effective) & golden_keys, kill
+    here, there = set(log["effective"]) & golden_keys, set(golden.effective) & golden_keys
+    names = {key: label for label, (key, _) in {**golden.ledger, **ledger}.items()}
+    assert here == there, f"{kill}: effective here only {sorted(names[k] for k in here - there)}, " \
+                          f"in golden only {sorted(names[k] for k in there - here)}"
     repeated = {key for key, n in log["raw"].items() if n > 1}
     assert repeated <= set(uncertain), (kill, repeated, uncertain)
     if executor == "inline":  # nothing is in flight at a fault: exactly the calls that had returned repeat, once
@@ -459,15 +473,17 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
         repeats = check_model(golden, store, model, kill, race, lost, durable, executor)
         if stats is not None:
             stats["model_repeats"] = stats.get("model_repeats", 0) + repeats
-            stats["model_requests"] = stats.get("model_requests", 0) + len(model.requests)
-            stats["model_faults"] = stats.get("model_faults", 0) + sum(r.kind != "ok" for r in model.requests)
+            stats["model_requests"] = stats.get("model_requests", 0) + len(model_requests(model, executor))
+            stats["model_faults"] = stats.get("model_faults", 0) + sum(
+                r.kind != "ok" for r in model_requests(model, executor))
+            stats["cut_requests"] = stats.get("cut_requests", 0) + sum(r.body is None for r in model.requests)
     return race
 
 
 def check_model(golden: Golden, store: SqlStore, model: MessagesServer, kill: Kill, race: Collection[str],
                 lost: Collection[str], durable: Collection[str], executor: str) -> int:
     """Invariant 3 across the fault (see the module's docstring); returns how many turns were asked again."""
-    requests = model.requests
+    requests = model_requests(model, executor)
     check_replies(requests, kill)
     labels = {r.key: turn_label(r) for r in requests}
     repeated = {labels[key] for key in model.repeated_requests()}
@@ -568,7 +584,8 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
             durable.update(n.label for n in snap.nodes if n.status in (NodeStatus.COMPLETED, NodeStatus.FAILED))
             # answers, and errors of turns failing for good, lost at the fault: a transport fault
             # is retried as its attempt was planned, and its retry is no repeat
-            lost.update(turn_label(r) for r in model.requests if turn_label(r) not in durable
+            lost.update(turn_label(r) for r in model_requests(model, golden.executor)
+                        if turn_label(r) not in durable
                         and (r.kind == "ok" or chaos_flows.fails_for_good(r.body or {})))
         _, rests = settle(drivers, store, golden.spec, drivers.go(resumer, None))
         if stats is not None:
