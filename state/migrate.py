@@ -12,7 +12,7 @@ import re
 import threading
 from pathlib import Path
 
-from sqlalchemy import Engine, inspect, select, text
+from sqlalchemy import Connection, Engine, inspect, select, text
 
 from raysaga.errors import SchemaVersionError, StoreUnavailableError
 from raysaga.state.engine import WHERE_ADVICE, check_writable, describe_store, opening
@@ -112,10 +112,16 @@ def _migrate(engine: Engine) -> None:
         if conn.dialect.name == "postgresql":
             # two processes migrating one database at once: the second waits, then finds it done
             conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
-        from alembic import command  # alembic loads in ~0.4 s: only when migrating
-        from alembic.config import Config
+        upgrade_to(conn, "head")
 
-        cfg = Config()
-        cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+
+def upgrade_to(conn: Connection, revision: str) -> None:
+    """Run raysaga's alembic migrations on ``conn`` up to ``revision`` (the tests also make
+    databases of an older schema with it)."""
+    from alembic import command  # alembic loads in ~0.4 s: only when migrating
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = conn
+    command.upgrade(cfg, revision)

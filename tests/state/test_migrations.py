@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, event, inspect, select, text, update
 
 from raysaga.errors import SchemaVersionError
@@ -111,10 +109,7 @@ def test_an_older_database_with_runs_is_upgraded_in_place(fresh_url: str, older:
     engine = make_engine(fresh_url)
     try:
         with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, older)
+            migrate.upgrade_to(conn, older)
         with engine.begin() as conn:
             conn.execute(text(
                 "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "

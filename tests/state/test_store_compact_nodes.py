@@ -8,8 +8,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Connection, select, text
 
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, migrate, queries
@@ -83,10 +81,7 @@ def _file_at(tmp_path: Path, revision: str) -> str:
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+            migrate.upgrade_to(conn, revision)
     finally:
         engine.dispose()
     return url

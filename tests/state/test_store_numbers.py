@@ -138,8 +138,6 @@ def test_schema_3_sqlite_file_is_converted_keeping_every_row(tmp_path: Path) -> 
     """A file made by the previous raysaga (JSON-declared columns, coerced numbers already in it)
     is upgraded in place: TEXT columns, every row of every table kept (dropping the runs table
     would have cascaded away its nodes and events), and new writes exact."""
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy import text
 
     from raysaga.state import SqlStore, migrate
@@ -151,10 +149,7 @@ def test_schema_3_sqlite_file_is_converted_keeping_every_row(tmp_path: Path) -> 
     engine = make_engine(url)
     try:
         with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, "0003")
+            migrate.upgrade_to(conn, "0003")
         with engine.begin() as conn:
             conn.execute(text(
                 "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
