@@ -164,29 +164,32 @@ class RayExecutor(Executor):
                 handle.sent = True
                 self._finished[handle] = None
                 return handle
-        lane: _Lane | None = None
-        if self.is_io_bound(spec, call):
-            lane = self._io  # sent while the pool has a free thread: a timeout starts with the call
-        elif spec.timeout is not None:
-            lane = self._timed
-        elif call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
-            lane = self._lanes.get(spec.name)
-            if lane is None or lane.spec is not spec:
-                lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
+        lane = self._lane_for(spec, call)
         if lane is None:
             self._send(spec, [(handle, call)], None)
             return handle
         lane.queue.append((handle, call, spec))  # sent by _pump, at the next wait
         return handle
 
+    def _lane_for(self, spec: StepSpec, call: NodeCall) -> _Lane | None:
+        """Where an attempt waits to be sent: the I/O pool's, the timed, or its fan-out step's lane
+        (None: sent at once)."""
+        if self.is_io_bound(spec, call):
+            return self._io  # sent while the pool has a free thread: a timeout starts with the call
+        if spec.timeout is not None:
+            return self._timed
+        if call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
+            lane = self._lanes.get(spec.name)
+            if lane is None or lane.spec is not spec:
+                lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
+            return lane
+        return None
+
     def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
-        if (not calls or spec.timeout is not None or spec.io_bound or spec.effect or spec.map_over is None
-                or spec.kind != "step" or (spec.resources is not None and self._feasible.problem(
-                    spec.name, spec.resources) is not None)):
+        lane = self._lane_for(spec, calls[0]) if calls else None  # the same lane for every item of a step
+        if lane is None or not lane.chunked or (spec.resources is not None and self._feasible.problem(
+                spec.name, spec.resources) is not None):
             return super().submit_items(spec, calls)  # another lane, or failed one by one
-        lane = self._lanes.get(spec.name)
-        if lane is None or lane.spec is not spec:
-            lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
         handles = [Handle((spec.name, call.fields[2])) for call in calls]
         lane.queue.extend(zip(handles, calls, itertools.repeat(spec)))  # sent by _pump, at the next wait
         return handles
