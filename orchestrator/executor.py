@@ -83,7 +83,8 @@ class RayExecutor(Executor):
 
     An I/O-bound attempt (``io_bound=True``; by default an agent's model and tool calls) runs in
     a thread of the I/O pool (``io_pool``: zero-CPU threaded actors), at most ``io_concurrency``
-    at once (``RAYSAGA_IO_CONCURRENCY``, default 64), queued here beyond that. A step's resource
+    at once (``RAYSAGA_IO_CONCURRENCY``, default 64); beyond that, one more wave waits in the
+    actors' queues (so a thread that frees starts the next call at once) and the rest here. A step's resource
     request (``num_cpus``, ``num_gpus``, ``memory``, ``resources``) goes with its tasks, and one no
     node can ever hold fails the attempt permanently (``resources``). See docs/execution.md.
     """
@@ -92,6 +93,8 @@ class RayExecutor(Executor):
     CHUNK_SECONDS = 0.01
     MAX_CHUNK = 64
     LANE_TASKS_PER_CPU = 4
+    #: I/O-bound attempts without a timeout in flight, per thread of the pool (``_io_ready``).
+    IO_AHEAD = 2
     #: ``ray.wait`` looks at the oldest this-many tasks in flight (bounds its O(n) cost per call).
     WAIT_WINDOW = 1024
 
@@ -199,9 +202,9 @@ class RayExecutor(Executor):
 
     def _pump(self) -> None:
         if self._io.queue:
-            room = self.io_pool.room()
-            if room > 0:  # every I/O-bound attempt ready now: one actor call per pool actor
-                self._send_io([self._io.queue.popleft() for _ in range(min(room, len(self._io.queue)))])
+            ready = self._io_ready()
+            if ready:  # every I/O-bound attempt ready now: one actor call per pool actor
+                self._send_io(ready)
         for lane in self._all_lanes():
             if lane is self._io:
                 continue
@@ -209,6 +212,24 @@ class RayExecutor(Executor):
                 size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
                 items = [lane.queue.popleft() for _ in range(size)]
                 self._send(items[0][2], [(handle, call) for handle, call, _ in items], lane)
+
+    def _io_ready(self) -> list[tuple[Handle, NodeCall, StepSpec]]:
+        """The queued I/O-bound attempts to send now, in order: while the pool has a free thread,
+        and beyond that one wave ahead (``IO_AHEAD`` x its threads in all) for attempts without a
+        timeout: those wait in their actor's queue and start the moment a thread frees, instead of
+        after a round trip through this driver (a wave's outcomes read, absorbed, committed).
+        Still at most ``io_concurrency`` run at once: the actors' threads bound them. An attempt
+        with a timeout is sent only to a free thread (its timeout starts when it is sent)."""
+        pool, queue = self.io_pool, self._io.queue
+        live = pool.concurrency - pool.room()
+        ready = []
+        while queue:
+            untimed = queue[0][2].timeout is None
+            if live >= (pool.concurrency * self.IO_AHEAD if untimed else pool.concurrency):
+                break
+            ready.append(queue.popleft())
+            live += 1
+        return ready
 
     def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall]], lane: _Lane | None) -> None:
         if len(items) == 1:
@@ -284,6 +305,7 @@ class RayExecutor(Executor):
         if ready and rest:  # group commit: drain everything else that is already finished
             more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
+        any_ready = bool(ready)
         streams = [ref for ref in ready if self._is_stream(ref)]
         for gen in streams:
             self._collect(gen)
@@ -305,8 +327,8 @@ class RayExecutor(Executor):
                 if handle.outcome is None:  # not cancelled meanwhile
                     handle.outcome = outcome
                     finished[handle] = None
-        if ready:
-            self._pump()  # the next chunks run while the driver commits these
+        if any_ready:  # calls that ended (streamed ones too) freed room:
+            self._pump()  # the next chunks and I/O calls run while the driver commits these
         return self._take(wanted)
 
     def _take(self, wanted: set[Handle] | None) -> list[Handle]:

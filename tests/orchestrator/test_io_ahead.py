@@ -1,0 +1,98 @@
+"""I/O-bound attempts beyond the pool's free threads: one wave waits in the actors, not the driver.
+
+A fan-out of 200 calls at a concurrency of 64 ran in four waves, and each wave after the first
+started only once the driver had read, absorbed and committed the one before. Now the executor
+sends attempts without a timeout up to ``IO_AHEAD`` x the pool's threads, so a thread that frees
+starts the next call at once; the threads still bound how many run (the barrier test in
+``test_io_bound.py`` checks that no more than ``io_concurrency`` are ever in flight). An attempt with
+a timeout is sent only to a free thread: its timeout starts when it is sent.
+
+Real Ray (the session's cluster) and a real pool; the calls block on a file the test writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raysaga import StepContext, Workflow
+from raysaga.orchestrator.executor import Handle, RayExecutor
+from raysaga.orchestrator.task import NodeCall
+from tests.support import crash_driver as harness
+
+cloudpickle = pytest.importorskip("ray.cloudpickle")
+
+LIMIT = 60.0
+
+
+@pytest.fixture(autouse=True)
+def _by_value() -> None:
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def _workflow(timeout: float | None) -> Workflow:
+    wf = Workflow("io-ahead")
+
+    @wf.step(io_bound=True, timeout=timeout)
+    def call(ctx: StepContext, input: dict[str, Any]) -> dict[str, Any]:
+        gate = Path(input["gate"])
+        (gate / f"started-{input['n']}").write_text(str(os.getpid()))
+        deadline = time.monotonic() + LIMIT
+        while not (gate / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return {"n": input["n"], "key": ctx.idempotency_key}
+
+    return wf.validate()
+
+
+def _submit(executor: RayExecutor, timeout: float | None, gate: Path, n: int) -> list[Handle]:
+    spec = _workflow(timeout).steps["call"]
+    handles = []
+    for i in range(n):
+        ctx = StepContext(run_id="run-ahead", node_id="call", fan_index=i, attempt=1, trace_id="t",
+                          idempotency_key=f"key-{i}")
+        call = NodeCall(ctx=ctx, kwargs={"input": {"gate": str(gate), "n": i}}, max_output_bytes=1 << 20)
+        handles.append(executor.submit(spec, call))
+    return handles
+
+
+def _finish(executor: RayExecutor, handles: list[Handle], gate: Path) -> dict[Handle, Any]:
+    """Release the calls and wait for every one's outcome."""
+    (gate / "release").write_text("go")
+    ended: dict[Handle, Any] = {}
+    deadline = time.monotonic() + LIMIT
+    while len(ended) < len(handles) and time.monotonic() < deadline:
+        for handle in executor.wait(None, 1.0):
+            assert handle not in ended, f"{handle.key} reported twice"
+            ended[handle] = handle.outcome
+    assert len(ended) == len(handles), "a call never ended"
+    return ended
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0], ids=["untimed", "timed"])
+def test_calls_beyond_the_free_threads_wait_in_the_actors_unless_they_have_a_timeout(
+        ray_session: str, tmp_path: Path, timeout: float | None) -> None:
+    executor = RayExecutor(address=ray_session, io_concurrency=2)
+    try:
+        handles = _submit(executor, timeout, tmp_path, 6)
+        assert executor.wait(None, 0.0) == []  # sends what may go now; nothing has ended
+        ahead = RayExecutor.IO_AHEAD * 2 if timeout is None else 2
+        assert [h.sent for h in handles] == [True] * ahead + [False] * (6 - ahead)
+        # the threads run the first two; the sent ones beyond them are queued in their actor
+        harness.wait_until(lambda: len(list(tmp_path.glob("started-*"))) >= 2, timeout=LIMIT,
+                           what="the first two calls to start")
+        ended = _finish(executor, handles, tmp_path)
+    finally:
+        (tmp_path / "release").write_text("go")  # a failed assertion leaves no call blocking the shared pool
+        executor.shutdown()
+    for i, handle in enumerate(handles):  # each call kept its own outcome
+        outcome = ended[handle]
+        assert outcome.ok, outcome
+        assert outcome.output_json is not None and json.loads(outcome.output_json) == {"n": i, "key": f"key-{i}"}
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == sorted(f"started-{i}" for i in range(6))
