@@ -55,12 +55,17 @@ def clone_runs(path: Path, run_id: str, copies: int) -> float:
         conn.execute("BEGIN IMMEDIATE")
         counter = f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {copies}) "
         new_id = "'copy-' || printf('%06d', n.i)"
-        replaced = {"run_id": new_id, "created_at": "created_at - n.i", "updated_at": "updated_at - n.i"}
+        # run_key NULL: the store's trigger gives each copy a key; node rows carry it (schema 8)
+        key_of = "(SELECT run_key FROM raysaga_runs WHERE run_id = {})"
+        replaced = {"run_id": new_id, "run_key": "NULL", "created_at": "created_at - n.i",
+                    "updated_at": "updated_at - n.i"}
         for table in ("raysaga_runs", "raysaga_nodes", "raysaga_events"):
             cols = _columns(conn, table)
-            select = ", ".join(replaced.get(c, c) if table == "raysaga_runs" or c == "run_id" else c for c in cols)
+            select = ", ".join(replaced.get(c, c) if table == "raysaga_runs" or c == "run_id" else
+                               key_of.format(new_id) if c == "run_key" else c for c in cols)
+            owner = f"{table}.run_key = {key_of.format('?')}" if table == "raysaga_nodes" else f"{table}.run_id = ?"
             conn.execute(f"{counter}INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
-                         f"FROM {table}, n WHERE {table}.run_id = ?", (run_id,))
+                         f"FROM {table}, n WHERE {owner}", (run_id,))
         conn.execute("COMMIT")
         conn.execute("ANALYZE")
     finally:

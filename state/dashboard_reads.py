@@ -16,7 +16,8 @@ from sqlalchemy import Engine, and_, func, or_, select, tuple_
 
 from raysaga.state.decoding import reading
 from raysaga.state.models import EffectRecord, EventRecord
-from raysaga.state.schema import effects, events, node_columns, node_finished, nodes, runs
+from raysaga.state.schema import effects, events, node_columns, nodes, runs
+from raysaga.state.schema import node_rows as view  # the view; node_rows() below reads it
 
 #: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
 COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "items_completed", "compensation_completed",
@@ -86,28 +87,27 @@ def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
     return None if row is None else dict(row._mapping)
 
 
-_LIGHT_NODE = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
-               nodes.c.output_digest, nodes.c.started_at, node_finished, nodes.c.duration,
-               nodes.c.origin_run_id)
+_LIGHT_NODE = tuple(c for c in view.c if c.name not in ("run_id", "output", "error"))
 
 
 def step_rows(engine: Engine, run_id: str, items_cap: int) -> list[dict[str, Any]]:
     """Every node row of a run except fan-out items (steps, agent turns and tool calls,
     compensations), and the first ``items_cap`` items of each fan-out: no outputs, no errors."""
-    query = select(*_LIGHT_NODE).where(nodes.c.run_id == run_id, nodes.c.fan_index < items_cap)
+    query = select(*_LIGHT_NODE).where(view.c.run_id == run_id, view.c.fan_index < items_cap)
     with reading(run_id, nodes.name), engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query.order_by(nodes.c.node_id, nodes.c.fan_index)).all()]
+        rows = conn.execute(query.order_by(view.c.node_id, view.c.fan_index)).all()
+        return [dict(r._mapping) for r in rows]
 
 
 def items(engine: Engine, run_id: str, node_id: str, after: int = -1, limit: int = 500,
           status: str | None = None) -> list[dict[str, Any]]:
     """A fan-out's items by index after ``after`` (no outputs)."""
-    query = select(*_LIGHT_NODE).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id,
-                                       nodes.c.fan_index > after)
+    query = select(*_LIGHT_NODE).where(view.c.run_id == run_id, view.c.node_id == node_id,
+                                       view.c.fan_index > after)
     if status:
-        query = query.where(nodes.c.status == status)
+        query = query.where(view.c.status == status)
     with reading(run_id, nodes.name), engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query.order_by(nodes.c.fan_index).limit(limit)).all()]
+        return [dict(r._mapping) for r in conn.execute(query.order_by(view.c.fan_index).limit(limit)).all()]
 
 
 def node_rows(engine: Engine, run_id: str, keys: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
@@ -115,8 +115,8 @@ def node_rows(engine: Engine, run_id: str, keys: Iterable[tuple[str, int]]) -> l
     wanted = sorted(set(keys))
     if not wanted:
         return []
-    query = select(*_LIGHT_NODE).where(nodes.c.run_id == run_id,
-                                       tuple_(nodes.c.node_id, nodes.c.fan_index).in_(wanted))
+    query = select(*_LIGHT_NODE).where(view.c.run_id == run_id,
+                                       tuple_(view.c.node_id, view.c.fan_index).in_(wanted))
     with reading(run_id, nodes.name), engine.connect() as conn:
         return [dict(r._mapping) for r in conn.execute(query).all()]
 
@@ -126,9 +126,9 @@ def step_counts(engine: Engine, run_id: str, node_ids: Iterable[str]) -> dict[st
     wanted = sorted(set(node_ids))
     if not wanted:
         return {}
-    query = (select(nodes.c.node_id, nodes.c.status, func.count())
-             .where(nodes.c.run_id == run_id, nodes.c.node_id.in_(wanted), nodes.c.fan_index >= 0)
-             .group_by(nodes.c.node_id, nodes.c.status))
+    query = (select(view.c.node_id, view.c.status, func.count())
+             .where(view.c.run_id == run_id, view.c.node_id.in_(wanted), view.c.fan_index >= 0)
+             .group_by(view.c.node_id, view.c.status))
     out: dict[str, dict[str, int]] = {n: {} for n in wanted}
     with engine.connect() as conn:
         for node_id, node_status, count in conn.execute(query).all():
@@ -151,8 +151,8 @@ def fanout_sizes(engine: Engine, run_id: str) -> dict[str, int]:
 
 def node_row(engine: Engine, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
     """One node row with its output (inline, or the digest of its blob) and error."""
-    query = select(*node_columns).where(nodes.c.run_id == run_id, nodes.c.node_id == node_id,
-                                        nodes.c.fan_index == fan_index)
+    query = select(*node_columns).where(view.c.run_id == run_id, view.c.node_id == node_id,
+                                        view.c.fan_index == fan_index)
     with reading(run_id, nodes.name), engine.connect() as conn:
         row = conn.execute(query).first()
     return None if row is None else dict(row._mapping)
@@ -182,11 +182,11 @@ def node_effects(engine: Engine, run_id: str, node_id: str, fan_index: int) -> l
 def sub_rows(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
     """An agent node's turns and tool calls (``node@2``, ``node@2.1``) and its compensation rows,
     with their outputs (a turn's output holds the model's answer: usage, stop reason, tool uses)."""
-    query = select(*node_columns).where(nodes.c.run_id == run_id, nodes.c.fan_index == fan_index, or_(
-        nodes.c.node_id.startswith(node_id + "@", autoescape=True),
-        nodes.c.node_id.startswith(node_id + ":", autoescape=True)))
+    query = select(*node_columns).where(view.c.run_id == run_id, view.c.fan_index == fan_index, or_(
+        view.c.node_id.startswith(node_id + "@", autoescape=True),
+        view.c.node_id.startswith(node_id + ":", autoescape=True)))
     with reading(run_id, nodes.name), engine.connect() as conn:
-        rows = conn.execute(query.order_by(nodes.c.started_at, nodes.c.node_id).limit(limit)).all()
+        rows = conn.execute(query.order_by(view.c.started_at, view.c.node_id).limit(limit)).all()
     return [dict(r._mapping) for r in rows]
 
 

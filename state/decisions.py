@@ -24,7 +24,7 @@ from raysaga.errors import RunNotFoundError, UserError
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
-from raysaga.state.schema import events, node_columns, nodes, runs, signals
+from raysaga.state.schema import events, node_columns, node_rows, nodes, runs, signals
 
 #: The key of a waiting approval node's output that holds its request.
 REQUEST_KEY = "approval"
@@ -185,12 +185,12 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
 
 def waiting(engine: Engine, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
     """Approval nodes waiting for a decision, oldest first; with ``approver``, those they may decide."""
-    query = (select(*node_columns, runs.c.workflow_name).join(runs, runs.c.run_id == nodes.c.run_id)
-             .where(nodes.c.status == NodeStatus.WAITING.value,
+    query = (select(*node_columns, runs.c.workflow_name).join(runs, runs.c.run_id == node_rows.c.run_id)
+             .where(node_rows.c.status == NodeStatus.WAITING.value,
                     runs.c.status.in_([RunStatus.RUNNING.value, RunStatus.WAITING_HUMAN.value,
                                        RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value])))
     if run_id is not None:
-        query = query.where(nodes.c.run_id == run_id)
+        query = query.where(node_rows.c.run_id == run_id)
     found: list[WaitingApproval] = []
     with engine.connect() as conn:
         for row in conn.execute(query).all():
@@ -253,8 +253,8 @@ def _same_or_refuse(earlier: Decision, verdict: Verdict, by: str, node: str, dec
 
 
 def _node_row(conn: Connection, run_id: str, node: str, fan_index: int) -> NodeRecord | None:
-    rows = conn.execute(select(*node_columns).where(and_(nodes.c.run_id == run_id, nodes.c.node_id == node,
-                                                        nodes.c.fan_index == fan_index))).all()
+    rows = conn.execute(select(*node_columns).where(and_(node_rows.c.run_id == run_id, node_rows.c.node_id == node,
+                                                        node_rows.c.fan_index == fan_index))).all()
     with reading(run_id, nodes.name):
         found = records(NodeRecord, rows)
     return found[0] if found else None

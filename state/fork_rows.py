@@ -19,21 +19,26 @@ from raysaga.errors import RunExistsError
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
-from raysaga.state.schema import effects, events, node_columns, nodes, runs
+from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs
 from raysaga.state.statements import fence_guard
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
 _CHUNK = 400
 
 
+def run_key_of(run_id: str) -> Any:
+    """SQL: the ``run_key`` of the run ``run_id`` (node rows are keyed by it, schema 8)."""
+    return select(runs.c.run_key).where(runs.c.run_id == run_id).scalar_subquery()
+
+
 def _copy_rows(conn: Connection, parent: str, child: str, keys: list[tuple[str, int]]) -> None:
     """Copy the parent's rows ``keys`` into ``child``, each marked with the run that executed it."""
     names = [c.name for c in nodes.c]
-    chosen = [literal(child).label("run_id") if n == "run_id" else
+    chosen = [run_key_of(child).label(n) if n == "run_key" else
               func.coalesce(nodes.c.origin_run_id, literal(parent)).label(n) if n == "origin_run_id" else
               literal(None).label(n) if n == "not_before" else nodes.c[n] for n in names]
     conn.execute(insert(nodes).from_select(names, select(*chosen).where(
-        nodes.c.run_id == parent, tuple_(nodes.c.node_id, nodes.c.fan_index).in_(keys))))
+        nodes.c.run_key == run_key_of(parent), tuple_(nodes.c.node_id, nodes.c.fan_index).in_(keys))))
 
 
 class ForkRows:
@@ -75,14 +80,14 @@ class ForkRows:
     def node_states(self, run_id: str) -> list[NodeRecord]:
         """A run's node rows without their outputs (``output`` None; ``output_digest`` kept): what a
         fork decides from, at the cost of the rows' metadata only."""
-        query = select(*[c for c in node_columns if c.name != "output"]).where(nodes.c.run_id == run_id)
+        query = select(*[c for c in node_columns if c.name != "output"]).where(node_rows.c.run_id == run_id)
         with self.reader.connect() as conn, reading(run_id, nodes.name):
             return records(NodeRecord, conn.execute(query).all())
 
     def inherited_effects(self, run_id: str) -> list[EffectRecord]:
         """The ledger rows of the nodes ``run_id`` inherited (they belong to the runs that executed
         them), oldest first."""
-        origin = nodes.alias("origin")
+        origin = node_rows.alias("origin")
         query = (select(effects).join(origin, and_(effects.c.run_id == origin.c.origin_run_id,
                                                    effects.c.node_id == origin.c.node_id,
                                                    effects.c.fan_index == origin.c.fan_index))

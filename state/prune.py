@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, Connection, Engine, and_, delete, exists, func, not_, or_, select, union
+from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, delete, exists, func, not_, or_, select, union
 
 from raysaga.errors import UserError
 from raysaga.state.models import PRUNABLE, RunStatus
@@ -101,13 +101,21 @@ def _statuses(given: Iterable[RunStatus | str] | None) -> set[str]:
     return out
 
 
+def _of_runs(table: Table, chosen: Any) -> ColumnElement[bool]:
+    """SQL: ``table``'s row belongs to a run that ``chosen`` (a SELECT of run ids) selects; node
+    rows name their run by ``run_key`` (schema 8)."""
+    if table is nodes:
+        return nodes.c.run_key.in_(select(runs.c.run_key).where(runs.c.run_id.in_(chosen)))
+    return table.c.run_id.in_(chosen)
+
+
 def _referenced(kept: ColumnElement[bool] | None = None) -> ColumnElement[bool]:
     """SQL: the blob row's digest is referenced by a run or node row (of a run ``kept`` selects)."""
     node_ref = exists().where(nodes.c.output_digest == blobs.c.digest)
     input_ref = exists().where(runs.c.input_digest == blobs.c.digest)
     output_ref = exists().where(runs.c.output_digest == blobs.c.digest)
     if kept is not None:
-        node_ref = node_ref.where(nodes.c.run_id.in_(select(runs.c.run_id).where(kept)))
+        node_ref = node_ref.where(nodes.c.run_key.in_(select(runs.c.run_key).where(kept)))
         input_ref, output_ref = input_ref.where(kept), output_ref.where(kept)
     return or_(node_ref, input_ref, output_ref)
 
@@ -117,9 +125,9 @@ def _count(conn: Connection, report: PruneReport, prunable: ColumnElement[bool])
     report.runs = int(conn.execute(select(func.count()).select_from(runs).where(prunable)).scalar_one())
     for name, table in _CHILDREN:
         setattr(report, name, int(conn.execute(select(func.count()).select_from(table)
-                                               .where(table.c.run_id.in_(doomed))).scalar_one()))
+                                               .where(_of_runs(table, doomed))).scalar_one()))
     used = union(
-        select(nodes.c.output_digest.label("d")).where(nodes.c.run_id.in_(doomed), nodes.c.output_digest.is_not(None)),
+        select(nodes.c.output_digest.label("d")).where(_of_runs(nodes, doomed), nodes.c.output_digest.is_not(None)),
         select(runs.c.input_digest.label("d")).where(prunable, runs.c.input_digest.is_not(None)),
         select(runs.c.output_digest.label("d")).where(prunable, runs.c.output_digest.is_not(None)),
     ).subquery()
@@ -140,9 +148,9 @@ def _one_batch(conn: Connection, report: PruneReport, prunable: ColumnElement[bo
     ids = [r.run_id for r in rows]
     candidates = {d for r in rows for d in (r.input_digest, r.output_digest) if d}
     candidates |= {d for (d,) in conn.execute(select(nodes.c.output_digest).distinct()
-                                               .where(nodes.c.run_id.in_(ids), nodes.c.output_digest.is_not(None)))}
+                                               .where(_of_runs(nodes, ids), nodes.c.output_digest.is_not(None)))}
     for name, table in _CHILDREN:
-        setattr(report, name, getattr(report, name) + conn.execute(delete(table).where(table.c.run_id.in_(ids)))
+        setattr(report, name, getattr(report, name) + conn.execute(delete(table).where(_of_runs(table, ids)))
                 .rowcount)
     report.runs += conn.execute(delete(runs).where(runs.c.run_id.in_(ids), prunable)).rowcount
     if candidates:

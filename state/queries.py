@@ -18,7 +18,7 @@ from sqlalchemy import func, or_, select
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading as _reading
 from raysaga.state.models import EventRecord, NodeStatus
-from raysaga.state.schema import events, node_finished, nodes, runs
+from raysaga.state.schema import events, node_rows, runs
 from raysaga.state.sql_store import SqlStore
 
 #: Rows fetched per round trip when streaming nodes.
@@ -50,8 +50,8 @@ def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
     """Every step that has node rows, in the order the run started them (a step starts only once
     what it depends on has completed, so this is a topological order of what ran); steps never
     started (skipped, pending) last, by name. One GROUP BY query."""
-    query = (select(nodes.c.node_id, nodes.c.status, func.count(), func.min(nodes.c.started_at))
-             .where(nodes.c.run_id == run_id).group_by(nodes.c.node_id, nodes.c.status))
+    query = (select(node_rows.c.node_id, node_rows.c.status, func.count(), func.min(node_rows.c.started_at))
+             .where(node_rows.c.run_id == run_id).group_by(node_rows.c.node_id, node_rows.c.status))
     with store.reader.connect() as conn:
         rows = conn.execute(query).all()
     by_step: dict[str, tuple[float | None, dict[str, int]]] = {}
@@ -67,9 +67,7 @@ def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
     return infos
 
 
-_NODE_COLUMNS = (nodes.c.node_id, nodes.c.fan_index, nodes.c.status, nodes.c.attempt, nodes.c.not_before,
-                 nodes.c.output_digest, nodes.c.error, nodes.c.started_at, node_finished, nodes.c.duration,
-                 nodes.c.origin_run_id)
+_NODE_COLUMNS = tuple(c for c in node_rows.c if c.name not in ("run_id", "output"))  # finished_at derived
 
 
 def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[str, int] | None = None,
@@ -90,8 +88,8 @@ def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[s
         while left is None or left > 0:
             size = chunk if left is None else min(chunk, left)
             query = (select(*_NODE_COLUMNS)
-                     .where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index > index)
-                     .order_by(nodes.c.fan_index).limit(size))
+                     .where(node_rows.c.run_id == run_id, node_rows.c.node_id == node_id, node_rows.c.fan_index > index)
+                     .order_by(node_rows.c.fan_index).limit(size))
             with _reading(run_id, "nodes"), store.reader.connect() as conn:
                 rows = conn.execute(query).all()  # decoded here, before any row of the chunk is shown
             for row in rows:
@@ -125,26 +123,26 @@ def attempt_failures(store: SqlStore, run_id: str, node_id: str | None = None,
 def node_error(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> tuple[str, Any] | None:
     """(status, error) of one node row, or None when the node has no row."""
     with _reading(run_id, "nodes"), store.reader.connect() as conn:
-        row = conn.execute(select(nodes.c.status, nodes.c.error).where(
-            nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index == fan_index)).first()
+        row = conn.execute(select(node_rows.c.status, node_rows.c.error).where(
+            node_rows.c.run_id == run_id, node_rows.c.node_id == node_id, node_rows.c.fan_index == fan_index)).first()
     return None if row is None else (str(row.status), row.error)
 
 
 def unfinished_items(store: SqlStore, run_id: str, node_id: str, limit: int = 20) -> list[dict[str, Any]]:
     """Up to ``limit`` fan-out items of a step that did not complete, by index."""
     query = (select(*_NODE_COLUMNS)
-             .where(nodes.c.run_id == run_id, nodes.c.node_id == node_id, nodes.c.fan_index >= 0,
-                    nodes.c.status != NodeStatus.COMPLETED.value)
-             .order_by(nodes.c.fan_index).limit(limit))
+             .where(node_rows.c.run_id == run_id, node_rows.c.node_id == node_id, node_rows.c.fan_index >= 0,
+                    node_rows.c.status != NodeStatus.COMPLETED.value)
+             .order_by(node_rows.c.fan_index).limit(limit))
     with _reading(run_id, "nodes"), store.reader.connect() as conn:
         return [r._asdict() for r in conn.execute(query).all()]
 
 
 def failed_nodes(store: SqlStore, run_id: str, limit: int = 50) -> list[dict[str, Any]]:
     """Up to ``limit`` failed nodes (status failed) with their errors."""
-    query = (select(nodes.c.node_id, nodes.c.fan_index, nodes.c.attempt, nodes.c.error)
-             .where(nodes.c.run_id == run_id, nodes.c.status == NodeStatus.FAILED.value)
-             .order_by(nodes.c.node_id, nodes.c.fan_index).limit(limit))
+    query = (select(node_rows.c.node_id, node_rows.c.fan_index, node_rows.c.attempt, node_rows.c.error)
+             .where(node_rows.c.run_id == run_id, node_rows.c.status == NodeStatus.FAILED.value)
+             .order_by(node_rows.c.node_id, node_rows.c.fan_index).limit(limit))
     with _reading(run_id, "nodes"), store.reader.connect() as conn:
         return [r._asdict() for r in conn.execute(query).all()]
 

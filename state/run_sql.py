@@ -26,11 +26,12 @@ from sqlalchemy import Connection, Table
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading, record_of
 from raysaga.state.models import RunRecord
-from raysaga.state.schema import NODE_FINISHED_SQL, JsonText, effects, nodes, runs, signals
+from raysaga.state.schema import JsonText, effects, node_rows, nodes, runs, signals
 from raysaga.state.statements import HotSql, json_param
 
-#: The run row's columns, in table order: what every run statement here selects or returns.
-RUN_COLUMNS: tuple[str, ...] = tuple(runs.c.keys())
+#: The run row's columns, in table order: what every run statement here selects or returns
+#: (not ``run_key``: only node rows use it, schema 8).
+RUN_COLUMNS: tuple[str, ...] = tuple(c.name for c in runs.c if c.name != "run_key")
 R = TypeVar("R", bound=BaseModel)
 _JSON_RUN_COLUMNS = frozenset(c.name for c in runs.c if isinstance(c.type, JsonText))
 
@@ -45,11 +46,13 @@ def _param(dialect: str, name: str) -> str:
     return f"CAST({mark} AS JSON)" if dialect != "sqlite" and name in _JSON_RUN_COLUMNS else mark
 
 
+def _names(table: Table) -> list[str]:
+    return list(RUN_COLUMNS) if table is runs else table.c.keys()
+
+
 def _select(table: Table) -> str:
-    # a node row's finished_at is derived for a compact item row (schema.NODE_FINISHED_SQL)
-    names = (f"{NODE_FINISHED_SQL} AS {c.name}" if table is nodes and c.name == "finished_at" else c.name
-             for c in table.c)
-    return f"SELECT {', '.join(names)} FROM {table.name}"
+    # node rows are read through their view (schema.node_rows): by run id, finished_at derived
+    return f"SELECT {', '.join(_names(table))} FROM {table.name}"
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,7 @@ def run_sql(dialect: str) -> RunSql:
         claim_taking=f"{claim} OR lease_owner = {m}{returning}",
         release=(f"UPDATE {runs.name} SET lease_owner = NULL, lease_expires_at = NULL "
                  f"WHERE run_id = {m} AND fence = {m}"),
-        nodes=f"{_select(nodes)} WHERE run_id = {m}",
+        nodes=f"{_select(node_rows)} WHERE run_id = {m}",
         effects=f"{_select(effects)} WHERE run_id = {m}",
         signals=f"{_select(signals)} WHERE run_id = {m} AND consumed_at IS NULL ORDER BY id",
     )
@@ -126,7 +129,7 @@ def _processors(conn: Connection, table: Table) -> _Processors:
     found = _PROCESSORS.get(key)
     if found is None:
         found = []
-        for i, column in enumerate(table.c):
+        for i, column in enumerate(table.c[name] for name in _names(table)):
             if isinstance(column.type, JsonText):
                 process = column.type.dialect_impl(conn.dialect).result_processor(conn.dialect, None)
                 if process is not None:
@@ -138,7 +141,7 @@ def _processors(conn: Connection, table: Table) -> _Processors:
 def decoded(conn: Connection, table: Table, rows: Sequence[Sequence[Any]]) -> list[dict[str, Any]]:
     """Rows of ``_select(table)`` as column -> value, decoded as Core decodes them (call it inside
     ``reading``: a JSON column that is not JSON raises ``CorruptRecordError``)."""
-    names = table.c.keys()
+    names = _names(table)
     processors = _processors(conn, table)
     out = []
     for row in rows:
@@ -167,7 +170,7 @@ def read_run(conn: Connection, run_id: str, *, lenient: bool = False) -> RunReco
 
 def read_records(conn: Connection, run_id: str, table: Table, statement: str, model: type[R]) -> list[R]:
     """The rows of one of the run's tables (``statement`` selects all its columns) as ``model``s."""
-    with reading(run_id, table.name):
+    with reading(run_id, nodes.name if table is node_rows else table.name):
         return [model.model_validate(v) for v in decoded(conn, table, HotSql(conn).all(statement, (run_id,)))]
 
 

@@ -21,7 +21,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    func,
     text,
 )
 from sqlalchemy.engine import Dialect
@@ -31,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class JsonText(TypeDecorator[Any]):
@@ -134,6 +133,11 @@ runs = Table(
     # schema 6: the hash of each step's signature when the run was created, so a resume under a
     # changed definition names the steps that changed (raysaga.orchestrator.versions)
     Column("step_hashes", JsonText, nullable=True),
+    # schema 8: the run's integer key, unique, assigned when the row is inserted (PostgreSQL: an
+    # identity column; SQLite: the trigger ``raysaga_runs_run_key``, max + 1). Node rows carry it
+    # instead of the run id: a fan-out item's row is ~24 bytes smaller (migration 0008)
+    Column("run_key", BigInteger, nullable=True),
+    Index("ux_raysaga_runs_run_key", "run_key", unique=True),
     Index("ix_raysaga_runs_status", "status"),
     Index("ix_raysaga_runs_status_wake", "status", "wake_at"),
     Index("ix_raysaga_runs_parent", "parent_run_id", sqlite_where=text("parent_run_id IS NOT NULL"),
@@ -154,7 +158,9 @@ runs = Table(
 nodes = Table(
     "raysaga_nodes",
     metadata,
-    Column("run_id", String(200), ForeignKey("raysaga_runs.run_id", ondelete="CASCADE"), primary_key=True),
+    # schema 8: the run's ``run_key``, not its id (plain SQL reads rows with their run id through
+    # the view ``raysaga_node_rows``, ``node_rows`` below)
+    Column("run_key", BigInteger, ForeignKey("raysaga_runs.run_key", ondelete="CASCADE"), primary_key=True),
     Column("node_id", String(200), primary_key=True),
     # -1 for a plain node (and a fan-out's parent), 0..n-1 for fan-out items
     Column("fan_index", Integer, primary_key=True),
@@ -181,11 +187,24 @@ nodes = Table(
 
 #: schema 7: a completed fan-out item's compact row stores ``finished_at`` NULL and its ``duration``
 #: (``finished - started``; ``started + duration`` gives ``finished`` back to the bit, see
-#: ``statements.item_rows``), 8 bytes less a row. Every reader selects this in its place.
-NODE_FINISHED_SQL = "COALESCE(finished_at, started_at + duration)"
-node_finished = func.coalesce(nodes.c.finished_at, nodes.c.started_at + nodes.c.duration).label("finished_at")
-#: ``nodes``' columns as readers select them: ``finished_at`` derived for compact item rows.
-node_columns = tuple(node_finished if c.name == "finished_at" else c for c in nodes.c)
+#: ``statements.item_rows``), 8 bytes less a row. The view ``raysaga_node_rows`` derives it:
+#: ``COALESCE(finished_at, started_at + duration)``.
+
+#: Not created from ``metadata``: migration 0008 creates the view (its SQL is there).
+views = MetaData()
+
+#: schema 8: node rows as readers see them, by run id: ``raysaga_nodes`` joined to its run
+#: (``run_key`` -> ``run_id``), ``finished_at`` derived for compact item rows. Every reader of node
+#: rows reads this view; a filter on ``run_id`` is one run lookup, then the node key's range.
+node_rows = Table(
+    "raysaga_node_rows",
+    views,
+    Column("run_id", String(200), primary_key=True),
+    *(Column(c.name, c.type, primary_key=c.primary_key) for c in nodes.c if c.name != "run_key"),
+)
+node_finished = node_rows.c.finished_at
+#: ``node_rows``' columns, as readers select them (``finished_at`` derived for compact item rows).
+node_columns = tuple(node_rows.c)
 
 effects = Table(
     "raysaga_effects",
@@ -299,3 +318,6 @@ for _table in metadata.tables.values():
     for _column in _table.columns:
         if isinstance(_column.type, JsonText):
             _column.type = JsonText(f"{_table.name}.{_column.name}")
+for _column in node_rows.columns:  # named as the table's: the view shows its values
+    if isinstance(_column.type, JsonText):
+        _column.type = JsonText(f"{nodes.name}.{_column.name}")

@@ -73,7 +73,7 @@ from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
-from raysaga.state.schema import effects, events, node_columns, nodes, runs, signals
+from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs, signals
 from raysaga.state.statements import (
     HotSql,
     driver_sql,
@@ -193,7 +193,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
         with self.reader.connect() as conn:
             run = self._get_run(conn, run_id)
             sql = run_sql(conn.dialect.name)
-            return RunSnapshot(run=run, nodes=read_records(conn, run_id, nodes, sql.nodes, NodeRecord),
+            return RunSnapshot(run=run, nodes=read_records(conn, run_id, node_rows, sql.nodes, NodeRecord),
                                effects=read_records(conn, run_id, effects, sql.effects, EffectRecord),
                                signals=read_records(conn, run_id, signals, sql.signals, SignalRecord))
 
@@ -306,19 +306,19 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 row = hot.one(sql.guard, (len(new_events), now, run_id, lease.fence))
             if row is None:
                 raise stale_fence(lease)
-            seq_end = int(row[0])
+            seq_end, run_key = int(row[0]), row[2]  # node rows carry the run's key (schema 8)
             changed: RunRecord | None = None
             if updates_run:
                 changed = self._apply_run_update(hot.core(), lease, batch, now, row[1])
             if batch.blobs:
                 blob_rows.put(hot.core(), blob_rows.rows_of(batch.blobs))
             if batch.items:  # completed plain items: their output is canonical JSON text already
-                hot.many(sql.nodes, item_rows(run_id, batch.items))
+                hot.many(sql.nodes, item_rows(run_key, batch.items))
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
                 hot.many(sql.nodes, [
-                    (run_id, n.node_id, n.fan_index, n.status.value, n.attempt, n.not_before, json_param(n.output),
+                    (run_key, n.node_id, n.fan_index, n.status.value, n.attempt, n.not_before, json_param(n.output),
                      n.output_digest, json_param(scrub(stored_error(n.error))), n.started_at, n.finished_at,
                      n.duration)
                     for n in batch.nodes])
@@ -395,9 +395,9 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def nodes(self, run_id: str) -> list[NodeRecord]:
         with self.reader.connect() as conn, reading(run_id, nodes.name):
-            rows = conn.execute(select(*node_columns).where(nodes.c.run_id == run_id)
-                                .order_by(nodes.c.started_at.is_(None), nodes.c.started_at, nodes.c.node_id,
-                                          nodes.c.fan_index)).all()
+            rows = conn.execute(select(*node_columns).where(node_rows.c.run_id == run_id)
+                                .order_by(node_rows.c.started_at.is_(None), node_rows.c.started_at,
+                                          node_rows.c.node_id, node_rows.c.fan_index)).all()
             return records(NodeRecord, rows)
 
     def effects(self, run_id: str) -> list[EffectRecord]:

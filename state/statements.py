@@ -31,7 +31,7 @@ GUARD = (update(runs)
          .returning(runs.c.event_seq))
 
 #: The column order of the row tuples ``SqlStore.commit`` hands to ``DriverSql.nodes`` / ``.events``.
-NODE_COLUMNS = ("run_id", "node_id", "fan_index", "status", "attempt", "not_before", "output", "output_digest",
+NODE_COLUMNS = ("run_key", "node_id", "fan_index", "status", "attempt", "not_before", "output", "output_digest",
                 "error", "started_at", "finished_at", "duration")
 EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "node_id", "fan_index", "data")
 #: Node columns a driver never writes: a fork's inherited-row marker (``raysaga.state.fork_rows``), kept by an upsert.
@@ -62,8 +62,10 @@ class DriverSql:
     """The driver commit's hot statements as plain SQL for one dialect."""
 
     guard: str
-    """Proves the fence, reserves event seqs; returns the last one and the run's status (which the
-    guard does not change: a transition is checked against it, with no read of its own)."""
+    """Proves the fence, reserves event seqs; returns the last one, the run's status (which the
+    guard does not change: a transition is checked against it, with no read of its own) and its
+    ``run_key``, which the node rows carry (schema 8): the run row is read anyway, so the key
+    costs no statement nor lookup of its own, and is never stale."""
     counting_guard: str
     """The guard that also adds to the run's counters (retries, tokens, cost): a batch whose run
     update is only counters (a model turn's tokens) needs no statement of its own, nor a read."""
@@ -90,11 +92,11 @@ def driver_sql(dialect: str) -> DriverSql:
     updates = ", ".join(f"{name} = excluded.{name}" for name in NODE_COLUMNS if name not in keys)
     return DriverSql(
         guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark} "
-               f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq, status"),
+               f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq, status, run_key"),
         counting_guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark}, "
                         f"retries_used = retries_used + {mark}, tokens_used = tokens_used + {mark}, "
                         f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} "
-                        "RETURNING event_seq, status"),
+                        "RETURNING event_seq, status, run_key"),
         nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
         events=insert_sql(events, EVENT_COLUMNS),
         abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
@@ -202,14 +204,14 @@ def sqlite_write(engine: Engine) -> Iterator[HotSql]:
 _COMPLETED = NodeStatus.COMPLETED.value
 
 
-def item_rows(run_id: str, items: list[ItemRow]) -> list[tuple[Any, ...]]:
+def item_rows(run_key: int, items: list[ItemRow]) -> list[tuple[Any, ...]]:
     """``DriverSql.nodes`` rows of completed plain fan-out items, compactly: ``finished_at`` NULL,
-    ``duration`` set (readers derive it back: ``schema.NODE_FINISHED_SQL``), 8 bytes less a row.
+    ``duration`` set (readers derive it back: the view ``schema.node_rows``), 8 bytes less a row.
 
     Exact: two timestamps within a factor of two of each other (any two epoch times) subtract
     exactly (Sterbenz), so ``started + (finished - started) == finished`` to the bit; a row for which
     that does not hold (a clock that said 0) is written whole."""
-    return [(run_id, node_id, index, _COMPLETED, attempt, None, output, digest, None, started,
+    return [(run_key, node_id, index, _COMPLETED, attempt, None, output, digest, None, started,
              None if started + (duration := finished - started) == finished else finished, duration)
             for node_id, index, attempt, output, digest, started, finished in items]
 

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sqlalchemy import insert
+from sqlalchemy import insert, select
 
 from raysaga.state import NewRun, SqlStore, open_store
 from raysaga.state.schema import nodes, runs
@@ -64,13 +64,15 @@ def build_wide_run(url: str, run_id: str, width: int) -> None:
         at = time.time()
         with store.engine.begin() as conn:
             conn.execute(insert(runs), [_run_row(run_id, at)])
-            rows = [{"run_id": run_id, "node_id": "plan", "fan_index": -1, "status": "completed", "attempt": 1,
+            # node rows carry the run's integer key (schema 8), given when its row was inserted
+            key = conn.execute(select(runs.c.run_key).where(runs.c.run_id == run_id)).scalar_one()
+            rows = [{"run_key": key, "node_id": "plan", "fan_index": -1, "status": "completed", "attempt": 1,
                      "error": None, "output": None, "started_at": at, "finished_at": at + 0.1, "duration": 0.1},
-                    {"run_id": run_id, "node_id": "square", "fan_index": -1, "status": "completed", "attempt": 1,
+                    {"run_key": key, "node_id": "square", "fan_index": -1, "status": "completed", "attempt": 1,
                      "error": None, "output": None, "started_at": at + 0.2, "finished_at": at + 9, "duration": 8.8},
-                    {"run_id": run_id, "node_id": "total", "fan_index": -1, "status": "completed", "attempt": 1,
+                    {"run_key": key, "node_id": "total", "fan_index": -1, "status": "completed", "attempt": 1,
                      "error": None, "output": None, "started_at": at + 10, "finished_at": at + 10.1, "duration": 0.1}]
-            rows += [{"run_id": run_id, "node_id": "square", "fan_index": i,
+            rows += [{"run_key": key, "node_id": "square", "fan_index": i,
                       "status": "failed" if i % 1000 == 7 else "completed", "attempt": 1,
                       "error": {"type": "ValueError", "message": f"item {i}"} if i % 1000 == 7 else None,
                       "output": {"value": i * i}, "started_at": at + 0.2 + i * 1e-5,

@@ -12,6 +12,7 @@ from sqlalchemy import Connection, select, text
 
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, migrate, queries
 from raysaga.state.engine import make_engine
+from raysaga.state.fork_rows import run_key_of
 from raysaga.state.schema import SCHEMA_VERSION, nodes
 
 T0 = 1_795_697_407.042_308_6
@@ -31,7 +32,7 @@ def _stored(store: SqlStore, run_id: str) -> dict[int, tuple[float | None, float
     """fan_index -> (finished_at, duration) as the table holds them."""
     with store.engine.connect() as conn:
         rows = conn.execute(select(nodes.c.fan_index, nodes.c.finished_at, nodes.c.duration)
-                            .where(nodes.c.run_id == run_id, nodes.c.fan_index >= 0)).all()
+                            .where(nodes.c.run_key == run_key_of(run_id), nodes.c.fan_index >= 0)).all()
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
@@ -109,7 +110,7 @@ def test_an_existing_schema_6_file_with_runs_is_rebuilt_without_rowid(tmp_path: 
     store = SqlStore(url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 7
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 8
             assert _ddl(conn).endswith("WITHOUT ROWID")
             index = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'ix_raysaga_nodes_output_digest'"))
             assert "WHERE output_digest IS NOT NULL" in index.scalar_one()

@@ -47,7 +47,7 @@ from raysaga.state import (
 )
 from raysaga.state.jsoncodec import digest
 from raysaga.state.models import ALLOWED, TERMINAL
-from raysaga.state.schema import blobs, effects, events, nodes, runs, signals
+from raysaga.state.schema import blobs, effects, events, node_rows, nodes, runs, signals
 
 # ------------------------------------------------------------------ helpers
 
@@ -72,7 +72,7 @@ def footprint(store: SqlStore, run_id: str) -> dict[str, Any]:
     """Every stored row of ``run_id``, read from the tables in primary-key order, plus the blob count."""
     order = {
         runs: [runs.c.run_id],
-        nodes: [nodes.c.node_id, nodes.c.fan_index],
+        node_rows: [node_rows.c.node_id, node_rows.c.fan_index],  # by run id: the view (schema 8)
         effects: [effects.c.idempotency_key],
         events: [events.c.seq],
         signals: [signals.c.id],
@@ -81,7 +81,7 @@ def footprint(store: SqlStore, run_id: str) -> dict[str, Any]:
     with store.engine.connect() as conn:
         for table, keys in order.items():
             rows = conn.execute(select(table).where(table.c.run_id == run_id).order_by(*keys)).all()
-            out[table.name] = [r._asdict() for r in rows]
+            out[nodes.name if table is node_rows else table.name] = [r._asdict() for r in rows]
         out["blob_count"] = conn.execute(select(func.count()).select_from(blobs)).scalar_one()
     return out
 

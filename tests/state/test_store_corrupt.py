@@ -61,10 +61,12 @@ def test_unknown_status_is_flagged_in_list_and_refused_on_read(store: SqlStore) 
 
 # SQLite only: text that is not JSON, and bytes that are not UTF-8
 
+#: The run ``:r``'s key: node rows carry it, not the run id (schema 8).
+RUN_KEY = "(SELECT run_key FROM raysaga_runs WHERE run_id = :r)"
 DAMAGE: dict[str, tuple[str, str, Callable[[SqlStore, str], Any]]] = {
-    "node output": ("UPDATE raysaga_nodes SET output = '{\"ok\": ' WHERE run_id = :r AND node_id = 'a'",
+    "node output": (f"UPDATE raysaga_nodes SET output = '{{\"ok\": ' WHERE run_key = {RUN_KEY} AND node_id = 'a'",
                     "raysaga_nodes.output", lambda s, r: s.nodes(r)),
-    "node error": ("UPDATE raysaga_nodes SET error = 'NaN' WHERE run_id = :r AND node_id = 'b'",
+    "node error": (f"UPDATE raysaga_nodes SET error = 'NaN' WHERE run_key = {RUN_KEY} AND node_id = 'b'",
                    "raysaga_nodes.error", lambda s, r: s.snapshot(r)),
     "event data": ("UPDATE raysaga_events SET data = 'not json' WHERE run_id = :r AND kind = 'note'",
                    "raysaga_events.data", lambda s, r: s.events(r)),

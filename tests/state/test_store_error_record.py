@@ -29,6 +29,8 @@ from raysaga.state import (
 )
 
 #: Node errors in the shapes raysaga wrote before ``ErrorRecord``.
+#: The run ``:r``'s key: node rows carry it, not the run id (schema 8).
+RUN_KEY = "(SELECT run_key FROM raysaga_runs WHERE run_id = :r)"
 NODE_ERRORS: dict[str, dict[str, Any]] = {
     "attempt": {"type": "TimeoutError", "message": "step 'a' exceeded its timeout of 2.0s", "transient": True,
                 "traceback": "Traceback (most recent call last):\n  ...\nTimeoutError\n",
@@ -97,8 +99,8 @@ def insert_old_rows(store: SqlStore, run_id: str, run_error: dict[str, Any]) -> 
         conn.execute(text(f"UPDATE raysaga_runs SET status = 'failed', error = {json_cast(store)} "
                           "WHERE run_id = :r"), {"r": run_id, "e": jsoncodec.dumps(run_error)})
         for i, (name, error) in enumerate(NODE_ERRORS.items()):
-            conn.execute(text("INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, error) "
-                              f"VALUES (:r, :n, -1, 'failed', :a, {json_cast(store)})"),
+            conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, error) "
+                              f"VALUES ({RUN_KEY}, :n, -1, 'failed', :a, {json_cast(store)})"),
                          {"r": run_id, "n": name, "a": i, "e": jsoncodec.dumps(error)})
 
 
@@ -107,7 +109,7 @@ def raw_errors(store: SqlStore, run_id: str) -> tuple[str, dict[str, str]]:
     with store.engine.connect() as conn:
         run = conn.execute(text("SELECT CAST(error AS TEXT) FROM raysaga_runs WHERE run_id = :r"),
                            {"r": run_id}).scalar_one()
-        nodes = conn.execute(text("SELECT node_id, CAST(error AS TEXT) FROM raysaga_nodes WHERE run_id = :r"),
+        nodes = conn.execute(text("SELECT node_id, CAST(error AS TEXT) FROM raysaga_node_rows WHERE run_id = :r"),
                              {"r": run_id}).all()
     return run, {n: e for n, e in nodes}
 
@@ -190,8 +192,8 @@ def test_a_stored_error_with_a_mistyped_known_field_is_a_corrupt_record_naming_i
 
     run_id = new_run(store, "bad")
     with store.engine.begin() as conn:
-        conn.execute(text("INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, error) "
-                          f"VALUES (:r, 'b', -1, 'failed', 1, {json_cast(store)})"),
+        conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, error) "
+                          f"VALUES ({RUN_KEY}, 'b', -1, 'failed', 1, {json_cast(store)})"),
                      {"r": run_id, "e": jsoncodec.dumps({"transient": "maybe"})})
     with pytest.raises(CorruptRecordError) as exc:
         store.snapshot(run_id)

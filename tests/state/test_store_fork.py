@@ -23,7 +23,7 @@ from raysaga.state import (
     SqlStore,
     jsoncodec,
 )
-from raysaga.state.schema import blobs, nodes
+from raysaga.state.schema import blobs, node_rows
 
 BIG = {"text": "x" * 100_000}
 
@@ -101,7 +101,7 @@ def test_the_forks_rows_survive_the_parents_prune(store: SqlStore) -> None:
     report = store.prune(older_than=0.0, statuses=[RunStatus.COMPLETED])
     assert report.runs >= 1
     with store.engine.connect() as conn:
-        kept = conn.execute(select(func.count()).select_from(nodes).where(nodes.c.run_id == child.run_id))
+        kept = conn.execute(select(func.count()).select_from(node_rows).where(node_rows.c.run_id == child.run_id))
         assert kept.scalar_one() == 2
     assert store.load_blobs({digest: "a"})[digest] == BIG  # still referenced by the fork
 

@@ -34,7 +34,7 @@ from raysaga.state import (
     SqlStore,
 )
 from raysaga.state.decoding import run_record
-from raysaga.state.schema import effects, nodes, runs, signals
+from raysaga.state.schema import effects, node_rows, runs, signals
 from raysaga.state.statements import driver_sql, sqlite_write
 
 #: Values whose JSON text is easy to get subtly wrong: big and float-looking numbers, unicode, nesting.
@@ -123,7 +123,8 @@ def test_a_snapshot_reads_rows_as_core_reads_them(store: SqlStore) -> None:
                 query = query.where(signals.c.consumed_at.is_(None))
             return [model.model_validate(r._asdict()) for r in conn.execute(query.order_by(*order)).all()]
 
-        assert snap.nodes == core(nodes, NodeRecord, nodes.c.node_id, nodes.c.fan_index)
+        # node rows, by run id, through their view (schema 8: the table holds the run's integer key)
+        assert snap.nodes == core(node_rows, NodeRecord, node_rows.c.node_id, node_rows.c.fan_index)
         assert sorted(snap.effects, key=lambda e: e.idempotency_key) == core(effects, EffectRecord,
                                                                              effects.c.idempotency_key)
         assert snap.signals == core(signals, SignalRecord, signals.c.id)

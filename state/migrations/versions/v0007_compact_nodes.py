@@ -8,8 +8,8 @@
   ``WHERE``. Dropping the child table with foreign keys on deletes nothing elsewhere: no table
   references ``raysaga_nodes``. PostgreSQL has no rowid: its heap table stays as it is.
 - Both: a completed plain fan-out item is written with ``finished_at`` NULL and its duration
-  (``statements.item_rows``); readers derive it (``schema.NODE_FINISHED_SQL``). Rows written
-  before keep ``finished_at``: nothing to convert.
+  (``statements.item_rows``); readers derive it (since schema 8, the view ``raysaga_node_rows``
+  does). Rows written before keep ``finished_at``: nothing to convert.
 
 Revision ID: 0007
 Revises: 0006
