@@ -2,7 +2,8 @@
 
 It starts its own local Ray (``num_cpus=2``) in a subprocess, neither needing nor disturbing
 the session's cluster, and skips a peer (LangGraph, DBOS) that is not installed: CI installs
-the ``dev`` extra only. About 45 s on the 2-core VM, most of it Ray starting and subprocesses.
+the ``dev`` extra only. About 45 s on the 2-core VM, most of it Ray starting and subprocesses:
+a benchmark, so it runs with ``RAYSAGA_FULL_SWEEP=1`` (CI runs the shorter ``bench.py --quick``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from tests.support import REPO
+from tests.support.sweep import full_sweep_only
 
 SUITE = REPO / "bench" / "suite.py"
 
@@ -29,6 +31,7 @@ HEADINGS = (
 )
 
 
+@full_sweep_only("CI runs bench/bench.py --quick (test_bench_smoke) and bench/io_fanout.py --quick")
 def test_suite_quick_runs_and_prints_every_table(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAYSAGA_BENCH_PG_URL")}
     out = tmp_path / "tables.txt"

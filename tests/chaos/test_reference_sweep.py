@@ -17,7 +17,8 @@ here add what those lack, built from specs like the random ones (``tests.support
 Per DAG a golden run, then per fault point one test that faults a driver (SIGKILL) at that point
 of every node the golden run passes it at, and resumes the run: each must end as the golden
 run (``tests.support.chaos_sweep.check``). CI takes one label per point (the middle one of
-those the run passes it at, in label order); ``RAYSAGA_FULL_SWEEP=1`` takes them all.
+those the run passes it at, in label order) and each point on one DAG (``CI_CASES``, the DAGs
+taking turns); ``RAYSAGA_FULL_SWEEP=1`` takes them all, on both DAGs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.support.chaos_sweep import Golden, fault_case, golden_run
-from tests.support.kill_sweep import FULL_SWEEP
+from tests.support.kill_sweep import FULL_SWEEP, sweep_params
 from tests.support.services import FakeServices
 
 POINTS = ("before_pending", "after_pending", "before_commit", "after_commit", "before_transition")
@@ -66,6 +67,9 @@ REFERENCE: dict[str, dict[str, Any]] = {
 GOLDEN_STATUS = {"ref_rollback": "compensated", "ref_partial": "completed"}
 WORK_ITEMS = ("work[0]", "work[1]", "work[2]")
 CASES = [(dag, point) for dag in REFERENCE for point in POINTS]
+#: CI's cases: each point once, the two DAGs taking turns (both DAGs at every point with
+#: ``RAYSAGA_FULL_SWEEP=1``).
+CI_CASES = [(list(REFERENCE)[i % len(REFERENCE)], point) for i, point in enumerate(POINTS)]
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,8 @@ def test_the_sweep_covers_what_it_claims(goldens: dict[str, Golden]) -> None:
     assert len(goldens["ref_rollback"].reachable) >= 40 and len(goldens["ref_partial"].reachable) >= 40
 
 
-@pytest.mark.parametrize(("dag", "point"), CASES, ids=[f"{d}-{p}" for d, p in CASES])
+@pytest.mark.parametrize(("dag", "point"),
+                         sweep_params(CASES, CI_CASES, "CI: CI_CASES", ids=[f"{d}-{p}" for d, p in CASES]))
 def test_every_node_at_this_point(dag: str, point: str, goldens: dict[str, Golden], services: FakeServices,
                                   tmp_path_factory: pytest.TempPathFactory) -> None:
     golden = goldens[dag]

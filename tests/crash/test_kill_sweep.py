@@ -15,9 +15,10 @@ has expired (polled in the store) a second subprocess resumes the run, and the t
 
 The crash points: ``after_commit`` of every node (the node boundaries), ``before_pending``,
 ``after_pending``, ``before_commit`` and ``after_commit`` of every effect node, and
-``before_transition`` of the final ``completed`` transition. The whole sweep runs inline in
-CI; with Ray a representative subset does, and all of it with ``RAYSAGA_FULL_SWEEP=1``. The
-order flow's sweep runs again with the store on PostgreSQL (when ``RAYSAGA_TEST_PG_URL`` is set).
+``before_transition`` of the final ``completed`` transition. The whole sweep runs inline with
+``RAYSAGA_FULL_SWEEP=1``, and again on Ray; by default (CI) a representative subset of each does
+(``INLINE_CI_CASES``, ``RAY_CI_CASES``). The order flow's sweep runs again with the store on
+PostgreSQL (when ``RAYSAGA_TEST_PG_URL`` is set; CI: ``PG_CI_CASES``, one case per kind of point).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from tests.support.kill_sweep import (
     kill_and_resume,
     ledger_label,
     rows,
+    sweep_params,
 )
 from tests.support.postgres import drop_pg_database, make_pg_database
 from tests.support.services import FakeServices
@@ -86,6 +88,15 @@ RAY_CI_CASES = [("order", "before_commit", "charge_card"), ("order", "after_pend
                 ("order", "after_commit", "reserve_stock")]
 RAY_FULL_CASES = [case for case in INLINE_CASES if case not in RAY_CI_CASES]
 PG_CASES = [("order", point, label) for point, label in kill_points("order")]
+#: CI's inline cases: every point of ``order``; of ``wide``, every kind of point at the first and
+#: last fan-out item and at the effect behind the join, the map step, the join, the final transition
+#: (the other items and plain nodes repeat those: with ``RAYSAGA_FULL_SWEEP=1``).
+INLINE_CI_CASES = [case for case in INLINE_CASES if case[0] == "order" or case[2] in ("work[0]", "work[7]", "notify")
+                   or case[1:] in (("after_commit", "work"), ("after_commit", "join"), ("before_transition", "*"))]
+#: CI's PostgreSQL cases: each kind of point once (all of them with ``RAYSAGA_FULL_SWEEP=1``).
+PG_CI_CASES = [("order", "before_pending", "charge_card"), ("order", "after_pending", "send_email"),
+               ("order", "before_commit", "charge_card"), ("order", "after_commit", "ship"),
+               ("order", "before_transition", "*")]
 
 
 def test_the_sweep_covers_what_it_claims() -> None:
@@ -215,14 +226,14 @@ def check_state_at_kill(point: str, label: str, snap: Any, log: dict[str, Any], 
 # ---------------------------------------------------------------------- the sweeps
 
 
-@pytest.mark.parametrize(("flow", "point", "label"), INLINE_CASES, ids=case_ids(INLINE_CASES))
+@pytest.mark.parametrize(("flow", "point", "label"), sweep_params(INLINE_CASES, INLINE_CI_CASES, "CI: INLINE_CI_CASES"))
 def test_kill_sweep_inline(flow: str, point: str, label: str, services: Any, goldens: dict[Any, Golden],
                            tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:
     golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
     sweep_case(flow, point, label, "inline", golden, services, tmp_path)
 
 
-@pytest.mark.parametrize(("flow", "point", "label"), PG_CASES, ids=case_ids(PG_CASES))
+@pytest.mark.parametrize(("flow", "point", "label"), sweep_params(PG_CASES, PG_CI_CASES, "CI: PG_CI_CASES"))
 def test_kill_sweep_inline_on_postgresql(flow: str, point: str, label: str, services: Any,
                                          goldens: dict[Any, Golden], pg_base_url: str,
                                          tmp_path_factory: pytest.TempPathFactory, tmp_path: Path) -> None:

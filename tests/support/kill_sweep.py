@@ -17,7 +17,6 @@ file. The test then checks the run against its golden (uninterrupted) run.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -28,8 +27,11 @@ from typing import Any, Protocol
 from raysaga.state import RunStatus, SqlStore
 from tests.support import crash_driver
 
-#: The full Ray sweeps run only when asked (``RAYSAGA_FULL_SWEEP=1``, marked ``slow``).
-FULL_SWEEP = os.environ.get("RAYSAGA_FULL_SWEEP") == "1"
+# re-exported: the sweeps import them from here
+from tests.support.sweep import FULL_SWEEP as FULL_SWEEP
+from tests.support.sweep import case_ids as case_ids
+from tests.support.sweep import sweep_params as sweep_params
+
 #: The drivers' lease TTL per executor: short, so a resume can start soon after a kill.
 LEASE_TTL = {"inline": 0.5, "ray": 2.0}
 #: The crash points of an effect node, in the order a driver passes them.
@@ -54,11 +56,6 @@ def fault(kill: Kill) -> str:
 def ledger_label(effect: Any) -> str:
     """An effect row's node label: ``step``, or ``step[i]`` for a fan-out item."""
     return str(effect.node_id) if effect.fan_index < 0 else f"{effect.node_id}[{effect.fan_index}]"
-
-
-def case_ids(cases: Sequence[tuple[str, ...]]) -> list[str]:
-    """Test ids of ``(..., point, label)`` cases: the leading fields, then ``point:label``."""
-    return ["-".join([*case[:-2], f"{case[-2]}:{case[-1]}"]) for case in cases]
 
 
 @contextmanager
