@@ -301,6 +301,7 @@ class Driver:
                 self._attempts.add_items(d.keys, self.executor.submit_items(d.spec, d.calls), now, d.spec.timeout)
             else:
                 self._attempts.add(d.key, self.executor.submit(d.spec, d.call), now, d.spec.timeout)
+        self.executor.pump()  # what it queued leaves now: while this round commits, if it may overlap
 
     def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
         """Hand the machine what came back; carry out the cancels it decides."""
@@ -313,8 +314,7 @@ class Driver:
                 continue  # cancelled while this round was absorbed
             assert handle.outcome is not None
             outcomes.append((key, handle.outcome))
-        now = self.clock()
-        m.absorb(outcomes, now)
+        m.absorb(outcomes, self.clock())
         self._attempts.cancel(m.out.take_cancel())
         return [key for key, _ in outcomes]
 

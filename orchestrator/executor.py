@@ -200,6 +200,9 @@ class RayExecutor(Executor):
     def _all_lanes(self) -> list[_Lane]:
         return [*self._lanes.values(), self._timed, self._io]
 
+    def pump(self) -> None:
+        self._pump()
+
     def _pump(self) -> None:
         if self._io.queue:
             ready = self._io_ready()

@@ -46,6 +46,11 @@ class Executor(ABC):
         unless the executor queues them more cheaply at once."""
         return [self.submit(spec, call) for call in calls]
 
+    def pump(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Send what ``submit`` queued. The driver calls it once a round's attempts are all
+        submitted: they leave together (chunks, one stream per pool actor), and before the
+        round's commit, not after it at the next ``wait``."""
+
     @abstractmethod
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         """Block up to ``timeout`` for one attempt, then return every finished one (outcome set).

@@ -90,6 +90,9 @@ class RateGate(Executor):
             return self.inner.submit_items(spec, calls)
         return super().submit_items(spec, calls)
 
+    def pump(self) -> None:
+        self.inner.pump()
+
     def _admit(self) -> None:
         """Send what the store admits now, each limit's queue in order (stop at its first refusal)."""
         for name, queue in self._queues.items():

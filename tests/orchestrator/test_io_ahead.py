@@ -21,9 +21,11 @@ from typing import Any
 
 import pytest
 
-from raysaga import StepContext, Workflow
+import raysaga
+from raysaga import RunStatus, StepContext, Workflow
 from raysaga.orchestrator.executor import Handle, RayExecutor
 from raysaga.orchestrator.task import NodeCall
+from raysaga.state import NodeStatus, SqlStore
 from tests.support import crash_driver as harness
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
@@ -96,3 +98,47 @@ def test_calls_beyond_the_free_threads_wait_in_the_actors_unless_they_have_a_tim
         assert outcome.ok, outcome
         assert outcome.output_json is not None and json.loads(outcome.output_json) == {"n": i, "key": f"key-{i}"}
     assert sorted(p.name for p in tmp_path.glob("started-*")) == sorted(f"started-{i}" for i in range(6))
+
+
+def test_a_rounds_io_calls_leave_before_its_commit(ray_session: str, sqlite_url: str) -> None:
+    """A plain step's completion may overlap what it made ready (``RunMachine.may_overlap``): the
+    items it readied are sent (``Executor.pump`` at the end of the driver's round), then the
+    completion commits; they no longer wait in the executor's queue for the next ``wait``."""
+    wf = Workflow("io-pump")
+
+    @wf.step()
+    def plan(input: int) -> list[int]:
+        return list(range(input))
+
+    @wf.map("plan", io_bound=True)
+    def item(plan: int) -> int:
+        return plan * 2
+
+    @wf.step()
+    def total(item: list[int]) -> int:
+        return sum(item)
+
+    executor = RayExecutor(address=ray_session)
+    store = SqlStore(sqlite_url)
+    order: list[str] = []
+    send_io, commit = executor._send_io, store.commit
+
+    def recording_send(items: list[Any]) -> None:
+        order.append(f"send {len(items)}")
+        send_io(items)
+
+    def recording_commit(lease: Any, batch: Any) -> Any:
+        done = sorted(w.node_id for w in batch.node_writes() if w.status == NodeStatus.COMPLETED)
+        order.append(f"commit {','.join(dict.fromkeys(done))}")
+        return commit(lease, batch)
+
+    executor._send_io = recording_send  # type: ignore[method-assign]
+    store.commit = recording_commit  # type: ignore[method-assign]
+    try:
+        record = raysaga.run(wf, 5, store=store, executor=executor)
+    finally:
+        store.close()
+        executor.shutdown()
+    assert record.status == RunStatus.COMPLETED and record.output == {"total": 20}, record
+    plan_commit = next(i for i, e in enumerate(order) if e.startswith("commit ") and "plan" in e[7:].split(","))
+    assert order.index("send 5") < plan_commit, order
