@@ -33,6 +33,12 @@ from tests.support.processes import pids_mentioning
 
 PG_ENV = "RAYSAGA_TEST_PG_URL"
 
+# Bytecode is cached as usual (``__pycache__`` is ignored by git): the VMs' environment sets
+# PYTHONDONTWRITEBYTECODE=1, with which every process a test starts (a driver, the CLI, a worker, a
+# Ray worker) compiled raysaga's and the tests' helper modules from source again, ~0.5 s of CPU each.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # The guard: no test may reach the real Anthropic API (AnthropicModel refuses at once).
 os.environ["RAYSAGA_FORBID_REAL_API"] = "1"
 # The default store (``~/.raysaga``) of every test and of the drivers they spawn lives here.
