@@ -26,7 +26,10 @@ into the lead-in (run start -> first call at the server), the server's span (fir
 answer) and the tail (last answer -> run returned); "turn gap" is, per conversation, the time
 from one answer to the next call (the orchestrator's work per turn: store the response, run the
 tool, store its result, send the next request). "CPU s" is this process's CPU during the run
-(every thread): raysaga's driver, or all of LangGraph.
+(every thread): raysaga's driver, or all of LangGraph; "others CPU s" that of its child processes
+but the server (Ray's raylet, GCS and workers: raysaga's I/O pool actors, which run the SDK), read
+from /proc (Linux; "-" elsewhere). On 2 cores a turn's burst of 50 answers is CPU-bound, so the
+sum of the two is what a row costs the machine.
 
 Targets: raysaga <= 1.5 x ideal, <= 1 x each LangGraph row, and exactly N x C model calls at the
 server. Exit 0 either way unless ``--fail-on-miss``.
@@ -229,6 +232,7 @@ class Sample:
     tail: float  # last answer sent -> run returned
     cpu: float  # CPU seconds of this process (every thread) during the run
     stored_calls: int | None  # model-turn rows in raysaga's store (None: not raysaga)
+    others: float | None = None  # CPU seconds of the child processes (Ray) but the server (None: no /proc)
 
 
 @dataclass
@@ -244,12 +248,44 @@ class Run:
 Runner = Callable[[], Run]
 
 
+def children_cpu(exclude: int) -> float | None:
+    """CPU seconds (user + system) so far of this process's descendants, but ``exclude`` and its
+    own; None without a Linux ``/proc``. A descendant that exited meanwhile is not counted."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    parent: dict[int, int] = {}
+    used: dict[int, float] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        parent[pid] = int(fields[1])
+        used[pid] = (int(fields[11]) + int(fields[12])) / tick
+
+    me, total = os.getpid(), 0.0
+    for pid, cpu in used.items():
+        up = pid
+        while up > 1 and up not in (me, exclude):
+            up = parent.get(up, 0)
+        if up == me and pid != me:
+            total += cpu
+    return total
+
+
 def measured(server: ServerProcess, runner: Runner) -> Sample:
     server.clear()
+    before = children_cpu(server.proc.pid)
     run = runner()
+    after = children_cpu(server.proc.pid)
     served = server.served()
     return Sample(wall=run.end - run.start, served=served, lead=served.first - run.start,
-                  tail=run.end - served.last_end, cpu=run.cpu, stored_calls=run.stored_calls)
+                  tail=run.end - served.last_end, cpu=run.cpu, stored_calls=run.stored_calls,
+                  others=None if before is None or after is None else after - before)
 
 
 TURN_NODE = re.compile(rf"^{STEP}@\d+$")
@@ -372,16 +408,19 @@ def main(argv: list[str] | None = None) -> int:
               f"Messages server, local Ray num_cpus=2, {os.cpu_count()} CPUs, concurrency {conc}, medians of "
               f"{reps}, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
         print(f"  {'':50} {'wall s':>7} {'x ideal':>8} {'raysaga/this':>13} {'calls':>6} {'lead-in ms':>11} "
-              f"{'server span s':>14} {'turn gap ms med/max':>20} {'tail ms':>8} {'CPU s':>6}")
+              f"{'server span s':>14} {'turn gap ms med/max':>20} {'tail ms':>8} {'CPU s':>6} {'others CPU s':>13}")
         print(f"  {'ideal: ceil(N / concurrency) x calls x latency':50} {ideal:7.3f} {1:8.2f} {'':13} {expected:6d}")
         for label, v in samples.items():
             gaps = [g for s in v for g in s.served.gaps]
             calls_seen = sorted({s.served.calls for s in v})
             span = median([s.served.last_end - s.served.first for s in v])
             gap = f"{median(gaps) * 1000:.0f} / {max(gaps, default=float('nan')) * 1000:.0f}"
+            others = [s.others for s in v if s.others is not None]
+            other = f"{median(others):13.2f}" if others else f"{'-':>13}"
             print(f"  {label:50} {med[label]:7.3f} {med[label] / ideal:8.2f} {mine / med[label]:13.2f} "
                   f"{'/'.join(map(str, calls_seen)):>6} {median([s.lead for s in v]) * 1000:11.0f} "
-                  f"{span:14.3f} {gap:>20} {median([s.tail for s in v]) * 1000:8.0f} {median([s.cpu for s in v]):6.2f}")
+                  f"{span:14.3f} {gap:>20} {median([s.tail for s in v]) * 1000:8.0f} "
+                  f"{median([s.cpu for s in v]):6.2f} {other}")
 
         our = samples[ours]
         counts = [s.served.calls for s in our]
