@@ -182,7 +182,8 @@ class IoPool:
     # ------------------------------------------------------------------ sending
 
     def room(self) -> int:
-        """Calls that may be sent now."""
+        """Free threads: calls that would start at once (negative when calls wait in the actors'
+        queues: the executor sends one wave ahead of the threads, ``RayExecutor._io_ready``)."""
         return self.concurrency - self._live
 
     @_locked
@@ -200,7 +201,8 @@ class IoPool:
     @_locked
     def send_many(self, calls: list[tuple[bytes, Any]], name: str) -> list[IoStream]:
         """Start calls (packed payload, the caller's tag), ONE actor call per actor that gets some:
-        each call to the least busy actor, as ``send`` does. Call only while ``room() >= len(calls)``.
+        each call to the least busy actor, as ``send`` does; those beyond its free threads wait in
+        its queue, in order.
         The returned streams' ``gen`` are what to ``ray.wait`` on; ``collect`` reads them."""
         while len(self._active) < self._count:
             self._active.append(self._spawn())
