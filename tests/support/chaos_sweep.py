@@ -16,8 +16,10 @@ compares the result with the golden run:
   (``other_failure_first``: each failed, or raced, in both runs);
 - the ledger holds exactly the golden keys (per node label), none left ``pending`` (``pending_rows``);
 - the provider saw one *effective* call per golden key and no other key, the same effects per
-  subject; a key got a second *raw* call only if its ledger row was ``pending`` at the fault
-  (the call's outcome was unknown); with the inline executor (nothing in flight at a fault)
+  subject (on Ray, a key whose row ended ``abandoned`` in both runs may have taken effect in one
+  only: its call was in flight when the failure cancelled it, ``effective_differs``); a key got
+  a second *raw* call only if its ledger row was ``pending`` at the fault (the call's outcome
+  was unknown); with the inline executor (nothing in flight at a fault)
   exactly the calls that had returned with their rows still ``pending`` are re-issued, once;
 - compensations: the same ones ran as in the golden run, each node's only after those of every
   node downstream of it; and when the run completed its nodes in the golden order, in exactly
@@ -30,13 +32,14 @@ compares the result with the golden run:
   the fault, completed or failed), none answered more than twice; with the inline executor
   (nothing in flight at a fault) exactly the turns answered and not yet durable at the fault
   (``lost``) are asked again, once each, when their agent goes on to complete; every agent not
-  racing a failure was asked exactly the golden requests, and the run counted the golden
-  tokens. Replies other than an answer are only the planned ones (``check_replies``: a turn's
-  transport faults among its first arrivals, the error of a turn that fails for good), and a
-  request a transport fault or such an error answered is no repeated answered turn: only
-  answers count as asks, and with the inline executor every agent that ended as in the golden
-  run (completed, or failed on its own) saw exactly the golden arrivals of each request, plus
-  one for an answer (or the error of a turn failing for good) lost at the fault (so a
+  racing a failure was asked exactly the golden requests (on Ray but for those of a turn
+  ``cancelled`` in flight in both runs: its request may have gone out in one only), and the run
+  counted the golden tokens. Replies other than an answer are only the planned ones
+  (``check_replies``: a turn's transport faults among its first arrivals, the error of a turn
+  that fails for good), and a request a transport fault or such an error answered is no
+  repeated answered turn: only answers count as asks, and with the inline executor every agent
+  that ended as in the golden run (completed, or failed on its own) saw exactly the golden
+  arrivals of each request, plus one for an answer (or the error of a turn failing for good) lost at the fault (so a
   transport fault's retry is neither lost nor repeated across a crash, and a turn failing at
   every attempt is asked no more often than its attempts allow); on Ray at most one more.
 
@@ -74,6 +77,10 @@ SUFFIX = ":compensate"
 RESTING = (RunStatus.RUNNING, RunStatus.COMPENSATING)
 
 Kill = tuple[str, str]
+#: How long a driver may take to bring a run to rest or to its fault (a guard against a hang, not
+#: a wait): a Ray driver of a 40-step DAG on a loaded 2-core machine spent 92 s of its 120 s
+#: creating its two I/O actors (load average 40), and was killed mid-run as if hung.
+FINISH = {"inline": 120.0, "ray": 300.0}
 Start = Callable[[str | None, bool, Path | None], subprocess.Popen[str]]
 
 
@@ -94,6 +101,7 @@ class Golden:
     tokens_used: int = 0
     rests: int = 0  # how often the run rested waiting for a decision
     arrivals: dict[str, int] = field(default_factory=dict)  # model request key -> how often it arrived
+    turns: dict[str, str] = field(default_factory=dict)  # model request key -> its turn's label
 
 
 def reset_model(model: MessagesServer) -> None:
@@ -198,7 +206,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
                              run_input=None if resume else chaos_flows.sample_input(services.url))
 
     store = SqlStore(db)
-    drivers = Drivers(start, folder, spec)
+    drivers = Drivers(start, folder, spec, executor)
     try:
         _, rests = settle(drivers, store, spec, start(None, False, None))
         view = run_view(store)
@@ -215,16 +223,19 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
     assert pending_rows(nodes, ledger) == [], f"pending ledger rows at the end: {pending_rows(nodes, ledger)}"
     asked: dict[str, set[str]] = {}
     arrivals: dict[str, int] = {}
+    turns: dict[str, str] = {}
     if model is not None:
         assert model.repeated_requests() == [], "the golden run asked a model turn twice"
-        check_replies(model.requests)
-        for r in model.requests:
-            asked.setdefault(agent_of(turn_label(r)), set()).add(r.key)
+        requests = model_requests(model, executor)  # on Ray a cancelled call may be cut off mid-body
+        check_replies(requests)
+        for r in requests:
+            turns[r.key] = turn_label(r)
+            asked.setdefault(agent_of(turns[r.key]), set()).add(r.key)
             arrivals[r.key] = arrivals.get(r.key, 0) + 1
     undo = undo_order(log, ledger)
     return Golden(spec, path, view, nodes, ledger, log["effective"], log["by_subject"], undo,
                   [label for label in order if SUFFIX not in label], reachable(nodes, ledger), executor, asked,
-                  tokens, rests, arrivals)
+                  tokens, rests, arrivals, turns)
 
 
 class Drivers:
@@ -232,8 +243,9 @@ class Drivers:
     it imports while the one before runs, and touches the run once its go file exists. A spare
     is started only where one may be needed (a run with approvals may rest for a decision)."""
 
-    def __init__(self, start: Start, folder: Path, spec: dict[str, Any]) -> None:
+    def __init__(self, start: Start, folder: Path, spec: dict[str, Any], executor: str = "inline") -> None:
         self.start = start
+        self.timeout = FINISH[executor]
         self.folder = folder
         self.approvals = any(s["kind"] == "approval" for s in spec["steps"])
         self._gos = itertools.count()
@@ -267,7 +279,7 @@ def settle(drivers: Drivers, store: SqlStore, spec: dict[str, Any], first: subpr
     proc = first
     while True:
         spare = drivers.early(None) if drivers.approvals else None
-        done = harness.finish(proc)
+        done = harness.finish(proc, drivers.timeout)
         assert done.returncode == 0 and done.result is not None, done.describe()
         if done.result["status"] != RunStatus.WAITING_HUMAN.value:
             return done, rests
@@ -285,7 +297,7 @@ def until_fault(drivers: Drivers, store: SqlStore, spec: dict[str, Any], faults:
     proc = drivers.start(faults, False, None)
     while True:
         spare = drivers.early(faults) if drivers.approvals else None
-        done = harness.finish(proc)
+        done = harness.finish(proc, drivers.timeout)
         if mode == "kill" and done.returncode == -signal.SIGKILL:
             return done
         if mode == "raise" and done.returncode == 1 and "FaultInjected: fault injected at" in done.stderr:
@@ -416,6 +428,33 @@ def other_failure_first(golden: Golden, view: dict[str, Any], nodes: dict[str, s
             f"{kill}: the run failed on {mine}, golden on {theirs}, and {node} did not fail in both: {view}"
 
 
+def effective_differs(golden: Golden, ledger: dict[str, tuple[str, str]], log: dict[str, Any],
+                      race: Collection[str], kill: Kill, executor: str) -> list[str]:
+    """The provider saw the golden run's effective keys take effect, and no other, among the keys of
+    nodes that did not race a failure; returns the labels whose effect happened in one run only
+    where that is allowed.
+
+    Allowed only on Ray, and only for a row ``abandoned`` in both runs (the ledger check before
+    this one holds it to the same key and status): a call in flight when the run's failure
+    cancelled its node, its worker killed, the run ended with the row ``pending``. Whether the
+    request reached the provider before the worker died hangs on timing (an effect without a
+    compensation stays unknown: random DAG ``chaos_cfc975a5c7``, ``s16[0]`` and ``s24``, a flaky
+    fan-out's retries and an effect in flight as ``s36[0]`` failed, effective in the golden run
+    and not in the faulted one, every node and row status equal). Each run still sent it at most
+    once (``effective`` at most 1 per key, asserted by ``check``). Inline nothing is in flight at
+    a failure: there every key must match."""
+    golden_keys = {key for label, (key, _) in golden.ledger.items() if forward_label(label) not in race}
+    here, there = set(log["effective"]) & golden_keys, set(golden.effective) & golden_keys
+    names = {key: label for label, (key, _) in {**golden.ledger, **ledger}.items()}
+    abandoned = EffectStatus.ABANDONED.value
+    unknown = {key for label, (key, status) in golden.ledger.items()
+               if status == abandoned and ledger.get(label) == (key, status)} if executor != "inline" else set()
+    assert here - there <= unknown and there - here <= unknown, \
+        f"{kill}: effective here only {sorted(names[k] for k in here - there - unknown)}, " \
+        f"in golden only {sorted(names[k] for k in there - here - unknown)}"
+    return sorted(names[k] for k in here ^ there)
+
+
 def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, uncertain: Collection[str],
           returned: Collection[str], executor: str = "inline", model: MessagesServer | None = None,
           lost: Collection[str] = (), durable: Collection[str] = (), stats: dict[str, int] | None = None) -> set[str]:
@@ -436,11 +475,9 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
     assert set(log["by_subject"].values()) <= {1}, (kill, log["by_subject"])
     keys = {key for key, _ in ledger.values()}
     assert set(log["raw"]) <= keys, f"{kill}: a call carried a key the run's ledger does not hold"
-    golden_keys = {key for label, (key, _) in golden.ledger.items() if forward_label(label) not in race}
-    here, there = set(log["effective"]) & golden_keys, set(golden.effective) & golden_keys
-    names = {key: label for label, (key, _) in {**golden.ledger, **ledger}.items()}
-    assert here == there, f"{kill}: effective here only {sorted(names[k] for k in here - there)}, " \
-                          f"in golden only {sorted(names[k] for k in there - here)}"
+    unknown = effective_differs(golden, ledger, log, race, kill, executor)
+    if stats is not None:
+        stats["unknown_outcomes"] = stats.get("unknown_outcomes", 0) + len(unknown)
     repeated = {key for key, n in log["raw"].items() if n > 1}
     assert repeated <= set(uncertain), (kill, repeated, uncertain)
     if executor == "inline":  # nothing is in flight at a fault: exactly the calls that had returned repeat, once
@@ -470,7 +507,7 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
         stats["abandoned"] = stats.get("abandoned", 0) + len(pending_rows(
             {k: v for k, v in nodes.items() if v is not None}, ledger, EffectStatus.ABANDONED))
     if model is not None:
-        repeats = check_model(golden, store, model, kill, race, lost, durable, executor)
+        repeats = check_model(golden, store, model, kill, race, lost, durable, executor, stats)
         if stats is not None:
             stats["model_repeats"] = stats.get("model_repeats", 0) + repeats
             stats["model_requests"] = stats.get("model_requests", 0) + len(model_requests(model, executor))
@@ -481,7 +518,8 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
 
 
 def check_model(golden: Golden, store: SqlStore, model: MessagesServer, kill: Kill, race: Collection[str],
-                lost: Collection[str], durable: Collection[str], executor: str) -> int:
+                lost: Collection[str], durable: Collection[str], executor: str,
+                stats: dict[str, int] | None = None) -> int:
     """Invariant 3 across the fault (see the module's docstring); returns how many turns were asked again."""
     requests = model_requests(model, executor)
     check_replies(requests, kill)
@@ -523,13 +561,38 @@ def check_model(golden: Golden, store: SqlStore, model: MessagesServer, kill: Ki
     # it got through before the failure was seen hangs on the dispatch order, which a resume makes
     # afresh. Its requests are then held to the rules above only (the run's tokens are compared
     # only without any race, as before).
-    for agent in set(golden.asked) | set(asked):
-        if agent not in racing and golden.nodes.get(agent) == nodes.get(agent):
-            assert asked.get(agent, set()) == golden.asked.get(agent, set()), \
-                f"{kill}: {agent} was asked other requests than in the golden run"
+    cut = same_requests(golden, asked, labels, nodes, racing, kill, executor)
+    if stats is not None:
+        stats["cut_turns"] = stats.get("cut_turns", 0) + cut
     if not race:
         assert store.get_run(RUN_ID).tokens_used == golden.tokens_used, kill
     return len(repeated)
+
+
+def same_requests(golden: Golden, asked: dict[str, set[str]], labels: dict[str, str], nodes: dict[str, str],
+                  racing: Collection[str], kill: Kill, executor: str) -> int:
+    """Every agent not racing a failure, ending as in the golden run, was asked the golden requests
+    (``asked``: agent -> request keys; ``labels``: request key -> turn label); returns how many
+    turns were asked in one run only where that is allowed.
+
+    Allowed only on Ray, and only for a turn in flight when a failure cancelled it (its node
+    ``cancelled`` in both runs, its worker killed): whether its request went out before the worker
+    died hangs on timing (random DAG ``chaos_cfc975a5c7``: ``s37@0[1]``, the first turn of an
+    item of a best-effort agent fan-out, cut off as ``s36[0]`` failed, reached the model in the
+    faulted run only). Inline nothing is in flight at a failure: every request must match."""
+    cut = {label for label, status in nodes.items() if executor != "inline" and AGENT_SEP in label
+           and status == NodeStatus.CANCELLED.value == golden.nodes.get(label)}
+    turn_of = {**golden.turns, **labels}
+    allowed: set[str] = set()
+    for agent in set(golden.asked) | set(asked):
+        if agent not in racing and golden.nodes.get(agent) == nodes.get(agent):
+            mine, theirs = asked.get(agent, set()), golden.asked.get(agent, set())
+            here, there = sorted(turn_of[k] for k in mine - theirs), sorted(turn_of[k] for k in theirs - mine)
+            assert {turn_of[k] for k in mine ^ theirs} <= cut, \
+                f"{kill}: {agent} was asked other requests than in the golden run: here only {here}, " \
+                f"in golden only {there} (cancelled in flight in both: {sorted(cut)})"
+            allowed.update(here + there)
+    return len(allowed)
 
 
 def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, folder: Path,
@@ -554,7 +617,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
                              go_file=go_file, faults=faults if faults is None or mode == "kill" else f"{faults}={mode}")
 
     store = SqlStore(db)
-    drivers = Drivers(start, folder, golden.spec)
+    drivers = Drivers(start, folder, golden.spec, golden.executor)
     try:
         resumer = drivers.early(None)  # imports while the faulted drivers run
         crashed = until_fault(drivers, store, golden.spec, f"{kill[0]}:{kill[1]}", mode,
