@@ -44,6 +44,7 @@ class Fns:
     gather: Callable[[int], Coroutine[Any, Any, int]]
     queued: Callable[[int], int]
     spin_gather: Callable[[int, float], Coroutine[Any, Any, int]]
+    wait_gather: Callable[[int, float], Coroutine[Any, Any, int]]
 
 
 def spin(seconds: float) -> None:
@@ -98,7 +99,15 @@ def _define() -> Fns:
     async def spin_gather(n: int, seconds: float) -> int:
         return len(await asyncio.gather(*[spin_async(seconds) for _ in range(n)]))
 
-    return Fns(chain=chain, gather=gather, queued=queued, spin_gather=spin_gather)
+    @step
+    async def wait_async(seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+    @workflow
+    async def wait_gather(n: int, seconds: float) -> int:
+        return len(await asyncio.gather(*[wait_async(seconds) for _ in range(n)]))
+
+    return Fns(chain=chain, gather=gather, queued=queued, spin_gather=spin_gather, wait_gather=wait_gather)
 
 
 def sqlite_url(path: Path, *, wal: bool) -> str:
@@ -154,6 +163,11 @@ def run_spin(url: str, n: int, seconds: float) -> float:
         return timed(lambda: _check(asyncio.run(f.spin_gather(n, seconds)), n))
 
 
+def run_wait(url: str, n: int, seconds: float) -> float:
+    with on(url) as f:
+        return timed(lambda: _check(asyncio.run(f.wait_gather(n, seconds)), n))
+
+
 def _check(got: int, n: int) -> None:
     if got != n:
         raise RuntimeError(f"DBOS workflow returned {got}, expected {n}")
@@ -162,7 +176,7 @@ def _check(got: int, n: int) -> None:
 # ---------------------------------------------------------------------------- in a child process
 
 
-KINDS = ("gather", "queue", "spin")
+KINDS = ("gather", "queue", "spin", "wait")
 
 
 def run_child(kind: str, url: str, n: int, limit: float, seconds: float = 0.0) -> float:
@@ -188,6 +202,8 @@ def _child(argv: list[str]) -> int:
         took = run_gather(url, n)
     elif kind == "queue":
         took = run_queue(url, n)
+    elif kind == "wait":
+        took = run_wait(url, n, seconds)
     else:
         took = run_spin(url, n, seconds)
     print(took, flush=True)

@@ -1,5 +1,6 @@
-"""The peers of bench/io_fanout.py (LangGraph ``Send`` + SqliteSaver, DBOS ``asyncio.gather``) and of
-bench/agents_fanout.py (LangGraph ``Send`` of tool-use loops on the ``anthropic`` SDK).
+"""The in-process peers of bench/io_fanout.py (LangGraph ``Send`` + SqliteSaver; its DBOS peer runs
+in a child process: ``dbos_peer``) and of bench/agents_fanout.py (LangGraph ``Send`` of tool-use
+loops on the ``anthropic`` SDK).
 
 No ``from __future__ import annotations`` here: LangGraph reads the type hints of the graph's
 functions and state at build time, and string annotations of local names would not resolve.
@@ -7,15 +8,11 @@ Each runner is None when its package is not installed (``pip install langgraph
 langgraph-checkpoint-sqlite dbos``, the ``bench`` extra).
 """
 
-import asyncio
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-# the signature of both DBOS functions below: DBOS's decorators keep it
-_AsyncIntFn = Callable[[int], Coroutine[Any, Any, int]]
 
 
 def langgraph_runner(n: int, wait: float, tmp: Path, concurrency: int | None) -> Callable[[], float] | None:
@@ -75,46 +72,6 @@ def langgraph_runner(n: int, wait: float, tmp: Path, concurrency: int | None) ->
             conn.close()
 
     return run
-
-
-def dbos_runner(n: int, wait: float, tmp: Path) -> Callable[[], float] | None:
-    """A DBOS workflow gathering N async steps; None when dbos is not installed."""
-    try:
-        from dbos import DBOS
-    except ImportError:
-        return None
-    import logging
-
-    DBOS(config={"name": "raysaga_io_bench", "system_database_url": f"sqlite:///{tmp / 'dbos.sqlite'}",
-                 "log_level": "ERROR"})
-
-    # typed here so the functions stay typed when dbos is absent (mypy then sees DBOS as Any)
-    step: Callable[[_AsyncIntFn], _AsyncIntFn] = DBOS.step()
-    workflow: Callable[[_AsyncIntFn], _AsyncIntFn] = DBOS.workflow()
-
-    @step
-    async def dbos_item(i: int) -> int:
-        await asyncio.sleep(wait)
-        return i
-
-    @workflow
-    async def dbos_fanout(count: int) -> int:
-        done = await asyncio.gather(*[dbos_item(i) for i in range(count)])
-        return len(done)
-
-    DBOS.launch()
-    logging.getLogger("dbos").setLevel(logging.ERROR)
-
-    def run() -> float:
-        async def go() -> float:
-            start = time.perf_counter()
-            assert await dbos_fanout(n) == n
-            return time.perf_counter() - start
-
-        return asyncio.run(go())
-
-    return run
-
 
 
 # ---------------------------------------------------------------------------- agents (bench/agents_fanout.py)
