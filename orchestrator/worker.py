@@ -221,8 +221,10 @@ class Worker:
             try:
                 return driver.drive()
             except Exception as exc:
-                if not is_outage(exc) or self._stop.is_set():
+                if not is_outage(exc):
                     raise
+                if self._stop.is_set():  # stopping: handed back (its lease is released or lapses), not failed
+                    raise DriverInterrupted(lease.run_id, self._stop_name) from exc
                 log.warning("worker: run %s: the store is unreachable (%s); driving it again once it answers",
                             lease.run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
             finally:
