@@ -67,6 +67,7 @@ class Forward:
         self.outputs: dict[NodeKey, Any] = {}
         self.restored: dict[NodeKey, NodeRecord] = {}
         self.parents_done: set[str] = set()  # fan-out parents already durable as completed
+        self.running_parents: set[str] = set()  # fan-out parents durable as 'running' (a retry round)
         self.failure: tuple[str, dict[str, Any]] | None = None  # a critical node failed: (label, error)
         self.counts = Counts(total=len(wf.steps))
         self._item_inputs: dict[str, list[tuple[str, Any, bool]]] = {}  # map step -> (param, value, mapped)
@@ -229,6 +230,8 @@ class Forward:
             batch.events.append(NewEvent(kind="fanout_expanded", node_id=step, data={"items": len(items)}))
         elif row.status == NodeStatus.COMPLETED:
             self.parents_done.add(step)
+        elif row.status == NodeStatus.RUNNING:
+            self.running_parents.add(step)
         done = self.sched.expand(step, len(items))
         if done:  # zero items: nothing failed, the policy has nothing to weigh
             if spec.fan_out_policy.partial:
@@ -251,6 +254,7 @@ class Forward:
     def _write_parent_done(self, step: str) -> None:
         if step in self.parents_done:
             return
+        self.running_parents.discard(step)
         output = self.outputs.get(NodeKey(step)) if self.wf.steps[step].fan_out_policy.partial else None
         self.out.batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.COMPLETED,
                                               attempt=self.fanout.round(step), output=output,
@@ -292,6 +296,7 @@ class Forward:
         # same record passed on). Once: a second upsert of one row in a batch is refused by PostgreSQL.
         parent_row = index >= 0 and not restored and (self.failure is None or not (spec.critical or force_rollback))
         if parent_row:
+            self.running_parents.discard(step)
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED, finished_at=now,
                                          error=_item_failed(step, index, error)))
         if spec.critical or force_rollback:
@@ -318,15 +323,21 @@ class Forward:
                           and not k.compensates], "its step failed")
 
     def _drain_restored(self, step: str) -> None:
-        """The driver that failed ``step`` let its effects in flight land (``Calls.drain``) and
-        died first: their rows still say 'running', their ledger rows 'pending'. Sent again under
-        their keys (reconciling), and drained, they settle as they would have without the crash,
-        instead of ending ``abandoned``."""
-        if not self.wf.steps[step].effect:
-            return
+        """Items of ``step`` that a driver which died had in flight: their rows still say
+        'running'. Without the crash, ``Calls.drain`` settled them when the step failed: an
+        effect's attempt was let land, a plain one was cancelled. So here: an effect's items are
+        sent again under their keys (their 'pending' ledger rows make them reconciling calls) and
+        drained, instead of ending ``abandoned``; a plain item's row says 'cancelled', instead of
+        'running' for ever on a run that goes on and ends."""
+        effect = self.wf.steps[step].effect
         for key in [k for k, row in self.restored.items()
                     if k.step == step and k.fan_index >= 0 and row.status == NodeStatus.RUNNING]:
-            del self.restored[key]
+            row = self.restored.pop(key)
+            if not effect:
+                self.out.batch.nodes.append(NodeWrite(
+                    node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED, attempt=row.attempt,
+                    error={"reason": "its step failed"}, started_at=row.started_at, finished_at=self.out.now))
+                continue
             self.issue(key)  # its pending ledger row makes it a reconciling call
             if key in self.calls.inflight:
                 self.calls.draining.add(key)
@@ -363,11 +374,13 @@ class Forward:
             batch.nodes[:] = [n for n in batch.nodes if (n.node_id, n.fan_index) not in again]
             batch.nodes.extend(NodeWrite(node_id=step, fan_index=i, status=NodeStatus.PENDING, attempt=0)
                                for i in indexes)
+            self.running_parents.add(step)
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.RUNNING,
                                          attempt=self.fanout.round(step), started_at=self.out.now))
             self.sched.retry_items(step, indexes)
         else:
             error = {"type": "FanOutPolicy", "message": decision.reason, "verdict": decision.verdict.value}
+            self.running_parents.discard(step)
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.FAILED, error=error,
                                          attempt=self.fanout.round(step), finished_at=self.out.now))
             self._step_failed(step, -1, error, force_rollback=decision.verdict == Verdict.COMPENSATE)

@@ -89,6 +89,7 @@ class Rollback:
                                          else row.output) if completed else None
         self._tool_calls: dict[PlanKey, _ToolCall] = {}
         targets += self._tool_targets(rows, blobs)
+        self._settle_stale(rows, reason)
         restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
         self.plan = RollbackPlan(wf.graph, targets, restored.settled)
         self.errors: dict[PlanKey, Any] = dict(restored.failed)
@@ -98,6 +99,23 @@ class Rollback:
             calls.attempts[NodeKey.parse(*key).undo()] = attempt
         for key in restored.failed:
             self.plan.fail(key)
+
+    def _settle_stale(self, rows: list[NodeRecord], reason: str) -> None:
+        """Rows that say 'running' when the rollback starts: nothing is in flight once the forward
+        DAG stops (its attempts were cancelled, their rows say so), so these were left by a driver
+        that died (a step, item, agent or agent call it had under way). They say 'cancelled' now,
+        as the attempts in flight did; one with an undo is still undone (its outcome is unknown:
+        ``_unsettled`` keeps the row as read) and says so once undone (``_settle_undone``)."""
+        written = {(n.node_id, n.fan_index) for n in self.calls.out.batch.nodes}  # one upsert per row
+        for row in rows:
+            key = (row.node_id, row.fan_index)
+            if row.status != NodeStatus.RUNNING or key in written:
+                continue
+            if NodeKey.parse(row.node_id, row.fan_index).compensates:
+                continue  # a compensation's own row: the plan restores it
+            self.calls.out.batch.nodes.append(NodeWrite(
+                node_id=row.node_id, fan_index=row.fan_index, status=NodeStatus.CANCELLED, attempt=row.attempt,
+                error={"reason": reason}, started_at=row.started_at, finished_at=self.calls.out.now))
 
     def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any]) -> list[CompensationTarget]:
         """The calls of effect tools with an undo, per agent node: each undone after the later ones."""
@@ -227,7 +245,9 @@ class Rollback:
             return
         final = {NodeStatus.RETRYING: NodeStatus.FAILED, NodeStatus.RUNNING: NodeStatus.CANCELLED}.get(row.status)
         if final is not None:
-            self.calls.out.batch.nodes.append(NodeWrite(
+            batch = self.calls.out.batch  # (its 'cancelled' from _settle_stale, if not committed yet: one upsert a row)
+            batch.nodes[:] = [n for n in batch.nodes if (n.node_id, n.fan_index) != key]
+            batch.nodes.append(NodeWrite(
                 node_id=row.node_id, fan_index=row.fan_index, status=final, attempt=row.attempt,
                 error=UNDONE_UNKNOWN, started_at=row.started_at, finished_at=self.calls.out.now))
 

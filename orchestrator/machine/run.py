@@ -75,6 +75,7 @@ class RunMachine:
         self.phase = Phase.ROLLBACK if run.status == RunStatus.COMPENSATING else Phase.FORWARD
         self.rollback: Rollback | None = None
         self._stopping: tuple[str, dict[str, Any] | None, RunStatus, int | None] | None = None
+        self._restored_calls: dict[NodeKey, NodeRecord] = {}  # agents' calls stored 'running'
         self._resume_reason = run.status_reason or "rollback"
 
     def _records_first(self, spec: StepSpec) -> bool:
@@ -100,6 +101,8 @@ class RunMachine:
                 self.waits.restored_waiting.add(key)  # closed if the run stops before it waits again
             if key.is_agent_call:  # a model turn or tool call: its agent node replays it
                 self.agents.restore(row, output)
+                if row.status == NodeStatus.RUNNING:
+                    self._restored_calls[key] = row  # (settled by a cancel if its agent never starts again)
             elif not key.compensates and row.node_id in self.wf.steps:
                 self.forward.restore(row, output)
             # a compensation's row: the rollback reads those itself
@@ -304,8 +307,33 @@ class RunMachine:
         self.out.now = now
         self.calls.stop_retries(reason, self._plain)
         self.calls.cancel_all(reason)
-        self.waits.stop_all(reason)
+        self.waits.stop_all(reason)  # (rows left 'running' by a driver that died: the Rollback's)
         self._stopping = (reason, error, final, signal_id)
+
+    def _cancel_unsettled(self, reason: str) -> None:
+        """The run is cancelled: nodes whose rows say 'running' but that no attempt stands for
+        say 'cancelled', as attempts in flight do (``cancel_all``): agents under way (their row is
+        written when they start; their calls are what is in flight), and rows a driver that died
+        left 'running' and that this one never took up again (a step's or item's, or an agent's
+        call whose agent did not start again), and fan-out parents in a retry round. Left so, a
+        run that is over would show them under way for ever. (A failure's rollback settles such
+        rows itself: ``Rollback``.)"""
+        batch = self.out.batch
+        written = {(n.node_id, n.fan_index) for n in batch.nodes}
+        stale: list[tuple[NodeKey, int, float | None]] = [
+            (key, 1, None) for key, node in self.agents.nodes.items() if not node.finished]
+        stale += [(key, row.attempt, row.started_at) for key, row in self.forward.restored.items()
+                  if row.status == NodeStatus.RUNNING]
+        stale += [(key, row.attempt, row.started_at) for key, row in self._restored_calls.items()
+                  if key.owner not in self.agents.nodes]
+        stale += [(NodeKey(step), self.forward.fanout.round(step), None)
+                  for step in sorted(self.forward.running_parents)]
+        for key, attempt, started_at in stale:
+            if (key.node_id, key.fan_index) not in written:
+                written.add((key.node_id, key.fan_index))
+                batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
+                                             status=NodeStatus.CANCELLED, attempt=attempt, error={"reason": reason},
+                                             started_at=started_at, finished_at=self.out.now))
 
     def _plain(self, key: NodeKey) -> bool:
         """A step's or item's own node (its retries are the calls', not an agent's or a wait's)."""
@@ -370,6 +398,7 @@ class RunMachine:
         self.calls.stop_retries("run cancelled", self._plain)
         self.calls.cancel_all("run cancelled")
         self.waits.stop_all("run cancelled")
+        self._cancel_unsettled("run cancelled")
         batch = self.out.batch
         batch.consumed_signals.append(signal_id)
         batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))

@@ -180,6 +180,8 @@ def check_resume_equals_uninterrupted(plan: Plan, data: st.DataObject) -> None:
     describe_run("reference", reference)
     describe_run("crashed", crashed)
     compare_runs(reference, crashed)
+    check_nothing_left_running(reference, "reference")
+    check_nothing_left_running(crashed, "crashed")
 
 
 def compare_runs(reference: MachineShell, crashed: MachineShell) -> None:
@@ -187,6 +189,22 @@ def compare_runs(reference: MachineShell, crashed: MachineShell) -> None:
     expected, got = projection(reference.fold), projection(crashed.fold)
     for part in expected:
         assert got[part] == expected[part], f"{part} differs after {crashed.journal.crashes} crash(es)"
+
+
+#: Run states after which nothing of the run is under way any more.
+FINISHED = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED,
+            RunStatus.COMPENSATION_FAILED)
+
+
+def check_nothing_left_running(shell: MachineShell, name: str = "run") -> None:
+    """A finished run shows no forward node as 'running': an attempt it stopped says 'cancelled'
+    (or what it ended with). A row left 'running' would show in ``raysaga status`` and the
+    dashboard as under way, for ever, on a run that is over."""
+    if shell.fold.run.status not in FINISHED:
+        return
+    running = sorted(r.label for r in shell.fold.nodes.values()
+                     if r.status == NodeStatus.RUNNING and not NodeKey.parse(r.node_id).compensates)
+    assert not running, f"{name}: run ended {shell.fold.run.status.value} with {running} still 'running'"
 
 
 def describe_run(name: str, shell: MachineShell) -> None:
@@ -235,6 +253,7 @@ def test_random_interleavings_keep_the_invariants(plan: Plan, data: st.DataObjec
     note(f"fates: {world.fates}")
     note(f"dispatched: {shell.journal.dispatched}")
     describe_run("random", shell)
+    check_nothing_left_running(shell)
     assert record.status in (RunStatus.COMPLETED, RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED,
                              RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.PAUSED)
 
@@ -253,7 +272,8 @@ def test_resume_equals_uninterrupted_full(plan: Plan, data: st.DataObject) -> No
 @given(cases(max_steps=7, backoff=True), st.data())
 def test_random_interleavings_keep_the_invariants_full(plan: Plan, data: st.DataObject) -> None:
     world = FateWorld(plan, data.draw)
-    drive(plan, world, RandomSchedule(data, max_crashes=5, max_signals=2))
+    _, shell = drive(plan, world, RandomSchedule(data, max_crashes=5, max_signals=2))
+    check_nothing_left_running(shell)
 
 
 # ---------------------------------------------------------------------- fixed examples
