@@ -172,10 +172,28 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
                 out[key] = new
         return value if out is None else out
     if isinstance(value, list | tuple):
-        items = [_scrub(item, literal) for item in value]
-        if all(a is b for a, b in zip(items, value, strict=True)):
+        # one pass that calls out only for strings worth a look and containers: a wide fan-out's
+        # lists (10,000 item indexes in its events, its plan's output) are mostly numbers
+        out: list[Any] | None = None
+        for i, item in enumerate(value):
+            kind = type(item)
+            if kind is int or kind is float or kind is bool or item is None:
+                continue
+            if isinstance(item, str):
+                if len(item) < MIN_SECRET_LEN:
+                    continue
+                new = _scrub_text(item, literal)
+            elif isinstance(item, dict | list | tuple):
+                new = _scrub(item, literal)
+            else:
+                continue
+            if new is not item:
+                if out is None:
+                    out = list(value)
+                out[i] = new
+        if out is None:
             return value
-        return items if isinstance(value, list) else tuple(items)
+        return out if isinstance(value, list) else tuple(out)
     return value
 
 
