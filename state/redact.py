@@ -174,7 +174,7 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
     if isinstance(value, list | tuple):
         # one pass that calls out only for strings worth a look and containers: a wide fan-out's
         # lists (10,000 item indexes in its events, its plan's output) are mostly numbers
-        out: list[Any] | None = None
+        changed: list[Any] | None = None
         for i, item in enumerate(value):
             kind = type(item)
             if kind is int or kind is float or kind is bool or item is None:
@@ -188,12 +188,12 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
             else:
                 continue
             if new is not item:
-                if out is None:
-                    out = list(value)
-                out[i] = new
-        if out is None:
+                if changed is None:
+                    changed = list(value)
+                changed[i] = new
+        if changed is None:
             return value
-        return out if isinstance(value, list) else tuple(out)
+        return changed if isinstance(value, list) else tuple(changed)
     return value
 
 
