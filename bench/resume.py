@@ -19,6 +19,10 @@ the same run and time, from the relaunch's ``Popen``, the first step that starts
   run over at once (``orchestrator/worker.py``). Its time is counted from the kill, not from a
   relaunch (there is none): kill -> first step, so it includes noticing the death.
 * LangGraph + SqliteSaver and DBOS (SQLite): ``resume_child.py``.
+* Ray alone, the floor of the cluster row: a fresh Python process that imports Ray, joins the same
+  cluster with the ``runtime_env`` raysaga's driver passes and runs one no-op task
+  (``resume_child.py ray``): launch -> that task's start, split into its phases. No run, no
+  store: what any fresh driver on the cluster pays before its first task, raysaga or not.
 
 "Completed steps re-run" counts steps whose ``end`` was logged before the kill and that start
 again after the relaunch (raysaga must show 0); the step in flight at the kill runs again in
@@ -39,6 +43,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 import dbos_peer
 import lg_peer
@@ -53,6 +58,10 @@ INLINE = "raysaga inline"
 COLD = "raysaga on Ray, cold (starts Ray)"
 CLUSTER = "raysaga joining a running Ray cluster"
 FLEET = "raysaga: a running worker takes over (kill->)"
+RAY_FLOOR = "Ray alone: a fresh driver joins, 1st task"
+#: The phases of the Ray-alone row, in order (``resume_child.ray_floor``'s keys).
+FLOOR_PHASES = (("imported", "Ray imported"), ("joined", "joined"), ("submitted", "task sent"),
+                ("worker_start", "its worker process started"), ("task_start", "task started"))
 LANGGRAPH = "LangGraph + SqliteSaver"
 DBOS = "DBOS (SQLite)"
 
@@ -283,9 +292,25 @@ def peer_attempt(tmp: Path, secs: float, system: str) -> Attempt:
     return attempt(cmd, [*cmd, "--resume"], log, dict(os.environ), secs, kill_session=False)
 
 
+def ray_floor_attempt(tmp: Path, address: str, phases: list[dict[str, float]]) -> Attempt:
+    """Ray alone (``resume_child.py ray``): launch -> the first task's start; its phases appended
+    to ``phases`` (seconds from the launch)."""
+    out = tmp / f"floor-{uuid.uuid4().hex[:8]}.json"
+    start = time.time()
+    done = subprocess.run([sys.executable, str(HERE / "resume_child.py"), "ray", address, str(out)], cwd=HERE,
+                          env=_raysaga_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+    finished = time.time() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"the Ray-alone driver exited {done.returncode}: {done.stderr.decode()[-2000:]}")
+    times = json.loads(out.read_text())
+    phases.append({key: times[key] - start for key, _ in FLOOR_PHASES})
+    return Attempt(first_step=times["task_start"] - start, finished=finished, completed_rerun=0, in_flight_rerun=0)
+
+
 def run(reps: int, secs: float, tmp: Path, log: Callable[[str], None], *, with_ray: bool = True) -> Report:
     tmp.mkdir(parents=True, exist_ok=True)
     first, total, rerun, in_flight = Samples(), Samples(), Samples(), Samples()
+    floor_phases: list[dict[str, float]] = []
     with contextlib.ExitStack() as stack:
         systems: list[tuple[str, Callable[[], Attempt]]] = [
             (INLINE, lambda: raysaga_attempt(tmp, secs, "inline", None))]
@@ -294,7 +319,8 @@ def run(reps: int, secs: float, tmp: Path, log: Callable[[str], None], *, with_r
             fleet_db = stack.enter_context(worker_fleet(tmp, address))
             systems += [(COLD, lambda: raysaga_attempt(tmp, secs, "ray", None)),
                         (CLUSTER, lambda: raysaga_attempt(tmp, secs, "ray", address)),
-                        (FLEET, lambda: fleet_attempt(tmp, secs, address, fleet_db))]
+                        (FLEET, lambda: fleet_attempt(tmp, secs, address, fleet_db)),
+                        (RAY_FLOOR, lambda: ray_floor_attempt(tmp, address, floor_phases))]
         if lg_peer.available():
             systems.append((LANGGRAPH, lambda: peer_attempt(tmp, secs, "langgraph")))
         else:
@@ -321,14 +347,18 @@ def run(reps: int, secs: float, tmp: Path, log: Callable[[str], None], *, with_r
     rows = []
     for label in first.values:
         vs = spread(pair_ratios(first[label], first[LANGGRAPH]), "{:.2f}") if LANGGRAPH in first else ""
-        rows.append([label, spread(first[label]), vs, spread(total[label], "{:.2f}"),
-                     f"{int(sum(rerun[label]))}", f"{int(sum(in_flight[label]))}"])
+        reruns = ["-", "-"] if label == RAY_FLOOR else [f"{int(sum(rerun[label]))}", f"{int(sum(in_flight[label]))}"]
+        rows.append([label, spread(first[label]), vs, spread(total[label], "{:.2f}"), *reruns])
     r.table(["", "relaunch -> 1st step s", "this / LangGraph", "relaunch -> end s", "completed re-run",
              "in-flight re-run"], rows, [46, 24, 18, 20, 16, 16])
     r.p(f"  (re-runs summed over the reps; 'relaunch -> end' includes the remaining {STEPS - KILL_AT} steps)")
     if FLEET in first:
         r.p(f"  ('{FLEET}': no relaunch; a `raysaga worker` already joined to the cluster takes the run over: "
             "timed from the SIGKILL)")
+    if floor_phases:
+        r.p(f"  ('{RAY_FLOOR}': no run, no store; launch -> " + ", ".join(
+            f"{name} {median([p[key] for p in floor_phases]):.3f}" for key, name in FLOOR_PHASES)
+            + " s (medians): what a fresh driver on the cluster pays before its first task, raysaga or not)")
     if CLUSTER in first:
         r.target(ratio_target("resume: raysaga joining a running cluster <= LangGraph's relaunch -> first step",
                               pair_ratios(first[CLUSTER], first[LANGGRAPH]), at_most=1.0))

@@ -4,10 +4,16 @@ SIGKILLs midway and then starts again to finish the same run.
 
     python resume_child.py langgraph DB LOG N SECS [--resume]
     python resume_child.py dbos DB LOG N SECS [--resume]
+    python resume_child.py ray ADDRESS OUT
 
 Each step appends ``<time> start|end <step> <pid>`` to LOG around its sleep (the format of
 ``flows.slow_step``). ``--resume``: LangGraph invokes the same thread with no input (it goes on
 from the last checkpoint); DBOS's launch recovers the pending workflow, and this waits for it.
+
+``ray``: Ray alone, the floor of a fresh driver joining a running cluster: ``import ray``,
+``ray.init(ADDRESS)`` with the ``runtime_env`` a raysaga driver passes (``PYTHONPATH``), one
+no-op task; OUT gets the times (epoch seconds) of each phase, the task's start and the
+start of the worker process it ran in.
 
 No ``from __future__ import annotations``: LangGraph reads the hints of its state at build time.
 """
@@ -91,7 +97,43 @@ def dbos(db: str, log: str, n: int, secs: float, resume: bool) -> None:
     DBOS.destroy()
 
 
+def process_started(pid: int) -> float:
+    """When process ``pid`` started (epoch seconds, to a clock tick), from ``/proc``."""
+    from pathlib import Path
+
+    since_boot = float(Path("/proc/uptime").read_text().split()[0])
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    return time.time() - since_boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def first_task() -> tuple[float, float]:
+    """The body of the floor's task: when it started, and when its worker process started."""
+    return time.time(), process_started(os.getpid())
+
+
+def ray_floor(address: str, out: str) -> None:
+    import json
+    import logging
+
+    times = {"exec": process_started(os.getpid())}
+    import ray
+
+    times["imported"] = time.time()
+    path = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
+             runtime_env={"env_vars": {"PYTHONPATH": path}})  # as raysaga's RayExecutor joins
+    times["joined"] = time.time()
+    ref = ray.remote(max_retries=0)(first_task).remote()
+    times["submitted"] = time.time()
+    times["task_start"], times["worker_start"] = ray.get(ref)
+    with open(out, "w") as f:
+        json.dump(times, f)
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "ray":
+        ray_floor(argv[1], argv[2])
+        return 0
     system, db, log, n, secs = argv[:5]
     resume = "--resume" in argv[5:]
     {"langgraph": langgraph, "dbos": dbos}[system](db, log, int(n), float(secs), resume)
