@@ -24,7 +24,7 @@ from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.orchestrator.ownership import describe_lease
-from raysaga.state import RunRecord, SqlStore, node_label, queries  # status reads the store: SQLAlchemy
+from raysaga.state import EffectStatus, RunRecord, SqlStore, node_label, queries  # status reads the store: SQLAlchemy
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.workflow import Workflow
@@ -329,6 +329,30 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     if failed:
         console.print(Text(f"{failed} failed node(s): `raysaga status {run.run_id} --errors` shows each attempt "
                            "and its traceback"))
+    print_unknown_effects(console, store, run)
+
+
+#: Abandoned effects listed by ``print_status`` (the rest are counted; ``--json`` lists them all).
+UNKNOWN_SHOWN = 10
+
+
+def print_unknown_effects(console: Console, store: SqlStore, run: RunRecord) -> None:
+    """The effects whose outcome nobody knows: in flight (or waiting out a retry) when the run
+    stopped, their ledger rows ``abandoned``. Each may or may not have taken effect; an operator
+    checks the service under its idempotency key (or ``raysaga retry`` re-sends it under that key
+    for the service to dedupe). The one thing a finished run cannot say for itself."""
+    unknown = [e for e in store.effects(run.run_id) if e.status == EffectStatus.ABANDONED]
+    if not unknown:
+        return
+    console.print(Text(f"{len(unknown)} effect(s) with an unknown outcome (abandoned: in flight when the run "
+                       "stopped; each may or may not have taken effect: check the service under its key):",
+                       style="yellow"))
+    for e in unknown[:UNKNOWN_SHOWN]:
+        console.print(Text(f"  {flat(node_label(e.node_id, e.fan_index))} {flat(e.effect_name)} "
+                           f"key {e.idempotency_key}"))
+    if len(unknown) > UNKNOWN_SHOWN:
+        console.print(Text(f"  ... and {len(unknown) - UNKNOWN_SHOWN} more: `raysaga status {run.run_id} --json` "
+                           "lists every ledger row"))
 
 
 def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str | None = None) -> None:

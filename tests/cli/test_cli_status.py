@@ -122,3 +122,44 @@ def test_status_json_keeps_its_keys_and_adds_schema_version(flow: str, sqlite_ur
     assert set(data["nodes"][0]) == {"node", "step", "index", "status", "attempts", "started_at", "finished_at",
                                      "duration", "not_before", "error", "output_digest", "inherited_from"}
     assert data["node_counts"] == {"completed": 5, "failed": 1}
+
+
+def test_status_names_the_effects_whose_outcome_is_unknown(sqlite_url: str) -> None:
+    """A charge in flight when its run stopped may or may not have happened: its ledger row says
+    ``abandoned``, and the human view says so, with the key to look the call up by. (The ledger
+    state is written as a driver that stopped writes it; how a run gets there is the crash and
+    saga tests'.)"""
+    import raysaga
+    from raysaga import Workflow
+    from raysaga.state import Batch, EffectStatus, EffectWrite, RunStatus, RunUpdate, SqlStore
+
+    wf = Workflow("shop")
+
+    @wf.step(effect=True)
+    def charge() -> str:
+        return "ch_1"
+
+    raysaga.create_run(wf, store=sqlite_url, run_id="shop-1")
+    store = SqlStore(sqlite_url)
+    try:
+        lease = store.claim("shop-1", "test-driver", 30.0)
+        keys = [f"rs-{i:040x}" for i in range(12)]
+        pending = [EffectWrite(idempotency_key=k, node_id="charge", fan_index=-1, effect_name="charge",
+                               args_digest="", status=EffectStatus.PENDING) for k in keys]
+        store.commit(lease, Batch(effects=pending))
+        store.commit(lease, Batch(
+            effects=[EffectWrite(idempotency_key=keys[0], node_id="charge", fan_index=-1, effect_name="charge",
+                                 args_digest="", status=EffectStatus.COMMITTED, result="ch_1")],
+            run=RunUpdate(status=RunStatus.CANCELLED, status_reason="operator says stop")))
+        ledger = {e.idempotency_key: e.status for e in store.effects("shop-1")}
+    finally:
+        store.close()
+    assert ledger[keys[0]] == EffectStatus.COMMITTED
+    assert {ledger[k] for k in keys[1:]} == {EffectStatus.ABANDONED}  # the transition abandoned the rest
+    code, out, err = invoke("status", "shop-1", "--db", sqlite_url)
+    assert code == 0, err
+    assert "11 effect(s) with an unknown outcome" in out, out
+    listed = [line.split()[-1] for line in out.splitlines() if line.startswith("  charge charge key ")]
+    assert len(listed) == 10 and set(listed) <= set(keys[1:]), out  # the first ten, each with its key
+    assert keys[0] not in out  # committed: its outcome is known
+    assert "... and 1 more: `raysaga status shop-1 --json`" in out
