@@ -52,6 +52,11 @@ if str(HERE) not in sys.path:  # `import flows` here and on Ray workers (see sta
     sys.path.insert(0, str(HERE))
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Bytecode cached as an installed package has it (pip compiles at install; the peers' modules in
+# site-packages are): the VMs set PYTHONDONTWRITEBYTECODE=1, with which every process a bench starts
+# (a relaunched driver, a CLI read, a Ray worker) compiled raysaga from source, ~70 ms of CPU each.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 import flows  # noqa: E402
 
