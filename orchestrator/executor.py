@@ -97,6 +97,8 @@ class RayExecutor(Executor):
     IO_AHEAD = 2
     #: ``ray.wait`` looks at the oldest this-many tasks in flight (bounds its O(n) cost per call).
     WAIT_WINDOW = 1024
+    #: Seconds between looks while an I/O call with a timeout waits for a pool actor to start.
+    STARTING_POLL = 0.02
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, *,
                  io_concurrency: int | None = None) -> None:
@@ -138,6 +140,7 @@ class RayExecutor(Executor):
         self._finished: dict[Handle, None] = {}  # outcome set, not returned yet (an ordered set)
         self._cancelled: dict[Any, None] = {}  # refs cancelled, not yet seen to end (an ordered set)
         self._recancel_at = 0.0
+        self._io_held = False  # an I/O call with a timeout waits for a pool actor to start (_io_ready)
         self._io = _Lane(limit=io_limit, chunked=False)  # I/O-bound attempts, queued for the pool
         self._pool: IoPool | None = None  # this process's, taken at the first I/O-bound attempt
         self._feasible = Feasibility(ray)
@@ -204,6 +207,7 @@ class RayExecutor(Executor):
         self._pump()
 
     def _pump(self) -> None:
+        self._io_held = False
         if self._io.queue:
             ready = self._io_ready()
             if ready:  # every I/O-bound attempt ready now: one actor call per pool actor
@@ -222,13 +226,17 @@ class RayExecutor(Executor):
         timeout: those wait in their actor's queue and start the moment a thread frees, instead of
         after a round trip through this driver (a wave's outcomes read, absorbed, committed).
         Still at most ``io_concurrency`` run at once: the actors' threads bound them. An attempt
-        with a timeout is sent only to a free thread (its timeout starts when it is sent)."""
+        with a timeout is sent only to a free thread, once the pool's actors are up
+        (``IoPool.all_started``): its timeout starts when it is sent, and counts no actor's start."""
         pool, queue = self.io_pool, self._io.queue
         live = pool.concurrency - pool.room()
         ready = []
         while queue:
             untimed = queue[0][2].timeout is None
             if live >= (pool.concurrency * self.IO_AHEAD if untimed else pool.concurrency):
+                break
+            if not untimed and not pool.all_started():
+                self._io_held = True  # its timeout starts when it runs, not while an actor starts
                 break
             ready.append(queue.popleft())
             live += 1
@@ -289,6 +297,8 @@ class RayExecutor(Executor):
 
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         self._pump()
+        if self._io_held:  # a call with a timeout waits for a pool actor to start: look again soon
+            timeout = min(timeout, self.STARTING_POLL)
         if self._cancelled and time.monotonic() >= self._recancel_at:
             self._recancel()
         wanted = None if handles is None else set(handles)

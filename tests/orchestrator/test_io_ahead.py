@@ -82,6 +82,8 @@ def test_calls_beyond_the_free_threads_wait_in_the_actors_unless_they_have_a_tim
         ray_session: str, tmp_path: Path, timeout: float | None) -> None:
     executor = RayExecutor(address=ray_session, io_concurrency=2)
     try:
+        # a call with a timeout also waits for the actors to start (the test below): started first
+        harness.wait_until(executor.io_pool.all_started, timeout=LIMIT, what="the pool's actors to start")
         handles = _submit(executor, timeout, tmp_path, 6)
         assert executor.wait(None, 0.0) == []  # sends what may go now; nothing has ended
         ahead = RayExecutor.IO_AHEAD * 2 if timeout is None else 2
@@ -98,6 +100,54 @@ def test_calls_beyond_the_free_threads_wait_in_the_actors_unless_they_have_a_tim
         assert outcome.ok, outcome
         assert outcome.output_json is not None and json.loads(outcome.output_json) == {"n": i, "key": f"key-{i}"}
     assert sorted(p.name for p in tmp_path.glob("started-*")) == sorted(f"started-{i}" for i in range(6))
+
+
+def _wait_for_file(path: str) -> int:
+    deadline = time.monotonic() + LIMIT
+    while not Path(path).exists() and time.monotonic() < deadline:  # the workload: waits for the test
+        time.sleep(0.01)
+    return 0
+
+
+def test_a_timed_call_waits_for_its_actor_to_start_not_in_its_timeout(ray_session: str, tmp_path: Path) -> None:
+    """An actor's process takes ~0.5 s to start on 2 idle cores, seconds under load. A call with a
+    timeout sent to one still starting counted that start in its timeout: a 1 s timeout could
+    expire on a call that never ran, and the retry, on the fresh actor that replaced the one its
+    timeout killed, again. Now it stays queued (its clock not started) until the pool's actors
+    are up. Here an actor 'starts' when the test says so: its readiness is a task that waits for
+    a file (the test's stand-in for a slow process start)."""
+    import ray
+
+    executor = RayExecutor(address=ray_session, io_concurrency=3)  # a pool of its own: no other test uses 3
+    pool = executor.io_pool
+    spawn = pool._spawn
+    slow_start = ray.remote(_wait_for_file)
+    up = tmp_path / "actors-up"
+
+    def spawn_slowly() -> Any:
+        actor = spawn()
+        actor.ready = slow_start.remote(str(up))
+        return actor
+
+    pool._spawn = spawn_slowly  # type: ignore[method-assign]
+    try:
+        if pool.all_started():
+            pytest.skip("this process's pool of 3 started in an earlier test")
+        handles = _submit(executor, 1.0, tmp_path, 1)
+        for _ in range(3):
+            assert executor.wait(None, 0.0) == []
+        assert not handles[0].sent, "a call with a timeout was sent to an actor not started"
+        up.write_text("up")
+        harness.wait_until(lambda: executor.wait(None, 0.05) == [] and handles[0].sent, timeout=LIMIT,
+                           what="the call to leave once the actors are up")
+        ended = _finish(executor, handles, tmp_path)
+    finally:
+        pool._spawn = spawn  # type: ignore[method-assign]
+        up.write_text("up")
+        (tmp_path / "release").write_text("go")
+        executor.shutdown()
+    outcome = ended[handles[0]]
+    assert outcome.ok, outcome  # ran, within its timeout counted from its start
 
 
 def test_a_rounds_io_calls_leave_before_its_commit(ray_session: str, sqlite_url: str) -> None:
