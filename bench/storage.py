@@ -1,10 +1,18 @@
 """Storage tables of the peer suite: the database bytes each system left after the chain and the
 fan-outs (measured by bench/peers_chain.py and bench/peers_fanout.py on fresh SQLite files, after
-``wal_checkpoint(TRUNCATE)``), and raysaga's bytes per node as the run grows (bench/rss.py)."""
+``wal_checkpoint(TRUNCATE)``), and raysaga's bytes per node as the run grows (bench/rss.py).
+
+``python bench/storage.py [SIZE ...]``: bytes a node row takes by the size of its output, on a new
+store's pages and on 4 KiB pages (the page-size trade-off in docs/storage.md)."""
 
 from __future__ import annotations
 
+import sqlite3
+import sys
+import tempfile
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import peers_chain
 import peers_fanout
@@ -69,3 +77,49 @@ def scaling(measured: Sequence[Measured]) -> Report:
         r.target(Target(f"storage linear: net bytes/node at {top.items:,} / at {base.items:,} within 1 +- "
                         f"{TARGET_LINEAR}", abs(growth - 1) <= TARGET_LINEAR, f"{growth:.2f}"))
     return r
+
+
+OUTPUT_SIZES = (0, 100, 180, 200, 400, 700, 1_000, 1_500, 2_000, 3_000, 4_000, 6_000)
+STEPS = 500  # completed steps of one run, committed 50 at a time
+
+
+def node_bytes(tmp: Path, output_bytes: int, page_size: int | None) -> float:
+    """Net bytes a completed node row with an output of ``output_bytes`` takes: ``STEPS`` of them
+    in one run, on a fresh store (``page_size``: the file made with it first; None, raysaga's)."""
+    import bench
+    from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore
+
+    path = tmp / f"rows-{uuid.uuid4().hex[:8]}.db"
+    if page_size is not None:
+        conn = sqlite3.connect(path)
+        conn.execute(f"PRAGMA page_size={page_size}")
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.close()
+    store = SqlStore(bench.sqlite_url(path))
+    try:
+        store.create_run(NewRun(run_id="r", workflow_name="w", workflow_version="1", definition_hash="0" * 64,
+                                trace_id="t"))
+        empty = bench.db_bytes(path)
+        lease = store.claim("r", "bench", 60)
+        for first in range(0, STEPS, 50):
+            store.commit(lease, Batch(nodes=[
+                NodeWrite(node_id=f"s{i:04d}", status=NodeStatus.COMPLETED, attempt=1, started_at=1.7e9 + i,
+                          finished_at=1.7e9 + i + 0.5, output="x" * max(output_bytes - 2, 0))
+                for i in range(first, first + 50)]))
+    finally:
+        store.close()
+    return (bench.db_bytes(path) - empty) / STEPS
+
+
+def main(argv: list[str]) -> int:
+    sizes = [int(a) for a in argv] or list(OUTPUT_SIZES)
+    with tempfile.TemporaryDirectory(prefix="raysaga-rows-") as tmp:
+        print(f"{'output bytes':>12}  {'4 KiB pages':>11}  {'new store':>9}  ratio")
+        for size in sizes:
+            big, ours = node_bytes(Path(tmp), size, 4096), node_bytes(Path(tmp), size, None)
+            print(f"{size:>12,}  {big:>11,.0f}  {ours:>9,.0f}  {ours / big:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

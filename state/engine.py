@@ -34,6 +34,25 @@ from raysaga.state import jsoncodec
 DEFAULT_DIR = ".raysaga"
 DEFAULT_FILE = "raysaga.db"
 BUSY_TIMEOUT_MS = 30_000
+#: The page size of a NEW SQLite store (an existing file keeps its own; see docs/storage.md). Every
+#: table and index takes at least a page, so a fresh store's ~40 objects cost 40 KiB, not 160 KiB; a
+#: WAL commit writes whole pages, so a small commit writes 1 KiB per page it touches, not 4 KiB.
+#: The cost: a node row above ~230 bytes (its output, mostly) takes an overflow page of 1 KiB.
+NEW_FILE_PAGE_SIZE = 1024
+#: Sets another page size for new SQLite stores (512 to 65536, a power of two): 4096 suits node
+#: outputs of 200 to 900 bytes (docs/storage.md has the figures).
+PAGE_SIZE_ENV = "RAYSAGA_SQLITE_PAGE_SIZE"
+
+
+def new_file_page_size() -> int:
+    """The page size a new SQLite store gets: ``RAYSAGA_SQLITE_PAGE_SIZE``, else ``NEW_FILE_PAGE_SIZE``."""
+    env = os.environ.get(PAGE_SIZE_ENV, "").strip()
+    if not env:
+        return NEW_FILE_PAGE_SIZE
+    size = int(env) if env.isdigit() else 0
+    if not 512 <= size <= 65536 or size & (size - 1):
+        raise UserError(f"{PAGE_SIZE_ENV}={env!r} is not a SQLite page size: use a power of two from 512 to 65536")
+    return size
 #: Seconds a PostgreSQL connection attempt may take (libpq ``connect_timeout``) unless the URL
 #: sets its own: an unreachable server is an error in seconds, not after the TCP timeout.
 PG_CONNECT_TIMEOUT_S = 5
@@ -162,6 +181,7 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
                                         "choose another --db / RAYSAGA_HOME, or fix the folder's permissions") from None
     # an absolute path: the same file whatever the current folder of whoever opens it later
     url = make_url(url).set(database=str(path)).render_as_string(hide_password=False)
+    page_size = new_file_page_size()
     engine = create_engine(
         url,
         json_serializer=_json_serializer,
@@ -176,6 +196,9 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        # before the first table and before WAL: then it is the file's for good; on a file that
+        # has pages already (any existing store) SQLite ignores it
+        cur.execute(f"PRAGMA page_size={page_size}")
         _enable_wal(cur)
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -102,6 +103,8 @@ def upgrade(engine: Engine) -> int:
         if current_version(engine) == SCHEMA_VERSION:  # another thread migrated it meanwhile
             return SCHEMA_VERSION
         _migrate(engine)
+        if found is None:
+            _compact_new_file(engine)
     found = current_version(engine)
     check_version(found)
     return found or 0
@@ -113,6 +116,27 @@ def _migrate(engine: Engine) -> None:
             # two processes migrating one database at once: the second waits, then finds it done
             conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
         upgrade_to(conn, "head")
+
+
+def _compact_new_file(engine: Engine) -> None:
+    """A SQLite store just created: give back the pages its migrations freed. Migrations rebuild
+    tables (schemas 7 to 9), so a new file held ~6 free pages of the tables they replaced, which
+    nothing would reuse soon. ``VACUUM`` of an empty store takes milliseconds; it runs outside a
+    transaction, and waits (busy timeout) for a writer that got in first. Only an optimisation: a
+    store too busy to compact (another process already writing runs) is used as it is."""
+    if engine.dialect.name != "sqlite":
+        return
+    pooled = engine.raw_connection()
+    try:
+        raw = pooled.driver_connection
+        assert isinstance(raw, sqlite3.Connection)
+        if raw.execute("PRAGMA freelist_count").fetchone()[0]:
+            raw.execute("VACUUM")
+    except sqlite3.OperationalError as exc:
+        if "locked" not in str(exc) and "busy" not in str(exc):
+            raise
+    finally:
+        pooled.close()
 
 
 def upgrade_to(conn: Connection, revision: str) -> None:

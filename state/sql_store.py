@@ -82,6 +82,7 @@ from raysaga.state.statements import (
     json_param,
     sqlite_write,
     stale_fence,
+    stored_status,
 )
 from raysaga.state.store import Store
 
@@ -318,9 +319,9 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
                 hot.many(sql.nodes, [
-                    (run_key, n.node_id, n.fan_index, n.status.value, n.attempt, n.not_before, json_param(n.output),
-                     n.output_digest, json_param(scrub(stored_error(n.error))), n.started_at, n.finished_at,
-                     n.duration)
+                    (run_key, n.node_id, n.fan_index, stored_status(n.status), n.attempt, n.not_before,
+                     json_param(n.output), n.output_digest, json_param(scrub(stored_error(n.error))), n.started_at,
+                     n.finished_at, n.duration)
                     for n in batch.nodes])
             if batch.effects:
                 write_effects(hot.core(), run_id, batch, now)

@@ -27,6 +27,8 @@ INDEXES_ADDED_LATER = {"ix_raysaga_runs_created", "ix_raysaga_runs_status_create
                        "ix_raysaga_runs_workflow_created", "ix_raysaga_runs_status_updated",
                        "ix_raysaga_runs_input_digest", "ix_raysaga_runs_output_digest",
                        "ix_raysaga_nodes_output_digest"}
+#: Columns version 1 declared NOT NULL that a later migration relaxes (schema 9: NULL is 'completed').
+NULLABLE_LATER = {"raysaga_nodes": {"status"}}
 
 
 def _as_of_v1(table: sa.Table, v1: sa.MetaData) -> sa.Table:
@@ -35,6 +37,9 @@ def _as_of_v1(table: sa.Table, v1: sa.MetaData) -> sa.Table:
     if table.name == "raysaga_nodes":
         columns = [sa.Column(_RUN_ID, sa.String(200), primary_key=True),
                    *(c for c in columns if c.name != "run_key")]
+    for c in columns:
+        if c.name in NULLABLE_LATER.get(table.name, set()):
+            c.nullable = False
     kept = {c.name for c in columns}
     for c in columns:
         if isinstance(c.type, JsonText):
