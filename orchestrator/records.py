@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from raysaga.orchestrator.options import RunOptions
-from raysaga.state import RunRecord, RunUpdate
+from raysaga.state import NodeStatus, NodeWrite, RunRecord, RunUpdate
 from raysaga.state.redact import scrub_text
 
 
@@ -13,6 +13,14 @@ def step_failed_record(step: str, error: dict[str, Any]) -> dict[str, Any]:
     """What dependents of a non-critical ``on_failure="pass"`` step receive instead of its output."""
     return {"failed": True, "step": step, "error_type": str(error.get("type", "Error")),
             "message": scrub_text(str(error.get("message") or error.get("reason") or ""))}
+
+
+def cancelled_row(node_id: str, fan_index: int, attempt: int, reason: str, now: float,
+                  started_at: float | None = None) -> NodeWrite:
+    """A node stopped before its outcome was known says so: ``cancelled``, and why (an attempt in
+    flight, or a row a driver that died left ``running``, when the step or the run stopped)."""
+    return NodeWrite(node_id=node_id, fan_index=fan_index, status=NodeStatus.CANCELLED, attempt=attempt,
+                     error={"reason": reason}, started_at=started_at, finished_at=now)
 
 
 def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:

@@ -19,7 +19,7 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import args_digest
 from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch, Outbox
 from raysaga.orchestrator.options import DEFAULT_RETRY
-from raysaga.orchestrator.records import merge_run, short_error
+from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
@@ -272,9 +272,8 @@ class Calls:
                 continue
             self.out.cancel.append(key)
             if write:
-                self.out.batch.nodes.append(NodeWrite(
-                    node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED, attempt=flight.attempt,
-                    error={"reason": reason}, started_at=flight.started_at, finished_at=self.out.now))
+                self.out.batch.nodes.append(cancelled_row(key.node_id, key.fan_index, flight.attempt, reason,
+                                                          self.out.now, flight.started_at))
 
     def stop_retries(self, reason: str, plain: Callable[[NodeKey], bool]) -> None:
         """The forward DAG stops for good: a ``plain`` node waiting out a retry backoff will not be

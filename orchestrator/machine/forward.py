@@ -17,7 +17,7 @@ from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.outbox import Outbox
-from raysaga.orchestrator.records import short_error, step_failed_record
+from raysaga.orchestrator.records import cancelled_row, short_error, step_failed_record
 from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.scheduler import Scheduler
 from raysaga.orchestrator.spec import StepSpec
@@ -334,9 +334,8 @@ class Forward:
                     if k.step == step and k.fan_index >= 0 and row.status == NodeStatus.RUNNING]:
             row = self.restored.pop(key)
             if not effect:
-                self.out.batch.nodes.append(NodeWrite(
-                    node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED, attempt=row.attempt,
-                    error={"reason": "its step failed"}, started_at=row.started_at, finished_at=self.out.now))
+                self.out.batch.nodes.append(cancelled_row(key.node_id, key.fan_index, row.attempt, "its step failed",
+                                                          self.out.now, row.started_at))
                 continue
             self.issue(key)  # its pending ledger row makes it a reconciling call
             if key in self.calls.inflight:

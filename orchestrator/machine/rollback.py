@@ -26,6 +26,7 @@ from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effe
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import Forward
 from raysaga.orchestrator.options import compensation_retry
+from raysaga.orchestrator.records import cancelled_row
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.plan import CompensationTarget, RollbackPlan
@@ -113,9 +114,8 @@ class Rollback:
                 continue
             if NodeKey.parse(row.node_id, row.fan_index).compensates:
                 continue  # a compensation's own row: the plan restores it
-            self.calls.out.batch.nodes.append(NodeWrite(
-                node_id=row.node_id, fan_index=row.fan_index, status=NodeStatus.CANCELLED, attempt=row.attempt,
-                error={"reason": reason}, started_at=row.started_at, finished_at=self.calls.out.now))
+            self.calls.out.batch.nodes.append(cancelled_row(row.node_id, row.fan_index, row.attempt, reason,
+                                                            self.calls.out.now, row.started_at))
 
     def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any]) -> list[CompensationTarget]:
         """The calls of effect tools with an undo, per agent node: each undone after the later ones."""

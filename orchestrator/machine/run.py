@@ -30,7 +30,7 @@ from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
 from raysaga.orchestrator.machine.rollback import Rollback
 from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.records import merge_run, short_error
+from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
@@ -331,9 +331,7 @@ class RunMachine:
         for key, attempt, started_at in stale:
             if (key.node_id, key.fan_index) not in written:
                 written.add((key.node_id, key.fan_index))
-                batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
-                                             status=NodeStatus.CANCELLED, attempt=attempt, error={"reason": reason},
-                                             started_at=started_at, finished_at=self.out.now))
+                batch.nodes.append(cancelled_row(key.node_id, key.fan_index, attempt, reason, self.out.now, started_at))
 
     def _plain(self, key: NodeKey) -> bool:
         """A step's or item's own node (its retries are the calls', not an agent's or a wait's)."""
