@@ -348,7 +348,7 @@ def print_unknown_effects(console: Console, store: SqlStore, run: RunRecord) -> 
                        "stopped; each may or may not have taken effect: check the service under its key):",
                        style="yellow"))
     for e in unknown[:UNKNOWN_SHOWN]:
-        console.print(Text(f"  {flat(node_label(e.node_id, e.fan_index))} {flat(e.effect_name)} "
+        console.print(Text(f"  {flat(node_label(e.node_id, e.fan_index))}: effect {flat(e.effect_name)}, "
                            f"key {e.idempotency_key}"))
     if len(unknown) > UNKNOWN_SHOWN:
         console.print(Text(f"  ... and {len(unknown) - UNKNOWN_SHOWN} more: `raysaga status {run.run_id} --json` "

@@ -159,7 +159,7 @@ def test_status_names_the_effects_whose_outcome_is_unknown(sqlite_url: str) -> N
     code, out, err = invoke("status", "shop-1", "--db", sqlite_url)
     assert code == 0, err
     assert "11 effect(s) with an unknown outcome" in out, out
-    listed = [line.split()[-1] for line in out.splitlines() if line.startswith("  charge charge key ")]
+    listed = [line.split()[-1] for line in out.splitlines() if line.startswith("  charge: effect charge, key ")]
     assert len(listed) == 10 and set(listed) <= set(keys[1:]), out  # the first ten, each with its key
     assert keys[0] not in out  # committed: its outcome is known
     assert "... and 1 more: `raysaga status shop-1 --json`" in out
