@@ -6,16 +6,12 @@ store with runs and node rows in it is converted in place, its rows read back as
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from sqlalchemy import Connection, Engine, func, insert, inspect, select, text
 
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, migrate
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION, node_rows, nodes, runs
-from tests.support.postgres import drop_pg_database, make_pg_database
 
 HASH = "d" * 64
 DIGEST = "sha256:" + "a" * 64
@@ -29,20 +25,6 @@ def _new(run_id: str) -> NewRun:
 def _keys(engine: Engine) -> dict[str, int]:
     with engine.connect() as conn:
         return {r[0]: r[1] for r in conn.execute(select(runs.c.run_id, runs.c.run_key))}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database of its own that nothing has migrated yet."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'raysaga.db'}"
-        return
-    base = request.getfixturevalue("pg_base_url")
-    url = make_pg_database(base)
-    try:
-        yield url
-    finally:
-        drop_pg_database(base, url)
 
 
 def test_node_rows_carry_the_run_key_and_read_back_by_run_id(store: SqlStore) -> None:

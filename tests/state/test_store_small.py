@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import BreakerRecord, BreakerState
 from raysaga.state.rate_limits import RateRule
 from raysaga.state.schema import SCHEMA_VERSION, nodes
-from tests.support.postgres import drop_pg_database, make_pg_database
 
 HASH = "e" * 64
 SMALL_TABLES = ("raysaga_breakers", "raysaga_rate_limits")
@@ -139,20 +137,6 @@ def test_an_existing_file_keeps_its_page_size(tmp_path: Path) -> None:
     finally:
         store.close()
     assert _pragma(path, "page_size") == 4096
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A database of its own that nothing has migrated yet."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'raysaga.db'}"
-        return
-    base = request.getfixturevalue("pg_base_url")
-    url = make_pg_database(base)
-    try:
-        yield url
-    finally:
-        drop_pg_database(base, url)
 
 
 def _schema_8(url: str) -> None:
