@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 class JsonText(TypeDecorator[Any]):
