@@ -26,7 +26,7 @@ from sqlalchemy.exc import IntegrityError
 
 from raysaga.state import SqlStore, migrate
 from raysaga.state.engine import make_engine
-from raysaga.state.schema import SCHEMA_VERSION, metadata
+from raysaga.state.schema import SCHEMA_VERSION, metadata, views
 from tests.support.postgres import drop_pg_database, make_pg_database
 
 #: what the migrations add that no declaration has: alembic's table (and on SQLite the run_key
@@ -170,5 +170,17 @@ def test_one_decision_id_is_one_signal_row_and_the_migration_keeps_every_signal(
         assert [tuple(r) for r in rows] == [(1.0, "d1"), (2.0, None)]
         with pytest.raises(IntegrityError), store.engine.begin() as conn:
             conn.execute(text(insert_signal), {"at": 3.0})
+    finally:
+        store.close()
+
+
+def test_the_views_have_the_columns_declared(make_url: Any) -> None:
+    """Readers select a view's declared columns by name: the view the migrations made has them, in order."""
+    store = SqlStore(make_url())
+    try:
+        insp = inspect(store.engine)
+        assert set(insp.get_view_names()) >= set(views.tables)
+        for view in views.tables.values():
+            assert [c["name"] for c in insp.get_columns(view.name)] == [c.name for c in view.columns], view.name
     finally:
         store.close()
