@@ -39,6 +39,7 @@ pickling Ray does when a task raises them.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 
@@ -165,7 +166,7 @@ class DriverInterrupted(RaySagaError):
 
     def __init__(self, run_id: str, signal_name: str) -> None:
         super().__init__(f"run {run_id!r}: driver stopped by {signal_name}; its lease is released and "
-                         f"`raysaga resume {run_id}` continues it")
+                         f"`raysaga resume {shlex.quote(run_id)}` continues it")
         self.run_id, self.signal_name = run_id, signal_name
 
     def __reduce__(self) -> Any:

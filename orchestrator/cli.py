@@ -165,7 +165,7 @@ def _report(store: SqlStore, run: RunRecord, as_json: bool) -> None:
         say(err, f"run {run.run_id} rests ({run.status_reason}); nothing holds it: "
                  + ("`raysaga inbox` shows what to decide, `raysaga approve|reject RUN NODE` decides; "
                     if run.status == RunStatus.WAITING_HUMAN else "")
-                 + f"a `raysaga worker` takes it up when it is due, or `raysaga resume {run.run_id}`")
+                 + f"a `raysaga worker` takes it up when it is due, or `raysaga resume {shlex.quote(run.run_id)}`")
 
 
 def _exit_for(run: RunRecord, success: RunStatus = RunStatus.COMPLETED) -> None:
@@ -337,8 +337,9 @@ def _finished_note(run: RunRecord) -> str:
                 "with a new run or by hand)")
     if run.status in (RunStatus.COMPENSATED, RunStatus.CANCELLED):
         return f"(a {run.status.value} run never changes again)"
-    return (f"(a {run.status.value} run is parked for an operator: `raysaga retry {run.run_id}` revives it, "
-            f"`raysaga cancel {run.run_id} --compensate` rolls it back)")
+    quoted = shlex.quote(run.run_id)
+    return (f"(a {run.status.value} run is parked for an operator: `raysaga retry {quoted}` revives it, "
+            f"`raysaga cancel {quoted} --compensate` rolls it back)")
 
 
 @app.command("list")

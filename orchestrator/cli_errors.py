@@ -10,14 +10,17 @@ traceback is printed; user data is never read as rich markup.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import click
 import typer
 from rich.console import Console
+from rich.segment import Segment
 from rich.text import Text
 
 from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError
@@ -26,9 +29,32 @@ from raysaga.state.redact import scrub_text
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_USAGE, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 0, 1, 2, 3, 4
 EXIT_SIGINT, EXIT_SIGTERM, EXIT_BROKEN_PIPE = 130, 143, 141
 
+#: What a terminal would act on in text that is user data (a step's error, a traceback, a run id):
+#: C0 controls but tab and newline (ESC starts colour, cursor, clear-screen, title and clipboard
+#: sequences; CR overwrites the line), DEL, C1 controls, and the bidi overrides that reorder text.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def visible(text: str) -> str:
+    """``text`` with every control character shown escaped (``\\x1b``), never acted on."""
+    return _CONTROLS.sub(_escaped, text)
+
+
 class _Console(Console):
     """A console whose reader going away (``raysaga status RUN | head -1``) ends the command with
-    exit 141, quietly, like ``status --json`` (rich's own default exits 1)."""
+    exit 141, quietly, like ``status --json`` (rich's own default exits 1), and that never writes
+    a control character it did not make itself: the text of every segment is shown escaped, only
+    rich's own control segments (a live display's cursor moves) and styles reach the terminal."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control or not _CONTROLS.search(segment.text)
+            else Segment(visible(segment.text), segment.style, segment.control) for segment in buffer)
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -70,7 +96,7 @@ def _fail(label: str, style: str, message: str, code: int, *, hint: bool = False
     # an exception's text can hold a key (a provider's error body, a URL with a password)
     message = scrub_text(message)
     if debug_enabled():
-        sys.stderr.write(scrub_text(traceback.format_exc()))
+        sys.stderr.write(visible(scrub_text(traceback.format_exc())))
     if label:
         say(err, (label, style), " ", message)
     else:
@@ -93,8 +119,8 @@ def interrupted_message(signal_name: str | None, run_id: str | None) -> str:
     """``signal_name`` given: the driver settled and released its lease (DriverInterrupted)."""
     head = f"interrupted by {signal_name}: lease released" if signal_name else "interrupted"
     if run_id:
-        return f"{head}; `raysaga resume {run_id}` continues it" if signal_name \
-            else f"{head}: `raysaga resume {run_id}` continues it"
+        return f"{head}; `raysaga resume {shlex.quote(run_id)}` continues it" if signal_name \
+            else f"{head}: `raysaga resume {shlex.quote(run_id)}` continues it"
     return head
 
 
@@ -133,7 +159,7 @@ def errors(current: object = None) -> Iterator[None]:
 
         if run_id and is_outage(exc):  # the store dropped out under a driver, which stopped as after a crash
             raise _fail("store unreachable:", "red", f"{_one_line(str(getattr(exc, 'orig', None) or exc), 200)}; "
-                        f"what was committed is intact: `raysaga resume {run_id}` continues the run once the "
-                        "store answers", EXIT_USAGE) from None
+                        f"what was committed is intact: `raysaga resume {shlex.quote(run_id)}` continues the run "
+                        "once the store answers", EXIT_USAGE) from None
         raise _fail("error:", "red", f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
                     EXIT_USAGE, hint=True) from None

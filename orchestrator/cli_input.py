@@ -49,13 +49,13 @@ def _read_capped(stream: BinaryIO, source: str, cap: int) -> bytes:
     return data
 
 
-def _read_file(spec: str, cap: int) -> tuple[str, bytes]:
+def _read_file(spec: str, cap: int, option: str = "--input") -> tuple[str, bytes]:
     if not spec:
-        raise UserError("--input @ needs a file name (or @- for stdin)")
+        raise UserError(f"{option} @ needs a file name (or @- for stdin)")
     if spec == "-":
-        return "--input from stdin", _read_capped(sys.stdin.buffer, "--input from stdin", cap)
+        return f"{option} from stdin", _read_capped(sys.stdin.buffer, f"{option} from stdin", cap)
     path = Path(spec).expanduser()
-    source = f"--input file {spec!r}"
+    source = f"{option} file {spec!r}"
     try:
         info = path.stat()
     except FileNotFoundError:
@@ -73,14 +73,15 @@ def _read_file(spec: str, cap: int) -> tuple[str, bytes]:
         raise UserError(f"{source} cannot be read: {exc.strerror or exc}") from None
 
 
-def parse_input(raw: str | None) -> Any:
+def parse_input(raw: str | None, option: str = "--input") -> Any:
     """``--input``: JSON text, ``@path`` (a file) or ``@-`` (stdin); strict JSON (no NaN), at most
-    the input cap, at most ``MAX_INPUT_DEPTH`` levels deep."""
+    the input cap, at most ``MAX_INPUT_DEPTH`` levels deep. ``option``: the option named in errors
+    (``--answer`` reads the same way)."""
     if raw is None:
         return None
     cap = max_input_bytes()
     if raw.startswith("@"):
-        source, data = _read_file(raw[1:], cap)
+        source, data = _read_file(raw[1:], cap, option)
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -88,7 +89,7 @@ def parse_input(raw: str | None) -> Any:
                                     "cannot be decoded") from None
         text = text.removeprefix("\ufeff")
     else:
-        source, text = "--input", raw
+        source, text = option, raw
         size = len(text.encode("utf-8", "surrogatepass"))
         if size > cap:
             raise _too_large(source, size, cap)

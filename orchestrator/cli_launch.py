@@ -8,6 +8,7 @@ With ``--wait`` the command follows the run until it rests and exits like ``rays
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -97,7 +98,8 @@ def launch(
                      "(use --db postgresql://... for a cluster of several machines)")
         if not wait:
             token = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
-            say(err, f"follow it: raysaga status {record.run_id}" + ("" if db is None else f" --db {where}")
+            say(err, f"follow it: raysaga status {shlex.quote(record.run_id)}"
+                + ("" if db is None else f" --db {where}")
                 + f"  (the driver's log: {token}ray job logs {job.job.submission_id} --address {url})")
             return
         final = _follow(store, client, record.run_id, job.job.submission_id)

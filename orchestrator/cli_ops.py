@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import sys
 import time
@@ -53,7 +54,7 @@ def _node(node: str) -> tuple[str, int]:
 
 
 def _next_step(run_id: str) -> str:
-    return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {run_id}`"
+    return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {shlex.quote(run_id)}`"
 
 
 def approve(
@@ -69,7 +70,7 @@ def approve(
     """Approve a waiting approval (double and late decisions are refused with why)."""
     with errors():
         cli_input.check_run_id(run_id)
-        value = cli_input.parse_input(answer) if answer is not None else None
+        value = cli_input.parse_input(answer, "--answer") if answer is not None else None
         name, index = _node(node)
         decision = _client(db, run_id).approve(run_id, name, by=_who(by), answer=value, comment=comment,
                                                decision_id=decision_id, fan_index=index)
@@ -102,7 +103,7 @@ def pause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
         cli_input.check_run_id(run_id)
         run = _client(db, run_id).pause(run_id, by=by or os.environ.get("USER"))
         state = "paused" if run.status.value == "paused" else f"{run.status.value}; its driver pauses it shortly"
-        say(out, f"run {run_id}: {state} (`raysaga unpause {run_id}` lets it go on)")
+        say(out, f"run {run_id}: {state} (`raysaga unpause {shlex.quote(run_id)}` lets it go on)")
 
 
 def unpause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:

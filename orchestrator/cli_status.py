@@ -15,6 +15,7 @@ next_nodes_after (and steps/failures with ``--summary``, which leaves nodes out)
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
@@ -25,6 +26,7 @@ from rich.text import Text
 from raysaga.errors import UserError
 from raysaga.orchestrator.ownership import describe_lease
 from raysaga.state import EffectStatus, RunRecord, SqlStore, node_label, queries  # status reads the store: SQLAlchemy
+from raysaga.state.redact import scrub, scrub_text
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.workflow import Workflow
@@ -127,7 +129,7 @@ def _node_json(row: dict[str, Any]) -> dict[str, Any]:
         "finished_at": row["finished_at"],
         "duration": row["duration"],
         "not_before": row["not_before"],
-        "error": row["error"],
+        "error": scrub(row["error"]),
         "output_digest": row["output_digest"],
         "inherited_from": row.get("origin_run_id"),
     }
@@ -170,11 +172,14 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     head = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id, "workflow": run.workflow_name, "version": run.workflow_version,
-        "status": run.status.value, "reason": run.status_reason, "trace_id": run.trace_id,
+        "status": run.status.value, "reason": scrub(run.status_reason), "trace_id": run.trace_id,
         "created_at": run.created_at, "updated_at": run.updated_at, "lease_owner": run.lease_owner,
         "lease_expires_at": run.lease_expires_at, "retries_used": run.retries_used,
         "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
-        "input": run.input, "output": run.output, "error": None if run.error is None else run.error.as_dict(),
+        # secrets in a step's output are kept in the store (changing it would be a wrong result),
+        # never shown: as on the dashboard (docs/dashboard.md, "Secrets")
+        "input": scrub(run.input), "output": scrub(run.output),
+        "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
         **lineage(store, run),
     }
@@ -269,7 +274,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
                          (run.status.value, colour))
     if run.status_reason:
-        line.append(" — " + run.status_reason)
+        line.append(" — " + scrub_text(run.status_reason))
     console.print(line)
     console.print(Text(f"created {utc(run.created_at)}, updated {utc(run.updated_at)} "
                        f"({seconds(max(0.0, run.updated_at - run.created_at))} in all)"))
@@ -315,20 +320,20 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
                     add(node_label(step, row["fan_index"]), row)
                 if unfinished > ITEMS_SHOWN:
                     fan_notes[-1] += (f" (the first {ITEMS_SHOWN} not completed are listed; "
-                                      f"`raysaga status {run.run_id} --json --summary` counts them all)")
+                                      f"`raysaga status {shlex.quote(run.run_id)} --json --summary` counts them all)")
     for text in columns(table):
         console.print(Text(text))
     for note in fan_notes:
         console.print(Text("fan-out " + flat(note)))
     if run.output is not None:
-        text = json.dumps(run.output, default=str)
+        text = json.dumps(scrub(run.output), default=str)
         console.print(Text("output: " + (text if len(text) < 600 else text[:600] + " …")))
     if run.error:
-        console.print(Text("error: " + error_line(run.error.as_dict(), 600)))
+        console.print(Text("error: " + error_line(scrub(run.error.as_dict()), 600)))
     failed = sum(s.counts.get("failed", 0) for s in infos)
     if failed:
-        console.print(Text(f"{failed} failed node(s): `raysaga status {run.run_id} --errors` shows each attempt "
-                           "and its traceback"))
+        console.print(Text(f"{failed} failed node(s): `raysaga status {shlex.quote(run.run_id)} --errors` shows "
+                           "each attempt and its traceback"))
     print_unknown_effects(console, store, run)
 
 
@@ -351,8 +356,8 @@ def print_unknown_effects(console: Console, store: SqlStore, run: RunRecord) -> 
         console.print(Text(f"  {flat(node_label(e.node_id, e.fan_index))}: effect {flat(e.effect_name)}, "
                            f"key {e.idempotency_key}"))
     if len(unknown) > UNKNOWN_SHOWN:
-        console.print(Text(f"  ... and {len(unknown) - UNKNOWN_SHOWN} more: `raysaga status {run.run_id} --json` "
-                           "lists every ledger row"))
+        console.print(Text(f"  ... and {len(unknown) - UNKNOWN_SHOWN} more: "
+                           f"`raysaga status {shlex.quote(run.run_id)} --json` lists every ledger row"))
 
 
 def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str | None = None) -> None:
@@ -380,7 +385,8 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
         node_id, index = parse_label(node, "--node")
         found = queries.node_error(store, run.run_id, node_id, index)
         if found is None:
-            raise UserError(f"run {run.run_id!r} has no node {node!r} (`raysaga status {run.run_id}` lists them)")
+            raise UserError(f"run {run.run_id!r} has no node {node!r} "
+                            f"(`raysaga status {shlex.quote(run.run_id)}` lists them)")
         targets = [(node_id, index, found[0], found[1])]
     else:
         targets = [(f["node_id"], f["fan_index"], "failed", f["error"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 from raysaga.errors import StoreUnavailableError
 from raysaga.state import SqlStore, describe_store, open_store
 from raysaga.state import engine as _engine
+from raysaga.state.redact import scrub_text
 
 
 def store_url(db: str | None) -> str:
@@ -16,8 +17,9 @@ def store_url(db: str | None) -> str:
 
 
 def describe(url: str) -> str:
-    """Where the store is, for people (absolute path, or the URL with its password hidden)."""
-    return describe_store(url)
+    """Where the store is, for people (absolute path, or the URL with its password hidden, in its
+    userinfo or in its query: ``?password=``)."""
+    return scrub_text(describe_store(url))
 
 
 def _require_existing(url: str, run_id: str | None) -> None:

@@ -24,6 +24,7 @@ compensation that read the input: those run again, under the new run's keys.
 from __future__ import annotations
 
 import re
+import shlex
 import time
 import uuid
 from collections import defaultdict
@@ -195,7 +196,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     parent = st.get_run(run_id)
     if parent.status not in PRUNABLE:
         raise ForkError(f"run {run_id!r} is {parent.status.value}: only a run at rest (completed, failed, compensated, "
-                        f"compensation_failed, cancelled) can be forked; wait for it, or `raysaga cancel {run_id}`")
+                        "compensation_failed, cancelled) can be forked; wait for it, or "
+                        f"`raysaga cancel {shlex.quote(run_id)}`")
     if parent.workflow_name != workflow.name:
         raise ForkError(f"run {run_id!r} is a run of workflow {parent.workflow_name!r}, not {workflow.name!r}: "
                         "fork it with its own workflow (--workflow MODULE:WF)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from raysaga.state import NodeRecord, RunRecord, Store
+from raysaga.state.redact import scrub
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.workflow import Workflow
@@ -107,7 +108,7 @@ def node_json(node: NodeRecord) -> dict[str, Any]:
         "finished_at": node.finished_at,
         "duration": node.duration,
         "not_before": node.not_before,
-        "error": None if node.error is None else node.error.as_dict(),
+        "error": None if node.error is None else scrub(node.error.as_dict()),
         "output_digest": node.output_digest,
     }
 
@@ -124,7 +125,7 @@ def status_json(store: Store, run: RunRecord) -> dict[str, Any]:
         "workflow": run.workflow_name,
         "version": run.workflow_version,
         "status": run.status.value,
-        "reason": run.status_reason,
+        "reason": scrub(run.status_reason),
         "trace_id": run.trace_id,
         "created_at": run.created_at,
         "updated_at": run.updated_at,
@@ -134,9 +135,9 @@ def status_json(store: Store, run: RunRecord) -> dict[str, Any]:
         "retry_budget": run.retry_budget,
         "tokens_used": run.tokens_used,
         "cost_used": run.cost_used,
-        "input": run.input,
-        "output": run.output,
-        "error": None if run.error is None else run.error.as_dict(),
+        "input": scrub(run.input),  # shown as on the dashboard: secrets a step returned stay in the store
+        "output": scrub(run.output),
+        "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
         "nodes": [node_json(n) for n in nodes],
         "effects": [{"key": e.idempotency_key, "node": e.node_id if e.fan_index < 0 else f"{e.node_id}[{e.fan_index}]",

@@ -41,6 +41,7 @@ from raysaga.orchestrator.task import NodeCall, execute
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import EffectStatus, NodeRecord, NodeStatus, RunRecord, Store, jsoncodec, open_store
 from raysaga.state.models import PRUNABLE
+from raysaga.state.redact import scrub, scrub_text
 
 __all__ = ["ReplayNode", "ReplayReport", "replay"]
 
@@ -73,9 +74,9 @@ class ReplayReport:
         return [n for n in self.nodes if n.verdict in (DIFFERS, FAILED, DIVERGED)]
 
     def as_data(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "differing": [n.label for n in self.differing],
-                "nodes": [{"node": n.label, "verdict": n.verdict, "detail": n.detail, "recorded": n.recorded,
-                           "now": n.now} for n in self.nodes]}
+        return {"run_id": self.run_id, "differing": [n.label for n in self.differing],  # secrets: never shown
+                "nodes": [{"node": n.label, "verdict": n.verdict, "detail": scrub_text(n.detail),
+                           "recorded": scrub(n.recorded), "now": scrub(n.now)} for n in self.nodes]}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -83,7 +84,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _short(value: Any) -> str:
-    text = jsoncodec.dumps(value)
+    text = jsoncodec.dumps(scrub(value))
     return text if len(text) <= 120 else text[:117] + "..."
 
 

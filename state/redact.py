@@ -9,7 +9,8 @@ of a secret-named key such as ``authorization``). What counts as a secret:
   every variable named with ``register_secret_env`` (the environment is re-read when it changes);
 - values registered with ``register_secret`` (``raysaga.Secret`` input fields register theirs);
 - an ``Authorization:``/``x-api-key:`` header value, a ``Bearer <token>``, the password of a
-  ``scheme://user:password@host`` URL, and token shapes: ``sk-ant-…``, ``sk-…`` (20+),
+  ``scheme://user:password@host`` URL or in its query (``?password=``, ``&token=``...), a
+  ``password=``/``password: ``/``'password': '...'`` in free text, and token shapes: ``sk-ant-…``, ``sk-…`` (20+),
   GitHub ``ghp_…``/``github_pat_…``, Slack ``xox?-…``, AWS ``AKIA…``.
 
 It is applied where failures become records (step errors and tracebacks, agent errors, tool
@@ -46,6 +47,12 @@ _PATTERNS: list[tuple[str, str]] = [
      r"\g<k>" + MARKER),
     (r"(?P<k>\bbearer\s+)(?!\[redacted\])[A-Za-z0-9._~+/=-]{8,}", r"\g<k>" + MARKER),
     (r"(?P<k>://[^/\s:@]+:)[^/\s@]+(?=@)", r"\g<k>" + MARKER),
+    # a URL's query (``?password=``: libpq and SQLAlchemy take the password there too) or a form body
+    (r"(?P<k>[?&;](?:ssl)?(?:password|passwd|pwd)=|[?&;](?:client_secret|secret|token|access_token|"
+     r"refresh_token|id_token|auth_token|api_token)=)(?!\[redacted\])[^&\s#\"'<>]+", r"\g<k>" + MARKER),
+    # ``password=...``, ``password: ...``, ``{'password': '...'}`` in free text (a repr, a log line)
+    (r"(?P<k>(?<![a-z])(?:password|passwd|client[-_]secret)[\"']?\s*[:=]\s*[\"']?)(?!\[redacted\])"
+     r"[^\s\"',;}\]&]+", r"\g<k>" + MARKER),
     (r"\bsk-ant-[A-Za-z0-9_-]{8,}", MARKER),
     (r"\bsk-[A-Za-z0-9_-]{20,}", MARKER),
     (r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}", MARKER),
@@ -55,7 +62,7 @@ _PATTERNS: list[tuple[str, str]] = [
 _SUBS = [(re.compile(p, re.IGNORECASE), r) for p, r in _PATTERNS]
 #: Every pattern above needs one of these (lower-cased) in the text: a cheap test before the regexes.
 _HINTS = ("authorization", "api-key", "api_key", "apikey", "auth-token", "bearer", "://", "sk-",
-          "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "xox", "akia")
+          "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "xox", "akia", "passw", "secret", "token=", "pwd=")
 
 
 class _Registry:
@@ -222,8 +229,8 @@ _FILTER = RedactingFilter()
 LOGGERS = ("raysaga", "raysaga.driver", "raysaga.store", "raysaga.agents", "raysaga.cli")
 #: Records of these logger trees are scrubbed when they are made, whichever logger or handler
 #: emits them later (a filter on a logger misses its children's records): raysaga's own, and the
-#: libraries whose messages can quote a request (the SDK, HTTP, SQL, Ray).
-SCRUBBED_TREES = ("raysaga", "anthropic", "httpx", "httpcore", "urllib3", "sqlalchemy", "ray")
+#: libraries whose messages can quote a request (the SDK, HTTP, SQL, Ray, the dashboard's server).
+SCRUBBED_TREES = ("raysaga", "anthropic", "httpx", "httpcore", "urllib3", "sqlalchemy", "ray", "uvicorn")
 
 
 def _in_scrubbed_tree(name: str) -> bool:

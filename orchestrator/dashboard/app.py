@@ -24,6 +24,7 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote, unquote
 
 import anyio
 from fastapi import Body, FastAPI, HTTPException, Request, Response
@@ -102,7 +103,8 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     def runs(status: str | None = None, workflow: str | None = None, since: str | None = None,
              until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50
              ) -> dict[str, Any]:
-        f = RunFilter(status=status or None, workflow=workflow or None, since=views.parse_time(since, "since"),
+        f = RunFilter(status=views.parse_status(status), workflow=workflow or None,
+                      since=views.parse_time(since, "since"),
                       until=views.parse_time(until, "until"), text=(q or "").strip() or None,
                       before=views.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE))
         return views.run_list(store, f)
@@ -115,35 +117,42 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     def inbox(approver: str | None = None) -> dict[str, Any]:
         return {"waiting": views.inbox(store, approver or None)}
 
+    # Under /api/runs/ the path parameters are read from the raw path and unquoted here (`_id`):
+    # a run id may hold a '/' (the page sends it as %2F), which routing on the decoded path split.
     @app.get("/api/runs/{run_id}")
     def run(run_id: str) -> dict[str, Any]:
-        return views.run_page(store, run_id)
+        return views.run_page(store, _id(run_id))
 
     @app.get("/api/runs/{run_id}/items/{step}")
     def items(run_id: str, step: str, after: int = -1, limit: int = 200, status: str | None = None
               ) -> dict[str, Any]:
-        return views.fan_items(store, run_id, step, after, limit, status)
+        return views.fan_items(store, _id(run_id), _id(step), after, limit, status)
 
     @app.get("/api/runs/{run_id}/nodes/{label}")
     def node(run_id: str, label: str) -> dict[str, Any]:
-        return views.node_page(store, run_id, label)
+        return views.node_page(store, _id(run_id), _id(label))
 
     @app.get("/api/runs/{run_id}/nodes/{label}/output")
     def node_output(run_id: str, label: str) -> JSONResponse:
-        return JSONResponse({"value": views.node_output(store, run_id, label)})
+        return JSONResponse({"value": views.node_output(store, _id(run_id), _id(label))})
 
     @app.get("/api/runs/{run_id}/events")
     def events(run_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
+        run_id = _id(run_id)
+        after = views.bounded(after, "after", 0, views.MAX_SEQ)
         if store.run_row(run_id) is None:
             _missing(run_id)
         return {"events": views.events_page(store, run_id, after, limit)}
 
     @app.get("/api/runs/{run_id}/stream")
     async def stream(request: Request, run_id: str, after: int | None = None) -> EventSourceResponse:
+        run_id = _id(run_id)
+        last = request.headers.get("last-event-id")
+        # checked before the stream starts: a number the store cannot hold failed every poll after
+        cursor = views.bounded(int(last), "Last-Event-ID", 0, views.MAX_SEQ) if last and last.isascii() \
+            and last.isdigit() else views.bounded(after or 0, "after", 0, views.MAX_SEQ)
         if await anyio.to_thread.run_sync(store.run_row, run_id) is None:
             _missing(run_id)
-        last = request.headers.get("last-event-id")
-        cursor = int(last) if last and last.isdigit() else (after or 0)
 
         async def changes() -> AsyncIterator[dict[str, str]]:
             nonlocal cursor
@@ -167,12 +176,42 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.post("/api/runs/{run_id}/actions/{verb}")
     def act(run_id: str, verb: str, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:
+        run_id, verb = _id(run_id), _id(verb)
         if body.get("confirm") is not True:
             raise UserError(f"{verb}: confirm the action (send \"confirm\": true)")
         by = str(body.get("by") or actor or "dashboard")
         return actions.perform(store, run_id, verb, by=by, body=body)
 
+    app.add_middleware(_RawRunPaths)
     return app
+
+
+class _RawRunPaths:
+    """Routes ``/api/runs/...`` on its raw (still percent-encoded) path, so that a run id, step or
+    node label holding a '/' (``tenant/42``, sent as ``tenant%2F42``) is one path segment; the
+    handlers unquote each parameter (``_id``). Other paths are routed as usual."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            root, path, raw = scope.get("root_path", ""), scope["path"], scope.get("raw_path")
+            if path.startswith(root + RUNS):
+                shown = raw.decode("latin-1") if isinstance(raw, bytes) else ""
+                # without a raw path, the decoded one quoted again: every parameter is then
+                # unquoted once (`_id`), whichever way it came
+                scope = {**scope, "path": shown if shown.startswith(root + RUNS)
+                         else root + quote(path[len(root):], safe="/")}
+        await self.app(scope, receive, send)
+
+
+RUNS = "/api/runs/"
+
+
+def _id(segment: str) -> str:
+    """A path parameter under ``/api/runs/`` as sent (routed raw by ``_RawRunPaths``)."""
+    return unquote(segment)
 
 
 def _missing(run_id: str) -> NoReturn:

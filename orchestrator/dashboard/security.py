@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from raysaga.errors import UserError
+from raysaga.state.redact import register_secret
 
 TOKEN_ENV = "RAYSAGA_DASHBOARD_TOKEN"
 COOKIE = "raysaga_token"
@@ -46,6 +47,8 @@ def resolve_token(token: str | None) -> str | None:
     """The token given, else the environment's; empty means none."""
     value = token if token is not None else os.environ.get(TOKEN_ENV)
     value = (value or "").strip()
+    if value:  # never printed nor logged, whichever way it came (the environment's is by its name)
+        register_secret(value)
     if value and len(value) < 16:
         raise UserError("the dashboard token is too short: use 16 characters or more "
                         "(e.g. python -c 'import secrets; print(secrets.token_urlsafe())')")

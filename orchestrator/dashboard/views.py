@@ -9,6 +9,7 @@ output kept as a blob is fetched the same way, by the digest its row names.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from raysaga.errors import RunNotFoundError, UserError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.dashboard.graph import base_step, graph_for
-from raysaga.state import Store, node_label
+from raysaga.state import RunStatus, Store, node_label
 from raysaga.state.dashboard_reads import RunFilter
 from raysaga.state.redact import scrub
 
@@ -56,14 +57,41 @@ def _run_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The event log's sequence numbers are 64-bit; a fan-out's indexes 32-bit (the store's columns).
+MAX_SEQ = 2**63 - 1
+MAX_INDEX = 2**31 - 1
+
+
+def bounded(value: int, name: str, low: int, high: int) -> int:
+    """``value`` if ``low <= value <= high``, else ``UserError`` (400) naming the parameter: a number
+    the store cannot hold would be a database error (500), never a result."""
+    if not low <= value <= high:
+        raise UserError(f"{name}={value} is out of range: {low} to {high}")
+    return value
+
+
+def parse_status(value: str | None) -> str | None:
+    """A run state, or ``UserError`` naming the states (an unknown one would list no runs, silently)."""
+    if not value:
+        return None
+    states = [s.value for s in RunStatus]
+    if value not in states:
+        raise UserError(f"status={value!r} is not a run state: one of {', '.join(states)}")
+    return value
+
+
 def parse_time(value: str | None, name: str) -> float | None:
-    """An ISO date/time (UTC unless it says) or epoch seconds."""
+    """An ISO date/time (UTC unless it says) or epoch seconds (finite: ``nan`` would list no runs)."""
     if not value:
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(number):
+            raise UserError(f"{name}={value!r} is not a time: use 2026-01-31, 2026-01-31T12:00 or epoch seconds")
+        return number
     from datetime import UTC, datetime
 
     try:
@@ -90,9 +118,12 @@ def parse_cursor(value: str | None) -> tuple[float, str] | None:
         return None
     at, sep, run_id = value.partition("|")
     try:
-        return (float(at), run_id) if sep else None
+        number = float(at)
     except ValueError:
-        raise UserError(f"before={value!r} is not a cursor from a previous page") from None
+        number = math.nan
+    if not sep or not math.isfinite(number):
+        raise UserError(f"before={value!r} is not a cursor from a previous page")
+    return number, run_id
 
 
 def inbox(store: Store, approver: str | None = None) -> list[dict[str, Any]]:
@@ -176,8 +207,11 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
 
 
 def fan_items(store: Store, run_id: str, step: str, after: int, limit: int, status: str | None) -> dict[str, Any]:
-    rows = store.fan_items(run_id, step, after, min(max(1, limit), MAX_PAGE), status or None)
-    return {"items": [_row(r) for r in rows], "next": rows[-1]["fan_index"] if len(rows) == limit else None}
+    # the page asked for is the page read: `next` compares with it (a limit above MAX_PAGE once
+    # made a full page look like the last one, and the rest of the items were never listed)
+    page = min(max(1, limit), MAX_PAGE)
+    rows = store.fan_items(run_id, step, bounded(after, "after", -1, MAX_INDEX), page, status or None)
+    return {"items": [_row(r) for r in rows], "next": rows[-1]["fan_index"] if len(rows) == page else None}
 
 
 def parse_node(label: str) -> tuple[str, int]:
@@ -258,6 +292,7 @@ def node_output(store: Store, run_id: str, label: str) -> Any:
 
 
 def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[str, Any]]:
+    after = bounded(after, "after", 0, MAX_SEQ)
     return [_event_json(e) for e in store.events(run_id, after_seq=after, limit=min(max(1, limit), MAX_PAGE))]
 
 
@@ -297,5 +332,6 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
     }
 
 
-__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "events_page", "fan_items", "inbox", "live_change", "node_output",
-           "node_page", "parse_cursor", "parse_node", "parse_time", "run_list", "run_page", "shown"]
+__all__ = ["ITEMS_SHOWN", "MAX_INDEX", "MAX_SEQ", "PREVIEW_BYTES", "bounded", "events_page", "fan_items", "inbox",
+           "live_change", "node_output", "node_page", "parse_cursor", "parse_node", "parse_status", "parse_time",
+           "run_list", "run_page", "shown"]

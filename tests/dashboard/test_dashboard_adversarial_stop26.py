@@ -1,0 +1,126 @@
+"""Stop 26, the dashboard's HTTP API tried as a hostile or careless client would: run ids the CLI
+accepts but a URL path splits, numbers the store cannot hold, filters that matched nothing
+silently, and paging that stopped early."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from fastapi.testclient import TestClient
+
+from raysaga.orchestrator.dashboard.server import build
+from raysaga.state import SqlStore
+from tests.support import dashboard_flows as flows
+
+BASE = "http://127.0.0.1:8765"
+#: Ids `raysaga run --run-id` accepts (printable, 1-200 characters) that a path mangles. (Not
+#: "." or "..": a browser, and httpx, resolve such a segment, even encoded, before sending.)
+ODD_IDS = ["tenant/42", "a%2Fb", "...", "q?x=1#frag", "ü 🎉 sp ace", "back\\slash", "/lead", "trail/", "a//b"]
+
+
+@pytest.fixture(scope="module")
+def odd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestClient, str]]:
+    """(client, the CSRF header value)."""
+    # a store with a completed 5-item fan-out under each odd id
+    url = f"sqlite:///{tmp_path_factory.mktemp('odd') / 'raysaga.db'}"
+    for run_id in ODD_IDS:
+        flows.drive(flows.wide, flows.start(flows.wide, "wide", {"items": 5}, url, run_id=run_id), url)
+    store = SqlStore(url)
+    app, guard = build(store)
+    yield TestClient(app, base_url=BASE), guard.csrf
+    store.close()
+
+
+def _get(client: TestClient, url: str) -> Any:
+    response = client.get(url)
+    assert response.status_code == 200, (url, response.status_code, response.text)
+    return response.json()
+
+
+@pytest.mark.parametrize("run_id", ODD_IDS)
+def test_every_run_page_and_its_parts_open_whatever_the_id(odd: tuple[TestClient, str], run_id: str) -> None:
+    """The page links a run as `#/runs/` + encodeURIComponent(id) and fetches `/api/runs/` + the
+    same: an id holding '/' was split by the router (404 "Not Found"), so such a run could be
+    listed but never opened, its nodes never shown, its actions never taken."""
+    client, csrf = odd
+    enc = quote(run_id, safe="")
+    page = _get(client, f"/api/runs/{enc}")
+    assert page["run"]["run_id"] == run_id and page["run"]["status"] == "completed"
+    assert [e["kind"] for e in _get(client, f"/api/runs/{enc}/events?limit=1")["events"]] == ["run_created"]
+    node = _get(client, f"/api/runs/{enc}/nodes/{quote('square[3]', safe='')}")
+    assert node["row"]["status"] == "completed" and node["node"] == "square[3]"
+    assert _get(client, f"/api/runs/{enc}/nodes/total/output")["value"] == 0 + 1 + 4 + 9 + 16
+    assert [i["index"] for i in _get(client, f"/api/runs/{enc}/items/square?limit=10")["items"]] == [0, 1, 2, 3, 4]
+    response = client.post(f"/api/runs/{enc}/actions/pause", json={"confirm": True},
+                           headers={"X-Raysaga-CSRF": csrf})
+    # a completed run is not paused: the refusal names the run, never a routing 404
+    assert response.status_code == 400, response.text
+    assert repr(run_id) in response.json()["error"], response.text
+
+
+def test_an_id_that_differs_only_by_encoding_is_another_run(odd: tuple[TestClient, str]) -> None:
+    client, _ = odd
+    assert _get(client, "/api/runs/a%252Fb")["run"]["run_id"] == "a%2Fb"
+    assert _get(client, "/api/runs/tenant%2F42")["run"]["run_id"] == "tenant/42"
+    missing = client.get("/api/runs/tenant%252F42")
+    assert missing.status_code == 404 and "tenant%2F42" in missing.json()["error"]
+
+
+@pytest.mark.parametrize(("url", "names"), [
+    ("/api/runs/tenant%2F42/events?after=99999999999999999999", "after"),
+    ("/api/runs/tenant%2F42/events?after=-99999999999999999999", "after"),
+    ("/api/runs/tenant%2F42/items/square?after=99999999999999999999", "after"),
+    ("/api/runs/tenant%2F42/stream?after=99999999999999999999", "after"),
+    ("/api/runs?since=nan", "since"),
+    ("/api/runs?until=NaN", "until"),
+    ("/api/runs?since=inf", "since"),
+    ("/api/runs?status=bogus", "status"),
+    ("/api/runs?before=nan%7Cx", "before"),
+])
+def test_numbers_and_filters_out_of_range_are_a_400_naming_the_parameter(odd: tuple[TestClient, str], url: str,
+                                                                         names: str) -> None:
+    """`after` beyond 64 bits was a 500 Internal Server Error (OverflowError in the SQLite driver),
+    and a stream given one failed on every poll; `since=nan` and `status=bogus` listed no runs, as
+    if there were none."""
+    client, _ = odd
+    response = client.get(url)
+    assert response.status_code == 400, (url, response.status_code, response.text)
+    assert response.json()["error"].startswith(names + "="), response.text
+
+
+def test_a_huge_last_event_id_is_refused_before_the_stream_starts(odd: tuple[TestClient, str]) -> None:
+    client, _ = odd
+    response = client.get("/api/runs/tenant%2F42/stream", headers={"Last-Event-ID": "9" * 30})
+    assert response.status_code == 400 and response.json()["error"].startswith("Last-Event-ID="), response.text
+
+
+@pytest.fixture(scope="module")
+def wide_client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """A completed run "big" whose fan-out has more items than one page holds (500)."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('wide') / 'raysaga.db'}"
+    flows.drive(flows.wide, flows.start(flows.wide, "wide", {"items": ITEMS}, url, run_id="big"), url)
+    store = SqlStore(url)
+    app, _ = build(store)
+    yield TestClient(app, base_url=BASE)
+    store.close()
+
+
+ITEMS = 603
+
+
+@pytest.mark.parametrize("limit", [-1, 0, 7, 1000])
+def test_items_page_through_every_item_whatever_the_limit(wide_client: TestClient, limit: int) -> None:
+    """`next` compared the rows read with the limit asked for, not the one used: a limit above 500
+    (or below 1) made a full page look like the last one, and the items after it were never listed."""
+    seen: list[int] = []
+    after = -1
+    for _ in range(ITEMS + 1):
+        page = _get(wide_client, f"/api/runs/big/items/square?after={after}&limit={limit}")
+        seen += [i["index"] for i in page["items"]]
+        if page["next"] is None:
+            break
+        after = page["next"]
+    assert seen == list(range(ITEMS))
