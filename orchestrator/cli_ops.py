@@ -135,7 +135,8 @@ def inbox(
             label = item.node if item.fan_index < 0 else f"{item.node}[{item.fan_index}]"
             quorum = f" ({len(item.approvals)}/{r.quorum} approved)" if r.quorum > 1 else ""
             due = "no timeout" if r.timeout_at is None else f"times out {_ago(r.timeout_at - now, future=True)}"
-            say(out, (f"{item.run_id} {label}", "bold"), f"  asked {_ago(now - r.asked_at)} · decided by "
+            # "approvers:", not "decided by": it waits, and read so it looked decided already
+            say(out, (f"{item.run_id} {label}", "bold"), f"  asked {_ago(now - r.asked_at)} · approvers: "
                 f"{', '.join(r.deciders() or ['anyone'])}{quorum} · {due}")
             say(out, f"  {r.prompt}")
 

@@ -140,3 +140,36 @@ def test_debug_tracebacks_show_control_characters_escaped(hostile: tuple[str, st
     assert proc.returncode == 2, proc.stderr
     _no_controls(proc.stdout + proc.stderr)
     assert "\\x1b[2J" in proc.stderr
+
+
+GATE = textwrap.dedent('''
+    from raysaga import Approval, Ask, Workflow
+
+    wf = Workflow("gate26", version="1")
+
+    @wf.approval(approvers=["ada", "bob"])
+    def review() -> Ask:
+        return Ask(prompt="ship it? \\x1b]0;pwned\\x07")
+
+    @wf.step()
+    def after(review: Approval) -> str:
+        return str(review.by)
+''')
+
+
+def test_the_inbox_names_approvers_without_saying_decided(tmp_path: Path) -> None:
+    """`raysaga inbox` read "g1 review  asked 6s ago · decided by ada, bob" for an approval nobody
+    had decided; the prompt's OSC title sequence reached the terminal."""
+    flow = tmp_path / "gate26.py"
+    flow.write_text(GATE)
+    db = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    code, out, err = invoke("run", f"{flow}:wf", "--db", db, "--executor", "inline", "--run-id", "g1", "--quiet")
+    assert code == 1, (out, err)
+    code, out, _ = invoke("inbox", "--db", db)
+    assert code == 0 and "g1 review" in out
+    assert "decided by" not in out and "approvers: ada, bob" in out
+    _no_controls(out)
+    code, _, err = invoke("approve", "g1", "review", "--by", "ada", "--db", db)
+    assert code == 0, err
+    code, out, _ = invoke("inbox", "--db", db)
+    assert "g1" not in out

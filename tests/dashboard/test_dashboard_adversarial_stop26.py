@@ -124,3 +124,44 @@ def test_items_page_through_every_item_whatever_the_limit(wide_client: TestClien
             break
         after = page["next"]
     assert seen == list(range(ITEMS))
+
+
+def test_a_run_whose_id_holds_a_slash_opens_in_the_browser(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """From the run list, click `tenant/42`: the page draws its DAG live and its node panel (it
+    said "404: Not Found" for every request the page made)."""
+    import os
+
+    chromium = "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        if os.environ.get("RAYSAGA_REQUIRE_BROWSER") == "1":
+            raise RuntimeError(f"{chromium} is missing: apt-get install -y chromium")
+        pytest.skip(f"{chromium} is missing")
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.support.dashboard_serving import serving
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('browser') / 'raysaga.db'}"
+    run_id = "tenant/42 <b>x</b>"
+    flows.drive(flows.gated, flows.start(flows.gated, "gated", {"items": 3}, url, run_id=run_id), url)
+    store = SqlStore(url)
+    errors: list[str] = []
+    try:
+        with serving(store) as base, sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                page = browser.new_page()
+                page.set_default_timeout(20_000)
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto(base + "/")
+                page.locator(f'tr[data-run="{run_id}"] a').click()
+                expect(page.locator('svg.dag [data-node="gate"]')).to_have_attribute("data-state", "waiting")
+                expect(page.locator("#live")).to_have_text("● live")
+                page.locator('svg.dag [data-node="plan"]').click()
+                expect(page.locator("#panel")).to_contain_text("completed")
+                assert "404" not in page.locator("#app").inner_text()
+                assert page.locator("#app b").count() == 0  # the id is text, never markup
+            finally:
+                browser.close()
+    finally:
+        store.close()
+    assert errors == [], errors
