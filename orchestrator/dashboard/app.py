@@ -179,7 +179,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         run_id, verb = _id(run_id), _id(verb)
         if body.get("confirm") is not True:
             raise UserError(f"{verb}: confirm the action (send \"confirm\": true)")
-        by = str(body.get("by") or actor or "dashboard")
+        by = _actor(body.get("by") or actor or "dashboard")
         return actions.perform(store, run_id, verb, by=by, body=body)
 
     app.add_middleware(_RawRunPaths)
@@ -212,6 +212,19 @@ RUNS = "/api/runs/"
 def _id(segment: str) -> str:
     """A path parameter under ``/api/runs/`` as sent (routed raw by ``_RawRunPaths``)."""
     return unquote(segment)
+
+
+#: Longest name an action is done as (it is recorded in the event the action appends).
+MAX_ACTOR = 200
+
+
+def _actor(value: Any) -> str:
+    """Who acts: a name of 1-200 printable characters (the page's *acting as*), else ``UserError``:
+    any JSON value of any size was once recorded as its ``str()``."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ACTOR or not value.isprintable():
+        shown = value[:40] + "…" if isinstance(value, str) and len(value) > 40 else value
+        raise UserError(f"by={shown!r} is not a name: 1-{MAX_ACTOR} printable characters")
+    return value
 
 
 def _missing(run_id: str) -> NoReturn:

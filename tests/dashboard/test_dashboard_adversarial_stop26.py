@@ -165,3 +165,13 @@ def test_a_run_whose_id_holds_a_slash_opens_in_the_browser(tmp_path_factory: pyt
     finally:
         store.close()
     assert errors == [], errors
+
+
+@pytest.mark.parametrize("by", [{"x": 1}, ["ada"], 7, "A" * 201, "ada\x1b[2J", "ada\nbob"])
+def test_an_action_is_done_as_a_name_never_any_value(odd: tuple[TestClient, str], by: Any) -> None:
+    """`by` was recorded as `str(...)` of whatever JSON the request sent, of any size (a dict, a
+    list, 100 KB, control characters), in the event naming who acted."""
+    client, csrf = odd
+    response = client.post(f"/api/runs/{quote('ü 🎉 sp ace', safe='')}/actions/pause", json={"confirm": True, "by": by},
+                           headers={"X-Raysaga-CSRF": csrf})
+    assert response.status_code == 400 and response.json()["error"].startswith("by="), response.text
