@@ -37,11 +37,28 @@ def _client(db: str | None, run_id: str | None = None, *, writes: bool = True) -
     return Client(store)
 
 
+#: Longest --by: the name is recorded in the event of each decision or transition.
+MAX_BY = 200
+
+
 def _who(by: str | None) -> str:
     who = by or os.environ.get("USER") or ""
     if not who.strip():
         raise UserError("say who decides: --by NAME (or set RAYSAGA_USER)")
-    return who.strip()
+    return _named(who.strip())
+
+
+def _named(who: str) -> str:
+    """``--by`` as recorded: 1-200 printable characters (it was written whatever its size)."""
+    if len(who) > MAX_BY or not who.isprintable():
+        raise UserError(f"--by {who[:40]!r}{'…' if len(who) > 40 else ''} is not a name: 1-{MAX_BY} printable "
+                        "characters")
+    return who
+
+
+def _actor(by: str | None) -> str | None:
+    who = (by or os.environ.get("USER") or "").strip()
+    return _named(who) if who else None
 
 
 def _node(node: str) -> tuple[str, int]:
@@ -101,7 +118,7 @@ def pause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
     """Pause a run: its driver releases all compute at the next step boundary (at once without one)."""
     with errors():
         cli_input.check_run_id(run_id)
-        run = _client(db, run_id).pause(run_id, by=by or os.environ.get("USER"))
+        run = _client(db, run_id).pause(run_id, by=_actor(by))
         state = "paused" if run.status.value == "paused" else f"{run.status.value}; its driver pauses it shortly"
         say(out, f"run {run_id}: {state} (`raysaga unpause {shlex.quote(run_id)}` lets it go on)")
 
@@ -110,7 +127,7 @@ def unpause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
     """Let a paused run go on."""
     with errors():
         cli_input.check_run_id(run_id)
-        _client(db, run_id).unpause(run_id, by=by or os.environ.get("USER"))
+        _client(db, run_id).unpause(run_id, by=_actor(by))
         say(out, f"run {run_id}: unpaused; {_next_step(run_id)}")
 
 

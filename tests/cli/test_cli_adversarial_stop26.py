@@ -173,3 +173,19 @@ def test_the_inbox_names_approvers_without_saying_decided(tmp_path: Path) -> Non
     assert code == 0, err
     code, out, _ = invoke("inbox", "--db", db)
     assert "g1" not in out
+
+
+@pytest.mark.parametrize("by", ["A" * 201, "ada\x1b[2J", "ada\nmallory"])
+def test_by_is_a_name_before_anything_is_recorded(tmp_path: Path, by: str) -> None:
+    """`--by` of any size or with control characters was recorded in the decision and the event."""
+    flow = tmp_path / "gate26.py"
+    flow.write_text(GATE)
+    db = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    code, out, err = invoke("run", f"{flow}:wf", "--db", db, "--executor", "inline", "--run-id", "g1", "--quiet")
+    assert code == 1, (out, err)
+    for args in (("approve", "g1", "review"), ("reject", "g1", "review"), ("pause", "g1")):
+        code, _, err = invoke(*args, "--by", by, "--db", db)
+        assert code == 2 and err.startswith("error: --by ") and "is not a name" in err, (args, err)
+    code, out, _ = invoke("events", "g1", "--db", db)
+    kinds = [json.loads(line)["kind"] for line in out.splitlines()]
+    assert code == 0 and by not in out and "decision" not in kinds and "run_paused" not in kinds, kinds
