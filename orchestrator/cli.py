@@ -30,6 +30,7 @@ from raysaga.orchestrator.cli_maintenance import db_upgrade, prune
 from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
 from raysaga.orchestrator.cli_watch import events, status
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
+from raysaga.state.redact import scrub, scrub_text
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.options import RunOptions
@@ -162,7 +163,7 @@ def _report(store: SqlStore, run: RunRecord, as_json: bool) -> None:
     else:
         _status().print_status(out, store, run, store_text=_stores().describe(store.url))
     if run.status in (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
-        say(err, f"run {run.run_id} rests ({run.status_reason}); nothing holds it: "
+        say(err, f"run {run.run_id} rests ({scrub_text(run.status_reason or '')}); nothing holds it: "
                  + ("`raysaga inbox` shows what to decide, `raysaga approve|reject RUN NODE` decides; "
                     if run.status == RunStatus.WAITING_HUMAN else "")
                  + f"a `raysaga worker` takes it up when it is due, or `raysaga resume {shlex.quote(run.run_id)}`")
@@ -326,7 +327,7 @@ def cancel(
         result = _runner().cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
                                executor=executor, address=address)
         say(out, f"run {run_id}: {result.status.value}"
-            + (f" — {result.status_reason}" if result.status_reason else ""))
+            + (f" — {scrub_text(result.status_reason)}" if result.status_reason else ""))
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
         raise typer.Exit(EXIT_NOT_COMPLETED)
 
@@ -372,7 +373,7 @@ def list_runs(
             sys.stdout.write(json.dumps([{
                 "run_id": r.run_id, "workflow": r.workflow_name, "version": r.workflow_version,
                 "status": r.status.value if r.status is not None else None,
-                "reason": r.status_reason, "created_at": r.created_at, "updated_at": r.updated_at,
+                "reason": scrub(r.status_reason), "created_at": r.created_at, "updated_at": r.updated_at,
                 "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at, "corrupt": r.corrupt,
             } for r in rows]) + "\n")
             return
@@ -385,7 +386,8 @@ def list_runs(
             flat = _status().flat
             table.append([flat(r.run_id), flat(f"{r.workflow_name} v{r.workflow_version}"), flat(state),
                           _status().utc(r.created_at).removesuffix(" UTC"),
-                          _status().utc(r.updated_at).removesuffix(" UTC"), flat(r.status_reason or "")[:120]])
+                          _status().utc(r.updated_at).removesuffix(" UTC"),
+                          flat(scrub_text(r.status_reason or ""))[:120]])
         for line in _status().columns(table):
             say(out, line)
         if len(rows) == limit:

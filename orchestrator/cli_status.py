@@ -84,7 +84,7 @@ def error_line(error: Any, limit: int | None = 200) -> str:
             text = ", ".join(f"{k}={v}" for k, v in error.items() if k != "traceback")
     else:
         text = str(error)
-    text = " ".join(text.split())
+    text = " ".join(scrub_text(text).split())  # scrubbed on read too: a store written before a shape was known
     if limit is not None and len(text) > limit:
         text = text[:limit] + " …"
     return text
@@ -404,11 +404,11 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
                                f"{error_line(data.get('error'), 300)} — {what}{delay}"))
             trace = data.get("error", {}).get("traceback") if isinstance(data.get("error"), dict) else None
             if trace:
-                console.print(Text("    " + str(trace).rstrip().replace("\n", "\n    ")))
+                console.print(Text("    " + scrub_text(str(trace)).rstrip().replace("\n", "\n    ")))
         if error:
             if not attempts:
                 console.print(Text(f"  {error_line(error, 300)}"))
             trace = error.get("traceback") if isinstance(error, dict) else None
             if trace:
                 console.print(Text("  latest traceback:"))
-                console.print(Text("    " + str(trace).rstrip().replace("\n", "\n    ")))
+                console.print(Text("    " + scrub_text(str(trace)).rstrip().replace("\n", "\n    ")))

@@ -16,6 +16,7 @@ from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import errors, out
 from raysaga.orchestrator.cli_options import DbOpt, RunIdArg
+from raysaga.state.redact import scrub
 
 if TYPE_CHECKING:
     from raysaga.state import RunRecord, SqlStore
@@ -191,7 +192,10 @@ def events(
         while left is None or left > 0:
             page = store.events(run_id, after_seq=seq, limit=EVENT_PAGE if left is None else min(EVENT_PAGE, left))
             for e in page:
-                sys.stdout.write(e.model_dump_json() + "\n")
+                # scrubbed as the dashboard's events are: a store written before a secret's shape
+                # was known (or by a process that knew other secrets) keeps what it was given
+                sys.stdout.write((e if e.data is None else e.model_copy(update={"data": scrub(e.data)}))
+                                 .model_dump_json() + "\n")
             if page:
                 seq = page[-1].seq
                 left = None if left is None else left - len(page)

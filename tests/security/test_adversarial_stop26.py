@@ -88,3 +88,32 @@ def test_the_dashboards_token_and_its_servers_log_are_scrubbed() -> None:
     record = logging.getLogger("uvicorn.error").makeRecord(
         "uvicorn.error", logging.ERROR, __file__, 1, "failed on postgresql://app@db/x?password=%s", (SECRET,), None)
     assert SECRET not in record.getMessage()
+
+
+def test_a_store_written_before_a_shape_was_known_is_scrubbed_when_read(tmp_path: Path) -> None:
+    """A store written by an older raysaga keeps `?password=...` in a run's reason and error, its
+    node's error and its events (the write boundary did not know the shape): `list`, `status`
+    (its table, --errors, --json, --summary) and `events` printed them; the dashboard did not."""
+    import sqlite3
+
+    from typer.testing import CliRunner
+
+    from raysaga.orchestrator.cli import app
+
+    path = tmp_path / "leaks_flow.py"
+    path.write_text(FLOW)
+    from raysaga.orchestrator.loader import load_workflow
+
+    db = tmp_path / "raysaga.db"
+    raysaga.run(load_workflow(f"{path}:wf"), store=f"sqlite:///{db}", executor="inline", run_id="old-1")
+    with sqlite3.connect(db) as conn:  # as an older raysaga wrote them
+        for table, column in (("raysaga_runs", "status_reason"), ("raysaga_runs", "error"),
+                              ("raysaga_nodes", "error"), ("raysaga_events", "data")):
+            conn.execute(f"UPDATE {table} SET {column} = replace({column}, 'password={MARKER}', 'password={SECRET}')")
+        assert conn.execute("SELECT count(*) FROM raysaga_events WHERE data LIKE ?", (f"%{SECRET}%",)).fetchone()[0]
+    for args in (("list",), ("list", "--json"), ("status", "old-1"), ("status", "old-1", "--errors"),
+                 ("status", "old-1", "--json"), ("status", "old-1", "--json", "--summary"), ("events", "old-1")):
+        result = CliRunner().invoke(app, [*args, "--db", f"sqlite:///{db}"])
+        assert result.exit_code in (0, 1), (args, result.output)
+        assert "connect" in result.stdout or args[0] == "events", (args, result.stdout)
+        assert SECRET not in result.stdout + result.stderr, args
