@@ -154,7 +154,12 @@ def load_workflow(ref: str) -> Workflow:
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
             sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                if sys.modules.get(path.stem) is module:  # no half-imported module left for the next import
+                    del sys.modules[path.stem]
+                raise
         else:
             module = importlib.import_module(module_ref)
     except WorkflowLoadError:
@@ -162,7 +167,15 @@ def load_workflow(ref: str) -> Workflow:
     except ModuleNotFoundError as exc:
         raise WorkflowLoadError(f"cannot import {module_ref!r}: {exc} (run from the folder that contains it, "
                                 "or pass a path like flows/order.py:wf)") from None
-    except Exception as exc:
+    except SystemExit as exc:
+        # a script's main() run at import: `raysaga run` once exited with its code (0: "success",
+        # nothing run), and a dashboard or worker importing a recorded workflow ended with it
+        raise WorkflowLoadError(f"importing {module_ref!r} failed: it called sys.exit({scrub_text(repr(exc.code))}) "
+                                "while being imported: put the script part under "
+                                "`if __name__ == \"__main__\":`") from None
+    except (KeyboardInterrupt, GeneratorExit):
+        raise
+    except BaseException as exc:  # Exception and the odd BaseException a module raises: never a traceback
         raise WorkflowLoadError(f"importing {module_ref!r} failed: {type(exc).__name__}: "
                                 f"{scrub_text(str(exc))}") from None
     workflow = getattr(module, attr, None)

@@ -189,3 +189,23 @@ def test_by_is_a_name_before_anything_is_recorded(tmp_path: Path, by: str) -> No
     code, out, _ = invoke("events", "g1", "--db", db)
     kinds = [json.loads(line)["kind"] for line in out.splitlines()]
     assert code == 0 and by not in out and "decision" not in kinds and "run_paused" not in kinds, kinds
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ("import sys\nsys.exit(0)\n", "it called sys.exit(0) while being imported"),
+    ("import sys\nsys.exit('bye [bold]x')\n", "it called sys.exit('bye [bold]x') while being imported"),
+    ("raise BaseException('odd')\n", "BaseException: odd"),
+])
+def test_a_workflow_file_that_exits_or_raises_on_import_is_a_usage_error(tmp_path: Path, body: str,
+                                                                        said: str) -> None:
+    """`raysaga run flows.py:wf` of a module that ran its script part at import (sys.exit(0))
+    exited 0 having run nothing; sys.exit('msg') printed msg and exited 1 (a run not completed);
+    a BaseException printed a traceback."""
+    flow = tmp_path / "script26.py"
+    flow.write_text(body)
+    db = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    proc = subprocess.run([sys.executable, "-m", "raysaga", "run", f"{flow}:wf", "--executor", "inline", "--db", db],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert proc.stderr.startswith(f"error: importing '{flow}' failed: {said}"), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""

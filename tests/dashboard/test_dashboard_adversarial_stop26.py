@@ -5,6 +5,7 @@ silently, and paging that stopped early."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -175,3 +176,50 @@ def test_an_action_is_done_as_a_name_never_any_value(odd: tuple[TestClient, str]
     response = client.post(f"/api/runs/{quote('ü 🎉 sp ace', safe='')}/actions/pause", json={"confirm": True, "by": by},
                            headers={"X-Raysaga-CSRF": csrf})
     assert response.status_code == 400 and response.json()["error"].startswith("by="), response.text
+
+
+EXITS_ON_IMPORT = '''
+import argparse
+
+from raysaga import Workflow
+
+wf = Workflow("exits26", version="1")
+
+
+@wf.step()
+def only() -> int:
+    return 1
+
+
+args = argparse.ArgumentParser().parse_args(["--not-an-option"])  # a script's argv parsing, run at import
+'''
+
+
+def test_a_workflow_module_that_exits_on_import_does_not_stop_the_dashboard(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page imports a run's recorded workflow to draw its graph: a module that parses argv (or
+    calls sys.exit) at import raised SystemExit in the request, a 500, and the server process ended
+    with it; now the run is drawn from its rows and the page says why."""
+    import importlib
+    import sys
+
+    from raysaga.orchestrator.runner import create_run
+
+    module = tmp_path / "exits26_flow.py"
+    module.write_text(EXITS_ON_IMPORT.replace('args = argparse', '# args = argparse'))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    wf = importlib.import_module("exits26_flow").wf
+    url = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    create_run(wf, None, store=url, run_id="x1", workflow_ref="exits26_flow:wf")
+    module.write_text(EXITS_ON_IMPORT)  # as the module reads now, where the dashboard runs
+    monkeypatch.delitem(sys.modules, "exits26_flow")
+    importlib.invalidate_caches()
+    store = SqlStore(url)
+    try:
+        app, _ = build(store)
+        client = TestClient(app, base_url=BASE)
+        page = _get(client, "/api/runs/x1")
+        assert "sys.exit(2)" in page["graph"]["note"], page["graph"]
+        assert _get(client, "/api/runs")["runs"][0]["run_id"] == "x1"
+    finally:
+        store.close()
