@@ -362,6 +362,8 @@ def list_runs(
             except ValueError:
                 raise UserError(f"--status {status!r} is not a run state; use one of "
                                 f"{', '.join(s.value for s in RunStatus)}") from None
+        if workflow is not None and not workflow.strip():  # `--workflow "$WF"` with WF unset listed nothing
+            raise UserError("--workflow '' names no workflow: give a workflow's name, or leave --workflow out")
         cli_input.int_in_range("--limit", limit, 1, MAX_LIST)
         cli_input.check_run_id(before, "--before run id")
         store = _stores().open_for_reads(db)
@@ -378,7 +380,11 @@ def list_runs(
             } for r in rows]) + "\n")
             return
         if not rows:
-            say(out, "no runs" + (" on that page" if before else "") + f" in {_stores().describe(store.url)}")
+            only = " and ".join(f for f in (f"in state {status}" if status else "",
+                                             f"of workflow {workflow!r}" if workflow else "") if f)
+            # "no runs in STORE" once read as an empty store when a filter matched nothing
+            say(out, "no runs" + (f" {only}" if only else "") + (" on that page" if before else "")
+                + f" in {_stores().describe(store.url)}")
             return
         table = [["run", "workflow", "status", "created (UTC)", "updated (UTC)", "reason"]]
         for r in rows:

@@ -234,6 +234,8 @@ def stats(
     """Runs by state, time waiting for humans, resumes, duplicates prevented, retries, claim latency."""
     with errors():
         cli_input.positive_seconds("--since", since)
+        if as_json and prometheus:  # --prometheus once won silently
+            raise UserError("--json and --prometheus are two formats: choose one")
         figures = _client(db, writes=False).stats(None if since is None else time.time() - since)
         if prometheus:
             from raysaga.state.stats import prometheus as text

@@ -239,3 +239,19 @@ def test_a_step_raising_an_exception_that_cannot_be_printed_fails_the_run(tmp_pa
     assert code == 1, (code, out, err)  # the run failed: exit 1, never 2 with "error: RuntimeError: str failed"
     code, out, _ = invoke("status", "u1", "--json", "--db", db)
     assert json.loads(out)["status"] == "failed"
+
+
+def test_a_filter_that_matches_nothing_is_not_an_empty_store(tmp_path: Path) -> None:
+    """`raysaga list --workflow "$WF"` with WF unset printed "no runs in STORE", as did a filter
+    matching nothing, read as an empty store; `stats --json --prometheus` printed Prometheus."""
+    flow = tmp_path / "gate26.py"
+    flow.write_text(GATE)
+    db = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    code, out, err = invoke("run", f"{flow}:wf", "--db", db, "--executor", "inline", "--run-id", "g1", "--quiet")
+    assert code == 1, (out, err)
+    code, _, err = invoke("list", "--workflow", "", "--db", db)
+    assert code == 2 and err.startswith("error: --workflow '' names no workflow"), err
+    code, out, _ = invoke("list", "--workflow", "nope", "--status", "failed", "--db", db)
+    assert code == 0 and out.startswith("no runs in state failed and of workflow 'nope' in "), out
+    code, _, err = invoke("stats", "--json", "--prometheus", "--db", db)
+    assert code == 2 and "choose one" in err, err
