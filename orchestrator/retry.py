@@ -87,7 +87,16 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
 
 def describe(exc: BaseException) -> dict[str, Any]:
     """The JSON record of a failure kept in the store (never the exception object)."""
-    return {"type": type(exc).__name__, "message": printable(str(exc)[:2000])}
+    return {"type": type(exc).__name__, "message": printable(message_of(exc)[:2000])}
+
+
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying it could not be read: an exception is user code, and one
+    whose ``__str__`` raises must still fail its step, not the driver recording the failure."""
+    try:
+        return str(exc)
+    except Exception as problem:  # any failure of user code reading its own message
+        return f"<the message of this {type(exc).__name__} could not be read: str() raised {type(problem).__name__}>"
 
 
 def printable(text: str) -> str:

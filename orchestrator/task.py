@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.retry import describe, is_transient, printable, retry_after
+from raysaga.orchestrator.retry import describe, is_transient, message_of, printable, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
@@ -103,11 +104,12 @@ class NodeOutcome(NamedTuple):
     def failure(exc: BaseException, *, transient: bool, started_at: float) -> NodeOutcome:
         error = describe(exc)
         # scrubbed before it is cut, so no fragment of a secret survives a truncation
-        error["message"] = printable(scrub_text(str(exc))[:2000])
+        error["message"] = printable(scrub_text(message_of(exc))[:2000])
         error["transient"] = transient
-        wait = retry_after(exc)
+        wait = _guarded(retry_after, exc)  # reads the exception's attributes: user code too
         if wait is not None:
             error["retry_after"] = wait  # the retry waits this long; a rate limit blocks the fleet as long
+        # (``traceback`` reads a message that raises as "<exception str() failed>")
         error["traceback"] = printable(scrub_text("".join(traceback.format_exception(exc, limit=-8)))[-4000:])
         return NodeOutcome(ok=False, error=error, transient=transient, started_at=started_at,
                            finished_at=time.time())
@@ -155,7 +157,17 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
             raise
-        return NodeOutcome.failure(exc, transient=is_transient(exc, spec.retry), started_at=started)
+        transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
+        return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+
+
+def _guarded(classify: Callable[..., Any], exc: BaseException, *args: Any) -> Any:
+    """``classify(exc, *args)``, or None when it raises: it reads attributes of the exception
+    (``status_code``, ``response``, ``retry_after``), and a property of user code may raise."""
+    try:
+        return classify(exc, *args)
+    except Exception:  # any failure of user code: the failure is recorded without it
+        return None
 
 
 def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
