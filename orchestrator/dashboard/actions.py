@@ -17,6 +17,16 @@ from raysaga.state import Store
 VERBS = ("approve", "reject", "cancel", "compensate", "pause", "unpause", "retry")
 
 
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def _text(body: dict[str, Any], key: str) -> str | None:
     value = body.get(key)
     return None if value is None or value == "" else str(value)[:2000]
@@ -35,6 +45,8 @@ def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, An
     action the run's state refuses (the client's message)."""
     if verb not in VERBS:
         raise UserError(f"unknown action {verb!r}: one of {', '.join(VERBS)}")
+    if _has_nul(body):  # PostgreSQL text and JSON cannot hold one: a 500 where a refusal belongs
+        raise UserError(f"{verb}: the request holds a NUL character (\\u0000), which no field takes")
     store.get_run(run_id, lenient=True)  # RunNotFoundError first
     client = Client(store)  # borrows the store: never closed here
     if verb in ("approve", "reject"):

@@ -103,9 +103,9 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     def runs(status: str | None = None, workflow: str | None = None, since: str | None = None,
              until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50
              ) -> dict[str, Any]:
-        f = RunFilter(status=views.parse_status(status), workflow=workflow or None,
+        f = RunFilter(status=views.parse_status(status), workflow=views.text_param(workflow, "workflow", 100),
                       since=views.parse_time(since, "since"),
-                      until=views.parse_time(until, "until"), text=(q or "").strip() or None,
+                      until=views.parse_time(until, "until"), text=views.text_param((q or "").strip(), "q", 200),
                       before=views.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE))
         return views.run_list(store, f)
 
@@ -115,30 +115,31 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/inbox")
     def inbox(approver: str | None = None) -> dict[str, Any]:
-        return {"waiting": views.inbox(store, approver or None)}
+        return {"waiting": views.inbox(store, views.text_param(approver, "approver", 200))}
 
     # Under /api/runs/ the path parameters are read from the raw path and unquoted here (`_id`):
     # a run id may hold a '/' (the page sends it as %2F), which routing on the decoded path split.
     @app.get("/api/runs/{run_id}")
     def run(run_id: str) -> dict[str, Any]:
-        return views.run_page(store, _id(run_id))
+        return views.run_page(store, _run_id(run_id))
 
     @app.get("/api/runs/{run_id}/items/{step}")
     def items(run_id: str, step: str, after: int = -1, limit: int = 200, status: str | None = None
               ) -> dict[str, Any]:
-        return views.fan_items(store, _id(run_id), _id(step), after, limit, status)
+        return views.fan_items(store, _run_id(run_id), views.label_param(_id(step), "step"), after, limit,
+                               views.text_param(status, "status", 40))
 
     @app.get("/api/runs/{run_id}/nodes/{label}")
     def node(run_id: str, label: str) -> dict[str, Any]:
-        return views.node_page(store, _id(run_id), _id(label))
+        return views.node_page(store, _run_id(run_id), views.label_param(_id(label), "node"))
 
     @app.get("/api/runs/{run_id}/nodes/{label}/output")
     def node_output(run_id: str, label: str) -> JSONResponse:
-        return JSONResponse({"value": views.node_output(store, _id(run_id), _id(label))})
+        return JSONResponse({"value": views.node_output(store, _run_id(run_id), views.label_param(_id(label), "node"))})
 
     @app.get("/api/runs/{run_id}/events")
     def events(run_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
-        run_id = _id(run_id)
+        run_id = _run_id(run_id)
         after = views.bounded(after, "after", 0, views.MAX_SEQ)
         if store.run_row(run_id) is None:
             _missing(run_id)
@@ -146,7 +147,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/runs/{run_id}/stream")
     async def stream(request: Request, run_id: str, after: int | None = None) -> EventSourceResponse:
-        run_id = _id(run_id)
+        run_id = _run_id(run_id)
         last = request.headers.get("last-event-id")
         # checked before the stream starts: a number the store cannot hold failed every poll after
         cursor = views.bounded(int(last), "Last-Event-ID", 0, views.MAX_SEQ) if last and last.isascii() \
@@ -176,7 +177,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.post("/api/runs/{run_id}/actions/{verb}")
     def act(run_id: str, verb: str, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:
-        run_id, verb = _id(run_id), _id(verb)
+        run_id, verb = _run_id(run_id), _id(verb)
         if body.get("confirm") is not True:
             raise UserError(f"{verb}: confirm the action (send \"confirm\": true)")
         by = _actor(body.get("by") or actor or "dashboard")
@@ -212,6 +213,11 @@ RUNS = "/api/runs/"
 def _id(segment: str) -> str:
     """A path parameter under ``/api/runs/`` as sent (routed raw by ``_RawRunPaths``)."""
     return unquote(segment)
+
+
+def _run_id(segment: str) -> str:
+    """The run id of a path under ``/api/runs/`` (one no run can have: 404 at once)."""
+    return views.run_id_param(unquote(segment))
 
 
 #: Longest name an action is done as (it is recorded in the event the action appends).

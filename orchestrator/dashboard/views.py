@@ -70,6 +70,37 @@ def bounded(value: int, name: str, low: int, high: int) -> int:
     return value
 
 
+def text_param(value: str | None, name: str, limit: int) -> str | None:
+    """A text query parameter: at most ``limit`` characters, no NUL (PostgreSQL text cannot hold
+    one: a 500) nor other control character; else ``UserError`` naming it. Empty means unset."""
+    if not value:
+        return None
+    if len(value) > limit:
+        raise UserError(f"{name}= is {len(value)} characters long: at most {limit}")
+    if not value.isprintable():
+        raise UserError(f"{name}={value[:40]!r} holds a control character")
+    return value
+
+
+#: Longest run id (as `raysaga run --run-id` accepts).
+MAX_RUN_ID = 200
+
+
+def run_id_param(value: str) -> str:
+    """A run id from a path: one no run can have (empty, too long, a control character, which
+    PostgreSQL could not even compare) is not found, without asking the store."""
+    if not 0 < len(value) <= MAX_RUN_ID or not value.isprintable():
+        raise RunNotFoundError(value)
+    return value
+
+
+def label_param(value: str, name: str) -> str:
+    """A step or node label from a path (steps are short identifiers; agent turns add a little)."""
+    if not 0 < len(value) <= 300 or not value.isprintable():
+        raise UserError(f"{name} {value[:40]!r} is not a node label: write STEP, STEP[ITEM] or AGENT@TURN[ITEM]")
+    return value
+
+
 def parse_status(value: str | None) -> str | None:
     """A run state, or ``UserError`` naming the states (an unknown one would list no runs, silently)."""
     if not value:
@@ -121,8 +152,8 @@ def parse_cursor(value: str | None) -> tuple[float, str] | None:
         number = float(at)
     except ValueError:
         number = math.nan
-    if not sep or not math.isfinite(number):
-        raise UserError(f"before={value!r} is not a cursor from a previous page")
+    if not sep or not math.isfinite(number) or not 0 < len(run_id) <= MAX_RUN_ID or not run_id.isprintable():
+        raise UserError(f"before={value[:80]!r} is not a cursor from a previous page")
     return number, run_id
 
 
@@ -333,5 +364,5 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
 
 
 __all__ = ["ITEMS_SHOWN", "MAX_INDEX", "MAX_SEQ", "PREVIEW_BYTES", "bounded", "events_page", "fan_items", "inbox",
-           "live_change", "node_output", "node_page", "parse_cursor", "parse_node", "parse_status", "parse_time",
-           "run_list", "run_page", "shown"]
+           "label_param", "live_change", "node_output", "node_page", "parse_cursor", "parse_node", "parse_status",
+           "parse_time", "run_id_param", "run_list", "run_page", "shown", "text_param"]

@@ -223,3 +223,42 @@ def test_a_workflow_module_that_exits_on_import_does_not_stop_the_dashboard(
         assert _get(client, "/api/runs")["runs"][0]["run_id"] == "x1"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("method", "url", "code", "starts"), [
+    ("GET", "/api/runs?q=" + "a" * 60_000, 400, "q= is 60000 characters long"),
+    ("GET", "/api/runs?q=a%00b", 400, "q="),
+    ("GET", "/api/runs?workflow=%00", 400, "workflow="),
+    ("GET", "/api/runs?before=1%7C%00", 400, "before="),
+    ("GET", "/api/inbox?approver=%00", 400, "approver="),
+    ("GET", "/api/runs/%00", 404, "no run with id"),
+    ("GET", "/api/runs/" + "r" * 201, 404, "no run with id"),
+    ("GET", "/api/runs/n26/nodes/%00", 400, "node "),
+    ("GET", "/api/runs/n26/items/%00", 400, "step "),
+    ("GET", "/api/runs/n26/events?after=0", 200, ""),
+    ("POST", "/api/runs/n26/actions/pause", 400, "pause: the request holds a NUL"),
+])
+def test_text_a_store_cannot_hold_is_refused_not_a_500(store_url: str, method: str, url: str, code: int,
+                                                       starts: str) -> None:
+    """On PostgreSQL a NUL in `q`, `workflow`, `approver`, `before`, a run id or a node label was a
+    500 (text cannot hold NUL); on SQLite a `q` above 50,000 characters was one (LIKE pattern too
+    complex). Now each is a 400 naming the parameter (an id no run can have: 404)."""
+    import uuid
+
+    run_id = f"n26-{uuid.uuid4().hex[:8]}"  # the PostgreSQL database is the session's
+    url = url.replace("/n26/", f"/{run_id}/")
+    flows.drive(flows.wide, flows.start(flows.wide, "wide", {"items": 2}, store_url, run_id=run_id), store_url)
+    store = SqlStore(store_url)
+    try:
+        app, guard = build(store)
+        client = TestClient(app, base_url=BASE, raise_server_exceptions=False)
+        if method == "POST":
+            response = client.post(url, json={"confirm": True, "by": "ada", "reason": "a\x00b"},
+                                   headers={"X-Raysaga-CSRF": guard.csrf})
+        else:
+            response = client.get(url)
+        assert response.status_code == code, (url[:80], response.status_code, response.text[:300])
+        if starts:
+            assert response.json()["error"].startswith(starts), response.text[:300]
+    finally:
+        store.close()
