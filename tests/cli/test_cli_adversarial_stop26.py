@@ -228,10 +228,10 @@ UNPRINTABLE = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.xfail(strict=True, reason="orchestrator/retry.describe (not this stop's file) calls str(exc) "
-                   "unguarded: an exception whose __str__ raises crashes the driver mid-dispatch, the run "
-                   "stays 'running' with its node never recorded, and every resume crashes the same way")
 def test_a_step_raising_an_exception_that_cannot_be_printed_fails_the_run(tmp_path: Path) -> None:
+    """An exception whose __str__ raises crashed the driver in retry.describe: `raysaga run` said
+    "error: RuntimeError: str failed" (exit 2), the run stayed running with no node row, and every
+    resume crashed the same way (fixed in fbfdcf1, orchestrator/retry.py and task.py)."""
     flow = tmp_path / "unprintable26.py"
     flow.write_text(UNPRINTABLE)
     db = f"sqlite:///{tmp_path / 'raysaga.db'}"
