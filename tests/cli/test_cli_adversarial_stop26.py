@@ -255,3 +255,33 @@ def test_a_filter_that_matches_nothing_is_not_an_empty_store(tmp_path: Path) -> 
     assert code == 0 and out.startswith("no runs in state failed and of workflow 'nope' in "), out
     code, _, err = invoke("stats", "--json", "--prometheus", "--db", db)
     assert code == 2 and "choose one" in err, err
+
+
+NUL_ERROR = textwrap.dedent('''
+    from raysaga import Permanent, Workflow
+
+    wf = Workflow("nul26", version="1")
+
+
+    @wf.step()
+    def only() -> int:
+        raise Permanent("bad\\x00byte")  # a C library's message, a binary protocol's reply
+''')
+
+
+@pytest.mark.postgres
+@pytest.mark.xfail(strict=True, reason="state write boundary / run machine (not this stop's files): on "
+                   "PostgreSQL the run's reason 'critical step ... failed: bad\\x00byte' goes to a text column, "
+                   "which cannot hold NUL: psycopg DataError crashes the driver, the run stays 'running' with "
+                   "its node failed, and every resume crashes the same way (SQLite: the run fails)")
+def test_a_step_error_holding_nul_fails_the_run_on_postgresql(tmp_path: Path, pg_url: str) -> None:
+    import uuid
+
+    flow = tmp_path / "nul26.py"
+    flow.write_text(NUL_ERROR)
+    run_id = f"nul26-{uuid.uuid4().hex[:8]}"
+    code, out, err = invoke("run", f"{flow}:wf", "--db", pg_url, "--executor", "inline", "--run-id", run_id,
+                            "--quiet")
+    assert code == 1, (code, out, err)  # not 2, "error: DataError: ... cannot contain NUL (0x00) bytes"
+    code, out, _ = invoke("status", run_id, "--json", "--db", pg_url)
+    assert json.loads(out)["status"] == "failed"
