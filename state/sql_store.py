@@ -90,6 +90,14 @@ from raysaga.state.store import Store
 MAX_LIST_LIMIT = 100_000
 
 
+def _reason_text(reason: str | None) -> str | None:
+    """A run's ``status_reason`` as stored: secrets scrubbed, and NUL written ``\\x00``. The reason
+    quotes an error's message (a C library's, a binary protocol's reply may hold a NUL), and
+    PostgreSQL's text columns refuse NUL: the write failed, the driver with it, and every resume
+    the same way. (JSON columns escape it as ``\\u0000``, which ``json`` keeps.)"""
+    return None if reason is None else scrub_text(reason).replace("\x00", "\\x00")
+
+
 class SqlStore(ForkRows, DashboardReads, Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
@@ -222,7 +230,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
             result = conn.execute(
                 update(runs)
                 .where(runs.c.run_id == run_id, runs.c.version == expected_version)
-                .values(status=status.value, status_reason=None if reason is None else scrub_text(reason),
+                .values(status=status.value, status_reason=_reason_text(reason),
                         version=runs.c.version + 1,
                         event_seq=runs.c.event_seq + 1, updated_at=now)
                 .returning(runs.c.event_seq)
@@ -346,8 +354,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
         values: dict[str, Any] = {}
         if upd.status is not None:
             _check_transition(lease.run_id, status_of(lease.run_id, status), upd.status)
-            reason = None if upd.status_reason is None else scrub_text(upd.status_reason)
-            values.update(status=upd.status.value, status_reason=reason, wake_at=None)  # and version + 1
+            # (and version + 1)
+            values.update(status=upd.status.value, status_reason=_reason_text(upd.status_reason), wake_at=None)
         if upd.set_wake:
             values["wake_at"] = upd.wake_at
             if upd.signals_seen is not None and decided_after(conn, lease.run_id, upd.signals_seen):

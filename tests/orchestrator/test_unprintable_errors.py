@@ -10,6 +10,7 @@ could not be read; inline and on Ray (where the record is built on the worker).
 from __future__ import annotations
 
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,13 @@ from raysaga.state import NodeStatus, SqlStore
 class Unprintable(Exception):
     def __str__(self) -> str:
         raise RuntimeError("str failed")
+
+
+class NulInMessage(Exception):
+    """A C library's message, a binary protocol's reply: PostgreSQL's text columns refuse NUL."""
+
+    def __str__(self) -> str:
+        return "bad\x00byte"
 
 
 class Unclassifiable(Exception):
@@ -57,11 +65,10 @@ def _pickle_this_module_by_value() -> None:
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def _run(tmp_path: Path, raised: type[Exception], executor: str) -> tuple[Any, dict[str, Any]]:
-    url = f"sqlite:///{tmp_path / 'raysaga.db'}"
-    store = SqlStore(url)
+def _run(tmp_path: Path, raised: type[Exception], executor: str, url: str | None = None) -> tuple[Any, dict[str, Any]]:
+    store = SqlStore(url or f"sqlite:///{tmp_path / 'raysaga.db'}")
     try:
-        record = raysaga.run(_workflow(raised), None, store=store, executor=executor)
+        record = raysaga.run(_workflow(raised), None, store=store, executor=executor, run_id=f"u-{uuid.uuid4().hex}")
         rows = {n.node_id: n for n in store.nodes(record.run_id)}
     finally:
         store.close()
@@ -91,3 +98,13 @@ def test_an_exception_that_cannot_be_read_fails_its_step_on_ray(ray_address: str
     assert failed.status == NodeStatus.FAILED and failed.error is not None
     assert (failed.error["type"], failed.attempt) == ("Unprintable", 1)
     assert "could not be read" in failed.error["message"]
+
+
+def test_a_message_holding_nul_fails_the_run_on_either_store(tmp_path: Path, store_url: str) -> None:
+    """The run's reason quotes the message; PostgreSQL's text columns refuse NUL (the write
+    crashed the driver, and every resume the same way): it is stored as ``\\x00``."""
+    record, rows = _run(tmp_path, NulInMessage, "inline", store_url)
+    assert record.status == RunStatus.FAILED
+    assert record.status_reason is not None and "bad\\x00byte" in record.status_reason
+    assert rows["second"].status == NodeStatus.FAILED and rows["second"].error is not None
+    assert rows["second"].error["message"] == "bad\x00byte"  # the error itself is JSON: kept exactly
