@@ -270,10 +270,6 @@ NUL_ERROR = textwrap.dedent('''
 
 
 @pytest.mark.postgres
-@pytest.mark.xfail(strict=True, reason="state write boundary / run machine (not this stop's files): on "
-                   "PostgreSQL the run's reason 'critical step ... failed: bad\\x00byte' goes to a text column, "
-                   "which cannot hold NUL: psycopg DataError crashes the driver, the run stays 'running' with "
-                   "its node failed, and every resume crashes the same way (SQLite: the run fails)")
 def test_a_step_error_holding_nul_fails_the_run_on_postgresql(tmp_path: Path, pg_url: str) -> None:
     import uuid
 
