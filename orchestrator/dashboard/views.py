@@ -19,6 +19,7 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.dashboard.graph import base_step, graph_for
 from raysaga.state import RunStatus, Store, node_label
 from raysaga.state.dashboard_reads import RunFilter
+from raysaga.state.item_events import item_indexes
 from raysaga.state.redact import scrub
 
 #: A value above this many bytes of JSON is sent as a preview; the page fetches the rest on demand.
@@ -328,9 +329,8 @@ def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[
 
 
 def _items_of(event: Any) -> list[int]:
-    """The item indexes an ``items_completed`` event lists (one event per fan-out per commit)."""
-    items = event.data.get("items") if isinstance(event.data, dict) else None
-    return [i for i in items if isinstance(i, int)] if isinstance(items, list) else []
+    """The item indexes an ``items_completed`` event names (one event per fan-out per commit)."""
+    return item_indexes(event.data)
 
 
 def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tuple[int, dict[str, Any] | None]:

@@ -23,7 +23,7 @@ from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
-from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, jsoncodec
+from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, item_events, jsoncodec
 
 
 @dataclass(slots=True)
@@ -62,7 +62,7 @@ class Calls:
         self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
         self.draining: set[NodeKey] = set()  # effects let land after their step failed (see ``drain``)
         self._items_events: list[NewEvent] | None = None  # the batch's events list the next two are for
-        self._items_of: dict[str, list[int]] = {}  # step -> its items completed in that batch, in order
+        self._items_of: dict[str, list[list[int]]] = {}  # step -> its items completed in that batch (ranges)
         self.retries_used = 0
         self.retry_budget: int | None = None
 
@@ -191,17 +191,18 @@ class Calls:
         return value
 
     def _item_completed(self, key: NodeKey) -> None:
-        """A plain fan-out item completed: one ``items_completed`` event per step per batch lists
-        the items in the order they completed (a row per item says the rest). One event per item
-        was half of a big fan-out's writes and of its bytes, for nothing a reader used."""
+        """A plain fan-out item completed: one ``items_completed`` event per step per batch names
+        the items in the order they completed, as runs of indexes (``state.item_events``; a row
+        per item says the rest). One event per item was half of a big fan-out's writes and of its
+        bytes, for nothing a reader used; a list of every index, ~5 bytes an item."""
         events = self.out.batch.events
         if self._items_events is not events:  # a new batch
             self._items_events, self._items_of = events, {}
-        items = self._items_of.get(key.node_id)
-        if items is None:
-            items = self._items_of[key.node_id] = []
-            events.append(NewEvent(kind="items_completed", node_id=key.node_id, data={"items": items}))
-        items.append(key.fan_index)
+        ranges = self._items_of.get(key.node_id)
+        if ranges is None:
+            ranges = self._items_of[key.node_id] = []
+            events.append(NewEvent(kind=item_events.KIND, node_id=key.node_id, data={"ranges": ranges}))
+        item_events.add_item(ranges, key.fan_index)
 
     def failed(self, key: NodeKey, outcome: NodeOutcome) -> tuple[dict[str, Any], int] | None:
         """A failed attempt: None when it is retried after a backoff (the timer is set), else its

@@ -84,7 +84,7 @@ def test_item_rows_on_postgresql_read_back_the_same(pg_url: str) -> None:
 def completed_items(*indexes: int) -> Batch:
     batch = Batch()
     batch.items.extend(("shape", i, 1, None, None, 1.0, 2.0) for i in indexes)
-    batch.events.append(NewEvent(kind="items_completed", node_id="shape", data={"items": list(indexes)}))
+    batch.events.append(NewEvent(kind="items_completed", node_id="shape", data={"ranges": [[i, i] for i in indexes]}))
     return batch
 
 

@@ -65,6 +65,7 @@ import networkx as nx
 from raysaga.node_key import AGENT_SEP
 from raysaga.sagas.rollback import UNKNOWN_OUTCOME
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
+from raysaga.state.item_events import item_indexes
 from tests.support import chaos_flows
 from tests.support import crash_driver as harness
 from tests.support.kill_sweep import EFFECT_POINTS, LEASE_TTL, ledger_label
@@ -155,8 +156,8 @@ def completions(store: SqlStore, run_id: str = RUN_ID) -> list[str]:
     for e in store.events(run_id):
         if e.kind == "node_completed":
             labels.append(node_label(e.node_id, e.fan_index))
-        elif e.kind == "items_completed" and isinstance(e.data, dict):
-            labels.extend(node_label(e.node_id, i) for i in e.data.get("items", []))
+        elif e.kind == "items_completed":
+            labels.extend(node_label(e.node_id, i) for i in item_indexes(e.data))
     return labels
 
 
