@@ -16,6 +16,7 @@ translated here into one-line ``StoreUnavailableError``s naming the store and th
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -119,10 +120,19 @@ def normalize_url(url: str) -> str:
     return url
 
 
+#: Query parameters of a database URL that hold a secret (libpq and SQLAlchemy take a password
+#: there too: ``?password=``, ``?sslpassword=``), matched in their names.
+_SECRET_QUERY = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
+
+
 def redact(url: str) -> str:
-    """The URL with any password hidden, for messages and logs."""
+    """The URL with any password hidden (in its userinfo and in its query), for messages and logs."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        if any(_SECRET_QUERY.search(name) for name in parsed.query):
+            parsed = parsed.set(query={name: "***" if _SECRET_QUERY.search(name) else value
+                                       for name, value in parsed.query.items()})
+        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
     except Exception:
         return "<unparseable database URL>"
 

@@ -66,13 +66,12 @@ def test_a_steps_error_with_a_query_password_never_reaches_the_store(tmp_path: P
         assert SECRET.encode() not in file.read_bytes(), file.name
 
 
-@pytest.mark.xfail(strict=True, reason="state/engine.py (not this stop's file): describe_store() hides a "
-                   "userinfo password with SQLAlchemy's hide_password, not one in the query; the CLI "
-                   "scrubs its result (orchestrator/cli_store.describe), other callers do not")
 def test_describe_store_hides_a_query_password() -> None:
     from raysaga.state import describe_store
 
     assert SECRET not in describe_store(f"postgresql://app@db:5432/x?password={SECRET}")
+    shown = describe_store(f"postgresql://app:{SECRET}@db:5432/x?sslmode=require&sslpassword={SECRET}")
+    assert shown == "postgresql://app:***@db:5432/x?sslmode=require&sslpassword=***", shown
 
 
 def test_the_dashboards_token_and_its_servers_log_are_scrubbed() -> None:
