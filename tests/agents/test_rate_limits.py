@@ -98,8 +98,9 @@ def test_two_drivers_never_exceed_the_shared_limit(tmp_path: Path) -> None:
 
 def test_a_retry_after_holds_every_driver_of_the_limit(tmp_path: Path) -> None:
     """The provider's first answer is a 429 saying ``retry-after: 2``: once the refused driver has
-    recorded it, no request of either driver reaches the provider before those 2 seconds are
-    over, and both runs then complete."""
+    recorded it, no call of either driver is granted before those 2 seconds are over (at the
+    provider: nothing arrives in them but a call granted before the block), and both runs then
+    complete."""
     hold = 2.0
     # answers take 0.1 s, so each driver's calls (one at a time, inline) would go on arriving
     # through the 2 s if the block held only the refused call
@@ -125,8 +126,15 @@ def test_a_retry_after_holds_every_driver_of_the_limit(tmp_path: Path) -> None:
     recorded = until - hold - (time.time() - time.monotonic())  # on the server's clock (monotonic)
     assert refused[0] <= recorded < refused[0] + 10 * SETTLE, "the 429's block was not recorded at once"
     late = [r.arrived - recorded for r in log if r.arrived > recorded + SETTLE / 6]
-    assert late and min(late) >= hold - 0.05, (
-        f"a request arrived {min(late):.3f} s after the block asking for {hold} s was recorded")
+    # A call granted before the block was recorded is not recalled: it reaches the provider when
+    # its driver sends it (after the SDK's first import, on a busy machine: seen 0.45 s after the
+    # block on a slow VM). Each driver calls one at a time, so at most one such call per driver
+    # but the refused one lands inside the block; anything more was granted during it.
+    inside = [t for t in late if t < hold - 0.05]
+    assert len(inside) <= DRIVERS - 1, (
+        f"{len(inside)} requests arrived {[round(t, 3) for t in inside]} s after the block asking for {hold} s "
+        f"was recorded: more than the {DRIVERS - 1} call(s) the other driver(s) could have been granted before it")
+    assert any(t >= hold - 0.05 for t in late), "no request after the block: the runs did not go on"
     assert len([r for r in log if r.kind == "ok"]) == DRIVERS * ITEMS
 
 
