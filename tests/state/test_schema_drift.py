@@ -107,14 +107,19 @@ def declared(url: str) -> dict[str, Any]:
         engine.dispose()
 
 
+def at_revision(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` up to ``revision`` only (a store of an older schema)."""
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            migrate.upgrade_to(conn, revision)
+    finally:
+        engine.dispose()
+
+
 def migrated(url: str, older: str | None = None) -> dict[str, Any]:
     if older is not None:
-        engine = make_engine(url)
-        try:
-            with engine.begin() as conn:
-                migrate.upgrade_to(conn, older)
-        finally:
-            engine.dispose()
+        at_revision(url, older)
     store = SqlStore(url)
     try:
         assert migrate.current_version(store.engine) == SCHEMA_VERSION
@@ -148,6 +153,7 @@ def test_one_decision_id_is_one_signal_row_and_the_migration_keeps_every_signal(
     """The unique index refuses a second signal row with one decision id; a store that holds two
     already (none can: decisions serialise on the run's row) keeps both, the later one's id cleared."""
     url = make_url()
+    at_revision(url, "0009")
     engine = make_engine(url)
     insert_run = ("INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
                   "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, "
@@ -155,8 +161,6 @@ def test_one_decision_id_is_one_signal_row_and_the_migration_keeps_every_signal(
     insert_signal = ("INSERT INTO raysaga_signals (run_id, kind, created_at, dedup_key) "
                      "VALUES ('r', 'approve', :at, 'd1')")
     try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, "0009")
         with engine.begin() as conn:
             conn.execute(text(insert_run), {"h": "d" * 64})
             for at in (1.0, 2.0):
