@@ -8,7 +8,6 @@ what the step's ``RetryPolicy`` declares.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 from raysaga.errors import NotJSONableError, StepFailure, UserError
 from raysaga.orchestrator.options import RetryPolicy
@@ -83,11 +82,6 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
     # the exponent is bounded: an undo retried without limit reaches attempt 1025, and 2.0 ** 1024 overflows
     ceiling = min(policy.cap, policy.base * (2 ** min(max(0, attempt - 1), 62)))
     return rng.uniform(0.0, ceiling)
-
-
-def describe(exc: BaseException) -> dict[str, Any]:
-    """The JSON record of a failure kept in the store (never the exception object)."""
-    return {"type": type(exc).__name__, "message": printable(message_of(exc)[:2000])}
 
 
 def message_of(exc: BaseException) -> str:

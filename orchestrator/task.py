@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.retry import describe, is_transient, message_of, printable, retry_after
+from raysaga.orchestrator.retry import is_transient, message_of, printable, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
@@ -102,10 +102,10 @@ class NodeOutcome(NamedTuple):
 
     @staticmethod
     def failure(exc: BaseException, *, transient: bool, started_at: float) -> NodeOutcome:
-        error = describe(exc)
-        # scrubbed before it is cut, so no fragment of a secret survives a truncation
-        error["message"] = printable(scrub_text(message_of(exc))[:2000])
-        error["transient"] = transient
+        # the JSON record of the failure kept in the store (never the exception object); its
+        # message scrubbed before it is cut, so no fragment of a secret survives a truncation
+        error: dict[str, Any] = {"type": type(exc).__name__, "message": printable(scrub_text(message_of(exc))[:2000]),
+                                 "transient": transient}
         wait = _guarded(retry_after, exc)  # reads the exception's attributes: user code too
         if wait is not None:
             error["retry_after"] = wait  # the retry waits this long; a rate limit blocks the fleet as long
