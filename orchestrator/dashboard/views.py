@@ -328,11 +328,6 @@ def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[
     return [_event_json(e) for e in store.events(run_id, after_seq=after, limit=min(max(1, limit), MAX_PAGE))]
 
 
-def _items_of(event: Any) -> list[int]:
-    """The item indexes an ``items_completed`` event names (one event per fan-out per commit)."""
-    return item_indexes(event.data)
-
-
 def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tuple[int, dict[str, Any] | None]:
     """What changed after event ``after``: the events, the rows of the nodes they name (of a
     fan-out's items, ``ITEMS_SHOWN`` at most: its new counts say the rest), the new counts of the
@@ -342,7 +337,7 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
         return after, None
     keys = sorted({(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id}
                   | {(e.node_id, i) for e in page if e.kind == "items_completed" and e.node_id
-                     for i in _items_of(e)[:ITEMS_SHOWN]})
+                     for i in item_indexes(e.data)[:ITEMS_SHOWN]})
     per_step: dict[str, int] = {}
     wanted = []
     for node_id, index in keys:  # a fan-out's items: its counts say it all; a few rows for its list
