@@ -21,7 +21,7 @@ from typing import Any
 
 from raysaga.errors import InfeasibleResourcesError, UserError
 from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, task_name
-from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, is_actor_death, shared_pool
+from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
 from raysaga.orchestrator.ray_auth import check_gcs
@@ -250,9 +250,7 @@ class RayExecutor(Executor):
             name = f"{first[0]}:{first[1]}[{first[2]}..{last[2]}]"
         payload = self._packer.pack_calls(spec, [call for _, call in items])
         ref: Any
-        if lane is self._io:
-            ref = self.io_pool.send(payload, name)
-        elif spec.resources is not None:
+        if spec.resources is not None:
             ref = self._remote.options(name=name, **spec.resources.ray_options()).remote(payload)
         else:
             ref = self._remote.options(name=name).remote(payload)
@@ -324,10 +322,8 @@ class RayExecutor(Executor):
             self._collect(gen)
         if streams:
             ready = [ref for ref in ready if not self._is_stream(ref) and ref in self._inflight]
-        for ref, (result, died) in zip(ready, self._results(ready), strict=True):
+        for ref, result in zip(ready, self._results(ready), strict=True):
             carried, lane = self._inflight.pop(ref)
-            if lane is self._io and self._pool is not None:
-                self._pool.ended(ref, died)  # a dead actor is replaced at the next send
             outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * len(carried)
             if lane is not None:
                 lane.tasks -= 1
@@ -354,21 +350,20 @@ class RayExecutor(Executor):
                 del self._finished[handle]
         return done
 
-    def _results(self, refs: list[Any]) -> list[tuple[Any, bool]]:
-        """Each ref's value: packed outcomes (``bytes``), or one failure for every call it carried;
-        and whether it failed because its (pool) actor died."""
+    def _results(self, refs: list[Any]) -> list[Any]:
+        """Each task's value: packed outcomes (``bytes``), or one failure for every call it carried."""
         started = time.time()
         try:
             values: list[Any] = self._ray.get(refs)
-            return [(value, False) for value in values]
+            return values
         except Exception:  # some task failed: take them one by one
             pass
-        out: list[tuple[Any, bool]] = []
+        out: list[Any] = []
         for ref in refs:
             try:
-                out.append((self._ray.get(ref), False))
+                out.append(self._ray.get(ref))
             except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
-                out.append((NodeOutcome.failure(exc, transient=True, started_at=started), is_actor_death(exc)))
+                out.append(NodeOutcome.failure(exc, transient=True, started_at=started))
         return out
 
     def cancel(self, handle: Handle) -> None:
@@ -392,9 +387,6 @@ class RayExecutor(Executor):
                 entry[1].tasks -= 1
             self._cancelled[handle.ref] = None
             if stream:
-                return
-            if entry[1] is self._io and self._pool is not None:
-                self._pool.cancel(handle.ref)  # a thread cannot be killed: its actor retires (io_pool)
                 return
             with contextlib.suppress(Exception):  # it may have finished meanwhile
                 self._ray.cancel(handle.ref, force=True)
@@ -428,11 +420,9 @@ class RayExecutor(Executor):
                 running.append(ref)  # calls of it are still running
                 continue
             self._cancelled.pop(ref, None)
-            if pool is not None:
-                pool.ended(ref, False)
         for ref in running:
-            if pool is not None and (pool.owns(ref) or self._is_stream(ref)):
-                continue  # an actor task: only killing its actor stops it (done above)
+            if self._is_stream(ref):
+                continue  # an actor call: only killing its actor stops it (done above)
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
         self._recancel_at = time.monotonic() + self.RECANCEL_EVERY

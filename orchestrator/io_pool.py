@@ -80,9 +80,6 @@ class IoWorker:
         self._runner: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def run(self, payload: bytes) -> bytes:
-        return run_packed(payload)
-
     def run_many(self, payloads: list[bytes]) -> Iterator[bytes]:
         """Run the calls at once; yield ``pickle([(index, packed outcomes | exception)])`` groups,
         each of the calls that ended since the last (a burst that ends together is one item)."""
@@ -131,8 +128,6 @@ class PoolActor:
     threads: int
     live: int = 0
     """Calls in flight on it that nobody cancelled."""
-    cancelled: set[Any] = field(default_factory=set)
-    """Refs of its cancelled calls not yet seen to end."""
     retired_at: float | None = None
     dead: bool = False
     streams: set[IoStream] = field(default_factory=set)
@@ -177,7 +172,6 @@ class IoPool:
         self._strategy: Any = None
         self._active: list[PoolActor] = []  # taking new calls
         self._retired: list[PoolActor] = []  # a call of theirs was cancelled: killed once drained
-        self._calls: dict[Any, PoolActor] = {}  # ref -> its actor, until the call is seen to end
         self._streams: dict[Any, IoStream] = {}  # generator -> its stream, until it is seen to end
         self._live = 0
         self._lock = threading.RLock()
@@ -190,22 +184,9 @@ class IoPool:
         return self.concurrency - self._live
 
     @_locked
-    def send(self, payload: bytes, name: str) -> Any:
-        """Start one call on the least busy actor; returns its ref. Call only while ``room() > 0``."""
-        while len(self._active) < self._count:
-            self._active.append(self._spawn())
-        actor = min(self._active, key=lambda a: a.live)
-        ref = actor.handle.run.options(name=name).remote(payload)
-        actor.live += 1
-        self._live += 1
-        self._calls[ref] = actor
-        return ref
-
-    @_locked
     def send_many(self, calls: list[tuple[bytes, Any]], name: str) -> list[IoStream]:
         """Start calls (packed payload, the caller's tag), ONE actor call per actor that gets some:
-        each call to the least busy actor, as ``send`` does; those beyond its free threads wait in
-        its queue, in order.
+        each call to the least busy actor; those beyond its free threads wait in its queue, in order.
         The returned streams' ``gen`` are what to ``ray.wait`` on; ``collect`` reads them."""
         while len(self._active) < self._count:
             self._active.append(self._spawn())
@@ -339,38 +320,6 @@ class IoPool:
 
     # ------------------------------------------------------------------ ends
 
-    def owns(self, ref: Any) -> bool:
-        return ref in self._calls
-
-    @_locked
-    def ended(self, ref: Any, actor_died: bool) -> None:
-        """A call's ref resolved (its value, or its failure); ``actor_died`` if that was RayActorError."""
-        actor = self._calls.pop(ref, None)
-        if actor is None:
-            return
-        if ref in actor.cancelled:
-            actor.cancelled.discard(ref)
-        else:
-            actor.live -= 1
-            self._live -= 1
-        if actor_died and not actor.dead:
-            # a fresh one replaces it at the next send; killed too, in case it was only unreachable
-            # (ActorUnavailableError) and would go on running calls nobody waits for
-            self._drop(actor, kill=True)
-        self._reap()
-
-    @_locked
-    def cancel(self, ref: Any) -> None:
-        """Stop counting a call; retire its actor (killed once its other calls end)."""
-        actor = self._calls.get(ref)
-        if actor is None or ref in actor.cancelled:
-            return
-        actor.cancelled.add(ref)
-        actor.live -= 1
-        self._live -= 1
-        self._retire(actor)
-        self._reap()
-
     def _retire(self, actor: PoolActor) -> None:
         if actor.retired_at is None and not actor.dead:
             actor.retired_at = time.monotonic()
@@ -391,7 +340,7 @@ class IoPool:
         for actor in list(self._retired):
             self._drop(actor, kill=True)
         for actor in list(self._active):  # a cancelled call on a live actor (cannot happen: it retires)
-            if actor.cancelled or any(s.cancelled for s in actor.streams):
+            if any(s.cancelled for s in actor.streams):
                 self._drop(actor, kill=True)
 
     @_locked
@@ -413,7 +362,6 @@ class IoPool:
     def shutdown(self) -> None:
         for actor in [*self._active, *self._retired]:
             self._drop(actor, kill=True)
-        self._calls.clear()
         self._streams.clear()
         self._live = 0
 
