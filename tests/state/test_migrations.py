@@ -23,6 +23,7 @@ from raysaga.errors import SchemaVersionError
 from raysaga.state import NewRun, SqlStore, migrate
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION, metadata, runs, schema_info
+from tests.support.old_schema import store_at
 from tests.support.postgres import drop_pg_database, make_pg_database
 
 CTX = multiprocessing.get_context("spawn")
@@ -106,10 +107,7 @@ def test_migrate_from_empty_creates_every_table_and_records_version(fresh_url: s
 def test_an_older_database_with_runs_is_upgraded_in_place(fresh_url: str, older: str) -> None:
     """A database left at an earlier revision, holding a run, is upgraded on open; the run reads
     back as it was, and what the new schema adds (budgets, run blobs) works on it."""
-    engine = make_engine(fresh_url)
-    try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, older)
+    with store_at(fresh_url, older) as engine:
         with engine.begin() as conn:
             conn.execute(text(
                 "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
@@ -117,8 +115,6 @@ def test_an_older_database_with_runs_is_upgraded_in_place(fresh_url: str, older:
                 "updated_at) VALUES ('old', 'wf', '1', :h, 'completed', 3, 1, 4, :inp, 0, 0, 0.0, 't', 1.0, 2.0)"
             ), {"h": "d" * 64, "inp": '{"kept": [1, 2]}'})
         assert migrate.current_version(engine) == int(older)
-    finally:
-        engine.dispose()
 
     store = SqlStore(fresh_url)
     try:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import IntegrityError
 from raysaga.state import SqlStore, migrate
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION, metadata, views
+from tests.support.old_schema import migrate_to
 from tests.support.postgres import drop_pg_database, make_pg_database
 
 #: what the migrations add that no declaration has: alembic's table (and on SQLite the run_key
@@ -107,19 +108,9 @@ def declared(url: str) -> dict[str, Any]:
         engine.dispose()
 
 
-def at_revision(url: str, revision: str) -> None:
-    """Migrate the database at ``url`` up to ``revision`` only (a store of an older schema)."""
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, revision)
-    finally:
-        engine.dispose()
-
-
 def migrated(url: str, older: str | None = None) -> dict[str, Any]:
     if older is not None:
-        at_revision(url, older)
+        migrate_to(url, older)
     store = SqlStore(url)
     try:
         assert migrate.current_version(store.engine) == SCHEMA_VERSION
@@ -153,7 +144,7 @@ def test_one_decision_id_is_one_signal_row_and_the_migration_keeps_every_signal(
     """The unique index refuses a second signal row with one decision id; a store that holds two
     already (none can: decisions serialise on the run's row) keeps both, the later one's id cleared."""
     url = make_url()
-    at_revision(url, "0009")
+    migrate_to(url, "0009")
     engine = make_engine(url)
     insert_run = ("INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
                   "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, "

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from sqlalchemy import Connection, select, text
 
-from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, migrate, queries
-from raysaga.state.engine import make_engine
+from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, queries
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.schema import SCHEMA_VERSION, nodes
+from tests.support.old_schema import store_at
 
 T0 = 1_795_697_407.042_308_6
 #: (node_id, fan_index, attempt, output JSON text, digest, started_at, finished_at): the item rows
@@ -77,35 +77,20 @@ def test_item_rows_are_stored_compactly_and_every_reader_gives_finished_at_back(
     assert (copied.started_at, copied.finished_at, copied.duration) == want[4]
 
 
-def _file_at(tmp_path: Path, revision: str) -> str:
-    url = f"sqlite:///{tmp_path / 'old.db'}"
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, revision)
-    finally:
-        engine.dispose()
-    return url
-
-
 def test_an_existing_schema_6_file_with_runs_is_rebuilt_without_rowid(tmp_path: Path) -> None:
-    url = _file_at(tmp_path, "0006")
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:  # rows written as schema 6 wrote them
-            assert "WITHOUT ROWID" not in _ddl(conn)
-            conn.execute(text(
-                "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
-                "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, updated_at) "
-                "VALUES ('old', 'wf', '1', :h, 'completed', 3, 1, 4, 0, 0, 0.0, 't', 1.0, 2.0)"), {"h": "d" * 64})
-            conn.execute(text(
-                "INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, output, output_digest, "
-                "started_at, finished_at, duration, origin_run_id) VALUES "
-                "('old', 'plan', -1, 'completed', 1, '[1,2]', NULL, 1.5, 2.5, 1.0, NULL), "
-                "('old', 'item', 0, 'completed', 1, NULL, :d, 3.0, 3.25, 0.25, NULL), "
-                "('old', 'item', 1, 'failed', 3, NULL, NULL, 3.0, NULL, NULL, 'parent')"), {"d": "sha256:" + "a" * 64})
-    finally:
-        engine.dispose()
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    with store_at(url, "0006") as engine, engine.begin() as conn:  # rows written as schema 6 wrote them
+        assert "WITHOUT ROWID" not in _ddl(conn)
+        conn.execute(text(
+            "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
+            "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, updated_at) "
+            "VALUES ('old', 'wf', '1', :h, 'completed', 3, 1, 4, 0, 0, 0.0, 't', 1.0, 2.0)"), {"h": "d" * 64})
+        conn.execute(text(
+            "INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, output, output_digest, "
+            "started_at, finished_at, duration, origin_run_id) VALUES "
+            "('old', 'plan', -1, 'completed', 1, '[1,2]', NULL, 1.5, 2.5, 1.0, NULL), "
+            "('old', 'item', 0, 'completed', 1, NULL, :d, 3.0, 3.25, 0.25, NULL), "
+            "('old', 'item', 1, 'failed', 3, NULL, NULL, 3.0, NULL, NULL, 'parent')"), {"d": "sha256:" + "a" * 64})
 
     store = SqlStore(url)
     try:

@@ -141,27 +141,21 @@ def test_schema_3_sqlite_file_is_converted_keeping_every_row(tmp_path: Path) -> 
     from sqlalchemy import text
 
     from raysaga.state import SqlStore, migrate
-    from raysaga.state.engine import make_engine
     from raysaga.state.schema import SCHEMA_VERSION
+    from tests.support.old_schema import store_at
 
     db = tmp_path / "old.db"
     url = f"sqlite:///{db}"
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, "0003")
-        with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
-                "version, fence, event_seq, input, output, retries_used, tokens_used, cost_used, trace_id, "
-                "created_at, updated_at) VALUES ('old', 'wf', '1', :h, 'completed', 3, 1, 2, :inp, :out, 0, 0, 0.0, "
-                "'t', 1.0, 2.0)"), {"h": "d" * 64, "inp": '{"kept": [1, 2.5]}', "out": "0.30000000000000004"})
-            conn.execute(text("INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, output) "
-                              "VALUES ('old', 'a', -1, 'completed', 1, :o)"), {"o": '{"x": 2.0}'})
-            conn.execute(text("INSERT INTO raysaga_events (run_id, seq, at, kind, data) "
-                              "VALUES ('old', 1, 1.0, 'run_created', :d)"), {"d": "12345678901234567891"})
-    finally:
-        engine.dispose()
+    with store_at(url, "0003") as engine, engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
+            "version, fence, event_seq, input, output, retries_used, tokens_used, cost_used, trace_id, "
+            "created_at, updated_at) VALUES ('old', 'wf', '1', :h, 'completed', 3, 1, 2, :inp, :out, 0, 0, 0.0, "
+            "'t', 1.0, 2.0)"), {"h": "d" * 64, "inp": '{"kept": [1, 2.5]}', "out": "0.30000000000000004"})
+        conn.execute(text("INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, output) "
+                          "VALUES ('old', 'a', -1, 'completed', 1, :o)"), {"o": '{"x": 2.0}'})
+        conn.execute(text("INSERT INTO raysaga_events (run_id, seq, at, kind, data) "
+                          "VALUES ('old', 1, 1.0, 'run_created', :d)"), {"d": "12345678901234567891"})
     with sqlite3.connect(db) as raw:  # what the old schema did to a bare number
         assert raw.execute("SELECT typeof(data) FROM raysaga_events").fetchone()[0] == "real"
         assert raw.execute("SELECT typeof(output) FROM raysaga_runs").fetchone()[0] == "real"

@@ -9,9 +9,9 @@ import uuid
 
 from sqlalchemy import Connection, Engine, func, insert, inspect, select, text
 
-from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, migrate
-from raysaga.state.engine import make_engine
+from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore
 from raysaga.state.schema import SCHEMA_VERSION, node_rows, nodes, runs
+from tests.support.old_schema import store_at
 
 HASH = "d" * 64
 DIGEST = "sha256:" + "a" * 64
@@ -73,26 +73,20 @@ def test_node_rows_carry_the_run_key_and_read_back_by_run_id(store: SqlStore) ->
 
 def _schema_7(url: str) -> None:
     """A schema-7 store holding two runs with node rows, written as schema 7 wrote them."""
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, "0007")
-        with engine.begin() as conn:
-            for run_id, at in (("old-a", 1.0), ("old-b", 2.0)):
-                conn.execute(text(
-                    "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
-                    "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, "
-                    "updated_at) VALUES (:r, 'wf', '1', :h, 'completed', 3, 1, 4, 0, 0, 0.0, 't', :at, :at)"),
-                    {"r": run_id, "h": HASH, "at": at})
+    with store_at(url, "0007") as engine, engine.begin() as conn:
+        for run_id, at in (("old-a", 1.0), ("old-b", 2.0)):
             conn.execute(text(
-                "INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, output, output_digest, "
-                "started_at, finished_at, duration, origin_run_id) VALUES "
-                "('old-a', 'plan', -1, 'completed', 1, '[1,2]', NULL, 1.5, 2.5, 1.0, NULL), "
-                "('old-a', 'item', 0, 'completed', 1, NULL, :d, 3.0, NULL, 0.25, NULL), "
-                "('old-a', 'item', 1, 'failed', 3, NULL, NULL, 3.0, NULL, NULL, 'parent'), "
-                "('old-b', 'plan', -1, 'completed', 1, '\"b\"', NULL, 1.0, 2.0, 1.0, NULL)"), {"d": DIGEST})
-    finally:
-        engine.dispose()
+                "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
+                "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, "
+                "updated_at) VALUES (:r, 'wf', '1', :h, 'completed', 3, 1, 4, 0, 0, 0.0, 't', :at, :at)"),
+                {"r": run_id, "h": HASH, "at": at})
+        conn.execute(text(
+            "INSERT INTO raysaga_nodes (run_id, node_id, fan_index, status, attempt, output, output_digest, "
+            "started_at, finished_at, duration, origin_run_id) VALUES "
+            "('old-a', 'plan', -1, 'completed', 1, '[1,2]', NULL, 1.5, 2.5, 1.0, NULL), "
+            "('old-a', 'item', 0, 'completed', 1, NULL, :d, 3.0, NULL, 0.25, NULL), "
+            "('old-a', 'item', 1, 'failed', 3, NULL, NULL, 3.0, NULL, NULL, 'parent'), "
+            "('old-b', 'plan', -1, 'completed', 1, '\"b\"', NULL, 1.0, 2.0, 1.0, NULL)"), {"d": DIGEST})
 
 
 def test_an_existing_schema_7_store_with_rows_is_converted_in_place(empty_url: str) -> None:

@@ -13,12 +13,13 @@ import pytest
 from sqlalchemy import Connection, inspect, select, text
 
 from raysaga.errors import UserError
-from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, migrate, queries
-from raysaga.state.engine import NEW_FILE_PAGE_SIZE, PAGE_SIZE_ENV, make_engine
+from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, queries
+from raysaga.state.engine import NEW_FILE_PAGE_SIZE, PAGE_SIZE_ENV
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import BreakerRecord, BreakerState
 from raysaga.state.rate_limits import RateRule
 from raysaga.state.schema import SCHEMA_VERSION, nodes
+from tests.support.old_schema import store_at
 
 HASH = "e" * 64
 SMALL_TABLES = ("raysaga_breakers", "raysaga_rate_limits")
@@ -141,32 +142,26 @@ def test_an_existing_file_keeps_its_page_size(tmp_path: Path) -> None:
 
 def _schema_8(url: str) -> None:
     """A schema-8 store holding two runs with node rows, a breaker and a rate limit, as schema 8 wrote them."""
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            migrate.upgrade_to(conn, "0008")
-        with engine.begin() as conn:
-            for run_id, at in (("old-a", 1.0), ("old-b", 2.0)):
-                conn.execute(text(
-                    "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
-                    "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, "
-                    "updated_at) VALUES (:r, 'wf', '1', :h, 'running', 3, 1, 4, 0, 0, 0.0, 't', :at, :at)"),
-                    {"r": run_id, "h": HASH, "at": at})
-            keys = {r[0]: r[1] for r in conn.execute(text("SELECT run_id, run_key FROM raysaga_runs"))}
+    with store_at(url, "0008") as engine, engine.begin() as conn:
+        for run_id, at in (("old-a", 1.0), ("old-b", 2.0)):
             conn.execute(text(
-                "INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, output, started_at, "
-                "finished_at, duration, origin_run_id) VALUES "
-                "(:a, 'plan', -1, 'completed', 1, '[1,2]', 1.5, 2.5, 1.0, NULL), "
-                "(:a, 'item', 0, 'completed', 1, NULL, 3.0, NULL, 0.25, NULL), "
-                "(:a, 'item', 1, 'failed', 3, NULL, 3.0, NULL, NULL, 'parent'), "
-                "(:b, 'plan', -1, 'running', 1, NULL, 1.0, NULL, NULL, NULL)"),
-                {"a": keys["old-a"], "b": keys["old-b"]})
-            conn.execute(text("INSERT INTO raysaga_breakers (name, state, failures, opened_at, version, updated_at) "
-                              "VALUES ('mail', 'open', 5, 7.5, 4, 7.5)"))
-            conn.execute(text("INSERT INTO raysaga_rate_limits (name, blocked_until, version, updated_at) "
-                              "VALUES ('model', 9.0, 2, 8.0)"))
-    finally:
-        engine.dispose()
+                "INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, "
+                "version, fence, event_seq, retries_used, tokens_used, cost_used, trace_id, created_at, "
+                "updated_at) VALUES (:r, 'wf', '1', :h, 'running', 3, 1, 4, 0, 0, 0.0, 't', :at, :at)"),
+                {"r": run_id, "h": HASH, "at": at})
+        keys = {r[0]: r[1] for r in conn.execute(text("SELECT run_id, run_key FROM raysaga_runs"))}
+        conn.execute(text(
+            "INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, output, started_at, "
+            "finished_at, duration, origin_run_id) VALUES "
+            "(:a, 'plan', -1, 'completed', 1, '[1,2]', 1.5, 2.5, 1.0, NULL), "
+            "(:a, 'item', 0, 'completed', 1, NULL, 3.0, NULL, 0.25, NULL), "
+            "(:a, 'item', 1, 'failed', 3, NULL, 3.0, NULL, NULL, 'parent'), "
+            "(:b, 'plan', -1, 'running', 1, NULL, 1.0, NULL, NULL, NULL)"),
+            {"a": keys["old-a"], "b": keys["old-b"]})
+        conn.execute(text("INSERT INTO raysaga_breakers (name, state, failures, opened_at, version, updated_at) "
+                          "VALUES ('mail', 'open', 5, 7.5, 4, 7.5)"))
+        conn.execute(text("INSERT INTO raysaga_rate_limits (name, blocked_until, version, updated_at) "
+                          "VALUES ('model', 9.0, 2, 8.0)"))
 
 
 def test_an_existing_schema_8_store_with_rows_is_converted_in_place(empty_url: str) -> None:
