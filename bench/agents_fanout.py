@@ -61,6 +61,8 @@ if str(HERE) not in sys.path:  # `import agents_fanout` here and on Ray workers 
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from machine_cpu import children_cpu, spent  # noqa: E402
+
 import raysaga  # noqa: E402
 from raysaga import Workflow  # noqa: E402
 from raysaga.agents import Agent, AnthropicModel, tool  # noqa: E402
@@ -248,35 +250,6 @@ class Run:
 Runner = Callable[[], Run]
 
 
-def children_cpu(exclude: int) -> float | None:
-    """CPU seconds (user + system) so far of this process's descendants, but ``exclude`` and its
-    own; None without a Linux ``/proc``. A descendant that exited meanwhile is not counted."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    parent: dict[int, int] = {}
-    used: dict[int, float] = {}
-    try:
-        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return None
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:  # gone meanwhile
-            continue
-        parent[pid] = int(fields[1])
-        used[pid] = (int(fields[11]) + int(fields[12])) / tick
-
-    me, total = os.getpid(), 0.0
-    for pid, cpu in used.items():
-        up = pid
-        while up > 1 and up not in (me, exclude):
-            up = parent.get(up, 0)
-        if up == me and pid != me:
-            total += cpu
-    return total
-
-
 def measured(server: ServerProcess, runner: Runner) -> Sample:
     server.clear()
     before = children_cpu(server.proc.pid)
@@ -285,7 +258,7 @@ def measured(server: ServerProcess, runner: Runner) -> Sample:
     served = server.served()
     return Sample(wall=run.end - run.start, served=served, lead=served.first - run.start,
                   tail=run.end - served.last_end, cpu=run.cpu, stored_calls=run.stored_calls,
-                  others=None if before is None or after is None else after - before)
+                  others=spent(before, after))
 
 
 TURN_NODE = re.compile(rf"^{STEP}@\d+$")

@@ -24,6 +24,7 @@ from typing import Any
 import dbos_peer
 import flows
 import lg_peer
+from machine_cpu import children_cpu, spent
 from table import Report, Runner, Samples, Target, interleave, med, pair_ratios, ratio_target, spread
 
 import bench
@@ -45,15 +46,26 @@ def _fresh(tmp: Path, name: str) -> Path:
     return tmp / f"{name}-{uuid.uuid4().hex[:8]}.db"
 
 
-def rows_for(ray: Any, n: int, tmp: Path, sizes: Samples, queue_max: int, limit: float,
+def rows_for(ray: Any, n: int, tmp: Path, sizes: Samples, cpus: Samples, queue_max: int, limit: float,
              log: Callable[[str], None]) -> list[tuple[str, Runner]]:
     task = ray.remote(max_retries=0)(flows.noop)
     batch = ray.remote(max_retries=0)(bench.noop_chunk)
 
-    def ours() -> float:
+    def on_ray(label: str, run: Callable[[], bench.Timing]) -> Runner:
+        """``run``, its CPU kept in ``cpus``: this process's and its Ray processes' (the machine's)."""
+        def go() -> float:
+            before = children_cpu()
+            timing = run()
+            ray_cpu = spent(before, children_cpu())
+            if ray_cpu is not None:
+                cpus.add(label, timing.cpu + ray_cpu)
+            return timing.wall
+        return go
+
+    def ours() -> bench.Timing:
         timing, path = bench.raysaga_fanout(n, tmp)
         sizes.add(RAYSAGA, bench.db_bytes(path))
-        return timing.wall
+        return timing
 
     def langgraph() -> float:
         path = _fresh(tmp, "lg-fan")
@@ -70,9 +82,9 @@ def rows_for(ray: Any, n: int, tmp: Path, sizes: Samples, queue_max: int, limit:
         return go
 
     rows: list[tuple[str, Runner]] = [
-        (RAYSAGA, ours),
-        (RAW, lambda: bench.raw_ray_fanout(ray, task, n).wall),
-        (BATCHED, lambda: bench.raw_ray_fanout_batched(ray, batch, n).wall),
+        (RAYSAGA, on_ray(RAYSAGA, ours)),
+        (RAW, on_ray(RAW, lambda: bench.raw_ray_fanout(ray, task, n))),
+        (BATCHED, on_ray(BATCHED, lambda: bench.raw_ray_fanout_batched(ray, batch, n))),
     ]
     if lg_peer.available():
         rows.append((LANGGRAPH, langgraph))
@@ -100,13 +112,14 @@ def run_noop(ray: Any, sizes_n: Sequence[int], reps: int, tmp: Path, queue_max: 
     r.heading(f"Fan-out: plan -> N no-op items -> join ({reps} reps, interleaved)")
     storage: dict[int, Samples] = {}
     for n in sizes_n:
-        sizes = Samples()
-        rows = rows_for(ray, n, tmp, sizes, queue_max, limit, log)
+        sizes, cpus = Samples(), Samples()
+        rows = rows_for(ray, n, tmp, sizes, cpus, queue_max, limit, log)
         log(f"fan-out {n:,}: warming up")
         for label, run in rows:  # one small untimed pass: workers start, modules import
             if label in (RAYSAGA, RAW, BATCHED):
                 run()
         sizes.values.clear()
+        cpus.values.clear()
         times = Samples()
         interleave(rows, reps, times, log, f"fan-out {n:,}")
         storage[n] = sizes
@@ -116,14 +129,15 @@ def run_noop(ray: Any, sizes_n: Sequence[int], reps: int, tmp: Path, queue_max: 
             rate = [n / v for v in values]
             vs = spread(pair_ratios(values, times[RAYSAGA]), "{:.2f}") if label != RAYSAGA else ""
             table.append([label, spread(rate, "{:,.0f}"), spread(values, "{:.3f}"), vs,
+                          f"{med(cpus[label]):.3f}" if label in cpus else "",
                           f"{int(med(sizes[label])):,}" if label in sizes else ""])
         ours = times[RAYSAGA]
         for label, cap in times.timed_out.items():
             if label not in times:
                 table.append([label, f"< {n / cap:,.0f}", f"> {cap:.0f} (timed out)",
-                              f"> {cap / med(ours):.0f}" if ours else "", ""])
-        r.table(["", "items/s median (min-max)", "wall s", "raysaga items/s / this", "DB bytes"], table,
-                [40, 28, 22, 22, 12])
+                              f"> {cap / med(ours):.0f}" if ours else "", "", ""])
+        r.table(["", "items/s median (min-max)", "wall s", "raysaga items/s / this", "machine CPU s", "DB bytes"],
+                table, [40, 28, 22, 22, 14, 12])
         # the ratio of items/s is the inverse of the ratio of wall times: this_wall / raysaga_wall
         r.target(ratio_target(f"fan-out {n:,}: raysaga >= {TARGET_VS_BATCHED}x {BATCHED}",
                               pair_ratios(times[BATCHED], ours), at_least=TARGET_VS_BATCHED))
@@ -134,7 +148,8 @@ def run_noop(ray: Any, sizes_n: Sequence[int], reps: int, tmp: Path, queue_max: 
                                 f"> {bound:.0f}x ({peer} timed out at {times.timed_out[peer]:.0f} s)"))
             r.target(ratio_target(f"fan-out {n:,}: raysaga >= {TARGET_VS_PEERS}x {peer}",
                                   pair_ratios(times[peer], ours), at_least=TARGET_VS_PEERS))
-    r.p("  (ratios pair by pair; items/s ratio = the row's wall time / raysaga's)")
+    r.p("  (ratios pair by pair; items/s ratio = the row's wall time / raysaga's; machine CPU s: this process's")
+    r.p("  and its Ray processes' CPU during the run, every thread, medians; on 2 cores wall time follows it)")
     return r, storage
 
 
