@@ -109,6 +109,23 @@ FANNED: dict[str, Any] = {"name": "chaos_fanned", "steps": [
     {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [2]},
 ]}
 FANNED_SEED = 11
+RAY_FANNED_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_FANNED_DAGS", "10" if FULL_SWEEP else "0"))
+#: The second generator's shapes on Ray, kept small for CI: an agent per element of a plan calling
+#: a tool that raises and the tool whose first reply is lost (``act_lost``: the call took effect,
+#: then the tool raised; its retry re-sends the key), beside a compensated effect; an agent whose
+#: effect tool fails for good; then an approval per element whose item 1 the harness rejects: the
+#: run rolls back (the lost reply's call undone by nothing: it has no undo; the compensated step).
+RAY_FANNED: dict[str, Any] = {"name": "chaos_ray_fanned", "steps": [
+    {"name": "s0", "kind": "plan", "deps": [], "items": 2},
+    {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
+     "turns": [["broken", "act_lost"], ["act_undone"]]},
+    {"name": "s2", "kind": "step", "deps": ["s0"], "effect": True, "compensate": True},
+    {"name": "s3", "kind": "agent", "deps": ["s2"], "turns": [["act_broken", "act"]]},
+    {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [1]},
+]}
+#: Killed once item 0's ``act_lost`` call took effect and raised, before that failure is durable:
+#: the resume's call is its planned retry (the same key, deduped), not a repeat.
+RAY_FANNED_FAULT = (("before_commit", "s1@0.1[0]"), "kill")
 ENDING_SEED = 13
 ENDING_DAGS = int(os.environ.get("RAYSAGA_CHAOS_ENDING_DAGS", "50" if FULL_SWEEP else "0"))
 RAY_ENDING_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_ENDING_DAGS", "10" if FULL_SWEEP else "0"))
@@ -164,9 +181,10 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
 COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
           "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
           "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
-          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests")
+          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests",
+          "lost_calls")
 STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
-                                    for group in ("inline", "ray", "fanned", "ending", "ray_ending")}
+                                    for group in ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending")}
 
 
 @pytest.fixture(scope="module")
@@ -243,6 +261,7 @@ def count(stats: dict[str, int], golden: Golden) -> None:
     agents = [s for s in steps if s["kind"] == "agent"]
     stats["ending_agents"] += sum("end" in s for s in agents)
     stats["faulty_models"] += sum(bool(s.get("model_faults")) for s in agents)
+    stats["lost_calls"] += sum(t in chaos_flows.LOST for s in agents for turn in s["turns"] for t in turn)
     stats["flaky_calls"] += sum(t in ("lookup_flaky", "act_flaky") for s in agents for turn in s["turns"] for t in turn)
     stats["gated_calls"] += sum(t == "act_gated" for s in agents for turn in s["turns"] for t in turn)
     stats["rejected_calls"] += sum(len(s.get("reject_calls", ())) for s in agents)
@@ -336,3 +355,30 @@ def test_random_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any],
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
     """The random sweep on the Ray executor."""
     sweep_dag(spec, seed, KILLS, "ray", services, model, tmp_path_factory)
+
+
+@pytest.mark.ray
+def test_a_fanned_dag_on_ray_faulted_ends_as_golden(ray_address: str, services: FakeServices, model: MessagesServer,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """CI's Ray case of the second generator: ``RAY_FANNED`` on the Ray executor, killed once the
+    ``act_lost`` call of item 0 took effect and raised, its failure not yet durable: the resume
+    sends the planned retry under the same key (deduped), and nothing twice."""
+    sweep_dag(RAY_FANNED, FANNED_SEED, 1, "ray", services, model, tmp_path_factory, note=print,
+              faults=[RAY_FANNED_FAULT], group="ray_fanned")
+    stats = STATS["ray_fanned"]
+    assert stats["faults"] == 1 and stats["rolled_back"] == 1 and stats["lost_calls"] == 1, stats
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(not RAY_FANNED_DAGS, reason="the second generator's Ray sweep runs with RAYSAGA_FULL_SWEEP=1")
+@pytest.mark.timeout(LONG)
+@settings(max_examples=RAY_FANNED_DAGS or 1, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=dag_specs(5, 50, agents=True, approvals=True, fanned=True), seed=st.integers(0, 2**32 - 1))
+def test_random_fanned_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, ray_address: str,
+                                                                  services: FakeServices, model: MessagesServer,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The second generator's shapes (agents and approvals fanned out, tools that raise, the lost
+    reply) on the Ray executor."""
+    sweep_dag(spec, seed, KILLS, "ray", services, model, tmp_path_factory, group="ray_fanned")

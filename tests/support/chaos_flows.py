@@ -91,6 +91,14 @@ AGENT_TRANSPORT = RetryPolicy(max_attempts=6, base=0.02, cap=0.1)
 #: ``lookup_flaky`` and ``act_flaky`` fail transiently on their first attempt (before any call)
 #: and then succeed, ``act_gated`` is an effect that waits for a human (``requires_approval``).
 ENDING = ("lookup_flaky", "act_flaky", "act_gated")
+#: The second generator's tool failing transiently *after* its call took effect (``act_lost``: the
+#: provider saw the key and answered, then the reply was lost): its retry re-sends the same key
+#: and the provider dedupes. Its plan, per call: ``LOST_CALLS`` calls reach the provider with
+#: the call's key (the one whose reply was lost, then the retry), one effective.
+LOST = ("act_lost",)
+LOST_CALLS = 2
+#: Tools that tell their first attempt by a mark (``_first_attempt``): the spec gets a marks folder.
+MARKED = (*ENDING, *LOST)
 #: The flaky tools' retries: due at once, and one to spare (a crash may cost an attempt).
 FLAKY_RETRY = RetryPolicy(max_attempts=3, base=0.0, cap=0.0)
 #: How an agent of the third generator ends on its own once its scripted tool turns are done
@@ -212,7 +220,7 @@ def build(spec: dict[str, Any]) -> Workflow:
             "critical": bool(step.get("critical", True)), "on_failure": step.get("on_failure", "skip")}
         if step["kind"] == "agent":
             fan_out = {"map_over": step["over"], "policy": _policy(step.get("policy"))} if "over" in step else {}
-            if spec.get("marks") and uses(step, ENDING):
+            if spec.get("marks") and uses(step, MARKED):
                 step = {**step, "marks": spec["marks"]}
             wf.agent(make_agent(step, spec["model_url"]), name=step["name"], critical=options["critical"],
                      on_failure=options["on_failure"], **fan_out)(_function(step, prompt))
@@ -319,6 +327,18 @@ def act_flaky_impl(subject: str, n: int, services_url: str, marks: str,
     return act_impl(subject, n, services_url, idempotency_key)
 
 
+def act_lost_impl(subject: str, n: int, services_url: str, marks: str,
+                  idempotency_key: str | None = None) -> dict[str, Any]:
+    """An effect tool whose first attempt calls the provider (kind ``do``) under the call's key, the
+    call taking effect, and then fails transiently (``ConnectionError``: the reply was lost); every
+    later attempt calls again under the same key (the provider dedupes) and returns its receipt."""
+    first = _first_attempt(marks, subject)
+    receipt = act_impl(subject, n, services_url, idempotency_key)
+    if first:
+        raise ConnectionError(f"act_lost: the reply to the call was lost: {subject}")
+    return receipt
+
+
 def broken_impl(subject: str, n: int) -> str:
     """A plain tool answering every call with an error the model sees (``ToolError``)."""
     raise ToolError(f"broken on purpose: {subject}")
@@ -348,6 +368,8 @@ lookup_flaky = tool(lookup_flaky_impl, name="lookup_flaky", retry=FLAKY_RETRY,
                     description="Look a subject up (its service fails once).")
 act_flaky = tool(act_flaky_impl, name="act_flaky", effect=True, key=KEY, retry=FLAKY_RETRY,
                  description="Do something (an effect whose service fails once).")
+act_lost = tool(act_lost_impl, name="act_lost", effect=True, key=KEY, retry=FLAKY_RETRY,
+                description="Do something (an effect whose service's first reply is lost).")
 act_gated = tool(act_impl, name="act_gated", effect=True, key=KEY, compensate=act_undo, requires_approval=True,
                  approvers=[DECIDER], description="Do something a human must allow (undone by a rollback).")
 #: Far above any DAG's tool failures: a breaker opening would hang on its cooldown (wall clock),
@@ -359,6 +381,7 @@ def make_agent(step: dict[str, Any], model_url: str) -> Agent:
     model = AnthropicModel(MODEL, base_url=model_url, timeout=30.0, api_key_env=KEY_ENV)
     tools = (lookup, act, act_undone) + ((broken, act_broken, unreachable) if uses_raising(step) else ())
     tools += (lookup_flaky, act_flaky, act_gated) if uses(step, ENDING) else ()
+    tools += (act_lost,) if uses(step, LOST) else ()
     # an agent that ends on its own gets room for it: 2 refused answers and a third (``invalid``),
     # 2 loop calls, the warned one and the one that fails (``loop``); ``max_turns`` uses them all
     extra = 4 if "end" in step else 2
@@ -435,7 +458,7 @@ def _args(t: str, subject: str, turn: int, fields: Mapping[str, str], plan: Mapp
     args: dict[str, Any] = {"subject": subject, "n": turn}
     if t not in ("lookup", "broken", "unreachable", "lookup_flaky"):
         args["services_url"] = fields["services"]
-    if t in ("lookup_flaky", "act_flaky"):
+    if t in ("lookup_flaky", "act_flaky", "act_lost"):
         args["marks"] = plan["marks"]
     return args
 
@@ -581,7 +604,7 @@ def save(spec: dict[str, Any], folder: Path, model_url: str | None = None) -> st
     process takes as ``--flow``."""
     path = folder / f"{spec['name']}.json"
     extra: dict[str, Any] = {"model_url": model_url}
-    if any(s["kind"] == "agent" and uses(s, ENDING) for s in spec["steps"]):
+    if any(s["kind"] == "agent" and uses(s, MARKED) for s in spec["steps"]):
         extra["marks"] = str(folder / "marks")
     path.write_text(json.dumps({**spec, **extra}, indent=1, sort_keys=True))
     return str(path)

@@ -49,7 +49,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.chaos_flows import ENDING, ENDS, MODEL_FAULTS, RAISING, TOOLS, digest
+from tests.support.chaos_flows import ENDING, ENDS, LOST, MODEL_FAULTS, RAISING, TOOLS, digest
 
 MAX_DEPS = 3
 MAX_ITEMS = 4
@@ -81,7 +81,7 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
                 step["over"] = over
                 step["deps"] = [over, *(d for d in extra if d != over)]
             if kind == "agent":
-                tools: tuple[str, ...] = TOOLS + RAISING if fanned else TOOLS
+                tools: tuple[str, ...] = TOOLS + RAISING + LOST if fanned else TOOLS
                 tools += ENDING if ending else ()
                 step["turns"] = draw(st.lists(st.lists(st.sampled_from(tools), min_size=1, max_size=2),
                                               min_size=1, max_size=MAX_TURNS))

@@ -103,6 +103,26 @@ class Golden:
     rests: int = 0  # how often the run rested waiting for a decision
     arrivals: dict[str, int] = field(default_factory=dict)  # model request key -> how often it arrived
     turns: dict[str, str] = field(default_factory=dict)  # model request key -> its turn's label
+    raw: dict[str, int] = field(default_factory=dict)  # key -> how many calls with it reached the provider
+
+
+def planned_calls(golden: Golden) -> dict[str, int]:
+    """Keys whose calls reach the provider more than once by plan, and how often: a call of the
+    tool whose first reply is lost (``chaos_flows.act_lost``: its first attempt takes effect, then
+    raises; its retry re-sends the key, deduped) is sent ``chaos_flows.LOST_CALLS`` times in any
+    run that completes it. Every other key is planned once. Only these keys, only that count."""
+    steps = {s["name"]: s for s in golden.spec["steps"]}
+    return {key: chaos_flows.LOST_CALLS for label, (key, _) in golden.ledger.items()
+            if chaos_flows.tool_at(steps.get(label.partition("@")[0]), label) in chaos_flows.LOST}
+
+
+def returned_calls(golden: Golden, pending: Collection[str], raw: dict[str, int]) -> set[str]:
+    """The keys ``pending`` at a fault whose planned call had returned (``raw``: the provider's
+    counts then): the call that ends the plan (its last, ``planned_calls``) reached the provider,
+    so a resume re-sends it once more. A lost reply's key with only its first call sent is not
+    among them: the resume's call is its planned retry."""
+    planned = planned_calls(golden)
+    return {key for key in pending if raw.get(key, 0) >= planned.get(key, 1)}
 
 
 def reset_model(model: MessagesServer) -> None:
@@ -236,7 +256,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
     undo = undo_order(log, ledger)
     return Golden(spec, path, view, nodes, ledger, log["effective"], log["by_subject"], undo,
                   [label for label in order if SUFFIX not in label], reachable(nodes, ledger), executor, asked,
-                  tokens, rests, arrivals, turns)
+                  tokens, rests, arrivals, turns, dict(log["raw"]))
 
 
 class Drivers:
@@ -362,6 +382,11 @@ def check_at_fault(golden: Golden, kill: Kill, snap: Any, log: dict[str, Any]) -
         assert ledger[label].status == EffectStatus.PENDING and key not in log["raw"], kill
     elif point == "after_commit":
         assert label in nodes and nodes[label] != NodeStatus.RUNNING, (kill, nodes.get(label))
+    elif point == "before_commit" and key in planned_calls(golden) and label in ledger \
+            and ledger[label].status == EffectStatus.PENDING:
+        # a lost reply's call: the first commit after it is its first attempt's failure, which
+        # took effect (one call reached the provider) and raised
+        assert log["raw"].get(key) == 1, f"{kill}: the lost reply's first call: {log['raw'].get(key)} calls"
     elif point == "before_commit" and label in ledger and golden.effective.get(key) == 1:
         step = _step_of(golden, label)
         first_try_succeeds = step is not None and step.get("fate", "ok") == "ok" and step["kind"] != "map" \
@@ -479,13 +504,24 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
     unknown = effective_differs(golden, ledger, log, race, kill, executor)
     if stats is not None:
         stats["unknown_outcomes"] = stats.get("unknown_outcomes", 0) + len(unknown)
-    repeated = {key for key, n in log["raw"].items() if n > 1}
+    # a key sent more often than planned (once; a lost reply's ``planned_calls``) only if its row
+    # was pending at the fault, and then once more at most
+    planned = planned_calls(golden)
+    repeated = {key for key, n in log["raw"].items() if n > planned.get(key, 1)}
     assert repeated <= set(uncertain), (kill, repeated, uncertain)
+    assert all(log["raw"][key] <= n + 1 for key, n in planned.items() if key in log["raw"]), \
+        (kill, {key: log["raw"].get(key) for key in planned})
     if executor == "inline":  # nothing is in flight at a fault: exactly the calls that had returned repeat, once
         cancelled = {golden.ledger[label][0] for label, status in golden.nodes.items()
                      if status == NodeStatus.CANCELLED.value and label in golden.ledger}  # never re-sent
         assert repeated == set(returned) - cancelled, (kill, repeated, returned)
-        assert max(log["raw"].values(), default=1) <= 2, (kill, log["raw"])
+        assert all(n <= planned.get(key, 1) + 1 for key, n in log["raw"].items()), (kill, log["raw"])
+        # a lost reply's retry happened exactly as in the golden run, plus the one re-send above
+        lost_calls = {label: (log["raw"].get(key, 0), golden.raw.get(key, 0), key in returned)
+                      for label, (key, _) in golden.ledger.items()
+                      if key in planned and forward_label(label) not in race}
+        assert all(got == want + again for got, want, again in lost_calls.values()), \
+            f"{kill}: calls of a lost reply's key (here, golden, re-sent at the fault): {lost_calls}"
     # compensations: the golden ones, each after those of the nodes downstream of it
     undo = undo_order(log, ledger)
     assert sorted(u for u in undo if forward_label(u) not in race) == \
@@ -631,7 +667,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         log = services.log()
         pending = {e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING}
         uncertain.update(pending)
-        returned.update(pending & set(log["raw"]))
+        returned.update(returned_calls(golden, pending, log["raw"]))
         check_at_fault(golden, kill, snap, log)
         # a commit may also have set the run resting for a decision (its approval now the only work),
         # or ended it (a node's outcome and the run's last transition in one commit)
