@@ -59,7 +59,7 @@ from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 
 from raysaga.state import EffectStatus
-from tests.support import chaos_flows
+from tests.support import chaos_flows, chaos_model
 from tests.support.chaos_gen import dag_specs, describe
 from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows
 from tests.support.kill_sweep import FULL_SWEEP
@@ -195,9 +195,9 @@ def services() -> Iterator[FakeServices]:
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[MessagesServer]:
-    """The agents' Messages API: replies pure in the request (``chaos_flows.reply_for``) but for
-    the planned transport faults (``chaos_flows.ChaosModel``: counted from each run's reset)."""
-    with MessagesServer(chaos_flows.ChaosModel(), backlog=128) as srv:
+    """The agents' Messages API: replies pure in the request (``chaos_model.reply_for``) but for
+    the planned transport faults (``chaos_model.ChaosModel``: counted from each run's reset)."""
+    with MessagesServer(chaos_model.ChaosModel(), backlog=128) as srv:
         yield srv
 
 

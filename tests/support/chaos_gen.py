@@ -18,7 +18,9 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
   half the agents and approvals drawn after a plan fan out over it (an agent per element, with
   a partial-failure policy; an approval per element, up to one of them rejected), and agents
   also call the tools that raise (``chaos_flows.RAISING``: a ``ToolError``, an effect failing
-  for good before its call, a tool whose every attempt fails transiently). Off, the draws are
+  for good before its call, a tool whose every attempt fails transiently) and ``act_lost``
+  (``chaos_flows.LOST``: an effect failing transiently *after* its call took effect, its retry
+  re-sending the key). Off, the draws are
   exactly those of the first generator, so its derandomised CI DAGs stay what they were.
 - ``ending=True`` (the third generator, ``test_random_ending_dags_...``; with ``fanned=True``):
   about half the agents end on their own once their tool turns are done (``end``, one of
