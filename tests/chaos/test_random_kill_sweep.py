@@ -29,9 +29,14 @@ its spec and its golden run.
 The second generator (``dag_specs(fanned=True)``, ``test_random_fanned_dags_...``) adds the shapes
 the first one leaves out: agents fanned out over a plan (with a partial-failure policy), approvals
 fanned out over a plan (``map_over``, an item rejected now and then), agents calling tools that
-raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fail transiently).
-CI runs only its fixed DAG ``FANNED`` (one of each, then a rejected item: a rollback) x 2
-faults; ``RAYSAGA_FULL_SWEEP=1`` adds 50 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_FANNED_DAGS``).
+raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fail transiently),
+and ``act_lost``, an effect failing transiently *after* its call took effect (its reply lost: the
+retry re-sends the key, the provider dedupes; the oracle's allowance for that planned call is
+``chaos_record.planned_calls``). CI runs its fixed DAG ``FANNED`` (one of each, then a rejected
+item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``) on Ray,
+killed once after the lost reply, before its failure is durable; ``RAYSAGA_FULL_SWEEP=1`` adds 50
+random DAGs of 5-50 steps inline (``RAYSAGA_CHAOS_FANNED_DAGS``) and 10 on Ray
+(``RAYSAGA_CHAOS_RAY_FANNED_DAGS``).
 
 The third generator (``dag_specs(fanned=True, ending=True)``, ``test_random_ending_dags_...``) adds
 agents that end on their own (max turns, a loop, answers never valid, an answer refused once,
@@ -114,7 +119,7 @@ RAY_FANNED_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_FANNED_DAGS", "10" if FU
 #: a tool that raises and the tool whose first reply is lost (``act_lost``: the call took effect,
 #: then the tool raised; its retry re-sends the key), beside a compensated effect; an agent whose
 #: effect tool fails for good; then an approval per element whose item 1 the harness rejects: the
-#: run rolls back (the lost reply's call undone by nothing: it has no undo; the compensated step).
+#: run rolls back (the agents' ``act_undone`` calls and the compensated step; ``act_lost`` has no undo).
 RAY_FANNED: dict[str, Any] = {"name": "chaos_ray_fanned", "steps": [
     {"name": "s0", "kind": "plan", "deps": [], "items": 2},
     {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
