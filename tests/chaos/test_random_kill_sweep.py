@@ -66,7 +66,7 @@ from hypothesis import strategies as st
 from raysaga.state import EffectStatus
 from tests.support import chaos_flows, chaos_model
 from tests.support.chaos_gen import dag_specs, describe
-from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows
+from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows, planned_calls
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
@@ -187,7 +187,7 @@ COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents",
           "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
           "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
           "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests",
-          "lost_calls")
+          "lost_calls", "lost_keys")
 STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
                                     for group in ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending")}
 
@@ -266,6 +266,7 @@ def count(stats: dict[str, int], golden: Golden) -> None:
     agents = [s for s in steps if s["kind"] == "agent"]
     stats["ending_agents"] += sum("end" in s for s in agents)
     stats["faulty_models"] += sum(bool(s.get("model_faults")) for s in agents)
+    stats["lost_keys"] += len(planned_calls(golden))
     stats["lost_calls"] += sum(t in chaos_flows.LOST for s in agents for turn in s["turns"] for t in turn)
     stats["flaky_calls"] += sum(t in ("lookup_flaky", "act_flaky") for s in agents for turn in s["turns"] for t in turn)
     stats["gated_calls"] += sum(t == "act_gated" for s in agents for turn in s["turns"] for t in turn)

@@ -229,6 +229,14 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
     assert repeated <= set(uncertain), (kill, repeated, uncertain)
     assert all(log["raw"][key] <= n + 1 for key, n in planned.items() if key in log["raw"]), \
         (kill, {key: log["raw"].get(key) for key in planned})
+    if stats is not None:  # how often the allowance mattered: a lost reply's key sent twice, not uncertain
+        # (the rule without the allowance would have failed), or uncertain at the fault with only
+        # its first call sent (the resume sent its planned retry), or re-sent once more (returned)
+        many = {key for key in planned if log["raw"].get(key, 0) > 1}
+        stats["lost_planned"] = stats.get("lost_planned", 0) + len(many - set(uncertain))
+        stats["lost_retried_across"] = stats.get("lost_retried_across", 0) + len(
+            many & set(uncertain) - set(returned))
+        stats["lost_resent"] = stats.get("lost_resent", 0) + len(repeated & set(planned))
     if executor == "inline":  # nothing is in flight at a fault: exactly the calls that had returned repeat, once
         cancelled = {golden.ledger[label][0] for label, status in golden.nodes.items()
                      if status == NodeStatus.CANCELLED.value and label in golden.ledger}  # never re-sent
