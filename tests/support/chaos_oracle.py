@@ -224,7 +224,7 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
         stats["unknown_outcomes"] = stats.get("unknown_outcomes", 0) + len(unknown)
     # a key sent more often than planned (once; a lost reply's ``planned_calls``) only if its row
     # was pending at the fault, and then once more at most
-    planned = planned_calls(golden)
+    planned = planned_calls(golden, ledger)  # this run's ledger too: a node that raced may have run here only
     repeated = {key for key, n in log["raw"].items() if n > planned.get(key, 1)}
     assert repeated <= set(uncertain), (kill, repeated, uncertain)
     assert all(log["raw"][key] <= n + 1 for key, n in planned.items() if key in log["raw"]), \

@@ -44,22 +44,28 @@ class Golden:
     raw: dict[str, int] = field(default_factory=dict)  # key -> how many calls with it reached the provider
 
 
-def planned_calls(golden: Golden) -> dict[str, int]:
+def planned_calls(golden: Golden, ledger: dict[str, tuple[str, str]] | None = None) -> dict[str, int]:
     """Keys whose calls reach the provider more than once by plan, and how often: a call of the
     tool whose first reply is lost (``chaos_flows.act_lost``: its first attempt takes effect, then
     raises; its retry re-sends the key, deduped) is sent ``chaos_flows.LOST_CALLS`` times in any
-    run that completes it. Every other key is planned once. Only these keys, only that count."""
+    run that completes it. Every other key is planned once. Only these keys, only that count.
+
+    The calls are those of the golden run's ledger and of ``ledger`` (another run's, label ->
+    (key, status)): a node that raced a failure may have run in that run only (random DAG
+    ``chaos_3046f0e762`` on Ray: ``s6@0.0[0]``, ``s11@0.0``, ...). A label's key is the same in
+    every run of the DAG (``check`` asserts it for the labels both ledgers hold)."""
     steps = {s["name"]: s for s in golden.spec["steps"]}
-    return {key: chaos_flows.LOST_CALLS for label, (key, _) in golden.ledger.items()
+    return {key: chaos_flows.LOST_CALLS for label, (key, _) in {**(ledger or {}), **golden.ledger}.items()
             if chaos_flows.tool_at(steps.get(label.partition("@")[0]), label) in chaos_flows.LOST}
 
 
-def returned_calls(golden: Golden, pending: Collection[str], raw: dict[str, int]) -> set[str]:
+def returned_calls(golden: Golden, pending: Collection[str], raw: dict[str, int],
+                   ledger: dict[str, tuple[str, str]] | None = None) -> set[str]:
     """The keys ``pending`` at a fault whose planned call had returned (``raw``: the provider's
-    counts then): the call that ends the plan (its last, ``planned_calls``) reached the provider,
-    so a resume re-sends it once more. A lost reply's key with only its first call sent is not
-    among them: the resume's call is its planned retry."""
-    planned = planned_calls(golden)
+    counts then; ``ledger``: the run's at the fault): the call that ends the plan (its last,
+    ``planned_calls``) reached the provider, so a resume re-sends it once more. A lost reply's key
+    with only its first call sent is not among them: the resume's call is its planned retry."""
+    planned = planned_calls(golden, ledger)
     return {key for key in pending if raw.get(key, 0) >= planned.get(key, 1)}
 
 
@@ -155,6 +161,11 @@ def reachable(nodes: dict[str, str], ledger: dict[str, tuple[str, str]]) -> list
 
 def ledger_of(store: SqlStore, run_id: str = RUN_ID) -> dict[str, tuple[str, str]]:
     return {ledger_label(e): (e.idempotency_key, e.status.value) for e in store.effects(run_id)}
+
+
+def ledger_at(snap: Any) -> dict[str, tuple[str, str]]:
+    """``ledger_of`` a run's snapshot (``store.snapshot``: at a fault)."""
+    return {ledger_label(e): (e.idempotency_key, e.status.value) for e in snap.effects}
 
 
 

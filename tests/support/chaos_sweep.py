@@ -38,6 +38,7 @@ from tests.support.chaos_record import Kill as Kill
 from tests.support.chaos_record import agent_of as agent_of
 from tests.support.chaos_record import check_replies as check_replies
 from tests.support.chaos_record import completions as completions
+from tests.support.chaos_record import ledger_at as ledger_at
 from tests.support.chaos_record import ledger_of as ledger_of
 from tests.support.chaos_record import model_requests as model_requests
 from tests.support.chaos_record import node_states as node_states
@@ -220,7 +221,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         log = services.log()
         pending = {e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING}
         uncertain.update(pending)
-        returned.update(returned_calls(golden, pending, log["raw"]))
+        returned.update(returned_calls(golden, pending, log["raw"], ledger_at(snap)))
         check_at_fault(golden, kill, snap, log, retries_started(store, snap))
         # a commit may also have set the run resting for a decision (its approval now the only work),
         # or ended it (a node's outcome and the run's last transition in one commit)
