@@ -24,7 +24,8 @@ resumes the run to rest, and ``check`` compares the result with the golden run:
   One tool's calls reach the provider twice by plan (``chaos_flows.act_lost``: its first attempt
   takes effect, then raises, its reply lost; the retry re-sends the key and the provider
   dedupes): for exactly those keys (``chaos_record.planned_calls``, from the spec: the calls of
-  that tool) "once" reads ``chaos_flows.LOST_CALLS`` times, a re-send is a call beyond them, and
+  that tool, in either run's ledger: a node that raced may have run in one only) "once" reads
+  ``chaos_flows.LOST_CALLS`` times, a re-send is a call beyond them, and
   "had returned" means the planned last call had (``returned_calls``: a fault after the lost
   reply only is followed by the planned retry, not by a re-send). Inline, such a key saw exactly
   the golden run's calls plus that one re-send; on any executor at most one more than planned;
