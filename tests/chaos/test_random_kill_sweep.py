@@ -29,9 +29,14 @@ its spec and its golden run.
 The second generator (``dag_specs(fanned=True)``, ``test_random_fanned_dags_...``) adds the shapes
 the first one leaves out: agents fanned out over a plan (with a partial-failure policy), approvals
 fanned out over a plan (``map_over``, an item rejected now and then), agents calling tools that
-raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fail transiently).
-CI runs only its fixed DAG ``FANNED`` (one of each, then a rejected item: a rollback) x 2
-faults; ``RAYSAGA_FULL_SWEEP=1`` adds 50 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_FANNED_DAGS``).
+raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fail transiently),
+and ``act_lost``, an effect failing transiently *after* its call took effect (its reply lost: the
+retry re-sends the key, the provider dedupes; the oracle's allowance for that planned call is
+``chaos_record.planned_calls``). CI runs its fixed DAG ``FANNED`` (one of each, then a rejected
+item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``) on Ray,
+killed once after the lost reply, before its failure is durable; ``RAYSAGA_FULL_SWEEP=1`` adds 50
+random DAGs of 5-50 steps inline (``RAYSAGA_CHAOS_FANNED_DAGS``) and 10 on Ray
+(``RAYSAGA_CHAOS_RAY_FANNED_DAGS``).
 
 The third generator (``dag_specs(fanned=True, ending=True)``, ``test_random_ending_dags_...``) adds
 agents that end on their own (max turns, a loop, answers never valid, an answer refused once,
@@ -59,9 +64,9 @@ from hypothesis import HealthCheck, Phase, example, given, note, settings
 from hypothesis import strategies as st
 
 from raysaga.state import EffectStatus
-from tests.support import chaos_flows
+from tests.support import chaos_flows, chaos_model
 from tests.support.chaos_gen import dag_specs, describe
-from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows
+from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows, planned_calls
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
@@ -109,6 +114,23 @@ FANNED: dict[str, Any] = {"name": "chaos_fanned", "steps": [
     {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [2]},
 ]}
 FANNED_SEED = 11
+RAY_FANNED_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_FANNED_DAGS", "10" if FULL_SWEEP else "0"))
+#: The second generator's shapes on Ray, kept small for CI: an agent per element of a plan calling
+#: a tool that raises and the tool whose first reply is lost (``act_lost``: the call took effect,
+#: then the tool raised; its retry re-sends the key), beside a compensated effect; an agent whose
+#: effect tool fails for good; then an approval per element whose item 1 the harness rejects: the
+#: run rolls back (the agents' ``act_undone`` calls and the compensated step; ``act_lost`` has no undo).
+RAY_FANNED: dict[str, Any] = {"name": "chaos_ray_fanned", "steps": [
+    {"name": "s0", "kind": "plan", "deps": [], "items": 2},
+    {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
+     "turns": [["broken", "act_lost"], ["act_undone"]]},
+    {"name": "s2", "kind": "step", "deps": ["s0"], "effect": True, "compensate": True},
+    {"name": "s3", "kind": "agent", "deps": ["s2"], "turns": [["act_broken", "act"]]},
+    {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [1]},
+]}
+#: Killed once item 0's ``act_lost`` call took effect and raised, before that failure is durable:
+#: the resume's call is its planned retry (the same key, deduped), not a repeat.
+RAY_FANNED_FAULT = (("before_commit", "s1@0.1[0]"), "kill")
 ENDING_SEED = 13
 ENDING_DAGS = int(os.environ.get("RAYSAGA_CHAOS_ENDING_DAGS", "50" if FULL_SWEEP else "0"))
 RAY_ENDING_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_ENDING_DAGS", "10" if FULL_SWEEP else "0"))
@@ -164,9 +186,10 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
 COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
           "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
           "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
-          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests")
+          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests",
+          "lost_calls", "lost_keys")
 STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
-                                    for group in ("inline", "ray", "fanned", "ending", "ray_ending")}
+                                    for group in ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending")}
 
 
 @pytest.fixture(scope="module")
@@ -177,9 +200,9 @@ def services() -> Iterator[FakeServices]:
 
 @pytest.fixture(scope="module")
 def model() -> Iterator[MessagesServer]:
-    """The agents' Messages API: replies pure in the request (``chaos_flows.reply_for``) but for
-    the planned transport faults (``chaos_flows.ChaosModel``: counted from each run's reset)."""
-    with MessagesServer(chaos_flows.ChaosModel(), backlog=128) as srv:
+    """The agents' Messages API: replies pure in the request (``chaos_model.reply_for``) but for
+    the planned transport faults (``chaos_model.ChaosModel``: counted from each run's reset)."""
+    with MessagesServer(chaos_model.ChaosModel(), backlog=128) as srv:
         yield srv
 
 
@@ -243,6 +266,8 @@ def count(stats: dict[str, int], golden: Golden) -> None:
     agents = [s for s in steps if s["kind"] == "agent"]
     stats["ending_agents"] += sum("end" in s for s in agents)
     stats["faulty_models"] += sum(bool(s.get("model_faults")) for s in agents)
+    stats["lost_keys"] += len(planned_calls(golden))
+    stats["lost_calls"] += sum(t in chaos_flows.LOST for s in agents for turn in s["turns"] for t in turn)
     stats["flaky_calls"] += sum(t in ("lookup_flaky", "act_flaky") for s in agents for turn in s["turns"] for t in turn)
     stats["gated_calls"] += sum(t == "act_gated" for s in agents for turn in s["turns"] for t in turn)
     stats["rejected_calls"] += sum(len(s.get("reject_calls", ())) for s in agents)
@@ -336,3 +361,30 @@ def test_random_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any],
                                                            tmp_path_factory: pytest.TempPathFactory) -> None:
     """The random sweep on the Ray executor."""
     sweep_dag(spec, seed, KILLS, "ray", services, model, tmp_path_factory)
+
+
+@pytest.mark.ray
+def test_a_fanned_dag_on_ray_faulted_ends_as_golden(ray_address: str, services: FakeServices, model: MessagesServer,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    """CI's Ray case of the second generator: ``RAY_FANNED`` on the Ray executor, killed once the
+    ``act_lost`` call of item 0 took effect and raised, its failure not yet durable: the resume
+    sends the planned retry under the same key (deduped), and nothing twice."""
+    sweep_dag(RAY_FANNED, FANNED_SEED, 1, "ray", services, model, tmp_path_factory, note=print,
+              faults=[RAY_FANNED_FAULT], group="ray_fanned")
+    stats = STATS["ray_fanned"]
+    assert stats["faults"] == 1 and stats["rolled_back"] == 1 and stats["lost_calls"] == 1, stats
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.skipif(not RAY_FANNED_DAGS, reason="the second generator's Ray sweep runs with RAYSAGA_FULL_SWEEP=1")
+@pytest.mark.timeout(LONG)
+@settings(max_examples=RAY_FANNED_DAGS or 1, deadline=None, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(spec=dag_specs(5, 50, agents=True, approvals=True, fanned=True), seed=st.integers(0, 2**32 - 1))
+def test_random_fanned_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any], seed: int, ray_address: str,
+                                                                  services: FakeServices, model: MessagesServer,
+                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The second generator's shapes (agents and approvals fanned out, tools that raise, the lost
+    reply) on the Ray executor."""
+    sweep_dag(spec, seed, KILLS, "ray", services, model, tmp_path_factory, group="ray_fanned")

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import chaos_flows
+from tests.support import chaos_flows, chaos_model
 from tests.support.chaos_sweep import Golden, effective_differs, fault_case, golden_run, same_requests
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.messages_server import MessagesServer
@@ -140,7 +140,7 @@ def test_the_kept_spec_faulted_on_ray_ends_as_golden(ray_address: str, tmp_path_
     a golden run that raced past a point, as Ray's may, is reported and that case skipped)."""
     spec = json.loads(SPEC.read_text())
     faulted = 0
-    with FakeServices() as services, MessagesServer(chaos_flows.ChaosModel(), backlog=128) as model:
+    with FakeServices() as services, MessagesServer(chaos_model.ChaosModel(), backlog=128) as model:
         for i in range(2):
             folder = tmp_path_factory.mktemp(f"cfc975a5c7_{i}")
             gold = golden_run(spec, folder, services, executor="ray", model=model)

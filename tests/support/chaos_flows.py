@@ -26,12 +26,14 @@ Every step is deterministic in its inputs and its attempt number:
 - ``critical`` (default true) and ``on_failure`` (``skip``/``pass``) as in the DSL;
 - ``agent``: an agent node on the real ``anthropic`` SDK (``AnthropicModel``) pointed at
   ``tests.support.messages_server`` (the saved spec's ``model_url``), whose answers
-  ``reply_for`` scripts from the prompt: ``turns`` lists, per turn, the tool calls the model asks
+  ``chaos_model.reply_for`` scripts from the prompt: ``turns`` lists, per turn, the tool calls the model asks
   for (``lookup``, no effect; ``act``, an effect, kind ``do``; ``act_undone``, an effect with an
   undo, kind ``undo``, as a compensated step's; and the tools that raise, ``RAISING``:
   ``broken``, a plain tool raising ``ToolError``; ``act_broken``, an effect tool failing for good
   (``Permanent``) before any call; ``unreachable``, a plain tool whose every attempt is a
-  ``ConnectionError``, retried at once until its attempts are spent), then a final JSON answer
+  ``ConnectionError``, retried at once until its attempts are spent; and ``act_lost``, an effect
+  whose first attempt takes effect at the provider and then raises ``ConnectionError``, the
+  reply lost: its retry re-sends the key, deduped, ``LOST_CALLS`` calls by plan), then a final JSON answer
   digesting every tool result it saw, errors included (the agent goes on after a tool's error).
   Tool arguments carry the provider's URL outside their key (``key=``). With ``over`` (and
   ``policy``) the agent fans out over a plan: one agent per element, its prompt naming its
@@ -52,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from functools import cache
 from pathlib import Path
@@ -63,7 +64,6 @@ from pydantic import BaseModel
 from raysaga import BEST_EFFORT, Approval, Permanent, RetryPolicy, StepContext, Workflow, min_success_ratio, quorum
 from raysaga.agents import Agent, AnthropicModel, ToolError, tool
 from raysaga.sagas.policy import ALL, FanOutPolicy, FanOutResult
-from tests.support import messages_server as ms
 from tests.support import services as fake_services
 
 #: A flaky step's second attempt is due at once: with any backoff, whether a rollback starts
@@ -91,6 +91,14 @@ AGENT_TRANSPORT = RetryPolicy(max_attempts=6, base=0.02, cap=0.1)
 #: ``lookup_flaky`` and ``act_flaky`` fail transiently on their first attempt (before any call)
 #: and then succeed, ``act_gated`` is an effect that waits for a human (``requires_approval``).
 ENDING = ("lookup_flaky", "act_flaky", "act_gated")
+#: The second generator's tool failing transiently *after* its call took effect (``act_lost``: the
+#: provider saw the key and answered, then the reply was lost): its retry re-sends the same key
+#: and the provider dedupes. Its plan, per call: ``LOST_CALLS`` calls reach the provider with
+#: the call's key (the one whose reply was lost, then the retry), one effective.
+LOST = ("act_lost",)
+LOST_CALLS = 2
+#: Tools that tell their first attempt by a mark (``_first_attempt``): the spec gets a marks folder.
+MARKED = (*ENDING, *LOST)
 #: The flaky tools' retries: due at once, and one to spare (a crash may cost an attempt).
 FLAKY_RETRY = RetryPolicy(max_attempts=3, base=0.0, cap=0.0)
 #: How an agent of the third generator ends on its own once its scripted tool turns are done
@@ -212,7 +220,7 @@ def build(spec: dict[str, Any]) -> Workflow:
             "critical": bool(step.get("critical", True)), "on_failure": step.get("on_failure", "skip")}
         if step["kind"] == "agent":
             fan_out = {"map_over": step["over"], "policy": _policy(step.get("policy"))} if "over" in step else {}
-            if spec.get("marks") and uses(step, ENDING):
+            if spec.get("marks") and uses(step, MARKED):
                 step = {**step, "marks": spec["marks"]}
             wf.agent(make_agent(step, spec["model_url"]), name=step["name"], critical=options["critical"],
                      on_failure=options["on_failure"], **fan_out)(_function(step, prompt))
@@ -241,7 +249,7 @@ class AgentAnswer(BaseModel):
 
 
 def prompt(step: dict[str, Any], input: ChaosIn, deps: dict[str, Any]) -> str:
-    """An agent's prompt: everything the scripted model needs (``reply_for`` parses it); an
+    """An agent's prompt: everything the scripted model needs (``chaos_model.reply_for`` parses it); an
     agent of a fan-out names its item (the element's ``item`` of the plan it maps over)."""
     head = f"agent {step['name']} seed={input.seed} services={input.services_url} deps={digest(deps)}"
     item = None
@@ -319,6 +327,18 @@ def act_flaky_impl(subject: str, n: int, services_url: str, marks: str,
     return act_impl(subject, n, services_url, idempotency_key)
 
 
+def act_lost_impl(subject: str, n: int, services_url: str, marks: str,
+                  idempotency_key: str | None = None) -> dict[str, Any]:
+    """An effect tool whose first attempt calls the provider (kind ``do``) under the call's key, the
+    call taking effect, and then fails transiently (``ConnectionError``: the reply was lost); every
+    later attempt calls again under the same key (the provider dedupes) and returns its receipt."""
+    first = _first_attempt(marks, subject)
+    receipt = act_impl(subject, n, services_url, idempotency_key)
+    if first:
+        raise ConnectionError(f"act_lost: the reply to the call was lost: {subject}")
+    return receipt
+
+
 def broken_impl(subject: str, n: int) -> str:
     """A plain tool answering every call with an error the model sees (``ToolError``)."""
     raise ToolError(f"broken on purpose: {subject}")
@@ -348,6 +368,8 @@ lookup_flaky = tool(lookup_flaky_impl, name="lookup_flaky", retry=FLAKY_RETRY,
                     description="Look a subject up (its service fails once).")
 act_flaky = tool(act_flaky_impl, name="act_flaky", effect=True, key=KEY, retry=FLAKY_RETRY,
                  description="Do something (an effect whose service fails once).")
+act_lost = tool(act_lost_impl, name="act_lost", effect=True, key=KEY, retry=FLAKY_RETRY,
+                description="Do something (an effect whose service's first reply is lost).")
 act_gated = tool(act_impl, name="act_gated", effect=True, key=KEY, compensate=act_undo, requires_approval=True,
                  approvers=[DECIDER], description="Do something a human must allow (undone by a rollback).")
 #: Far above any DAG's tool failures: a breaker opening would hang on its cooldown (wall clock),
@@ -359,6 +381,7 @@ def make_agent(step: dict[str, Any], model_url: str) -> Agent:
     model = AnthropicModel(MODEL, base_url=model_url, timeout=30.0, api_key_env=KEY_ENV)
     tools = (lookup, act, act_undone) + ((broken, act_broken, unreachable) if uses_raising(step) else ())
     tools += (lookup_flaky, act_flaky, act_gated) if uses(step, ENDING) else ()
+    tools += (act_lost,) if uses(step, LOST) else ()
     # an agent that ends on its own gets room for it: 2 refused answers and a third (``invalid``),
     # 2 loop calls, the warned one and the one that fails (``loop``); ``max_turns`` uses them all
     extra = 4 if "end" in step else 2
@@ -393,7 +416,8 @@ def plan_of(step: dict[str, Any], item: int | None) -> dict[str, Any]:
     """What the scripted model does besides ``turns`` for ``step`` (its item ``item`` in a fan-out):
     ``end`` (``ENDS``; in a fan-out only for the items in ``end_items``) and ``faults`` (turn ->
     the transport faults answered before its answer, ``MODEL_FAULTS``); {} for the first two
-    generators' agents (their prompts are as they were)."""
+    generators' agents (their prompts are as they were) but the marks folder of an agent calling
+    ``act_lost`` (``MARKED``)."""
     plan: dict[str, Any] = {}
     if "end" in step and (item is None or "over" not in step or item in step.get("end_items", [])):
         plan["end"] = step["end"]
@@ -402,127 +426,6 @@ def plan_of(step: dict[str, Any], item: int | None) -> dict[str, Any]:
     if step.get("marks"):
         plan["marks"] = step["marks"]
     return plan
-
-
-def parse_prompt(text: str) -> tuple[dict[str, str], list[list[str]]]:
-    """``prompt``'s fields and turns back from the conversation's first message."""
-    fields, turns, _ = parse_plan(text)
-    return fields, turns
-
-
-def parse_plan(text: str) -> tuple[dict[str, str], list[list[str]], dict[str, Any]]:
-    """``prompt``'s fields, turns and plan (``plan_of``) back from the conversation's first message."""
-    head, _, rest = text.partition("\nturns=")
-    turns, _, plan = rest.partition("\nplan=")
-    words = head.split()
-    assert words[0] == "agent", text
-    fields = dict(w.split("=", 1) for w in words[2:])
-    fields["agent"] = words[1]
-    return fields, json.loads(turns), json.loads(plan) if plan else {}
-
-
-def _tool_results(request: dict[str, Any]) -> list[Any]:
-    return [block.get("content") for m in request["messages"] if m.get("role") == "user"
-            and isinstance(m.get("content"), list) for block in m["content"]
-            if isinstance(block, dict) and block.get("type") == "tool_result"]
-
-
-def turn_usage(turn: int) -> tuple[int, int]:
-    return (100 + turn, 10 + turn)
-
-
-def _args(t: str, subject: str, turn: int, fields: Mapping[str, str], plan: Mapping[str, Any]) -> dict[str, Any]:
-    args: dict[str, Any] = {"subject": subject, "n": turn}
-    if t not in ("lookup", "broken", "unreachable", "lookup_flaky"):
-        args["services_url"] = fields["services"]
-    if t in ("lookup_flaky", "act_flaky"):
-        args["marks"] = plan["marks"]
-    return args
-
-
-def reply_for(request: dict[str, Any]) -> ms.Reply:
-    """The scripted model of every agent node: a ``MessagesServer`` responder, pure in the request.
-
-    Turn ``t < len(turns)`` asks for ``turns[t]``'s tool calls (subject ``<seed>/<agent>@<t>.<k>``,
-    unique per call); turn ``len(turns)`` answers ``AgentAnswer`` as JSON. An agent whose plan
-    (``plan_of``) says how it ends (``ENDS``) does that from turn ``len(turns)`` on instead. The
-    transport faults of ``plan["faults"]`` are ``ChaosModel``'s (they need a count of arrivals)."""
-    first = ms.conversation_of(request)
-    assert first is not None, request
-    fields, turns, plan = parse_plan(first)
-    turn = ms.turn_of(request)
-    name, seed = agent_label(fields), fields["seed"]
-    if turn < len(turns):
-        blocks = [ms.tool_use_block(t, _args(t, f"{seed}/{name}@{turn}.{k}", turn, fields, plan))
-                  for k, t in enumerate(turns[turn])]
-        return ms.reply(blocks, usage=turn_usage(turn))
-    end = plan.get("end")
-    if end == "max_turns":  # never done: one more lookup each turn, until the agent's max_turns
-        return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@{turn}.0", "n": turn})],
-                        usage=turn_usage(turn))
-    if end == "loop":  # the same call each turn: answered twice, then warned, then the node fails
-        return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@loop", "n": 0})],
-                        usage=turn_usage(turn))
-    if end == "model_400":
-        return ms.fault(400, f"{name}: refused on purpose")
-    if end == "model_down":
-        return ms.fault(529, f"{name}: overloaded on purpose")
-    if end == "invalid" or (end == "fixed" and turn == len(turns)):
-        return ms.text(f"{name} has no JSON to give (turn {turn})", usage=turn_usage(turn))
-    if turn == len(turns) + (end == "fixed"):
-        answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
-        return ms.text(json.dumps(answer), usage=turn_usage(turn))
-    raise LookupError(f"{name} has {len(turns)} tool turns, asked for turn {turn}")
-
-
-def transport_fault(kind: str) -> ms.Reply:
-    """A transient fault of the Messages API (``MODEL_FAULTS``); a 429 asks for a short wait."""
-    if kind == "drop":
-        return ms.drop()
-    return ms.fault(int(kind), retry_after=0.05) if kind == "429" else ms.fault(int(kind))
-
-
-def planned_faults(request: dict[str, Any]) -> list[str]:
-    """The transport faults planned before the answer to this request's turn ([] for most)."""
-    first = ms.conversation_of(request)
-    if first is None or not first.startswith("agent "):
-        return []
-    _, _, plan = parse_plan(first)
-    return list(plan.get("faults", {}).get(str(ms.turn_of(request)), []))
-
-
-def fails_for_good(request: dict[str, Any]) -> bool:
-    """Whether this request's every arrival is answered with an error (``model_400``, ``model_down``)."""
-    first = ms.conversation_of(request)
-    if first is None or not first.startswith("agent "):
-        return False
-    _, turns, plan = parse_plan(first)
-    return plan.get("end") in ("model_400", "model_down") and ms.turn_of(request) >= len(turns)
-
-
-class ChaosModel:
-    """``reply_for`` with the planned transport faults: the first arrivals of a turn with
-    ``plan["faults"]`` get those faults, in order, and later ones its answer. The arrivals are
-    counted from the last ``reset`` (the harness resets with the server's log, before each run)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._arrivals: dict[str, int] = {}
-
-    def reset(self) -> None:
-        with self._lock:
-            self._arrivals.clear()
-
-    def __call__(self, request: dict[str, Any]) -> ms.Reply:
-        faults = planned_faults(request)
-        if faults:
-            key = ms.request_key(request)
-            with self._lock:
-                arrival = self._arrivals.get(key, 0)
-                self._arrivals[key] = arrival + 1
-            if arrival < len(faults):
-                return transport_fault(faults[arrival])
-        return reply_for(request)
 
 
 def verdict(step: dict[str, Any], fan_index: int | None) -> str:
@@ -581,7 +484,7 @@ def save(spec: dict[str, Any], folder: Path, model_url: str | None = None) -> st
     process takes as ``--flow``."""
     path = folder / f"{spec['name']}.json"
     extra: dict[str, Any] = {"model_url": model_url}
-    if any(s["kind"] == "agent" and uses(s, ENDING) for s in spec["steps"]):
+    if any(s["kind"] == "agent" and uses(s, MARKED) for s in spec["steps"]):
         extra["marks"] = str(folder / "marks")
     path.write_text(json.dumps({**spec, **extra}, indent=1, sort_keys=True))
     return str(path)

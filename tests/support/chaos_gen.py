@@ -18,7 +18,9 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
   half the agents and approvals drawn after a plan fan out over it (an agent per element, with
   a partial-failure policy; an approval per element, up to one of them rejected), and agents
   also call the tools that raise (``chaos_flows.RAISING``: a ``ToolError``, an effect failing
-  for good before its call, a tool whose every attempt fails transiently). Off, the draws are
+  for good before its call, a tool whose every attempt fails transiently) and ``act_lost``
+  (``chaos_flows.LOST``: an effect failing transiently *after* its call took effect, its retry
+  re-sending the key). Off, the draws are
   exactly those of the first generator, so its derandomised CI DAGs stay what they were.
 - ``ending=True`` (the third generator, ``test_random_ending_dags_...``; with ``fanned=True``):
   about half the agents end on their own once their tool turns are done (``end``, one of
@@ -49,7 +51,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from tests.support.chaos_flows import ENDING, ENDS, MODEL_FAULTS, RAISING, TOOLS, digest
+from tests.support.chaos_flows import ENDING, ENDS, LOST, MODEL_FAULTS, RAISING, TOOLS, digest
 
 MAX_DEPS = 3
 MAX_ITEMS = 4
@@ -81,7 +83,7 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
                 step["over"] = over
                 step["deps"] = [over, *(d for d in extra if d != over)]
             if kind == "agent":
-                tools: tuple[str, ...] = TOOLS + RAISING if fanned else TOOLS
+                tools: tuple[str, ...] = TOOLS + RAISING + LOST if fanned else TOOLS
                 tools += ENDING if ending else ()
                 step["turns"] = draw(st.lists(st.lists(st.sampled_from(tools), min_size=1, max_size=2),
                                               min_size=1, max_size=MAX_TURNS))

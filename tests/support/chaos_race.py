@@ -36,7 +36,7 @@ from typing import Any
 from raysaga.state import EffectStatus, NodeStatus, SqlStore
 from tests.support import chaos_flows
 from tests.support import crash_driver as harness
-from tests.support.chaos_sweep import FLOWS, RUN_ID, Golden, Kill, check
+from tests.support.chaos_sweep import FLOWS, RUN_ID, Golden, Kill, check, ledger_of, returned_calls
 from tests.support.kill_sweep import ledger_label
 from tests.support.services import FakeServices
 
@@ -191,7 +191,7 @@ def zombie_trial(golden: Golden, kill: Kill, services: FakeServices, folder: Pat
         harness.wait_until(frozen_unlocked(a, folder / "run.db"), timeout=10, what="A stopped holding no lock")
         assert a.poll() is None, f"A ended before it was stopped at {kill}:\n{harness.finish(a).describe()}"
         uncertain = {e.idempotency_key for e in store.effects(RUN_ID) if e.status == EffectStatus.PENDING}
-        returned = uncertain & set(services.log()["raw"])
+        returned = returned_calls(golden, uncertain, services.log()["raw"], ledger_of(store))
         fence_a = store.get_run(RUN_ID).fence
         harness.wait_lease_expired(store, RUN_ID, timeout=30)
         go.touch()
