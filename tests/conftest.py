@@ -126,14 +126,15 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One local Ray head for the whole session; tests and their subprocess drivers join it."""
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     assert ray_bin, "the ray CLI is not installed"
-    port = _free_port()
+    port, client_port = _free_port(), _free_port()
     temp_dir = tmp_path_factory.mktemp("ray")
     # a local test cluster on loopback needs no token; and a token written to ~/.ray by one
     # cluster would break another cluster on the same machine
     os.environ["RAY_AUTH_MODE"] = "disabled"
     subprocess.run(
         [ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
-         "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats"],
+         "--node-ip-address=127.0.0.1", f"--temp-dir={temp_dir}", "--disable-usage-stats",
+         f"--ray-client-server-port={client_port}"],  # not the default 10001, which other sessions' heads take
         check=True, capture_output=True, timeout=120,
     )
     address = f"127.0.0.1:{port}"
@@ -146,6 +147,10 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if ray.is_initialized():
             ray.shutdown()
         _kill_processes_mentioning(str(temp_dir))  # only this session's cluster, not `ray stop`'s all
+        # its Ray client server names no temp dir (it was left running after every session): its port
+        for pid in set(pids_mentioning("ray.util.client.server")) & set(pids_mentioning(f"--port={client_port} ")):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         os.environ.pop("RAY_ADDRESS", None)
 
 
