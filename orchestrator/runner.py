@@ -18,6 +18,7 @@ from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.ray_address import host_port
+from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.secrets import comparable
 from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
@@ -135,6 +136,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     to just resume."""
     st = _store(store)
     workflow.validate()
+    if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
+        check_run_id(run_id, "--run-id")
     if run_id is not None and existing_run(workflow, st, run_id, input) is not None:
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
@@ -222,6 +225,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile; with
     ``wait=0`` the signal is queued and the run is returned as it stands."""
     st = _store(store)
+    reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
     run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
     if run.status in TERMINAL or (run.status in PARKED and not compensate):
         return run

@@ -1,0 +1,132 @@
+"""Second adversarial round, the store: operators' text that no row can hold, on both dialects.
+
+Each case failed inside the database driver with a raw error instead of saying what is wrong:
+
+- a run id holding NUL (PostgreSQL's text refuses it) or a lone surrogate (not UTF-8 anywhere)
+  in a look-up — ``resume``, ``cancel``, ``Client.approve``, ``raysaga.run(run_id=...)`` — raised
+  psycopg's ``DataError`` or ``UnicodeEncodeError``: now ``RunNotFoundError`` (``run``: the
+  ``UserError`` of a bad ``--run-id``);
+- a cancel's or a pause's reason holding a lone surrogate raised ``UnicodeEncodeError`` while
+  writing the run row, and the cancel failed: now the reason is stored with the escape ``\\ud800``;
+- a ``decision_id`` holding NUL or longer than its column (200) was stored on SQLite and raised
+  ``DataError`` on PostgreSQL: now a ``UserError`` on both; an approval node id with NUL is "not
+  waiting" like any node that does not wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import raysaga
+from raysaga import Client, RunOptions, Workflow
+from raysaga.errors import RunNotFoundError, UserError
+from raysaga.state import RunStatus, SqlStore
+
+wf = Workflow("stop27_store")
+
+
+@wf.step()
+def first(input: Any) -> Any:
+    return input
+
+
+@wf.approval()
+def review(first: Any) -> str:
+    return "ship it?"
+
+
+@wf.step()
+def ship(review: Any) -> str:
+    return "shipped"
+
+
+@pytest.fixture
+def client(store_url: str) -> Iterator[Client]:
+    with Client(store_url) as c:
+        yield c
+
+
+def _waiting(store_url: str) -> str:
+    """A new run resting ``waiting_human`` on ``review``."""
+    record = raysaga.run(wf, 1, store=store_url, executor="inline", options=RunOptions(release_after=0))
+    assert record.status == RunStatus.WAITING_HUMAN
+    return record.run_id
+
+
+UNSTORABLE_IDS = {"nul": "order\x00-1", "lone-surrogate": "order-\ud800"}
+
+
+@pytest.mark.parametrize("run_id", UNSTORABLE_IDS.values(), ids=list(UNSTORABLE_IDS))
+def test_a_run_id_no_row_can_hold_is_not_found(store_url: str, client: Client, run_id: str) -> None:
+    lookups: dict[str, Callable[[], Any]] = {
+        "get_run": lambda: client.get_run(run_id),
+        "resume": lambda: raysaga.resume(wf, run_id, store=client.store, executor="inline"),
+        "cancel": lambda: raysaga.cancel(run_id, store=client.store),
+        "Client.cancel": lambda: client.cancel(run_id),
+        "approve": lambda: client.approve(run_id, "review", by="alice"),
+        "reject": lambda: client.reject(run_id, "review", by="alice"),
+    }
+    for name, lookup in lookups.items():
+        with pytest.raises(RunNotFoundError) as caught:
+            lookup()
+        assert repr(run_id) in str(caught.value), name
+
+
+@pytest.mark.parametrize("run_id", UNSTORABLE_IDS.values(), ids=list(UNSTORABLE_IDS))
+def test_run_refuses_an_unstorable_run_id_before_any_row(store_url: str, run_id: str) -> None:
+    before = _run_count(store_url)
+    with pytest.raises(UserError, match="--run-id is printable text"):
+        raysaga.run(wf, 1, store=store_url, executor="inline", run_id=run_id)
+    assert _run_count(store_url) == before
+
+
+def _run_count(url: str) -> int:
+    store = SqlStore(url)
+    try:
+        return len(store.list_runs(limit=100_000))
+    finally:
+        store.close()
+
+
+def test_a_cancel_reason_with_a_lone_surrogate_cancels_the_run(store_url: str, client: Client) -> None:
+    run_id = _waiting(store_url)
+    record = raysaga.cancel(run_id, store=client.store, reason="customer wrote \ud800 and left")
+    assert record.status == RunStatus.CANCELLED
+    assert record.status_reason == "customer wrote \\ud800 and left"
+    assert client.store.events(run_id)[-1].data == {"reason": "customer wrote \\ud800 and left"}
+
+    other = _waiting(store_url)
+    assert client.cancel(other, reason="bad \udcff byte").status == RunStatus.CANCELLED
+
+
+def test_a_pause_reason_with_a_lone_surrogate_pauses_the_run(store_url: str, client: Client) -> None:
+    run_id = _waiting(store_url)
+    record = client.pause(run_id, by="ops", reason="hold \ud800 on")
+    assert record.status == RunStatus.PAUSED
+    assert record.status_reason == "hold \\ud800 on"
+
+
+BAD_DECISION_IDS = {"nul": "req\x00-7", "too-long": "r" * 201, "not-a-str": 7}
+
+
+@pytest.mark.parametrize("decision_id", BAD_DECISION_IDS.values(), ids=list(BAD_DECISION_IDS))
+def test_a_decision_id_no_row_can_hold_is_refused_on_both_stores(store_url: str, client: Client,
+                                                                 decision_id: Any) -> None:
+    run_id = _waiting(store_url)
+    with pytest.raises(UserError, match="decision id"):
+        client.approve(run_id, "review", by="alice", decision_id=decision_id)
+    assert client.store.pending_signals(run_id) == []  # nothing recorded
+    # the approval still waits, and a good id decides it
+    decision = client.approve(run_id, "review", by="alice", decision_id="r" * 200)
+    assert decision.decision_id == "r" * 200
+
+
+def test_an_approval_node_id_with_nul_is_not_waiting(store_url: str, client: Client) -> None:
+    run_id = _waiting(store_url)
+    with pytest.raises(UserError, match="is not waiting for a decision"):
+        client.approve(run_id, "rev\x00iew", by="alice")
+    with pytest.raises(UserError, match="is not waiting for a decision"):
+        client.reject(run_id, "rev\ud800iew", by="alice")
