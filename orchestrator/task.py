@@ -7,6 +7,7 @@ The store is never touched here: the driver is the single writer.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -155,10 +156,33 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
     except NotJSONableError as exc:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
+        if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and not _in_ray_task()):
             raise
+        if isinstance(exc, SystemExit):
+            return NodeOutcome.failure(_exited(exc, call.label), transient=False, started_at=started)
         transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
         return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+
+
+def _in_ray_task() -> bool:
+    """Whether this attempt runs in a Ray task or actor (inline, the driver's own process runs it)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return ray.get_runtime_context().get_task_id() is not None
+    except Exception:  # Ray not initialised in this process: the inline executor's driver
+        return False
+
+
+def _exited(exc: SystemExit, label: str) -> Permanent:
+    """A step's ``sys.exit()`` on Ray, as the permanent failure it is. Let through, it ended the
+    worker: Ray reported a ``WorkerCrashedError``, retried as transient, so the step failed as "the
+    worker died" and a compensation, retried without limit, left its run ``compensating`` for ever."""
+    failure = Permanent(f"step {label!r} raised SystemExit({exc.code!r}) (sys.exit()): a step returns or "
+                        "raises; it must not end the process that runs it")
+    failure.__traceback__ = exc.__traceback__
+    return failure
 
 
 def _guarded(classify: Callable[..., Any], exc: BaseException, *args: Any) -> Any:
