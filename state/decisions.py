@@ -264,8 +264,13 @@ def _check_decision_id(decision_id: Any) -> None:
     check_run_id(decision_id, "decision id")
 
 
+def _fan_index_fits(fan_index: Any) -> bool:
+    """Whether ``fan_index`` fits its column (a 32-bit integer): a larger one failed PostgreSQL's look-up."""
+    return isinstance(fan_index, int) and not isinstance(fan_index, bool) and -1 <= fan_index < 2**31
+
+
 def _node_row(conn: Connection, run_id: str, node: str, fan_index: int) -> NodeRecord | None:
-    if not isinstance(node, str) or not node.isprintable():
+    if not isinstance(node, str) or not node.isprintable() or not _fan_index_fits(fan_index):
         return None  # no node id holds a NUL or a lone surrogate (its look-up failed in the driver): "not waiting"
     rows = conn.execute(select(*node_columns).where(and_(node_rows.c.run_id == run_id, node_rows.c.node_id == node,
                                                         node_rows.c.fan_index == fan_index))).all()

@@ -10,7 +10,8 @@ Each case failed inside the database driver with a raw error instead of saying w
   writing the run row, and the cancel failed: now the reason is stored with the escape ``\\ud800``;
 - a ``decision_id`` holding NUL or longer than its column (200) was stored on SQLite and raised
   ``DataError`` on PostgreSQL: now a ``UserError`` on both; an approval node id with NUL is "not
-  waiting" like any node that does not wait.
+  waiting" like any node that does not wait, and so is a ``fan_index`` beyond its 32-bit column
+  (``DataError`` on PostgreSQL, ``OverflowError`` on SQLite).
 """
 
 from __future__ import annotations
@@ -130,3 +131,11 @@ def test_an_approval_node_id_with_nul_is_not_waiting(store_url: str, client: Cli
         client.approve(run_id, "rev\x00iew", by="alice")
     with pytest.raises(UserError, match="is not waiting for a decision"):
         client.reject(run_id, "rev\ud800iew", by="alice")
+
+
+@pytest.mark.parametrize("fan_index", [2**31, 2**70, -2])
+def test_a_fan_index_no_row_can_hold_is_not_waiting(store_url: str, client: Client, fan_index: int) -> None:
+    """The column is a 32-bit integer: PostgreSQL's look-up raised ``DataError`` (integer out of range)."""
+    run_id = _waiting(store_url)
+    with pytest.raises(UserError, match="is not waiting for a decision"):
+        client.approve(run_id, "review", by="alice", fan_index=fan_index)
