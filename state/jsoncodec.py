@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from typing import Any
 
 from pydantic import BaseModel
@@ -46,6 +47,8 @@ def _bounded(where: str) -> str:
 
 def _check(value: Any, where: str, depth: int) -> JSONValue:
     if value is None or isinstance(value, bool | int):
+        if isinstance(value, int) and value.bit_length() > _LONG_INT_BITS:
+            _check_int_digits(value, where)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -78,6 +81,21 @@ def _check(value: Any, where: str, depth: int) -> JSONValue:
         f"{_bounded(where)} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
         "a dict, a list, a str, a number, a bool or None"
     )
+
+
+#: Below this many bits an int has fewer than Python's default 4300 digits: only a longer one is tried.
+_LONG_INT_BITS = 14_000
+
+
+def _check_int_digits(value: int, where: str) -> None:
+    """Refuse an int too long for Python to write as text (``sys.get_int_max_str_digits``): its
+    write raised a bare ``ValueError`` that named neither the value nor the step (a step failed
+    with it; a run input with it was no ``InvalidInputError``), and no reader could parse it back."""
+    try:
+        str(value)
+    except ValueError:
+        raise NotJSONableError(f"{_bounded(where)} is an integer of more than {sys.get_int_max_str_digits()} "
+                               "digits: store it as a string (str(n)), or its digits elsewhere") from None
 
 
 # one encoder: json.dumps with any keyword argument builds a new JSONEncoder per call
@@ -120,7 +138,10 @@ def _plain(value: Any, depth: int) -> bool:
 def dumps(value: Any, where: str = "value") -> str:
     """Canonical JSON text (sorted keys, no spaces) of a checked value."""
     if _plain(value, 0):  # the common case, checked without building the paths an error would name
-        return _ENCODER.encode(value)
+        try:
+            return _ENCODER.encode(value)
+        except ValueError:  # an int too long to write as text: to_jsonable names it
+            pass
     return _ENCODER.encode(to_jsonable(value, where))
 
 

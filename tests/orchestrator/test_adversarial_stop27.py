@@ -5,6 +5,11 @@
   on PostgreSQL with psycopg's ``DataError`` (a lone surrogate failed on both with
   ``UnicodeEncodeError``), long after the workflow was declared. Now a ``WorkflowDefinitionError``
   at ``Workflow(...)``, naming the workflow and the rule.
+- An int of more than 4300 digits (``sys.get_int_max_str_digits``) is no JSON Python can write or
+  read back: its write raised a bare ``ValueError`` ("Exceeds the limit ... for integer string
+  conversion") naming neither the value nor the step; a run input holding one was no
+  ``InvalidInputError``. Now a ``NotJSONableError`` naming where it sits: the input is refused
+  before any run row, an output fails its step permanently.
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from typing import Any
 import pytest
 
 import raysaga
-from raysaga import RunStatus, Workflow
+from raysaga import InvalidInputError, RetryPolicy, RunStatus, Workflow
 from raysaga.errors import WorkflowDefinitionError
+from raysaga.state import NodeStatus, SqlStore
 
 BAD_VERSIONS = {"nul": "1\x00", "lone-surrogate": "v\ud800", "too-long": "v" * 51, "empty": "", "newline": "1\n2"}
 
@@ -36,3 +42,52 @@ def test_a_version_a_row_can_hold_runs_on_both_stores(store_url: str, version: A
 
     record = raysaga.run(wf, 21, store=store_url, executor="inline")
     assert (record.status, record.output, record.workflow_version) == (RunStatus.COMPLETED, {"total": 42}, str(version))
+
+
+LONG_INT = 10**5000
+
+
+def _echo_flow() -> Workflow:
+    wf = Workflow("long_ints")
+
+    @wf.step()
+    def first(input: Any) -> Any:
+        return input
+
+    @wf.step(retry=RetryPolicy(max_attempts=3, base=0.01, cap=0.01))
+    def grow(first: Any) -> Any:
+        return {"n": [LONG_INT if first == "grow" else first]}
+
+    return wf
+
+
+@pytest.mark.parametrize("value", [LONG_INT, {"x": [-LONG_INT]}], ids=["bare", "nested"])
+def test_a_run_input_with_an_int_too_long_to_write_is_invalid_input(store_url: str, value: Any) -> None:
+    store = SqlStore(store_url)
+    try:
+        before = len(store.list_runs(limit=100_000))
+        with pytest.raises(InvalidInputError, match="integer of more than 4300 digits: store it as a string"):
+            raysaga.run(_echo_flow(), value, store=store, executor="inline")
+        assert len(store.list_runs(limit=100_000)) == before
+    finally:
+        store.close()
+
+
+def test_an_output_with_an_int_too_long_to_write_fails_its_step_naming_it(store_url: str) -> None:
+    store = SqlStore(store_url)
+    try:
+        record = raysaga.run(_echo_flow(), "grow", store=store, executor="inline")
+        assert record.status == RunStatus.FAILED
+        grow = next(n for n in store.nodes(record.run_id) if n.node_id == "grow")
+        assert (grow.status, grow.attempt) == (NodeStatus.FAILED, 1)
+        assert grow.error is not None and grow.error["type"] == "NotJSONableError"
+        assert grow.error["message"].startswith("output of step 'grow'['n'][0] is an integer of more than 4300 digits")
+    finally:
+        store.close()
+
+
+def test_ints_just_below_the_limit_round_trip_exactly(store_url: str) -> None:
+    big = 10**4299 + 7  # 4300 digits: written and read back as is
+    record = raysaga.run(_echo_flow(), big, store=store_url, executor="inline")
+    assert record.status == RunStatus.COMPLETED
+    assert record.output == {"grow": {"n": [big]}}
