@@ -20,6 +20,7 @@ from typing import Any
 
 from raysaga.agents.agent import (
     MEMORY_TOOLS,
+    REFUSAL,
     Agent,
     Turn,
     final_answer_problem,
@@ -300,7 +301,11 @@ def _final(agent: Agent, conv: Conversation, t: int) -> Finish | Fail | Feedback
     problem = final_answer_problem(response, agent.output_type)
     if problem is None:
         return Finish(final_output(response, agent.output_type))
+    if response.stop_reason == REFUSAL:  # not an answer to feed back: the node fails, saying so
+        return Fail("ModelRefused", f"agent {agent.name!r}: the model declined to answer (stop_reason "
+                                    f"'refusal'): {response.text().strip()[:300]!r}")
     rejected = sum(1 for turn in conv.turns if turn.response is not None and not turn.response.tool_uses()
+                   and turn.response.stop_reason != "pause_turn"  # a pause is no bad answer: it goes on
                    and final_answer_problem(turn.response, agent.output_type) is not None)
     if rejected > agent.max_output_retries:
         return Fail("InvalidOutput", f"agent {agent.name!r} gave no acceptable answer after {rejected} tries: "

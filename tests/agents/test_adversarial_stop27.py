@@ -1,0 +1,104 @@
+"""Second adversarial round, agents: final answers the loop took wrongly, or could not take.
+
+- A final answer whose JSON holds ``NaN``/``Infinity`` (models do write them) or is nested deeper
+  than the JSON parser recurses raised ``NotJSONableError`` / ``RecursionError`` out of the
+  driver (``final_answer_problem`` caught only ``ValueError`` and ``ValidationError``): the run
+  stayed ``running``, and every resume read the same persisted answer and crashed again. Now it
+  is fed back to the model like any answer that does not fit the output type.
+- ``stop_reason: "refusal"`` (the model declined) was taken as the final answer: the node
+  completed with the refusal's text as its output (or, with an output type, with whatever JSON
+  the text held). Now the node fails, ``ModelRefused``, quoting it.
+- ``stop_reason: "pause_turn"`` (the API paused a long turn for the caller to continue) and
+  ``"model_context_window_exceeded"`` (cut off) were taken as final answers too: the node
+  completed with half an answer. Now the model is asked to go on, as after ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import raysaga
+from raysaga import RunStatus, Workflow
+from raysaga.agents import Agent, ModelResponse, ScriptedModel, Usage, text_reply
+from raysaga.orchestrator import Driver, InlineExecutor
+from raysaga.state import RunRecord, SqlStore
+
+
+class Total(BaseModel):
+    total: int
+
+
+def _reply(text: str, stop: str) -> ModelResponse:
+    return ModelResponse(content=[{"type": "text", "text": text}], stop_reason=stop,
+                         usage=Usage(input_tokens=5, output_tokens=5), model="scripted")
+
+
+def _drive(store_url: str, script: list[ModelResponse], output_type: type[BaseModel] | None) -> tuple[RunRecord, Any]:
+    """One run of an agent answering with ``script``; the run as ``drive`` left it, and the agent's row."""
+    agent = Agent(name="adder", model=ScriptedModel(default=tuple(script)), tools=(), max_turns=4,
+                  output_type=output_type)
+    wf = Workflow("stop27_answers")
+
+    @wf.agent(agent)
+    def solve(input: str) -> str:
+        return input
+
+    store = SqlStore(store_url)
+    try:
+        run_id = raysaga.create_run(wf, "add 1 and 2", store=store).run_id
+        final = Driver(wf, store, InlineExecutor(), run_id).drive()  # must return, whatever the model said
+        (node,) = [n for n in store.nodes(run_id) if n.node_id == "solve"]
+        return final, node
+    finally:
+        store.close()
+
+
+UNREADABLE = {
+    "nan": '{"total": NaN}',
+    "infinity": '{"total": -Infinity}',
+    "too-deep": "[" * 100_000 + "]" * 100_000,
+    "too-deep-field": '{"total": ' + "[" * 100_000 + "]" * 100_000 + "}",
+}
+
+
+@pytest.mark.parametrize("answer", UNREADABLE.values(), ids=list(UNREADABLE))
+def test_an_answer_json_cannot_hold_is_fed_back_not_raised(store_url: str, answer: str) -> None:
+    final, _ = _drive(store_url, [text_reply(answer), text_reply('{"total": 3}')], Total)
+    assert final.status == RunStatus.COMPLETED
+    assert final.output == {"solve": {"total": 3}}
+
+
+def test_an_answer_json_cannot_hold_fails_the_node_after_the_retries(store_url: str) -> None:
+    final, node = _drive(store_url, [text_reply('{"total": NaN}')], Total)
+    assert final.status == RunStatus.FAILED
+    assert node.error["type"] == "InvalidOutput"
+    assert "NaN" in node.error["message"] or "nan" in node.error["message"]
+
+
+@pytest.mark.parametrize("output_type", [None, Total], ids=["text", "typed"])
+def test_a_refusal_fails_the_node_instead_of_being_its_answer(store_url: str,
+                                                             output_type: type[BaseModel] | None) -> None:
+    final, node = _drive(store_url, [_reply('I cannot help with that. {"total": 0}', "refusal")], output_type)
+    assert final.status == RunStatus.FAILED
+    assert final.output is None
+    assert node.error["type"] == "ModelRefused"
+    assert "declined to answer" in node.error["message"] and "I cannot help with that" in node.error["message"]
+
+
+@pytest.mark.parametrize("stop", ["pause_turn", "model_context_window_exceeded"])
+def test_a_paused_or_cut_off_reply_is_continued_not_taken_as_the_answer(store_url: str, stop: str) -> None:
+    final, _ = _drive(store_url, [_reply("Let me look that", stop), text_reply("The total is 3.")], None)
+    assert final.status == RunStatus.COMPLETED
+    assert final.output == {"solve": "The total is 3."}
+
+
+def test_pauses_are_not_counted_as_bad_answers(store_url: str) -> None:
+    """A long server-tool turn may pause more often than ``max_output_retries`` (2) allows bad answers."""
+    pauses = [_reply(f"step {i}", "pause_turn") for i in range(3)]
+    agent_turns = [*pauses, text_reply("done")]
+    final, _ = _drive(store_url, agent_turns, None)
+    assert final.status == RunStatus.COMPLETED
+    assert final.output == {"solve": "done"}
