@@ -11,7 +11,9 @@ Each case failed inside the database driver with a raw error instead of saying w
 - a ``decision_id`` holding NUL or longer than its column (200) was stored on SQLite and raised
   ``DataError`` on PostgreSQL: now a ``UserError`` on both; an approval node id with NUL is "not
   waiting" like any node that does not wait, and so is a ``fan_index`` beyond its 32-bit column
-  (``DataError`` on PostgreSQL, ``OverflowError`` on SQLite).
+  (``DataError`` on PostgreSQL, ``OverflowError`` on SQLite);
+- a submit's ``queue`` (200 characters) or ``workflow_ref`` (500) holding NUL or too long was
+  stored on SQLite and raised ``DataError`` on PostgreSQL: now a ``UserError`` before any row.
 """
 
 from __future__ import annotations
@@ -139,3 +141,20 @@ def test_a_fan_index_no_row_can_hold_is_not_waiting(store_url: str, client: Clie
     run_id = _waiting(store_url)
     with pytest.raises(UserError, match="is not waiting for a decision"):
         client.approve(run_id, "review", by="alice", fan_index=fan_index)
+
+
+BAD_COLUMNS = {"queue-nul": {"queue": "orders\x00"}, "queue-long": {"queue": "q" * 201},
+               "queue-surrogate": {"queue": "q\ud800"}, "ref-nul": {"workflow_ref": "flows.py:wf\x00"},
+               "ref-long": {"workflow_ref": "m" * 498 + ":wf"}}
+
+
+@pytest.mark.parametrize("given", BAD_COLUMNS.values(), ids=list(BAD_COLUMNS))
+def test_a_submit_whose_queue_or_ref_no_row_can_hold_is_refused(store_url: str, client: Client,
+                                                                given: dict[str, str]) -> None:
+    """Both were stored on SQLite and raised ``DataError`` on PostgreSQL (``UnicodeEncodeError`` on both)."""
+    before = _run_count(store_url)
+    (name,) = given
+    with pytest.raises(UserError, match=f"{name}=.* is not valid: use 1 to"):
+        client.submit(wf, 1, **given)  # type: ignore[arg-type]
+    assert _run_count(store_url) == before
+    assert client.submit(wf, 1, queue="q" * 200, workflow_ref="m" * 497 + ":w").status == RunStatus.PENDING
