@@ -10,16 +10,20 @@
   conversion") naming neither the value nor the step; a run input holding one was no
   ``InvalidInputError``. Now a ``NotJSONableError`` naming where it sits: the input is refused
   before any run row, an output fails its step permanently.
+- ``RunOptions(retry_budget=..., token_budget=...)`` had no upper bound: a budget beyond its
+  column (32-bit, 64-bit), ``sys.maxsize`` as "no limit" say, failed the run's insert on
+  PostgreSQL (``DataError``) or SQLite (``OverflowError``). Now an ``InvalidOptionError``.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
 
 import raysaga
-from raysaga import InvalidInputError, RetryPolicy, RunStatus, Workflow
+from raysaga import InvalidInputError, InvalidOptionError, RetryPolicy, RunOptions, RunStatus, Workflow
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.state import NodeStatus, SqlStore
 
@@ -91,3 +95,20 @@ def test_ints_just_below_the_limit_round_trip_exactly(store_url: str) -> None:
     record = raysaga.run(_echo_flow(), big, store=store_url, executor="inline")
     assert record.status == RunStatus.COMPLETED
     assert record.output == {"grow": {"n": [big]}}
+
+
+@pytest.mark.parametrize(("field", "value"), [("retry_budget", 2**31), ("retry_budget", sys.maxsize),
+                                              ("token_budget", 2**63), ("token_budget", 10**30)])
+def test_a_budget_no_run_row_can_hold_is_refused_by_run_options(field: str, value: int) -> None:
+    """``retry_budget`` is a 32-bit column, ``token_budget`` a 64-bit one: ``sys.maxsize`` as "no
+    limit" ran on SQLite and failed on PostgreSQL with ``DataError`` (integer out of range), and a
+    larger one raised ``OverflowError`` on SQLite, both at the run's insert."""
+    with pytest.raises(InvalidOptionError, match=f"RunOptions.{field} must be None .no limit. or a whole number"):
+        RunOptions(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value"), [("retry_budget", 2**31 - 1), ("token_budget", 2**63 - 1)])
+def test_the_largest_budgets_a_row_holds_run_on_both_stores(store_url: str, field: str, value: int) -> None:
+    record = raysaga.run(_echo_flow(), 1, store=store_url, executor="inline", options=RunOptions(**{field: value}))  # type: ignore[arg-type]
+    assert record.status == RunStatus.COMPLETED
+    assert getattr(record, field) == value
