@@ -11,6 +11,9 @@
 - ``stop_reason: "pause_turn"`` (the API paused a long turn for the caller to continue) and
   ``"model_context_window_exceeded"`` (cut off) were taken as final answers too: the node
   completed with half an answer. Now the model is asked to go on, as after ``max_tokens``.
+- A model call's ``Usage`` took any int: a count beyond 64 bits crashed the driver's commit, a
+  negative one lowered the run's spend (budgets never stopped it). Now ``0 <= n <= 2**40`` per
+  field, else the call fails (``ModelCallFailed``) like any answer raysaga cannot use.
 """
 
 from __future__ import annotations
@@ -102,3 +105,45 @@ def test_pauses_are_not_counted_as_bad_answers(store_url: str) -> None:
     final, _ = _drive(store_url, agent_turns, None)
     assert final.status == RunStatus.COMPLETED
     assert final.output == {"solve": "done"}
+
+
+class GarbageUsageModel:
+    """A backend (or a proxy in front of one) reporting token counts no real call has."""
+
+    name = "garbage-usage"
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def complete(self, request: Any) -> ModelResponse:
+        return ModelResponse.model_validate({
+            "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn", "model": self.name,
+            "usage": {"input_tokens": self.tokens, "output_tokens": 1}})
+
+    def cost(self, usage: Usage) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("tokens", [2**63, 2**70, -1_000_000], ids=["2**63", "2**70", "negative"])
+def test_a_token_count_no_real_call_reports_fails_the_call_not_the_driver(store_url: str, tokens: int) -> None:
+    """Added up into the run's 64-bit ``tokens_used``, a huge count raised ``OverflowError`` /
+    ``DataError`` out of the driver's commit (the run stayed ``running``), and a negative one lowered
+    the run's spend below what it paid, so a ``token_budget`` never stopped it."""
+    agent = Agent(name="counter", model=GarbageUsageModel(tokens), tools=(), max_turns=2)
+    wf = Workflow("stop27_usage")
+
+    @wf.agent(agent)
+    def solve(input: str) -> str:
+        return input
+
+    store = SqlStore(store_url)
+    try:
+        run_id = raysaga.create_run(wf, "count", store=store).run_id
+        final = Driver(wf, store, InlineExecutor(), run_id).drive()
+        assert final.status == RunStatus.FAILED
+        assert final.tokens_used == 0
+        (node,) = [n for n in store.nodes(run_id) if n.node_id == "solve"]
+        assert node.error is not None and node.error["type"] == "ModelCallFailed"
+        assert "input_tokens" in node.error["message"]
+    finally:
+        store.close()
