@@ -14,17 +14,20 @@
 - A model call's ``Usage`` took any int: a count beyond 64 bits crashed the driver's commit, a
   negative one lowered the run's spend (budgets never stopped it). Now ``0 <= n <= 2**40`` per
   field, else the call fails (``ModelCallFailed``) like any answer raysaga cannot use.
+- A model's own ``cost()`` that raised or returned None crashed the driver; NaN, inf or a
+  negative amount made ``cost_used`` nonsense. Now the agent node fails, ``ModelCostFailed``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 import raysaga
-from raysaga import RunStatus, Workflow
+from raysaga import RunOptions, RunStatus, Workflow
 from raysaga.agents import Agent, ModelResponse, ScriptedModel, Usage, text_reply
 from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.state import RunRecord, SqlStore
@@ -145,5 +148,51 @@ def test_a_token_count_no_real_call_reports_fails_the_call_not_the_driver(store_
         (node,) = [n for n in store.nodes(run_id) if n.node_id == "solve"]
         assert node.error is not None and node.error["type"] == "ModelCallFailed"
         assert "input_tokens" in node.error["message"]
+    finally:
+        store.close()
+
+
+class BadCostModel:
+    """A model of one's own whose ``cost()`` is broken."""
+
+    name = "bad-cost"
+
+    def __init__(self, cost: Any) -> None:
+        self.price = cost
+
+    def complete(self, request: Any) -> ModelResponse:
+        return text_reply("done")
+
+    def cost(self, usage: Usage) -> Any:
+        if isinstance(self.price, Exception):
+            raise self.price
+        return self.price
+
+
+BAD_COSTS = {"raises": RuntimeError("no price for this model"), "none": None, "str": "0.01",
+             "nan": math.nan, "inf": math.inf, "negative": -5.0}
+
+
+@pytest.mark.parametrize("cost", BAD_COSTS.values(), ids=list(BAD_COSTS))
+def test_a_broken_cost_fails_the_agent_node_not_the_driver(store_url: str, cost: Any) -> None:
+    """``cost()`` raising or returning None crashed the driver (``TypeError``, the run left
+    ``running``, every resume the same); NaN, inf or a negative amount made ``cost_used`` nonsense,
+    so a ``cost_budget`` could never stop the run."""
+    agent = Agent(name="spender", model=BadCostModel(cost), tools=(), max_turns=2)
+    wf = Workflow("stop27_cost")
+
+    @wf.agent(agent)
+    def solve(input: str) -> str:
+        return input
+
+    store = SqlStore(store_url)
+    try:
+        run_id = raysaga.create_run(wf, "spend", store=store, options=RunOptions(cost_budget=1.0)).run_id
+        final = Driver(wf, store, InlineExecutor(), run_id).drive()
+        assert final.status == RunStatus.FAILED
+        assert final.cost_used == 0.0 and final.tokens_used == 20  # the answer's tokens are counted
+        (node,) = [n for n in store.nodes(run_id) if n.node_id == "solve"]
+        assert node.error is not None and node.error["type"] == "ModelCostFailed"
+        assert "its model's cost()" in node.error["message"]
     finally:
         store.close()
