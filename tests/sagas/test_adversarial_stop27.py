@@ -6,6 +6,11 @@ its attempts, as "the worker died unexpectedly" (the step's own exit lost), and 
 retried without limit by default — kept the run ``compensating`` for ever, a fresh worker killed
 per attempt. Now ``sys.exit()`` in a Ray task is a permanent failure naming ``SystemExit``. (Inline,
 the driver's own process runs the step: ``SystemExit`` still ends it, as the caller asked.)
+
+A fan-out's ``on_partial_failure`` function that raised an exception whose ``__str__`` raises (or
+returned a value whose ``__repr__`` raises) escaped the driver's guard around the policy: the
+driver crashed, the run stayed ``running``, and every resume crashed the same way. Now the step
+fails, the reason saying what could not be read.
 """
 
 from __future__ import annotations
@@ -18,10 +23,8 @@ from typing import Any
 import pytest
 
 import raysaga
-from raysaga import RetryPolicy, RunStatus, Workflow
+from raysaga import FanOutResult, Permanent, RetryPolicy, RunStatus, Workflow, on_partial_failure
 from raysaga.state import NodeStatus, SqlStore
-
-pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,6 +64,7 @@ def _rows(url: str, run_id: str) -> dict[str, Any]:
         store.close()
 
 
+@pytest.mark.ray
 def test_a_step_calling_sys_exit_on_ray_fails_once_naming_it(ray_address: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'raysaga.db'}"
     record = raysaga.run(_saga(exiting_undo=False), None, store=url, executor="ray")
@@ -73,6 +77,7 @@ def test_a_step_calling_sys_exit_on_ray_fails_once_naming_it(ray_address: str, t
     assert "SystemExit" in (record.status_reason or "")
 
 
+@pytest.mark.ray
 def test_a_compensation_calling_sys_exit_on_ray_parks_the_run(ray_address: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'raysaga.db'}"
     record = raysaga.run(_saga(exiting_undo=True), None, store=url, executor="ray")
@@ -81,3 +86,45 @@ def test_a_compensation_calling_sys_exit_on_ray_parks_the_run(ray_address: str, 
     assert undo.status == NodeStatus.FAILED and undo.error is not None
     assert undo.attempt == 1, "retried, each attempt killed a worker (for ever with the default retry)"
     assert "SystemExit(3)" in undo.error["message"]
+
+
+class Unreadable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("str failed")
+
+
+class Unshowable:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr failed")
+
+
+def _raises(result: FanOutResult) -> Any:
+    raise Unreadable()
+
+
+def _returns_unshowable(result: FanOutResult) -> Any:
+    return Unshowable()
+
+
+@pytest.mark.parametrize(("decide", "reason"), [
+    (_raises, "on_partial_failure raised Unreadable: <a Unreadable whose str() raised RuntimeError>"),
+    (_returns_unshowable, "on_partial_failure returned <a Unshowable whose repr() raised RuntimeError>"),
+], ids=["str-raises", "repr-raises"])
+def test_a_partial_failure_policy_that_cannot_be_read_fails_its_step(store_url: str, decide: Any,
+                                                                     reason: str) -> None:
+    wf = Workflow("unreadable_policy")
+
+    @wf.step()
+    def items() -> list[int]:
+        return [1, 2, 3]
+
+    @wf.map("items", policy=on_partial_failure(decide), retry=RetryPolicy(max_attempts=1))
+    def check(items: int) -> int:
+        if items == 2:
+            raise Permanent("item two is bad")
+        return items
+
+    record = raysaga.run(wf, None, store=store_url, executor="inline")  # must return, not raise
+    assert record.status == RunStatus.FAILED
+    assert reason in (record.status_reason or "")
+    assert _rows(store_url, record.run_id)["check"].status == NodeStatus.FAILED
