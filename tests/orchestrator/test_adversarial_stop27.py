@@ -13,17 +13,25 @@
 - ``RunOptions(retry_budget=..., token_budget=...)`` had no upper bound: a budget beyond its
   column (32-bit, 64-bit), ``sys.maxsize`` as "no limit" say, failed the run's insert on
   PostgreSQL (``DataError``) or SQLite (``OverflowError``). Now an ``InvalidOptionError``.
+- Pydantic writes a NaN or infinity held by an ``Any`` field (``dict[str, Any]``...) as null: a
+  step returning such a model completed with ``null`` in place of the number (a bare NaN, or one
+  in a ``float`` field, was refused), and an approval's ``Ask(payload=...)`` lost its payload.
+  Now ``jsoncodec`` refuses it, naming the path, unless the model sets ``ser_json_inf_nan``.
+- ``@wf.approval(default=...)`` was not checked: a value that is not JSON failed only when the
+  timeout answered (an object crashed the driver; NaN became null). Now refused at definition.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict
 
 import raysaga
-from raysaga import InvalidInputError, InvalidOptionError, RetryPolicy, RunOptions, RunStatus, Workflow
+from raysaga import Ask, InvalidInputError, InvalidOptionError, RetryPolicy, RunOptions, RunStatus, Workflow
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.state import NodeStatus, SqlStore
 
@@ -112,3 +120,84 @@ def test_the_largest_budgets_a_row_holds_run_on_both_stores(store_url: str, fiel
     record = raysaga.run(_echo_flow(), 1, store=store_url, executor="inline", options=RunOptions(**{field: value}))  # type: ignore[arg-type]
     assert record.status == RunStatus.COMPLETED
     assert getattr(record, field) == value
+
+
+class Report(BaseModel):
+    """A step's result with free-form data: pydantic writes a NaN under ``Any`` as null."""
+
+    count: int
+    data: dict[str, Any]
+
+
+class NullsWanted(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="null")  # the model asks for null itself
+
+    data: Any
+
+
+@pytest.mark.parametrize("data", [{"mean": math.nan}, {"series": [1.0, math.inf]}, {"deep": {"x": -math.inf}}],
+                         ids=["nan", "inf-in-list", "nested"])
+def test_a_model_holding_nan_under_any_fails_its_step_instead_of_storing_null(store_url: str,
+                                                                             data: dict[str, Any]) -> None:
+    wf = Workflow("nan_in_models")
+
+    @wf.step(retry=RetryPolicy(max_attempts=3, base=0.01, cap=0.01))
+    def measure() -> Report:
+        return Report(count=3, data=data)
+
+    @wf.step()
+    def use(measure: Report) -> Any:
+        return measure.data
+
+    store = SqlStore(store_url)
+    try:
+        record = raysaga.run(wf, None, store=store, executor="inline")
+        assert record.status == RunStatus.FAILED, record.output  # it completed with null in place of NaN
+        node = next(n for n in store.nodes(record.run_id) if n.node_id == "measure")
+        assert (node.status, node.attempt, node.output) == (NodeStatus.FAILED, 1, None)
+        assert node.error is not None and node.error["type"] == "NotJSONableError"
+        assert "output of step 'measure'['data']" in node.error["message"]
+        assert "JSON has no NaN or infinity" in node.error["message"]
+    finally:
+        store.close()
+
+
+def test_a_model_that_asks_for_null_gets_null(store_url: str) -> None:
+    wf = Workflow("nan_as_null")
+
+    @wf.step()
+    def measure() -> NullsWanted:
+        return NullsWanted(data={"mean": math.nan})
+
+    record = raysaga.run(wf, None, store=store_url, executor="inline")
+    assert record.status == RunStatus.COMPLETED
+    assert record.output == {"measure": {"data": {"mean": None}}}
+
+
+def test_an_approval_payload_holding_nan_fails_the_node_instead_of_asking_without_it(store_url: str) -> None:
+    """``Ask.payload`` is ``Any``: the approver was shown ``payload: null``, the order to review gone."""
+    wf = Workflow("nan_in_ask")
+
+    @wf.approval()
+    def review() -> Ask:
+        return Ask(prompt="Refund this order?", payload={"order": "o-1", "amount": math.nan})
+
+    store = SqlStore(store_url)
+    try:
+        record = raysaga.run(wf, None, store=store, executor="inline", options=RunOptions(release_after=0))
+        assert record.status == RunStatus.FAILED
+        node = next(n for n in store.nodes(record.run_id) if n.node_id == "review")
+        assert node.error is not None and "['payload']['amount'] is nan" in node.error["message"]
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("default", [math.nan, {1, 2}, object(), {"ok": math.inf}], ids=["nan", "set", "object", "inf"])
+def test_an_approval_default_that_is_not_json_is_refused_at_definition(default: Any) -> None:
+    """It becomes the node's output when the timeout answers: an object crashed the driver then
+    (``PydanticSerializationError``, the run left ``running``), NaN was stored as null."""
+    wf = Workflow("bad_default")
+    with pytest.raises(WorkflowDefinitionError, match=r"approval 'review': default="):
+        @wf.approval(timeout=60, on_timeout="default", default=default)
+        def review() -> str:
+            return "ship it?"
