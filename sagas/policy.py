@@ -55,10 +55,20 @@ class Verdict(StrEnum):
     COMPENSATE = "compensate"
 
 
+#: A decision's reason is stored in its event and, for a failure, in the step's error and the
+#: run's reason: it is cut to this many characters, like a step's error message.
+MAX_REASON = 2000
+
+
 @dataclass(frozen=True)
 class Decision:
     verdict: Verdict
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        # a user's text: a lone surrogate in it failed the commit of the decision's event (NotJSONableError
+        # out of the driver; the run stayed running and every resume decided, and crashed, again)
+        object.__setattr__(self, "reason", _readable(str, self.reason)[:MAX_REASON])
 
 
 def Continue(reason: str = "") -> Decision:
@@ -180,7 +190,7 @@ def _readable(show: Callable[[Any], str], value: Any) -> str:
         text = show(value)
     except Exception as problem:  # any failure of user code reading its own value
         return f"<a {type(value).__name__} whose {show.__name__}() raised {type(problem).__name__}>"
-    return text[:500].encode("utf-8", "backslashreplace").decode("utf-8")
+    return text[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def on_partial_failure(fn: DecisionFn) -> FanOutPolicy:

@@ -10,7 +10,8 @@ the driver's own process runs the step: ``SystemExit`` still ends it, as the cal
 A fan-out's ``on_partial_failure`` function that raised an exception whose ``__str__`` raises (or
 returned a value whose ``__repr__`` raises) escaped the driver's guard around the policy: the
 driver crashed, the run stayed ``running``, and every resume crashed the same way. Now the step
-fails, the reason saying what could not be read.
+fails, the reason saying what could not be read. A decision whose reason held a lone surrogate
+failed the commit of its event the same way: the reason is now escaped (and cut to 2000 characters).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 
 import raysaga
-from raysaga import FanOutResult, Permanent, RetryPolicy, RunStatus, Workflow, on_partial_failure
+from raysaga import Continue, Fail, FanOutResult, Permanent, RetryPolicy, RunStatus, Workflow, on_partial_failure
 from raysaga.state import NodeStatus, SqlStore
 
 
@@ -128,3 +129,34 @@ def test_a_partial_failure_policy_that_cannot_be_read_fails_its_step(store_url: 
     assert record.status == RunStatus.FAILED
     assert reason in (record.status_reason or "")
     assert _rows(store_url, record.run_id)["check"].status == NodeStatus.FAILED
+
+
+@pytest.mark.parametrize(("decision", "status", "shown"), [
+    (Continue("kept \ud800 going"), RunStatus.COMPLETED, "kept \\ud800 going"),
+    (Fail("gave up \udcff"), RunStatus.FAILED, "gave up \\udcff"),
+    (Fail("x" * 10_000), RunStatus.FAILED, "x" * 2000),
+], ids=["continue-surrogate", "fail-surrogate", "fail-huge"])
+def test_a_partial_failure_decision_reason_is_stored_readable(store_url: str, decision: Any, status: RunStatus,
+                                                              shown: str) -> None:
+    """A reason with a lone surrogate failed the commit of its ``fanout_decision`` event
+    (``NotJSONableError`` out of the driver, the run left ``running``, every resume the same)."""
+    wf = Workflow("readable_reason")
+
+    @wf.step()
+    def items() -> list[int]:
+        return [1, 2, 3]
+
+    @wf.map("items", policy=on_partial_failure(lambda result: decision), retry=RetryPolicy(max_attempts=1))
+    def check(items: int) -> int:
+        if items == 2:
+            raise Permanent("item two is bad")
+        return items
+
+    record = raysaga.run(wf, None, store=store_url, executor="inline")
+    assert record.status == status
+    store = SqlStore(store_url)
+    try:
+        (event,) = [e for e in store.events(record.run_id) if e.kind == "fanout_decision"]
+    finally:
+        store.close()
+    assert event.data is not None and event.data["reason"] == shown
