@@ -274,9 +274,18 @@ def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, arg
     return Pause(reason) if policy.then == "pause" else Fail("LoopDetected", reason)
 
 
+#: A memory key is a row's key column (200 characters of text).
+MAX_MEMORY_KEY = 200
+
+
 def _memory_problem(name: str, args: Any) -> str | None:
     if not isinstance(args, dict) or not isinstance(args.get("key"), str):
         return f"{name} needs a string 'key'"
+    key = args["key"]
+    # the model's text: on PostgreSQL a longer key, or one holding NUL, failed the driver's read or
+    # write of the row (DataError; the run left running, every resume the same)
+    if not 1 <= len(key) <= MAX_MEMORY_KEY or not key.isprintable():
+        return f"{name} needs a 'key' of 1 to {MAX_MEMORY_KEY} printable characters"
     if name == "memory_write" and not isinstance(args.get("expected_version"), int):
         return "memory_write needs an integer 'expected_version' (0 for a new key)"
     return None

@@ -16,6 +16,8 @@
   field, else the call fails (``ModelCallFailed``) like any answer raysaga cannot use.
 - A model's own ``cost()`` that raised or returned None crashed the driver; NaN, inf or a
   negative amount made ``cost_used`` nonsense. Now the agent node fails, ``ModelCostFailed``.
+- A shared-memory key is the model's text: on PostgreSQL one longer than its column (200) or with
+  NUL crashed the driver. Now the model is answered that the key is not valid.
 """
 
 from __future__ import annotations
@@ -194,5 +196,42 @@ def test_a_broken_cost_fails_the_agent_node_not_the_driver(store_url: str, cost:
         (node,) = [n for n in store.nodes(run_id) if n.node_id == "solve"]
         assert node.error is not None and node.error["type"] == "ModelCostFailed"
         assert "its model's cost()" in node.error["message"]
+    finally:
+        store.close()
+
+
+def _use(name: str, args: dict[str, Any]) -> ModelResponse:
+    return ModelResponse(content=[{"type": "tool_use", "id": "toolu_0", "name": name, "input": args}],
+                         stop_reason="tool_use", usage=Usage(input_tokens=5, output_tokens=5), model="scripted")
+
+
+BAD_KEYS = {"long-write": ("memory_write", "k" * 201), "nul-write": ("memory_write", "k\x00ey"),
+            "long-read": ("memory_read", "k" * 201), "nul-read": ("memory_read", "\x00"),
+            "empty-read": ("memory_read", "")}
+
+
+@pytest.mark.parametrize(("tool_name", "key"), BAD_KEYS.values(), ids=list(BAD_KEYS))
+def test_a_memory_key_no_row_can_hold_is_answered_to_the_model(store_url: str, tool_name: str, key: str) -> None:
+    """The key is the model's text and a row's 200-character key: on PostgreSQL a longer one, or
+    one with NUL, raised ``DataError`` out of the driver (the run left ``running``, every resume the
+    same); on SQLite it was stored. Now the model is told, like any malformed call."""
+    args: dict[str, Any] = {"key": key}
+    if tool_name == "memory_write":
+        args.update(value=1, expected_version=0)
+    agent = Agent(name="noter", model=ScriptedModel(default=(_use(tool_name, args), text_reply("done"))),
+                  tools=(), max_turns=3, shared_memory=True)
+    wf = Workflow("stop27_memory")
+
+    @wf.agent(agent)
+    def solve(input: str) -> str:
+        return input
+
+    store = SqlStore(store_url)
+    try:
+        run_id = raysaga.create_run(wf, "note it", store=store).run_id
+        final = Driver(wf, store, InlineExecutor(), run_id).drive()
+        assert final.status == RunStatus.COMPLETED
+        (answer,) = [n.output for n in store.nodes(run_id) if n.node_id == "solve@0.0"]
+        assert answer == {"content": f"{tool_name} needs a 'key' of 1 to 200 printable characters", "is_error": True}
     finally:
         store.close()
