@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Connection, Engine, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from raysaga.errors import RunNotFoundError, UserError
+from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
+from raysaga.state import jsoncodec
 from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
@@ -316,6 +317,10 @@ def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, lab
         return None if verdict == "reject" else answer
     if request.answer_schema is None:
         raise UserError(f"the approval {label!r} takes no answer: approve it without --answer")
+    try:  # NaN passes a schema's "number", then the decision's dump wrote it as null: "as proposed"
+        jsoncodec.to_jsonable(answer, "the answer")
+    except (NotJSONableError, RecursionError) as exc:
+        raise UserError(f"the answer to {label!r} is not JSON: {exc}") from None
     import jsonschema  # only when an answer is given
 
     try:

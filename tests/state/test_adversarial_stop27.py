@@ -13,15 +13,18 @@ Each case failed inside the database driver with a raw error instead of saying w
   waiting" like any node that does not wait, and so is a ``fan_index`` beyond its 32-bit column
   (``DataError`` on PostgreSQL, ``OverflowError`` on SQLite);
 - a submit's ``queue`` (200 characters) or ``workflow_ref`` (500) holding NUL or too long was
-  stored on SQLite and raised ``DataError`` on PostgreSQL: now a ``UserError`` before any row.
+  stored on SQLite and raised ``DataError`` on PostgreSQL: now a ``UserError`` before any row;
+- an approval's answer holding NaN passed its schema and was stored as null: now refused.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import raysaga
 from raysaga import Client, RunOptions, Workflow
@@ -158,3 +161,26 @@ def test_a_submit_whose_queue_or_ref_no_row_can_hold_is_refused(store_url: str, 
         client.submit(wf, 1, **given)  # type: ignore[arg-type]
     assert _run_count(store_url) == before
     assert client.submit(wf, 1, queue="q" * 200, workflow_ref="m" * 497 + ":w").status == RunStatus.PENDING
+
+
+class Edit(BaseModel):
+    amount: float
+
+
+edit_wf = Workflow("stop27_edit")
+
+
+@edit_wf.approval(answer=Edit)
+def amend() -> str:
+    return "refund how much?"
+
+
+@pytest.mark.parametrize("answer", [{"amount": math.nan}, {"amount": math.inf}], ids=["nan", "inf"])
+def test_an_answer_holding_nan_is_refused_not_stored_as_null(store_url: str, client: Client, answer: Any) -> None:
+    """NaN passes the schema's ``number``; the decision's dump then wrote it as null (its ``answer``
+    is ``Any``), so the approval carried ``{"amount": null}``: a wrong number, silently."""
+    run_id = raysaga.run(edit_wf, None, store=store_url, executor="inline",
+                         options=RunOptions(release_after=0)).run_id
+    with pytest.raises(UserError, match=r"the answer to 'amend' is not JSON: the answer\['amount'\] is"):
+        client.approve(run_id, "amend", by="alice", answer=answer)
+    assert client.store.pending_signals(run_id) == []
