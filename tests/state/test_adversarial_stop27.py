@@ -51,8 +51,14 @@ def ship(review: Any) -> str:
 
 @pytest.fixture
 def client(store_url: str) -> Iterator[Client]:
+    """A client on the store; afterwards this module's runs that still wait are cancelled: the
+    PostgreSQL database is shared by the session, and other tests read its whole inbox."""
     with Client(store_url) as c:
         yield c
+        for workflow in (wf.name, "stop27_edit"):
+            for run in c.store.list_runs(limit=10_000, workflow=workflow):
+                if run.status in (RunStatus.WAITING_HUMAN, RunStatus.PAUSED):
+                    raysaga.cancel(run.run_id, store=c.store)
 
 
 def _waiting(store_url: str) -> str:
