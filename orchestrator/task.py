@@ -156,9 +156,9 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
     except NotJSONableError as exc:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt) or (isinstance(exc, SystemExit) and not _in_ray_task()):
-            raise
-        if isinstance(exc, SystemExit):
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            if not _in_ray_task():
+                raise
             return NodeOutcome.failure(_exited(exc, call.label), transient=False, started_at=started)
         transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
         return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
@@ -175,12 +175,15 @@ def _in_ray_task() -> bool:
         return False
 
 
-def _exited(exc: SystemExit, label: str) -> Permanent:
-    """A step's ``sys.exit()`` on Ray, as the permanent failure it is. Let through, it ended the
-    worker: Ray reported a ``WorkerCrashedError``, retried as transient, so the step failed as "the
-    worker died" and a compensation, retried without limit, left its run ``compensating`` for ever."""
-    failure = Permanent(f"step {label!r} raised SystemExit({exc.code!r}) (sys.exit()): a step returns or "
-                        "raises; it must not end the process that runs it")
+def _exited(exc: KeyboardInterrupt | SystemExit, label: str) -> Permanent:
+    """A step's ``sys.exit()`` or ``KeyboardInterrupt`` on Ray, as the permanent failure it is
+    (raysaga cancels a Ray task by killing it, never by interrupting it). Let through, an exit ended
+    the worker (Ray: ``WorkerCrashedError``) and an interrupt became Ray's ``TaskCancelledError``,
+    both retried as transient: the step failed after all its attempts as "the worker died" or
+    "cancelled", and a compensation, retried without limit, left its run ``compensating`` for ever."""
+    what = f"SystemExit({exc.code!r}) (sys.exit())" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+    failure = Permanent(f"step {label!r} raised {what}: a step returns or raises an Exception; it must not "
+                        "end or interrupt the process that runs it")
     failure.__traceback__ = exc.__traceback__
     return failure
 
