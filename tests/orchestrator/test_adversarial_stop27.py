@@ -19,6 +19,8 @@
   Now ``jsoncodec`` refuses it, naming the path, unless the model sets ``ser_json_inf_nan``.
 - ``@wf.approval(default=...)`` was not checked: a value that is not JSON failed only when the
   timeout answered (an object crashed the driver; NaN became null). Now refused at definition.
+- ``Worker(limits=...)`` took any value (the CLI checked ``--limit``): below 1 the workflow's runs
+  were never claimed, NaN limited nothing. A name given for a workflow raised ``AttributeError``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 import raysaga
-from raysaga import Ask, InvalidInputError, InvalidOptionError, RetryPolicy, RunOptions, RunStatus, Workflow
-from raysaga.errors import WorkflowDefinitionError
+from raysaga import Ask, InvalidInputError, InvalidOptionError, RetryPolicy, RunOptions, RunStatus, Worker, Workflow
+from raysaga.errors import UserError, WorkflowDefinitionError
 from raysaga.state import NodeStatus, SqlStore
 
 BAD_VERSIONS = {"nul": "1\x00", "lone-surrogate": "v\ud800", "too-long": "v" * 51, "empty": "", "newline": "1\n2"}
@@ -201,3 +203,24 @@ def test_an_approval_default_that_is_not_json_is_refused_at_definition(default: 
         @wf.approval(timeout=60, on_timeout="default", default=default)
         def review() -> str:
             return "ship it?"
+
+
+@pytest.mark.parametrize("limit", [0, -1, math.nan, 2.5, True], ids=["zero", "negative", "nan", "float", "bool"])
+def test_a_worker_limit_that_is_no_count_is_refused(sqlite_url: str, limit: Any) -> None:
+    """``raysaga worker --limit`` checked it; ``Worker(limits=...)`` did not: below 1 no run of the
+    workflow was ever claimed (the worker idled, silently), NaN limited nothing."""
+    store = SqlStore(sqlite_url)
+    try:
+        with pytest.raises(UserError, match="limits are whole numbers >= 1"):
+            Worker([_echo_flow()], store, executor="inline", limits={"long_ints": limit})
+    finally:
+        store.close()
+
+
+def test_a_worker_given_a_name_instead_of_a_workflow_says_so(sqlite_url: str) -> None:
+    store = SqlStore(sqlite_url)
+    try:
+        with pytest.raises(UserError, match="a worker drives Workflow objects, got 'long_ints'"):
+            Worker(["long_ints"], store, executor="inline")  # type: ignore[list-item]
+    finally:
+        store.close()
