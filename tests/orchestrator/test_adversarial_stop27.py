@@ -21,6 +21,8 @@
   timeout answered (an object crashed the driver; NaN became null). Now refused at definition.
 - ``Worker(limits=...)`` took any value (the CLI checked ``--limit``): below 1 the workflow's runs
   were never claimed, NaN limited nothing. A name given for a workflow raised ``AttributeError``.
+- A span processor (or tracer provider) of the application's that raised failed the driver right
+  after a commit: the run stayed ``running``. Tracing now logs the failure once and the run goes on.
 """
 
 from __future__ import annotations
@@ -224,3 +226,36 @@ def test_a_worker_given_a_name_instead_of_a_workflow_says_so(sqlite_url: str) ->
             Worker(["long_ints"], store, executor="inline")  # type: ignore[list-item]
     finally:
         store.close()
+
+
+class FailingProvider:
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no tracer today")
+
+
+@pytest.mark.parametrize("failing", ["processor", "provider"])
+def test_a_failing_tracer_never_fails_the_run(store_url: str, caplog: pytest.LogCaptureFixture,
+                                              failing: str) -> None:
+    """A span processor that raised in ``on_end`` raised out of the driver right after a commit:
+    the run stayed ``running``, and every resume failed the same way while the collector was down."""
+    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+
+    class FailingProcessor(SpanProcessor):
+        """An application's span processor whose export fails (a collector down, a bug)."""
+
+        def on_end(self, span: ReadableSpan) -> None:
+            raise RuntimeError("collector down")
+
+    provider: Any = FailingProvider()
+    if failing == "processor":
+        provider = TracerProvider()
+        provider.add_span_processor(FailingProcessor())
+    raysaga.configure_tracing(provider)
+    try:
+        with caplog.at_level("WARNING", logger="raysaga.driver"):
+            record = raysaga.run(_echo_flow(), 4, store=store_url, executor="inline")
+    finally:
+        raysaga.configure_tracing(None)
+    assert record.status == RunStatus.COMPLETED
+    assert record.output == {"grow": {"n": [4]}}
+    assert "collector down" in caplog.text or "no tracer today" in caplog.text
