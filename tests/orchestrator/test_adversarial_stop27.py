@@ -23,6 +23,8 @@
   were never claimed, NaN limited nothing. A name given for a workflow raised ``AttributeError``.
 - A span processor (or tracer provider) of the application's that raised failed the driver right
   after a commit: the run stayed ``running``. Tracing now logs the failure once and the run goes on.
+- A step named ``input`` or ``ctx`` was accepted: a dependent's parameter of that name received the
+  run input (or the context), never the step's output. Now refused at validation.
 """
 
 from __future__ import annotations
@@ -259,3 +261,22 @@ def test_a_failing_tracer_never_fails_the_run(store_url: str, caplog: pytest.Log
     assert record.status == RunStatus.COMPLETED
     assert record.output == {"grow": {"n": [4]}}
     assert "collector down" in caplog.text or "no tracer today" in caplog.text
+
+
+@pytest.mark.parametrize("reserved", ["input", "ctx"])
+def test_a_step_named_like_a_reserved_parameter_is_refused(reserved: str) -> None:
+    """A dependent's parameter ``input`` is the run input and ``ctx`` the context: a step so named
+    was accepted, and the step depending on it silently received the run input instead."""
+    wf = Workflow("reserved_names")
+
+    def parse(input: str) -> str:
+        return input.upper()
+
+    wf.step(name=reserved)(parse)
+
+    @wf.step(after=[reserved])
+    def use(input: str) -> str:
+        return input
+
+    with pytest.raises(WorkflowDefinitionError, match=f"step name '{reserved}' is reserved"):
+        wf.validate()
