@@ -14,13 +14,20 @@ Each case failed inside the database driver with a raw error instead of saying w
   (``DataError`` on PostgreSQL, ``OverflowError`` on SQLite);
 - a submit's ``queue`` (200 characters) or ``workflow_ref`` (500) holding NUL or too long was
   stored on SQLite and raised ``DataError`` on PostgreSQL: now a ``UserError`` before any row;
-- an approval's answer holding NaN passed its schema and was stored as null: now refused.
+- an approval's answer holding NaN passed its schema and was stored as null: now refused;
+- a process that opened a SQLite store it already held (``Client(url)`` beside ``raysaga.run``)
+  dropped its file locks (the header check's ``open()``/``close()``): the next other process
+  reading the store deleted the WAL under it, and its next commits were lost without an error.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -190,3 +197,31 @@ def test_an_answer_holding_nan_is_refused_not_stored_as_null(store_url: str, cli
     with pytest.raises(UserError, match=r"the answer to 'amend' is not JSON: the answer\['amount'\] is"):
         client.approve(run_id, "amend", by="alice", answer=answer)
     assert client.store.pending_signals(run_id) == []
+
+
+def _decisions_seen_elsewhere(path: Path) -> int:
+    """The decisions another process reads from the SQLite file (what a worker would see)."""
+    code = f"import sqlite3; print(sqlite3.connect({str(path)!r}).execute('SELECT count(*) FROM raysaga_signals')" \
+           ".fetchone()[0])"
+    return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def test_a_store_opened_twice_in_a_process_keeps_its_commits_when_another_process_reads(tmp_path: Path) -> None:
+    """Opening a SQLite store read its header with Python's ``open()``; closing that descriptor
+    dropped every POSIX lock the process held on the file, its live SQLite connections' included.
+    A process holding a store (``raysaga.run(store=url)``) that opened it again (``Client(url)``)
+    then let the next other process (``raysaga list``) checkpoint and delete the -wal and -shm files
+    under it: the approval it recorded next went to the deleted WAL file. ``approve`` returned a
+    decision that no other process ever saw (and the following read failed, "disk I/O error")."""
+    path = tmp_path / "raysaga.db"
+    url = f"sqlite:///{path}"
+    record = raysaga.run(wf, 1, store=url, executor="inline", options=RunOptions(release_after=0))
+    with Client(url) as client:
+        listed = subprocess.run([sys.executable, "-m", "raysaga", "list"], capture_output=True, text=True,
+                                env={**os.environ, "RAYSAGA_DB": url})
+        assert listed.returncode == 0, listed.stderr
+        client.approve(record.run_id, "review", by="alice")
+        assert _decisions_seen_elsewhere(path) == 1, "the decision was lost"
+        resumed = raysaga.resume(wf, record.run_id, store=url, executor="inline")
+    assert resumed.status == RunStatus.COMPLETED
+    assert resumed.output == {"ship": "shipped"}
