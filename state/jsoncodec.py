@@ -44,7 +44,11 @@ def _model_json(model: BaseModel, where: str) -> JSONValue:
     for what it gets; otherwise a dump holding a null is looked at again in Python mode."""
     dumped = model.model_dump(mode="json")
     if "ser_json_inf_nan" not in model.model_config and _holds_null(dumped, 0):
-        _refuse_non_finite(model.model_dump(mode="python"), where, 0)
+        try:
+            python = model.model_dump(mode="python")
+        except Exception:  # a serializer written for JSON mode only: nothing more to look at
+            return dumped
+        _refuse_non_finite(python, where, 0)
     return dumped
 
 
