@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from raysaga.agents.messages import ModelResponse
 from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool
-from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
+from raysaga.errors import InvalidOptionError, NotJSONableError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.types import RateLimit, RetryPolicy, check_name, check_number, checked_fields
 
@@ -208,10 +208,27 @@ def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | 
     return messages
 
 
+#: Stop reasons of a reply that is not a whole answer: the text so far is no output. ``pause_turn``:
+#: the API paused a long turn (server tools) for the caller to let it go on; the others cut it off.
+UNFINISHED = {
+    "pause_turn": "Your turn was paused (pause_turn). Continue it and give your complete answer.",
+    "max_tokens": "Your reply was cut off (max_tokens). Give a shorter, complete answer.",
+    "model_context_window_exceeded": "Your reply was cut off: the context window is full "
+                                     "(model_context_window_exceeded). Give a shorter, complete answer.",
+}
+#: The model declined to answer: its text is no answer, and asking again the same way will not help.
+REFUSAL = "refusal"
+
+
 def final_answer_problem(response: ModelResponse, output_type: type[BaseModel] | None) -> str | None:
-    """Why a final (tool-less) response is not an acceptable answer, or None if it is."""
-    if response.stop_reason == "max_tokens":
-        return "Your reply was cut off (max_tokens). Give a shorter, complete answer."
+    """Why a final (tool-less) response is not an acceptable answer, or None if it is.
+
+    A paused or cut-off reply and a refusal are never an answer, whatever their text: taken as
+    one, the agent's node completed with the half-written text or the refusal as its output."""
+    if response.stop_reason in UNFINISHED:
+        return UNFINISHED[response.stop_reason]
+    if response.stop_reason == REFUSAL:
+        return "You declined to answer (refusal)."
     text = response.text().strip()
     if not text:
         return "Your reply was empty. Answer the task."
@@ -219,7 +236,9 @@ def final_answer_problem(response: ModelResponse, output_type: type[BaseModel] |
         return None
     try:
         output_type.model_validate(extract_json(text))
-    except (ValueError, ValidationError) as exc:
+    # NaN or nesting deeper than JSON allows in the answer: a model's words, fed back like any bad
+    # answer (they raised out of the driver, and every resume read the same persisted answer again)
+    except (ValueError, ValidationError, NotJSONableError, RecursionError) as exc:
         schema = json.dumps(output_type.model_json_schema())[:1500]
         return f"Your final answer must be only JSON matching this schema: {schema}. Problem: {str(exc)[:800]}"
     return None

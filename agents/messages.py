@@ -6,13 +6,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+#: The most tokens one model call may report, per field (~10^12: no real call is near it). The run
+#: adds them up in 64-bit columns: unbounded, a backend's (or a proxy's) garbage count crashed the
+#: driver's commit (OverflowError, DataError: the run stayed running), and a negative one lowered the
+#: run's spend, so a token or cost budget never stopped it.
+MAX_CALL_TOKENS = 2**40
+
 
 class Usage(BaseModel):
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cache_read_input_tokens: int = 0
+    input_tokens: int = Field(default=0, ge=0, le=MAX_CALL_TOKENS)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_CALL_TOKENS)
+    cache_read_input_tokens: int = Field(default=0, ge=0, le=MAX_CALL_TOKENS)
     """Prompt tokens served from the provider's cache (reported, e.g. in traces; not in ``total``)."""
-    cache_creation_input_tokens: int = 0
+    cache_creation_input_tokens: int = Field(default=0, ge=0, le=MAX_CALL_TOKENS)
 
     @property
     def total(self) -> int:

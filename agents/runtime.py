@@ -14,6 +14,7 @@ from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool, run_compensation, run_tool
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.state import jsoncodec
+from raysaga.state.redact import scrub_secret_values
 from raysaga.types import StepContext
 
 INVALID_INPUT = "$raysaga_invalid_input"
@@ -39,7 +40,9 @@ def model_turn(model: Model, request: dict[str, Any]) -> dict[str, Any]:
         content.append(block)
     data = response.model_copy(update={"content": content}).model_dump(mode="json")
     jsoncodec.to_jsonable(data, "model response")
-    return data
+    # before the driver persists it and runs the tools it asks for: every reader (the store, the
+    # tools, the next request, a resume) sees the same response, with no secret value in it
+    return scrub_secret_values(data)  # type: ignore[no-any-return]
 
 
 def tool_call(tool: Tool, args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError, create_model
 
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
-from raysaga.state.redact import scrub_text
+from raysaga.state.redact import scrub_secret_values, scrub_text
 from raysaga.types import RateLimit, RetryPolicy, checked_options, unknown_option_message
 
 
@@ -283,4 +283,5 @@ def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> d
     except ToolError as exc:
         return {"content": scrub_text(exc.message), "is_error": True}  # an error: shown to the model, stored
     content = result if isinstance(result, str) else jsoncodec.dumps(result, f"result of tool {tool.name!r}")
-    return {"content": content, "is_error": False}
+    # a secret value the tool read (a config file, an environment dump) stays out of the store and the model
+    return {"content": scrub_secret_values(content), "is_error": False}

@@ -20,6 +20,7 @@ from typing import Any
 
 from raysaga.agents.agent import (
     MEMORY_TOOLS,
+    REFUSAL,
     Agent,
     Turn,
     final_answer_problem,
@@ -273,9 +274,18 @@ def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, arg
     return Pause(reason) if policy.then == "pause" else Fail("LoopDetected", reason)
 
 
+#: A memory key is a row's key column (200 characters of text).
+MAX_MEMORY_KEY = 200
+
+
 def _memory_problem(name: str, args: Any) -> str | None:
     if not isinstance(args, dict) or not isinstance(args.get("key"), str):
         return f"{name} needs a string 'key'"
+    key = args["key"]
+    # the model's text: on PostgreSQL a longer key, or one holding NUL, failed the driver's read or
+    # write of the row (DataError; the run left running, every resume the same)
+    if not 1 <= len(key) <= MAX_MEMORY_KEY or not key.isprintable():
+        return f"{name} needs a 'key' of 1 to {MAX_MEMORY_KEY} printable characters"
     if name == "memory_write" and not isinstance(args.get("expected_version"), int):
         return "memory_write needs an integer 'expected_version' (0 for a new key)"
     return None
@@ -300,7 +310,11 @@ def _final(agent: Agent, conv: Conversation, t: int) -> Finish | Fail | Feedback
     problem = final_answer_problem(response, agent.output_type)
     if problem is None:
         return Finish(final_output(response, agent.output_type))
+    if response.stop_reason == REFUSAL:  # not an answer to feed back: the node fails, saying so
+        return Fail("ModelRefused", f"agent {agent.name!r}: the model declined to answer (stop_reason "
+                                    f"'refusal'): {response.text().strip()[:300]!r}")
     rejected = sum(1 for turn in conv.turns if turn.response is not None and not turn.response.tool_uses()
+                   and turn.response.stop_reason != "pause_turn"  # a pause is no bad answer: it goes on
                    and final_answer_problem(turn.response, agent.output_type) is not None)
     if rejected > agent.max_output_retries:
         return Fail("InvalidOutput", f"agent {agent.name!r} gave no acceptable answer after {rejected} tries: "

@@ -57,9 +57,9 @@ MIN_LEASE_TTL = 0.5
 
 
 def check_number(owner: str, name: str, value: Any, *, minimum: float, allowed: str, strict: bool = False,
-                 integer: bool = False, optional: bool = False) -> None:
-    """Refuse (``InvalidOptionError``, naming ``owner.name``) a value outside ``[minimum, inf)``
-    (``(minimum, inf)`` if ``strict``), NaN, inf, a bool, a non-number; ``None`` if ``optional``."""
+                 integer: bool = False, optional: bool = False, maximum: float | None = None) -> None:
+    """Refuse (``InvalidOptionError``, naming ``owner.name``) a value outside ``[minimum, maximum]``
+    (``(minimum, ...`` if ``strict``), NaN, inf, a bool, a non-number; ``None`` if ``optional``."""
     if value is None and optional:
         return
     ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -67,6 +67,7 @@ def check_number(owner: str, name: str, value: Any, *, minimum: float, allowed: 
         ok = isinstance(value, int)
     if ok:
         ok = math.isfinite(value) and (value > minimum if strict else value >= minimum)
+        ok = ok and (maximum is None or value <= maximum)
     if not ok:
         raise InvalidOptionError(f"{owner}.{name} must be {allowed}, got {value!r}")
 
@@ -295,14 +296,16 @@ class RunOptions:
                              "5 to 60 is sensible)")
         check_number("RunOptions", "deadline", self.deadline, minimum=0, strict=True, optional=True,
                      allowed="None or a finite number of seconds > 0")
+        # the run row's columns: retry_budget a 32-bit integer, token_budget a 64-bit one (a larger
+        # budget, sys.maxsize for "no limit" say, ran on SQLite and failed the run's insert on PostgreSQL)
         check_number("RunOptions", "retry_budget", self.retry_budget, minimum=0, integer=True, optional=True,
-                     allowed="None or a whole number >= 0")
+                     maximum=2**31 - 1, allowed="None (no limit) or a whole number from 0 to 2147483647")
         check_number("RunOptions", "blob_threshold", self.blob_threshold, minimum=0, integer=True,
                      allowed="a whole number of bytes >= 0")
         check_number("RunOptions", "max_output_bytes", self.max_output_bytes, minimum=1, integer=True,
                      allowed="a whole number of bytes >= 1")
         check_number("RunOptions", "token_budget", self.token_budget, minimum=0, integer=True, optional=True,
-                     allowed="None or a whole number of tokens >= 0")
+                     maximum=2**63 - 1, allowed="None (no limit) or a whole number of tokens from 0 to 2**63 - 1")
         check_number("RunOptions", "cost_budget", self.cost_budget, minimum=0, optional=True,
                      allowed="None or a finite amount of USD >= 0")
         check_number("RunOptions", "max_driver_deaths", self.max_driver_deaths, minimum=1, integer=True,

@@ -16,6 +16,7 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
+from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
@@ -94,7 +95,7 @@ class Client:
     def pause(self, run_id: str, *, by: str | None = None, reason: str | None = None) -> RunRecord:
         """Pause a run: its driver cancels what is in flight and rests ``paused`` (a run without a
         driver is paused at once). Approvals and sleeps keep waiting in their rows."""
-        reason = reason or f"paused by {by or 'operator'}"
+        reason = printable(reason or f"paused by {by or 'operator'}")  # a lone surrogate failed its writes
         for _ in range(5):
             run = self.get_run(run_id)
             if run.status in TERMINAL or run.status in PARKED or run.status == RunStatus.COMPENSATING:
@@ -144,7 +145,7 @@ class Client:
         """Cancel a run; committed effects stand unless ``compensate``. Without a live driver a plain
         cancel is taken at once; a live driver obeys the signal at its next step boundary. With
         ``compensate`` the rollback runs in a driver: a worker takes the run up (or ``raysaga resume``)."""
-        reason = reason or f"cancelled by {by or 'operator'}"
+        reason = printable(reason or f"cancelled by {by or 'operator'}")  # a lone surrogate failed its writes
         if not compensate:
             return cancel_run(run_id, store=self.store, reason=reason, wait=0)
         run = self.get_run(run_id)

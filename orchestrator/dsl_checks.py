@@ -96,3 +96,19 @@ def check_common(where: str, *, name: Any, after: Any, critical: Any, retry: Any
         raise WorkflowDefinitionError(
             f"step {where!r}: after= takes step names, e.g. after=[\"reserve\"], got {after!r}")
     return upstream
+
+
+#: A run row's ``workflow_version`` column holds this many characters.
+MAX_VERSION = 50
+
+
+def checked_version(workflow: str, version: Any) -> str:
+    """``version`` as the run rows store it: 1 to ``MAX_VERSION`` printable characters. Unchecked, a
+    NUL or a longer version ran on SQLite and failed every run on PostgreSQL inside the database
+    driver (a lone surrogate failed on both), long after the workflow was declared."""
+    text = str(version)
+    if not 1 <= len(text) <= MAX_VERSION or not text.isprintable():
+        raise WorkflowDefinitionError(
+            f"workflow {workflow!r}: version={version!r} is not valid: use 1 to {MAX_VERSION} printable "
+            "characters (e.g. version=\"2\" or version=\"2026-05-01\")")
+    return text

@@ -18,6 +18,7 @@ from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.ray_address import host_port
+from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.secrets import comparable
 from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
@@ -104,6 +105,8 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
     checked = workflow.check_input(input)
     if run_id is not None:
         check_run_id(run_id, "--run-id")  # printable: PostgreSQL refuses a NUL in text
+    _check_text("queue", queue, 200)
+    _check_text("workflow_ref", workflow_ref, 500)
     return _store(store).create_run(NewRun(
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
         definition_hash=workflow.definition_hash, step_hashes=step_hashes(workflow), workflow_ref=workflow_ref,
@@ -112,6 +115,16 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
         trace_id=uuid.uuid4().hex, queue=queue,
     ))
+
+
+def _check_text(name: str, value: str | None, limit: int) -> None:
+    """A run row's text column holds 1 to ``limit`` printable characters: unchecked, a NUL or a
+    longer value was stored on SQLite and raised psycopg's ``DataError`` on PostgreSQL (a lone
+    surrogate ``UnicodeEncodeError`` on both), from inside the database driver."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not 1 <= len(value) <= limit or not value.isprintable():
+        raise UserError(f"{name}={value!r:.80} is not valid: use 1 to {limit} printable characters")
 
 
 class _NoInput:
@@ -135,6 +148,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     to just resume."""
     st = _store(store)
     workflow.validate()
+    if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
+        check_run_id(run_id, "--run-id")
     if run_id is not None and existing_run(workflow, st, run_id, input) is not None:
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
@@ -222,6 +237,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile; with
     ``wait=0`` the signal is queued and the run is returned as it stands."""
     st = _store(store)
+    reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
     run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
     if run.status in TERMINAL or (run.status in PARKED and not compensate):
         return run

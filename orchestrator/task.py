@@ -7,6 +7,7 @@ The store is never touched here: the driver is the single writer.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -156,9 +157,35 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
-            raise
+            if not _in_ray_task():
+                raise
+            return NodeOutcome.failure(_exited(exc, call.label), transient=False, started_at=started)
         transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
         return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+
+
+def _in_ray_task() -> bool:
+    """Whether this attempt runs in a Ray task or actor (inline, the driver's own process runs it)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return ray.get_runtime_context().get_task_id() is not None
+    except Exception:  # Ray not initialised in this process: the inline executor's driver
+        return False
+
+
+def _exited(exc: KeyboardInterrupt | SystemExit, label: str) -> Permanent:
+    """A step's ``sys.exit()`` or ``KeyboardInterrupt`` on Ray, as the permanent failure it is
+    (raysaga cancels a Ray task by killing it, never by interrupting it). Let through, an exit ended
+    the worker (Ray: ``WorkerCrashedError``) and an interrupt became Ray's ``TaskCancelledError``,
+    both retried as transient: the step failed after all its attempts as "the worker died" or
+    "cancelled", and a compensation, retried without limit, left its run ``compensating`` for ever."""
+    what = f"SystemExit({exc.code!r}) (sys.exit())" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
+    failure = Permanent(f"step {label!r} raised {what}: a step returns or raises an Exception; it must not "
+                        "end or interrupt the process that runs it")
+    failure.__traceback__ = exc.__traceback__
+    return failure
 
 
 def _guarded(classify: Callable[..., Any], exc: BaseException, *args: Any) -> Any:

@@ -19,6 +19,7 @@ driver saw begin (after a resume: the attempt in flight when it took over).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -28,6 +29,7 @@ from raysaga.agents.messages import Usage
 from raysaga.errors import InvalidOptionError
 from raysaga.node_key import NodeKey, NodeKind
 from raysaga.orchestrator import tracing_attrs as attrs_of
+from raysaga.orchestrator.retry import message_of
 from raysaga.orchestrator.tracing_ids import DeterministicIds, deterministic, span_id, trace_id_of
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, NodeStatus, NodeWrite, RunRecord, RunSnapshot
@@ -35,6 +37,7 @@ from raysaga.state.models import PARKED, TERMINAL
 
 __all__ = ["RunTracing", "configure_tracing", "for_run"]
 
+log = logging.getLogger("raysaga.driver")
 _provider: Any = None
 _ENDED = frozenset({NodeStatus.COMPLETED, NodeStatus.FAILED, NodeStatus.CANCELLED})
 _OUTCOMES = _ENDED | {NodeStatus.RETRYING}
@@ -63,7 +66,12 @@ def for_run(workflow: Workflow, snap: RunSnapshot, outputs: Mapping[str, Any], o
         provider = api.get_tracer_provider()
         if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
             return None
-    tracer = RunTracing(workflow, snap.run, owner, provider)
+    try:  # a provider of the application's that fails must not fail the run: it goes untraced
+        tracer = RunTracing(workflow, snap.run, owner, provider)
+    except Exception as exc:
+        log.warning("run %s is not traced: the tracer provider failed (%s: %s)", snap.run.run_id,
+                    type(exc).__name__, message_of(exc))
+        return None
     tracer.restored(snap, outputs)
     return tracer
 
@@ -84,6 +92,7 @@ class RunTracing:
         self._waiting: dict[str, tuple[float, str]] = {}  # label -> (since, "human" | "timer")
         self._attempt: dict[str, int] = {}  # label -> its latest attempt (agent nodes, turns)
         self._tool_uses: dict[str, list[tuple[str, str]]] = {}  # turn label -> (tool, call id)s
+        self._failed = False  # a span failed to record (said once in the log)
 
     # ------------------------------------------------------------------ what the driver tells
 
@@ -212,10 +221,16 @@ class RunTracing:
                 self.trace_id, parent, is_remote=True, trace_flags=api.TraceFlags(api.TraceFlags.SAMPLED))), ctx)
         if self.ids is not None:
             self.ids.use(self.trace_id, sid)
-        span = self.tracer.start_span(name, context=ctx, attributes=attrs, start_time=int(start * 1e9))
-        if error:
-            span.set_status(api.Status(api.StatusCode.ERROR, error))
-        span.end(end_time=int(max(start, end) * 1e9))
+        try:
+            span = self.tracer.start_span(name, context=ctx, attributes=attrs, start_time=int(start * 1e9))
+            if error:
+                span.set_status(api.Status(api.StatusCode.ERROR, error))
+            span.end(end_time=int(max(start, end) * 1e9))
+        except Exception as exc:  # the application's span processor or exporter: never the run's failure
+            if not self._failed:  # it raised out of the driver after a commit: the run stayed running
+                log.warning("run %s: a span could not be recorded, its tracer raised (%s: %s); the run goes on",
+                            self.run.run_id, type(exc).__name__, message_of(exc))
+            self._failed = True
 
     def _where(self, key: NodeKey, attempt: int) -> dict[str, Any]:
         return {"raysaga.run.id": self.run.run_id, "raysaga.node": key.label, "raysaga.step": key.step,

@@ -29,6 +29,11 @@ def build_graph(steps: dict[str, StepSpec]) -> nx.DiGraph:
     return graph
 
 
+#: Parameter names that never mean a step's output: a step so named was accepted, and a dependent
+#: declaring the parameter silently received the run input (or the context) instead of its output.
+RESERVED_PARAMS = {"input": "run input", "ctx": "StepContext"}
+
+
 def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict[str, Any]) -> nx.DiGraph:
     """Raise one ``WorkflowDefinitionError`` listing every problem, each naming its culprit and fix."""
     problems: list[str] = []
@@ -37,6 +42,9 @@ def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict
     for name in [*steps, *compensations]:
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
             problems.append(f"step name {name!r} is not valid: use {NAME_RULE}")
+        elif name in RESERVED_PARAMS and name in steps:
+            problems.append(f"step name {name!r} is reserved: a parameter named {name!r} receives the "
+                            f"{RESERVED_PARAMS[name]}, so no step could read this step's output; rename it")
     for spec in steps.values():
         for dep in spec.deps:
             if dep == spec.name:

@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from raysaga.errors import WorkflowDefinitionError
+from raysaga.errors import NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.dsl_checks import check_common, step_where
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
+from raysaga.state import jsoncodec
 from raysaga.types import Approval, check_number
 
 R = TypeVar("R")
@@ -114,6 +115,10 @@ def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer
                                                            mode="json")
             except Exception as exc:
                 raise WorkflowDefinitionError(f"approval {where!r}: default= does not fit answer= ({exc})") from None
+        try:  # it becomes the node's output when the timeout answers: a set, NaN... failed then, or became null
+            jsoncodec.to_jsonable(default, "default=")
+        except (NotJSONableError, RecursionError) as exc:
+            raise WorkflowDefinitionError(f"approval {where!r}: {exc}") from None
     return ApprovalOptions(approvers=names, quorum=quorum, answer_schema=schema, answer_type=answer,
                            timeout=timeout, on_timeout=on_timeout,  # type: ignore[arg-type]  # checked above
                            default=default, escalate_to=escalation)

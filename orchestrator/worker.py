@@ -65,6 +65,8 @@ class Worker:
             raise UserError("a worker drives registered workflows only: give at least one --workflow MODULE:WF")
         by_name: dict[str, Workflow] = {}
         for wf in workflows:
+            if not isinstance(wf, Workflow):  # a name or a module: wf.validate() raised AttributeError
+                raise UserError(f"a worker drives Workflow objects, got {wf!r}: pass the workflows themselves")
             wf.validate()
             if wf.name in by_name and by_name[wf.name].definition_hash != wf.definition_hash:
                 raise UserError(f"two definitions of workflow {wf.name!r} were given: register one per worker")
@@ -75,6 +77,10 @@ class Worker:
                             f"(it drives {', '.join(sorted(by_name))})")
         if not isinstance(concurrency, int) or concurrency < 1:
             raise UserError(f"--concurrency must be a whole number >= 1, got {concurrency!r}")
+        # as the CLI checks them: a limit below 1 (or NaN) never let a run of that workflow be claimed
+        bad = {name: n for name, n in (limits or {}).items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
+        if bad:
+            raise UserError(f"limits are whole numbers >= 1 (at most N runs of the workflow at once), got {bad!r}")
         self.workflows = by_name
         self.hashes = {name: wf.definition_hash for name, wf in by_name.items()}
         self.store = store

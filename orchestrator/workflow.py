@@ -35,6 +35,7 @@ from raysaga.orchestrator.dsl_checks import (
     check_common,
     check_flag,
     check_optional_name,
+    checked_version,
     decorator_options,
     plain_options,
     step_where,
@@ -73,7 +74,7 @@ class Workflow:
                 "digits, '_', '-' and '.', starting with a letter or '_'"
             )
         self.name = name
-        self.version = str(version)
+        self.version = checked_version(name, version)
         self.description = description
         self.steps: dict[str, StepSpec] = {}
         self.compensations: dict[str, Callable[..., Any]] = {}

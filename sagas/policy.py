@@ -55,10 +55,20 @@ class Verdict(StrEnum):
     COMPENSATE = "compensate"
 
 
+#: A decision's reason is stored in its event and, for a failure, in the step's error and the
+#: run's reason: it is cut to this many characters, like a step's error message.
+MAX_REASON = 2000
+
+
 @dataclass(frozen=True)
 class Decision:
     verdict: Verdict
     reason: str = ""
+
+    def __post_init__(self) -> None:
+        # a user's text: a lone surrogate in it failed the commit of the decision's event (NotJSONableError
+        # out of the driver; the run stayed running and every resume decided, and crashed, again)
+        object.__setattr__(self, "reason", _readable(str, self.reason)[:MAX_REASON])
 
 
 def Continue(reason: str = "") -> Decision:
@@ -124,10 +134,13 @@ class FanOutPolicy:
                 return Continue(f"{n_ok} of {n} succeeded (ratio {result.success_ratio:.2f} >= {self.min_ratio})")
             return Fail(f"only {n_ok} of {n} succeeded (ratio {result.success_ratio:.2f} < {self.min_ratio})")
         assert self.decide_fn is not None
-        decision = self.decide_fn(result)
+        try:
+            decision = self.decide_fn(result)
+        except Exception as exc:  # the user's function failed: the step fails, saying how
+            return Fail(f"on_partial_failure raised {type(exc).__name__}: {_readable(str, exc)}")
         if not isinstance(decision, Decision):
-            raise UserError(f"on_partial_failure returned {decision!r}: return Continue(), RetryFailed(), Fail() "
-                            "or Compensate()")
+            raise UserError(f"on_partial_failure returned {_readable(repr, decision)}: return Continue(), "
+                            "RetryFailed(), Fail() or Compensate()")
         return decision
 
     def unreachable(self, total: int, failed: int) -> bool:
@@ -167,6 +180,17 @@ def min_success_ratio(ratio: float) -> FanOutPolicy:
     if isinstance(ratio, bool) or not isinstance(ratio, int | float) or math.isnan(ratio) or not 0.0 < ratio <= 1.0:
         raise WorkflowDefinitionError(f"min_success_ratio({ratio!r}): use a ratio in (0, 1], e.g. 0.8")
     return FanOutPolicy("ratio", min_ratio=ratio)
+
+
+def _readable(show: Callable[[Any], str], value: Any) -> str:
+    """``str``/``repr`` of user code's exception or return value, bounded and storable, or a note if
+    it cannot be read: one whose ``__str__`` raised escaped the driver's guard around the policy and
+    crashed it (the run left running, every resume the same)."""
+    try:
+        text = show(value)
+    except Exception as problem:  # any failure of user code reading its own value
+        return f"<a {type(value).__name__} whose {show.__name__}() raised {type(problem).__name__}>"
+    return text[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def on_partial_failure(fn: DecisionFn) -> FanOutPolicy:

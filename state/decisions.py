@@ -20,11 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import Connection, Engine, and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from raysaga.errors import RunNotFoundError, UserError
-from raysaga.state.decoding import reading, records
+from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
+from raysaga.state import jsoncodec
+from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.schema import events, node_columns, node_rows, nodes, runs, signals
+from raysaga.types import check_run_id
 
 #: The key of a waiting approval node's output that holds its request.
 REQUEST_KEY = "approval"
@@ -134,6 +136,8 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
     if not isinstance(by, str) or not by:
         raise UserError("a decision names who made it: pass --by NAME (or by= in Python)")
     label = node if fan_index < 0 else f"{node}[{fan_index}]"
+    if decision_id is not None:
+        _check_decision_id(decision_id)
     with engine.begin() as conn:
         status = _lock_run(conn, run_id)
         if decision_id is not None:
@@ -229,6 +233,7 @@ def decided_after(conn: Connection, run_id: str, seen: int) -> bool:
 def _lock_run(conn: Connection, run_id: str) -> RunStatus:
     """The run's status, its row locked for this transaction (SQLite: BEGIN IMMEDIATE already
     serialises writers), so two decisions on one node are checked one after the other."""
+    no_such_id(conn.dialect.name, run_id)
     query = select(runs.c.status).where(runs.c.run_id == run_id)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update()
@@ -252,7 +257,22 @@ def _same_or_refuse(earlier: Decision, verdict: Verdict, by: str, node: str, dec
                     f"({earlier.verdict} of {earlier.node!r} by {earlier.by}): use a new id")
 
 
+def _check_decision_id(decision_id: Any) -> None:
+    """A decision id is its signal row's ``dedup_key`` (200 characters, text): on PostgreSQL a NUL
+    or a longer id failed inside the database driver (on SQLite it was stored), so refuse both."""
+    if not isinstance(decision_id, str):
+        raise UserError(f"a decision id is a str (a request id, a UUID), got {type(decision_id).__name__}")
+    check_run_id(decision_id, "decision id")
+
+
+def _fan_index_fits(fan_index: Any) -> bool:
+    """Whether ``fan_index`` fits its column (a 32-bit integer): a larger one failed PostgreSQL's look-up."""
+    return isinstance(fan_index, int) and not isinstance(fan_index, bool) and -1 <= fan_index < 2**31
+
+
 def _node_row(conn: Connection, run_id: str, node: str, fan_index: int) -> NodeRecord | None:
+    if not isinstance(node, str) or not node.isprintable() or not _fan_index_fits(fan_index):
+        return None  # no node id holds a NUL or a lone surrogate (its look-up failed in the driver): "not waiting"
     rows = conn.execute(select(*node_columns).where(and_(node_rows.c.run_id == run_id, node_rows.c.node_id == node,
                                                         node_rows.c.fan_index == fan_index))).all()
     with reading(run_id, nodes.name):
@@ -297,6 +317,10 @@ def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, lab
         return None if verdict == "reject" else answer
     if request.answer_schema is None:
         raise UserError(f"the approval {label!r} takes no answer: approve it without --answer")
+    try:  # NaN passes a schema's "number", then the decision's dump wrote it as null: "as proposed"
+        jsoncodec.to_jsonable(answer, "the answer")
+    except (NotJSONableError, RecursionError) as exc:
+        raise UserError(f"the answer to {label!r} is not JSON: {exc}") from None
     import jsonschema  # only when an answer is given
 
     try:

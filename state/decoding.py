@@ -25,6 +25,20 @@ _ADVICE = (": the row was changed outside raysaga; only this run is affected (re
            "backup, or delete the run's rows)")
 
 
+def no_such_id(dialect: str, run_id: str) -> None:
+    """Raise ``RunNotFoundError`` for a run id no row can hold: a lone surrogate is not UTF-8 and
+    PostgreSQL text refuses NUL, so the look-up itself failed with a driver's raw encoding error
+    (``UnicodeEncodeError``, psycopg's ``DataError``) instead of saying the run does not exist."""
+    if not isinstance(run_id, str):
+        return
+    try:
+        run_id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RunNotFoundError(run_id) from None
+    if dialect == "postgresql" and "\x00" in run_id:
+        raise RunNotFoundError(run_id)
+
+
 @contextmanager
 def reading(run_id: str, table: str) -> Iterator[None]:
     """Turn a stored row that cannot be read back into one ``CorruptRecordError`` naming the run,

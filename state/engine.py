@@ -344,9 +344,6 @@ def _explain_sqlite(path: Path, first: str) -> str:
     return f"cannot open the SQLite store {path}: {first}"
 
 
-SQLITE_HEADER = b"SQLite format 3\x00"
-
-
 def probe_sqlite_store(url: str) -> None:
     """For read-only use: refuse, before any engine touches it (an engine switches the file to
     WAL), a SQLite store that is missing, a directory, not a SQLite database, or a database
@@ -360,27 +357,42 @@ def probe_sqlite_store(url: str) -> None:
     if not path.is_file():
         raise StoreUnavailableError(f"no raysaga store at {path}: nothing has run with this --db yet "
                                     f"({WHERE_ADVICE})")
-    try:
-        with path.open("rb") as f:
-            header = f.read(len(SQLITE_HEADER))
-    except OSError as exc:
-        raise StoreUnavailableError(f"cannot read the store {path}: {exc.strerror or exc}") from None
-    if not header:
+    if not os.access(path, os.R_OK):
+        raise StoreUnavailableError(f"cannot read the store {path}: permission denied")
+    if path.stat().st_size == 0:
         raise StoreUnavailableError(f"no raysaga store at {path}: the file is empty ({WHERE_ADVICE})")
-    if header != SQLITE_HEADER:
+    names = _table_names(path)
+    if names == NOT_A_DATABASE:
         raise StoreUnavailableError(_explain_sqlite(path, "file is not a database"))
-    try:  # read-only: mode=ro never creates nor writes the file
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
-        try:
-            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'raysaga_schema'"
-                                 ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return  # cannot tell from here (say, a WAL file in a read-only folder): opening it explains
-    if found is None:
+    if names is not None and "raysaga_schema" not in names:
         raise StoreUnavailableError(f"{path} is a SQLite database but not a raysaga store (it has no "
                                     f"raysaga tables): {WHERE_ADVICE}")
+
+
+#: What ``_table_names`` answers for a file that is no SQLite database.
+NOT_A_DATABASE = frozenset({"<not a database>"})
+
+
+def _table_names(path: Path) -> frozenset[str] | None:
+    """The tables of the SQLite database at ``path`` as SQLite reads it (read-only: nothing is
+    created or written), ``NOT_A_DATABASE``, or None when it cannot tell (say, a WAL file in a
+    read-only folder: opening it explains).
+
+    Never Python's ``open()`` on the file (these checks read its header that way): closing any file
+    descriptor of a database drops every POSIX lock this process holds on it, its SQLite
+    connections' included (SQLite's own connections share one descriptor per file and never close
+    it under a lock). A process with a store open that opened it once more (``Client(url)`` beside
+    ``raysaga.run(store=url)``) lost its locks: another process (``raysaga status``, a worker)
+    then checkpointed and deleted the -wal and -shm files under it, and its next commits went to
+    the deleted WAL file: lost without an error (or "disk I/O error")."""
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            return frozenset(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return NOT_A_DATABASE if "not a database" in str(exc).lower() else None
 
 
 def refuse_foreign_sqlite(url: str) -> None:
@@ -389,23 +401,11 @@ def refuse_foreign_sqlite(url: str) -> None:
     never adds its tables there. A missing or 0-byte file may become a store. No-op for
     PostgreSQL: a shared database commonly holds other applications' tables beside raysaga_*."""
     path = sqlite_path(url)
-    if path is None or not path.is_file():
-        return
-    try:
-        with path.open("rb") as f:
-            header = f.read(len(SQLITE_HEADER))
-    except OSError:
+    if path is None or not path.is_file() or path.stat().st_size == 0:
+        return  # missing or empty: becomes a store
+    names = _table_names(path)
+    if names is None or names == NOT_A_DATABASE:
         return  # opening it explains
-    if header != SQLITE_HEADER:
-        return  # empty (becomes a store) or not a database (opening it explains)
-    try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_MS / 1000)
-        try:
-            names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        finally:
-            conn.close()
-    except sqlite3.Error:
-        return
     if names and not names & {"raysaga_schema", "raysaga_runs", "alembic_version"}:
         raise StoreUnavailableError(f"{path} is a SQLite database but not a raysaga store (it holds other "
                                     f"tables: {', '.join(sorted(names)[:5])}): pass another --db "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
 from typing import Any
 
 from pydantic import BaseModel
@@ -29,8 +30,51 @@ def to_jsonable(value: Any, where: str = "value") -> JSONValue:
     must already be JSON: no sets, bytes, arbitrary objects, NaN/inf or lone surrogates.
     """
     if isinstance(value, BaseModel):
-        value = value.model_dump(mode="json")
+        value = _model_json(value, where)
     return _check(value, where, 0)
+
+
+def _model_json(model: BaseModel, where: str) -> JSONValue:
+    """``model_dump(mode="json")``, refusing the NaN and infinities it would quietly turn into null.
+
+    Pydantic writes a non-finite float held by an ``Any`` field (``dict[str, Any]``, ``list[Any]``...)
+    as ``None`` (its ``ser_json_inf_nan="null"`` default), where a typed ``float`` field keeps it:
+    a step returning ``Report(data={"mean": nan})`` stored ``null`` with no error, downstream saw a
+    missing value, while a bare NaN was refused. A model that sets ``ser_json_inf_nan`` itself asked
+    for what it gets; otherwise a dump holding a null is looked at again in Python mode."""
+    dumped = model.model_dump(mode="json")
+    if "ser_json_inf_nan" not in model.model_config and _holds_null(dumped, 0):
+        try:
+            python = model.model_dump(mode="python")
+        except Exception:  # a serializer written for JSON mode only: nothing more to look at
+            return dumped
+        _refuse_non_finite(python, where, 0)
+    return dumped
+
+
+def _holds_null(value: Any, depth: int) -> bool:
+    if value is None:
+        return True
+    if depth > MAX_DEPTH:
+        return False  # refused as too deep by _check
+    if isinstance(value, dict):
+        return any(_holds_null(v, depth + 1) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_null(v, depth + 1) for v in value)
+    return False
+
+
+def _refuse_non_finite(value: Any, where: str, depth: int) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise NotJSONableError(f"{_bounded(where)} is {value!r}: JSON has no NaN or infinity; use None or a string")
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_non_finite(item, f"{where}[{key!r}]", depth + 1)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for i, item in enumerate(value):
+            _refuse_non_finite(item, f"{where}[{i}]", depth + 1)
 
 
 #: A path in a message is cut to its first and last this-many characters (a deep value with long
@@ -46,6 +90,8 @@ def _bounded(where: str) -> str:
 
 def _check(value: Any, where: str, depth: int) -> JSONValue:
     if value is None or isinstance(value, bool | int):
+        if isinstance(value, int) and value.bit_length() > _LONG_INT_BITS:
+            _check_int_digits(value, where)
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -73,11 +119,26 @@ def _check(value: Any, where: str, depth: int) -> JSONValue:
             out[key] = _check(item, f"{where}[{key!r}]", depth + 1)
         return out
     if isinstance(value, BaseModel):
-        return _check(value.model_dump(mode="json"), where, depth)
+        return _check(_model_json(value, where), where, depth)
     raise NotJSONableError(
         f"{_bounded(where)} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
         "a dict, a list, a str, a number, a bool or None"
     )
+
+
+#: Below this many bits an int has fewer than Python's default 4300 digits: only a longer one is tried.
+_LONG_INT_BITS = 14_000
+
+
+def _check_int_digits(value: int, where: str) -> None:
+    """Refuse an int too long for Python to write as text (``sys.get_int_max_str_digits``): its
+    write raised a bare ``ValueError`` that named neither the value nor the step (a step failed
+    with it; a run input with it was no ``InvalidInputError``), and no reader could parse it back."""
+    try:
+        str(value)
+    except ValueError:
+        raise NotJSONableError(f"{_bounded(where)} is an integer of more than {sys.get_int_max_str_digits()} "
+                               "digits: store it as a string (str(n)), or its digits elsewhere") from None
 
 
 # one encoder: json.dumps with any keyword argument builds a new JSONEncoder per call
@@ -120,7 +181,10 @@ def _plain(value: Any, depth: int) -> bool:
 def dumps(value: Any, where: str = "value") -> str:
     """Canonical JSON text (sorted keys, no spaces) of a checked value."""
     if _plain(value, 0):  # the common case, checked without building the paths an error would name
-        return _ENCODER.encode(value)
+        try:
+            return _ENCODER.encode(value)
+        except ValueError:  # an int too long to write as text: to_jsonable names it
+            pass
     return _ENCODER.encode(to_jsonable(value, where))
 
 

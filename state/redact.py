@@ -204,6 +204,26 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
     return value
 
 
+def scrub_secret_values(value: Any) -> Any:
+    """A JSON value with every known secret *value* (the secret-named environment variables', the
+    registered ones) replaced by the marker in its strings, and nothing else changed: no pattern,
+    no secret-named key. For what a model or a tool said (an agent's turns and tool results): the
+    text is the conversation, so a word that merely looks like a token stays, but the API key a
+    model echoed into a tool's arguments must not reach the store (DESIGN invariant 7)."""
+    literal = _REGISTRY.current()
+    return value if literal is None else _replace_values(value, literal)
+
+
+def _replace_values(value: Any, literal: re.Pattern[str]) -> Any:
+    if isinstance(value, str):
+        return literal.sub(MARKER, value) if len(value) >= MIN_SECRET_LEN and literal.search(value) else value
+    if isinstance(value, dict):
+        return {key: _replace_values(item, literal) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_replace_values(item, literal) for item in value]
+    return value
+
+
 class RedactingFilter(logging.Filter):
     """Scrubs a log record's message, arguments and exception text before any handler sees it."""
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from sqlalchemy import Connection, Table
 
 from raysaga.errors import RunNotFoundError
-from raysaga.state.decoding import reading, record_of
+from raysaga.state.decoding import no_such_id, reading, record_of
 from raysaga.state.models import RunRecord
 from raysaga.state.schema import JsonText, effects, node_rows, nodes, runs, signals
 from raysaga.state.statements import HotSql, json_param
@@ -163,6 +163,7 @@ def run_of(conn: Connection, run_id: str, row: Sequence[Any] | None, *, lenient:
 
 def read_run(conn: Connection, run_id: str, *, lenient: bool = False) -> RunRecord:
     """The run row as its record (input and output read from their blobs when kept there)."""
+    no_such_id(conn.dialect.name, run_id)
     with reading(run_id, runs.name):
         row = HotSql(conn).one(run_sql(conn.dialect.name).select_run, (run_id,))
     return run_of(conn, run_id, row, lenient=lenient)

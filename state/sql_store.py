@@ -33,6 +33,7 @@ from raysaga.state.decisions import Decision, Verdict, WaitingApproval, decided_
 from raysaga.state.decoding import (
     SUMMARY,
     decode_summary,
+    no_such_id,
     reading,
     records,
     run_status,
@@ -94,8 +95,11 @@ def _reason_text(reason: str | None) -> str | None:
     """A run's ``status_reason`` as stored: secrets scrubbed, and NUL written ``\\x00``. The reason
     quotes an error's message (a C library's, a binary protocol's reply may hold a NUL), and
     PostgreSQL's text columns refuse NUL: the write failed, the driver with it, and every resume
-    the same way. (JSON columns escape it as ``\\u0000``, which ``json`` keeps.)"""
-    return None if reason is None else scrub_text(reason).replace("\x00", "\\x00")
+    the same way. (JSON columns escape it as ``\\u0000``, which ``json`` keeps.) A lone surrogate
+    (an operator's cancel reason) is not UTF-8 anywhere: written as its escape, ``\\ud800``."""
+    if reason is None:
+        return None
+    return scrub_text(reason).encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
 class SqlStore(ForkRows, DashboardReads, Store):
@@ -214,6 +218,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
             # apart under READ COMMITTED, the version could predate a concurrent transition whose new
             # status the next read saw (a loser of the race then failed 'running to running' instead
             # of a ConcurrencyConflict); SQLite's BEGIN IMMEDIATE already serialises writers
+            no_such_id(conn.dialect.name, run_id)
             query = select(runs.c.version).where(runs.c.run_id == run_id)
             if conn.dialect.name == "postgresql":
                 query = query.with_for_update()
@@ -239,7 +244,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 raise ConcurrencyConflict(f"run {run_id!r} changed under this transition: re-read and retry")
             conn.execute(insert(events).values(
                 run_id=run_id, seq=result[0], at=now, kind="run_" + status.value,
-                data=scrub({"from": current_status.value, "reason": reason, **(data or {})}),
+                data=scrub({"from": current_status.value, "reason": _reason_text(reason), **(data or {})}),
             ))
             return self._get_run(conn, run_id, lenient=status in TERMINAL or status in PARKED)
 
@@ -296,7 +301,7 @@ class SqlStore(ForkRows, DashboardReads, Store):
         if batch.run is not None and batch.run.status is not None:
             # every transition appends its event, in the same transaction
             new_events = [*new_events, NewEvent(kind="run_" + batch.run.status.value,
-                                                data={"reason": batch.run.status_reason})]
+                                                data={"reason": _reason_text(batch.run.status_reason)})]
         run_id = lease.run_id
         upd = batch.run
         updates_run = upd is not None and (upd.status is not None or upd.set_wake or upd.set_output or upd.set_error

@@ -34,7 +34,7 @@ from raysaga.agents.turns import (
 )
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import effect_key
-from raysaga.orchestrator.machine.budgets import Budgets
+from raysaga.orchestrator.machine.budgets import Budgets, model_cost
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, MemoryOp, Outbox
@@ -368,7 +368,10 @@ class AgentNodes:
             node.offers = {sub.with_turn(sub.turn, o.call): o for o in aside or () if isinstance(o, Offer)}
             response = node.conv.turns[sub.turn].response  # validated by put
             assert response is not None
-            self.budgets.charge(response.usage.total, node.agent.model.cost(response.usage), self.out.batch)
+            cost, problem = model_cost(node.agent.model, response.usage)
+            self.budgets.charge(response.usage.total, cost, self.out.batch)
+            if problem is not None:  # the answer is kept (paid for); the node cannot count its spend
+                self._fail(node, Fail("ModelCostFailed", f"agent {node.agent.name!r}: {problem}").error())
             return
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
         if tool is not None:

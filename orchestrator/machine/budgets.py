@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
+from raysaga.agents.messages import Usage
 from raysaga.orchestrator.records import merge_run
+from raysaga.orchestrator.retry import message_of
 from raysaga.state import Batch, RunUpdate
 
 
@@ -28,3 +32,18 @@ class Budgets:
         if self.cost_budget is not None and self.cost >= self.cost_budget:
             return f"budget: ${self.cost:.4f} spent of a budget of ${self.cost_budget:.4f}"
         return None
+
+
+def model_cost(model: Any, usage: Usage) -> tuple[float, str | None]:
+    """The USD cost of one model call by ``model.cost`` (user code, for a model of one's own), and
+    why it cannot be counted, if so. Unchecked, a ``cost()`` that raised or returned None crashed
+    the driver (every resume the same way), and NaN, inf or a negative amount made the run's
+    ``cost_used`` nonsense, so a ``cost_budget`` never stopped it."""
+    try:
+        cost = model.cost(usage)
+    except Exception as exc:  # any failure of user code: the agent node fails naming it
+        return 0.0, f"its model's cost() raised {type(exc).__name__}: {message_of(exc)}"[:500]
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
+        return 0.0, (f"its model's cost() returned {cost!r:.80}: it must return the call's cost as a finite "
+                     "number of USD >= 0 (0.0 if unknown)")
+    return float(cost), None
