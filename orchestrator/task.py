@@ -7,7 +7,6 @@ The store is never touched here: the driver is the single writer.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -126,8 +125,10 @@ class Aside:
     aside: Any
 
 
-def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
-    """Run one attempt of ``spec``. Never raises: every failure comes back classified."""
+def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeOutcome:
+    """Run one attempt of ``spec``. Never raises: every failure comes back classified, but a
+    ``KeyboardInterrupt`` or ``SystemExit`` in the driver's own process (the inline executor, not
+    ``on_worker``: a Ray task or pool actor, ``wire.run_packed``), which ends it as it would any program."""
     started = time.time()
     try:
         kwargs = {name: coerce(spec.param_types.get(name, Any), value) for name, value in call.kwargs.items()}
@@ -157,22 +158,11 @@ def execute(spec: StepSpec, call: NodeCall) -> NodeOutcome:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt | SystemExit):
-            if not _in_ray_task():
+            if not on_worker:
                 raise
             return NodeOutcome.failure(_exited(exc, call.label), transient=False, started_at=started)
         transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
         return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
-
-
-def _in_ray_task() -> bool:
-    """Whether this attempt runs in a Ray task or actor (inline, the driver's own process runs it)."""
-    ray = sys.modules.get("ray")
-    if ray is None:
-        return False
-    try:
-        return ray.get_runtime_context().get_task_id() is not None
-    except Exception:  # Ray not initialised in this process: the inline executor's driver
-        return False
 
 
 def _exited(exc: KeyboardInterrupt | SystemExit, label: str) -> Permanent:

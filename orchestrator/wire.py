@@ -92,4 +92,5 @@ def run_packed(payload: bytes) -> bytes:
     """
     digest, data, calls = pickle.loads(payload)
     spec = _spec(digest, data)
-    return pickle.dumps([pack_outcome(execute(spec, unpack_call(c))) for c in calls], protocol=_PROTOCOL)
+    return pickle.dumps([pack_outcome(execute(spec, unpack_call(c), on_worker=True)) for c in calls],
+                        protocol=_PROTOCOL)

@@ -5,7 +5,6 @@ itself, on a real cluster with token authentication, is ``tests/cluster/test_lau
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import textwrap
 import time
@@ -17,6 +16,7 @@ from raysaga.errors import UserError
 from raysaga.orchestrator import launch as lx
 from raysaga.orchestrator import step_env
 from tests.support.cli import invoke, one_line_error
+from tests.support.ports import refused_port
 
 FLOW = textwrap.dedent('''
     from raysaga import Workflow
@@ -37,12 +37,6 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(folder)
     monkeypatch.syspath_prepend(str(folder))
     return folder
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_submission_ids_come_from_the_run_id() -> None:
@@ -99,7 +93,7 @@ def test_a_bad_env_option_is_refused(project: Path, tmp_path: Path, env: str, me
 
 def test_a_job_api_nobody_answers_is_one_line_and_nothing_is_recorded(project: Path, tmp_path: Path) -> None:
     db = tmp_path / "raysaga.db"
-    port = closed_port()
+    port = refused_port()
     started = time.monotonic()
     code, out, err = invoke("launch", "launchable_flow:wf", "--address", f"http://127.0.0.1:{port}",
                             "--db", f"sqlite:///{db}")

@@ -9,7 +9,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from raysaga.orchestrator.runner import create_run, executor_started
 from raysaga.state import RunStatus, SqlStore
 from tests.support import REPO
 from tests.support.cli import one_line_error
+from tests.support.ports import refused_port
 from tests.support.processes import pids_mentioning
 
 FLOW = """
@@ -39,12 +39,6 @@ def first() -> int:
 def second(first: int) -> int:
     return first + 1
 """
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pending_run(tmp_path: Path) -> tuple[str, SqlStore]:
@@ -75,7 +69,7 @@ def _resume(url: str, cwd: Path, *extra: str,
 def test_an_unreachable_cluster_is_one_line_and_leaves_the_run_as_it_was(tmp_path: Path) -> None:
     url, store = _pending_run(tmp_path)
     try:
-        port = _closed_port()
+        port = refused_port()
         done = _resume(url, tmp_path, "--address", f"127.0.0.1:{port}")
         one_line_error(done.returncode, done.stderr, f"cannot reach the Ray cluster at 127.0.0.1:{port}")
         run = store.get_run("rs-1")
@@ -88,7 +82,7 @@ def test_an_unreachable_cluster_is_one_line_and_leaves_the_run_as_it_was(tmp_pat
 def test_a_workflow_that_cannot_load_is_reported_even_when_ray_fails_too(tmp_path: Path) -> None:
     url, store = _pending_run(tmp_path)
     try:
-        done = _resume(url, tmp_path, "--address", f"127.0.0.1:{_closed_port()}",
+        done = _resume(url, tmp_path, "--address", f"127.0.0.1:{refused_port()}",
                        "--workflow", "no_such_module_here:wf")
         assert done.returncode == 2, done.stderr
         assert "no_such_module_here" in done.stderr and "Ray cluster" not in done.stderr, done.stderr

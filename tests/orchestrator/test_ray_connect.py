@@ -16,17 +16,11 @@ from raysaga.errors import UserError
 from raysaga.orchestrator.executor import make_executor
 from raysaga.orchestrator.ray_address import check_cluster, host_port
 from raysaga.state import open_store
-
-
-def closed_port() -> int:
-    """A port that was free a moment ago: nobody listens on it now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.ports import refused_port
 
 
 def test_a_closed_port_is_refused_with_how_to_start_the_cluster() -> None:
-    port = closed_port()
+    port = refused_port()
     started = time.monotonic()
     with pytest.raises(UserError) as exc:
         check_cluster(f"127.0.0.1:{port}")
@@ -77,7 +71,7 @@ def test_a_malformed_address_is_refused_at_once(address: str, message: str) -> N
 
 
 def test_make_executor_fails_fast_without_starting_ray() -> None:
-    port = closed_port()
+    port = refused_port()
     code = textwrap.dedent(f"""
         import time
         import ray
@@ -100,7 +94,7 @@ def test_make_executor_fails_fast_without_starting_ray() -> None:
 
 
 def test_the_ray_address_variable_is_checked_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    port = closed_port()
+    port = refused_port()
     monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
     import ray
 
@@ -124,7 +118,7 @@ def test_a_run_on_an_unreachable_cluster_leaves_no_run_behind(tmp_path: Path) ->
             return 1
 
         try:
-            raysaga.run(wf, store={url!r}, address="127.0.0.1:{closed_port()}")
+            raysaga.run(wf, store={url!r}, address="127.0.0.1:{refused_port()}")
         except UserError as exc:
             print(exc)
     """)
@@ -141,5 +135,5 @@ def test_a_run_on_an_unreachable_cluster_leaves_no_run_behind(tmp_path: Path) ->
 def test_a_process_on_one_cluster_refuses_an_address_naming_another(ray_session: str) -> None:
     # one process joins one cluster: an --address naming another must not run on this one silently
     with pytest.raises(UserError, match="already connected to the Ray cluster"):
-        make_executor("ray", address=f"127.0.0.1:{closed_port()}")
+        make_executor("ray", address=f"127.0.0.1:{refused_port()}")
     make_executor("ray", address=ray_session)  # the cluster it is on is fine

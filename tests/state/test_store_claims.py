@@ -60,11 +60,12 @@ def test_only_registered_definitions_are_claimed(store: SqlStore) -> None:
 
 def test_expired_and_released_leases_are_taken_over(store: SqlStore) -> None:
     _new(store, "r")
-    first = store.claim_next("w1", 0.5, WF)
+    # 2 s: the lease must still be live at the next claim (0.5 s ran out first in CI under load)
+    first = store.claim_next("w1", 2.0, WF)
     assert first is not None
     store.commit(first.lease, Batch(run=RunUpdate(status=RunStatus.RUNNING)))
     assert store.claim_next("w2", 30, WF) is None  # its lease is live
-    deadline = time.time() + 5
+    deadline = time.time() + 10
     while time.time() < first.lease.expires_at and time.time() < deadline:
         time.sleep(0.05)  # let the short lease run out (wall clock is what the lease is made of)
     second = store.claim_next("w2", 30, WF)
