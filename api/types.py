@@ -26,6 +26,9 @@ __all__ = [
     "COMPENSATION_ATTEMPTS",
     "COMPENSATION_RETRY",
     "DEFAULT_RETRY",
+    "MAX_LABELS",
+    "MAX_LABEL_KEY",
+    "MAX_LABEL_VALUE",
     "MIN_LEASE_TTL",
     "NAME_RE",
     "NAME_RULE",
@@ -36,8 +39,10 @@ __all__ = [
     "RetryPolicy",
     "RunOptions",
     "StepContext",
+    "check_labels",
     "check_name",
     "check_number",
+    "check_text",
     "checked_fields",
     "checked_options",
     "compensation_node",
@@ -70,6 +75,24 @@ def check_number(owner: str, name: str, value: Any, *, minimum: float, allowed: 
         ok = ok and (maximum is None or value <= maximum)
     if not ok:
         raise InvalidOptionError(f"{owner}.{name} must be {allowed}, got {value!r}")
+
+
+def check_text(value: Any, what: str, limit: int, *, minimum: int = 1,
+               error: Callable[[str], Exception] = UserError) -> str:
+    """``value`` if it is ``minimum`` (1) to ``limit`` printable characters, else ``error`` (a
+    ``UserError`` unless given) naming ``what``. Text that lands in a store column must be
+    printable: PostgreSQL refuses a NUL in text, a lone surrogate is not UTF-8 anywhere, and a
+    longer value fails inside the database driver (or bloats every row that holds it)."""
+    if not isinstance(value, str):
+        raise error(f"{what} must be text (a str) of {minimum} to {limit} printable characters, "
+                    f"got {type(value).__name__} {value!r:.80}")
+    if not minimum <= len(value) <= limit:
+        raise error(f"{what} must be {minimum} to {limit} printable characters, got {len(value):,}: "
+                    f"{value!r:.80}")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise error(f"{what} must be printable text: {value!r:.80} contains {bad!a}")
+    return value
 
 
 def unknown_option_message(where: str, unknown: Iterable[str], options: Iterable[str]) -> str:
@@ -251,6 +274,31 @@ class RateLimit:
                                      "concurrent=")
 
 
+#: A run's labels are in its row, which every transition and ``list`` reads: bounded, so a hostile
+#: or runaway label set cannot bloat every run row (64 labels of the largest size: ~38 KB of JSON).
+MAX_LABELS = 64
+MAX_LABEL_KEY = 100
+MAX_LABEL_VALUE = 500
+
+
+def check_labels(labels: Any, what: str = "labels") -> dict[str, str]:
+    """``labels`` if it is a run's labels (see ``RunOptions.labels``), else ``InvalidOptionError``
+    naming the label at fault and the rule."""
+    if not isinstance(labels, dict):
+        raise InvalidOptionError(f"{what} must be a dict of str to str, e.g. {{'team': 'billing'}}, "
+                                 f"got {type(labels).__name__} {labels!r:.80}")
+    if len(labels) > MAX_LABELS:
+        raise InvalidOptionError(f"{what} holds {len(labels)} labels, above the limit of {MAX_LABELS}: "
+                                 "keep a few tags to find runs by; put the rest in the run's input")
+    for key, value in labels.items():
+        check_text(key, f"{what}: the key {key!r:.40}", MAX_LABEL_KEY, error=InvalidOptionError)
+        if "=" in key:
+            raise InvalidOptionError(f"{what}: the key {key!r:.40} holds '=': `raysaga list --label KEY=VALUE` "
+                                     "could not name it; use another character ('-', '_', '.', '/')")
+        check_text(value, f"{what}[{key!r:.40}]", MAX_LABEL_VALUE, minimum=0, error=InvalidOptionError)
+    return labels
+
+
 @checked_fields
 @dataclass(frozen=True, kw_only=True)
 class RunOptions:
@@ -272,7 +320,10 @@ class RunOptions:
     cost_budget: float | None = None
     """Model cost in USD the whole run may spend (prices: ``raysaga.agents.price_of``)."""
     labels: dict[str, str] = field(default_factory=dict)
-    """Free-form ``str -> str`` tags of the run."""
+    """Free-form ``str -> str`` tags of the run (``{"team": "billing", "ticket": "OPS-12"}``),
+    stored with it: ``raysaga status`` shows them, ``raysaga list --label team=billing`` and
+    ``store.list_runs(labels=...)`` find runs by them. At most ``MAX_LABELS`` labels; a key is 1 to
+    ``MAX_LABEL_KEY`` printable characters without ``=``, a value 0 to ``MAX_LABEL_VALUE``."""
     allow_changed: bool = False
     """Resume a run whose workflow definition changed since it started (the changed steps are
     listed in a ``definition_changed`` event and the run is pinned to the new definition); without
@@ -288,9 +339,7 @@ class RunOptions:
     instead of being resumed, and killing a worker, forever. ``raysaga retry`` it once fixed."""
 
     def __post_init__(self) -> None:
-        if not isinstance(self.labels, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in self.labels.items()):
-            raise InvalidOptionError(f"RunOptions.labels must be a dict of str to str, got {self.labels!r}")
+        check_labels(self.labels, "RunOptions.labels")
         check_number("RunOptions", "lease_ttl", self.lease_ttl, minimum=MIN_LEASE_TTL,
                      allowed=f"a finite number of seconds >= {MIN_LEASE_TTL} (the heartbeat renews every ttl/3; "
                              "5 to 60 is sensible)")

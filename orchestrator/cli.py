@@ -132,13 +132,15 @@ def _check_address(executor: str, address: str | None) -> None:
 
 
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None,
-             allow_changed: bool = False) -> RunOptions:
+             allow_changed: bool = False, labels: list[str] | None = None) -> RunOptions:
+    tags = cli_input.labels("--label", labels)
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
     cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
     from raysaga.orchestrator.options import RunOptions
 
-    return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, allow_changed=allow_changed)
+    return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, allow_changed=allow_changed,
+                      labels=tags)
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
@@ -189,12 +191,13 @@ def run(
     lease_ttl: LeaseOpt = 15.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
 ) -> None:
     """Start a run of WORKFLOW and drive it to the end (Ctrl-C or a kill: `raysaga resume RUN` continues it)."""
     current = _Current()
     with errors(current):
         cli_input.check_run_id(run_id, "--run-id")
-        options = _options(lease_ttl, deadline, retry_budget)
+        options = _options(lease_ttl, deadline, retry_budget, labels=label)
         _check_address(executor, address)
         value = cli_input.parse_input(input)
         wf = _load_workflow(workflow)
@@ -352,6 +355,7 @@ def list_runs(
         "--before", help="The next page: runs created before this run (the last one listed).")] = None,
     db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
 ) -> None:
     """The runs in the store, newest first (times in UTC)."""
     with errors():
@@ -366,11 +370,12 @@ def list_runs(
             raise UserError("--workflow '' names no workflow: give a workflow's name, or leave --workflow out")
         cli_input.int_in_range("--limit", limit, 1, MAX_LIST)
         cli_input.check_run_id(before, "--before run id")
+        tags = cli_input.labels("--label", label)
         store = _stores().open_for_reads(db)
         from raysaga.state import queries
 
         cursor = queries.run_cursor(store, before) if before is not None else None
-        rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor)
+        rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor, labels=tags)
         if as_json:
             sys.stdout.write(json.dumps([{
                 "run_id": r.run_id, "workflow": r.workflow_name, "version": r.workflow_version,
@@ -381,7 +386,8 @@ def list_runs(
             return
         if not rows:
             only = " and ".join(f for f in (f"in state {status}" if status else "",
-                                             f"of workflow {workflow!r}" if workflow else "") if f)
+                                             f"of workflow {workflow!r}" if workflow else "",
+                                             f"labelled {_shown_labels(tags)}" if tags else "") if f)
             # "no runs in STORE" once read as an empty store when a filter matched nothing
             say(out, "no runs" + (f" {only}" if only else "") + (" on that page" if before else "")
                 + f" in {_stores().describe(store.url)}")
@@ -399,8 +405,13 @@ def list_runs(
         if len(rows) == limit:
             again = " ".join(a for a in (f"--status {status}" if status else "",
                                          f"--workflow {shlex.quote(workflow)}" if workflow else "",
+                                         *(f"--label {shlex.quote(f'{k}={v}')}" for k, v in tags.items()),
                                          f"--limit {limit}" if limit != 50 else "") if a)
             say(out, f"more: raysaga list --before {shlex.quote(rows[-1].run_id)}" + (f" {again}" if again else ""))
+
+
+def _shown_labels(tags: dict[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in tags.items())
 
 
 @app.command()

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state.jsoncodec import MAX_DEPTH
+from raysaga.types import check_labels
 from raysaga.types import check_run_id as check_types_run_id
 
 if TYPE_CHECKING:
@@ -162,6 +163,25 @@ def _article(word: str) -> str:
 def check_run_id(value: str | None, what: str = "run id") -> str | None:
     """``raysaga.types.check_run_id`` for an optional option value."""
     return None if value is None else check_types_run_id(value, what)
+
+
+#: ``--label``'s help, on ``run``, ``submit`` and ``list``.
+LABEL_HELP = "KEY=VALUE: a label of the run (repeatable; `list`: only runs with every one)."
+
+
+def labels(option: str, given: list[str] | None) -> dict[str, str]:
+    """``--label KEY=VALUE`` options as a run's labels (``raysaga.types.check_labels``: bounded,
+    printable); a pair without ``=`` or a key given twice is refused, naming it."""
+    found: dict[str, str] = {}
+    for pair in given or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UserError(f"{option} {pair!r:.80} is not KEY=VALUE: e.g. {option} team=billing")
+        if key in found:
+            raise UserError(f"{option} {key!r:.80} is given twice ({found[key]!r:.40} and {value!r:.40}): "
+                            "give each label once")
+        found[key] = value
+    return check_labels(found, option)
 
 
 def positive_seconds(option: str, value: float | None) -> float | None:

@@ -163,16 +163,21 @@ def submit(
     input: Annotated[str | None, typer.Option("--input", "-i", help="JSON text, @file.json or @- for stdin.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Id for the run.")] = None,
     db: DbOpt = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
 ) -> None:
     """Record a run for the worker fleet and return at once; prints the run id."""
     with errors():
         cli_input.check_run_id(run_id, "--run-id")
+        tags = cli_input.labels("--label", label)
         value = cli_input.parse_input(input)
         from raysaga.orchestrator.loader import load_workflow, recordable_ref
 
         wf = load_workflow(workflow)
         cli_input.check_input(wf, value, input is not None)
-        run = _client(db).submit(wf, value, run_id=run_id, workflow_ref=recordable_ref(workflow))
+        from raysaga.orchestrator.options import RunOptions
+
+        run = _client(db).submit(wf, value, run_id=run_id, workflow_ref=recordable_ref(workflow),
+                                 options=RunOptions(labels=tags))
         sys.stdout.write(run.run_id + "\n")
 
 

@@ -7,7 +7,7 @@ operator names) steps that never started are listed too, as pending, in the work
 
 ``--json`` writes the document incrementally, one node at a time, so a 50,000-node run costs a few
 seconds and a bounded amount of memory. Its keys (``schema_version`` 1): run_id, workflow, version,
-status, reason, trace_id, created_at, updated_at, lease_owner, lease_expires_at, retries_used,
+status, reason, trace_id, labels, created_at, updated_at, lease_owner, lease_expires_at, retries_used,
 retry_budget, tokens_used, cost_used, input, output, error, node_counts, nodes, effects,
 next_nodes_after (and steps/failures with ``--summary``, which leaves nodes out).
 """
@@ -173,6 +173,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id, "workflow": run.workflow_name, "version": run.workflow_version,
         "status": run.status.value, "reason": scrub(run.status_reason), "trace_id": run.trace_id,
+        "labels": run.labels,
         "created_at": run.created_at, "updated_at": run.updated_at, "lease_owner": run.lease_owner,
         "lease_expires_at": run.lease_expires_at, "retries_used": run.retries_used,
         "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
@@ -280,6 +281,8 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
                        f"({seconds(max(0.0, run.updated_at - run.created_at))} in all)"))
     console.print(Text(f"driver: {describe_lease(run, time.time())}"))
     console.print(Text(f"store: {store_text}"))
+    if run.labels:
+        console.print(Text("labels: " + ", ".join(flat(f"{k}={v}") for k, v in sorted(run.labels.items()))))
     family = lineage(store, run)
     if family:
         forks = ", ".join(f"{c['run_id']} (from {c['forked_from']}, {c['status']})" for c in family["children"])

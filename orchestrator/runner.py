@@ -113,7 +113,7 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         input=checked,
         deadline_at=time.time() + options.deadline if options.deadline else None,
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
-        trace_id=uuid.uuid4().hex, queue=queue,
+        trace_id=uuid.uuid4().hex, queue=queue, labels=options.labels or None,
     ))
 
 

@@ -3,7 +3,8 @@
 A fork (``raysaga.orchestrator.fork``) is a new run whose inherited nodes start completed: their
 rows are copied from the parent into the new run in the transaction that creates it, each
 marked with ``origin_run_id`` (the run that executed the node, so its effects keep that run's
-idempotency keys). Outputs kept as blobs are referenced by digest, never copied; the ledger rows
+idempotency keys). The fork keeps its parent's labels (``raysaga_runs.labels``) unless it is given
+its own. Outputs kept as blobs are referenced by digest, never copied; the ledger rows
 stay with the run that wrote them and are read across (``inherited_effects``).
 """
 
@@ -19,6 +20,7 @@ from raysaga.errors import RunExistsError
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
+from raysaga.state.run_labels import stored_labels
 from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs
 from raysaga.state.statements import fence_guard
 
@@ -60,7 +62,10 @@ class ForkRows:
         so their outputs never pass through this process; blobs are referenced by digest."""
         assert new.parent_run_id is not None, "a fork has a parent"
         now = time.time()
-        values = new.model_dump(exclude={"input"})
+        values = new.model_dump(exclude={"input", "labels"})
+        # the parent's labels, copied inside the database, unless the fork was given its own
+        values["labels"] = stored_labels(new.labels) if new.labels is not None else \
+            select(runs.c.labels).where(runs.c.run_id == new.parent_run_id).scalar_subquery()
         values.update(status=RunStatus.PENDING.value, version=0, fence=0, event_seq=2, retries_used=0,
                       tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
         try:

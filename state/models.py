@@ -7,7 +7,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from raysaga.state import jsoncodec
 from raysaga.state.error_record import ErrorInput, ErrorRecord
@@ -128,6 +128,13 @@ class RunRecord(_Record):
     """The node label a forked run was forked from."""
     step_hashes: dict[str, str] | None = None
     """Each step's signature hash when the run was created (None: a run recorded before schema 6)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """The run's labels (``RunOptions.labels``); a run recorded before schema 11 has none."""
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _no_labels(cls, value: Any) -> Any:
+        return {} if value is None else value  # NULL in the row: no labels (the common case)
 
 
 class RunSummary(_Record):
@@ -278,6 +285,9 @@ class NewRun(BaseModel):
     forked_from: str | None = None
     step_hashes: dict[str, str] | None = None
     """Each step's signature hash (``raysaga.orchestrator.versions``), to name what changed later."""
+    labels: dict[str, str] | None = None
+    """The run's labels (checked by the store: ``raysaga.types.check_labels``); None: none, or for a
+    fork, its parent's."""
 
 
 class Lease(_Record):

@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 class JsonText(TypeDecorator[Any]):
@@ -137,6 +137,9 @@ runs = Table(
     # identity column; SQLite: the trigger ``raysaga_runs_run_key``, max + 1). Node rows carry it
     # instead of the run id: a fan-out item's row is ~24 bytes smaller (migration 0008)
     Column("run_key", BigInteger, nullable=True),
+    # schema 11: the run's labels (``RunOptions.labels``, bounded by ``raysaga.types.check_labels``),
+    # a JSON object of str -> str; NULL when it has none (most runs, and every run of an older store)
+    Column("labels", JsonText, nullable=True),
     Index("ux_raysaga_runs_run_key", "run_key", unique=True),
     # the narrowest of the indexes that start with ``status``: counting runs by status (the
     # dashboard's tabs) scans it whole; without it SQLite scans a wider one (measured in schema 9)

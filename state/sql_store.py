@@ -72,6 +72,7 @@ from raysaga.state.prune import PruneReport
 from raysaga.state.prune import prune as prune_runs
 from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.run_labels import labels_match, stored_labels
 from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
 from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs, signals
@@ -141,7 +142,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def create_run(self, new: NewRun) -> RunRecord:
         now = time.time()
-        values = new.model_dump(exclude={"input"})  # the input is not copied: it may be large
+        values = new.model_dump(exclude={"input", "labels"})  # the input is not copied: it may be large
+        values["labels"] = stored_labels(new.labels)
         values.update(status=RunStatus.PENDING.value, version=0, fence=0, event_seq=1, retries_used=0,
                       tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
         try:
@@ -164,8 +166,9 @@ class SqlStore(ForkRows, DashboardReads, Store):
         return read_run(conn, run_id, lenient=lenient)
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
-                  before: tuple[float, str] | None = None) -> list[RunSummary]:
-        """Newest first (by created_at, then run_id), at most ``limit``, summary columns only.
+                  before: tuple[float, str] | None = None, labels: Mapping[str, str] | None = None) -> list[RunSummary]:
+        """Newest first (by created_at, then run_id), at most ``limit``, summary columns only;
+        with ``labels``, only runs that carry every one of them (``RunOptions.labels``).
 
         ``before`` is the ``cursor`` of the last row of the previous page (keyset paging: every
         page costs one index range scan however deep). A row that cannot be read is listed with
@@ -179,6 +182,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
             query = query.where(runs.c.status == RunStatus(status).value)
         if workflow is not None:
             query = query.where(runs.c.workflow_name == workflow)
+        if labels:
+            query = query.where(*labels_match(self.dialect, labels))
         if before is not None:
             at, after_id = before
             query = query.where(or_(runs.c.created_at < at, and_(runs.c.created_at == at, runs.c.run_id < after_id)))

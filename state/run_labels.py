@@ -1,0 +1,42 @@
+"""Finding runs by their labels (``RunOptions.labels``, the JSON column ``raysaga_runs.labels``).
+
+One condition per wanted label, all of which must hold, as SQL on either dialect: SQLite reads
+the object's members with ``json_each`` (any key, quotes and dots included, with no JSON-path
+quoting to get wrong), PostgreSQL with ``->>``. A row whose labels are NULL (no labels) or not
+a JSON object matches no label; on SQLite a row whose text is not JSON is skipped (``json_valid``)
+instead of failing the whole list, as ``list`` lists a corrupt row without failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import String, bindparam, case, exists, func, literal, select
+
+from raysaga.state.schema import runs
+from raysaga.types import check_labels
+
+
+def stored_labels(labels: Mapping[str, str] | None) -> dict[str, str] | None:
+    """A new run's labels as its row keeps them: checked (the store is every caller's way in),
+    and NULL for none (the common case: no bytes in the row)."""
+    return check_labels(dict(labels), "run labels") or None if labels is not None else None
+
+
+def labels_match(dialect: str, wanted: Mapping[str, str]) -> list[Any]:
+    """The WHERE conditions of runs that carry every label of ``wanted`` (checked as labels are:
+    ``InvalidOptionError`` naming a bad one)."""
+    check_labels(dict(wanted), "the labels to list by")
+    return [_has(dialect, key, value) for key, value in wanted.items()]
+
+
+def _has(dialect: str, key: str, value: str) -> Any:
+    k, v = bindparam(None, key, type_=String), bindparam(None, value, type_=String)
+    if dialect != "sqlite":
+        return runs.c.labels.op("->>", return_type=String)(k) == v
+    members = func.json_each(case((func.json_valid(runs.c.labels) == 1, runs.c.labels))).table_valued("key", "value")
+    return exists(select(literal(1)).select_from(members).where(members.c.key == k, members.c.value == v))
+
+
+__all__ = ["labels_match", "stored_labels"]
