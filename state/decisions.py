@@ -31,6 +31,12 @@ from raysaga.types import check_run_id
 #: The key of a waiting approval node's output that holds its request.
 REQUEST_KEY = "approval"
 
+#: The longest decision comment, in characters. A comment is stored twice (the decision's signal and
+#: its ``decision`` event), shown by ``status``, ``inbox`` and the dashboard, and for a rejected agent
+#: tool call handed to the model: 10,000 characters is a long review (~4 pages; ~2,500 tokens), while
+#: an unbounded one (a pasted log, 20 MB) bloated two rows per decision and every read of them.
+MAX_COMMENT = 10_000
+
 Verdict = Literal["approve", "reject"]
 OnTimeout = Literal["reject", "default", "escalate"]
 
@@ -136,6 +142,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
     if not isinstance(by, str) or not by:
         raise UserError("a decision names who made it: pass --by NAME (or by= in Python)")
     label = node if fan_index < 0 else f"{node}[{fan_index}]"
+    _check_comment(comment)
     if decision_id is not None:
         _check_decision_id(decision_id)
     with engine.begin() as conn:
@@ -255,6 +262,17 @@ def _same_or_refuse(earlier: Decision, verdict: Verdict, by: str, node: str, dec
         return earlier  # the same decision again (a double click, a retried request): one decision
     raise UserError(f"decision id {decision_id!r} was already used for another decision "
                     f"({earlier.verdict} of {earlier.node!r} by {earlier.by}): use a new id")
+
+
+def _check_comment(comment: Any) -> None:
+    """Refuse, before anything is written, a comment that is not text or is over ``MAX_COMMENT``."""
+    if comment is None:
+        return
+    if not isinstance(comment, str):
+        raise UserError(f"a decision's comment is text (a str), got {type(comment).__name__}")
+    if len(comment) > MAX_COMMENT:
+        raise UserError(f"a decision's comment is at most {MAX_COMMENT:,} characters, this one has {len(comment):,}: "
+                        "shorten it, or put the long text elsewhere (a ticket, a document) and link to it")
 
 
 def _check_decision_id(decision_id: Any) -> None:
