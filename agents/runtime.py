@@ -2,11 +2,14 @@
 
 Both return JSON only. A model response whose tool input is not storable JSON (too deep,
 NaN...) is kept, with that input replaced by a marker, so the agent can be told its call was
-malformed instead of the whole node dying.
+malformed instead of the whole node dying. Elsewhere in a response (its text, a block's fields)
+a lone surrogate, which no UTF-8 text and so no store can hold, is replaced with U+FFFD: the
+model's answer is not the user's fault, and it must not fail the node for good.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from raysaga.agents.messages import ModelRequest
@@ -39,10 +42,31 @@ def model_turn(model: Model, request: dict[str, Any]) -> dict[str, Any]:
                 block = {**block, "input": {INVALID_INPUT: reason}}
         content.append(block)
     data = response.model_copy(update={"content": content}).model_dump(mode="json")
-    jsoncodec.to_jsonable(data, "model response")
+    try:
+        jsoncodec.to_jsonable(data, "model response")
+    except NotJSONableError:
+        data = mended(data)  # a lone surrogate in its text: the one thing in it JSON cannot carry
+        jsoncodec.to_jsonable(data, "model response")
     # before the driver persists it and runs the tools it asks for: every reader (the store, the
     # tools, the next request, a resume) sees the same response, with no secret value in it
     return scrub_secret_values(data)  # type: ignore[no-any-return]
+
+
+#: Half of a UTF-16 surrogate pair, alone: ``json.loads`` makes one of ``"\\ud800"``; UTF-8 has none.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def mended(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (keys too) replaced with U+FFFD, the
+    replacement character a UTF-8 decoder shows for bytes it cannot read: the text stays readable,
+    its length unchanged, and what was lost is visible."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {mended(k): mended(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mended(v) for v in value]
+    return value
 
 
 def tool_call(tool: Tool, args: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
