@@ -145,7 +145,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
         on_progress: ProgressHook | None = None, workflow_ref: str | None = None) -> RunRecord:
     """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run; an
     ``input`` given with it (``None`` included) must equal the run's; leave it out (``NO_INPUT``)
-    to just resume."""
+    to just resume. ``on_progress(progress)`` is called as steps finish (``Progress``: total, done,
+    failed); one that raises is logged once and dropped, and the run goes on."""
     st = _store(store)
     workflow.validate()
     if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
