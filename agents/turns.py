@@ -31,7 +31,9 @@ from raysaga.agents.agent import (
 from raysaga.agents.messages import ModelRequest, ModelResponse
 from raysaga.agents.runtime import INVALID_INPUT
 from raysaga.agents.tools import Tool, ToolError
+from raysaga.errors import UserError
 from raysaga.state import jsoncodec
+from raysaga.types import check_text
 
 __all__ = [
     "Action", "Answer", "CallModel", "Conversation", "Fail", "Feedback", "Finish", "Pause", "RunTool",
@@ -281,11 +283,12 @@ MAX_MEMORY_KEY = 200
 def _memory_problem(name: str, args: Any) -> str | None:
     if not isinstance(args, dict) or not isinstance(args.get("key"), str):
         return f"{name} needs a string 'key'"
-    key = args["key"]
     # the model's text: on PostgreSQL a longer key, or one holding NUL, failed the driver's read or
     # write of the row (DataError; the run left running, every resume the same)
-    if not 1 <= len(key) <= MAX_MEMORY_KEY or not key.isprintable():
-        return f"{name} needs a 'key' of 1 to {MAX_MEMORY_KEY} printable characters"
+    try:
+        check_text(args["key"], f"{name}: the 'key'", MAX_MEMORY_KEY)
+    except UserError as exc:
+        return str(exc)
     if name == "memory_write" and not isinstance(args.get("expected_version"), int):
         return "memory_write needs an integer 'expected_version' (0 for a new key)"
     return None

@@ -80,18 +80,18 @@ def check_number(owner: str, name: str, value: Any, *, minimum: float, allowed: 
 def check_text(value: Any, what: str, limit: int, *, minimum: int = 1,
                error: Callable[[str], Exception] = UserError) -> str:
     """``value`` if it is ``minimum`` (1) to ``limit`` printable characters, else ``error`` (a
-    ``UserError`` unless given) naming ``what``. Text that lands in a store column must be
-    printable: PostgreSQL refuses a NUL in text, a lone surrogate is not UTF-8 anywhere, and a
-    longer value fails inside the database driver (or bloats every row that holds it)."""
+    ``UserError`` unless given) saying ``{what} must be 1 to {limit} printable characters`` and
+    what is wrong. The one check of text that lands in a store column (run ids, versions, queue
+    names, memory keys, labels): PostgreSQL refuses a NUL in text, a lone surrogate is not UTF-8
+    anywhere, and a longer value fails inside the database driver (or bloats every row holding it)."""
+    rule = f"{what} must be {minimum} to {limit} printable characters"
     if not isinstance(value, str):
-        raise error(f"{what} must be text (a str) of {minimum} to {limit} printable characters, "
-                    f"got {type(value).__name__} {value!r:.80}")
+        raise error(f"{rule} (a str), got {type(value).__name__} {value!r:.80}")
     if not minimum <= len(value) <= limit:
-        raise error(f"{what} must be {minimum} to {limit} printable characters, got {len(value):,}: "
-                    f"{value!r:.80}")
+        raise error(f"{rule}, got {len(value):,}: {value!r:.80}")
     if not value.isprintable():
         bad = next(c for c in value if not c.isprintable())
-        raise error(f"{what} must be printable text: {value!r:.80} contains {bad!a}")
+        raise error(f"{rule}: {value!r:.80} holds {bad!a}, which is not printable")
     return value
 
 
@@ -438,12 +438,7 @@ MAX_RUN_ID = 200
 
 def check_run_id(value: str, what: str = "run id") -> str:
     """A run id: 1 to ``MAX_RUN_ID`` printable characters (no NUL, no control characters)."""
-    if not value or len(value) > MAX_RUN_ID:
-        raise UserError(f"a {what} is 1 to {MAX_RUN_ID} characters (got {len(value)})")
-    if not value.isprintable():
-        bad = next(c for c in value if not c.isprintable())
-        raise UserError(f"a {what} is printable text: this one contains {bad!a}")
-    return value
+    return check_text(value, what, MAX_RUN_ID)
 
 
 def is_compensation(node_id: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
-from raysaga.types import checked_options, unknown_option_message
+from raysaga.types import check_text, checked_options, unknown_option_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -106,9 +106,5 @@ def checked_version(workflow: str, version: Any) -> str:
     """``version`` as the run rows store it: 1 to ``MAX_VERSION`` printable characters. Unchecked, a
     NUL or a longer version ran on SQLite and failed every run on PostgreSQL inside the database
     driver (a lone surrogate failed on both), long after the workflow was declared."""
-    text = str(version)
-    if not 1 <= len(text) <= MAX_VERSION or not text.isprintable():
-        raise WorkflowDefinitionError(
-            f"workflow {workflow!r}: version={version!r} is not valid: use 1 to {MAX_VERSION} printable "
-            "characters (e.g. version=\"2\" or version=\"2026-05-01\")")
-    return text
+    return check_text(str(version), f"workflow {workflow!r}: version", MAX_VERSION, error=lambda problem:
+                      WorkflowDefinitionError(f"{problem} (e.g. version=\"2\" or version=\"2026-05-01\")"))

@@ -37,7 +37,7 @@ from raysaga.state import (
     open_store,
 )
 from raysaga.state.models import PARKED, TERMINAL
-from raysaga.types import check_run_id
+from raysaga.types import check_run_id, check_text
 
 ExecutorArg = str | Executor
 ProgressHook = Callable[[Any], None]
@@ -105,8 +105,12 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
     checked = workflow.check_input(input)
     if run_id is not None:
         check_run_id(run_id, "--run-id")  # printable: PostgreSQL refuses a NUL in text
-    _check_text("queue", queue, 200)
-    _check_text("workflow_ref", workflow_ref, 500)
+    # a run row's text columns: unchecked, a NUL or a longer value was stored on SQLite and raised
+    # psycopg's DataError on PostgreSQL (a lone surrogate UnicodeEncodeError on both) in the driver
+    if queue is not None:
+        check_text(queue, "queue", 200)
+    if workflow_ref is not None:
+        check_text(workflow_ref, "workflow_ref", 500)
     return _store(store).create_run(NewRun(
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
         definition_hash=workflow.definition_hash, step_hashes=step_hashes(workflow), workflow_ref=workflow_ref,
@@ -115,16 +119,6 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
         trace_id=uuid.uuid4().hex, queue=queue, labels=options.labels or None,
     ))
-
-
-def _check_text(name: str, value: str | None, limit: int) -> None:
-    """A run row's text column holds 1 to ``limit`` printable characters: unchecked, a NUL or a
-    longer value was stored on SQLite and raised psycopg's ``DataError`` on PostgreSQL (a lone
-    surrogate ``UnicodeEncodeError`` on both), from inside the database driver."""
-    if value is None:
-        return
-    if not isinstance(value, str) or not 1 <= len(value) <= limit or not value.isprintable():
-        raise UserError(f"{name}={value!r:.80} is not valid: use 1 to {limit} printable characters")
 
 
 class _NoInput:

@@ -129,7 +129,7 @@ def test_bad_run_ids_are_refused_at_the_edge(flow: str, store_url: str, run_id: 
     one_line_error(code, err, "--run-id")
     for command in ("status", "events", "cancel", "resume"):
         code, _, err = invoke(command, run_id, "--db", store_url)
-        one_line_error(code, err, "a run id is")
+        one_line_error(code, err, "run id must be 1 to 200 printable characters")
 
 
 @pytest.mark.parametrize(("args", "message"), [
