@@ -4,7 +4,6 @@ unpause, the inbox and the figures. Each verb is the twin of a ``raysaga.Client`
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -285,12 +284,10 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
         if not name or not count.strip().isdigit():
             raise UserError(f"--limit {item!r}: write WORKFLOW=N (at most N runs of it driven at once)")
         table[name.strip()] = int(count)
-    if not all(isinstance(v, int) and v >= 1 for v in table.values()):
-        raise UserError(f"limits must be whole numbers >= 1, got {json.dumps(table)}")
-    slots = concurrency if concurrency is not None else loaded.get("concurrency", 4)
-    if not isinstance(slots, int) or slots < 1:
-        raise UserError(f"--concurrency must be a whole number >= 1, got {slots!r}")
-    return {"workflows": refs, "concurrency": slots, "limits": table,
+    from raysaga.orchestrator.worker import checked_concurrency, checked_limits  # Worker's own checks
+
+    slots = checked_concurrency(concurrency if concurrency is not None else loaded.get("concurrency", 4))
+    return {"workflows": refs, "concurrency": slots, "limits": checked_limits(table),
             "executor": loaded.get("executor", executor), "address": address or loaded.get("address")}
 
 

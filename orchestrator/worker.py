@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError, UserError
 from raysaga.orchestrator.driver import Driver
@@ -43,6 +44,35 @@ log = logging.getLogger("raysaga.worker")
 
 #: Active runs (per state, newest first) a worker looks at for a driver gone on this host.
 ORPHAN_SCAN = 500
+
+
+def _count(value: object) -> TypeGuard[int]:
+    """A whole number >= 1, and not a bool: TOML's ``true`` is a Python ``True``, an ``int``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def checked_limits(limits: Mapping[str, object] | None) -> dict[str, int]:
+    """Per-workflow limits (``{workflow: N}``: at most N of its runs driven at once, fleet-wide),
+    checked once for ``Worker(limits=...)`` and ``raysaga worker`` (``--limit``, ``--config``):
+    each a whole number >= 1. Below 1 no run of the workflow was ever claimed (the worker idled,
+    silently); NaN limited nothing; ``true`` was taken as 1 by the CLI and refused by ``Worker``."""
+    table = dict(limits or {})
+    names = [name for name in table if not isinstance(name, str) or not name]
+    if names:
+        raise UserError(f"limits are keyed by workflow name (a str), got {names[0]!r}")
+    bad = {name: n for name, n in table.items() if not _count(n)}
+    if bad:
+        hint = " (true/false is not a count)" if any(isinstance(n, bool) for n in bad.values()) else ""
+        raise UserError("limits are whole numbers >= 1 (at most N runs of the workflow driven at once), got "
+                        + ", ".join(f"{name}={n!r}" for name, n in bad.items()) + hint)
+    return {name: n for name, n in table.items() if _count(n)}
+
+
+def checked_concurrency(value: object) -> int:
+    """``--concurrency`` / ``Worker(concurrency=...)``: runs driven at once, a whole number >= 1."""
+    if not _count(value):
+        raise UserError(f"--concurrency must be a whole number >= 1 (runs driven at once), got {value!r}")
+    return value
 
 
 @dataclass
@@ -71,16 +101,12 @@ class Worker:
             if wf.name in by_name and by_name[wf.name].definition_hash != wf.definition_hash:
                 raise UserError(f"two definitions of workflow {wf.name!r} were given: register one per worker")
             by_name[wf.name] = wf
-        unknown = sorted(set(limits or {}) - set(by_name))
+        limits = checked_limits(limits)
+        unknown = sorted(set(limits) - set(by_name))
         if unknown:
             raise UserError(f"--limit names {', '.join(unknown)}, which this worker does not drive "
                             f"(it drives {', '.join(sorted(by_name))})")
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise UserError(f"--concurrency must be a whole number >= 1, got {concurrency!r}")
-        # as the CLI checks them: a limit below 1 (or NaN) never let a run of that workflow be claimed
-        bad = {name: n for name, n in (limits or {}).items() if isinstance(n, bool) or not isinstance(n, int) or n < 1}
-        if bad:
-            raise UserError(f"limits are whole numbers >= 1 (at most N runs of the workflow at once), got {bad!r}")
+        concurrency = checked_concurrency(concurrency)
         self.workflows = by_name
         self.hashes = {name: wf.definition_hash for name, wf in by_name.items()}
         self.store = store
