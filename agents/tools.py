@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError, create_model
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.state.redact import scrub_secret_values, scrub_text
-from raysaga.types import RateLimit, RetryPolicy, checked_options, unknown_option_message
+from raysaga.types import RateLimit, RetryPolicy, checked_options, str_tuple, unknown_option_message
 
 
 class ToolError(RaySagaError):
@@ -217,15 +217,7 @@ def _check_options(tool_name: str, *, description: Any, effect: Any, key: Any, r
             f"tool {tool_name!r}: breaker= takes a dependency's name (a str), got {breaker!r}")
     if key is None:
         return ()
-    names = (key,) if isinstance(key, str) else key
-    try:
-        names = tuple(names)
-    except TypeError:
-        names = None
-    if names is None or not all(isinstance(k, str) for k in names):
-        raise WorkflowDefinitionError(
-            f"tool {tool_name!r}: key= takes argument names, e.g. key=(\"order_id\",), got {key!r}")
-    return names
+    return str_tuple(key, f"tool {tool_name!r}", "key", '("order_id",)', takes="argument names")
 
 
 #: What a tool's compensation may take besides the tool's own arguments.

@@ -48,6 +48,7 @@ __all__ = [
     "compensation_node",
     "compensation_retry",
     "is_compensation",
+    "str_tuple",
     "unknown_option_message",
 ]
 
@@ -93,6 +94,21 @@ def check_text(value: Any, what: str, limit: int, *, minimum: int = 1,
         bad = next(c for c in value if not c.isprintable())
         raise error(f"{rule}: {value!r:.80} holds {bad!a}, which is not printable")
     return value
+
+
+def str_tuple(value: Any, where: str, option: str, example: str, *, takes: str = "names",
+              error: Callable[[str], Exception] = WorkflowDefinitionError) -> tuple[str, ...]:
+    """An option that takes one name or several (``after="plan"``, ``key=("order_id", "line")``)
+    as a tuple of str, else ``error`` saying ``{where}: {option}= takes {takes}, e.g.
+    {option}={example}, got ...``. A str is one name, never its characters."""
+    items = (value,) if isinstance(value, str) else value
+    try:
+        names = tuple(items)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise error(f"{where}: {option}= takes {takes}, e.g. {option}={example}, got {value!r}")
+    return names
 
 
 def unknown_option_message(where: str, unknown: Iterable[str], options: Iterable[str]) -> str:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
-from raysaga.types import check_text, checked_options, unknown_option_message
+from raysaga.types import check_text, checked_options, str_tuple, unknown_option_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -87,15 +87,7 @@ def check_common(where: str, *, name: Any, after: Any, critical: Any, retry: Any
                                 or not math.isfinite(timeout) or timeout <= 0):
         raise WorkflowDefinitionError(
             f"step {where!r}: timeout must be a finite number of seconds > 0, got {timeout!r}")
-    upstream = (after,) if isinstance(after, str) else after
-    try:
-        upstream = tuple(upstream)
-    except TypeError:
-        upstream = None
-    if upstream is None or not all(isinstance(dep, str) for dep in upstream):
-        raise WorkflowDefinitionError(
-            f"step {where!r}: after= takes step names, e.g. after=[\"reserve\"], got {after!r}")
-    return upstream
+    return str_tuple(after, f"step {where!r}", "after", '["reserve"]', takes="step names")
 
 
 #: A run row's ``workflow_version`` column holds this many characters.
