@@ -291,7 +291,7 @@ class RateLimit:
 
 
 #: A run's labels are in its row, which every transition and ``list`` reads: bounded, so a hostile
-#: or runaway label set cannot bloat every run row (64 labels of the largest size: ~38 KB of JSON).
+#: or runaway label set cannot bloat every run row (64 labels of the largest size: ~39,000 characters).
 MAX_LABELS = 64
 MAX_LABEL_KEY = 100
 MAX_LABEL_VALUE = 500
