@@ -19,6 +19,7 @@ from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
 from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg
+from raysaga.types import check_text
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE",
                                         help="The approval node (or agent tool call), as inbox shows it.")]
@@ -49,10 +50,7 @@ def _who(by: str | None) -> str:
 
 def _named(who: str) -> str:
     """``--by`` as recorded: 1-200 printable characters (it was written whatever its size)."""
-    if len(who) > MAX_BY or not who.isprintable():
-        raise UserError(f"--by {who[:40]!r}{'…' if len(who) > 40 else ''} is not a name: 1-{MAX_BY} printable "
-                        "characters")
-    return who
+    return check_text(who, "--by (who decides)", MAX_BY)
 
 
 def _actor(by: str | None) -> str | None:

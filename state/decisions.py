@@ -26,11 +26,13 @@ from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.schema import events, node_columns, node_rows, nodes, runs, signals
-from raysaga.types import check_run_id
+from raysaga.types import check_run_id, check_text
 
 #: The key of a waiting approval node's output that holds its request.
 REQUEST_KEY = "approval"
 
+#: The longest name a decision records as who made it (``by``), as ``raysaga approve --by`` takes.
+MAX_BY = 200
 #: The longest decision comment, in characters. A comment is stored twice (the decision's signal and
 #: its ``decision`` event), shown by ``status``, ``inbox`` and the dashboard, and for a rejected agent
 #: tool call handed to the model: 10,000 characters is a long review (~4 pages; ~2,500 tokens), while
@@ -141,8 +143,9 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
     by = by.strip() if isinstance(by, str) else by
     if not isinstance(by, str) or not by:
         raise UserError("a decision names who made it: pass --by NAME (or by= in Python)")
+    check_text(by, "by (who decides)", MAX_BY)  # recorded in the signal and the event, shown everywhere
     label = node if fan_index < 0 else f"{node}[{fan_index}]"
-    _check_comment(comment)
+    comment = _checked_comment(comment)
     if decision_id is not None:
         _check_decision_id(decision_id)
     with engine.begin() as conn:
@@ -264,15 +267,19 @@ def _same_or_refuse(earlier: Decision, verdict: Verdict, by: str, node: str, dec
                     f"({earlier.verdict} of {earlier.node!r} by {earlier.by}): use a new id")
 
 
-def _check_comment(comment: Any) -> None:
-    """Refuse, before anything is written, a comment that is not text or is over ``MAX_COMMENT``."""
+def _checked_comment(comment: Any) -> str | None:
+    """A comment as it is stored: refused, before anything is written, if it is not text or is over
+    ``MAX_COMMENT``; a lone surrogate (no UTF-8 text, so no JSON column, holds one: the decision
+    failed with ``NotJSONableError``) written as its escape, ``\\ud800``, as a cancel's reason is."""
     if comment is None:
-        return
+        return None
     if not isinstance(comment, str):
         raise UserError(f"a decision's comment is text (a str), got {type(comment).__name__}")
+    comment = comment.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(comment) > MAX_COMMENT:
         raise UserError(f"a decision's comment is at most {MAX_COMMENT:,} characters, this one has {len(comment):,}: "
                         "shorten it, or put the long text elsewhere (a ticket, a document) and link to it")
+    return comment
 
 
 def _check_decision_id(decision_id: Any) -> None:

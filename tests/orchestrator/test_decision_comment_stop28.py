@@ -73,3 +73,35 @@ def test_an_oversized_comment_is_refused_on_every_path_and_nothing_is_stored(sto
         assert event.data["comment"] == "z" * MAX_COMMENT
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("by", ["A" * 201, "ada\x1b[2J", "ada\nmallory", "ada\ud800"])
+def test_who_decides_is_a_name_on_every_path(store_url: str, by: str) -> None:
+    """``by`` was checked by the CLI only: through ``Client`` (the dashboard's way) any size, control
+    characters included, was recorded in the signal and the event, and a lone surrogate failed the
+    decision with a ``NotJSONableError``."""
+    rested = raysaga.run(_flow(), store=store_url, executor="inline")
+    store = SqlStore(store_url)
+    try:
+        before = _rows(store, rested.run_id)
+        with pytest.raises(UserError, match=r"by \(who decides\) must be 1 to 200 printable characters"):
+            Client(store).approve(rested.run_id, "review", by=by)
+        assert _rows(store, rested.run_id) == before
+        # settled, so no approval of this test is left waiting for another test's inbox
+        assert Client(store).reject(rested.run_id, "review", by="ann").by == "ann"
+    finally:
+        store.close()
+
+
+def test_a_lone_surrogate_in_a_comment_is_stored_as_its_escape(store_url: str) -> None:
+    rested = raysaga.run(_flow(), store=store_url, executor="inline")
+    store = SqlStore(store_url)
+    try:
+        decision = Client(store).reject(rested.run_id, "review", by="ann", comment="no \ud800 thanks")
+        assert decision.comment == "no \\ud800 thanks"
+        [event] = [e for e in store.events(rested.run_id) if e.kind == "decision"]
+        assert event.data["comment"] == "no \\ud800 thanks"
+        with pytest.raises(UserError, match="at most 10,000 characters, this one has 60,000"):
+            Client(store).approve(rested.run_id, "review", by="bob", comment="\ud800" * 10_000)  # escaped: 6 each
+    finally:
+        store.close()
