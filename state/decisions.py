@@ -275,11 +275,11 @@ def _checked_comment(comment: Any) -> str | None:
         return None
     if not isinstance(comment, str):
         raise UserError(f"a decision's comment is text (a str), got {type(comment).__name__}")
-    comment = comment.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(comment) > MAX_COMMENT:
-        raise UserError(f"a decision's comment is at most {MAX_COMMENT:,} characters, this one has {len(comment):,}: "
+    stored = comment.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(stored) > MAX_COMMENT:
+        raise UserError(f"a decision's comment is at most {MAX_COMMENT:,} characters, this one has {len(stored):,}: "
                         "shorten it, or put the long text elsewhere (a ticket, a document) and link to it")
-    return comment
+    return stored
 
 
 def _check_decision_id(decision_id: Any) -> None:
