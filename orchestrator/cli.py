@@ -377,11 +377,13 @@ def list_runs(
         cursor = queries.run_cursor(store, before) if before is not None else None
         rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor, labels=tags)
         if as_json:
+            tagged = queries.labels_of(store, [r.run_id for r in rows])
             sys.stdout.write(json.dumps([{
                 "run_id": r.run_id, "workflow": r.workflow_name, "version": r.workflow_version,
                 "status": r.status.value if r.status is not None else None,
                 "reason": scrub(r.status_reason), "created_at": r.created_at, "updated_at": r.updated_at,
                 "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at, "corrupt": r.corrupt,
+                "labels": tagged.get(r.run_id, {}),
             } for r in rows]) + "\n")
             return
         if not rows:

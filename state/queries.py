@@ -9,11 +9,12 @@ engine.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Text, cast, func, or_, select
 
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading as _reading
@@ -120,6 +121,27 @@ def attempt_failures(store: SqlStore, run_id: str, node_id: str | None = None,
         return [EventRecord.model_validate(r._asdict()) for r in rows]
 
 
+def labels_of(store: SqlStore, run_ids: list[str]) -> dict[str, dict[str, str]]:
+    """The labels of the runs ``run_ids`` (a page of ``list``; summaries never read them), by run
+    id, in one query. A run without labels is left out, and so is one whose labels cannot be read
+    (read as text here, so one damaged row does not fail the page, as ``list`` lists a corrupt row)."""
+    if not run_ids:
+        return {}
+    query = select(runs.c.run_id, cast(runs.c.labels, Text)).where(runs.c.run_id.in_(run_ids),
+                                                                   runs.c.labels.is_not(None))
+    with store.reader.connect() as conn:
+        rows = conn.execute(query).all()
+    found: dict[str, dict[str, str]] = {}
+    for run_id, text in rows:
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+            found[run_id] = value
+    return found
+
+
 def node_error(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> tuple[str, Any] | None:
     """(status, error) of one node row, or None when the node has no row."""
     with _reading(run_id, "nodes"), store.reader.connect() as conn:
@@ -147,5 +169,5 @@ def failed_nodes(store: SqlStore, run_id: str, limit: int = 50) -> list[dict[str
         return [r._asdict() for r in conn.execute(query).all()]
 
 
-__all__ = ["FAILURE_KINDS", "StepInfo", "attempt_failures", "failed_nodes", "iter_nodes", "node_error", "run_cursor",
-           "steps", "unfinished_items"]
+__all__ = ["FAILURE_KINDS", "StepInfo", "attempt_failures", "failed_nodes", "iter_nodes", "labels_of", "node_error",
+           "run_cursor", "steps", "unfinished_items"]

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from raysaga import Client, RunOptions
 from raysaga.state import open_store
@@ -113,3 +114,21 @@ def test_a_label_given_twice_is_refused(flow: str, tmp_path: Path) -> None:
         assert store.list_runs() == []
     finally:
         store.close()
+
+
+def test_list_json_shows_each_runs_labels_and_survives_a_damaged_one(flow: str, store_url: str) -> None:
+    tag = uuid.uuid4().hex[:10]
+    for name, extra in (("a", ["--label", "team=billing"]), ("b", []), ("c", ["--label", "team=search"])):
+        code, _, err = invoke("run", flow, "--db", store_url, "--executor", "inline", "--run-id", f"{tag}-{name}",
+                              "--quiet", *extra)
+        assert code == 0, err
+    store = open_store(store_url)
+    try:
+        with store.engine.begin() as conn:  # written by hand, as no raysaga writes it
+            conn.execute(text("UPDATE raysaga_runs SET labels = '[1, 2]' WHERE run_id = :r"), {"r": f"{tag}-c"})
+    finally:
+        store.close()
+    code, out, err = invoke("list", "--db", store_url, "--json", "--limit", "1000")
+    assert code == 0, err
+    shown = {r["run_id"]: r["labels"] for r in json.loads(out) if r["run_id"].startswith(tag)}
+    assert shown == {f"{tag}-a": {"team": "billing"}, f"{tag}-b": {}, f"{tag}-c": {}}
