@@ -51,9 +51,10 @@ class Store(ABC):
 
     @abstractmethod
     def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
-                  before: tuple[float, str] | None = None) -> list[RunSummary]:
-        """Newest first, summary columns only, keyset-paged by ``before`` (a summary's ``cursor``);
-        a row that cannot be read comes back with ``corrupt`` set instead of failing the list."""
+                  before: tuple[float, str] | None = None, labels: Mapping[str, str] | None = None) -> list[RunSummary]:
+        """Newest first, summary columns only, keyset-paged by ``before`` (a summary's ``cursor``),
+        with ``labels`` only runs that carry every one of them; a row that cannot be read comes
+        back with ``corrupt`` set instead of failing the list."""
 
     @abstractmethod
     def snapshot(self, run_id: str) -> RunSnapshot:
