@@ -27,6 +27,7 @@ import importlib.util
 import re
 import shlex
 import sysconfig
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,13 +124,26 @@ def connect(address: str) -> JobSubmissionClient:
         return JobSubmissionClient(url)  # asks the server for its version: reachable, and let in
 
     try:
-        return authenticated(url, attempt)
+        client = authenticated(url, attempt)
     except UserError:
         raise
     except (ConnectionError, OSError) as exc:
         raise UserError(f"cannot reach the Ray Job API at {url} ({_first_line(exc)}): start the head with "
                         "`ray start --head --dashboard-port PORT` (the dashboard serves it; `pip install "
                         "'ray[default]'`), or fix --address") from None
+    except RuntimeError as exc:  # the SDK's version check: something answers there, not a Job API
+        raise not_a_job_api(url, exc) from None
+    # a server that answers the version check may still not serve jobs (a proxy, an older or a
+    # partial dashboard): ask for a job that cannot exist now, before any run is recorded
+    job_info(client, f"raysaga-probe-{uuid.uuid4().hex[:12]}")
+    return client
+
+
+def not_a_job_api(url: str, exc: BaseException) -> UserError:
+    """The one-line error for a server at ``url`` whose answer is not a Ray Job API's."""
+    return UserError(f"the server at {url} does not answer as a Ray Job API ({_first_line(exc)[:200]}): "
+                     "--address (or RAY_API_SERVER_ADDRESS) is the Ray head's dashboard URL, e.g. "
+                     "http://HEAD:8265, served by `ray start --head` with `pip install 'ray[default]'`")
 
 
 def quiet_sdk_logs() -> None:
@@ -165,14 +179,20 @@ def job_info(client: JobSubmissionClient, sid: str) -> Job | None:
     """The job ``sid`` as the cluster reports it, or None if the cluster never had it."""
     try:
         info = client.get_job_info(sid)
+        driver = getattr(info, "driver_info", None)
+        pid = getattr(driver, "pid", None)
+        return Job(sid, str(getattr(info.status, "value", info.status)), info.message,
+                   int(pid) if pid not in (None, "") else None)
     except RuntimeError as exc:  # the SDK's 404 ("does not exist")
         if "does not exist" in str(exc):
             return None
-        raise
-    driver = getattr(info, "driver_info", None)
-    pid = getattr(driver, "pid", None)
-    return Job(sid, str(getattr(info.status, "value", info.status)), info.message,
-               int(pid) if pid not in (None, "") else None)
+        raise not_a_job_api(_address(client), exc) from None
+    except Exception as exc:  # an answer that is not JSON, or not a job's: a proxy, another server
+        raise not_a_job_api(_address(client), exc) from None
+
+
+def _address(client: JobSubmissionClient) -> str:
+    return str(getattr(client, "_address", "the Ray Job API's address"))
 
 
 def jobs_of(client: JobSubmissionClient, run_id: str) -> list[Job]:
@@ -202,10 +222,15 @@ def submit(client: JobSubmissionClient, run_id: str, driver: int, *, env: dict[s
     try:
         client.submit_job(entrypoint=entry, submission_id=sid, runtime_env=env, metadata=metadata,
                           entrypoint_num_cpus=0)
-    except RuntimeError as exc:
-        existing = job_info(client, sid)
+    except Exception as exc:  # a refusal (RuntimeError), a dropped connection, an answer that is not JSON
+        try:
+            existing = job_info(client, sid)
+        except UserError:
+            existing = None
         if existing is None:
-            raise UserError(f"the Ray cluster refused job {sid} for run {run_id!r} ({_first_line(exc)}): the run "
+            why = _first_line(exc) if isinstance(exc, RuntimeError) else \
+                f"the server at {_address(client)} did not answer as a Ray Job API: {_first_line(exc)[:200]}"
+            raise UserError(f"the Ray cluster refused job {sid} for run {run_id!r} ({why}): the run "
                             f"is recorded, not started; fix that and launch again with --run-id {run_id}") from None
         return Submitted(existing, started=False)
     job = job_info(client, sid)

@@ -1,0 +1,118 @@
+"""Third adversarial round, ``raysaga launch`` against a server that is not (quite) a Ray Job API.
+
+A server that answered the SDK's version check but not job requests (a proxy in front of the
+head, a partial or older dashboard, another service on the port) passed ``connect``; the launch
+then recorded the run and failed at its first job request with a bare
+``JSONDecodeError: Expecting value`` (or ``RuntimeError: Request failed with status code 404``),
+leaving a ``pending`` run that no worker claims and nothing drives. A server answering 404 to
+the version check failed with the SDK's ``RuntimeError`` text. Now each is one line naming the
+server and what --address must be, and nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from raysaga.state import SqlStore
+from tests.support.cli import invoke, one_line_error
+
+FLOW = textwrap.dedent('''
+    from raysaga import Workflow
+
+    wf = Workflow("launchable_stop28")
+
+    @wf.step()
+    def only() -> int:
+        return 1
+''')
+
+VERSION = {"version": "4", "ray_version": "2.52.0", "ray_commit": "0", "session_name": "s"}
+
+
+def _handler(mode: str) -> type[http.server.BaseHTTPRequestHandler]:
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            return
+
+        def _answer(self) -> None:
+            code, kind, body = 200, "text/html", b"<html>sign in</html>"
+            if self.path.startswith("/api/version"):
+                if mode == "no version":
+                    code, kind, body = 404, "text/plain", b"404: Not Found"
+                else:
+                    kind, body = "application/json", json.dumps(VERSION).encode()
+            elif mode == "submit answers html" and self.command == "GET" and self.path.startswith("/api/jobs/"):
+                code, kind, body = 404, "text/plain", f"Job {self.path.rsplit('/', 1)[-1]} does not exist".encode()
+            elif mode == "submit answers html" and self.path.startswith("/api/packages/"):
+                kind, body = "text/plain", b"ok"  # the code package is there already
+            elif mode == "jobs 404":
+                code, kind, body = 404, "text/plain", b"404: Not Found"
+            elif mode == "jobs not a job":
+                kind, body = "application/json", b"[1, 2, 3]"
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = _answer
+
+    return Answers
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "launchable_stop28_flow.py").write_text(FLOW)
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder
+
+
+@pytest.fixture(params=["jobs html", "jobs 404", "jobs not a job", "no version"])
+def server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A local HTTP server answering as ``request.param`` says; yields its URL."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(str(request.param)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize("run_id", [None, "order-7"])
+def test_a_server_that_is_not_a_job_api_is_one_line_and_nothing_is_recorded(project: Path, tmp_path: Path,
+                                                                            server: str, run_id: str | None) -> None:
+    db = tmp_path / "raysaga.db"
+    args = ["launch", "launchable_stop28_flow:wf", "--address", server, "--db", f"sqlite:///{db}"]
+    code, out, err = invoke(*args, *(["--run-id", run_id] if run_id else []))
+    one_line_error(code, err, f"the server at {server} does not answer as a Ray Job API")
+    assert "http://HEAD:8265" in err and out == ""
+    if db.exists():  # the store may be opened; no run is recorded in it
+        store = SqlStore(f"sqlite:///{db}")
+        try:
+            assert store.list_runs() == []
+        finally:
+            store.close()
+
+
+@pytest.mark.parametrize("server", ["submit answers html"], indirect=True)
+def test_a_submission_answered_with_garbage_names_the_recorded_run(project: Path, tmp_path: Path, server: str) -> None:
+    """The job API looked sound up to the submission itself: the run is recorded by then, so the
+    line says so and how to launch it again (was: ``JSONDecodeError: Expecting value``)."""
+    db = tmp_path / "raysaga.db"
+    code, _, err = invoke("launch", "launchable_stop28_flow:wf", "--address", server, "--db", f"sqlite:///{db}",
+                          "--run-id", "order-8")
+    one_line_error(code, err, "the Ray cluster refused job raysaga-order-8 for run 'order-8' (the server at")
+    assert "the run is recorded, not started; fix that and launch again with --run-id order-8" in err
