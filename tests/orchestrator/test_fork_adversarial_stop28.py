@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -16,7 +17,9 @@ import pytest
 
 import raysaga
 from raysaga import StepContext, Workflow
+from raysaga.errors import ForkError
 from raysaga.state import RunStatus, SqlStore
+from raysaga.state.prune import prune as prune_runs
 from raysaga.testing import FakeProvider
 
 PROVIDER = FakeProvider()
@@ -119,3 +122,33 @@ def test_forks_made_before_either_rolls_back_share_one_refund(store_url: str) ->
     assert len(PROVIDER.effects("refund")) - before[1] == 1
     keys = [c.key for c in PROVIDER.calls if c.kind == "refund"][-2:]
     assert keys[0] == keys[1] and [c.duplicate for c in PROVIDER.calls if c.kind == "refund"][-2:] == [False, True]
+
+
+def test_a_parent_pruned_while_it_is_forked_charges_nothing_again(store_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``raysaga prune`` deletes the parent between the fork's reading of its rows and the
+    transaction that copies them: the copy found no rows, and the fork ran from scratch as a new
+    run, charging the order a second time. Now the fork is refused (and its empty record
+    cancelled): nothing of it runs."""
+    wf = _saga(f"stop28_prune_{uuid.uuid4().hex[:6]}")
+    tag = uuid.uuid4().hex[:8]
+    parent, child = f"p-{tag}", f"c-{tag}"
+    assert raysaga.run(wf, {"amount": 3}, store=store_url, run_id=parent, executor="inline").status == \
+        RunStatus.COMPLETED
+    charges = len(PROVIDER.effects("charge"))
+    store = SqlStore(store_url)
+    real_fork_run = store.fork_run
+
+    def pruned_first(*args: Any, **kwargs: Any) -> Any:
+        report = prune_runs(store, 1, statuses=["completed"], now=time.time() + 3600)
+        assert report.runs >= 1 and parent not in {r.run_id for r in store.list_runs(limit=10_000)}
+        return real_fork_run(*args, **kwargs)
+
+    monkeypatch.setattr(store, "fork_run", pruned_first)
+    try:
+        with pytest.raises(ForkError, match=f"run {parent!r} was deleted while it was being forked"):
+            raysaga.fork(wf, parent, from_node="ship", store=store, new_run_id=child, executor="inline")
+        assert len(PROVIDER.effects("charge")) == charges  # the order is not charged again
+        assert store.get_run(child).status == RunStatus.CANCELLED
+    finally:
+        store.close()
