@@ -31,12 +31,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.errors import ForkError
+from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import NewRun, NodeRecord, NodeStatus, RunRecord, Store, open_store
+from raysaga.state import NewRun, NodeRecord, NodeStatus, RunRecord, Store, jsoncodec, open_store
 from raysaga.state.models import PRUNABLE
 from raysaga.types import check_run_id, is_compensation
 
@@ -241,6 +241,11 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     if diff is not None and not diff.known:
         raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition changed "
                         f"since: fork it with the code it started with ({diff.describe()})")
+    if input_patch is not None:
+        try:  # strict JSON: the input check would let a NaN through as null for a dict input type
+            jsoncodec.to_jsonable(input_patch, "input_patch")
+        except (NotJSONableError, RecursionError) as exc:
+            raise InvalidInputError(str(exc)) from None
     new_input = parent.input if input_patch is None else merge_patch(parent.input, input_patch)
     checked = workflow.check_input(new_input)
     inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
