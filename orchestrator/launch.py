@@ -169,6 +169,12 @@ class Job:
     status: str
     message: str | None = None
     driver_pid: int | None = None
+    run_id: str | None = None
+    """The run the job drives (its ``raysaga_run_id`` metadata): job ids of two runs can collide
+    (run ``X``'s second driver and run ``X-2``'s first are both ``raysaga-X-2``)."""
+
+    def drives(self, run_id: str) -> bool:
+        return self.run_id in (None, run_id)
 
     @property
     def live(self) -> bool:
@@ -181,8 +187,10 @@ def job_info(client: JobSubmissionClient, sid: str) -> Job | None:
         info = client.get_job_info(sid)
         driver = getattr(info, "driver_info", None)
         pid = getattr(driver, "pid", None)
+        metadata = getattr(info, "metadata", None)
+        owner = metadata.get("raysaga_run_id") if isinstance(metadata, dict) else None
         return Job(sid, str(getattr(info.status, "value", info.status)), info.message,
-                   int(pid) if pid not in (None, "") else None)
+                   int(pid) if pid not in (None, "") else None, str(owner) if owner is not None else None)
     except RuntimeError as exc:  # the SDK's 404 ("does not exist")
         if "does not exist" in str(exc):
             return None
@@ -196,7 +204,9 @@ def _address(client: JobSubmissionClient) -> str:
 
 
 def jobs_of(client: JobSubmissionClient, run_id: str) -> list[Job]:
-    """The run's jobs in the order they were started (``raysaga-<run>``, ``-2``, ...)."""
+    """The jobs under the run's job ids in the order they were started (``raysaga-<run>``, ``-2``,
+    ...): the next driver's id is the first one free. One may drive another run whose id collides
+    (``Job.drives``)."""
     found: list[Job] = []
     for driver in range(1, MAX_DRIVER_JOBS + 1):
         job = job_info(client, submission_id(run_id, driver))
@@ -227,6 +237,10 @@ def submit(client: JobSubmissionClient, run_id: str, driver: int, *, env: dict[s
             existing = job_info(client, sid)
         except UserError:
             existing = None
+        if existing is not None and not existing.drives(run_id):
+            raise UserError(f"Ray job {sid} was started meanwhile for run {existing.run_id!r} (their job ids "
+                            f"collide): run {run_id!r} is recorded, not started; launch it again with --run-id "
+                            f"{run_id}") from None
         if existing is None:
             why = _first_line(exc) if isinstance(exc, RuntimeError) else \
                 f"the server at {_address(client)} did not answer as a Ray Job API: {_first_line(exc)[:200]}"
