@@ -9,17 +9,18 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 import raysaga
 from raysaga import StepContext, Workflow
 from raysaga.errors import ForkError
 from raysaga.state import RunStatus, SqlStore
 from raysaga.state.prune import prune as prune_runs
+from raysaga.state.schema import runs
 from raysaga.testing import FakeProvider
 
 PROVIDER = FakeProvider()
@@ -140,8 +141,10 @@ def test_a_parent_pruned_while_it_is_forked_charges_nothing_again(store_url: str
     real_fork_run = store.fork_run
 
     def pruned_first(*args: Any, **kwargs: Any) -> Any:
-        report = prune_runs(store, 1, statuses=["completed"], now=time.time() + 3600)
-        assert report.runs >= 1 and parent not in {r.run_id for r in store.list_runs(limit=10_000)}
+        with store.engine.begin() as conn:  # aged: only the parent is old enough (the database may be shared)
+            conn.execute(update(runs).where(runs.c.run_id == parent).values(updated_at=1.0))
+        report = prune_runs(store, 1, statuses=["completed"], now=100.0)
+        assert report.runs == 1 and parent not in {r.run_id for r in store.list_runs(limit=10_000)}
         return real_fork_run(*args, **kwargs)
 
     monkeypatch.setattr(store, "fork_run", pruned_first)
