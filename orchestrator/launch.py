@@ -44,9 +44,12 @@ if TYPE_CHECKING:
 LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING"})
 #: Later drivers of one run a launch looks for (``raysaga-<run>-2`` ... ``-<this>``).
 MAX_DRIVER_JOBS = 100
-#: Left out of the shipped working_dir (gitignore syntax): never code the run imports.
+#: Left out of the shipped working_dir (gitignore syntax): never code the run imports, and never the
+#: secrets a folder tends to hold (``.env`` files, keys, cloud and Ray credentials): a job's package
+#: is kept by the cluster, readable by every job. What a run needs travels by name (``--env``).
 EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-            "node_modules", "*.egg-info", "*.db", "*.db-wal", "*.db-shm", ".raysaga")
+            "node_modules", "*.egg-info", "*.db", "*.db-wal", "*.db-shm", ".raysaga",
+            ".env", ".env.*", ".ssh", ".aws", ".gnupg", ".netrc", ".ray", ".docker", ".kube")
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
@@ -94,6 +97,10 @@ def source_root(module_ref: str) -> Path | None:
     installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib") if (p := sysconfig.get_path(key))}
     if any(root == p or p in root.parents for p in installed):
         return None
+    if root == Path(root.anchor) or root == Path.home().resolve():
+        raise UserError(f"module {top!r} is imported from {root}: launching would ship that whole folder to the "
+                        "cluster as the job's code (keys and credentials in it included): move the workflow into "
+                        "a project folder and launch from there")
     return root
 
 

@@ -15,6 +15,8 @@ import http.server
 import json
 import textwrap
 import threading
+import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -175,3 +177,39 @@ def test_another_runs_job_under_a_colliding_id_is_not_taken_for_this_runs_driver
         assert cluster.jobs["raysaga-sync-11-2-2"].metadata == {"raysaga_run_id": "sync-11-2"}
     finally:
         store.close()
+
+
+def _shipped(root: Path, tmp_path: Path) -> set[str]:
+    """The files Ray's own packaging puts in the job's working_dir package, with launch's excludes."""
+    from ray._private.runtime_env.packaging import create_package
+
+    from raysaga.orchestrator import launch as lx
+
+    target = tmp_path / "package.zip"
+    create_package(str(root), target, include_gitignore=True, excludes=list(lx.EXCLUDES))
+    with zipfile.ZipFile(target) as zf:
+        return {name for name in zf.namelist() if not name.endswith("/")}
+
+
+def test_secrets_next_to_the_code_are_not_shipped_to_the_cluster(project: Path, tmp_path: Path) -> None:
+    """The project folder is the job's code, kept by the cluster and readable by every job: a
+    ``.env`` with an API key, an ``.ssh`` key or Ray's own token beside the workflow went with it."""
+    for name, text in {".env": "ANTHROPIC_API_KEY=sk-ant-secret", ".env.production": "DB=postgres://u:p@h/d",
+                       ".ssh/id_ed25519": "PRIVATE KEY", ".aws/credentials": "aws_secret_access_key=x",
+                       ".ray/auth_token": "token", "sub/.env": "K=v", "helpers.py": "X = 1"}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    shipped = _shipped(project, tmp_path)
+    assert shipped == {"launchable_stop28_flow.py", "helpers.py"}, shipped
+
+
+def test_a_workflow_in_the_home_folder_is_not_shipped_whole(project: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    module = f"home_flow_{uuid.uuid4().hex[:8]}"  # a module no other test imported (from elsewhere)
+    (project / f"{module}.py").write_text(FLOW)
+    monkeypatch.setenv("HOME", str(project))  # the workflow sits in the home folder itself
+    db = tmp_path / "raysaga.db"
+    code, _, err = invoke("launch", f"{module}:wf", "--address", "http://127.0.0.1:8265", "--db", f"sqlite:///{db}")
+    one_line_error(code, err, f"module {module!r} is imported from {project.resolve()}: launching "
+                              "would ship that whole folder")
+    assert not db.exists()
