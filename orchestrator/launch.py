@@ -201,6 +201,9 @@ def job_info(client: JobSubmissionClient, sid: str) -> Job | None:
     except RuntimeError as exc:  # the SDK's 404 ("does not exist")
         if "does not exist" in str(exc):
             return None
+        if re.search(r"status code (?!40[45]\b)\d{3}", str(exc)):  # an HTTP error of a Job API (a 5xx...)
+            raise UserError(f"the Ray Job API at {_address(client)} failed a request for job {sid} "
+                            f"({_first_line(exc)[:200]}): try again once the head's dashboard answers") from None
         raise not_a_job_api(_address(client), exc) from None
     except Exception as exc:  # an answer that is not JSON, or not a job's: a proxy, another server
         raise not_a_job_api(_address(client), exc) from None

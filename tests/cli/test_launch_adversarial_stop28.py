@@ -54,6 +54,8 @@ def _handler(mode: str) -> type[http.server.BaseHTTPRequestHandler]:
                 code, kind, body = 404, "text/plain", f"Job {self.path.rsplit('/', 1)[-1]} does not exist".encode()
             elif mode == "submit answers html" and self.path.startswith("/api/packages/"):
                 kind, body = "text/plain", b"ok"  # the code package is there already
+            elif mode == "jobs 503":
+                code, kind, body = 503, "text/plain", b"503: Service Unavailable"
             elif mode == "jobs 404":
                 code, kind, body = 404, "text/plain", b"404: Not Found"
             elif mode == "jobs not a job":
@@ -212,4 +214,16 @@ def test_a_workflow_in_the_home_folder_is_not_shipped_whole(project: Path, tmp_p
     code, _, err = invoke("launch", f"{module}:wf", "--address", "http://127.0.0.1:8265", "--db", f"sqlite:///{db}")
     one_line_error(code, err, f"module {module!r} is imported from {project.resolve()}: launching "
                               "would ship that whole folder")
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("server", ["jobs 503"], indirect=True)
+def test_a_job_api_failing_its_requests_is_one_line_and_nothing_is_recorded(project: Path, tmp_path: Path,
+                                                                            server: str) -> None:
+    """A Job API that answers its version but fails job requests (a 5xx while the head is busy or
+    restarting) is said to fail, not to be something else, and nothing is recorded."""
+    db = tmp_path / "raysaga.db"
+    code, out, err = invoke("launch", "launchable_stop28_flow:wf", "--address", server, "--db", f"sqlite:///{db}")
+    one_line_error(code, err, f"the Ray Job API at {server} failed a request for job raysaga-probe-")
+    assert "503" in err and "try again once the head's dashboard answers" in err and out == ""
     assert not db.exists()
