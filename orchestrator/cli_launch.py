@@ -154,7 +154,7 @@ def _drive_on_cluster(client: JobSubmissionClient, store: SqlStore, record: RunR
             raise typer.Exit(EXIT_NOT_COMPLETED)
         return None
     jobs = lx.jobs_of(client, record.run_id)
-    live = next((j for j in jobs if j.live), None)
+    live = next((j for j in jobs if j.live and j.drives(record.run_id)), None)
     if live is not None:
         return lx.Submitted(live, started=False)
     lease_live = record.lease_owner is not None and (record.lease_expires_at or 0.0) > time.time() \

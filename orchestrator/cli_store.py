@@ -28,7 +28,12 @@ def _require_existing(url: str, run_id: str | None) -> None:
     path = _engine.sqlite_path(url)
     if path is None:
         return
-    if path.exists():  # a directory, an empty file, another program's database: the engine's refusals
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a file name longer than the file system takes, and the like
+        raise StoreUnavailableError(f"{path} cannot be a store file ({exc.strerror or exc}): check --db or "
+                                    "RAYSAGA_DB") from None
+    if exists:  # a directory, an empty file, another program's database: the engine's refusals
         _engine.probe_sqlite_store(url)
         return
     where = f"there is no raysaga store at {path}"

@@ -12,7 +12,7 @@ wrote them (``Store.inherited_effects``). If the fork rolls back, an inherited n
 under the keys of the run that executed it, so parent and forks share one compensation key.
 
 What is inherited, precisely: a node's row when it completed in the parent, was not undone
-there (no compensation row), its step did not change in the code (per-step hashes,
+there nor by another run of its lineage (``undone_elsewhere``), its step did not change in the code (per-step hashes,
 ``raysaga.orchestrator.versions``), and every step it depends on was inherited whole. An agent
 node forked at a turn (``research@2[1]``: researcher 1's third turn) keeps the turns before it
 (model responses and tool results: no model call is repeated) and asks the model from that turn
@@ -31,16 +31,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.errors import ForkError
+from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import NewRun, NodeRecord, NodeStatus, RunRecord, Store, open_store
+from raysaga.state import NewRun, NodeRecord, NodeStatus, RunRecord, Store, jsoncodec, open_store
 from raysaga.state.models import PRUNABLE
 from raysaga.types import check_run_id, is_compensation
 
-__all__ = ["fork", "inherited_rows", "merge_patch", "node_list", "parse_node"]
+__all__ = ["fork", "inherited_rows", "merge_patch", "node_list", "parse_node", "undone_elsewhere"]
 
 _LABEL = re.compile(r"^(?P<node>[^\[\]]+)(?:\[(?P<index>\d+)\])?$")
 
@@ -118,13 +118,46 @@ def _settled_call(key: NodeKey, row: NodeRecord) -> bool:
     return row.status == NodeStatus.COMPLETED or (key.call is not None and row.status == NodeStatus.FAILED)
 
 
+def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tuple[str, int]]:
+    """``(step, item)`` of the parent's rows whose execution another run undid: the run that
+    executed it, or any of its forks (every fork of a run undoes an inherited node under that
+    run's key). A node refunded by a sibling fork is no longer in force, however the parent's own
+    rows read: a fork that inherited it would ship an order whose payment was given back."""
+    executed_by = {(r.node_id, r.fan_index): r.origin_run_id or run_id for r in rows
+                   if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
+    queue = sorted(set(executed_by.values()))
+    visited = set(queue)
+    found: set[tuple[str, int]] = set()
+    while queue:
+        other = queue.pop()
+        for child in st.children(other):
+            if child["run_id"] not in visited:
+                visited.add(child["run_id"])
+                queue.append(child["run_id"])
+        if other == run_id:
+            continue  # the parent's own compensations are in ``rows``
+        theirs = st.node_states(other)
+        by_key = {(r.node_id, r.fan_index): r for r in theirs}
+        for row in theirs:
+            if not is_compensation(row.node_id):
+                continue
+            target = NodeKey.parse(row.node_id, row.fan_index).undone()
+            undone_row = by_key.get((target.node_id, target.fan_index))
+            executor = (undone_row.origin_run_id if undone_row is not None else None) or other
+            if executed_by.get((target.node_id, target.fan_index)) == executor:
+                found.add((target.step, target.fan_index))
+    return found
+
+
 def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed: set[str] | None = None,
-                   input_changed: bool = False) -> list[NodeRecord]:
-    """The parent's rows a fork from ``at`` starts with (module docstring: what is inherited)."""
+                   input_changed: bool = False, undone_elsewhere: set[tuple[str, int]] | None = None
+                   ) -> list[NodeRecord]:
+    """The parent's rows a fork from ``at`` starts with (module docstring: what is inherited).
+    ``undone_elsewhere``: nodes another run of the lineage undid (``undone_elsewhere()``)."""
     changed = changed or set()
     owners: dict[str, dict[int, NodeRecord]] = defaultdict(dict)
     calls: dict[tuple[str, int], list[tuple[NodeKey, NodeRecord]]] = defaultdict(list)
-    undone: set[tuple[str, int]] = set()
+    undone: set[tuple[str, int]] = set(undone_elsewhere or ())
     for row in rows:
         key = NodeKey.parse(row.node_id, row.fan_index)
         if is_compensation(row.node_id):
@@ -208,10 +241,16 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     if diff is not None and not diff.known:
         raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition changed "
                         f"since: fork it with the code it started with ({diff.describe()})")
+    if input_patch is not None:
+        try:  # strict JSON: the input check would let a NaN through as null for a dict input type
+            jsoncodec.to_jsonable(input_patch, "input_patch")
+        except (NotJSONableError, RecursionError) as exc:
+            raise InvalidInputError(str(exc)) from None
     new_input = parent.input if input_patch is None else merge_patch(parent.input, input_patch)
     checked = workflow.check_input(new_input)
     inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
-                               input_changed=checked != parent.input)
+                               input_changed=checked != parent.input,
+                               undone_elsewhere=undone_elsewhere(st, run_id, rows))
     if new_run_id is not None:
         check_run_id(new_run_id, "--run-id")
     opts = options or RunOptions()
@@ -227,13 +266,29 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
     data = {"parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
             "changed_steps": sorted(diff.steps()) if diff else []}
+    keys = [(r.node_id, r.fan_index) for r in inherited]
     if not drive:
-        return st.fork_run(new, [(r.node_id, r.fan_index) for r in inherited], data)
+        return _whole(st, st.fork_run(new, keys, data), run_id, len(keys))
     # the executor first (as `run` does): a cluster that cannot be reached leaves no pending fork behind
     ex = executor if isinstance(executor, Executor) else make_executor(executor, address=address)
     try:
-        record = st.fork_run(new, [(r.node_id, r.fan_index) for r in inherited], data)
+        record = _whole(st, st.fork_run(new, keys, data), run_id, len(keys))
         return runner.resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
     finally:
         if ex is not executor:
             ex.shutdown()
+
+
+def _whole(st: Store, record: RunRecord, parent_id: str, inherited: int) -> RunRecord:
+    """The fork as created, refused when its rows were not all copied: the parent was deleted (a
+    ``raysaga prune``) between the reading of its rows and the copy, which then found none, and
+    the fork would run from scratch, paying again for everything it was to inherit. The empty
+    fork is cancelled (nothing of it ran) and ``ForkError`` says why."""
+    if inherited == 0 or len(st.node_states(record.run_id)) == inherited:
+        return record
+    from raysaga.orchestrator import runner
+
+    runner.cancel(record.run_id, store=st, reason=f"its parent {parent_id!r} was deleted while it was being "
+                  "forked: nothing of it ran")
+    raise ForkError(f"run {parent_id!r} was deleted while it was being forked (a `raysaga prune`?): the fork "
+                    f"{record.run_id!r} is cancelled and nothing of it ran")

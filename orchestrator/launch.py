@@ -27,6 +27,7 @@ import importlib.util
 import re
 import shlex
 import sysconfig
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +44,12 @@ if TYPE_CHECKING:
 LIVE_JOB_STATES = frozenset({"PENDING", "RUNNING"})
 #: Later drivers of one run a launch looks for (``raysaga-<run>-2`` ... ``-<this>``).
 MAX_DRIVER_JOBS = 100
-#: Left out of the shipped working_dir (gitignore syntax): never code the run imports.
+#: Left out of the shipped working_dir (gitignore syntax): never code the run imports, and never the
+#: secrets a folder tends to hold (``.env`` files, keys, cloud and Ray credentials): a job's package
+#: is kept by the cluster, readable by every job. What a run needs travels by name (``--env``).
 EXCLUDES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".mypy_cache", ".pytest_cache", ".ruff_cache",
-            "node_modules", "*.egg-info", "*.db", "*.db-wal", "*.db-shm", ".raysaga")
+            "node_modules", "*.egg-info", "*.db", "*.db-wal", "*.db-shm", ".raysaga",
+            ".env", ".env.*", ".ssh", ".aws", ".gnupg", ".netrc", ".ray", ".docker", ".kube")
 _SAFE_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
@@ -93,6 +97,10 @@ def source_root(module_ref: str) -> Path | None:
     installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib") if (p := sysconfig.get_path(key))}
     if any(root == p or p in root.parents for p in installed):
         return None
+    if root == Path(root.anchor) or root == Path.home().resolve():
+        raise UserError(f"module {top!r} is imported from {root}: launching would ship that whole folder to the "
+                        "cluster as the job's code (keys and credentials in it included): move the workflow into "
+                        "a project folder and launch from there")
     return root
 
 
@@ -123,13 +131,26 @@ def connect(address: str) -> JobSubmissionClient:
         return JobSubmissionClient(url)  # asks the server for its version: reachable, and let in
 
     try:
-        return authenticated(url, attempt)
+        client = authenticated(url, attempt)
     except UserError:
         raise
     except (ConnectionError, OSError) as exc:
         raise UserError(f"cannot reach the Ray Job API at {url} ({_first_line(exc)}): start the head with "
                         "`ray start --head --dashboard-port PORT` (the dashboard serves it; `pip install "
                         "'ray[default]'`), or fix --address") from None
+    except RuntimeError as exc:  # the SDK's version check: something answers there, not a Job API
+        raise not_a_job_api(url, exc) from None
+    # a server that answers the version check may still not serve jobs (a proxy, an older or a
+    # partial dashboard): ask for a job that cannot exist now, before any run is recorded
+    job_info(client, f"raysaga-probe-{uuid.uuid4().hex[:12]}")
+    return client
+
+
+def not_a_job_api(url: str, exc: BaseException) -> UserError:
+    """The one-line error for a server at ``url`` whose answer is not a Ray Job API's."""
+    return UserError(f"the server at {url} does not answer as a Ray Job API ({_first_line(exc)[:200]}): "
+                     "--address (or RAY_API_SERVER_ADDRESS) is the Ray head's dashboard URL, e.g. "
+                     "http://HEAD:8265, served by `ray start --head` with `pip install 'ray[default]'`")
 
 
 def quiet_sdk_logs() -> None:
@@ -155,6 +176,12 @@ class Job:
     status: str
     message: str | None = None
     driver_pid: int | None = None
+    run_id: str | None = None
+    """The run the job drives (its ``raysaga_run_id`` metadata): job ids of two runs can collide
+    (run ``X``'s second driver and run ``X-2``'s first are both ``raysaga-X-2``)."""
+
+    def drives(self, run_id: str) -> bool:
+        return self.run_id in (None, run_id)
 
     @property
     def live(self) -> bool:
@@ -165,18 +192,31 @@ def job_info(client: JobSubmissionClient, sid: str) -> Job | None:
     """The job ``sid`` as the cluster reports it, or None if the cluster never had it."""
     try:
         info = client.get_job_info(sid)
+        driver = getattr(info, "driver_info", None)
+        pid = getattr(driver, "pid", None)
+        metadata = getattr(info, "metadata", None)
+        owner = metadata.get("raysaga_run_id") if isinstance(metadata, dict) else None
+        return Job(sid, str(getattr(info.status, "value", info.status)), info.message,
+                   int(pid) if pid not in (None, "") else None, str(owner) if owner is not None else None)
     except RuntimeError as exc:  # the SDK's 404 ("does not exist")
         if "does not exist" in str(exc):
             return None
-        raise
-    driver = getattr(info, "driver_info", None)
-    pid = getattr(driver, "pid", None)
-    return Job(sid, str(getattr(info.status, "value", info.status)), info.message,
-               int(pid) if pid not in (None, "") else None)
+        if re.search(r"status code (?!40[45]\b)\d{3}", str(exc)):  # an HTTP error of a Job API (a 5xx...)
+            raise UserError(f"the Ray Job API at {_address(client)} failed a request for job {sid} "
+                            f"({_first_line(exc)[:200]}): try again once the head's dashboard answers") from None
+        raise not_a_job_api(_address(client), exc) from None
+    except Exception as exc:  # an answer that is not JSON, or not a job's: a proxy, another server
+        raise not_a_job_api(_address(client), exc) from None
+
+
+def _address(client: JobSubmissionClient) -> str:
+    return str(getattr(client, "_address", "the Ray Job API's address"))
 
 
 def jobs_of(client: JobSubmissionClient, run_id: str) -> list[Job]:
-    """The run's jobs in the order they were started (``raysaga-<run>``, ``-2``, ...)."""
+    """The jobs under the run's job ids in the order they were started (``raysaga-<run>``, ``-2``,
+    ...): the next driver's id is the first one free. One may drive another run whose id collides
+    (``Job.drives``)."""
     found: list[Job] = []
     for driver in range(1, MAX_DRIVER_JOBS + 1):
         job = job_info(client, submission_id(run_id, driver))
@@ -202,10 +242,19 @@ def submit(client: JobSubmissionClient, run_id: str, driver: int, *, env: dict[s
     try:
         client.submit_job(entrypoint=entry, submission_id=sid, runtime_env=env, metadata=metadata,
                           entrypoint_num_cpus=0)
-    except RuntimeError as exc:
-        existing = job_info(client, sid)
+    except Exception as exc:  # a refusal (RuntimeError), a dropped connection, an answer that is not JSON
+        try:
+            existing = job_info(client, sid)
+        except UserError:
+            existing = None
+        if existing is not None and not existing.drives(run_id):
+            raise UserError(f"Ray job {sid} was started meanwhile for run {existing.run_id!r} (their job ids "
+                            f"collide): run {run_id!r} is recorded, not started; launch it again with --run-id "
+                            f"{run_id}") from None
         if existing is None:
-            raise UserError(f"the Ray cluster refused job {sid} for run {run_id!r} ({_first_line(exc)}): the run "
+            why = _first_line(exc) if isinstance(exc, RuntimeError) else \
+                f"the server at {_address(client)} did not answer as a Ray Job API: {_first_line(exc)[:200]}"
+            raise UserError(f"the Ray cluster refused job {sid} for run {run_id!r} ({why}): the run "
                             f"is recorded, not started; fix that and launch again with --run-id {run_id}") from None
         return Submitted(existing, started=False)
     job = job_info(client, sid)

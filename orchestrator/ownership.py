@@ -78,6 +78,19 @@ def _stat(pid: int) -> tuple[str, int] | None:
         return None
 
 
+def _exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this pid namespace (signal 0: nothing is sent)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # no such process (a pid beyond any: none either)
+        return False
+    except OSError:
+        return True  # EPERM: it exists, another user's (anything else: not provably gone)
+    return True
+
+
 def process_start(pid: int) -> int | None:
     found = _stat(pid)
     return found[1] if found else None
@@ -126,7 +139,9 @@ def gone_because(owner: str) -> str | None:
         return None  # this process: alive by definition
     found = _stat(parsed.pid)
     if found is None:
-        return "process not running"
+        # no readable /proc/<pid>/stat: gone, or only hidden from us (/proc mounted hidepid=1|2 hides
+        # other users' processes): the kernel's answer to signal 0 tells them apart
+        return "process not running" if not _exists(parsed.pid) else None
     state, start = found
     if state in ("Z", "X", "x"):
         return "process exited (zombie)"

@@ -86,9 +86,12 @@ def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer
         raise WorkflowDefinitionError(f"approval {where!r}: approvers= is empty, so nobody could decide: "
                                       "name at least one, or leave it out to let anyone decide")
     check_number(f"approval {where!r}", "quorum", quorum, minimum=1, integer=True, allowed="a whole number >= 1")
-    if names is not None and quorum > len(names):
+    distinct = None if names is None else tuple(dict.fromkeys(names))
+    if distinct is not None and quorum > len(distinct):  # a quorum counts distinct people: a name twice is one
+        twice = sorted({n for n in names or () if (names or ()).count(n) > 1})
         raise WorkflowDefinitionError(f"approval {where!r}: quorum={quorum} needs more approvers than the "
-                                      f"{len(names)} named ({', '.join(names)})")
+                                      f"{len(distinct)} named ({', '.join(distinct)})"
+                                      + (f"; named more than once: {', '.join(twice)}" if twice else ""))
     check_number(f"approval {where!r}", "timeout", timeout, minimum=0, strict=True, optional=True,
                  allowed="None or a finite number of seconds > 0")
     if on_timeout not in _ON_TIMEOUT:

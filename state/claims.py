@@ -58,7 +58,7 @@ class Claim(BaseModel):
 def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, str], *,
                limits: Mapping[str, int] | None = None, now: float | None = None) -> Claim | None:
     """Take the lease of the next runnable run of ``workflows`` (name -> definition hash), oldest
-    first; None when there is none (or every candidate's workflow is at its limit)."""
+    first, leaving out the workflows at their limit; None when there is none."""
     if not workflows:
         return None
     now = time.time() if now is None else now
@@ -68,18 +68,21 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, s
         if postgres and limits:
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _lock_key("raysaga-claim-limits")})
         live = _live_counts(conn, list(limits), now) if limits else {}
+        # a workflow at its limit is left out of the query: its backlog must not fill the candidates
+        # and hide another workflow's runs (the slot would idle while they wait)
+        open_ = {name: digest for name, digest in workflows.items()
+                 if name not in limits or live.get(name, 0) < limits[name]}
+        if not open_:
+            return None
         query = (select(runs.c.run_id, runs.c.status, runs.c.workflow_name, runs.c.created_at, runs.c.wake_at,
                         runs.c.lease_expires_at, runs.c.updated_at, runs.c.lease_owner)
-                 .where(_runnable(workflows, now))
+                 .where(_runnable(open_, now))
                  .order_by(func.coalesce(runs.c.wake_at, runs.c.created_at), runs.c.run_id)
                  .limit(CANDIDATES))
         if postgres:
             query = query.with_for_update(skip_locked=True)
         for row in conn.execute(query).all():
             run_id, status, workflow, created_at, wake_at, lease_expires_at, updated_at, held_by = row
-            limit = limits.get(workflow)
-            if limit is not None and live.get(workflow, 0) >= limit:
-                continue
             fence_seq = conn.execute(
                 update(runs).where(runs.c.run_id == run_id, _lease_free(now))
                 .values(lease_owner=owner, lease_expires_at=now + ttl, fence=runs.c.fence + 1,

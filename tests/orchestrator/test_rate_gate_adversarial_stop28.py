@@ -1,0 +1,84 @@
+"""Third adversarial round, fleet-wide rate limits: a concurrency slot of a call still under way.
+
+``RateLimit(concurrent=1)`` on a call without a timeout (a tool's default): its grant holds the
+slot for ``UNTIMED_HOLD`` (300 s) unless released, so that a driver that died frees it. A live
+call that simply takes longer than that (a long tool, a slow model) loses its slot at 300 s and
+a second call is admitted beside it: two calls at once under a limit of one (the provider's own
+concurrency limit answers 429s, or worse, a tool that must not run twice at once does). Nothing
+renews the hold of a call the driver still waits for. xfail: the fix needs a store operation to
+extend a grant (``Store.rate_extend``, in ``state/store.py``/``sql_store.py``, not this round's),
+called by ``RateGate.wait`` for its admitted calls before their hold runs out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+
+import pytest
+
+from raysaga import RateLimit, Workflow
+from raysaga.orchestrator.executor_base import Executor, Handle
+from raysaga.orchestrator.rate_gate import UNTIMED_HOLD, RateGate
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.orchestrator.task import NodeCall
+from raysaga.state import SqlStore
+
+
+class _Endless(Executor):
+    """Calls that are sent and never end (a long tool call)."""
+
+    name = "endless"
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        self.sent.append(call.node_id)
+        return Handle(key=(call.node_id, call.fan_index), sent=True)
+
+    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        return []
+
+    def cancel(self, handle: Handle) -> None:
+        return
+
+    def settle_cancelled(self, timeout: float) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        return
+
+
+def _spec() -> StepSpec:
+    wf = Workflow("stop28_slot")
+
+    @wf.step()
+    def call() -> int:
+        return 1
+
+    return dataclasses.replace(wf.steps["call"], rate_limit=RateLimit(name="stop28-slot", concurrent=1), timeout=None)
+
+
+def _call(node: str) -> NodeCall:
+    return NodeCall(fields=("run", node, -1, 1, "trace", None, False), kwargs={}, max_output_bytes=1 << 20)
+
+
+@pytest.mark.xfail(strict=True, reason="RateGate never renews the hold of an admitted call still under way "
+                                       "(needs a Store operation to extend a grant)")
+def test_a_call_longer_than_its_hold_keeps_its_concurrency_slot(sqlite_url: str) -> None:
+    now = [1_000_000.0]
+    store = SqlStore(sqlite_url)
+    try:
+        inner = _Endless()
+        gate = RateGate(inner, store, clock=lambda: now[0])
+        spec = _spec()
+        gate.submit(spec, _call("first"))
+        gate.submit(spec, _call("second"))  # waits for the slot
+        assert inner.sent == ["first"]
+        for _ in range(int(UNTIMED_HOLD // 10) + 5):  # the driver waits for the first call, 10 s a round
+            now[0] += 10.0
+            gate.wait(None, 0.0)
+        assert inner.sent == ["first"], "a second call was admitted while the first still held the only slot"
+    finally:
+        store.close()
