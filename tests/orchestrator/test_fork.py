@@ -346,10 +346,12 @@ def test_forks_rolling_back_undo_an_inherited_effect_once(sqlite_url: str) -> No
     SHIP_FAILS[0] = False
     assert raysaga.run(wf, {"amount": 5}, store=sqlite_url, run_id="s", executor="inline").status == \
         RunStatus.COMPLETED
+    for child in ("s-1", "s-2"):  # both forked before either rolls back: each inherits the charge
+        raysaga.fork(wf, "s", from_node="ship", store=sqlite_url, new_run_id=child, drive=False)
     SHIP_FAILS[0] = True
     try:
         for child in ("s-1", "s-2"):
-            done = raysaga.fork(wf, "s", from_node="ship", store=sqlite_url, new_run_id=child, executor="inline")
+            done = raysaga.resume(wf, child, store=sqlite_url, executor="inline")
             assert done.status == RunStatus.COMPENSATED, done.status_reason
     finally:
         SHIP_FAILS[0] = False
