@@ -35,7 +35,7 @@ from raysaga.state import (
     Store,
 )
 
-__all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "park_if_looping", "parking", "suspects"]
+__all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "failing_parking", "park_if_looping", "parking", "suspects"]
 
 log = logging.getLogger("raysaga.driver")
 
@@ -83,6 +83,16 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str) -
     error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50]}
     return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
                                                                           "suspects": suspected[:50]}))
+
+
+def failing_parking(status: RunStatus, failures: int, error: str, run_id: str) -> tuple[bool, Batch]:
+    """``blob_parking.parked`` for a run whose last ``failures`` drives all ended in the same kind of
+    error before it could be driven (a run row no driver can read, a bug): the driver let go each
+    time, so no death is counted, and without this a worker claimed it again at once, for ever."""
+    reason = (f"parked after {failures} drives in a row failed: {error}; fix what it names, then "
+              f"`raysaga retry {run_id}`")[:1000]
+    return parked(status, reason, {"type": "DriveFailed", "message": reason, "failures": failures},
+                  NewEvent(kind="drive_failed", data={"failures": failures, "error": error[:500]}))
 
 
 def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[NodeRecord], wf: Workflow,

@@ -22,6 +22,7 @@ another worker at once. A SIGKILLed worker's runs are taken over when their leas
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -30,20 +31,33 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeGuard
 
-from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError, UserError
+from raysaga.errors import (
+    CorruptRecordError,
+    DriverInterrupted,
+    LeaseHeldError,
+    LeaseLostError,
+    RaySagaError,
+    UserError,
+)
+from raysaga.orchestrator.crash_loop import failing_parking
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import Lease, RunRecord, RunStatus, Store
+from raysaga.state import Batch, Lease, RunRecord, RunStatus, RunUpdate, Store
 from raysaga.state.claims import Claim
 from raysaga.state.engine import is_outage
+from raysaga.state.models import PRUNABLE
 
 log = logging.getLogger("raysaga.worker")
 
 #: Active runs (per state, newest first) a worker looks at for a driver gone on this host.
 ORPHAN_SCAN = 500
+#: Drives of one run in a row that end in an error (not an outage of the store, a lost lease or a
+#: stop) before the worker parks the run ``failed``: the driver releases the run as it fails, so
+#: without a limit the slot claimed it again at once, hundreds of times a second, for ever.
+MAX_FAILED_DRIVES = 3
 
 
 def _count(value: object) -> TypeGuard[int]:
@@ -123,6 +137,7 @@ class Worker:
         self._drivers: set[Driver] = set()
         self._primary: Executor | None = None
         self._next_scan = 0.0  # no look for runs of dead drivers before then (one look per poll)
+        self._failed_drives: dict[str, int] = {}  # run id -> its drives in a row that ended in an error
 
     def start_engine(self) -> None:
         """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
@@ -181,7 +196,8 @@ class Worker:
                     continue
                 if executor is None:
                     executor = make_executor(self.executor_kind, self.address)
-                self._drive(claim.lease, claim.workflow, claim.reason, executor)
+                if not self._drive(claim, executor):
+                    self._stop.wait(self.poll * (0.5 + rng.random()))  # failed: not claimed again at once
         finally:
             if executor is not None:
                 executor.shutdown()
@@ -207,10 +223,12 @@ class Worker:
                 except LeaseHeldError:  # another worker took it first, or a resume did
                     continue
                 return Claim(lease=lease, workflow=row.workflow_name, reason="takeover",
-                             latency=max(0.0, time.time() - row.updated_at))
+                             latency=max(0.0, time.time() - row.updated_at), status=row.status)
         return None
 
-    def _drive(self, lease: Lease, workflow: str, reason: str, executor: Executor) -> None:
+    def _drive(self, claim: Claim, executor: Executor) -> bool:
+        """Drive a claimed run; False when the drive ended in an error (the slot pauses then)."""
+        lease, workflow, reason = claim.lease, claim.workflow, claim.reason
         with self._lock:
             self.counts.claimed += 1
             self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
@@ -228,14 +246,52 @@ class Worker:
             log.info("worker: run %s handed back (the worker stops)", lease.run_id)
         except LeaseLostError as exc:
             log.warning("worker: run %s: %s", lease.run_id, exc)
-        except RaySagaError as exc:
+        except Exception as exc:
+            if isinstance(exc, RaySagaError):
+                log.error("worker: run %s: %s", lease.run_id, exc)
+            else:
+                log.exception("worker: run %s: unexpected error", lease.run_id)
+            self._drive_failed(claim, exc)
+            return False
+        with self._lock:
+            self._failed_drives.pop(lease.run_id, None)
+        return True
+
+    def _drive_failed(self, claimed: Claim, exc: Exception) -> None:
+        """Count a drive that ended in an error; park the run after ``MAX_FAILED_DRIVES`` in a row."""
+        run_id = claimed.lease.run_id
+        with self._lock:
+            self.counts.failed += 1
+            failures = self._failed_drives[run_id] = self._failed_drives.get(run_id, 0) + 1
+        if failures < MAX_FAILED_DRIVES:
+            return
+        first_line = (str(exc).splitlines() or [""])[0][:300]
+        try:
+            lease = self.store.claim(run_id, new_owner(), self.options.lease_ttl)
+        except Exception as why:  # another driver has it now (it is driven), or the store is down
+            log.warning("worker: run %s: not parked after %d failed drives: %s", run_id, failures, why)
+            return
+        try:
+            try:
+                status = self.store.get_run(run_id, lenient=True).status
+            except CorruptRecordError:  # no driver can read it (why it failed): as it was claimed
+                if claimed.status is None:
+                    raise
+                status = claimed.status
+            if status in PRUNABLE:  # ended or parked meanwhile: nothing to park
+                return
+            resume_first, batch = failing_parking(status, failures, f"{type(exc).__name__}: {first_line}", run_id)
+            if resume_first:
+                self.store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+            self.store.commit(lease, batch)
+            log.error("worker: run %s parked: %s", run_id, batch.run.status_reason if batch.run else "failed")
             with self._lock:
-                self.counts.failed += 1
-            log.error("worker: run %s: %s", lease.run_id, exc)
+                self._failed_drives.pop(run_id, None)
         except Exception:
-            with self._lock:
-                self.counts.failed += 1
-            log.exception("worker: run %s: unexpected error", lease.run_id)
+            log.exception("worker: run %s: parking it failed", run_id)
+        finally:
+            with contextlib.suppress(Exception):
+                self.store.release(lease)
 
     def _drive_through_outages(self, lease: Lease, workflow: str, executor: Executor) -> RunRecord:
         """Drive the run; when the store drops out under the driver (a server restart, a lost

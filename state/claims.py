@@ -53,6 +53,8 @@ class Claim(BaseModel):
     reason: ClaimReason
     latency: float
     """Seconds from when the run became runnable to this claim."""
+    status: RunStatus | None = None
+    """The run's status when it was claimed (what a worker parks it from if no driver can read it)."""
 
 
 def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, str], *,
@@ -104,7 +106,7 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, s
                 data["abandoned_by"] = held_by  # its driver stopped without letting go: it died
             conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
             return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl),
-                         workflow=workflow, reason=reason, latency=latency)
+                         workflow=workflow, reason=reason, latency=latency, status=RunStatus(status))
     return None
 
 

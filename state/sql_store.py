@@ -19,6 +19,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from raysaga.errors import (
     ConcurrencyConflict,
+    CorruptRecordError,
     IllegalTransitionError,
     LeaseHeldError,
     LeaseLostError,
@@ -93,11 +94,9 @@ MAX_LIST_LIMIT = 100_000
 
 
 def _reason_text(reason: str | None) -> str | None:
-    """A run's ``status_reason`` as stored: secrets scrubbed, and NUL written ``\\x00``. The reason
-    quotes an error's message (a C library's, a binary protocol's reply may hold a NUL), and
-    PostgreSQL's text columns refuse NUL: the write failed, the driver with it, and every resume
-    the same way. (JSON columns escape it as ``\\u0000``, which ``json`` keeps.) A lone surrogate
-    (an operator's cancel reason) is not UTF-8 anywhere: written as its escape, ``\\ud800``."""
+    """A run's ``status_reason`` as stored: secrets scrubbed, NUL written ``\\x00`` (an error's
+    message may hold one, and PostgreSQL's text refuses it: the write, the driver and every resume
+    failed), a lone surrogate (not UTF-8 anywhere) as its escape, ``\\ud800``."""
     if reason is None:
         return None
     return scrub_text(reason).encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
@@ -167,13 +166,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def list_runs(self, status: RunStatus | None = None, limit: int = 50, *, workflow: str | None = None,
                   before: tuple[float, str] | None = None, labels: Mapping[str, str] | None = None) -> list[RunSummary]:
-        """Newest first (by created_at, then run_id), at most ``limit``, summary columns only;
-        with ``labels``, only runs that carry every one of them (``RunOptions.labels``).
-
-        ``before`` is the ``cursor`` of the last row of the previous page (keyset paging: every
-        page costs one index range scan however deep). A row that cannot be read is listed with
-        ``corrupt`` saying why; the other runs are unaffected.
-        """
+        """``Store.list_runs``, newest by (created_at, run_id) first. ``before`` is keyset paging:
+        every page costs one index range scan however deep."""
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIST_LIMIT:
             raise UserError(f"list limit {limit!r} is not a whole number from 1 to {MAX_LIST_LIMIT}: "
                             "page with before=summary.cursor for more")
@@ -357,7 +351,8 @@ class SqlStore(ForkRows, DashboardReads, Store):
                 shared_rows.count_breaker_outcomes(hot.core(), batch.breakers, now)
             return changed
 
-    def _apply_run_update(self, conn: Connection, lease: Lease, batch: Batch, now: float, status: Any) -> RunRecord:
+    def _apply_run_update(self, conn: Connection, lease: Lease, batch: Batch, now: float,
+                          status: Any) -> RunRecord | None:
         """The batch's run update; ``status`` is the run's as the fence guard returned it."""
         assert batch.run is not None
         upd = batch.run
@@ -384,7 +379,12 @@ class SqlStore(ForkRows, DashboardReads, Store):
         # the row as updated (RETURNING): no read of its own
         row = HotSql(conn).one(update_run_sql(conn.dialect.name, tuple(values), upd.status is not None),
                                (*run_params(values), lease.run_id, lease.fence))
-        return run_of(conn, lease.run_id, row, lenient=at_rest)
+        try:
+            return run_of(conn, lease.run_id, row, lenient=at_rest)
+        except CorruptRecordError:  # parked because no driver can read its row: parked all the same
+            if at_rest:
+                return None
+            raise
 
     # ---------------------------------------------------------------- reads
 
