@@ -48,7 +48,11 @@ def check_input(wf: Workflow, value: Any) -> Any:
         return jsoncodec.to_jsonable(value, "input")
     except NotJSONableError as exc:
         if tp is not Any:
-            try:  # a type with its own JSON form (a bare ``Secret``, ``list[Secret]``...)
+            try:  # a type with its own JSON form (a bare ``Secret``, ``list[Secret]``...), which
+                jsoncodec.refuse_non_finite(value, "input")  # would write a NaN as null
+            except NotJSONableError as non_finite:
+                raise InvalidInputError(str(non_finite)) from None
+            try:
                 return jsoncodec.to_jsonable(type_adapter(tp).dump_python(value, mode="json"), "input")
             except Exception:
                 pass

@@ -64,6 +64,12 @@ def _holds_null(value: Any, depth: int) -> bool:
     return False
 
 
+def refuse_non_finite(value: Any, where: str) -> None:
+    """``NotJSONableError`` naming where ``value`` (a Python value, before any JSON form is made of
+    it) holds a NaN or an infinity: pydantic's JSON mode writes them as null, quietly."""
+    _refuse_non_finite(value, where, 0)
+
+
 def _refuse_non_finite(value: Any, where: str, depth: int) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise NotJSONableError(f"{_bounded(where)} is {value!r}: JSON has no NaN or infinity; use None or a string")

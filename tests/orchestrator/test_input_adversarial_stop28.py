@@ -1,10 +1,10 @@
-"""Third adversarial round, a run's input holding NaN through the Python API (``run``: xfail, the fix
-is in ``orchestrator/run_input.py``, not this round's; see the report).
+"""Third adversarial round, a run's input holding NaN through the Python API (``run`` and ``fork``).
 
 ``raysaga.run(wf, {"x": float("nan")})`` on a workflow whose input is a ``dict`` completed with
 input ``{"x": None}``; ``raysaga.fork(..., input_patch={"x": nan})`` the same. ``check_input``
 refuses NaN (``NotJSONableError``), then tries the type's own JSON form for types such as
-``Secret``: pydantic's ``dump_python(mode="json")`` writes NaN as null, and that passes. A bare
+``Secret``: pydantic's ``dump_python(mode="json")`` wrote NaN as null, and that passed (now the
+fallback refuses a non-finite float first: ``jsoncodec.refuse_non_finite``). A bare
 NaN, or one in a pydantic model's field, is refused (round 2); the CLI's ``--input`` is strict.
 ``fork`` now checks its ``input_patch`` as strict JSON itself (``orchestrator/fork.py``).
 """
@@ -34,8 +34,6 @@ def second(first: dict[str, Any]) -> str:
     return "done"
 
 
-@pytest.mark.xfail(strict=True, reason="run_input.check_input's fallback (the type's JSON form) turns NaN into "
-                                       "null; fix in orchestrator/run_input.py")
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_a_dict_input_holding_nan_is_refused_not_stored_as_null(sqlite_url: str, value: float) -> None:
     with pytest.raises(InvalidInputError, match="JSON has no NaN or infinity"):
