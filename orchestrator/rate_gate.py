@@ -10,6 +10,9 @@ whole fleet. Attempts without a limit pass straight through.
 Crash semantics do not change: the machine issued the attempt, its ledger row (for an effect)
 is already durable, and a driver that dies while the attempt waits here re-issues it under the
 same key after a resume; a grant whose call never ended frees its slot when its hold expires.
+While the driver waits for an admitted call, it renews the call's hold once half of it has gone
+(``Store.rate_extend``): a live call longer than its hold (a tool without a timeout taking more
+than ``UNTIMED_HOLD``) keeps its concurrency slot, where a second call was admitted beside it.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class _Held:
     call: NodeCall
     grant: int | None = None
     inner: Handle | None = None
+    hold: float = 0.0
+    """Seconds the grant is held at a time (renewed while the call is under way)."""
+    held_until: float = 0.0
 
 
 def rule_of(limit: RateLimit) -> RateRule:
@@ -109,7 +115,7 @@ class RateGate(Executor):
                     self._retry_at[name] = now + admission.wait
                     break
                 queue.popleft()
-                held.grant = admission.grant
+                held.grant, held.hold, held.held_until = admission.grant, hold, now + hold
                 held.inner = self.inner.submit(held.spec, held.call)
                 held.handle.sent = held.inner.sent
                 self._sent[held.inner] = held
@@ -118,8 +124,22 @@ class RateGate(Executor):
         waiting = [self._retry_at.get(name, 0.0) for name, queue in self._queues.items() if queue]
         return min(waiting) if waiting else None
 
+    def _renew(self) -> None:
+        """Renew the holds of admitted calls still under way that have used half of theirs."""
+        now = self.clock()
+        due = [held for held in self._sent.values() if held.held_until - now < held.hold / 2]
+        if not due:
+            return
+        for hold in {held.hold for held in due}:
+            grants = [held.grant for held in due if held.hold == hold and held.grant is not None]
+            self.store.rate_extend(grants, now + hold)
+        for held in due:
+            held.held_until = now + held.hold
+
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         self._admit()
+        if self._sent:
+            self._renew()
         wake = self._next_admission()
         if wake is not None:
             timeout = max(0.0, min(timeout, wake - self.clock()))

@@ -13,12 +13,14 @@ first call). So a grant counts from the moment it is made until ``per`` seconds 
 *ended* (``release``), when its request has certainly arrived: whatever the delays, no window of
 ``per`` seconds at the provider sees more than ``requests`` of them. The price is the calls'
 latency: a limit of 60 per minute on calls of 3 s paces at most 60 per 63 s. A call that never
-ends (its driver died) counts until its hold expires. ``margin`` (up to 1 s) absorbs the clocks
-of different machines.
+ends (its driver died) counts until its hold expires; a driver still waiting for its call renews
+the hold (``extend``), so a live call longer than its hold keeps its slot. ``margin`` (up to 1 s)
+absorbs the clocks of different machines.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, Connection, Engine, case, delete, func, insert, or_, select, update
@@ -113,3 +115,32 @@ def block(engine: Engine, name: str, until: float, now: float) -> None:
                 "blocked_until": case((rate_limits.c.blocked_until > until, rate_limits.c.blocked_until),
                                       else_=until),
                 "version": rate_limits.c.version + 1, "updated_at": now}))
+
+
+def extend(engine: Engine, grants: Collection[int], expires_at: float) -> None:
+    """The calls admitted by ``grants`` are still under way: each holds its place until ``expires_at``
+    at least (a grant already released, or held longer, is left as it is)."""
+    if not grants:
+        return
+    with engine.begin() as conn:
+        g = rate_grants.c
+        conn.execute(update(rate_grants).where(g.id.in_(list(grants)), g.ended_at.is_(None),
+                                               g.expires_at < expires_at).values(expires_at=expires_at))
+
+
+class RateRows:
+    """``Store``'s fleet-wide rate limits on ``engine`` (mixed into ``SqlStore``)."""
+
+    engine: Engine
+
+    def rate_acquire(self, rule: RateRule, now: float, hold: float) -> Admission:
+        return acquire(self.engine, rule, now, hold)
+
+    def rate_release(self, grant: int, tokens: int, now: float) -> None:
+        release(self.engine, grant, tokens, now)
+
+    def rate_block(self, name: str, until: float, now: float) -> None:
+        block(self.engine, name, until, now)
+
+    def rate_extend(self, grants: Collection[int], expires_at: float) -> None:
+        extend(self.engine, grants, expires_at)

@@ -27,7 +27,7 @@ from raysaga.errors import (
     RunNotFoundError,
     UserError,
 )
-from raysaga.state import blob_rows, claims, decisions, migrate, rate_limits, shared_rows, stats
+from raysaga.state import blob_rows, claims, decisions, migrate, shared_rows, stats
 from raysaga.state.claims import ABANDONABLE, Claim
 from raysaga.state.dashboard_reads import DashboardReads
 from raysaga.state.decisions import Decision, Verdict, WaitingApproval, decided_after
@@ -71,7 +71,7 @@ from raysaga.state.models import (
 )
 from raysaga.state.prune import PruneReport
 from raysaga.state.prune import prune as prune_runs
-from raysaga.state.rate_limits import Admission, RateRule
+from raysaga.state.rate_limits import RateRows
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_labels import labels_match, stored_labels
 from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
@@ -102,7 +102,7 @@ def _reason_text(reason: str | None) -> str | None:
     return scrub_text(reason).encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
-class SqlStore(ForkRows, DashboardReads, Store):
+class SqlStore(ForkRows, DashboardReads, RateRows, Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
     def __init__(self, url: str, *, migrate_schema: bool = True,
@@ -481,15 +481,6 @@ class SqlStore(ForkRows, DashboardReads, Store):
 
     def breaker_cas(self, record: BreakerRecord, expected_version: int) -> bool:
         return shared_rows.breaker_cas(self.engine, record, expected_version)
-
-    def rate_acquire(self, rule: RateRule, now: float, hold: float) -> Admission:
-        return rate_limits.acquire(self.engine, rule, now, hold)
-
-    def rate_release(self, grant: int, tokens: int, now: float) -> None:
-        rate_limits.release(self.engine, grant, tokens, now)
-
-    def rate_block(self, name: str, until: float, now: float) -> None:
-        rate_limits.block(self.engine, name, until, now)
 
 
 def _check_transition(run_id: str, current: RunStatus, new: RunStatus) -> None:

@@ -8,7 +8,7 @@ one transaction guarded by the lease's fence.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from raysaga.state.claims import Claim
@@ -182,6 +182,11 @@ class Store(ABC):
     @abstractmethod
     def rate_block(self, name: str, until: float, now: float) -> None:
         """Admit nothing through the limit ``name`` before ``until`` (a 429's retry-after)."""
+
+    @abstractmethod
+    def rate_extend(self, grants: Collection[int], expires_at: float) -> None:
+        """The calls admitted by ``grants`` are still under way: each keeps its place (its
+        concurrency slot) until ``expires_at`` at least. A driver that died renews nothing."""
 
     @abstractmethod
     def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,

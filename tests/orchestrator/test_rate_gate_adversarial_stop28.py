@@ -5,17 +5,15 @@ slot for ``UNTIMED_HOLD`` (300 s) unless released, so that a driver that died fr
 call that simply takes longer than that (a long tool, a slow model) loses its slot at 300 s and
 a second call is admitted beside it: two calls at once under a limit of one (the provider's own
 concurrency limit answers 429s, or worse, a tool that must not run twice at once does). Nothing
-renews the hold of a call the driver still waits for. xfail: the fix needs a store operation to
-extend a grant (``Store.rate_extend``, in ``state/store.py``/``sql_store.py``, not this round's),
-called by ``RateGate.wait`` for its admitted calls before their hold runs out.
+renewed the hold of a call the driver still waits for. Now ``RateGate.wait`` renews it
+(``Store.rate_extend``) once half of it has gone; a driver that died renews nothing, so its
+slot is still freed when the hold expires.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection
-
-import pytest
 
 from raysaga import RateLimit, Workflow
 from raysaga.orchestrator.executor_base import Executor, Handle
@@ -64,8 +62,6 @@ def _call(node: str) -> NodeCall:
     return NodeCall(fields=("run", node, -1, 1, "trace", None, False), kwargs={}, max_output_bytes=1 << 20)
 
 
-@pytest.mark.xfail(strict=True, reason="RateGate never renews the hold of an admitted call still under way "
-                                       "(needs a Store operation to extend a grant)")
 def test_a_call_longer_than_its_hold_keeps_its_concurrency_slot(sqlite_url: str) -> None:
     now = [1_000_000.0]
     store = SqlStore(sqlite_url)
@@ -80,5 +76,24 @@ def test_a_call_longer_than_its_hold_keeps_its_concurrency_slot(sqlite_url: str)
             now[0] += 10.0
             gate.wait(None, 0.0)
         assert inner.sent == ["first"], "a second call was admitted while the first still held the only slot"
+    finally:
+        store.close()
+
+
+def test_a_dead_drivers_slot_is_still_freed_when_its_hold_expires(sqlite_url: str) -> None:
+    """The renewal is the live driver's: a gate that stops waiting (its driver died) lets the
+    hold run out, and another driver's call is admitted then."""
+    now = [1_000_000.0]
+    store = SqlStore(sqlite_url)
+    try:
+        dead, alive = _Endless(), _Endless()
+        spec = _spec()
+        RateGate(dead, store, clock=lambda: now[0]).submit(spec, _call("first"))
+        gate = RateGate(alive, store, clock=lambda: now[0])
+        gate.submit(spec, _call("second"))
+        assert alive.sent == []
+        now[0] += UNTIMED_HOLD + 1.0
+        gate.wait(None, 0.0)
+        assert alive.sent == ["second"]
     finally:
         store.close()
