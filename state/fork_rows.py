@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, func, insert, literal, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
-from raysaga.errors import RunExistsError
+from raysaga.errors import ForkError, RunExistsError
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
@@ -70,6 +70,15 @@ class ForkRows:
                       tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
         try:
             with self.engine.begin() as conn:
+                # the parent is locked before its rows are copied (FOR SHARE; SQLite's BEGIN IMMEDIATE
+                # already serialises writers): a prune deleting it either finishes first (refused here)
+                # or waits for this copy, and then sees the blobs the fork's rows reference
+                parent = select(runs.c.run_id).where(runs.c.run_id == new.parent_run_id)
+                if conn.dialect.name == "postgresql":
+                    parent = parent.with_for_update(read=True)
+                if conn.execute(parent).first() is None:
+                    raise ForkError(f"run {new.parent_run_id!r} was deleted while it was being forked (a "
+                                    "`raysaga prune`?): nothing of the fork was recorded")
                 values["input"], values["input_digest"], _ = self._run_value(conn, new.input, "input")
                 conn.execute(insert(runs).values(**values))
                 conn.execute(insert(events), [
