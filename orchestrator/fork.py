@@ -31,13 +31,26 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import networkx as nx
+
 from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import NewRun, NodeRecord, NodeStatus, RunRecord, Store, jsoncodec, open_store
-from raysaga.state.models import PRUNABLE
+from raysaga.state import (
+    EffectRecord,
+    EffectStatus,
+    NewRun,
+    NodeRecord,
+    NodeStatus,
+    RunRecord,
+    RunStatus,
+    Store,
+    jsoncodec,
+    open_store,
+)
+from raysaga.state.models import PRUNABLE, node_label
 from raysaga.types import check_run_id, is_compensation
 
 __all__ = ["fork", "inherited_rows", "merge_patch", "node_list", "parse_node", "undone_elsewhere"]
@@ -149,6 +162,27 @@ def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tupl
     return found
 
 
+def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord) -> None:
+    """``ForkError`` when a node the fork would run again *before* ``at`` has an effect whose outcome
+    is unknown in the parent (ledger ``pending`` or ``abandoned``: the call may have happened; a
+    cancel mid-charge, say). The fork's keys are its own, so the provider could not dedupe it: the
+    card would be charged twice. Forking from that node (or before it) re-runs it on purpose."""
+    again = {at.step, *nx.descendants(wf.graph, at.step)}  # re-run by the fork's own choice
+    doubtful = [e for e in effects if e.status in (EffectStatus.PENDING, EffectStatus.ABANDONED)
+                and not is_compensation(e.node_id) and NodeKey.parse(e.node_id, e.fan_index).step not in again]
+    if not doubtful:
+        return
+    shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"
+                      for e in doubtful[:5])
+    first = min((NodeKey.parse(e.node_id, e.fan_index).step for e in doubtful), key=wf.order.index)
+    way = (f"`raysaga retry {shlex.quote(parent.run_id)}` settles them under their keys; or check "
+           if parent.status in (RunStatus.FAILED, RunStatus.COMPENSATION_FAILED) else "Check ")
+    raise ForkError(f"run {parent.run_id!r} left {len(doubtful)} effect(s) whose outcome is unknown (the call may "
+                    f"have happened): {shown}. A fork from {at.label!r} would call them again under new keys, "
+                    f"which the provider cannot dedupe. {way}them with the provider, then fork from "
+                    f"{first!r} to run it again on purpose")
+
+
 def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed: set[str] | None = None,
                    input_changed: bool = False, undone_elsewhere: set[tuple[str, int]] | None = None
                    ) -> list[NodeRecord]:
@@ -251,6 +285,7 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
                                input_changed=checked != parent.input,
                                undone_elsewhere=undone_elsewhere(st, run_id, rows))
+    _refuse_in_doubt(workflow, st.effects(run_id), at, parent)
     if new_run_id is not None:
         check_run_id(new_run_id, "--run-id")
     opts = options or RunOptions()
