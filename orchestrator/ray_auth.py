@@ -45,6 +45,8 @@ def token_source() -> str | None:
     path = os.environ.get(TOKEN_PATH_VAR, "").strip()
     candidate = Path(path).expanduser() if path else Path.home() / ".ray" / "auth_token"
     try:
+        if not candidate.is_file():  # a FIFO (or a device) would block the read below for ever
+            return None
         with candidate.open("rb") as f:  # Ray aborts the process on a token file it cannot read
             return str(candidate) if f.read(1) else None
     except OSError:

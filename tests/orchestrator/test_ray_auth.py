@@ -7,6 +7,8 @@ Token mode is never really turned on in this process (the session's Ray runs wit
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -110,3 +112,20 @@ def test_token_mode_without_a_token_is_refused_before_ray_is_asked(
     with pytest.raises(UserError, match="RAY_AUTH_MODE=token is set here but no token for the Ray cluster"):
         ray_auth.authenticated("h:1", attempt)
     assert seen == []
+
+
+def test_a_token_path_that_is_a_fifo_is_no_token_and_does_not_hang(clean: list[str], monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """RAY_AUTH_TOKEN_PATH naming a FIFO: opening it to read blocked until a writer came, for ever."""
+    fifo = tmp_path / "token-fifo"
+    os.mkfifo(fifo)
+    monkeypatch.setenv(ray_auth.TOKEN_PATH_VAR, str(fifo))
+    found: list[str | None] = []
+    reader = threading.Thread(target=lambda: found.append(ray_auth.token_source()), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock the stuck open() so the thread ends with the test
+        with open(fifo, "wb"):
+            pass
+        pytest.fail("token_source() blocked on a FIFO")
+    assert found == [None]
