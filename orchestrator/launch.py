@@ -22,13 +22,15 @@ store is the truth; the job is only a driver, and a driver that dies is replaced
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import os
 import re
 import shlex
 import sysconfig
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -128,7 +130,8 @@ def connect(address: str) -> JobSubmissionClient:
     quiet_sdk_logs()  # after Ray's import, which sets its loggers up
 
     def attempt() -> JobSubmissionClient:
-        return JobSubmissionClient(url)  # asks the server for its version: reachable, and let in
+        with _explicit_address():  # asks the server for its version: reachable, and let in
+            return JobSubmissionClient(url)
 
     try:
         client = authenticated(url, attempt)
@@ -144,6 +147,23 @@ def connect(address: str) -> JobSubmissionClient:
     # partial dashboard): ask for a job that cannot exist now, before any run is recorded
     job_info(client, f"raysaga-probe-{uuid.uuid4().hex[:12]}")
     return client
+
+
+@contextlib.contextmanager
+def _explicit_address() -> Iterator[None]:
+    """Ray's SDK takes ``RAY_API_SERVER_ADDRESS``, else ``RAY_ADDRESS``, over the address it is
+    given: with a ``RAY_ADDRESS`` in the shell (another cluster's), ``launch --address URL`` asked
+    that cluster instead. The URL the command resolved (from ``--address`` or
+    ``RAY_API_SERVER_ADDRESS``) is the one asked; both are back once the client is made."""
+    saved = {name: os.environ.pop(name) for name in _ADDRESS_VARS if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+#: What Ray's job SDK reads an address from, over the one it is given.
+_ADDRESS_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 
 
 def not_a_job_api(url: str, exc: BaseException) -> UserError:

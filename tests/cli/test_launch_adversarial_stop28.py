@@ -24,6 +24,7 @@ import pytest
 
 from raysaga.state import SqlStore
 from tests.support.cli import invoke, one_line_error
+from tests.support.ports import refused_port
 
 FLOW = textwrap.dedent('''
     from raysaga import Workflow
@@ -109,6 +110,21 @@ def test_a_server_that_is_not_a_job_api_is_one_line_and_nothing_is_recorded(proj
             assert store.list_runs() == []
         finally:
             store.close()
+
+
+@pytest.mark.parametrize("server", ["jobs html"], indirect=True)
+@pytest.mark.parametrize("variable", ["RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"])
+def test_the_address_given_wins_over_a_ray_address_in_the_environment(project: Path, tmp_path: Path, server: str,
+                                                                       variable: str,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's job SDK takes RAY_ADDRESS (or RAY_API_SERVER_ADDRESS) over the address it is given:
+    with another cluster's address in the shell, ``launch --address URL`` asked that cluster (here
+    nobody: 'Failed to connect to Ray at address: http://127.0.0.1:8265') instead of URL."""
+    port = refused_port()
+    monkeypatch.setenv(variable, f"http://127.0.0.1:{port}" if variable != "RAY_ADDRESS" else f"127.0.0.1:{port}")
+    code, _, err = invoke("launch", "launchable_stop28_flow:wf", "--address", server, "--db",
+                          f"sqlite:///{tmp_path / 'raysaga.db'}")
+    one_line_error(code, err, f"the server at {server} does not answer as a Ray Job API")
 
 
 @pytest.mark.parametrize("server", ["submit answers html"], indirect=True)
