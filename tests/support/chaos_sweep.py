@@ -46,7 +46,6 @@ from tests.support.chaos_record import pending_rows as pending_rows
 from tests.support.chaos_record import planned_calls as planned_calls
 from tests.support.chaos_record import reachable as reachable
 from tests.support.chaos_record import reset_model as reset_model
-from tests.support.chaos_record import retries_started as retries_started
 from tests.support.chaos_record import returned_calls as returned_calls
 from tests.support.chaos_record import run_view as run_view
 from tests.support.chaos_record import turn_label as turn_label
@@ -222,7 +221,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         pending = {e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING}
         uncertain.update(pending)
         returned.update(returned_calls(golden, pending, log["raw"], ledger_at(snap)))
-        check_at_fault(golden, kill, snap, log, retries_started(store, snap))
+        check_at_fault(golden, kill, snap, log)
         # a commit may also have set the run resting for a decision (its approval now the only work),
         # or ended it (a node's outcome and the run's last transition in one commit)
         resting: tuple[RunStatus, ...] = (*RESTING, RunStatus.WAITING_HUMAN)
