@@ -52,21 +52,18 @@ random DAGs inline (``RAYSAGA_CHAOS_ENDING_DAGS``) and 10 on Ray (``RAYSAGA_CHAO
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, note, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from raysaga.state import EffectStatus
 from tests.support import chaos_flows, chaos_model
-from tests.support.chaos_gen import dag_specs, describe
-from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows, planned_calls
+from tests.support.chaos_dags import STATS, sweep_dag
+from tests.support.chaos_gen import dag_specs
+from tests.support.chaos_sweep import Kill
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
@@ -81,7 +78,6 @@ DAGS = int(os.environ.get("RAYSAGA_CHAOS_DAGS", "200" if FULL_SWEEP else "1"))
 RAY_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_DAGS", "20" if FULL_SWEEP else "1"))
 KILLS = int(os.environ.get("RAYSAGA_CHAOS_KILLS", "2"))
 MAX_STEPS = 50 if FULL_SWEEP else 20
-_counter = itertools.count()
 #: An agent (plain, effect and compensated tools) and an approved approval on one branch, an
 #: effect fan-out on the other, then an approval the harness rejects: the run rolls back.
 MIXED: dict[str, Any] = {"name": "chaos_mixed", "steps": [
@@ -183,15 +179,6 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
     # the flaky effect's failed first attempt; a gated effect's call sent, its outcome not durable
     "gated": (GATED, [(("before_commit", "s1@0.1"), "raise"), (("after_pending", "s2@0.0[1]"), "kill")]),
 }
-COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
-          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
-          "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
-          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests",
-          "lost_calls", "lost_keys")
-STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
-                                    for group in ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending")}
-
-
 @pytest.fixture(scope="module")
 def services() -> Iterator[FakeServices]:
     with FakeServices() as fake:
@@ -212,67 +199,6 @@ def report_counts() -> Iterator[None]:
     for executor, stats in STATS.items():
         if stats["dags"]:
             print(f"\nrandom kill sweep ({executor}): {stats}")
-
-
-def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, services: FakeServices,
-              model: MessagesServer, tmp_path_factory: pytest.TempPathFactory,
-              note: Callable[[str], None] = note, faults: list[tuple[Kill, str]] | None = None,
-              group: str | None = None) -> None:
-    """One example: the golden run of ``spec``, then ``kills`` faults drawn from ``seed`` (or
-    ``faults``: (point, label) and mode); ``note``: where the steps are told, a hypothesis note
-    or, outside a hypothesis test, ``print``; ``group``: whose counts (default: the executor's)."""
-    note(describe(spec))
-    note("SPEC " + json.dumps(spec, sort_keys=True))
-    folder = tmp_path_factory.mktemp(f"dag{next(_counter)}")
-    golden = golden_run(spec, folder, services, executor=executor, model=model)
-    note(f"golden: {golden.run['status']}, {len(golden.nodes)} nodes, {len(golden.ledger)} ledger rows, "
-         f"compensations {golden.undo_order}, {golden.rests} rests for a decision")
-    note("golden steps: " + " ".join(f"{label}={status}" for label, status in sorted(golden.nodes.items())
-                                     if "@" not in label and ":" not in label))
-    group = group or executor
-    stats = STATS[group]
-    count(stats, golden)
-    # the faults come from a drawn seed, not from draws that depend on the golden run's shape
-    rng = random.Random(seed)
-    if faults is None:
-        drawn = rng.sample(golden.reachable, min(kills, len(golden.reachable)))
-        faults = [(kill, rng.choice(["kill", "kill", "kill", "raise"])) for kill in drawn]
-    for i, (kill, mode) in enumerate(faults):
-        assert kill in golden.reachable, (kill, golden.reachable)
-        note(f"fault {i}: {kill} ({mode})")
-        case = folder / f"case{i}"
-        case.mkdir()
-        race = fault_case(golden, kill, mode, services, case, model=model, stats=stats)
-        note(f"fault {i}: nodes that raced the failure: {sorted(race)}")
-        stats["faults"] += 1
-        stats["raced"] += bool(race)
-        stats["kills" if mode == "kill" else "raises"] += 1
-    if FULL_SWEEP:  # a long sweep cut short still tells what it did
-        print(f"random kill sweep ({group}) so far: {stats}", flush=True)
-
-
-def count(stats: dict[str, int], golden: Golden) -> None:
-    steps = golden.spec["steps"]
-    stats["dags"] += 1
-    stats["rolled_back"] += golden.run["status"] == "compensated"
-    stats["agents"] += sum(s["kind"] == "agent" for s in steps)
-    stats["approvals"] += sum(s["kind"] == "approval" for s in steps)
-    items = {s["name"]: s.get("items", 0) for s in steps}
-    stats["rejected"] += sum(s.get("verdict") == "reject" for s in steps) + sum(
-        i < items[s["over"]] for s in steps if s["kind"] == "approval" and "over" in s for i in s["reject_items"])
-    stats["agent_fan_outs"] += sum(s["kind"] == "agent" and "over" in s for s in steps)
-    stats["approval_fan_outs"] += sum(s["kind"] == "approval" and "over" in s for s in steps)
-    stats["raising_calls"] += sum(t in chaos_flows.RAISING for s in steps for turn in s.get("turns", ()) for t in turn)
-    agents = [s for s in steps if s["kind"] == "agent"]
-    stats["ending_agents"] += sum("end" in s for s in agents)
-    stats["faulty_models"] += sum(bool(s.get("model_faults")) for s in agents)
-    stats["lost_keys"] += len(planned_calls(golden))
-    stats["lost_calls"] += sum(t in chaos_flows.LOST for s in agents for turn in s["turns"] for t in turn)
-    stats["flaky_calls"] += sum(t in ("lookup_flaky", "act_flaky") for s in agents for turn in s["turns"] for t in turn)
-    stats["gated_calls"] += sum(t == "act_gated" for s in agents for turn in s["turns"] for t in turn)
-    stats["rejected_calls"] += sum(len(s.get("reject_calls", ())) for s in agents)
-    stats["speculative_agents"] += sum(bool(s.get("speculative")) for s in agents)
-    stats["golden_abandoned"] += len(pending_rows(golden.nodes, golden.ledger, EffectStatus.ABANDONED))
 
 
 @pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep

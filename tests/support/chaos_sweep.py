@@ -240,6 +240,9 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
             lost.update(turn_label(r) for r in model_requests(model, golden.executor)
                         if turn_label(r) not in durable
                         and (r.kind == "ok" or chaos_model.fails_for_good(r.body or {})))
+            if stats is not None:  # turns the rule "no model re-roll" holds at this fault
+                stats["durable_turns"] = stats.get("durable_turns", 0) + sum(map(is_turn, durable))
+                stats["lost_turns"] = stats.get("lost_turns", 0) + len(lost)
         _, rests = settle(drivers, store, golden.spec, drivers.go(resumer, None))
         if stats is not None:
             stats["rests"] = stats.get("rests", 0) + rests
@@ -248,6 +251,12 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
     finally:
         drivers.stop()
         store.close()
+
+
+def is_turn(label: str) -> bool:
+    """A model turn's node label (``s2@1``, ``s1@0[1]``), not a tool call's (``s2@0.1``) nor a step's."""
+    _, at, rest = label.partition("@")
+    return bool(at) and "." not in rest.partition("[")[0] and ":" not in rest
 
 
 def describe(golden: Golden) -> str:
