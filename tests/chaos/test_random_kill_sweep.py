@@ -19,8 +19,9 @@ Most faults are SIGKILLs; one in four raises ``FaultInjected`` out of the driver
 inline executor: CI one drawn DAG of 5-20 steps, the same each time (derandomised), and ``MIXED``;
 ``RAYSAGA_FULL_SWEEP=1`` 200 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_DAGS`` and
 ``RAYSAGA_CHAOS_KILLS`` override the counts). The Ray executor (the session's local cluster):
-CI the fixed DAG ``RAY_MIXED`` (an agent with every kind of tool beside an effect fan-out, then
-a failure: a rollback) SIGKILLed once the model answered a turn, before the answer is durable;
+the fixed DAG ``RAY_MIXED`` (an agent with every kind of tool beside an effect fan-out, then
+a failure: a rollback) SIGKILLed once the model answered a turn, before the answer is durable
+(full sweep only since the seventh pass: CI runs that kill on Ray in ``test_ray_agent_sweep.py``);
 full 20 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_RAY_DAGS``). The inline sweep has the fixed
 DAG ``MIXED`` (an agent, two approvals, one rejected, a rollback) as an explicit example, so CI
 always has agents, approvals and a rollback whatever the generator draws. A failing example prints
@@ -33,7 +34,7 @@ raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fa
 and ``act_lost``, an effect failing transiently *after* its call took effect (its reply lost: the
 retry re-sends the key, the provider dedupes; the oracle's allowance for that planned call is
 ``chaos_record.planned_calls``). CI runs its fixed DAG ``FANNED`` (one of each, then a rejected
-item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``) on Ray,
+item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``, no approval) on Ray,
 killed once after the lost reply, before its failure is durable; ``RAYSAGA_FULL_SWEEP=1`` adds 50
 random DAGs of 5-50 steps inline (``RAYSAGA_CHAOS_FANNED_DAGS``) and 10 on Ray
 (``RAYSAGA_CHAOS_RAY_FANNED_DAGS``).
@@ -67,6 +68,7 @@ from tests.support.chaos_sweep import Kill
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
+from tests.support.sweep import full_sweep_only
 
 # The agents' API key, for the driver processes and for the Ray workers, which read it from the
 # raylet's environment: the session's Ray head starts after collection, inheriting this.
@@ -114,15 +116,19 @@ RAY_FANNED_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_FANNED_DAGS", "10" if FU
 #: The second generator's shapes on Ray, kept small for CI: an agent per element of a plan calling
 #: a tool that raises and the tool whose first reply is lost (``act_lost``: the call took effect,
 #: then the tool raised; its retry re-sends the key), beside a compensated effect; an agent whose
-#: effect tool fails for good; then an approval per element whose item 1 the harness rejects: the
-#: run rolls back (the agents' ``act_undone`` calls and the compensated step; ``act_lost`` has no undo).
+#: effect tool fails for good; then a step failing for good: the run rolls back (the agents'
+#: ``act_undone`` calls and the compensated step; ``act_lost`` has no undo). Until stop 28 the
+#: failure was an approval fan-out with item 1 rejected, which cost a rest, so two Ray drivers more
+#: per case: an approval's decision is the driver's whatever the executor, and CI has approval
+#: fan-outs with a rejected item inline (``FANNED``) and an approval resting on Ray
+#: (``tests/fleet/test_worker.py::test_an_approval_holds_nothing_and_a_worker_completes_it``).
 RAY_FANNED: dict[str, Any] = {"name": "chaos_ray_fanned", "steps": [
     {"name": "s0", "kind": "plan", "deps": [], "items": 2},
     {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
      "turns": [["broken", "act_lost"], ["act_undone"]]},
     {"name": "s2", "kind": "step", "deps": ["s0"], "effect": True, "compensate": True},
     {"name": "s3", "kind": "agent", "deps": ["s2"], "turns": [["act_broken", "act"]]},
-    {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [1]},
+    {"name": "s4", "kind": "step", "deps": ["s1", "s3"], "fate": "fail"},
 ]}
 #: Killed once item 0's ``act_lost`` call took effect and raised, before that failure is durable:
 #: the resume's call is its planned retry (the same key, deduped), not a repeat.
@@ -266,11 +272,16 @@ def test_random_ending_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str
 
 
 @pytest.mark.ray
+@full_sweep_only("CI runs tests/chaos/test_ray_agent_sweep.py::test_agents_on_ray_killed_with_a_turn_answered_"
+                 "end_as_golden: the same kill on Ray, in a DAG holding RAY_MIXED's shapes")
 def test_a_mixed_dag_on_ray_faulted_ends_as_golden(ray_address: str, services: FakeServices, model: MessagesServer,
                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
-    """CI's Ray case: ``RAY_MIXED`` on the Ray executor (drivers join the session's local cluster;
-    steps, model calls and tool calls run there, so a fault may leave some in flight), killed
-    with turn 1's answer in hand: the resume asks that turn again, and nothing else."""
+    """``RAY_MIXED`` on the Ray executor (drivers join the session's local cluster; steps, model
+    calls and tool calls run there, so a fault may leave some in flight), killed with turn 1's
+    answer in hand: the resume asks that turn again, and nothing else. Full sweep only since the
+    seventh pass: CI's case of this kill on Ray is ``test_ray_agent_sweep.py``'s ``RAY_AGENTS``, which
+    holds every shape of ``RAY_MIXED`` (an agent with an undone effect, a compensated effect, an
+    effect fan-out, a failure rolling them back) and more agents."""
     sweep_dag(RAY_MIXED, MIXED_SEED, 1, "ray", services, model, tmp_path_factory, note=print, faults=[RAY_CI_FAULT])
     assert STATS["ray"]["model_requests"] > 0 and STATS["ray"]["rolled_back"] == 1, STATS["ray"]
 

@@ -11,8 +11,9 @@ Ray workers the SIGKILL takes down with their driver. Each case is checked by th
 request asked again once its turn's answer was durable at the fault, each agent the golden
 requests.
 
-CI: the fixed DAG ``RAY_AGENTS`` killed once (``RAY_AGENTS_FAULT``); ``RAYSAGA_FULL_SWEEP=1``: 10
-random DAGs x 2 faults (``RAYSAGA_CHAOS_RAY_AGENT_DAGS``, ``RAYSAGA_CHAOS_KILLS``).
+CI: the fixed DAG ``RAY_AGENTS`` killed once (``RAY_AGENTS_FAULT``; it also holds the shapes of
+``test_random_kill_sweep.py``'s ``RAY_MIXED``, whose Ray case now runs in the full sweep only);
+``RAYSAGA_FULL_SWEEP=1``: 10 random DAGs x 2 faults (``RAYSAGA_CHAOS_RAY_AGENT_DAGS``, ``RAYSAGA_CHAOS_KILLS``).
 """
 
 from __future__ import annotations
@@ -43,16 +44,20 @@ LONG = 4 * 3600  # seconds: a full sweep's own time limit
 SEED = 29
 #: Three sub-agents at once, each with two tool turns before its answer: an agent per element of
 #: a plan (a lookup and an effect, then the lost reply and an undone effect), and an agent calling
-#: an undone effect and a tool that raises, then an effect; a compensated effect step after it, and
-#: one more agent after that. The run completes: with no failure, no node races one, so on Ray
-#: too each agent must be asked exactly the golden requests and the run use the golden tokens.
+#: an undone effect and a tool that raises, then an effect; a compensated effect step after it and a
+#: compensated effect fan-out beside them (``RAY_MIXED``'s shapes, whose CI case this one replaces);
+#: then a step failing for good that waits for every other node: the run rolls back what the agents
+#: and steps did, with no node racing the failure, so on Ray too each agent must be asked exactly
+#: the golden requests and the run use the golden tokens.
 RAY_AGENTS: dict[str, Any] = {"name": "chaos_ray_agents", "steps": [
     {"name": "s0", "kind": "plan", "deps": [], "items": 2},
     {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
      "turns": [["lookup", "act"], ["act_lost", "act_undone"]]},
     {"name": "s2", "kind": "agent", "deps": [], "turns": [["act_undone", "broken"], ["act"]]},
     {"name": "s3", "kind": "step", "deps": ["s2"], "effect": True, "compensate": True},
-    {"name": "s4", "kind": "agent", "deps": ["s1", "s3"], "turns": [["act"], ["lookup"]]},
+    {"name": "s4", "kind": "map", "over": "s0", "deps": ["s0"], "effect": True, "compensate": True,
+     "fail_items": [], "policy": {"kind": "all"}},
+    {"name": "s5", "kind": "step", "deps": ["s1", "s3", "s4"], "fate": "fail"},
 ]}
 #: Killed with ``s2``'s turn 1 answered, not yet durable, while the fan-out's agents run: the
 #: resume asks that turn again (once), and never turn 0, durable before any of its tools ran.
@@ -93,7 +98,7 @@ def test_agents_on_ray_killed_with_a_turn_answered_end_as_golden(
     sweep_dag(RAY_AGENTS, SEED, 1, "ray", services, model, tmp_path_factory, note=print,
               faults=[RAY_AGENTS_FAULT], group="ray_agents")
     got = {k: v - before.get(k, 0) for k, v in STATS["ray_agents"].items()}
-    assert got["faults"] == 1 and got["missed"] == 0 and got["rolled_back"] == 0, got
+    assert got["faults"] == 1 and got["missed"] == 0 and got["rolled_back"] == 1 and got["raced"] == 0, got
     assert got["durable_turns"] >= 1 and got["lost_turns"] >= 1 and got["model_requests"] >= 2 * 4, got
 
 
