@@ -34,7 +34,7 @@ raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fa
 and ``act_lost``, an effect failing transiently *after* its call took effect (its reply lost: the
 retry re-sends the key, the provider dedupes; the oracle's allowance for that planned call is
 ``chaos_record.planned_calls``). CI runs its fixed DAG ``FANNED`` (one of each, then a rejected
-item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``, no approval) on Ray,
+item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``) on Ray,
 killed once after the lost reply, before its failure is durable; ``RAYSAGA_FULL_SWEEP=1`` adds 50
 random DAGs of 5-50 steps inline (``RAYSAGA_CHAOS_FANNED_DAGS``) and 10 on Ray
 (``RAYSAGA_CHAOS_RAY_FANNED_DAGS``).
@@ -116,19 +116,15 @@ RAY_FANNED_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_FANNED_DAGS", "10" if FU
 #: The second generator's shapes on Ray, kept small for CI: an agent per element of a plan calling
 #: a tool that raises and the tool whose first reply is lost (``act_lost``: the call took effect,
 #: then the tool raised; its retry re-sends the key), beside a compensated effect; an agent whose
-#: effect tool fails for good; then a step failing for good: the run rolls back (the agents'
-#: ``act_undone`` calls and the compensated step; ``act_lost`` has no undo). Until stop 28 the
-#: failure was an approval fan-out with item 1 rejected, which cost a rest, so two Ray drivers more
-#: per case: an approval's decision is the driver's whatever the executor, and CI has approval
-#: fan-outs with a rejected item inline (``FANNED``) and an approval resting on Ray
-#: (``tests/fleet/test_worker.py::test_an_approval_holds_nothing_and_a_worker_completes_it``).
+#: effect tool fails for good; then an approval per element whose item 1 the harness rejects: the
+#: run rolls back (the agents' ``act_undone`` calls and the compensated step; ``act_lost`` has no undo).
 RAY_FANNED: dict[str, Any] = {"name": "chaos_ray_fanned", "steps": [
     {"name": "s0", "kind": "plan", "deps": [], "items": 2},
     {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
      "turns": [["broken", "act_lost"], ["act_undone"]]},
     {"name": "s2", "kind": "step", "deps": ["s0"], "effect": True, "compensate": True},
     {"name": "s3", "kind": "agent", "deps": ["s2"], "turns": [["act_broken", "act"]]},
-    {"name": "s4", "kind": "step", "deps": ["s1", "s3"], "fate": "fail"},
+    {"name": "s4", "kind": "approval", "over": "s0", "deps": ["s0", "s1", "s3"], "reject_items": [1]},
 ]}
 #: Killed once item 0's ``act_lost`` call took effect and raised, before that failure is durable:
 #: the resume's call is its planned retry (the same key, deduped), not a repeat.
