@@ -27,7 +27,7 @@ from raysaga.orchestrator import agent_io, crash_loop, tracing, versions
 from raysaga.orchestrator.blob_parking import parking
 from raysaga.orchestrator.commit_pacing import CommitPacer
 from raysaga.orchestrator.executor import Executor, Handle
-from raysaga.orchestrator.faults import Faults
+from raysaga.orchestrator.faults import Faults, commit_labels
 from raysaga.orchestrator.gc_pacing import paced_gc
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.in_flight import InFlight
@@ -477,11 +477,8 @@ class Driver:
             batch = mine
         if batch.empty():
             return None
-        # Crash points before/after_commit name the nodes whose *outcome* this batch makes durable:
-        # not a 'running' row (an effect's pending write), else `before_commit:<effect>` fired
-        # before the call, and the window "call returned, result not durable" went untested.
-        labels = [node_label(n.node_id, n.fan_index) for n in batch.node_writes()
-                  if n.status != NodeStatus.RUNNING] if self.faults.active else []
+        # Crash points before/after_commit name the nodes whose state after this batch is an outcome
+        labels = commit_labels(batch.node_writes()) if self.faults.active else []
         if batch.run is not None and batch.run.status in _TRANSITIONS:
             self.faults.hit("before_transition", ["*"])
         self.faults.hit("before_commit", labels)

@@ -23,7 +23,8 @@ A rule may name what happens instead of the SIGKILL, after ``=``::
 A ``raise``, ``stall`` or ``drop`` rule fires once per ``Faults`` (one per driver), at its first match;
 a later pass through the point goes on unharmed. Labels are node labels (``charge``,
 ``work[3]``, ``charge:compensate``) or ``*`` for any; ``before_transition``'s label is ``*``.
-With the variable unset this costs one attribute check.
+``before_commit`` and ``after_commit`` name the nodes whose state after the commit is an outcome
+(``commit_labels``). With the variable unset this costs one attribute check.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import time
 from collections.abc import Iterable
 
 from raysaga.errors import StoreUnavailableError
+from raysaga.state import NodeStatus, NodeWrite, node_label
 
 ENV = "RAYSAGA_FAULTS"
 POINTS = frozenset({"before_pending", "after_pending", "before_commit", "after_commit", "before_transition"})
@@ -82,6 +84,22 @@ def _parse_action(action: str) -> tuple[str, float]:
             return mode, seconds
         raise ValueError(f"{ENV}: {action!r}: stall takes seconds >= 0, e.g. stall:2")
     raise ValueError(f"{ENV}: unknown action {action!r}; use kill, raise, drop[:P] or stall:SECONDS")
+
+
+def commit_labels(writes: Iterable[NodeWrite]) -> list[str]:
+    """The labels ``before_commit`` / ``after_commit`` name for a batch's node writes (in the
+    order the store applies them): the nodes whose **last** write is not ``running``, i.e. whose
+    state after the commit is an outcome. Not a node whose only write is ``running`` (an effect's
+    pending write: ``before_commit`` would fire before its call, and the window "call returned,
+    result not durable" would go untested); nor one whose failed attempt and the start of its
+    retry (due at once) share a batch, as they may on Ray: after that commit the node runs again,
+    and a fault named for it would promise an outcome the store does not hold."""
+    last: dict[str, NodeStatus] = {}
+    for write in writes:
+        label = node_label(write.node_id, write.fan_index)
+        last.pop(label, None)  # (re-inserted: the order is that of each node's last write)
+        last[label] = write.status
+    return [label for label, status in last.items() if status != NodeStatus.RUNNING]
 
 
 class Faults:

@@ -19,8 +19,9 @@ Most faults are SIGKILLs; one in four raises ``FaultInjected`` out of the driver
 inline executor: CI one drawn DAG of 5-20 steps, the same each time (derandomised), and ``MIXED``;
 ``RAYSAGA_FULL_SWEEP=1`` 200 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_DAGS`` and
 ``RAYSAGA_CHAOS_KILLS`` override the counts). The Ray executor (the session's local cluster):
-CI the fixed DAG ``RAY_MIXED`` (an agent with every kind of tool beside an effect fan-out, then
-a failure: a rollback) SIGKILLed once the model answered a turn, before the answer is durable;
+the fixed DAG ``RAY_MIXED`` (an agent with every kind of tool beside an effect fan-out, then
+a failure: a rollback) SIGKILLed once the model answered a turn, before the answer is durable
+(full sweep only since the seventh pass: CI runs that kill on Ray in ``test_ray_agent_sweep.py``);
 full 20 random DAGs of 5-50 steps (``RAYSAGA_CHAOS_RAY_DAGS``). The inline sweep has the fixed
 DAG ``MIXED`` (an agent, two approvals, one rejected, a rollback) as an explicit example, so CI
 always has agents, approvals and a rollback whatever the generator draws. A failing example prints
@@ -52,24 +53,22 @@ random DAGs inline (``RAYSAGA_CHAOS_ENDING_DAGS``) and 10 on Ray (``RAYSAGA_CHAO
 
 from __future__ import annotations
 
-import itertools
-import json
 import os
-import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, example, given, note, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from raysaga.state import EffectStatus
 from tests.support import chaos_flows, chaos_model
-from tests.support.chaos_gen import dag_specs, describe
-from tests.support.chaos_sweep import Golden, Kill, fault_case, golden_run, pending_rows, planned_calls
+from tests.support.chaos_dags import STATS, sweep_dag
+from tests.support.chaos_gen import dag_specs
+from tests.support.chaos_sweep import Kill
 from tests.support.kill_sweep import FULL_SWEEP
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
+from tests.support.sweep import full_sweep_only
 
 # The agents' API key, for the driver processes and for the Ray workers, which read it from the
 # raylet's environment: the session's Ray head starts after collection, inheriting this.
@@ -81,7 +80,6 @@ DAGS = int(os.environ.get("RAYSAGA_CHAOS_DAGS", "200" if FULL_SWEEP else "1"))
 RAY_DAGS = int(os.environ.get("RAYSAGA_CHAOS_RAY_DAGS", "20" if FULL_SWEEP else "1"))
 KILLS = int(os.environ.get("RAYSAGA_CHAOS_KILLS", "2"))
 MAX_STEPS = 50 if FULL_SWEEP else 20
-_counter = itertools.count()
 #: An agent (plain, effect and compensated tools) and an approved approval on one branch, an
 #: effect fan-out on the other, then an approval the harness rejects: the run rolls back.
 MIXED: dict[str, Any] = {"name": "chaos_mixed", "steps": [
@@ -183,15 +181,6 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
     # the flaky effect's failed first attempt; a gated effect's call sent, its outcome not durable
     "gated": (GATED, [(("before_commit", "s1@0.1"), "raise"), (("after_pending", "s2@0.0[1]"), "kill")]),
 }
-COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents", "approvals", "rejected",
-          "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
-          "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
-          "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "speculative_agents", "cut_requests",
-          "lost_calls", "lost_keys")
-STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0)
-                                    for group in ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending")}
-
-
 @pytest.fixture(scope="module")
 def services() -> Iterator[FakeServices]:
     with FakeServices() as fake:
@@ -212,67 +201,6 @@ def report_counts() -> Iterator[None]:
     for executor, stats in STATS.items():
         if stats["dags"]:
             print(f"\nrandom kill sweep ({executor}): {stats}")
-
-
-def sweep_dag(spec: dict[str, Any], seed: int, kills: int, executor: str, services: FakeServices,
-              model: MessagesServer, tmp_path_factory: pytest.TempPathFactory,
-              note: Callable[[str], None] = note, faults: list[tuple[Kill, str]] | None = None,
-              group: str | None = None) -> None:
-    """One example: the golden run of ``spec``, then ``kills`` faults drawn from ``seed`` (or
-    ``faults``: (point, label) and mode); ``note``: where the steps are told, a hypothesis note
-    or, outside a hypothesis test, ``print``; ``group``: whose counts (default: the executor's)."""
-    note(describe(spec))
-    note("SPEC " + json.dumps(spec, sort_keys=True))
-    folder = tmp_path_factory.mktemp(f"dag{next(_counter)}")
-    golden = golden_run(spec, folder, services, executor=executor, model=model)
-    note(f"golden: {golden.run['status']}, {len(golden.nodes)} nodes, {len(golden.ledger)} ledger rows, "
-         f"compensations {golden.undo_order}, {golden.rests} rests for a decision")
-    note("golden steps: " + " ".join(f"{label}={status}" for label, status in sorted(golden.nodes.items())
-                                     if "@" not in label and ":" not in label))
-    group = group or executor
-    stats = STATS[group]
-    count(stats, golden)
-    # the faults come from a drawn seed, not from draws that depend on the golden run's shape
-    rng = random.Random(seed)
-    if faults is None:
-        drawn = rng.sample(golden.reachable, min(kills, len(golden.reachable)))
-        faults = [(kill, rng.choice(["kill", "kill", "kill", "raise"])) for kill in drawn]
-    for i, (kill, mode) in enumerate(faults):
-        assert kill in golden.reachable, (kill, golden.reachable)
-        note(f"fault {i}: {kill} ({mode})")
-        case = folder / f"case{i}"
-        case.mkdir()
-        race = fault_case(golden, kill, mode, services, case, model=model, stats=stats)
-        note(f"fault {i}: nodes that raced the failure: {sorted(race)}")
-        stats["faults"] += 1
-        stats["raced"] += bool(race)
-        stats["kills" if mode == "kill" else "raises"] += 1
-    if FULL_SWEEP:  # a long sweep cut short still tells what it did
-        print(f"random kill sweep ({group}) so far: {stats}", flush=True)
-
-
-def count(stats: dict[str, int], golden: Golden) -> None:
-    steps = golden.spec["steps"]
-    stats["dags"] += 1
-    stats["rolled_back"] += golden.run["status"] == "compensated"
-    stats["agents"] += sum(s["kind"] == "agent" for s in steps)
-    stats["approvals"] += sum(s["kind"] == "approval" for s in steps)
-    items = {s["name"]: s.get("items", 0) for s in steps}
-    stats["rejected"] += sum(s.get("verdict") == "reject" for s in steps) + sum(
-        i < items[s["over"]] for s in steps if s["kind"] == "approval" and "over" in s for i in s["reject_items"])
-    stats["agent_fan_outs"] += sum(s["kind"] == "agent" and "over" in s for s in steps)
-    stats["approval_fan_outs"] += sum(s["kind"] == "approval" and "over" in s for s in steps)
-    stats["raising_calls"] += sum(t in chaos_flows.RAISING for s in steps for turn in s.get("turns", ()) for t in turn)
-    agents = [s for s in steps if s["kind"] == "agent"]
-    stats["ending_agents"] += sum("end" in s for s in agents)
-    stats["faulty_models"] += sum(bool(s.get("model_faults")) for s in agents)
-    stats["lost_keys"] += len(planned_calls(golden))
-    stats["lost_calls"] += sum(t in chaos_flows.LOST for s in agents for turn in s["turns"] for t in turn)
-    stats["flaky_calls"] += sum(t in ("lookup_flaky", "act_flaky") for s in agents for turn in s["turns"] for t in turn)
-    stats["gated_calls"] += sum(t == "act_gated" for s in agents for turn in s["turns"] for t in turn)
-    stats["rejected_calls"] += sum(len(s.get("reject_calls", ())) for s in agents)
-    stats["speculative_agents"] += sum(bool(s.get("speculative")) for s in agents)
-    stats["golden_abandoned"] += len(pending_rows(golden.nodes, golden.ledger, EffectStatus.ABANDONED))
 
 
 @pytest.mark.timeout(LONG if FULL_SWEEP else 300)  # the suite-wide 300 s stops a full sweep
@@ -340,11 +268,16 @@ def test_random_ending_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str
 
 
 @pytest.mark.ray
+@full_sweep_only("CI runs tests/chaos/test_ray_agent_sweep.py::test_agents_on_ray_killed_with_a_turn_answered_"
+                 "end_as_golden: the same kill on Ray, in a DAG holding RAY_MIXED's shapes")
 def test_a_mixed_dag_on_ray_faulted_ends_as_golden(ray_address: str, services: FakeServices, model: MessagesServer,
                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
-    """CI's Ray case: ``RAY_MIXED`` on the Ray executor (drivers join the session's local cluster;
-    steps, model calls and tool calls run there, so a fault may leave some in flight), killed
-    with turn 1's answer in hand: the resume asks that turn again, and nothing else."""
+    """``RAY_MIXED`` on the Ray executor (drivers join the session's local cluster; steps, model
+    calls and tool calls run there, so a fault may leave some in flight), killed with turn 1's
+    answer in hand: the resume asks that turn again, and nothing else. Full sweep only since the
+    seventh pass: CI's case of this kill on Ray is ``test_ray_agent_sweep.py``'s ``RAY_AGENTS``, which
+    holds every shape of ``RAY_MIXED`` (an agent with an undone effect, a compensated effect, an
+    effect fan-out, a failure rolling them back) and more agents."""
     sweep_dag(RAY_MIXED, MIXED_SEED, 1, "ray", services, model, tmp_path_factory, note=print, faults=[RAY_CI_FAULT])
     assert STATS["ray"]["model_requests"] > 0 and STATS["ray"]["rolled_back"] == 1, STATS["ray"]
 

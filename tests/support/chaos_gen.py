@@ -34,6 +34,15 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
   ``reject_calls`` rejected by the harness); a third of the agents are ``speculative``. Off,
   no draw of this list is made.
 
+``agent_dag_specs(min_steps, max_steps)`` (the Ray agent sweep, ``tests/chaos/test_ray_agent_sweep.py``)
+draws DAGs weighted to agents, so that a fault on Ray finds model calls in flight and answered
+turns not yet durable: two in three nodes are agents (about half of them fanned out over a
+plan), each of 2-3 tool turns drawn from ``AGENT_TOOLS`` (effects twice as likely as a lookup,
+``act_lost`` twice as likely as one tool that raises), beside plain and effect steps, plans, and
+maps whose items fail only under a partial policy; no approvals (each costs a Ray driver) and no
+failure before the end: a third of the DAGs end with a step failing for good that waits for every
+other node (the rollback undoes what the agents did, none of them cut off by it).
+
 Plans never fail and are always critical, so a map always fans out over a list. An effect never
 takes a partial fan-out's result (a ``FanOutResult``) as an input: its failures carry attempt
 counts, which a crash before the fan-out settles may raise (a killed attempt counts), and the
@@ -184,3 +193,57 @@ def describe(spec: dict[str, Any]) -> str:
             flags.append(s["verdict"] if "verdict" in s else f"reject_items={s['reject_items']}")
         lines.append(f"{s['name']} {s['kind']} <- {','.join(s['deps']) or '-'} {' '.join(flags)}")
     return "\n".join(lines)
+
+
+#: The Ray agent sweep's tools: effects (``act``, ``act_undone``) twice as likely as ``lookup``, the
+#: lost reply twice as likely as one tool that raises.
+AGENT_TOOLS = ("lookup", "act", "act", "act_undone", "act_undone", *RAISING, *LOST, *LOST)
+
+
+@st.composite
+def agent_dag_specs(draw: st.DrawFn, min_steps: int = 4, max_steps: int = 12) -> dict[str, Any]:
+    """A DAG weighted to agents (see the module's docstring): ``min_steps``-``max_steps`` nodes, then
+    perhaps the failing step that waits for them all."""
+    n = draw(st.integers(min_steps, max_steps), label="steps")
+    steps: list[dict[str, Any]] = []
+    plans: list[str] = []
+    partial: set[str] = set()
+    for i in range(n):
+        name = f"s{i}"
+        earlier = [s["name"] for s in steps]
+        kind = draw(st.sampled_from(["agent"] * 4 + ["step", "plan"] + (["map"] if plans else [])), label="kind")
+        extra = draw(st.lists(st.sampled_from(earlier), max_size=2, unique=True)) if earlier else []
+        step: dict[str, Any] = {"name": name, "kind": kind, "deps": extra}
+        if kind == "plan":
+            step["items"] = draw(st.integers(1, 3))
+            plans.append(name)
+        elif kind == "agent":
+            over = draw(st.sampled_from([None, *plans]), label="over") if plans else None
+            if over is not None:
+                step["over"] = over
+                step["deps"] = [over, *(d for d in extra if d != over)]
+                step["policy"] = draw(policies(), label="policy")
+            step["turns"] = draw(st.lists(st.lists(st.sampled_from(AGENT_TOOLS), min_size=1, max_size=2),
+                                          min_size=2, max_size=MAX_TURNS), label="turns")
+            if step.get("policy", {}).get("kind", "all") != "all":
+                partial.add(name)
+        else:
+            if kind == "map":
+                step["over"] = draw(st.sampled_from(plans))
+                step["deps"] = [step["over"], *(d for d in extra if d != step["over"])]
+                step["policy"] = draw(policies())
+                partial_policy = step["policy"]["kind"] != "all"
+                step["fail_items"] = draw(st.lists(st.integers(0, MAX_ITEMS - 1), max_size=1)) if partial_policy else []
+                if partial_policy:
+                    partial.add(name)
+            step["effect"] = draw(st.booleans())
+            step["compensate"] = draw(st.sampled_from([False, False, True]))
+            if step["effect"] or step["compensate"]:  # no partial fan-out result in a key (module docstring)
+                step["deps"] = [d for d in step["deps"] if d not in partial or d == step.get("over")]
+            step["fate"] = draw(st.sampled_from(["ok"] * 7 + ["flaky"]))
+        steps.append(step)
+    if draw(st.sampled_from([False, False, True]), label="rollback"):
+        waited = {d for s in steps for d in s["deps"]}
+        steps.append({"name": f"s{n}", "kind": "step", "fate": "fail",
+                      "deps": [s["name"] for s in steps if s["name"] not in waited]})
+    return {"name": f"chaos_{digest(steps)[:10]}", "steps": steps}

@@ -125,15 +125,6 @@ def completions(store: SqlStore, run_id: str = RUN_ID) -> list[str]:
     return labels
 
 
-def retries_started(store: SqlStore, snap: Any, run_id: str = RUN_ID) -> set[str]:
-    """Labels whose row in ``snap`` runs a retry: ``running`` at attempt n > 1 with attempt n - 1's
-    failure durable (its ``retry_scheduled`` event in the store)."""
-    attempts = {n.label: n.attempt for n in snap.nodes if n.status == NodeStatus.RUNNING and n.attempt > 1}
-    scheduled = {(node_label(e.node_id, e.fan_index), e.data.get("attempt")) for e in store.events(run_id)
-                 if e.kind == "retry_scheduled" and isinstance(e.data, dict)}
-    return {label for label, attempt in attempts.items() if (label, attempt - 1) in scheduled}
-
-
 def node_label(node_id: str | None, fan_index: int | None) -> str:
     return str(node_id) if fan_index is None or fan_index < 0 else f"{node_id}[{fan_index}]"
 

@@ -46,7 +46,6 @@ from tests.support.chaos_record import pending_rows as pending_rows
 from tests.support.chaos_record import planned_calls as planned_calls
 from tests.support.chaos_record import reachable as reachable
 from tests.support.chaos_record import reset_model as reset_model
-from tests.support.chaos_record import retries_started as retries_started
 from tests.support.chaos_record import returned_calls as returned_calls
 from tests.support.chaos_record import run_view as run_view
 from tests.support.chaos_record import turn_label as turn_label
@@ -222,7 +221,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         pending = {e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING}
         uncertain.update(pending)
         returned.update(returned_calls(golden, pending, log["raw"], ledger_at(snap)))
-        check_at_fault(golden, kill, snap, log, retries_started(store, snap))
+        check_at_fault(golden, kill, snap, log)
         # a commit may also have set the run resting for a decision (its approval now the only work),
         # or ended it (a node's outcome and the run's last transition in one commit)
         resting: tuple[RunStatus, ...] = (*RESTING, RunStatus.WAITING_HUMAN)
@@ -241,6 +240,9 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
             lost.update(turn_label(r) for r in model_requests(model, golden.executor)
                         if turn_label(r) not in durable
                         and (r.kind == "ok" or chaos_model.fails_for_good(r.body or {})))
+            if stats is not None:  # turns the rule "no model re-roll" holds at this fault
+                stats["durable_turns"] = stats.get("durable_turns", 0) + sum(map(is_turn, durable))
+                stats["lost_turns"] = stats.get("lost_turns", 0) + len(lost)
         _, rests = settle(drivers, store, golden.spec, drivers.go(resumer, None))
         if stats is not None:
             stats["rests"] = stats.get("rests", 0) + rests
@@ -249,6 +251,12 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
     finally:
         drivers.stop()
         store.close()
+
+
+def is_turn(label: str) -> bool:
+    """A model turn's node label (``s2@1``, ``s1@0[1]``), not a tool call's (``s2@0.1``) nor a step's."""
+    _, at, rest = label.partition("@")
+    return bool(at) and "." not in rest.partition("[")[0] and ":" not in rest
 
 
 def describe(golden: Golden) -> str:
