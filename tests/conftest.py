@@ -156,7 +156,7 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def _kill_processes_mentioning(marker: str) -> None:
     """SIGKILL every process whose command line contains ``marker`` (our Ray head's temp dir)."""
-    for pid in pids_mentioning(marker):
+    for pid in pids_mentioning(marker, open_files=True):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
 

@@ -115,7 +115,7 @@ def test_a_resume_that_starts_a_local_ray_completes(tmp_path: Path) -> None:
         assert store.get_run("rs-1").status == RunStatus.COMPLETED
     finally:
         store.close()
-        for pid in pids_mentioning(str(ray_tmp)):  # the local Ray it started, if any outlived it
+        for pid in pids_mentioning(str(ray_tmp), open_files=True):  # the local Ray it started, if any outlived it
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(ray_tmp, ignore_errors=True)

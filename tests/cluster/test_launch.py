@@ -111,7 +111,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield Cluster(f"127.0.0.1:{gcs_port}", f"http://127.0.0.1:{dashboard_port}", token_file, temp_dir)
     finally:
         for folder in (temp_dir, node_dir):  # every process of a node names its folder
-            for pid in pids_mentioning(str(folder)):
+            for pid in pids_mentioning(str(folder), open_files=True):
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             shutil.rmtree(folder, ignore_errors=True)
