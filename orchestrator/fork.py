@@ -167,9 +167,14 @@ def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, par
     is unknown in the parent (ledger ``pending`` or ``abandoned``: the call may have happened; a
     cancel mid-charge, say). The fork's keys are its own, so the provider could not dedupe it: the
     card would be charged twice. Forking from that node (or before it) re-runs it on purpose."""
-    again = {at.step, *nx.descendants(wf.graph, at.step)}  # re-run by the fork's own choice
+    below = set(nx.descendants(wf.graph, at.step))  # re-run by the fork's own choice, with ``at``:
+
+    def chosen(e: EffectRecord) -> bool:  # the step, or (forked from an item) that item only
+        step = NodeKey.parse(e.node_id, e.fan_index).step
+        return step in below or (step == at.step and (at.fan_index < 0 or e.fan_index == at.fan_index))
+
     doubtful = [e for e in effects if e.status in (EffectStatus.PENDING, EffectStatus.ABANDONED)
-                and not is_compensation(e.node_id) and NodeKey.parse(e.node_id, e.fan_index).step not in again]
+                and not is_compensation(e.node_id) and not chosen(e)]
     if not doubtful:
         return
     shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"

@@ -17,7 +17,8 @@ import pytest
 import raysaga
 from raysaga import StepContext, Workflow
 from raysaga.errors import ForkError
-from raysaga.state import EffectStatus, RunStatus, SqlStore
+from raysaga.orchestrator.fork import _refuse_in_doubt, parse_node
+from raysaga.state import EffectRecord, EffectStatus, RunStatus, SqlStore
 from raysaga.testing import CrashAt, FakeProvider, SimulatedCrash, drive_inline
 
 PROVIDER = FakeProvider()
@@ -70,3 +71,31 @@ def test_forking_from_the_effect_itself_runs_it_again_on_purpose(store_url: str)
     done = raysaga.fork(wf, parent, from_node="pay", store=store_url, executor="inline")
     assert done.status == RunStatus.COMPLETED
     assert len(PROVIDER.effects("charge")) == charges + 1  # the operator's choice, under the fork's key
+
+
+def _ledger(node_id: str, fan_index: int, status: EffectStatus) -> EffectRecord:
+    return EffectRecord(idempotency_key=f"k-{node_id}-{fan_index}", run_id="p", node_id=node_id, fan_index=fan_index,
+                        effect_name=node_id, args_digest="d", status=status, created_at=0.0, updated_at=0.0)
+
+
+def test_forked_from_an_item_only_that_item_is_run_again_by_choice() -> None:
+    """A fork from ``charge[3]`` re-runs item 3 by choice; item 5, whose charge is in doubt, would
+    be run again too (it never completed), under the fork's key: refused. From ``charge`` (every
+    item) or from a step before it, nothing is refused."""
+    wf = Workflow("stop28_doubt_items")
+
+    @wf.step()
+    def plan() -> list[int]:
+        return list(range(6))
+
+    @wf.step(effect=True, map_over="plan")
+    def charge(plan: int) -> int:
+        return plan
+
+    parent = raysaga.RunRecord.model_construct(run_id="p", status=RunStatus.CANCELLED)
+    doubt = [_ledger("charge", 5, EffectStatus.ABANDONED), _ledger("charge", 3, EffectStatus.PENDING)]
+    with pytest.raises(ForkError, match=r"charge\[5\].*key k-charge-5"):
+        _refuse_in_doubt(wf, doubt, parse_node("charge[3]"), parent)
+    for label in ("charge", "plan"):
+        _refuse_in_doubt(wf, doubt, parse_node(label), parent)
+    _refuse_in_doubt(wf, [_ledger("charge", 5, EffectStatus.COMMITTED)], parse_node("charge[3]"), parent)
