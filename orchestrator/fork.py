@@ -308,27 +308,13 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
             "changed_steps": sorted(diff.steps()) if diff else []}
     keys = [(r.node_id, r.fan_index) for r in inherited]
     if not drive:
-        return _whole(st, st.fork_run(new, keys, data), run_id, len(keys))
+        return st.fork_run(new, keys, data)
     # the executor first (as `run` does): a cluster that cannot be reached leaves no pending fork behind
     ex = executor if isinstance(executor, Executor) else make_executor(executor, address=address)
     try:
-        record = _whole(st, st.fork_run(new, keys, data), run_id, len(keys))
+        record = st.fork_run(new, keys, data)
         return runner.resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
     finally:
         if ex is not executor:
             ex.shutdown()
 
-
-def _whole(st: Store, record: RunRecord, parent_id: str, inherited: int) -> RunRecord:
-    """The fork as created, refused when its rows were not all copied: the parent was deleted (a
-    ``raysaga prune``) between the reading of its rows and the copy, which then found none, and
-    the fork would run from scratch, paying again for everything it was to inherit. The empty
-    fork is cancelled (nothing of it ran) and ``ForkError`` says why."""
-    if inherited == 0 or len(st.node_states(record.run_id)) == inherited:
-        return record
-    from raysaga.orchestrator import runner
-
-    runner.cancel(record.run_id, store=st, reason=f"its parent {parent_id!r} was deleted while it was being "
-                  "forked: nothing of it ran")
-    raise ForkError(f"run {parent_id!r} was deleted while it was being forked (a `raysaga prune`?): the fork "
-                    f"{record.run_id!r} is cancelled and nothing of it ran")
