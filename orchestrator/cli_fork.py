@@ -27,17 +27,13 @@ def _patch(text: str | None) -> Any:
     if text is None:
         return None
     try:  # strict JSON, as --input: Python's NaN and Infinity would reach the new run's input as null
-        return json.loads(text, parse_constant=_not_json)
+        return json.loads(text, parse_constant=cli_input.reject_json_constant)
     except json.JSONDecodeError as exc:
         raise UserError(f"--input-patch is not JSON ({exc.msg} at character {exc.pos}): pass a JSON merge patch, "
                         "e.g. '{\"question\": \"...\"}'") from None
     except ValueError as exc:
         raise UserError(f"--input-patch is not JSON ({exc}): JSON has no NaN or infinity; use null (removes the "
                         "key) or a string") from None
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def fork(

@@ -95,7 +95,7 @@ def parse_input(raw: str | None, option: str = "--input") -> Any:
         if size > cap:
             raise _too_large(source, size, cap)
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=reject_json_constant)
     except RecursionError:
         raise InvalidInputError(f"{source} is not valid JSON: nested deeper than this parser allows "
                                 f"(at most {MAX_INPUT_DEPTH} levels are accepted)") from None
@@ -108,7 +108,8 @@ def parse_input(raw: str | None, option: str = "--input") -> Any:
     return value
 
 
-def _reject_constant(name: str) -> Any:
+def reject_json_constant(name: str) -> Any:
+    """``json.loads``' ``parse_constant`` for strict JSON: NaN and Infinity are Python's, not JSON."""
     raise ValueError(f"{name} is not JSON")
 
 
