@@ -16,12 +16,12 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
-from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
 from raysaga.state.decisions import Decision, WaitingApproval
+from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.stats import Stats
 

@@ -91,8 +91,3 @@ def message_of(exc: BaseException) -> str:
         return str(exc)
     except Exception as problem:  # any failure of user code reading its own message
         return f"<the message of this {type(exc).__name__} could not be read: str() raised {type(problem).__name__}>"
-
-
-def printable(text: str) -> str:
-    """Text safe to store: a lone surrogate in an exception message becomes an escape."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")

@@ -18,7 +18,6 @@ from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.ray_address import host_port
-from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.secrets import comparable
 from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
@@ -36,6 +35,7 @@ from raysaga.state import (
     jsoncodec,
     open_store,
 )
+from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.types import check_run_id, check_text
 

@@ -15,10 +15,11 @@ from typing import Any, NamedTuple
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.retry import is_transient, message_of, printable, retry_after
+from raysaga.orchestrator.retry import is_transient, message_of, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
+from raysaga.state.jsoncodec import printable
 from raysaga.state.redact import scrub_text
 
 #: A ``StepContext``'s fields in order: run_id, node_id, fan_index, attempt, trace_id,

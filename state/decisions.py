@@ -275,7 +275,7 @@ def _checked_comment(comment: Any) -> str | None:
         return None
     if not isinstance(comment, str):
         raise UserError(f"a decision's comment is text (a str), got {type(comment).__name__}")
-    stored = comment.encode("utf-8", "backslashreplace").decode("utf-8")
+    stored = jsoncodec.printable(comment)
     if len(stored) > MAX_COMMENT:
         raise UserError(f"a decision's comment is at most {MAX_COMMENT:,} characters, this one has {len(stored):,}: "
                         "shorten it, or put the long text elsewhere (a ticket, a document) and link to it")

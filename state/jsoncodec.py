@@ -184,6 +184,12 @@ def _plain(value: Any, depth: int) -> bool:
     return False
 
 
+def printable(text: str) -> str:
+    """``text`` as UTF-8 (so JSON and a text column) can hold it: a lone surrogate (an exception's
+    message, an operator's reason or comment) becomes its escape, ``\\ud800``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def dumps(value: Any, where: str = "value") -> str:
     """Canonical JSON text (sorted keys, no spaces) of a checked value."""
     if _plain(value, 0):  # the common case, checked without building the paths an error would name

@@ -27,7 +27,7 @@ from raysaga.errors import (
     RunNotFoundError,
     UserError,
 )
-from raysaga.state import blob_rows, claims, decisions, migrate, shared_rows, stats
+from raysaga.state import blob_rows, claims, decisions, jsoncodec, migrate, shared_rows, stats
 from raysaga.state.claims import ABANDONABLE, Claim
 from raysaga.state.dashboard_reads import DashboardReads
 from raysaga.state.decisions import Decision, Verdict, WaitingApproval, decided_after
@@ -99,7 +99,7 @@ def _reason_text(reason: str | None) -> str | None:
     failed), a lone surrogate (not UTF-8 anywhere) as its escape, ``\\ud800``."""
     if reason is None:
         return None
-    return scrub_text(reason).encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+    return jsoncodec.printable(scrub_text(reason)).replace("\x00", "\\x00")
 
 
 class SqlStore(ForkRows, DashboardReads, RateRows, Store):

@@ -18,12 +18,12 @@ from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.outbox import Outbox
 from raysaga.orchestrator.records import cancelled_row, short_error, step_failed_record
-from raysaga.orchestrator.retry import printable
 from raysaga.orchestrator.scheduler import Scheduler
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.policy import Decision, Fail, Verdict
 from raysaga.state import NewEvent, NodeRecord, NodeStatus, NodeWrite
+from raysaga.state.jsoncodec import printable
 
 _MISSING: Any = object()
 
