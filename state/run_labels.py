@@ -14,14 +14,26 @@ from typing import Any
 
 from sqlalchemy import String, bindparam, case, exists, func, literal, select
 
+from raysaga.errors import InvalidOptionError
+from raysaga.state.redact import scrub_text
 from raysaga.state.schema import runs
 from raysaga.types import check_labels
 
 
 def stored_labels(labels: Mapping[str, str] | None) -> dict[str, str] | None:
     """A new run's labels as its row keeps them: checked (the store is every caller's way in),
-    and NULL for none (the common case: no bytes in the row)."""
-    return check_labels(dict(labels), "run labels") or None if labels is not None else None
+    and NULL for none (the common case: no bytes in the row). A label that holds a secret (an API
+    key's shape, a registered secret value: what ``scrub_text`` would mask) is refused, not stored:
+    labels are shown by ``status``, ``list`` and the dashboard, and matched as written."""
+    if labels is None:
+        return None
+    checked = check_labels(dict(labels), "run labels")
+    for key, value in checked.items():
+        if scrub_text(key) != key or scrub_text(value) != value:
+            raise InvalidOptionError(f"run labels: the label {scrub_text(key)!r:.60} holds what looks like a secret "
+                                     "(an API key, a password): labels are stored and shown as written; keep "
+                                     "secrets out of them")
+    return checked or None
 
 
 def labels_match(dialect: str, wanted: Mapping[str, str]) -> list[Any]:

@@ -144,3 +144,17 @@ def test_an_older_store_is_upgraded_and_its_runs_have_no_labels(empty_url: str) 
         assert sorted(_ids(store)) == ["new", "old"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("labels", [{"key": "sk-ant-api03-abcdefghijklmnop"}, {"password: hunter2x": "v"},
+                                    {"deploy": "password: hunter2x"}])
+def test_a_label_holding_a_secret_is_refused_not_stored(store: SqlStore, tag: str, labels: dict[str, str]) -> None:
+    """Invariant 7: an API key given as a label reached the run row, and status, list and the
+    dashboard showed it. The store refuses it (labels are matched as written: masking one would
+    store a label nobody gave), naming the label but not the secret."""
+    with pytest.raises(InvalidOptionError, match="looks like a secret") as exc:
+        store.create_run(_new(f"{tag}-secret", labels))
+    assert "hunter2x" not in str(exc.value) and "abcdefghijklmnop" not in str(exc.value)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(runs).where(
+            runs.c.run_id == f"{tag}-secret")).scalar_one() == 0
