@@ -189,7 +189,8 @@ def db_bytes(path: Path) -> int:
 def node_rows(path: Path) -> int:
     conn = sqlite3.connect(path)
     try:
-        return int(conn.execute("SELECT count(*) FROM raysaga_nodes").fetchone()[0])
+        # the view: a chunk's items (schema 12) each a node, as readers count them
+        return int(conn.execute("SELECT count(*) FROM raysaga_node_rows").fetchone()[0])
     finally:
         conn.close()
 

@@ -59,11 +59,12 @@ def clone_runs(path: Path, run_id: str, copies: int) -> float:
         key_of = "(SELECT run_key FROM raysaga_runs WHERE run_id = {})"
         replaced = {"run_id": new_id, "run_key": "NULL", "created_at": "created_at - n.i",
                     "updated_at": "updated_at - n.i"}
-        for table in ("raysaga_runs", "raysaga_nodes", "raysaga_events"):
+        keyed = ("raysaga_nodes", "raysaga_item_chunks")  # by run_key (schemas 8 and 12)
+        for table in ("raysaga_runs", *keyed, "raysaga_events"):
             cols = _columns(conn, table)
             select = ", ".join(replaced.get(c, c) if table == "raysaga_runs" or c == "run_id" else
                                key_of.format(new_id) if c == "run_key" else c for c in cols)
-            owner = f"{table}.run_key = {key_of.format('?')}" if table == "raysaga_nodes" else f"{table}.run_id = ?"
+            owner = f"{table}.run_key = {key_of.format('?')}" if table in keyed else f"{table}.run_id = ?"
             conn.execute(f"{counter}INSERT INTO {table} ({', '.join(cols)}) SELECT {select} "
                          f"FROM {table}, n WHERE {owner}", (run_id,))
         conn.execute("COMMIT")

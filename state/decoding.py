@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, LargeBinary, Row, cast, select
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 
 from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError
 from raysaga.state import blob_rows
@@ -55,10 +55,16 @@ def reading(run_id: str, table: str) -> Iterator[None]:
         raise CorruptRecordError(f"run {run_id!r}: {table}.{column} is {short(first.get('input'))}: "
                                  f"{first['msg']}{_ADVICE}") from None
     except OperationalError as exc:
-        if not undecodable(exc):
+        if undecodable(exc):
+            raise CorruptRecordError(f"run {run_id!r}: {table} holds text that is not UTF-8 ({exc.orig})"
+                                     f"{_ADVICE}") from None
+        if "malformed json" not in str(exc.orig).lower():  # (SQLite, the view reading a chunk's items)
             raise
-        raise CorruptRecordError(f"run {run_id!r}: {table} holds text that is not UTF-8 ({exc.orig}){_ADVICE}") \
+        raise CorruptRecordError(f"run {run_id!r}: {table} holds JSON that is not JSON ({exc.orig}){_ADVICE}") \
             from None
+    except DataError as exc:  # PostgreSQL: a stored value that does not cast (the view reading a chunk's items)
+        raise CorruptRecordError(f"run {run_id!r}: {table} holds a value of the wrong type "
+                                 f"({str(exc.orig).splitlines()[0]}){_ADVICE}") from None
 
 
 def short(value: Any) -> str:

@@ -18,11 +18,11 @@ from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import ForkError, RunExistsError
 from raysaga.state.decoding import reading, records
-from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
+from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, NodeStatus, RunRecord, RunStatus
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
 from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs
-from raysaga.state.statements import fence_guard
+from raysaga.state.statements import fence_guard, insert_for
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
 _CHUNK = 400
@@ -34,13 +34,20 @@ def run_key_of(run_id: str) -> Any:
 
 
 def _copy_rows(conn: Connection, parent: str, child: str, keys: list[tuple[str, int]]) -> None:
-    """Copy the parent's rows ``keys`` into ``child``, each marked with the run that executed it."""
+    """Copy the parent's rows ``keys`` into ``child``, each marked with the run that executed it:
+    rows as the table holds them, then the items a chunk holds (schema 12) as rows of their own,
+    read from the view ``node_rows`` (a key copied already is left as it is)."""
     names = [c.name for c in nodes.c]
-    chosen = [run_key_of(child).label(n) if n == "run_key" else
-              func.coalesce(nodes.c.origin_run_id, literal(parent)).label(n) if n == "origin_run_id" else
-              literal(None).label(n) if n == "not_before" else nodes.c[n] for n in names]
-    conn.execute(insert(nodes).from_select(names, select(*chosen).where(
-        nodes.c.run_key == run_key_of(parent), tuple_(nodes.c.node_id, nodes.c.fan_index).in_(keys))))
+    sources = ((nodes, nodes.c.run_key == run_key_of(parent)), (node_rows, node_rows.c.run_id == parent))
+    for source, of_parent in sources:
+        chosen = [run_key_of(child).label(n) if n == "run_key" else
+                  func.coalesce(source.c.origin_run_id, literal(parent)).label(n) if n == "origin_run_id" else
+                  literal(None).label(n) if n == "not_before" else source.c[n] for n in names]
+        if source is node_rows:  # stored as a driver stores it (``statements.stored_status``)
+            chosen[names.index("status")] = func.nullif(node_rows.c.status, literal(NodeStatus.COMPLETED.value))
+        rows = select(*chosen).where(of_parent, tuple_(source.c.node_id, source.c.fan_index).in_(keys))
+        copy = insert_for(conn, nodes).from_select(names, rows)
+        conn.execute(copy if source is nodes else copy.on_conflict_do_nothing())
 
 
 class ForkRows:

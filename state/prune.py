@@ -24,7 +24,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, delete, e
 
 from raysaga.errors import UserError
 from raysaga.state.models import PRUNABLE, RunStatus
-from raysaga.state.schema import blobs, effects, events, memory, nodes, runs, signals
+from raysaga.state.schema import blobs, effects, events, item_chunks, memory, nodes, runs, signals
 
 
 class PrunableStore(Protocol):
@@ -44,6 +44,9 @@ ROWS_PER_BATCH = 100_000
 YIELD_SECONDS = 0.15
 
 _CHILDREN = (("nodes", nodes), ("events", events), ("effects", effects), ("signals", signals), ("memory", memory))
+#: How many items a run's ``raysaga_item_chunks`` rows hold, by run key: node rows, as the report
+#: and the batch cap count them (a chunk of 64 items is 64 items' bytes to delete, not one row's).
+_CHUNK_ITEMS = select(item_chunks.c.run_key, func.sum(item_chunks.c.item_count)).group_by(item_chunks.c.run_key)
 
 
 class PruneReport(BaseModel):
@@ -114,9 +117,15 @@ def _statuses(given: Iterable[RunStatus | str] | None) -> set[str]:
 def _of_runs(table: Table, chosen: Any) -> ColumnElement[bool]:
     """SQL: ``table``'s row belongs to a run that ``chosen`` (a SELECT of run ids) selects; node
     rows name their run by ``run_key`` (schema 8)."""
-    if table is nodes:
-        return nodes.c.run_key.in_(select(runs.c.run_key).where(runs.c.run_id.in_(chosen)))
+    if table is nodes or table is item_chunks:
+        return table.c.run_key.in_(select(runs.c.run_key).where(runs.c.run_id.in_(chosen)))
     return table.c.run_id.in_(chosen)
+
+
+def _chunked_items(conn: Connection, chosen: Any) -> int:
+    """How many items the ``raysaga_item_chunks`` rows of the runs ``chosen`` selects hold."""
+    return int(conn.execute(select(func.coalesce(func.sum(item_chunks.c.item_count), 0))
+                            .where(_of_runs(item_chunks, chosen))).scalar_one())
 
 
 def _referenced(kept: ColumnElement[bool] | None = None) -> ColumnElement[bool]:
@@ -136,6 +145,7 @@ def _count(conn: Connection, report: PruneReport, prunable: ColumnElement[bool])
     for name, table in _CHILDREN:
         setattr(report, name, int(conn.execute(select(func.count()).select_from(table)
                                                .where(_of_runs(table, doomed))).scalar_one()))
+    report.nodes += _chunked_items(conn, doomed)
     used = union(
         select(nodes.c.output_digest.label("d")).where(_of_runs(nodes, doomed), nodes.c.output_digest.is_not(None)),
         select(runs.c.input_digest.label("d")).where(prunable, runs.c.input_digest.is_not(None)),
@@ -161,6 +171,8 @@ def _one_batch(conn: Connection, report: PruneReport, prunable: ColumnElement[bo
     candidates = {d for r in rows for d in (r.input_digest, r.output_digest) if d}
     candidates |= {d for (d,) in conn.execute(select(nodes.c.output_digest).distinct()
                                                .where(_of_runs(nodes, ids), nodes.c.output_digest.is_not(None)))}
+    report.nodes += _chunked_items(conn, ids)
+    conn.execute(delete(item_chunks).where(_of_runs(item_chunks, ids)))
     for name, table in _CHILDREN:
         setattr(report, name, getattr(report, name) + conn.execute(delete(table).where(_of_runs(table, ids)))
                 .rowcount)
@@ -199,11 +211,13 @@ def _within_rows(conn: Connection, selected: Sequence[Any]) -> list[Any]:
 
 
 def _sizes(conn: Connection, part: Sequence[Any]) -> dict[Any, int]:
-    """run_key -> its node and event rows, plus one (its run row)."""
+    """run_key -> its node rows (a chunk's items each), event rows, plus one (its run row)."""
     sizes: dict[Any, int] = {r.run_key: 1 for r in part}
     keys, by_id = list(sizes), {r.run_id: r.run_key for r in part}
     for key, count in conn.execute(select(nodes.c.run_key, func.count()).where(nodes.c.run_key.in_(keys))
                                    .group_by(nodes.c.run_key)).all():
+        sizes[key] += int(count)
+    for key, count in conn.execute(_CHUNK_ITEMS.where(item_chunks.c.run_key.in_(keys))).all():
         sizes[key] += int(count)
     for run_id, count in conn.execute(select(events.c.run_id, func.count()).where(events.c.run_id.in_(list(by_id)))
                                       .group_by(events.c.run_id)).all():

@@ -22,7 +22,7 @@ from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
 from raysaga.state.engine import as_sqlalchemy_error
 from raysaga.state.models import ItemRow, Lease, NodeStatus
-from raysaga.state.schema import JsonText, effects, events, nodes, runs
+from raysaga.state.schema import JsonText, effects, events, item_chunks, nodes, runs
 
 #: The fence guard as Core: proves the fence, reserves ``g_n`` event seqs, returns the last one.
 GUARD = (update(runs)
@@ -34,9 +34,11 @@ GUARD = (update(runs)
 NODE_COLUMNS = ("run_key", "node_id", "fan_index", "status", "attempt", "not_before", "output", "output_digest",
                 "error", "started_at", "finished_at", "duration")
 EVENT_COLUMNS = ("run_id", "seq", "at", "kind", "node_id", "fan_index", "data")
+CHUNK_COLUMNS = ("run_key", "node_id", "first_index", "item_count", "items")
 #: Node columns a driver never writes: a fork's inherited-row marker (``raysaga.state.fork_rows``), kept by an upsert.
 NODE_FORK_COLUMNS = ("origin_run_id",)
-assert tuple(nodes.c.keys()) == NODE_COLUMNS + NODE_FORK_COLUMNS and tuple(events.c.keys()) == EVENT_COLUMNS, \
+assert tuple(nodes.c.keys()) == NODE_COLUMNS + NODE_FORK_COLUMNS and tuple(events.c.keys()) == EVENT_COLUMNS \
+    and tuple(item_chunks.c.keys()) == CHUNK_COLUMNS, \
     "the schema changed: update driver_sql and SqlStore.commit's row tuples"
 
 
@@ -70,6 +72,12 @@ class DriverSql:
     """The guard that also adds to the run's counters (retries, tokens, cost): a batch whose run
     update is only counters (a model turn's tokens) needs no statement of its own, nor a read."""
     nodes: str
+    chunks: str
+    """Upserts a run of completed items (``item_writes``): the same row again after an ambiguous
+    commit's retry is the same write."""
+    chunk_rows_gone: str
+    """Deletes the node rows of a chunk's items (a retried item's ``retrying`` row): the chunk is
+    their latest state, and the view ``node_rows`` would show such a row instead."""
     events: str
     abandon_effects: str
     """A run ends or is parked: its ledger rows still pending become abandoned (EffectStatus)."""
@@ -98,6 +106,10 @@ def driver_sql(dialect: str) -> DriverSql:
                         f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} "
                         "RETURNING event_seq, status, run_key"),
         nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
+        chunks=(f"{insert_sql(item_chunks, CHUNK_COLUMNS)} ON CONFLICT (run_key, node_id, first_index) "
+                "DO UPDATE SET item_count = excluded.item_count, items = excluded.items"),
+        chunk_rows_gone=(f"DELETE FROM {nodes.name} WHERE run_key = {mark} AND node_id = {mark} "
+                         f"AND fan_index BETWEEN {mark} AND {mark}"),
         events=insert_sql(events, EVENT_COLUMNS),
         abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
                          f"WHERE run_id = {mark} AND status = {mark}"),
@@ -218,6 +230,65 @@ def item_rows(run_key: int, items: list[ItemRow]) -> list[tuple[Any, ...]]:
     return [(run_key, node_id, index, None, attempt, None, output, digest, None, started,
              None if started + (duration := finished - started) == finished else finished, duration)
             for node_id, index, attempt, output, digest, started, finished in items]
+
+
+#: The most items one ``raysaga_item_chunks`` row holds (a Ray task of the fan-out lane runs up to
+#: ``RayExecutor.MAX_CHUNK`` = 64; two tasks' items that land in one commit may join).
+MAX_CHUNK_ITEMS = 128
+
+
+@dataclass
+class ItemWrites:
+    """A batch's completed plain items as the commit writes them (``item_writes``)."""
+
+    chunks: list[tuple[Any, ...]]
+    """``DriverSql.chunks`` rows."""
+    spans: list[tuple[Any, ...]]
+    """``DriverSql.chunk_rows_gone`` parameters, one per chunk."""
+    rows: list[tuple[Any, ...]]
+    """``DriverSql.nodes`` rows of the items no chunk holds (``item_rows``)."""
+
+
+def item_writes(run_key: int, items: list[ItemRow]) -> ItemWrites:
+    """Runs of 2 or more consecutive indexes of one step, in the order they completed, become
+    chunk rows (schema 12); the rest compact node rows. An item whose output is a blob (its row
+    names the digest: prune and the blob index read it) or whose times do not round-trip
+    (``item_rows``) gets a row of its own."""
+    out = ItemWrites([], [], [])
+    run: list[ItemRow] = []
+
+    def close() -> None:
+        if len(run) < 2:
+            out.rows.extend(item_rows(run_key, run))
+        else:
+            node_id, first = run[0][0], run[0][1]
+            out.chunks.append((run_key, node_id, first, len(run), jsoncodec.dumps(
+                [[started, finished, output] if attempt == 1 else [started, finished, output, attempt]
+                 for _, _, attempt, output, _, started, finished in run])))
+            out.spans.append((run_key, node_id, first, first + len(run) - 1))
+        run.clear()
+
+    for item in items:
+        node_id, index, _, _, digest, started, finished = item
+        if digest is not None or started + (finished - started) != finished:
+            close()
+            out.rows.extend(item_rows(run_key, [item]))
+            continue
+        if run and (node_id != run[-1][0] or index != run[-1][1] + 1 or len(run) == MAX_CHUNK_ITEMS):
+            close()
+        run.append(item)
+    close()
+    return out
+
+
+def write_items(hot: HotSql, sql: DriverSql, run_key: int, items: list[ItemRow]) -> None:
+    """A batch's completed plain items (``item_writes``), in the driver's commit."""
+    writes = item_writes(run_key, items)
+    if writes.chunks:
+        hot.many(sql.chunk_rows_gone, writes.spans)
+        hot.many(sql.chunks, writes.chunks)
+    if writes.rows:
+        hot.many(sql.nodes, writes.rows)
 
 
 def json_param(value: Any) -> str | None:

@@ -160,8 +160,10 @@ def test_status_json_checks_nodes_after_before_writing(flow: Path, sqlite_url: s
 def test_a_corrupt_node_row_names_its_run(flow: Path, sqlite_url: str, tmp_path: Path) -> None:
     assert invoke("run", f"{flow}:wf", "--db", sqlite_url, "--executor", "inline", "--run-id", "rot")[0] == 0
     with sqlite3.connect(tmp_path / "raysaga.db") as conn:
-        conn.execute("UPDATE raysaga_nodes SET status = 'failed', error = '{not json' "
-                     "WHERE node_id = 'score' AND fan_index = 1")
+        # the item's own row, written by hand over what the run stored (a chunk of items, schema 12)
+        conn.execute("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, error) "
+                     "SELECT run_key, 'score', 1, 'failed', 1, '{not json' FROM raysaga_runs WHERE run_id = 'rot' "
+                     "ON CONFLICT DO UPDATE SET status = 'failed', error = '{not json'")
     for extra in (["--json"], [], ["--node", "score[1]"], ["--errors"], ["--json", "--summary"]):
         code, out, err = invoke("status", "rot", "--db", sqlite_url, *extra)
         one_line_error(code, err, "error: run 'rot': raysaga_nodes.error holds text that is not JSON")

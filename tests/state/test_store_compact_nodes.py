@@ -16,9 +16,10 @@ from raysaga.state.schema import SCHEMA_VERSION, nodes
 from tests.support.old_schema import store_at
 
 T0 = 1_795_697_407.042_308_6
-#: (node_id, fan_index, attempt, output JSON text, digest, started_at, finished_at): the item rows
-ITEMS = [("item", i, 1, None if i % 2 else f'{{"i":{i}}}', None, T0 + i * 1e-4, T0 + i * 1e-4 + 3.1e-6 * (i + 1))
-         for i in range(50)]
+#: (node_id, fan_index, attempt, output JSON text, digest, started_at, finished_at): the item rows,
+#: odd indexes only: consecutive ones would be written as a chunk (schema 12, test_item_chunks.py)
+ITEMS = [("item", 2 * i + 1, 1, None if i % 2 else f'{{"i":{i}}}', None, T0 + i * 1e-4,
+          T0 + i * 1e-4 + 3.1e-6 * (i + 1)) for i in range(50)]
 #: timestamps far apart (a worker clock gone wrong): started + (finished - started) is not finished
 ODD = ("item", 50, 2, "7", None, 684787713.5377197, 1704904018694.3918)
 
@@ -64,17 +65,17 @@ def test_item_rows_are_stored_compactly_and_every_reader_gives_finished_at_back(
     check([(n.fan_index, n.started_at, n.finished_at, n.duration) for n in store.node_states(run_id)], "node_states")
     for reader, rows in [
         ("iter_nodes", list(queries.iter_nodes(store, run_id, ["item", "waits"]))),
-        ("node_rows", store.node_rows(run_id, [("item", i) for i in range(51)] + [("waits", -1)])),
+        ("node_rows", store.node_rows(run_id, [("item", i) for i in range(101)] + [("waits", -1)])),
         ("fan_items", [*store.fan_items(run_id, "item", limit=500), store.node_row(run_id, "waits", -1) or {}]),
     ]:
         check([(r["fan_index"], r["started_at"], r["finished_at"], r["duration"]) for r in rows], reader)
-    row = store.node_row(run_id, "item", 3)
+    row = store.node_row(run_id, "item", ITEMS[3][1])
     assert row is not None and row["finished_at"] == ITEMS[3][6]
     # a fork copies the compact row as it is, and reads it back the same
     child = "child-" + uuid.uuid4().hex[:8]
-    store.fork_run(_new(child).model_copy(update={"parent_run_id": run_id}), [("item", 4)], {"from": "item"})
-    (copied,) = [n for n in store.nodes(child) if n.fan_index == 4]
-    assert (copied.started_at, copied.finished_at, copied.duration) == want[4]
+    store.fork_run(_new(child).model_copy(update={"parent_run_id": run_id}), [("item", 5)], {"from": "item"})
+    (copied,) = [n for n in store.nodes(child) if n.fan_index == 5]
+    assert (copied.started_at, copied.finished_at, copied.duration) == want[5]
 
 
 def test_an_existing_schema_6_file_with_runs_is_rebuilt_without_rowid(tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_an_existing_schema_6_file_with_runs_is_rebuilt_without_rowid(tmp_path: 
     store = SqlStore(url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 11
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 12
             assert _ddl(conn).endswith("WITHOUT ROWID")
             index = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'ix_raysaga_nodes_output_digest'"))
             assert "WHERE output_digest IS NOT NULL" in index.scalar_one()

@@ -10,7 +10,7 @@ import uuid
 from sqlalchemy import Connection, Engine, func, insert, inspect, select, text
 
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore
-from raysaga.state.schema import SCHEMA_VERSION, node_rows, nodes, runs
+from raysaga.state.schema import SCHEMA_VERSION, item_chunks, node_rows, nodes, runs
 from tests.support.old_schema import store_at
 
 HASH = "d" * 64
@@ -28,7 +28,7 @@ def _keys(engine: Engine) -> dict[str, int]:
 
 
 def test_node_rows_carry_the_run_key_and_read_back_by_run_id(store: SqlStore) -> None:
-    assert SCHEMA_VERSION == 11
+    assert SCHEMA_VERSION == 12
     assert "run_id" not in {c["name"] for c in inspect(store.engine).get_columns("raysaga_nodes")}
     ids = [f"w-{uuid.uuid4().hex[:12]}" for _ in range(3)]
     for run_id in ids:
@@ -50,10 +50,14 @@ def test_node_rows_carry_the_run_key_and_read_back_by_run_id(store: SqlStore) ->
         assert {(n.run_id, n.node_id, n.fan_index, n.output) for n in got} == {
             (run_id, "plan", -1, run_id), *((run_id, "item", i, run_id) for i in range(3))}
         assert [n.finished_at for n in got if n.fan_index >= 0] == [2.0, 3.0, 4.0]
-    with store.engine.connect() as conn:  # the table holds the key; the view shows the run id
-        mine = nodes.c.run_key.in_([keys[r] for r in ids])
-        assert conn.execute(select(nodes.c.run_key, func.count()).where(mine).group_by(nodes.c.run_key)
-                            .order_by(nodes.c.run_key)).all() == sorted((keys[r], 4) for r in ids)
+    with store.engine.connect() as conn:  # the tables hold the key (items a chunk holds, schema 12: each
+        # counted); the view shows the run id
+        held: dict[int, int] = {}
+        for table, count in ((nodes, func.count()), (item_chunks, func.sum(item_chunks.c.item_count))):
+            for key, n in conn.execute(select(table.c.run_key, count).where(table.c.run_key.in_(
+                    [keys[r] for r in ids])).group_by(table.c.run_key)).all():
+                held[key] = held.get(key, 0) + int(n)
+        assert sorted(held.items()) == sorted((keys[r], 4) for r in ids)
         rows = conn.execute(text("SELECT node_id, fan_index, finished_at FROM raysaga_node_rows WHERE run_id = :r "
                                  "ORDER BY node_id, fan_index"), {"r": ids[1]}).all()
         assert [tuple(r) for r in rows] == [("item", 0, 2.0), ("item", 1, 3.0), ("item", 2, 4.0), ("plan", -1, None)]
@@ -94,7 +98,7 @@ def test_an_existing_schema_7_store_with_rows_is_converted_in_place(empty_url: s
     store = SqlStore(empty_url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 11
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 12
             _check_layout(conn)
         keys = _keys(store.engine)
         assert set(keys) == {"old-a", "old-b"} and keys["old-a"] != keys["old-b"]

@@ -18,7 +18,7 @@ from raysaga.state.engine import NEW_FILE_PAGE_SIZE, PAGE_SIZE_ENV
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import BreakerRecord, BreakerState
 from raysaga.state.rate_limits import RateRule
-from raysaga.state.schema import SCHEMA_VERSION, nodes
+from raysaga.state.schema import SCHEMA_VERSION, item_chunks, nodes
 from tests.support.old_schema import store_at
 
 HASH = "e" * 64
@@ -31,11 +31,15 @@ def _new(run_id: str) -> NewRun:
 
 
 def _stored_status(store: SqlStore, run_id: str) -> dict[tuple[str, int], str | None]:
-    """(node_id, fan_index) -> ``raysaga_nodes.status`` as the table holds it."""
+    """(node_id, fan_index) -> ``raysaga_nodes.status`` as the table holds it; an item a chunk holds
+    (schema 12: ``raysaga_item_chunks``, no status stored) as None."""
     with store.engine.connect() as conn:
         rows = conn.execute(select(nodes.c.node_id, nodes.c.fan_index, nodes.c.status)
                             .where(nodes.c.run_key == run_key_of(run_id))).all()
-    return {(r[0], r[1]): r[2] for r in rows}
+        chunks = conn.execute(select(item_chunks.c.node_id, item_chunks.c.first_index, item_chunks.c.item_count)
+                              .where(item_chunks.c.run_key == run_key_of(run_id))).all()
+    chunked = {(node_id, first + i): None for node_id, first, count in chunks for i in range(count)}
+    return {**chunked, **{(r[0], r[1]): r[2] for r in rows}}
 
 
 def test_a_completed_row_stores_no_status_and_every_reader_says_completed(store: SqlStore) -> None:
@@ -106,7 +110,7 @@ def test_a_new_sqlite_file_has_small_pages_no_free_pages_and_only_the_objects_it
     for table in SMALL_TABLES:
         assert found[table].endswith("WITHOUT ROWID") and f"sqlite_autoindex_{table}_1" not in found
     assert "sqlite_autoindex_alembic_version_1" not in found
-    assert found["raysaga_node_rows"].count("COALESCE(") == 2
+    assert found["raysaga_node_rows"].split(" UNION ALL ")[0].count("COALESCE(") == 2  # the node rows' part
     # the empty store: ~41 one-KiB pages (schema 8's were 39 of 4 KiB: 159,744 bytes)
     assert path.stat().st_size <= 48 * 1024
 
@@ -169,7 +173,7 @@ def test_an_existing_schema_8_store_with_rows_is_converted_in_place(empty_url: s
     store = SqlStore(empty_url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 11
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 12
             _check_layout(conn)
         # SQLite copied 'completed' as NULL; PostgreSQL kept its rows as they were (no rewrite)
         completed = None if store.engine.dialect.name == "sqlite" else "completed"
