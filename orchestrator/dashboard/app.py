@@ -5,7 +5,8 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
 - ``GET /`` the page (the front-end built from ``dashboard-ui/``, served from ``static/``);
   ``/?token=T`` sets the token cookie and redirects to ``/``.
 - ``GET /api/runs`` a page of runs (``status``, ``workflow``, ``since``, ``until``, ``q``,
-  ``before``, ``limit``) with counts by state; ``GET /api/inbox`` nodes waiting for a human.
+  ``label=KEY=VALUE`` (repeatable: every one must hold), ``before``, ``limit``) with counts by
+  state; ``GET /api/inbox`` nodes waiting for a human.
 - ``GET /api/runs/RUN`` the run, its DAG and its nodes' states, and ``cursor``, the event seq
   they were read at; ``/items/STEP`` a fan-out's items; ``/nodes/NODE`` a node's panel;
   ``/nodes/NODE/output`` its whole output; ``/events`` the event log.
@@ -27,7 +28,7 @@ from typing import Any, NoReturn
 from urllib.parse import quote, unquote
 
 import anyio
-from fastapi import Body, FastAPI, HTTPException, Request, Response
+from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
@@ -70,6 +71,9 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         if request.method not in SAFE_METHODS and not guard.csrf_ok(
                 request.headers.get(CSRF_HEADER), request.headers.get("origin"), host):
             return PlainTextResponse("refused: a state-changing request needs the page's CSRF header", 403)
+        problem = params.query_problem(request.scope.get("query_string", b""))
+        if problem is not None:
+            return JSONResponse({"error": problem}, 400)
         response = await call_next(request)
         for k, v in _HEADERS.items():
             response.headers.setdefault(k, v)
@@ -101,12 +105,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/runs")
     def runs(status: str | None = None, workflow: str | None = None, since: str | None = None,
-             until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50
-             ) -> dict[str, Any]:
+             until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50,
+             label: list[str] | None = Query(None)) -> dict[str, Any]:
         f = RunFilter(status=params.parse_status(status), workflow=params.text_param(workflow, "workflow", 100),
                       since=params.parse_time(since, "since"),
                       until=params.parse_time(until, "until"), text=params.text_param((q or "").strip(), "q", 200),
-                      before=params.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE))
+                      before=params.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE),
+                      labels=params.label_filter(label))
         return views.run_list(store, f)
 
     @app.get("/api/stats")

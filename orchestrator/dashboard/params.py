@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 from typing import TypeGuard
+from urllib.parse import unquote_to_bytes
 
 from raysaga.errors import RunNotFoundError, UserError
 from raysaga.state import RunStatus
+from raysaga.types import MAX_LABELS, check_labels
 
 #: The event log's sequence numbers are 64-bit; a fan-out's indexes 32-bit (the store's columns).
 MAX_SEQ = 2**63 - 1
@@ -64,6 +66,31 @@ def label_param(value: str, name: str) -> str:
     return value
 
 
+def label_filter(given: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """``label=KEY=VALUE`` query parameters (repeatable; a run must carry every one, as with
+    ``raysaga list --label``) as (key, value) pairs. A pair without '=', a key given twice, more
+    labels than a run can carry, or a label no run could carry (``raysaga.types.check_labels``: a
+    key of 1-100 printable characters, a value of 0-500) is a ``UserError`` (400) naming it:
+    such a filter would list no runs, as if there were none."""
+    if not given:
+        return ()
+    if len(given) > MAX_LABELS:
+        raise UserError(f"label= is given {len(given)} times: a run carries at most {MAX_LABELS} labels, "
+                        "so none could match; filter by fewer")
+    found: dict[str, str] = {}
+    for pair in given:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise UserError(f"label={pair!r:.80} is not KEY=VALUE: e.g. label=team=billing "
+                            "(in a URL: ?label=team%3Dbilling)")
+        if key in found:
+            raise UserError(f"label={key!r:.80} is given twice ({found[key]!r:.40} and {value!r:.40}): "
+                            "a run has one value per key; give each key once")
+        found[key] = value
+    check_labels(found, "label=")
+    return tuple(found.items())
+
+
 def parse_status(value: str | None) -> str | None:
     """A run state, or ``UserError`` naming the states (an unknown one would list no runs, silently)."""
     if not value:
@@ -109,5 +136,23 @@ def parse_cursor(value: str | None) -> tuple[float, str] | None:
 
 
 
-__all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_param", "parse_cursor",
-           "parse_status", "parse_time", "run_id_param", "text_param"]
+def query_problem(raw: bytes) -> str | None:
+    """Why a request's query string is not text, naming the parameter, or None. Starlette reads
+    bytes that are not UTF-8 once percent-decoded (``%FF``, ``%ED%A0%80``: a lone surrogate) as
+    U+FFFD, and raw bytes above ASCII (curl sends ``é`` as is) as Latin-1: either way a filter
+    asked for other text than was sent, and listed nothing, silently."""
+    for part in raw.split(b"&"):
+        name = part.partition(b"=")[0].decode("ascii", "replace")[:40]
+        if not part.isascii():
+            return (f"{name}=: the query string holds bytes that are not percent-encoded: percent-encode "
+                    "its text as UTF-8 (as a browser does: label=%C3%A9quipe%3Dsearch)")
+        try:
+            unquote_to_bytes(part.replace(b"+", b" ")).decode("utf-8")
+        except UnicodeDecodeError:
+            return (f"{name}=: percent-decoded, it is not UTF-8 text (%FF, or %ED%A0%80: a lone surrogate, "
+                    "is not a character): percent-encode text as UTF-8")
+    return None
+
+
+__all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_filter", "label_param", "parse_cursor",
+           "parse_status", "parse_time", "query_problem", "run_id_param", "text_param"]

@@ -55,6 +55,8 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
 def _run_json(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: row[k] for k in row}
     out["status_reason"] = scrub(row.get("status_reason"))
+    if "labels" in out:  # stored before labels holding a secret were refused (6867918): masked here
+        out["labels"] = scrub(out["labels"])
     return out
 
 
