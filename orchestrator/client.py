@@ -23,6 +23,7 @@ from raysaga.state import RunRecord, RunStatus, Store, open_store
 from raysaga.state.decisions import Decision, WaitingApproval
 from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.redact import scrub_text
 from raysaga.state.stats import Stats
 
 #: Runs that rest without a driver: an operator's pause takes them at once.
@@ -192,7 +193,8 @@ def _same_labels(existing: RunRecord, given: dict[str, str]) -> None:
 
 
 def _value(labels: dict[str, str], key: str) -> str:
-    return f"{labels[key]!r:.40}" if key in labels else "none"
+    # scrubbed: a run recorded before labels holding a secret were refused (6867918) may hold one
+    return f"{scrub_text(labels[key])!r:.40}" if key in labels else "none"
 
 
 def _live(run: RunRecord) -> bool:

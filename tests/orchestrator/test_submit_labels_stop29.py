@@ -12,8 +12,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
 
 from raysaga import Client, RunOptions, UserError, Workflow
+from raysaga.state import SqlStore
+from raysaga.state.schema import runs
 from tests.support.cli import invoke, one_line_error
 
 wf = Workflow("submit_labels_stop29")
@@ -78,6 +81,26 @@ def test_a_retry_without_options_is_refused_when_the_run_has_labels(store_url: s
         client.submit(wf, {"amount": 1}, run_id=key, options=_labels(team="search"))
         with pytest.raises(UserError, match="'team': recorded 'search', given none"):
             client.submit(wf, {"amount": 1}, run_id=key)
+
+
+def test_a_secret_in_a_label_recorded_before_they_were_refused_is_not_shown(store_url: str) -> None:
+    """A row written before the store refused secret-shaped labels (6867918) may hold one: the
+    refusal names the label, never the secret (invariant 7: the error reaches logs)."""
+    secret = "sk-ant-" + "z" * 30
+    with Client(store_url) as client:
+        key = _key()
+        client.submit(wf, {"amount": 1}, run_id=key, options=_labels(note="plain"))
+    store = SqlStore(store_url)
+    try:
+        with store.engine.begin() as conn:  # as the row was written then: past the store's check
+            conn.execute(update(runs).where(runs.c.run_id == key).values(labels={"note": secret}))
+    finally:
+        store.close()
+    with Client(store_url) as client:
+        with pytest.raises(UserError) as refused:
+            client.submit(wf, {"amount": 1}, run_id=key, options=_labels(note="plain"))
+        assert "'note': recorded '[redacted]', given 'plain'" in str(refused.value)
+        assert secret not in str(refused.value)
 
 
 def test_another_input_is_still_named_before_the_labels(store_url: str) -> None:
