@@ -58,8 +58,8 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     const data = new FormData(form as HTMLFormElement);
     const next = new URLSearchParams();
     for (const [k, v] of data.entries()) {
-      const text = String(v).trim();
-      if (!text) continue;
+      const text = String(v);  // as typed: a label is matched as written, spaces included
+      if (!text.trim()) continue;
       if (k === "label") { if (!next.getAll("label").includes(text)) next.append(k, text); } else next.set(k, text);
     }
     location.hash = "#/?" + next.toString();

@@ -20,7 +20,7 @@ from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded
 from raysaga.state import Store, node_label
 from raysaga.state.dashboard_reads import RunFilter
 from raysaga.state.item_events import item_indexes
-from raysaga.state.redact import scrub
+from raysaga.state.redact import scrub, scrub_text
 
 #: A value above this many bytes of JSON is sent as a preview; the page fetches the rest on demand.
 PREVIEW_BYTES = 16_384
@@ -56,7 +56,7 @@ def _run_json(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: row[k] for k in row}
     out["status_reason"] = scrub(row.get("status_reason"))
     if "labels" in out:  # stored before labels holding a secret were refused (6867918): masked here
-        out["labels"] = scrub(out["labels"])
+        out["labels"] = {scrub_text(k): v for k, v in scrub(out["labels"]).items()}
     return out
 
 

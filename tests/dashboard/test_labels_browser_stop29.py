@@ -123,6 +123,7 @@ def test_the_label_filter_narrows_the_list_and_labels_are_text(page: Page, tmp_p
 def test_a_runs_page_keeps_its_labels_while_it_updates_live(page: Page, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'raysaga.db'}"
     run_id = _run(url, {"team": "search", "note": HOSTILE}, "gated")
+    padded = _run(url, {"team": "search "})  # another value: the trailing space is part of it
     flows.drive(flows.gated, run_id, url)  # rests at its approval
     store = SqlStore(url)
     try:
@@ -141,5 +142,12 @@ def test_a_runs_page_keeps_its_labels_while_it_updates_live(page: Page, tmp_path
             page.locator('#run-labels a.chip[data-label="team=search"]').click()  # the list, filtered by it
             expect(page.locator("#runs tr[data-run]")).to_have_count(1)
             expect(page.locator("#label-filters .chip")).to_have_text([f"{DROP} team=search"])
+            assert _shown(page) == [run_id]
+            page.locator("#label-filters a.remove").click()
+            expect(page.locator("#runs tr[data-run]")).to_have_count(2)
+            page.fill("#label-filter", "team=search ")  # typed as written: not trimmed
+            page.locator("#filters button[type=submit]").click()
+            expect(page.locator("#runs tr[data-run]")).to_have_count(1)
+            assert _shown(page) == [padded]
     finally:
         store.close()

@@ -196,11 +196,11 @@ def test_a_label_stored_before_secrets_were_refused_is_shown_masked(api: tuple[T
     secret = "sk-ant-" + "q" * 30
     with store.engine.begin() as conn:  # as the row was written then: past the store's check
         conn.execute(update(runs).where(runs.c.run_id == run_id).values(
-            labels={"t": tag, "note": secret, "password": "hunter22hunter"}))
+            labels={"t": tag, "note": secret, "password": "hunter22hunter", "sk-ant-" + "k" * 20: "x"}))
     for url in (_url(tag), f"/api/runs/{quote(run_id, safe='')}"):
         response = client.get(url)
         assert response.status_code == 200, response.text
-        assert secret not in response.text and "hunter22hunter" not in response.text
+        assert secret not in response.text and "hunter22hunter" not in response.text and "k" * 20 not in response.text
         assert "[redacted]" in response.text
 
 
