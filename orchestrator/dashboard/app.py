@@ -29,6 +29,7 @@ from urllib.parse import quote, unquote
 
 import anyio
 from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
@@ -86,6 +87,11 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     @app.exception_handler(UserError)
     async def bad_request(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer (422, a list under "detail") showed in the page as "[object Object]"
+        return JSONResponse({"error": params.validation_message(exc.errors())}, 400)
 
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:

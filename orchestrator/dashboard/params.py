@@ -9,7 +9,8 @@ that does not exist, ``since=nan``); a run id no run can have is simply not foun
 from __future__ import annotations
 
 import math
-from typing import TypeGuard
+from collections.abc import Sequence
+from typing import Any, TypeGuard
 from urllib.parse import unquote_to_bytes
 
 from raysaga.errors import RunNotFoundError, UserError
@@ -154,5 +155,19 @@ def query_problem(raw: bytes) -> str | None:
     return None
 
 
+
+def validation_message(errors: Sequence[Any]) -> str:
+    """FastAPI's refusal of a parameter of the wrong type (``limit=abc``, a body that is no JSON
+    object) as one line naming it, as every other refusal here names its parameter."""
+    if not errors:
+        return "the request does not fit this route"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return 'the body is not JSON: send a JSON object, e.g. {"confirm": true}'
+    where = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "header")]
+    name = ".".join(where) or "the request"
+    return f"{name}={first.get('input')!r:.60}: {first.get('msg', 'not accepted')}".replace("Input should", "it should")
+
+
 __all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_filter", "label_param", "parse_cursor",
-           "parse_status", "parse_time", "query_problem", "run_id_param", "text_param"]
+           "parse_status", "parse_time", "query_problem", "run_id_param", "text_param", "validation_message"]

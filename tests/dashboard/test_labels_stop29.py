@@ -224,3 +224,24 @@ def test_a_damaged_labels_value_lists_the_run_without_labels(tmp_path: Any) -> N
         assert _listed(client, "/api/runs?label=a=b") == [good]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("method", "url", "body", "error"), [
+    ("GET", "/api/runs?limit=abc", None, "limit='abc': it should be a valid integer"),
+    ("GET", "/api/runs?label=k=v&limit=1.5", None, "limit='1.5': it should be a valid integer"),
+    ("GET", "/api/runs/r1/events?after=zz", None, "after='zz': it should be a valid integer"),
+    ("GET", "/api/runs/r1/items/square?after=x", None, "after='x': it should be a valid integer"),
+    ("POST", "/api/runs/r1/actions/pause", b"[1, 2]", "body=[1, 2]: it should be a valid dictionary"),
+    ("POST", "/api/runs/r1/actions/pause", b"{not json", 'the body is not JSON: send a JSON object'),
+])
+def test_a_parameter_of_the_wrong_type_is_a_400_naming_it(api: tuple[TestClient, SqlStore, str], method: str,
+                                                          url: str, body: bytes | None, error: str) -> None:
+    """FastAPI answered these 422 with a list under "detail", which the page showed as
+    "422: [object Object]"; now a 400 whose "error" names the parameter, as every other refusal."""
+    _, store, _ = api
+    app, guard = build(store)
+    client = TestClient(app, base_url=BASE)
+    response = client.get(url) if method == "GET" else client.post(
+        url, content=body, headers={"X-Raysaga-CSRF": guard.csrf, "Content-Type": "application/json"})
+    assert response.status_code == 400, (url, response.status_code, response.text[:300])
+    assert response.json()["error"].startswith(error), response.text[:300]
