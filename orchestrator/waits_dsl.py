@@ -20,7 +20,7 @@ from raysaga.orchestrator.dsl_checks import check_common, step_where
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state import jsoncodec
-from raysaga.types import Approval, check_number
+from raysaga.types import Approval, check_number, str_tuple
 
 R = TypeVar("R")
 #: The workflow's own spec builder and registration (``Workflow._make_spec``, ``Workflow._add``):
@@ -128,11 +128,14 @@ def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer
 
 
 def _names(where: str, option: str, values: Iterable[str]) -> tuple[str, ...]:
+    """``approvers=`` / ``escalate_to=`` as a tuple of non-blank names (``str_tuple``: an iterable
+    of str, else the option named with an example). A str is refused, where ``str_tuple`` takes it
+    as one name: a list of people written as one name is a mistake more often than not."""
     if isinstance(values, str):
         raise WorkflowDefinitionError(f"approval {where!r}: {option}= takes a list of names, not one str "
                                       f"({values!r}): write [{values!r}]")
-    names = tuple(values)
-    bad = [v for v in names if not isinstance(v, str) or not v.strip()]
-    if bad:
-        raise WorkflowDefinitionError(f"approval {where!r}: {option}= holds {bad!r}: names are non-empty str")
+    names = str_tuple(values, f"approval {where!r}", option, '["alice", "bob"]')
+    blank = [v for v in names if not v.strip()]
+    if blank:
+        raise WorkflowDefinitionError(f"approval {where!r}: {option}= holds {blank!r}: names are non-empty str")
     return names

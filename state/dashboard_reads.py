@@ -8,14 +8,16 @@ methods of the ``Store`` interface; the orchestrator never writes SQL.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, or_, select, tuple_
+from sqlalchemy import Engine, Text, and_, cast, func, or_, select, tuple_
 
 from raysaga.state.decoding import reading
 from raysaga.state.models import EffectRecord, EventRecord
+from raysaga.state.run_labels import labels_match
 from raysaga.state.schema import effects, events, node_columns, nodes, runs
 from raysaga.state.schema import node_rows as view  # the view; node_rows() below reads it
 
@@ -27,7 +29,8 @@ COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "items_com
 @dataclass(frozen=True)
 class RunFilter:
     """What the run list shows: every field optional; ``before`` is the keyset cursor
-    (created_at, run_id) of the last row of the previous page."""
+    (created_at, run_id) of the last row of the previous page; ``labels`` (key, value) pairs a run
+    must all carry (as ``raysaga list --label``), matched as written: no wildcard."""
 
     status: str | None = None
     workflow: str | None = None
@@ -36,15 +39,30 @@ class RunFilter:
     text: str | None = None
     before: tuple[float, str] | None = None
     limit: int = 50
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 _RUN_COLUMNS = (runs.c.run_id, runs.c.workflow_name, runs.c.workflow_version, runs.c.status, runs.c.status_reason,
                 runs.c.created_at, runs.c.updated_at, runs.c.deadline_at, runs.c.lease_owner,
                 runs.c.lease_expires_at, runs.c.retries_used, runs.c.retry_budget, runs.c.tokens_used,
-                runs.c.token_budget, runs.c.cost_used, runs.c.cost_budget, runs.c.parent_run_id)
+                runs.c.token_budget, runs.c.cost_used, runs.c.cost_budget, runs.c.parent_run_id,
+                # as text, decoded by `_summary`: one damaged labels value shows as {}, never a failed page
+                cast(runs.c.labels, Text).label("labels"))
 
 
-def _filtered(query: Any, f: RunFilter, *, with_status: bool = True) -> Any:
+def _summary(row: Any) -> dict[str, Any]:
+    """A run's summary row as a dict, its labels (JSON text, or NULL) as a dict of str."""
+    out = dict(row._mapping)
+    try:
+        labels = json.loads(out["labels"]) if out["labels"] else {}
+    except (TypeError, ValueError):
+        labels = {}
+    ok = isinstance(labels, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items())
+    out["labels"] = labels if ok else {}
+    return out
+
+
+def _filtered(query: Any, f: RunFilter, dialect: str, *, with_status: bool = True) -> Any:
     if with_status and f.status:
         query = query.where(runs.c.status == f.status)
     if f.workflow:
@@ -57,25 +75,27 @@ def _filtered(query: Any, f: RunFilter, *, with_status: bool = True) -> Any:
         needle = f.text.lower()
         query = query.where(or_(*(func.lower(c).contains(needle, autoescape=True)
                                   for c in (runs.c.run_id, runs.c.workflow_name, runs.c.status_reason))))
+    if f.labels:
+        query = query.where(*labels_match(dialect, dict(f.labels)))
     return query
 
 
 def run_page(engine: Engine, f: RunFilter) -> list[dict[str, Any]]:
     """Newest first, summary columns only, keyset-paged on (created_at, run_id)."""
-    query = _filtered(select(*_RUN_COLUMNS), f)
+    query = _filtered(select(*_RUN_COLUMNS), f, engine.dialect.name)
     if f.before is not None:
         at, run_id = f.before
         query = query.where(or_(runs.c.created_at < at, and_(runs.c.created_at == at, runs.c.run_id < run_id)))
     query = query.order_by(runs.c.created_at.desc(), runs.c.run_id.desc()).limit(f.limit)
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query).all()]
+        return [_summary(r) for r in conn.execute(query).all()]
 
 
 def run_counts(engine: Engine, f: RunFilter | None = None) -> dict[str, int]:
     """Runs by status under the filter (its status and cursor ignored): the list's tabs."""
     query = select(runs.c.status, func.count()).group_by(runs.c.status)
     if f is not None:
-        query = _filtered(query, f, with_status=False)
+        query = _filtered(query, f, engine.dialect.name, with_status=False)
     with engine.connect() as conn:
         return {str(s): int(n) for s, n in conn.execute(query).all()}
 
@@ -84,7 +104,7 @@ def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
     """A run's summary columns (as ``run_page`` rows), or None."""
     with engine.connect() as conn:
         row = conn.execute(select(*_RUN_COLUMNS).where(runs.c.run_id == run_id)).first()
-    return None if row is None else dict(row._mapping)
+    return None if row is None else _summary(row)
 
 
 _LIGHT_NODE = tuple(c for c in view.c if c.name not in ("run_id", "output", "error"))

@@ -11,6 +11,17 @@ interface Stats {
 
 interface Filters { status: string; workflow: string; since: string; until: string; q: string }
 
+// A run's labels as chips, each a link to the list filtered by it too (user text: always text nodes).
+export function labelChips(labels: Record<string, string> | undefined, href: (pair: string) => string | null
+): HTMLElement[] {
+  return Object.entries(labels ?? {}).map(([k, v]) => {
+    const pair = `${k}=${v}`;
+    const to = href(pair);
+    return to === null ? h("span", { class: "chip label", title: pair, "data-label": pair }, pair)
+      : h("a", { class: "chip label", title: `${pair}: list the runs labelled so`, "data-label": pair, href: to }, pair);
+  });
+}
+
 export function badge(state: string): HTMLElement {
   return h("span", { class: `badge ${cls(state)}`, title: state }, `${symbol(state)} ${state}`);
 }
@@ -21,6 +32,8 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     status: params.get("status") ?? "", workflow: params.get("workflow") ?? "", since: params.get("since") ?? "",
     until: params.get("until") ?? "", q: params.get("q") ?? "",
   };
+  // label=KEY=VALUE filters (all must hold, as `raysaga list --label`), in the order given
+  const labels = [...new Set(params.getAll("label").filter((l) => l))];
   const inbox = h("section", { class: "inbox", id: "inbox" });
   const figures = h("dl", { class: "figures", id: "figures" });
   const chips = h("div", { class: "chips", id: "counts" });
@@ -33,21 +46,32 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     input("until", "until", "datetime-local"),
     h("label", {}, "state", h("select", { name: "status", "aria-label": "state" }, h("option", { value: "" }, "any"),
       ...RUN_STATES.map((st) => h("option", { value: st, selected: st === f.status }, st)))),
+    h("label", {}, "label", h("input", { name: "label", id: "label-filter", placeholder: "key=value", "aria-label": "label" })),
+    // the labels filtered by: kept on submit (hidden inputs), each removable
+    ...labels.map((l) => h("input", { type: "hidden", name: "label", value: l })),
+    h("span", { class: "label-filters", id: "label-filters" }, ...labels.map((l) => h("span", { class: "chip on", "data-label": l,
+      title: l }, h("a", { class: "remove", href: "#/?" + filterParams(f.status, labels.filter((x) => x !== l)),
+      title: `stop filtering by ${l}`, "aria-label": `stop filtering by ${l}` }, "×"), " ", l))),
     h("button", { type: "submit" }, "Filter"));
   form.addEventListener("submit", (ev) => {
     ev.preventDefault();
     const data = new FormData(form as HTMLFormElement);
     const next = new URLSearchParams();
-    for (const [k, v] of data.entries()) if (String(v)) next.set(k, String(v));
+    for (const [k, v] of data.entries()) {
+      const text = String(v);  // as typed: a label is matched as written, spaces included
+      if (!text.trim()) continue;
+      if (k === "label") { if (!next.getAll("label").includes(text)) next.append(k, text); } else next.set(k, text);
+    }
     location.hash = "#/?" + next.toString();
   });
   root.append(h("h1", {}, "Runs"), figures, inbox, form, chips,
     h("table", { class: "runs" }, h("thead", {}, h("tr", {}, ...["run", "workflow", "state", "created", "age",
-      "reason"].map((c) => h("th", {}, c)))), table), more);
+      "labels", "reason"].map((c) => h("th", {}, c)))), table), more);
 
   const query = (before: string | null): string => {
     const p = new URLSearchParams();
     for (const [k, v] of Object.entries(f)) if (v) p.set(k, v);
+    for (const l of labels) p.append("label", l);
     if (before) p.set("before", before);
     return "/api/runs?" + p.toString();
   };
@@ -56,11 +80,11 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
       clear(table);
       clear(chips);
       const total = Object.values(page.counts).reduce((a, b) => a + b, 0);
-      chips.append(h("a", { class: "chip" + (f.status ? "" : " on"), href: "#/?" + filterParams("") }, `all ${total}`));
+      chips.append(h("a", { class: "chip" + (f.status ? "" : " on"), href: "#/?" + filterParams("", labels) }, `all ${total}`));
       for (const st of RUN_STATES) {
         const n = page.counts[st] ?? 0;
         if (n) chips.append(h("a", { class: `chip ${cls(st)}` + (f.status === st ? " on" : ""),
-          href: "#/?" + filterParams(st) }, `${symbol(st)} ${st} ${n}`));
+          href: "#/?" + filterParams(st, labels) }, `${symbol(st)} ${st} ${n}`));
       }
     }
     for (const r of page.runs) {
@@ -68,9 +92,11 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
         h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(r.run_id)}` }, r.run_id)),
         h("td", {}, `${r.workflow_name} v${r.workflow_version}`), h("td", {}, badge(r.status)),
         h("td", {}, utc(r.created_at)), h("td", {}, secs(page.now - r.created_at)),
+        h("td", { class: "labels" }, ...labelChips(r.labels, (pair) => labels.includes(pair) ? null
+          : "#/?" + filterParams(f.status, [...labels, pair]))),
         h("td", { class: "reason" }, r.status_reason ?? "")));
     }
-    if (!page.runs.length && !append) table.append(h("tr", {}, h("td", { colspan: 6 }, "no runs match")));
+    if (!page.runs.length && !append) table.append(h("tr", {}, h("td", { colspan: 7 }, "no runs match")));
     clear(more);
     if (page.next) {
       const next = page.next;
@@ -78,11 +104,12 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
         "Older runs"));
     }
   };
-  const filterParams = (status: string): string => {
+  function filterParams(status: string, withLabels: string[]): string {
     const p = new URLSearchParams();
     for (const [k, v] of Object.entries({ ...f, status })) if (v) p.set(k, v);
+    for (const l of withLabels) p.append("label", l);
     return p.toString();
-  };
+  }
   const drawInbox = (waiting: Waiting[], who: string): void => {
     clear(inbox);
     if (!waiting.length) return;
@@ -109,7 +136,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
   const refresh = (): void => {
     void getJSON<RunList>(query(null)).then((p) => { if (live) draw(p, false); }).catch((e: Error) => {
       clear(table);
-      table.append(h("tr", {}, h("td", { colspan: 6, class: "error" }, e.message)));
+      table.append(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));
     });
     // acting as someone: the approvals they may decide; else every waiting approval
     const who = actor() === "dashboard" ? "" : actor();

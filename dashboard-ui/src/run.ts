@@ -5,7 +5,7 @@
 import { actor, clear, clock, getJSON, h, postJSON, secs, utc } from "./dom";
 import { drawDag, legend, liveState, type DagView } from "./dag";
 import { drawGantt } from "./gantt";
-import { badge } from "./list";
+import { badge, labelChips } from "./list";
 import { renderPanel } from "./panel";
 import { cls, symbol } from "./status";
 import type { Change, EventJSON, Row, RunDoc, RunSummary, StepState } from "./types";
@@ -91,6 +91,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
           `$${run.cost_used.toFixed(4)}`),
         h("dt", {}, "driver"), h("dd", {}, run.lease_owner && (run.lease_expires_at ?? 0) > now ?
           run.lease_owner.split(":").slice(0, 3).join(":") : "none"),
+        ...(Object.keys(run.labels ?? {}).length ? [h("dt", {}, "labels"), h("dd", { class: "labels", id: "run-labels" },
+          ...labelChips(run.labels, (pair) => "#/?" + new URLSearchParams([["label", pair]]).toString()))] : []),
         ...lineage(run)),
       actions);
   };

@@ -5,7 +5,7 @@ export interface RunSummary {
   status_reason: string | null; created_at: number; updated_at: number; deadline_at: number | null;
   lease_owner: string | null; lease_expires_at: number | null; retries_used: number;
   retry_budget: number | null; tokens_used: number; token_budget: number | null; cost_used: number;
-  cost_budget: number | null; parent_run_id: string | null;
+  cost_budget: number | null; parent_run_id: string | null; labels?: Record<string, string>;
 }
 
 export interface RunList { runs: RunSummary[]; counts: Record<string, number>; next: string | null; now: number }

@@ -5,7 +5,8 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
 - ``GET /`` the page (the front-end built from ``dashboard-ui/``, served from ``static/``);
   ``/?token=T`` sets the token cookie and redirects to ``/``.
 - ``GET /api/runs`` a page of runs (``status``, ``workflow``, ``since``, ``until``, ``q``,
-  ``before``, ``limit``) with counts by state; ``GET /api/inbox`` nodes waiting for a human.
+  ``label=KEY=VALUE`` (repeatable: every one must hold), ``before``, ``limit``) with counts by
+  state; ``GET /api/inbox`` nodes waiting for a human.
 - ``GET /api/runs/RUN`` the run, its DAG and its nodes' states, and ``cursor``, the event seq
   they were read at; ``/items/STEP`` a fan-out's items; ``/nodes/NODE`` a node's panel;
   ``/nodes/NODE/output`` its whole output; ``/events`` the event log.
@@ -27,13 +28,14 @@ from typing import Any, NoReturn
 from urllib.parse import quote, unquote
 
 import anyio
-from fastapi import Body, FastAPI, HTTPException, Request, Response
+from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 
 from raysaga.errors import CorruptRecordError, RunNotFoundError, UserError
-from raysaga.orchestrator.dashboard import actions, metrics, views
+from raysaga.orchestrator.dashboard import actions, metrics, params, views
 from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, SAFE_METHODS, Guard
 from raysaga.state import Store
 from raysaga.state.dashboard_reads import RunFilter
@@ -70,6 +72,9 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         if request.method not in SAFE_METHODS and not guard.csrf_ok(
                 request.headers.get(CSRF_HEADER), request.headers.get("origin"), host):
             return PlainTextResponse("refused: a state-changing request needs the page's CSRF header", 403)
+        problem = params.query_problem(request.scope.get("query_string", b""))
+        if problem is not None:
+            return JSONResponse({"error": problem}, 400)
         response = await call_next(request)
         for k, v in _HEADERS.items():
             response.headers.setdefault(k, v)
@@ -82,6 +87,11 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     @app.exception_handler(UserError)
     async def bad_request(request: Request, exc: UserError) -> JSONResponse:
         return JSONResponse({"error": str(exc)}, 400)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own answer (422, a list under "detail") showed in the page as "[object Object]"
+        return JSONResponse({"error": params.validation_message(exc.errors())}, 400)
 
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
@@ -101,12 +111,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/runs")
     def runs(status: str | None = None, workflow: str | None = None, since: str | None = None,
-             until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50
-             ) -> dict[str, Any]:
-        f = RunFilter(status=views.parse_status(status), workflow=views.text_param(workflow, "workflow", 100),
-                      since=views.parse_time(since, "since"),
-                      until=views.parse_time(until, "until"), text=views.text_param((q or "").strip(), "q", 200),
-                      before=views.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE))
+             until: str | None = None, q: str | None = None, before: str | None = None, limit: int = 50,
+             label: list[str] | None = Query(None)) -> dict[str, Any]:
+        f = RunFilter(status=params.parse_status(status), workflow=params.text_param(workflow, "workflow", 100),
+                      since=params.parse_time(since, "since"),
+                      until=params.parse_time(until, "until"), text=params.text_param((q or "").strip(), "q", 200),
+                      before=params.parse_cursor(before), limit=min(max(1, limit), views.MAX_PAGE),
+                      labels=params.label_filter(label))
         return views.run_list(store, f)
 
     @app.get("/api/stats")
@@ -115,7 +126,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/inbox")
     def inbox(approver: str | None = None) -> dict[str, Any]:
-        return {"waiting": views.inbox(store, views.text_param(approver, "approver", 200))}
+        return {"waiting": views.inbox(store, params.text_param(approver, "approver", 200))}
 
     # Under /api/runs/ the path parameters are read from the raw path and unquoted here (`_id`):
     # a run id may hold a '/' (the page sends it as %2F), which routing on the decoded path split.
@@ -126,21 +137,22 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     @app.get("/api/runs/{run_id}/items/{step}")
     def items(run_id: str, step: str, after: int = -1, limit: int = 200, status: str | None = None
               ) -> dict[str, Any]:
-        return views.fan_items(store, _run_id(run_id), views.label_param(_id(step), "step"), after, limit,
-                               views.text_param(status, "status", 40))
+        return views.fan_items(store, _run_id(run_id), params.label_param(_id(step), "step"), after, limit,
+                               params.text_param(status, "status", 40))
 
     @app.get("/api/runs/{run_id}/nodes/{label}")
     def node(run_id: str, label: str) -> dict[str, Any]:
-        return views.node_page(store, _run_id(run_id), views.label_param(_id(label), "node"))
+        return views.node_page(store, _run_id(run_id), params.label_param(_id(label), "node"))
 
     @app.get("/api/runs/{run_id}/nodes/{label}/output")
     def node_output(run_id: str, label: str) -> JSONResponse:
-        return JSONResponse({"value": views.node_output(store, _run_id(run_id), views.label_param(_id(label), "node"))})
+        node = params.label_param(_id(label), "node")
+        return JSONResponse({"value": views.node_output(store, _run_id(run_id), node)})
 
     @app.get("/api/runs/{run_id}/events")
     def events(run_id: str, after: int = 0, limit: int = 200) -> dict[str, Any]:
         run_id = _run_id(run_id)
-        after = views.bounded(after, "after", 0, views.MAX_SEQ)
+        after = params.bounded(after, "after", 0, params.MAX_SEQ)
         if store.run_row(run_id) is None:
             _missing(run_id)
         return {"events": views.events_page(store, run_id, after, limit)}
@@ -150,8 +162,8 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         run_id = _run_id(run_id)
         last = request.headers.get("last-event-id")
         # checked before the stream starts: a number the store cannot hold failed every poll after
-        cursor = views.bounded(int(last), "Last-Event-ID", 0, views.MAX_SEQ) if last and last.isascii() \
-            and last.isdigit() else views.bounded(after or 0, "after", 0, views.MAX_SEQ)
+        cursor = params.bounded(int(last), "Last-Event-ID", 0, params.MAX_SEQ) if last and last.isascii() \
+            and last.isdigit() else params.bounded(after or 0, "after", 0, params.MAX_SEQ)
         if await anyio.to_thread.run_sync(store.run_row, run_id) is None:
             _missing(run_id)
 
@@ -217,7 +229,7 @@ def _id(segment: str) -> str:
 
 def _run_id(segment: str) -> str:
     """The run id of a path under ``/api/runs/`` (one no run can have: 404 at once)."""
-    return views.run_id_param(unquote(segment))
+    return params.run_id_param(unquote(segment))
 
 
 #: Longest name an action is done as (it is recorded in the event the action appends).
@@ -227,7 +239,7 @@ MAX_ACTOR = 200
 def _actor(value: Any) -> str:
     """Who acts: a name of 1-200 printable characters (the page's *acting as*), else ``UserError``:
     any JSON value of any size was once recorded as its ``str()``."""
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ACTOR or not value.isprintable():
+    if not params.fits(value, MAX_ACTOR):
         shown = value[:40] + "…" if isinstance(value, str) and len(value) > 40 else value
         raise UserError(f"by={shown!r} is not a name: 1-{MAX_ACTOR} printable characters")
     return value

@@ -9,7 +9,6 @@ output kept as a blob is fetched the same way, by the digest its row names.
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -17,10 +16,11 @@ from typing import Any
 from raysaga.errors import RunNotFoundError, UserError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.dashboard.graph import base_step, graph_for
-from raysaga.state import RunStatus, Store, node_label
+from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded
+from raysaga.state import Store, node_label
 from raysaga.state.dashboard_reads import RunFilter
 from raysaga.state.item_events import item_indexes
-from raysaga.state.redact import scrub
+from raysaga.state.redact import scrub, scrub_text
 
 #: A value above this many bytes of JSON is sent as a preview; the page fetches the rest on demand.
 PREVIEW_BYTES = 16_384
@@ -55,82 +55,9 @@ def _row(row: dict[str, Any]) -> dict[str, Any]:
 def _run_json(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: row[k] for k in row}
     out["status_reason"] = scrub(row.get("status_reason"))
+    if "labels" in out:  # stored before labels holding a secret were refused (6867918): masked here
+        out["labels"] = {scrub_text(k): v for k, v in scrub(out["labels"]).items()}
     return out
-
-
-#: The event log's sequence numbers are 64-bit; a fan-out's indexes 32-bit (the store's columns).
-MAX_SEQ = 2**63 - 1
-MAX_INDEX = 2**31 - 1
-
-
-def bounded(value: int, name: str, low: int, high: int) -> int:
-    """``value`` if ``low <= value <= high``, else ``UserError`` (400) naming the parameter: a number
-    the store cannot hold would be a database error (500), never a result."""
-    if not low <= value <= high:
-        raise UserError(f"{name}={value} is out of range: {low} to {high}")
-    return value
-
-
-def text_param(value: str | None, name: str, limit: int) -> str | None:
-    """A text query parameter: at most ``limit`` characters, no NUL (PostgreSQL text cannot hold
-    one: a 500) nor other control character; else ``UserError`` naming it. Empty means unset."""
-    if not value:
-        return None
-    if len(value) > limit:
-        raise UserError(f"{name}= is {len(value)} characters long: at most {limit}")
-    if not value.isprintable():
-        raise UserError(f"{name}={value[:40]!r} holds a control character")
-    return value
-
-
-#: Longest run id (as `raysaga run --run-id` accepts).
-MAX_RUN_ID = 200
-
-
-def run_id_param(value: str) -> str:
-    """A run id from a path: one no run can have (empty, too long, a control character, which
-    PostgreSQL could not even compare) is not found, without asking the store."""
-    if not 0 < len(value) <= MAX_RUN_ID or not value.isprintable():
-        raise RunNotFoundError(value)
-    return value
-
-
-def label_param(value: str, name: str) -> str:
-    """A step or node label from a path (steps are short identifiers; agent turns add a little)."""
-    if not 0 < len(value) <= 300 or not value.isprintable():
-        raise UserError(f"{name} {value[:40]!r} is not a node label: write STEP, STEP[ITEM] or AGENT@TURN[ITEM]")
-    return value
-
-
-def parse_status(value: str | None) -> str | None:
-    """A run state, or ``UserError`` naming the states (an unknown one would list no runs, silently)."""
-    if not value:
-        return None
-    states = [s.value for s in RunStatus]
-    if value not in states:
-        raise UserError(f"status={value!r} is not a run state: one of {', '.join(states)}")
-    return value
-
-
-def parse_time(value: str | None, name: str) -> float | None:
-    """An ISO date/time (UTC unless it says) or epoch seconds (finite: ``nan`` would list no runs)."""
-    if not value:
-        return None
-    try:
-        number = float(value)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(number):
-            raise UserError(f"{name}={value!r} is not a time: use 2026-01-31, 2026-01-31T12:00 or epoch seconds")
-        return number
-    from datetime import UTC, datetime
-
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise UserError(f"{name}={value!r} is not a time: use 2026-01-31, 2026-01-31T12:00 or epoch seconds") from None
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
 
 
 def run_list(store: Store, f: RunFilter) -> dict[str, Any]:
@@ -143,19 +70,6 @@ def run_list(store: Store, f: RunFilter) -> dict[str, Any]:
         "next": None if last is None else f"{last['created_at']!r}|{last['run_id']}",
         "now": time.time(),
     }
-
-
-def parse_cursor(value: str | None) -> tuple[float, str] | None:
-    if not value:
-        return None
-    at, sep, run_id = value.partition("|")
-    try:
-        number = float(at)
-    except ValueError:
-        number = math.nan
-    if not sep or not math.isfinite(number) or not 0 < len(run_id) <= MAX_RUN_ID or not run_id.isprintable():
-        raise UserError(f"before={value[:80]!r} is not a cursor from a previous page")
-    return number, run_id
 
 
 def inbox(store: Store, approver: str | None = None) -> list[dict[str, Any]]:
@@ -358,6 +272,5 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
     }
 
 
-__all__ = ["ITEMS_SHOWN", "MAX_INDEX", "MAX_SEQ", "PREVIEW_BYTES", "bounded", "events_page", "fan_items", "inbox",
-           "label_param", "live_change", "node_output", "node_page", "parse_cursor", "parse_node", "parse_status",
-           "parse_time", "run_id_param", "run_list", "run_page", "shown", "text_param"]
+__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "events_page", "fan_items", "inbox", "live_change", "node_output",
+           "node_page", "parse_node", "run_list", "run_page", "shown"]
