@@ -9,7 +9,8 @@ several workers on one store never drive one run at once.
 
 A run whose driver died on this host (a SIGKILLed ``raysaga run``, an OOM-killed worker) is taken
 over at once, without waiting for its lease to expire: when a slot finds nothing to claim, the
-worker looks (at most once per ``poll``) at the active runs of its workflows whose lease owner is
+worker looks (at most once per ``poll``) at the active runs of its workflows (and the pending
+ones: a driver may die between its claim and the run's first commit) whose lease owner is
 provably gone (``ownership.owner_is_gone``: same host, boot and pid namespace, process dead) and
 claims one from that owner (``ownership.claim``; the claim names it ``abandoned_by``, so a crash
 loop is still counted). An owner on another host cannot be proven gone from here: its runs wait
@@ -52,7 +53,7 @@ from raysaga.state.models import PRUNABLE
 
 log = logging.getLogger("raysaga.worker")
 
-#: Active runs (per state, newest first) a worker looks at for a driver gone on this host.
+#: Active and pending runs (per state, newest first) a worker looks at for a driver gone on this host.
 ORPHAN_SCAN = 500
 #: Drives of one run in a row that end in an error (not an outage of the store, a lost lease or a
 #: stop) before the worker parks the run ``failed``: the driver releases the run as it fails, so
@@ -210,7 +211,7 @@ class Worker:
             if now < self._next_scan:
                 return None
             self._next_scan = now + self.poll
-        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):
+        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING, RunStatus.PENDING):
             for row in self.store.list_runs(status, ORPHAN_SCAN):
                 if (row.corrupt or row.workflow_name not in self.workflows or row.lease_owner is None
                         or (row.lease_expires_at or 0.0) < now  # expired: claim_next takes it
