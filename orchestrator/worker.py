@@ -45,6 +45,7 @@ from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
+from raysaga.orchestrator.stop_signals import sigint_kept_ignored
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, RunRecord, RunStatus, RunUpdate, Store
 from raysaga.state.claims import Claim
@@ -147,16 +148,20 @@ class Worker:
             self._primary = make_executor("ray", self.address)
 
     def run(self) -> WorkerCounts:
-        """Claim and drive until ``stop()``; returns what was done."""
+        """Claim and drive until ``stop()``; returns what was done. A process that was started
+        with SIGINT ignored (a background job: ``nohup raysaga worker &``) keeps it ignored meanwhile,
+        whatever handler was installed for it since (``stop_signals.sigint_kept_ignored``): a Ctrl-C
+        meant for the foreground job does not stop it. SIGTERM does."""
         self.start_engine()
         slots = [threading.Thread(target=self._slot, name=f"raysaga-worker-{i}", daemon=True)
                  for i in range(self.concurrency)]
-        for slot in slots:
-            slot.start()
         try:
-            for slot in slots:
-                while slot.is_alive():
-                    slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
+            with sigint_kept_ignored():
+                for slot in slots:
+                    slot.start()
+                for slot in slots:
+                    while slot.is_alive():
+                        slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
         finally:
             if self._primary is not None:
                 self._primary.shutdown()

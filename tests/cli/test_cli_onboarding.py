@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from raysaga.orchestrator.cli import app
 from tests.support import REPO
 from tests.support import crash_driver as harness
+from tests.support.child_signals import sigint_default
 from tests.support.services import FakeServices
 
 EXE = Path(sys.executable).with_name("raysaga")
@@ -68,7 +69,8 @@ def _start_slow(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     (tmp_path / "slow_flow.py").write_text(SLOW)
     db = f"sqlite:///{tmp_path / 'slow.db'}"
     proc = subprocess.Popen([str(EXE), "run", "slow_flow.py:wf", "--executor", "inline", "--run-id", "slow-1",
-                             "--db", db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--db", db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)  # SIGINT reaches it even in a background test run
     wait_until = harness.wait_until
     wait_until(lambda: (tmp_path / "started").exists() or proc.poll() is not None, timeout=60,
                what="the first step to start")
