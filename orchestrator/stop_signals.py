@@ -30,9 +30,9 @@ log = logging.getLogger("raysaga.driver")
 #: Kubernetes, systemd).
 STOP_SIGNALS = (posix_signal.SIGINT, posix_signal.SIGTERM)
 
-#: SIGINT was ignored when raysaga was imported: the process inherited it so (see the module doc),
-#: or the application ignores it. Read once: a handler installed since (by Ray, by a CLI) must not
-#: hide it.
+#: SIGINT was ignored when this module was first imported (the driver and the worker import it
+#: before they, Ray or the CLI install any handler): the process inherited it so (see the module
+#: doc), or the application ignores it. Read once: a handler installed since must not hide it.
 SIGINT_IGNORED_AT_START = posix_signal.getsignal(posix_signal.SIGINT) == posix_signal.SIG_IGN
 
 
