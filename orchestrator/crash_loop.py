@@ -12,7 +12,13 @@ no release, pause, rest or hand-back) says ``abandoned_by``; an attempt's outcom
 completed, failed, retried or skipped) is progress. When the last ``RunOptions.max_driver_deaths``
 drivers all died without progress, the run is parked as ``failed`` (``compensation_failed`` in a
 rollback) naming the steps that were in flight, and an operator fixes the step and ``raysaga
-retry``s the run. Pure: the driver reads the events and commits what this returns.
+retry``s the run. Pure but for the read of the events: the driver commits what this returns.
+
+A run still ``pending`` is counted too: its drivers may die between their claim and the run's
+first commit (killed by whatever kills them there, every time), and a fleet then took it up for
+ever. The count cannot tell a step's own death from a killer outside: any ``max_driver_deaths``
+drivers in a row that got nothing committed park the run, which loses nothing (``raysaga retry``
+goes on with the same keys), where resuming it again would lose a process each time.
 """
 
 from __future__ import annotations
@@ -35,21 +41,29 @@ from raysaga.state import (
     Store,
 )
 
-__all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "failing_parking", "park_if_looping", "parking", "suspects"]
+__all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "failing_parking", "park_if_looping", "parking", "recent_deaths",
+           "suspects"]
 
 log = logging.getLogger("raysaga.driver")
 
 #: Events that mean an attempt's outcome was committed: the driver before got somewhere.
 PROGRESS = frozenset({"node_completed", "items_completed", "node_failed", "node_skipped", "retry_scheduled",
                       "compensation_retry", "approval_requested", "sleep_started", "fanout_expanded", "run_created"})
-#: How many of the run's last events are read to count the deaths (a death without progress
-#: writes two or three: its successor's claim, a transition, a take-over note).
+#: How many of the run's events are read at a time, newest first, to count the deaths (a death
+#: without progress writes one to three: its successor's claim, a transition, a take-over note).
+#: Most counts end in the first page; a larger ``max_driver_deaths`` reads further back.
 WINDOW = 100
 
 
 def deaths_in_a_row(events: Sequence[EventRecord]) -> int:
     """How many drivers in a row died without committing an attempt's outcome, counted back from the
     newest claim in ``events`` (ascending by seq, ending with this driver's own claim)."""
+    return _count(events)[0]
+
+
+def _count(events: Sequence[EventRecord]) -> tuple[int, bool]:
+    """(deaths in a row, whether the count is settled: a claim of a released lease or progress
+    ended it within ``events``; else older events may add to it)."""
     deaths = 0
     abandoned = False  # the newer claim seen last took the lease from a driver that had died
     for event in reversed(events):
@@ -58,10 +72,25 @@ def deaths_in_a_row(events: Sequence[EventRecord]) -> int:
                 deaths += 1  # that driver's time, from this claim to the newer one, made no progress
             abandoned = isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
             if not abandoned:
-                break
+                return deaths, True
         elif event.kind in PROGRESS:
-            break
-    return deaths
+            return deaths, True
+    return deaths, False
+
+
+def recent_deaths(store: Store, run: RunRecord, limit: int) -> int:
+    """``deaths_in_a_row`` of the run's events, read back a ``WINDOW`` at a time until the count is
+    settled or reaches ``limit``: a fixed window never counted more deaths than it holds, so a
+    ``max_driver_deaths`` above ~33 (100 events) never parked anything."""
+    newest = run.event_seq
+    events: list[EventRecord] = []
+    while True:
+        oldest = max(0, newest - WINDOW)
+        events = store.events(run.run_id, after_seq=oldest, limit=newest - oldest) + events
+        deaths, settled = _count(events)
+        if settled or deaths >= limit or oldest == 0:
+            return deaths
+        newest = oldest
 
 
 def suspects(nodes: Iterable[NodeRecord], wf: Workflow) -> list[str]:
@@ -98,10 +127,11 @@ def failing_parking(status: RunStatus, failures: int, error: str, run_id: str) -
 def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[NodeRecord], wf: Workflow,
                     limit: int) -> RunRecord | None:
     """Park the run (and return it) when its last ``limit`` drivers died without progress; else
-    None. A new run has had no driver to lose: nothing is read for it."""
-    if run.status == RunStatus.PENDING:
+    None. A run claimed once (fence 1: this driver's own claim) has had no driver to lose: nothing
+    is read for it. A ``pending`` one is counted like any other (see the module doc)."""
+    if run.fence <= 1:
         return None
-    deaths = deaths_in_a_row(store.events(run.run_id, after_seq=max(0, run.event_seq - WINDOW)))
+    deaths = recent_deaths(store, run, limit)
     if deaths < limit:
         return None
     resume_first, batch = parking(run.status, deaths, suspects(nodes, wf), run.run_id)

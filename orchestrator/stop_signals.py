@@ -6,6 +6,11 @@ executor a step running in this thread finishes first), settles what is in fligh
 finished, releases the lease and raises ``DriverInterrupted``. A second signal ends the process
 at once (exit 130 or 143, or the application's own handler if it installed one): a resume on
 this host takes the lease over at once, its owner being provably gone.
+
+A SIGINT the process inherited as ignored stays ignored. A shell without job control (a script,
+``nohup cmd &``) starts a background job with SIGINT ignored because it shares the terminal's
+process group: a Ctrl-C meant for the foreground job reaches it too. Python keeps that SIG_IGN,
+and so does a driver (and a worker: ``Worker.run``); SIGTERM still stops them cleanly.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import logging
 import os
 import signal as posix_signal
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -23,6 +29,32 @@ log = logging.getLogger("raysaga.driver")
 #: Signals a driver turns into a clean stop: SIGINT (Ctrl-C) and SIGTERM (``docker stop``,
 #: Kubernetes, systemd).
 STOP_SIGNALS = (posix_signal.SIGINT, posix_signal.SIGTERM)
+
+#: SIGINT was ignored when this module was first imported (the driver and the worker import it
+#: before they, Ray or the CLI install any handler): the process inherited it so (see the module
+#: doc), or the application ignores it. Read once: a handler installed since must not hide it.
+SIGINT_IGNORED_AT_START = posix_signal.getsignal(posix_signal.SIGINT) == posix_signal.SIG_IGN
+
+
+def ignored(signum: int) -> bool:
+    """Whether ``signum`` must stay ignored: SIGINT, when it was ignored at start or is now."""
+    return signum == posix_signal.SIGINT and (
+        SIGINT_IGNORED_AT_START or posix_signal.getsignal(signum) == posix_signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def sigint_kept_ignored() -> Iterator[None]:
+    """Keep SIGINT ignored for the time of the block when it was ignored at start, whatever handler
+    was installed for it since (``raysaga worker`` installs one for Ctrl-C); the handler is put
+    back after. Main thread only (elsewhere, or when SIGINT was not ignored: nothing is changed)."""
+    if not SIGINT_IGNORED_AT_START or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = posix_signal.signal(posix_signal.SIGINT, posix_signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        posix_signal.signal(posix_signal.SIGINT, previous if previous is not None else posix_signal.SIG_DFL)
 
 
 class StopSignals:
@@ -37,6 +69,8 @@ class StopSignals:
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in STOP_SIGNALS:
+            if ignored(signum):  # a background job's SIGINT: meant for the foreground (module doc)
+                continue
             try:
                 self._saved[signum] = posix_signal.signal(signum, self._on_signal)
             except (ValueError, OSError):  # not the main interpreter, or a platform without it
@@ -54,8 +88,7 @@ class StopSignals:
                         self.run_id, self.received)
             return
         # The second signal stops at once, whatever the step in flight does: an inline step cannot
-        # be preempted, a KeyboardInterrupt can be swallowed by the step, and a shell that started
-        # this process in the background leaves SIGINT ignored. An application's own handler is
+        # be preempted, and a KeyboardInterrupt can be swallowed by the step. An application's own handler is
         # called instead. The process ends with 130 (SIGINT) or 143 (SIGTERM), its lease still
         # held: its pid is gone, so `raysaga resume` on this host takes the lease over at once.
         self.restore()

@@ -9,7 +9,8 @@ several workers on one store never drive one run at once.
 
 A run whose driver died on this host (a SIGKILLed ``raysaga run``, an OOM-killed worker) is taken
 over at once, without waiting for its lease to expire: when a slot finds nothing to claim, the
-worker looks (at most once per ``poll``) at the active runs of its workflows whose lease owner is
+worker looks (at most once per ``poll``) at the active runs of its workflows (and the pending
+ones: a driver may die between its claim and the run's first commit) whose lease owner is
 provably gone (``ownership.owner_is_gone``: same host, boot and pid namespace, process dead) and
 claims one from that owner (``ownership.claim``; the claim names it ``abandoned_by``, so a crash
 loop is still counted). An owner on another host cannot be proven gone from here: its runs wait
@@ -44,6 +45,7 @@ from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
+from raysaga.orchestrator.stop_signals import sigint_kept_ignored
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, RunRecord, RunStatus, RunUpdate, Store
 from raysaga.state.claims import Claim
@@ -52,7 +54,7 @@ from raysaga.state.models import PRUNABLE
 
 log = logging.getLogger("raysaga.worker")
 
-#: Active runs (per state, newest first) a worker looks at for a driver gone on this host.
+#: Active and pending runs (per state, newest first) a worker looks at for a driver gone on this host.
 ORPHAN_SCAN = 500
 #: Drives of one run in a row that end in an error (not an outage of the store, a lost lease or a
 #: stop) before the worker parks the run ``failed``: the driver releases the run as it fails, so
@@ -146,16 +148,20 @@ class Worker:
             self._primary = make_executor("ray", self.address)
 
     def run(self) -> WorkerCounts:
-        """Claim and drive until ``stop()``; returns what was done."""
+        """Claim and drive until ``stop()``; returns what was done. A process that was started
+        with SIGINT ignored (a background job: ``nohup raysaga worker &``) keeps it ignored meanwhile,
+        whatever handler was installed for it since (``stop_signals.sigint_kept_ignored``): a Ctrl-C
+        meant for the foreground job does not stop it. SIGTERM does."""
         self.start_engine()
         slots = [threading.Thread(target=self._slot, name=f"raysaga-worker-{i}", daemon=True)
                  for i in range(self.concurrency)]
-        for slot in slots:
-            slot.start()
         try:
-            for slot in slots:
-                while slot.is_alive():
-                    slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
+            with sigint_kept_ignored():
+                for slot in slots:
+                    slot.start()
+                for slot in slots:
+                    while slot.is_alive():
+                        slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
         finally:
             if self._primary is not None:
                 self._primary.shutdown()
@@ -210,7 +216,7 @@ class Worker:
             if now < self._next_scan:
                 return None
             self._next_scan = now + self.poll
-        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):
+        for status in (RunStatus.RUNNING, RunStatus.COMPENSATING, RunStatus.PENDING):
             for row in self.store.list_runs(status, ORPHAN_SCAN):
                 if (row.corrupt or row.workflow_name not in self.workflows or row.lease_owner is None
                         or (row.lease_expires_at or 0.0) < now  # expired: claim_next takes it

@@ -37,9 +37,11 @@ CANDIDATES = 16
 
 _ACTIVE = (RunStatus.RUNNING.value, RunStatus.COMPENSATING.value)
 #: A run in one of these whose lease is claimed while another owner still holds it (expired, or
-#: its process provably gone) was abandoned: that driver died mid-run. The claim's event says so
-#: (``abandoned_by``), which is how a crash loop is told apart from runs that rest or are handed back.
-ABANDONABLE = frozenset(_ACTIVE)
+#: its process provably gone) was abandoned: that driver died mid-run, or before the run's first
+#: commit (``pending``: every way out of a drive of a pending run lets go of it, or moves it on).
+#: The claim's event says so (``abandoned_by``), which is how a crash loop is told apart from runs
+#: that rest or are handed back.
+ABANDONABLE = frozenset({*_ACTIVE, RunStatus.PENDING.value})
 _RESTING = (RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value)
 
 

@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from raysaga.orchestrator.cli import app
 from tests.support import REPO
 from tests.support import crash_driver as harness
+from tests.support.child_signals import sigint_default
 from tests.support.services import FakeServices
 
 EXE = Path(sys.executable).with_name("raysaga")
@@ -68,7 +69,8 @@ def _start_slow(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     (tmp_path / "slow_flow.py").write_text(SLOW)
     db = f"sqlite:///{tmp_path / 'slow.db'}"
     proc = subprocess.Popen([str(EXE), "run", "slow_flow.py:wf", "--executor", "inline", "--run-id", "slow-1",
-                             "--db", db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--db", db], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_default)  # SIGINT reaches it even in a background test run
     wait_until = harness.wait_until
     wait_until(lambda: (tmp_path / "started").exists() or proc.poll() is not None, timeout=60,
                what="the first step to start")
@@ -79,9 +81,12 @@ def _start_slow(tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_run_exits_with_its_code_and_names_resume(tmp_path: Path, signum: int, code: int) -> None:
     proc, db = _start_slow(tmp_path)
-    proc.send_signal(signum)
-    (tmp_path / "go").write_text("go")
-    out, err = proc.communicate(timeout=120)
+    try:  # a driver that missed the signal must not outlive the test (its step waits for "go")
+        proc.send_signal(signum)
+        (tmp_path / "go").write_text("go")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == code, (out, err)
     name = signal.Signals(signum).name
     assert f"interrupted by {name}: lease released; `raysaga resume slow-1` continues it" in err
@@ -95,17 +100,20 @@ def test_a_signal_during_run_exits_with_its_code_and_names_resume(tmp_path: Path
 
 def test_a_second_ctrl_c_still_exits_130_naming_resume(tmp_path: Path) -> None:
     proc, _ = _start_slow(tmp_path)
-    proc.send_signal(signal.SIGINT)
-    assert proc.stderr is not None
-    seen = ""
-    while "SIGINT received" not in seen:  # the driver logs the first signal once it has handled it
-        ready, _, _ = select.select([proc.stderr], [], [], 60)
-        assert ready, f"no word of the first SIGINT: {seen!r}"
-        line = proc.stderr.readline()
-        assert line, f"the driver exited: {seen!r}"
-        seen += line
-    proc.send_signal(signal.SIGINT)  # the impatient second Ctrl-C: stop at once, inside the step
-    out, err = proc.communicate(timeout=120)
+    try:  # a driver that missed the signal must not outlive the test (its step waits for ever)
+        proc.send_signal(signal.SIGINT)
+        assert proc.stderr is not None
+        seen = ""
+        while "SIGINT received" not in seen:  # the driver logs the first signal once it has handled it
+            ready, _, _ = select.select([proc.stderr], [], [], 60)
+            assert ready, f"no word of the first SIGINT: {seen!r}"
+            line = proc.stderr.readline()
+            assert line, f"the driver exited: {seen!r}"
+            seen += line
+        proc.send_signal(signal.SIGINT)  # the impatient second Ctrl-C: stop at once, inside the step
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     err = seen + err
     assert proc.returncode == 130, (out, err)
     assert "`raysaga resume slow-1` continues it" in err

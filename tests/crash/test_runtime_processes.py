@@ -28,6 +28,7 @@ import pytest
 import raysaga
 from raysaga.state import NodeStatus, RunStatus, SqlStore
 from tests.support import crash_driver as harness
+from tests.support.child_signals import sigint_default
 
 FLOW = textwrap.dedent('''
     import os, time
@@ -82,7 +83,8 @@ def start(flow: Path, db: str, run_id: str, inp: dict[str, Any], *extra: str) ->
     cmd = [sys.executable, "-m", "raysaga", "run", f"{flow}:wf", "--db", db, "--run-id", run_id,
            "--input", json.dumps(inp), "--quiet", *extra]
     return subprocess.Popen(cmd, cwd=flow.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={k: v for k, v in os.environ.items() if k != "RAYSAGA_FAULTS"})
+                            env={k: v for k, v in os.environ.items() if k != "RAYSAGA_FAULTS"},
+                            preexec_fn=sigint_default)  # SIGINT reaches it even in a background test run
 
 
 def cli(flow: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
