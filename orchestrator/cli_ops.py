@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from raysaga.errors import UserError
-from raysaga.orchestrator import cli_input
+from raysaga.orchestrator import cli_input, stop_signals
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
 from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg
 from raysaga.types import check_text
@@ -218,7 +218,9 @@ def worker(
             w.stop(signal.Signals(signum).name)
 
         for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, on_signal)
+            # a SIGINT ignored when the worker started (`nohup raysaga worker &`) stays ignored, also
+            # before Worker.run keeps it so: Ray's start may have installed a handler of its own
+            signal.signal(signum, signal.SIG_IGN if stop_signals.ignored(signum) else on_signal)
         names = ", ".join(sorted(w.workflows))
         say(out, f"worker {os.getpid()}: driving {names} from {cli_store.describe(store.url)}, "
                  f"{w.concurrency} at once (SIGTERM or Ctrl-C stops it and hands its runs back)")

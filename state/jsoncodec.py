@@ -200,6 +200,13 @@ def dumps(value: Any, where: str = "value") -> str:
     return _ENCODER.encode(to_jsonable(value, where))
 
 
+def encode_plain(value: Any) -> str:
+    """Canonical JSON text of a value raysaga built itself from parts known to be plain JSON (an
+    item chunk: finite floats, ints, JSON text as str, None), without ``dumps``' walk over it that
+    checks a caller's value: on a wide fan-out's commit the walk cost a quarter of the encoding."""
+    return _ENCODER.encode(value)
+
+
 def _no_constants(name: str) -> Any:
     raise NotJSONableError(f"JSON constant {name} is not allowed")
 
