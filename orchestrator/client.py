@@ -16,14 +16,13 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
-from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen
+from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen, same_labels
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
 from raysaga.state.decisions import Decision, WaitingApproval
 from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
-from raysaga.state.redact import scrub_text
 from raysaga.state.stats import Stats
 
 #: Runs that rest without a driver: an operator's pause takes them at once.
@@ -66,7 +65,7 @@ class Client:
             if existing is None:  # pruned between the insert and this read: record it again
                 return self.submit(workflow, input, run_id=run_id, queue=queue, options=options,
                                    workflow_ref=workflow_ref)
-            _same_labels(existing, (options or RunOptions()).labels)
+            same_labels(existing, (options or RunOptions()).labels, "submit")
             return existing
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -175,26 +174,6 @@ class Client:
 
     def stats(self, since: float | None = None) -> Stats:
         return self.store.stats(since)
-
-
-def _same_labels(existing: RunRecord, given: dict[str, str]) -> None:
-    """A retried submit's labels must be the recorded run's (``UserError`` naming those that
-    differ): labels are how the run is found (``raysaga list --label``), so returning the run as
-    if it matched would leave the caller believing it is tagged as asked, and lose the tags. The
-    given labels were checked by the store before it refused the insert (bounded, no secret)."""
-    recorded = existing.labels
-    if given == recorded:
-        return
-    differ = sorted(k for k in set(given) | set(recorded) if given.get(k) != recorded.get(k))
-    shown = "; ".join(f"{k!r:.40}: recorded {_value(recorded, k)}, given {_value(given, k)}" for k in differ[:5])
-    more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
-    raise UserError(f"run {existing.run_id!r} exists with other labels ({shown}{more}): submit again with the "
-                    "labels it was recorded with, or choose another run_id")
-
-
-def _value(labels: dict[str, str], key: str) -> str:
-    # scrubbed: a run recorded before labels holding a secret were refused (6867918) may hold one
-    return f"{scrub_text(labels[key])!r:.40}" if key in labels else "none"
 
 
 def _live(run: RunRecord) -> bool:

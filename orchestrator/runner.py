@@ -37,6 +37,7 @@ from raysaga.state import (
 )
 from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.redact import scrub_text
 from raysaga.types import check_run_id, check_text
 
 ExecutorArg = str | Executor
@@ -145,7 +146,10 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     workflow.validate()
     if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
         check_run_id(run_id, "--run-id")
-    if run_id is not None and existing_run(workflow, st, run_id, input) is not None:
+    labels = options.labels if options is not None else {}
+    if run_id is not None and (existing := existing_run(workflow, st, run_id, input)) is not None:
+        if labels:  # given: they must be the run's (left out, the run resumes as it was recorded)
+            same_labels(existing, labels, "run")
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
     given = input
@@ -164,7 +168,9 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             # path, so the loser backs off on the lease (LeaseHeldError) like any second driver,
             # instead of failing with "already exists" (a different input is still refused).
             assert run_id is not None
-            existing_run(workflow, st, run_id, given)
+            raced = existing_run(workflow, st, run_id, given)
+            if raced is not None and labels:
+                same_labels(raced, labels, "run")
             record = st.get_run(run_id, lenient=True)
         # the record in hand, not a second read: the driver reads the run again under its lease
         return _drive(workflow, st, record, ex, None, options, on_progress)
@@ -190,6 +196,27 @@ def existing_run(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunR
             raise UserError(f"run {run_id!r} exists with a different input: resume it without --input "
                             "(`raysaga resume RUN`), or choose another --run-id")
     return existing
+
+
+def same_labels(existing: RunRecord, given: dict[str, str], what: str) -> None:
+    """The labels a retried submit gives (or ``run``, when it gives any) must be the recorded run's
+    (``UserError`` naming those that differ): labels are how the run is found (``raysaga list
+    --label``), so returning the run as if it matched would leave the caller believing it is tagged
+    as asked, and lose the tags. Values are shown scrubbed and cut at 40 characters, given and
+    recorded alike (a run recorded before labels holding a secret were refused may hold one)."""
+    recorded = existing.labels
+    if given == recorded:
+        return
+    differ = sorted(k for k in set(given) | set(recorded) if given.get(k) != recorded.get(k))
+    shown = "; ".join(f"{k!r:.40}: recorded {_value(recorded, k)}, given {_value(given, k)}" for k in differ[:5])
+    more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
+    raise UserError(f"run {existing.run_id!r} exists with other labels ({shown}{more}): {what} again with the "
+                    "labels it was recorded with, or choose another run_id")
+
+
+def _value(labels: dict[str, str], key: str) -> str:
+    # scrubbed: a run recorded before labels holding a secret were refused (6867918) may hold one
+    return f"{scrub_text(labels[key])!r:.40}" if key in labels else "none"
 
 
 def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "ray",
