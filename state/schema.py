@@ -200,9 +200,9 @@ nodes = Table(
 
 #: schema 12: completed plain fan-out items, a run of consecutive indexes per row (the items a Ray
 #: task ran together land together): ``items`` is a JSON array whose element ``i`` is item
-#: ``first_index + i`` as ``[started_at, finished_at, output]``, and its attempt after them when
-#: it is not 1; ``output`` the item's JSON text as a JSON string (exact: nothing re-renders it), or
-#: null. One row and one insert for up to
+#: ``first_index + i`` as ``[start, duration, output]``, and its attempt after them when it is
+#: not 1; the times in whole ticks of 2**-22 s (``statements.TICKS_PER_SECOND``: exact), ``output``
+#: the item's JSON text as a JSON string (exact: nothing re-renders it), or null. One row and one insert for up to
 #: ``statements.MAX_CHUNK_ITEMS`` items instead of one each: a 10,000-item fan-out's commits wrote
 #: 10,000 rows (a third of its driver's time). Readers never see it: the view ``node_rows`` shows
 #: each item as a row of its own, and a row of ``raysaga_nodes`` for the same item wins (a chunk's

@@ -3,7 +3,7 @@ every reader sees each item as it saw its own row: the same columns, the same va
 bit, outputs exact; on SQLite and PostgreSQL.
 
 The write side (``statements.item_writes``): which items join a chunk, which keep a row of their
-own (a blob output, times that do not round-trip, a lone item), and that a chunk replaces the
+own (a blob output, times that are no whole ticks, a lone item), and that a chunk replaces the
 items' older rows (a retried item's ``retrying`` row) while a row written after it wins. The
 rest of the store: a fork copies chunked items as rows, prune deletes and counts them.
 """
@@ -23,7 +23,7 @@ from raysaga.state.jsoncodec import loads
 from raysaga.state.models import ItemRow
 from raysaga.state.prune import prune
 from raysaga.state.schema import item_chunks, nodes, runs
-from raysaga.state.statements import MAX_CHUNK_ITEMS, item_writes
+from raysaga.state.statements import MAX_CHUNK_ITEMS, TICKS_PER_SECOND, item_writes
 
 T0 = 1_795_697_407.042_308_6
 #: outputs a JSON function could re-render: escapes, a lone surrogate's escape, a NUL's, big and
@@ -109,8 +109,8 @@ def test_consecutive_items_are_one_row_and_every_reader_reads_each_item_back_exa
 def test_which_items_join_a_chunk() -> None:
     """Runs of 2+ consecutive indexes of one step, in completion order, capped; the rest rows."""
     blob = ("item", 5, 1, None, "sha256:" + "0" * 64, T0, T0 + 1.0)
-    odd = ("item", 6, 1, "1", None, 684787713.5377197, 1704904018694.3918)  # times that do not round-trip
-    assert odd[5] + (odd[6] - odd[5]) != odd[6]
+    odd = ("item", 6, 1, "1", None, 1e-9, 3e-9)  # times that are no whole ticks (a clock before 2004)
+    assert not (odd[5] * TICKS_PER_SECOND).is_integer()
     items = [*_items([0, 1, 2, 3, 4]), blob, odd, *_items([7, 8]), *_items([10]), *_items([20, 21], "other"),
              *_items([22]), *_items([12, 11])]
     writes = item_writes(9, items)
@@ -212,7 +212,8 @@ def test_a_chunk_changed_outside_raysaga_breaks_only_its_run(store: SqlStore) ->
                          .values(items=text(":bad" if store.engine.dialect.name == "sqlite" else "CAST(:bad AS JSON)")
                                  .bindparams(bad=bad)))
         if bad == "[[1]]":  # a short element: fields missing read as NULL; the item's finish is unknown
-            assert [(n.fan_index, n.started_at, n.finished_at) for n in store.nodes(damaged)] == [(0, 1.0, None)]
+            assert [(n.fan_index, n.started_at, n.finished_at) for n in store.nodes(damaged)] == [
+                (0, 1 / TICKS_PER_SECOND, None)]
         else:
             with pytest.raises(CorruptRecordError, match=f"run {damaged!r}"):
                 store.nodes(damaged)

@@ -2,10 +2,10 @@
 
 A 10,000-item fan-out wrote 10,000 node rows, one insert each, a third of its driver's time on
 a 2-core VM. The items a Ray task ran together complete together, so the driver writes each run
-of consecutive completed plain items as one row: ``items``, a JSON array of ``[started_at,
-finished_at, output]`` (and the attempt, when not 1), ``output`` the item's JSON text as a JSON
-string (stored text is never re-rendered, so it reads back exactly) or null. ``schema.item_chunks``
-says more.
+of consecutive completed plain items as one row: ``items``, a JSON array of ``[start, duration,
+output]`` (and the attempt, when not 1), the times in whole ticks of 2**-22 s (exact: see
+``statements.TICKS_PER_SECOND``), ``output`` the item's JSON text as a JSON string (stored text is
+never re-rendered, so it reads back exactly) or null. ``schema.item_chunks`` says more.
 
 The view ``raysaga_node_rows``, which every reader reads, shows each chunk's items as rows of
 their own (SQLite: ``json_each``; PostgreSQL: ``json_array_elements ... WITH ORDINALITY``), the
@@ -37,20 +37,21 @@ _ROWS = ("SELECT r.run_id AS run_id, "
          + ", ".join(f"{_DERIVED.get(c, 'n.' + c)} AS {c}" for c in _NODE_COLUMNS)
          + " FROM raysaga_nodes n JOIN raysaga_runs r ON r.run_key = n.run_key")
 #: The same columns, of a chunk's item: ``{i}`` is the item's 0-based place in the array; the
-#: others its fields (0 started_at, 1 finished_at, 2 output, 3 attempt or absent: 1) as SQL values.
+#: others its fields (0 start, 1 duration, both in ticks of 2**-22 s, whole numbers; 2 output; 3
+#: attempt or absent: 1) as SQL values. A tick count divided by 4194304.0 is the time to the bit;
 #: ``duration`` is ``finished - started``, as the driver computes it for a row.
 _ITEM = ("SELECT r.run_id, c.node_id, c.first_index + {i}, 'completed', "
          # an element that is not an array (a chunk changed by hand) reads attempt NULL: refused as corrupt
          "CASE {kind} WHEN 'array' THEN COALESCE({attempt}, 1) END, NULL, {output}, "
-         "NULL, NULL, {started}, {finished}, {finished} - {started}, NULL "
+         "NULL, NULL, {start} / 4194304.0, ({start} + {took}) / 4194304.0, "
+         "({start} + {took}) / 4194304.0 - {start} / 4194304.0, NULL "
          "FROM raysaga_item_chunks c JOIN raysaga_runs r ON r.run_key = c.run_key{each} "
          "WHERE NOT EXISTS (SELECT 1 FROM raysaga_nodes n WHERE n.run_key = c.run_key "
          "AND n.node_id = c.node_id AND n.fan_index = c.first_index + {i})")
-_SQLITE_ITEM = _ITEM.format(i="e.key", started="json_extract(e.value, '$[0]')",
-                            finished="json_extract(e.value, '$[1]')", output="json_extract(e.value, '$[2]')",
-                            attempt="json_extract(e.value, '$[3]')", kind="e.type",
-                            each=", json_each(c.items) e")
-_POSTGRES_ITEM = _ITEM.format(i="(e.i - 1)::integer", started="(e.v ->> 0)::float8", finished="(e.v ->> 1)::float8",
+_SQLITE_ITEM = _ITEM.format(i="e.key", start="json_extract(e.value, '$[0]')", took="json_extract(e.value, '$[1]')",
+                            output="json_extract(e.value, '$[2]')", attempt="json_extract(e.value, '$[3]')",
+                            kind="e.type", each=", json_each(c.items) e")
+_POSTGRES_ITEM = _ITEM.format(i="(e.i - 1)::integer", start="(e.v ->> 0)::float8", took="(e.v ->> 1)::float8",
                               output="(e.v ->> 2)::json", attempt="(e.v ->> 3)::integer", kind="json_typeof(e.v)",
                               each=" CROSS JOIN LATERAL json_array_elements(c.items) WITH ORDINALITY AS e(v, i)")
 
