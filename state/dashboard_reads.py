@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import Engine, Text, and_, cast, func, or_, select, tuple_
 
 from raysaga.state.decoding import reading
+from raysaga.state.item_pages import page as item_page
 from raysaga.state.models import EffectRecord, EventRecord
 from raysaga.state.run_labels import labels_match
 from raysaga.state.schema import effects, events, node_columns, nodes, runs
@@ -121,13 +122,10 @@ def step_rows(engine: Engine, run_id: str, items_cap: int) -> list[dict[str, Any
 
 def items(engine: Engine, run_id: str, node_id: str, after: int = -1, limit: int = 500,
           status: str | None = None) -> list[dict[str, Any]]:
-    """A fan-out's items by index after ``after`` (no outputs)."""
-    query = select(*_LIGHT_NODE).where(view.c.run_id == run_id, view.c.node_id == node_id,
-                                       view.c.fan_index > after)
-    if status:
-        query = query.where(view.c.status == status)
+    """A fan-out's items by index after ``after`` (no outputs): rows and item chunks read by their
+    keys (``item_pages``), not every item of the step through the view."""
     with reading(run_id, nodes.name), engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query.order_by(view.c.fan_index).limit(limit)).all()]
+        return item_page(conn, run_id, node_id, after, limit, tuple(c.name for c in _LIGHT_NODE), status)
 
 
 def node_rows(engine: Engine, run_id: str, keys: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:

@@ -18,6 +18,7 @@ from sqlalchemy import Text, cast, func, or_, select
 
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading as _reading
+from raysaga.state.item_pages import page as item_page
 from raysaga.state.models import EventRecord, NodeStatus
 from raysaga.state.schema import events, node_rows, runs
 from raysaga.state.sql_store import SqlStore
@@ -69,6 +70,7 @@ def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
 
 
 _NODE_COLUMNS = tuple(c for c in node_rows.c if c.name not in ("run_id", "output"))  # finished_at derived
+_NODE_NAMES = tuple(c.name for c in _NODE_COLUMNS)
 
 
 def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[str, int] | None = None,
@@ -88,18 +90,15 @@ def iter_nodes(store: SqlStore, run_id: str, order: list[str], *, after: tuple[s
         index = last_index if position == start else -2
         while left is None or left > 0:
             size = chunk if left is None else min(chunk, left)
-            query = (select(*_NODE_COLUMNS)
-                     .where(node_rows.c.run_id == run_id, node_rows.c.node_id == node_id, node_rows.c.fan_index > index)
-                     .order_by(node_rows.c.fan_index).limit(size))
             with _reading(run_id, "nodes"), store.reader.connect() as conn:
-                rows = conn.execute(query).all()  # decoded here, before any row of the chunk is shown
-            for row in rows:
-                yield row._asdict()
+                # decoded here, before any row of the chunk is shown; rows and item chunks by their keys
+                rows = item_page(conn, run_id, node_id, index, size, _NODE_NAMES)
+            yield from rows
             if left is not None:
                 left -= len(rows)
             if len(rows) < size:
                 break
-            index = rows[-1].fan_index
+            index = rows[-1]["fan_index"]
         if left is not None and left <= 0:
             return
 
