@@ -18,11 +18,11 @@ from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import ForkError, RunExistsError
 from raysaga.state.decoding import reading, records
-from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, NodeStatus, RunRecord, RunStatus
+from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
-from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs
-from raysaga.state.statements import fence_guard, insert_for
+from raysaga.state.schema import effects, events, item_chunks, node_columns, node_rows, nodes, runs
+from raysaga.state.statements import fence_guard
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
 _CHUNK = 400
@@ -34,20 +34,40 @@ def run_key_of(run_id: str) -> Any:
 
 
 def _copy_rows(conn: Connection, parent: str, child: str, keys: list[tuple[str, int]]) -> None:
-    """Copy the parent's rows ``keys`` into ``child``, each marked with the run that executed it:
-    rows as the table holds them, then the items a chunk holds (schema 12) as rows of their own,
-    read from the view ``node_rows`` (a key copied already is left as it is)."""
+    """Copy the parent's rows ``keys`` into ``child``, each marked with the run that executed it."""
     names = [c.name for c in nodes.c]
-    sources = ((nodes, nodes.c.run_key == run_key_of(parent)), (node_rows, node_rows.c.run_id == parent))
-    for source, of_parent in sources:
-        chosen = [run_key_of(child).label(n) if n == "run_key" else
-                  func.coalesce(source.c.origin_run_id, literal(parent)).label(n) if n == "origin_run_id" else
-                  literal(None).label(n) if n == "not_before" else source.c[n] for n in names]
-        if source is node_rows:  # stored as a driver stores it (``statements.stored_status``)
-            chosen[names.index("status")] = func.nullif(node_rows.c.status, literal(NodeStatus.COMPLETED.value))
-        rows = select(*chosen).where(of_parent, tuple_(source.c.node_id, source.c.fan_index).in_(keys))
-        copy = insert_for(conn, nodes).from_select(names, rows)
-        conn.execute(copy if source is nodes else copy.on_conflict_do_nothing())
+    chosen = [run_key_of(child).label(n) if n == "run_key" else
+              func.coalesce(nodes.c.origin_run_id, literal(parent)).label(n) if n == "origin_run_id" else
+              literal(None).label(n) if n == "not_before" else nodes.c[n] for n in names]
+    conn.execute(insert(nodes).from_select(names, select(*chosen).where(
+        nodes.c.run_key == run_key_of(parent), tuple_(nodes.c.node_id, nodes.c.fan_index).in_(keys))))
+
+
+def _copy_chunks(conn: Connection, parent: str, child: str, keys: list[tuple[str, int]]) -> None:
+    """Copy the items of ``keys`` that the parent's chunks hold (schema 12) into ``child`` as chunks,
+    marked with the run that executed them: a chunk whose items are all inherited whole, else each
+    run of consecutive inherited items as a chunk of its own. Read a step's chunks once, not per
+    key: the view cannot find a chunk's item by its index without expanding every item of the step."""
+    wanted: dict[str, set[int]] = {}
+    for node_id, index in keys:
+        if index >= 0:
+            wanted.setdefault(node_id, set()).add(index)
+    rows: list[dict[str, Any]] = []
+    for node_id, indexes in wanted.items():
+        chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"], item_chunks.c.origin_run_id)
+                              .where(item_chunks.c.run_key == run_key_of(parent), item_chunks.c.node_id == node_id)
+                              .order_by(item_chunks.c.first_index)).all()
+        for first, items, origin in chunks:
+            start = None  # the place where the current run of inherited items began
+            for place in range(len(items) + 1):
+                if place < len(items) and first + place in indexes:
+                    start = place if start is None else start
+                elif start is not None:
+                    rows.append({"node_id": node_id, "first_index": first + start, "item_count": place - start,
+                                 "items": items[start:place], "origin_run_id": origin or parent})
+                    start = None
+    for i in range(0, len(rows), _CHUNK):
+        conn.execute(insert(item_chunks).values(run_key=run_key_of(child)), rows[i:i + _CHUNK])
 
 
 class ForkRows:
@@ -94,6 +114,7 @@ class ForkRows:
                     {"run_id": new.run_id, "seq": 2, "at": now, "kind": "run_forked", "data": scrub(data)}])
                 for i in range(0, len(inherited), _CHUNK):
                     _copy_rows(conn, new.parent_run_id, new.run_id, inherited[i:i + _CHUNK])
+                _copy_chunks(conn, new.parent_run_id, new.run_id, inherited)
         except IntegrityError:
             raise RunExistsError(new.run_id) from None
         return self.get_run(new.run_id)

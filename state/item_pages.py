@@ -49,7 +49,7 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
                                                                         .limit(limit)).all()}
     if not status or status == _COMPLETED:
         key = _run_key(run_id)
-        chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"])
+        chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"], item_chunks.c.origin_run_id)
                               .where(item_chunks.c.run_key == key, item_chunks.c.node_id == node_id,
                                      item_chunks.c.first_index > after - MAX_CHUNK_ITEMS)
                               .order_by(item_chunks.c.first_index).limit(limit + MAX_CHUNK_ITEMS)).all()
@@ -61,18 +61,19 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
                 nodes.c.run_key == key, nodes.c.node_id == node_id, nodes.c.fan_index > after,
                 nodes.c.fan_index <= last)).scalars())
         taken = 0
-        for first, items in chunks:
+        for first, items, origin in chunks:
             for place, item in enumerate(items):
                 index = first + place
                 if index > after and index not in shadowed and taken < limit:
                     taken += 1
-                    found[index] = _item(run_id, node_id, index, item, names)
+                    found[index] = _item(run_id, node_id, index, item, origin, names)
             if taken >= limit:
                 break
     return [found[index] for index in sorted(found)[:limit]]
 
 
-def _item(run_id: str, node_id: str, index: int, item: Any, names: tuple[str, ...]) -> dict[str, Any]:
+def _item(run_id: str, node_id: str, index: int, item: Any, origin: str | None,
+          names: tuple[str, ...]) -> dict[str, Any]:
     """A chunk's item as the view shows it (migration 0012's SQL, computed alike: exact)."""
     if not (isinstance(item, list) and 3 <= len(item) <= 4 and all(type(v) is int for v in (*item[:2], *item[3:]))
             and (item[2] is None or isinstance(item[2], str))):
@@ -82,7 +83,7 @@ def _item(run_id: str, node_id: str, index: int, item: Any, names: tuple[str, ..
     started, finished = start / TICKS_PER_SECOND, (start + took) / TICKS_PER_SECOND
     values = {"run_id": run_id, "node_id": node_id, "fan_index": index, "status": _COMPLETED,
               "attempt": item[3] if len(item) == 4 else 1, "not_before": None, "output_digest": None, "error": None,
-              "started_at": started, "finished_at": finished, "duration": finished - started, "origin_run_id": None}
+              "started_at": started, "finished_at": finished, "duration": finished - started, "origin_run_id": origin}
     if "output" in names:
         values["output"] = None if output is None else jsoncodec.loads(output)
     return {name: values[name] for name in names}

@@ -215,6 +215,9 @@ item_chunks = Table(
     Column("first_index", Integer, primary_key=True),
     Column("item_count", Integer, nullable=False),
     Column("items", JsonText, nullable=False),
+    # as ``raysaga_nodes.origin_run_id``: set on a chunk a fork inherited (the run that executed its
+    # items); NULL when this run did. Last, outside the commit's columns
+    Column("origin_run_id", String(200), nullable=True),
     sqlite_with_rowid=False,
 )
 

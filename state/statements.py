@@ -38,7 +38,7 @@ CHUNK_COLUMNS = ("run_key", "node_id", "first_index", "item_count", "items")
 #: Node columns a driver never writes: a fork's inherited-row marker (``raysaga.state.fork_rows``), kept by an upsert.
 NODE_FORK_COLUMNS = ("origin_run_id",)
 assert tuple(nodes.c.keys()) == NODE_COLUMNS + NODE_FORK_COLUMNS and tuple(events.c.keys()) == EVENT_COLUMNS \
-    and tuple(item_chunks.c.keys()) == CHUNK_COLUMNS, \
+    and tuple(item_chunks.c.keys()) == CHUNK_COLUMNS + NODE_FORK_COLUMNS, \
     "the schema changed: update driver_sql and SqlStore.commit's row tuples"
 
 

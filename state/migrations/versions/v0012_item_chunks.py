@@ -44,7 +44,7 @@ _ITEM = ("SELECT r.run_id, c.node_id, c.first_index + {i}, 'completed', "
          # an element that is not an array (a chunk changed by hand) reads attempt NULL: refused as corrupt
          "CASE {kind} WHEN 'array' THEN COALESCE({attempt}, 1) END, NULL, {output}, "
          "NULL, NULL, {start} / 4194304.0, ({start} + {took}) / 4194304.0, "
-         "({start} + {took}) / 4194304.0 - {start} / 4194304.0, NULL "
+         "({start} + {took}) / 4194304.0 - {start} / 4194304.0, c.origin_run_id "
          "FROM raysaga_item_chunks c JOIN raysaga_runs r ON r.run_key = c.run_key{each} "
          "WHERE NOT EXISTS (SELECT 1 FROM raysaga_nodes n WHERE n.run_key = c.run_key "
          "AND n.node_id = c.node_id AND n.fan_index = c.first_index + {i})")
@@ -68,6 +68,7 @@ def upgrade() -> None:
     sqlite = bind.dialect.name == "sqlite"
     run("CREATE TABLE raysaga_item_chunks (run_key BIGINT NOT NULL, node_id VARCHAR(200) NOT NULL, "
         f"first_index INTEGER NOT NULL, item_count INTEGER NOT NULL, items {'TEXT' if sqlite else 'JSON'} NOT NULL, "
+        "origin_run_id VARCHAR(200), "
         "CONSTRAINT raysaga_item_chunks_pkey PRIMARY KEY (run_key, node_id, first_index), "
         "FOREIGN KEY (run_key) REFERENCES raysaga_runs (run_key) ON DELETE CASCADE)"
         + (" WITHOUT ROWID" if sqlite else ""))
