@@ -13,9 +13,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Text, and_, cast, func, or_, select, tuple_
+from sqlalchemy import Engine, Text, and_, cast, func, or_, select
 
 from raysaga.state.decoding import reading
+from raysaga.state.item_pages import counts as item_counts
+from raysaga.state.item_pages import first_items, rows_at
 from raysaga.state.item_pages import page as item_page
 from raysaga.state.models import EffectRecord, EventRecord
 from raysaga.state.run_labels import labels_match
@@ -108,16 +110,14 @@ def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
     return None if row is None else _summary(row)
 
 
-_LIGHT_NODE = tuple(c for c in view.c if c.name not in ("run_id", "output", "error"))
+_LIGHT_NAMES = tuple(c.name for c in view.c if c.name not in ("run_id", "output", "error"))
 
 
 def step_rows(engine: Engine, run_id: str, items_cap: int) -> list[dict[str, Any]]:
     """Every node row of a run except fan-out items (steps, agent turns and tool calls,
     compensations), and the first ``items_cap`` items of each fan-out: no outputs, no errors."""
-    query = select(*_LIGHT_NODE).where(view.c.run_id == run_id, view.c.fan_index < items_cap)
     with reading(run_id, nodes.name), engine.connect() as conn:
-        rows = conn.execute(query.order_by(view.c.node_id, view.c.fan_index)).all()
-        return [dict(r._mapping) for r in rows]
+        return first_items(conn, run_id, items_cap, _LIGHT_NAMES)
 
 
 def items(engine: Engine, run_id: str, node_id: str, after: int = -1, limit: int = 500,
@@ -125,7 +125,7 @@ def items(engine: Engine, run_id: str, node_id: str, after: int = -1, limit: int
     """A fan-out's items by index after ``after`` (no outputs): rows and item chunks read by their
     keys (``item_pages``), not every item of the step through the view."""
     with reading(run_id, nodes.name), engine.connect() as conn:
-        return item_page(conn, run_id, node_id, after, limit, tuple(c.name for c in _LIGHT_NODE), status)
+        return item_page(conn, run_id, node_id, after, limit, _LIGHT_NAMES, status)
 
 
 def node_rows(engine: Engine, run_id: str, keys: Iterable[tuple[str, int]]) -> list[dict[str, Any]]:
@@ -133,10 +133,8 @@ def node_rows(engine: Engine, run_id: str, keys: Iterable[tuple[str, int]]) -> l
     wanted = sorted(set(keys))
     if not wanted:
         return []
-    query = select(*_LIGHT_NODE).where(view.c.run_id == run_id,
-                                       tuple_(view.c.node_id, view.c.fan_index).in_(wanted))
     with reading(run_id, nodes.name), engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(query).all()]
+        return rows_at(conn, run_id, wanted, _LIGHT_NAMES)
 
 
 def step_counts(engine: Engine, run_id: str, node_ids: Iterable[str]) -> dict[str, dict[str, int]]:
@@ -144,13 +142,10 @@ def step_counts(engine: Engine, run_id: str, node_ids: Iterable[str]) -> dict[st
     wanted = sorted(set(node_ids))
     if not wanted:
         return {}
-    query = (select(view.c.node_id, view.c.status, func.count())
-             .where(view.c.run_id == run_id, view.c.node_id.in_(wanted), view.c.fan_index >= 0)
-             .group_by(view.c.node_id, view.c.status))
     out: dict[str, dict[str, int]] = {n: {} for n in wanted}
-    with engine.connect() as conn:
-        for node_id, node_status, count in conn.execute(query).all():
-            out[str(node_id)][str(node_status)] = int(count)
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        for node_id, by_status in item_counts(conn, run_id, wanted, items_only=True).items():
+            out[node_id] = {status: count for status, (count, _) in by_status.items() if count}
     return out
 
 

@@ -11,9 +11,9 @@ values, a row winning over a chunk's entry for the same item.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
-from sqlalchemy import ColumnElement, Connection, func, literal, select
+from sqlalchemy import ColumnElement, Connection, and_, func, literal, select, tuple_
 
 from raysaga.errors import CorruptRecordError
 from raysaga.state import jsoncodec
@@ -40,8 +40,7 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
     """The items of ``node_id`` after index ``after``, by index, at most ``limit``, with the view's
     columns ``names`` (optionally only those in ``status``). Run it inside ``decoding.reading``: a
     chunk changed outside raysaga raises ``CorruptRecordError``."""
-    columns = [literal(run_id).label("run_id") if name == "run_id" else _ROW[name].label(name) for name in names]
-    query = select(*columns).where(nodes.c.run_key == _run_key(run_id), nodes.c.node_id == node_id,
+    query = select(*_columns(run_id, names)).where(nodes.c.run_key == _run_key(run_id), nodes.c.node_id == node_id,
                                    nodes.c.fan_index > after)
     if status:
         query = query.where(_ROW["status"] == status)
@@ -72,13 +71,118 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
     return [found[index] for index in sorted(found)[:limit]]
 
 
+def _columns(run_id: str, names: tuple[str, ...]) -> list[Any]:
+    return [literal(run_id).label("run_id") if name == "run_id" else _ROW[name].label(name) for name in names]
+
+
+def _chunk_rows(conn: Connection, run_id: str, node_ids: list[str] | None = None,
+                where: ColumnElement[bool] | None = None) -> list[Any]:
+    """``(node_id, first_index, items, origin_run_id)`` of the run's chunks (of ``node_ids``; under
+    ``where``), by node and first index."""
+    query = select(item_chunks.c.node_id, item_chunks.c.first_index, item_chunks.c["items"],
+                   item_chunks.c.origin_run_id).where(item_chunks.c.run_key == _run_key(run_id))
+    if node_ids is not None:
+        query = query.where(item_chunks.c.node_id.in_(node_ids))
+    if where is not None:
+        query = query.where(where)
+    return list(conn.execute(query.order_by(item_chunks.c.node_id, item_chunks.c.first_index)).all())
+
+
+def _row_keys(conn: Connection, run_id: str, node_ids: list[str]) -> set[tuple[str, int]]:
+    """The items of ``node_ids`` that have a row: the view shows the row, not a chunk's entry."""
+    return {(n, i) for n, i in conn.execute(select(nodes.c.node_id, nodes.c.fan_index).where(
+        nodes.c.run_key == _run_key(run_id), nodes.c.node_id.in_(node_ids), nodes.c.fan_index >= 0)).all()}
+
+
+def rows_at(conn: Connection, run_id: str, keys: list[tuple[str, int]], names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows of the nodes ``keys`` names (``(node_id, fan_index)``), as the view gives them, by
+    key: items a chunk holds read from the chunks around them, not from every item of the run."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for i in range(0, len(keys), 400):  # two parameters a key: well under SQLite's limit
+        part = keys[i:i + 400]
+        for row in conn.execute(select(*_columns(run_id, names), nodes.c.node_id.label("_n"),
+                                       nodes.c.fan_index.label("_i")).where(
+                nodes.c.run_key == _run_key(run_id), tuple_(nodes.c.node_id, nodes.c.fan_index).in_(part))).all():
+            values = dict(row._mapping)
+            found[(values.pop("_n"), values.pop("_i"))] = values
+    left: dict[str, set[int]] = {}
+    for node_id, index in keys:
+        if index >= 0 and (node_id, index) not in found:
+            left.setdefault(node_id, set()).add(index)
+    for node_id, indexes in left.items():
+        for low in _clusters(sorted(indexes)):
+            chunks = _chunk_rows(conn, run_id, [node_id], and_(item_chunks.c.first_index > low[0] - MAX_CHUNK_ITEMS,
+                                                               item_chunks.c.first_index <= low[1]))
+            for _, first, items, origin in chunks:
+                for place, item in enumerate(items):
+                    if first + place in indexes:
+                        found[(node_id, first + place)] = _item(run_id, node_id, first + place, item, origin, names)
+    return [found[k] for k in sorted(found)]
+
+
+def _clusters(indexes: list[int]) -> list[tuple[int, int]]:
+    """Sorted indexes as (lowest, highest) groups no wider than a chunk: one chunk query each."""
+    out: list[tuple[int, int]] = []
+    for index in indexes:
+        if out and index - out[-1][0] < MAX_CHUNK_ITEMS:
+            out[-1] = (out[-1][0], index)
+        else:
+            out.append((index, index))
+    return out
+
+
+def first_items(conn: Connection, run_id: str, cap: int, names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Every row of the run with ``fan_index < cap`` (its steps and the first ``cap`` items of
+    each fan-out), by node and index, as the view gives them (``names`` holds ``node_id`` and
+    ``fan_index``): chunks read from their first ones, not every item of the run."""
+    found = {(r["node_id"], r["fan_index"]): r for r in (dict(row._mapping) for row in conn.execute(
+        select(*_columns(run_id, names)).where(nodes.c.run_key == _run_key(run_id), nodes.c.fan_index < cap)).all())}
+    for node_id, first, items, origin in _chunk_rows(conn, run_id, where=item_chunks.c.first_index < cap):
+        for place, item in enumerate(items[:max(0, cap - first)]):
+            found.setdefault((node_id, first + place), _item(run_id, node_id, first + place, item, origin, names))
+    return [found[key] for key in sorted(found)]
+
+
+def counts(conn: Connection, run_id: str, node_ids: list[str] | None,
+           items_only: bool) -> dict[str, dict[str, tuple[int, float | None]]]:
+    """node_id -> status -> (how many rows, the earliest ``started_at``) as the view grouped by
+    node and status gives (of ``node_ids``, or every node; items only, or every row). The rows
+    are counted by SQL; a chunk's items are counted from its JSON here, one pass over the step's
+    chunks instead of the view's per-item expansion and per-item check for a row."""
+    query = select(nodes.c.node_id, _ROW["status"], func.count(), func.min(nodes.c.started_at)).where(
+        nodes.c.run_key == _run_key(run_id))
+    if node_ids is not None:
+        query = query.where(nodes.c.node_id.in_(node_ids))
+    if items_only:
+        query = query.where(nodes.c.fan_index >= 0)
+    out: dict[str, dict[str, tuple[int, float | None]]] = {}
+    for node_id, status, count, started in conn.execute(query.group_by(nodes.c.node_id, _ROW["status"])).all():
+        out.setdefault(node_id, {})[status] = (int(count), None if started is None else float(started))
+    chunks = _chunk_rows(conn, run_id, node_ids)
+    shadowed = _row_keys(conn, run_id, sorted({c[0] for c in chunks})) if chunks else set()
+    for node_id, first, items, _ in chunks:
+        count, earliest = out.setdefault(node_id, {}).get(_COMPLETED, (0, None))
+        shown = [(place, item) for place, item in enumerate(items) if (node_id, first + place) not in shadowed]
+        starts = [item[0] if type(item) is list and item and type(item[0]) is int else
+                  _not_an_item(node_id, first + place, item) for place, item in shown]
+        if starts:
+            started = min(starts) / TICKS_PER_SECOND  # as the view computes it: exact
+            count, earliest = count + len(starts), started if earliest is None or started < earliest else earliest
+        out[node_id][_COMPLETED] = (count, earliest)
+    return out
+
+
+def _not_an_item(node_id: str, index: int, item: Any) -> NoReturn:
+    raise CorruptRecordError(f"{item_chunks.name}.items holds {jsoncodec.dumps(item)[:80]!r} for item "
+                             f"{index} of {node_id!r}, not [start, duration, output(, attempt)]")
+
+
 def _item(run_id: str, node_id: str, index: int, item: Any, origin: str | None,
           names: tuple[str, ...]) -> dict[str, Any]:
     """A chunk's item as the view shows it (migration 0012's SQL, computed alike: exact)."""
     if not (isinstance(item, list) and 3 <= len(item) <= 4 and all(type(v) is int for v in (*item[:2], *item[3:]))
             and (item[2] is None or isinstance(item[2], str))):
-        raise CorruptRecordError(f"{item_chunks.name}.items holds {jsoncodec.dumps(item)[:80]!r} for item "
-                                 f"{index}, not [start, duration, output(, attempt)]")
+        _not_an_item(node_id, index, item)
     start, took, output = item[0], item[1], item[2]
     started, finished = start / TICKS_PER_SECOND, (start + took) / TICKS_PER_SECOND
     values = {"run_id": run_id, "node_id": node_id, "fan_index": index, "status": _COMPLETED,

@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, cast, func, or_, select
+from sqlalchemy import Text, cast, or_, select
 
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading as _reading
+from raysaga.state.item_pages import counts as item_counts
 from raysaga.state.item_pages import page as item_page
 from raysaga.state.models import EventRecord, NodeStatus
 from raysaga.state.schema import events, node_rows, runs
@@ -51,18 +52,14 @@ class StepInfo:
 def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
     """Every step that has node rows, in the order the run started them (a step starts only once
     what it depends on has completed, so this is a topological order of what ran); steps never
-    started (skipped, pending) last, by name. One GROUP BY query."""
-    query = (select(node_rows.c.node_id, node_rows.c.status, func.count(), func.min(node_rows.c.started_at))
-             .where(node_rows.c.run_id == run_id).group_by(node_rows.c.node_id, node_rows.c.status))
-    with store.reader.connect() as conn:
-        rows = conn.execute(query).all()
+    started (skipped, pending) last, by name. One GROUP BY of the rows, and the item chunks counted."""
+    with _reading(run_id, "nodes"), store.reader.connect() as conn:
+        found = item_counts(conn, run_id, None, items_only=False)  # item chunks counted from their JSON
     by_step: dict[str, tuple[float | None, dict[str, int]]] = {}
-    for node_id, node_status, count, first in rows:
-        started, counts = by_step.get(node_id, (None, {}))
-        counts[str(node_status)] = counts.get(str(node_status), 0) + int(count)
-        if first is not None and (started is None or first < started):
-            started = float(first)
-        by_step[node_id] = (started, counts)
+    for node_id, by_status in found.items():
+        firsts = [first for _, first in by_status.values() if first is not None]
+        by_step[node_id] = (min(firsts) if firsts else None,
+                            {status: count for status, (count, _) in by_status.items() if count})
     infos = [StepInfo(node_id=k, first_started=v[0], rows=sum(v[1].values()), counts=v[1])
              for k, v in by_step.items()]
     infos.sort(key=lambda s: (s.first_started is None, s.first_started or 0.0, s.node_id))

@@ -107,3 +107,48 @@ def test_a_damaged_chunk_is_one_error_naming_the_run(store: SqlStore) -> None:
         store.fan_items(run_id, "item")
     with pytest.raises(CorruptRecordError, match=f"run {run_id!r}"):
         list(queries.iter_nodes(store, run_id, ["item"]))
+
+
+def _view(store: SqlStore, run_id: str, where: Any = None) -> list[dict[str, Any]]:
+    query = select(*_LIGHT).where(node_rows.c.run_id == run_id)
+    if where is not None:
+        query = query.where(where)
+    with store.reader.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(query.order_by(node_rows.c.node_id,
+                                                                      node_rows.c.fan_index)).all()]
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_the_dashboards_and_the_status_reads_are_what_the_view_gives(store: SqlStore, seed: int) -> None:
+    """The run page's rows (first items of each fan-out), a live update's named rows, the item
+    counts by status, and ``raysaga status``' step summary: read by key and from the chunks' JSON,
+    equal to the view's (grouped) rows."""
+    rng = random.Random(seed)
+    run_id = _mixed_run(store, rng)
+    with store.engine.begin() as conn:  # a plain step too, and a node that never started
+        conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, started_at) "
+                          "SELECT run_key, 'plan', -1, NULL, 1, :t FROM raysaga_runs WHERE run_id = :r"),
+                     {"t": T0 - 5, "r": run_id})
+    rows = _view(store, run_id)
+    for cap in (0, 1, 63, 64, 65, 200, 1000):
+        assert store.step_rows(run_id, cap) == [r for r in rows if r["fan_index"] < cap], cap
+    keys = [(r["node_id"], r["fan_index"]) for r in rows]
+    for size in (1, 5, 24, 60):
+        wanted = sorted([*rng.sample(keys, size), ("item", 5000), ("nothing", 1)])
+        assert store.node_rows(run_id, wanted) == [r for r in rows if (r["node_id"], r["fan_index"]) in wanted]
+    by_status: dict[str, dict[str, int]] = {}
+    first: dict[str, float] = {}
+    for r in rows:
+        if r["fan_index"] >= 0:
+            by_status.setdefault(r["node_id"], {})
+            by_status[r["node_id"]][r["status"]] = by_status[r["node_id"]].get(r["status"], 0) + 1
+        if r["started_at"] is not None:
+            first[r["node_id"]] = min(first.get(r["node_id"], r["started_at"]), r["started_at"])
+    assert store.step_counts(run_id, ["item", "other", "plan", "nothing"]) == {
+        "item": by_status["item"], "other": by_status["other"], "plan": {}, "nothing": {}}
+    summary = {s.node_id: (s.first_started, s.rows, s.counts) for s in queries.steps(store, run_id)}
+    assert summary == {
+        node: (first.get(node), sum(1 for r in rows if r["node_id"] == node),
+               {st: sum(1 for r in rows if r["node_id"] == node and r["status"] == st)
+                for st in {r["status"] for r in rows if r["node_id"] == node}})
+        for node in {r["node_id"] for r in rows}}
