@@ -78,6 +78,13 @@ class DriverSql:
     chunk_rows_gone: str
     """Deletes the node rows of a chunk's items (a retried item's ``retrying`` row): the chunk is
     their latest state, and the view ``node_rows`` would show such a row instead."""
+    chunks_overlapped: str
+    """Deletes the chunks of a step holding any item of a new chunk's span, returning their
+    ``first_index`` and ``items``: no item is ever in two chunks (the view would show it twice),
+    and a chunk written again shorter (an item written again with fewer neighbours) would drop
+    the others (``write_items`` keeps them as rows)."""
+    item_rows_kept: str
+    """Inserts an item's row unless the item has one (a later write, which the view shows)."""
     events: str
     abandon_effects: str
     """A run ends or is parked: its ledger rows still pending become abandoned (EffectStatus)."""
@@ -110,6 +117,12 @@ def driver_sql(dialect: str) -> DriverSql:
                 "DO UPDATE SET item_count = excluded.item_count, items = excluded.items"),
         chunk_rows_gone=(f"DELETE FROM {nodes.name} WHERE run_key = {mark} AND node_id = {mark} "
                          f"AND fan_index BETWEEN {mark} AND {mark}"),
+        # on the key's range: a chunk holding index ``a`` starts at most MAX_CHUNK_ITEMS - 1 before
+        # it; ``first_index > a - item_count``, not ``first_index + item_count > a``: no overflow at 2**31 - 1
+        chunks_overlapped=(f"DELETE FROM {item_chunks.name} WHERE run_key = {mark} AND node_id = {mark} "
+                           f"AND first_index BETWEEN {mark} AND {mark} AND first_index > {mark} - item_count "
+                           "RETURNING first_index, items"),
+        item_rows_kept=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO NOTHING",
         events=insert_sql(events, EVENT_COLUMNS),
         abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
                          f"WHERE run_id = {mark} AND status = {mark}"),
@@ -238,9 +251,19 @@ def item_rows(run_key: int, items: list[ItemRow]) -> list[tuple[Any, ...]]:
 #: int's text is cheaper to write than a float's shortest one (half a 10,000-item fan-out's chunk
 #: encoding, measured), and shorter: a start and a duration, ~16 and ~1-6 digits.
 TICKS_PER_SECOND = 4194304.0
+#: A chunk's tick counts stay below this (35,000 years from 1970): their sum is a 64-bit integer
+#: in both databases, exact. A time beyond it gets a row.
+TICKS_LIMIT = 2.0**62
 #: The most items one ``raysaga_item_chunks`` row holds (a Ray task of the fan-out lane runs up to
 #: ``RayExecutor.MAX_CHUNK`` = 64; two tasks' items that land in one commit may join).
 MAX_CHUNK_ITEMS = 128
+#: The longest output (JSON text, characters) an item in a chunk has, and the most a chunk's
+#: outputs add up to: a reader of one item through the view (``node_row``) expands every chunk of
+#: its step and parses their outputs whole. With 50 KB outputs, 2,000 items: one item 0.8 ms as
+#: rows, 475 ms as chunks (SQLite, helper-32). Chunks are for many small items (the writes they
+#: save); a bigger output is most of its row's cost anyway.
+MAX_CHUNK_OUTPUT = 512
+MAX_CHUNK_OUTPUTS = 32_768
 
 
 @dataclass
@@ -258,12 +281,21 @@ class ItemWrites:
 def item_writes(run_key: int, items: list[ItemRow]) -> ItemWrites:
     """Runs of 2 or more consecutive indexes of one step, in the order they completed, become
     chunk rows (schema 12); the rest compact node rows (``item_rows``). An item whose output is a
-    blob (its row names the digest: prune and the blob index read it) or whose times are not whole
-    ``TICKS_PER_SECOND`` (a clock before 2004: see there) gets a row of its own."""
+    blob (its row names the digest: prune and the blob index read it), longer than
+    ``MAX_CHUNK_OUTPUT``, or whose times are not whole ``TICKS_PER_SECOND`` (a clock before 2004,
+    an infinite one: see there) gets a row of its own; a chunk's outputs add up to
+    ``MAX_CHUNK_OUTPUTS`` at most. An item written twice in the batch is written once, as its last
+    write (as an upsert of rows leaves it): two chunks holding it would show it twice."""
+    if len({(item[0], item[1]) for item in items}) != len(items):
+        last = {(item[0], item[1]): n for n, item in enumerate(items)}
+        items = [item for n, item in enumerate(items) if last[(item[0], item[1])] == n]
     out = ItemWrites([], [], [])
     run: list[tuple[ItemRow, int, int]] = []  # an item, its start and its duration in ticks
+    held = 0  # the characters of the outputs ``run`` holds
 
     def close() -> None:
+        nonlocal held
+        held = 0
         if len(run) == 1:
             out.rows.extend(item_rows(run_key, [run[0][0]]))
         elif run:
@@ -276,27 +308,51 @@ def item_writes(run_key: int, items: list[ItemRow]) -> ItemWrites:
         run.clear()
 
     for item in items:
-        node_id, index, _, _, digest, started, finished = item
+        node_id, index, _, output, digest, started, finished = item
         start, end = started * TICKS_PER_SECOND, finished * TICKS_PER_SECOND  # exact: a power of two
-        if digest is not None or not (start.is_integer() and end.is_integer()):  # (False for inf, NaN)
-            close()
+        size = 0 if output is None else len(output)
+        if digest is not None or size > MAX_CHUNK_OUTPUT or not (start.is_integer() and end.is_integer()) \
+                or not -TICKS_LIMIT < start < TICKS_LIMIT or not -TICKS_LIMIT < end < TICKS_LIMIT:
+            close()  # (is_integer is False for inf and NaN)
             out.rows.extend(item_rows(run_key, [item]))
             continue
-        if run and (node_id != run[-1][0][0] or index != run[-1][0][1] + 1 or len(run) == MAX_CHUNK_ITEMS):
+        if run and (node_id != run[-1][0][0] or index != run[-1][0][1] + 1 or len(run) == MAX_CHUNK_ITEMS
+                    or held + size > MAX_CHUNK_OUTPUTS):
             close()
         run.append((item, int(start), int(end) - int(start)))
+        held += size
     close()
     return out
 
 
 def write_items(hot: HotSql, sql: DriverSql, run_key: int, items: list[ItemRow]) -> None:
-    """A batch's completed plain items (``item_writes``), in the driver's commit."""
+    """A batch's completed plain items (``item_writes``), in the driver's commit. A chunk already
+    holding one of the new chunks' items (the item written again: an ambiguous commit's retry)
+    is deleted, its items the batch does not write kept as rows: one chunk per item at most."""
     writes = item_writes(run_key, items)
     if writes.chunks:
+        older: list[ItemRow] = []
+        for _, node_id, first, last in writes.spans:
+            for start, held in hot.all(sql.chunks_overlapped,
+                                       (run_key, node_id, first - MAX_CHUNK_ITEMS + 1, last, first)):
+                older += chunk_items(node_id, start, held)
+        if older:
+            written = {(item[0], item[1]) for item in items}
+            kept = [item for item in older if (item[0], item[1]) not in written]
+            if kept:
+                hot.many(sql.item_rows_kept, item_rows(run_key, kept))
         hot.many(sql.chunk_rows_gone, writes.spans)
         hot.many(sql.chunks, writes.chunks)
     if writes.rows:
         hot.many(sql.nodes, writes.rows)
+
+
+def chunk_items(node_id: str, first_index: int, items: Any) -> list[ItemRow]:
+    """The items of a ``raysaga_item_chunks`` row (``items`` as the driver reads it back: JSON text
+    on SQLite, decoded on PostgreSQL), as the ``ItemRow`` each was written from (times exact)."""
+    elements = jsoncodec.loads(items) if isinstance(items, str | bytes) else items
+    return [(node_id, first_index + i, e[3] if len(e) > 3 else 1, e[2], None, e[0] / TICKS_PER_SECOND,
+             (e[0] + e[1]) / TICKS_PER_SECOND) for i, e in enumerate(elements)]
 
 
 def json_param(value: Any) -> str | None:

@@ -43,15 +43,18 @@ _ROWS = ("SELECT r.run_id AS run_id, "
 _ITEM = ("SELECT r.run_id, c.node_id, c.first_index + {i}, 'completed', "
          # an element that is not an array (a chunk changed by hand) reads attempt NULL: refused as corrupt
          "CASE {kind} WHEN 'array' THEN COALESCE({attempt}, 1) END, NULL, {output}, "
-         "NULL, NULL, {start} / 4194304.0, ({start} + {took}) / 4194304.0, "
-         "({start} + {took}) / 4194304.0 - {start} / 4194304.0, c.origin_run_id "
+         # the sum in integers (exact), then the one conversion to a float (exact: it was one)
+         "NULL, NULL, CAST({start} AS DOUBLE PRECISION) / 4194304.0, "
+         "CAST({start} + {took} AS DOUBLE PRECISION) / 4194304.0, "
+         "CAST({start} + {took} AS DOUBLE PRECISION) / 4194304.0 - CAST({start} AS DOUBLE PRECISION) / 4194304.0, "
+         "c.origin_run_id "
          "FROM raysaga_item_chunks c JOIN raysaga_runs r ON r.run_key = c.run_key{each} "
          "WHERE NOT EXISTS (SELECT 1 FROM raysaga_nodes n WHERE n.run_key = c.run_key "
          "AND n.node_id = c.node_id AND n.fan_index = c.first_index + {i})")
 _SQLITE_ITEM = _ITEM.format(i="e.key", start="json_extract(e.value, '$[0]')", took="json_extract(e.value, '$[1]')",
                             output="json_extract(e.value, '$[2]')", attempt="json_extract(e.value, '$[3]')",
                             kind="e.type", each=", json_each(c.items) e")
-_POSTGRES_ITEM = _ITEM.format(i="(e.i - 1)::integer", start="(e.v ->> 0)::float8", took="(e.v ->> 1)::float8",
+_POSTGRES_ITEM = _ITEM.format(i="(e.i - 1)::integer", start="(e.v ->> 0)::bigint", took="(e.v ->> 1)::bigint",
                               output="(e.v ->> 2)::json", attempt="(e.v ->> 3)::integer", kind="json_typeof(e.v)",
                               each=" CROSS JOIN LATERAL json_array_elements(c.items) WITH ORDINALITY AS e(v, i)")
 
