@@ -17,8 +17,9 @@ from sqlalchemy import ColumnElement, Connection, and_, func, literal, select, t
 
 from raysaga.errors import CorruptRecordError
 from raysaga.state import jsoncodec
+from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import NodeStatus
-from raysaga.state.schema import item_chunks, nodes, runs
+from raysaga.state.schema import item_chunks, nodes
 from raysaga.state.statements import MAX_CHUNK_ITEMS, TICKS_PER_SECOND
 
 _COMPLETED = NodeStatus.COMPLETED.value
@@ -31,23 +32,19 @@ _ROW: dict[str, ColumnElement[Any]] = {
 }
 
 
-def _run_key(run_id: str) -> Any:
-    return select(runs.c.run_key).where(runs.c.run_id == run_id).scalar_subquery()
-
-
 def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, names: tuple[str, ...],
          status: str | None = None) -> list[dict[str, Any]]:
     """The items of ``node_id`` after index ``after``, by index, at most ``limit``, with the view's
     columns ``names`` (optionally only those in ``status``). Run it inside ``decoding.reading``: a
     chunk changed outside raysaga raises ``CorruptRecordError``."""
-    query = select(*_columns(run_id, names)).where(nodes.c.run_key == _run_key(run_id), nodes.c.node_id == node_id,
+    query = select(*_columns(run_id, names)).where(nodes.c.run_key == run_key_of(run_id), nodes.c.node_id == node_id,
                                    nodes.c.fan_index > after)
     if status:
         query = query.where(_ROW["status"] == status)
     found = {row.fan_index: dict(row._mapping) for row in conn.execute(query.order_by(nodes.c.fan_index)
                                                                         .limit(limit)).all()}
     if not status or status == _COMPLETED:
-        key = _run_key(run_id)
+        key = run_key_of(run_id)
         chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"], item_chunks.c.origin_run_id)
                               .where(item_chunks.c.run_key == key, item_chunks.c.node_id == node_id,
                                      item_chunks.c.first_index > after - MAX_CHUNK_ITEMS)
@@ -80,7 +77,7 @@ def _chunk_rows(conn: Connection, run_id: str, node_ids: list[str] | None = None
     """``(node_id, first_index, items, origin_run_id)`` of the run's chunks (of ``node_ids``; under
     ``where``), by node and first index."""
     query = select(item_chunks.c.node_id, item_chunks.c.first_index, item_chunks.c["items"],
-                   item_chunks.c.origin_run_id).where(item_chunks.c.run_key == _run_key(run_id))
+                   item_chunks.c.origin_run_id).where(item_chunks.c.run_key == run_key_of(run_id))
     if node_ids is not None:
         query = query.where(item_chunks.c.node_id.in_(node_ids))
     if where is not None:
@@ -91,7 +88,7 @@ def _chunk_rows(conn: Connection, run_id: str, node_ids: list[str] | None = None
 def _row_keys(conn: Connection, run_id: str, node_ids: list[str]) -> set[tuple[str, int]]:
     """The items of ``node_ids`` that have a row: the view shows the row, not a chunk's entry."""
     return {(n, i) for n, i in conn.execute(select(nodes.c.node_id, nodes.c.fan_index).where(
-        nodes.c.run_key == _run_key(run_id), nodes.c.node_id.in_(node_ids), nodes.c.fan_index >= 0)).all()}
+        nodes.c.run_key == run_key_of(run_id), nodes.c.node_id.in_(node_ids), nodes.c.fan_index >= 0)).all()}
 
 
 def rows_at(conn: Connection, run_id: str, keys: list[tuple[str, int]], names: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -102,7 +99,7 @@ def rows_at(conn: Connection, run_id: str, keys: list[tuple[str, int]], names: t
         part = keys[i:i + 400]
         for row in conn.execute(select(*_columns(run_id, names), nodes.c.node_id.label("_n"),
                                        nodes.c.fan_index.label("_i")).where(
-                nodes.c.run_key == _run_key(run_id), tuple_(nodes.c.node_id, nodes.c.fan_index).in_(part))).all():
+                nodes.c.run_key == run_key_of(run_id), tuple_(nodes.c.node_id, nodes.c.fan_index).in_(part))).all():
             values = dict(row._mapping)
             found[(values.pop("_n"), values.pop("_i"))] = values
     left: dict[str, set[int]] = {}
@@ -136,7 +133,7 @@ def first_items(conn: Connection, run_id: str, cap: int, names: tuple[str, ...])
     each fan-out), by node and index, as the view gives them (``names`` holds ``node_id`` and
     ``fan_index``): chunks read from their first ones, not every item of the run."""
     found = {(r["node_id"], r["fan_index"]): r for r in (dict(row._mapping) for row in conn.execute(
-        select(*_columns(run_id, names)).where(nodes.c.run_key == _run_key(run_id), nodes.c.fan_index < cap)).all())}
+        select(*_columns(run_id, names)).where(nodes.c.run_key == run_key_of(run_id), nodes.c.fan_index < cap)).all())}
     for node_id, first, items, origin in _chunk_rows(conn, run_id, where=item_chunks.c.first_index < cap):
         for place, item in enumerate(items[:max(0, cap - first)]):
             found.setdefault((node_id, first + place), _item(run_id, node_id, first + place, item, origin, names))
@@ -150,7 +147,7 @@ def counts(conn: Connection, run_id: str, node_ids: list[str] | None,
     are counted by SQL; a chunk's items are counted from its JSON here, one pass over the step's
     chunks instead of the view's per-item expansion and per-item check for a row."""
     query = select(nodes.c.node_id, _ROW["status"], func.count(), func.min(nodes.c.started_at)).where(
-        nodes.c.run_key == _run_key(run_id))
+        nodes.c.run_key == run_key_of(run_id))
     if node_ids is not None:
         query = query.where(nodes.c.node_id.in_(node_ids))
     if items_only:
