@@ -31,6 +31,7 @@ from raysaga.orchestrator.faults import Faults, commit_labels
 from raysaga.orchestrator.gc_pacing import paced_gc
 from raysaga.orchestrator.heartbeat import Heartbeat
 from raysaga.orchestrator.in_flight import InFlight
+from raysaga.orchestrator.item_block import ItemsDone
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, ItemsDispatch, MemoryOp, Send
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
@@ -211,8 +212,9 @@ class Driver:
                 return self._finish()
             finished = self.executor.wait(None, self._wait_timeout())
             finished += self._attempts.expire(self.clock())
-            if finished:
-                keys = self._absorb(finished)
+            items = self._attempts.took(self.executor.take_items())
+            if finished or items:
+                keys = self._absorb(finished, items)
                 if m.failure is not None:
                     terminal = self._stop_forward_on_failure()
                     if terminal is not None:
@@ -297,14 +299,16 @@ class Driver:
         for d in dispatches:
             if self._stops.received is not None:
                 break  # a stop signal: what is not sent yet stays unsent (an inline step runs at submit)
-            if isinstance(d, ItemsDispatch):  # (inline, items come one by one: a stop is seen between them)
+            if isinstance(d, ItemsDispatch) and self.executor.submit_block(d.block):
+                self._attempts.add_block(d.block)
+            elif isinstance(d, ItemsDispatch):  # (inline, items come one by one: a stop is seen between them)
                 self._attempts.add_items(d.keys, self.executor.submit_items(d.spec, d.calls), now, d.spec.timeout)
             else:
                 self._attempts.add(d.key, self.executor.submit(d.spec, d.call), now, d.spec.timeout)
         self.executor.pump()  # what it queued leaves now: while this round commits, if it may overlap
 
-    def _absorb(self, finished: list[Handle]) -> list[NodeKey]:
-        """Hand the machine what came back; carry out the cancels it decides."""
+    def _absorb(self, finished: list[Handle], items: list[ItemsDone] | None = None) -> list[NodeKey]:
+        """Hand the machine what came back (blocks' items as they came); carry out the cancels it decides."""
         assert self.machine is not None
         m = self.machine
         outcomes: list[tuple[NodeKey, NodeOutcome]] = []
@@ -315,6 +319,8 @@ class Driver:
             assert handle.outcome is not None
             outcomes.append((key, handle.outcome))
         m.absorb(outcomes, self.clock())
+        for back in items or ():
+            m.absorb_items(back.keys(), back.outcomes, self.clock())
         self._attempts.cancel(m.out.take_cancel())
         return [key for key, _ in outcomes]
 
@@ -384,10 +390,7 @@ class Driver:
     def _finish(self) -> RunRecord:
         assert self.machine is not None
         m = self.machine
-        if m.phase == Phase.ROLLBACK:
-            m.finish_rollback(self.clock())
-        else:
-            m.finish(self.clock())
+        (m.finish_rollback if m.phase == Phase.ROLLBACK else m.finish)(self.clock())
         record = self._flush()
         assert record is not None
         return record

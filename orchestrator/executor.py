@@ -8,7 +8,6 @@ with the same idempotency key.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import os
@@ -16,55 +15,23 @@ import sys
 import time
 from collections import deque
 from collections.abc import Collection
-from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import InfeasibleResourcesError, UserError
 from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, task_name
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
+from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
 from raysaga.orchestrator.ray_auth import check_gcs
+from raysaga.orchestrator.ray_lanes import Chunk, Lane, TaskSubmitter, remote_run_packed, uncancelled
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.step_env import forwarded
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
-from raysaga.orchestrator.wire import SpecPacker, run_packed, unpack_outcomes
+from raysaga.orchestrator.wire import SpecPacker, unpack_outcomes
 
 __all__ = ["Executor", "Handle", "InlineExecutor", "RayExecutor", "make_executor", "task_name"]
-
-
-@dataclass(eq=False)
-class _Lane:
-    """Attempts queued in the driver, sent while the lane has fewer than ``limit`` tasks in flight.
-
-    A fan-out step's lane (``chunked``) sends its items as chunks sized from their measured
-    duration; the lane of attempts with a timeout sends one per task, one task per CPU.
-    """
-
-    limit: int
-    chunked: bool
-    spec: StepSpec | None = None  # a chunked lane's step; the timed lane's items carry their own
-    queue: deque[tuple[Handle, NodeCall, StepSpec]] = field(default_factory=deque)
-    tasks: int = 0  # Ray tasks of this lane in flight
-    items_done: int = 0
-    busy: float = 0.0  # seconds the finished items ran, summed
-
-    def chunk_size(self, target: float, largest: int) -> int:
-        if not self.chunked or self.items_done == 0:
-            return 1  # nothing measured yet: an item might take minutes
-        mean = self.busy / self.items_done
-        return max(1, min(largest, int(target / max(mean, 1e-6))))
-
-
-@functools.cache
-def _remote_run_packed() -> Any:
-    """One Ray remote function per process: a new one is exported to the cluster again at its first
-    call of each run (1-2 ms a run, ~50 ms the first time); Ray re-exports it by itself to a new
-    job or cluster."""
-    import ray
-
-    return ray.remote(max_retries=0, retry_exceptions=False)(run_packed)
 
 
 class RayExecutor(Executor):
@@ -130,18 +97,19 @@ class RayExecutor(Executor):
             raise UserError(f"this process is already connected to the Ray cluster at "
                             f"{ray.get_runtime_context().gcs_address}, not {address}: drive runs on {address} "
                             "from another process, or drop --address")
-        self._remote = _remote_run_packed()
+        self._tasks = TaskSubmitter(remote_run_packed())
         self._packer = SpecPacker()
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
         self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
-        self._inflight: dict[Any, tuple[list[Handle], _Lane | None]] = {}  # task ref -> its attempts, lane
-        self._lanes: dict[str, _Lane] = {}  # fan-out step -> its lane
-        self._timed = _Lane(limit=max(1, cpus), chunked=False)
+        self._inflight: dict[Any, tuple[list[Handle] | Chunk, Lane | None]] = {}  # task ref -> its attempts, lane
+        self._items_done: list[ItemsDone] = []  # blocks' items back, not taken yet (``take_items``)
+        self._lanes: dict[str, Lane] = {}  # fan-out step -> its lane
+        self._timed = Lane(limit=max(1, cpus), chunked=False)
         self._finished: dict[Handle, None] = {}  # outcome set, not returned yet (an ordered set)
         self._cancelled: dict[Any, None] = {}  # refs cancelled, not yet seen to end (an ordered set)
         self._recancel_at = 0.0
         self._io_held = False  # an I/O call with a timeout waits for a pool actor to start (_io_ready)
-        self._io = _Lane(limit=io_limit, chunked=False)  # I/O-bound attempts, queued for the pool
+        self._io = Lane(limit=io_limit, chunked=False)  # I/O-bound attempts, queued for the pool
         self._pool: IoPool | None = None  # this process's, taken at the first I/O-bound attempt
         self._feasible = Feasibility(ray)
 
@@ -177,7 +145,7 @@ class RayExecutor(Executor):
         lane.queue.append((handle, call, spec))  # sent by _pump, at the next wait
         return handle
 
-    def _lane_for(self, spec: StepSpec, call: NodeCall) -> _Lane | None:
+    def _lane_for(self, spec: StepSpec, call: NodeCall) -> Lane | None:
         """Where an attempt waits to be sent: the I/O pool's, the timed, or its fan-out step's lane
         (None: sent at once)."""
         if self.is_io_bound(spec, call):
@@ -187,7 +155,7 @@ class RayExecutor(Executor):
         if call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
-                lane = self._lanes[spec.name] = _Lane(limit=self._lane_tasks, chunked=True, spec=spec)
+                lane = self._lanes[spec.name] = Lane(limit=self._lane_tasks, chunked=True, spec=spec)
             return lane
         return None
 
@@ -200,7 +168,20 @@ class RayExecutor(Executor):
         lane.queue.extend(zip(handles, calls, itertools.repeat(spec)))  # sent by _pump, at the next wait
         return handles
 
-    def _all_lanes(self) -> list[_Lane]:
+    def submit_block(self, block: ItemBlock) -> bool:
+        spec = block.spec
+        lane = self._lane_for(spec, block.call(0)) if len(block) else None
+        if lane is None or not lane.chunked or (spec.resources is not None and self._feasible.problem(
+                spec.name, spec.resources) is not None):
+            return False  # another lane, or failed one by one
+        lane.blocks.append([block, 0])  # sent by _pump, at the next wait
+        return True
+
+    def take_items(self) -> list[ItemsDone]:
+        done, self._items_done = self._items_done, []
+        return [kept for back in done if (kept := uncancelled(back)) is not None]
+
+    def _all_lanes(self) -> list[Lane]:
         return [*self._lanes.values(), self._timed, self._io]
 
     def pump(self) -> None:
@@ -219,6 +200,8 @@ class RayExecutor(Executor):
                 size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
                 items = [lane.queue.popleft() for _ in range(size)]
                 self._send(items[0][2], [(handle, call) for handle, call, _ in items], lane)
+            while lane.blocks and lane.tasks < lane.limit:
+                self._send_block(lane, lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
 
     def _io_ready(self) -> list[tuple[Handle, NodeCall, StepSpec]]:
         """The queued I/O-bound attempts to send now, in order: while the pool has a free thread,
@@ -242,7 +225,7 @@ class RayExecutor(Executor):
             live += 1
         return ready
 
-    def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall]], lane: _Lane | None) -> None:
+    def _send(self, spec: StepSpec, items: list[tuple[Handle, NodeCall]], lane: Lane | None) -> None:
         if len(items) == 1:
             name = task_name(items[0][1])
         else:
@@ -250,10 +233,7 @@ class RayExecutor(Executor):
             name = f"{first[0]}:{first[1]}[{first[2]}..{last[2]}]"
         payload = self._packer.pack_calls(spec, [call for _, call in items])
         ref: Any
-        if spec.resources is not None:
-            ref = self._remote.options(name=name, **spec.resources.ray_options()).remote(payload)
-        else:
-            ref = self._remote.options(name=name).remote(payload)
+        ref = self._tasks.submit(spec, name, payload)
         handles = [handle for handle, _ in items]
         for handle in handles:
             handle.ref = ref
@@ -261,6 +241,51 @@ class RayExecutor(Executor):
         self._inflight[ref] = (handles, lane)
         if lane is not None:
             lane.tasks += 1
+
+    def _send_block(self, lane: Lane, size: int) -> None:
+        """The next ``size`` items of the lane's first block as one task (cancelled ones skipped)."""
+        entry = lane.blocks[0]
+        block, start = entry
+        end = min(len(block), start + size)
+        positions = list(range(start, end))
+        if block.cancelled:
+            positions = [p for p in positions if p not in block.cancelled]
+        if end == len(block):
+            lane.blocks.popleft()
+        else:
+            entry[1] = end
+        if not positions:
+            return
+        spec, first, last = block.spec, block.keys[positions[0]].fan_index, block.keys[positions[-1]].fan_index
+        name = f"{block.run_id}:{spec.name}[{first}{'' if first == last else f'..{last}'}]"
+        payload = self._packer.pack_items(block, positions)
+        ref = self._tasks.submit(spec, name, payload)
+        chunk = Chunk(block, positions, len(positions), ref)
+        sent_in = block.sent_in
+        for p in positions:
+            sent_in[p] = chunk
+        self._inflight[ref] = (chunk, lane)
+        lane.tasks += 1
+
+    def cancel_item(self, block: ItemBlock, position: int) -> None:
+        if position in block.cancelled:
+            return
+        block.cancelled.add(position)
+        chunk = block.sent_in[position]
+        if not isinstance(chunk, Chunk) or chunk.ref is None:
+            return  # not sent yet (skipped when its turn comes), or back already (its outcome dropped)
+        chunk.live -= 1
+        if chunk.live == 0 and (entry := self._inflight.pop(chunk.ref, None)) is not None:
+            if entry[1] is not None:
+                entry[1].tasks -= 1
+            self._cancelled[chunk.ref] = None
+            with contextlib.suppress(Exception):  # it may have finished meanwhile
+                self._ray.cancel(chunk.ref, force=True)
+
+    def _chunk_done(self, chunk: Chunk, outcomes: list[NodeOutcome]) -> None:
+        """A block's task ended: its items' outcomes, for ``take_items``."""
+        chunk.ref = None
+        self._items_done.append(ItemsDone(chunk.block, chunk.positions, outcomes))
 
     def _send_io(self, items: list[tuple[Handle, NodeCall, StepSpec]]) -> None:
         """I/O-bound attempts sent together (``IoPool.send_many``): each keeps its own packed call
@@ -301,7 +326,7 @@ class RayExecutor(Executor):
             self._recancel()
         wanted = None if handles is None else set(handles)
         done = self._take(wanted)
-        if done:
+        if done or (wanted is None and self._items_done):
             return done
         if wanted is None or any(h.ref is None and h.outcome is None for h in wanted):
             # any attempt; or some wanted ones are still queued, and only others ending frees their lane
@@ -312,10 +337,14 @@ class RayExecutor(Executor):
             if timeout > 0:
                 time.sleep(timeout)
             return []
-        ready, rest = self._ray.wait(refs, num_returns=1, timeout=timeout)
-        if ready and rest:  # group commit: drain everything else that is already finished
-            more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
-            ready += more
+        # everything already finished, in one look (a busy driver finds some most of the time);
+        # else block for one, then take whatever else finished meanwhile (a group commit)
+        ready, rest = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+        if not ready:
+            ready, rest = self._ray.wait(refs, num_returns=1, timeout=timeout)
+            if ready and rest:
+                more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
+                ready += more
         any_ready = bool(ready)
         streams = [ref for ref in ready if self._is_stream(ref)]
         for gen in streams:
@@ -324,13 +353,17 @@ class RayExecutor(Executor):
             ready = [ref for ref in ready if not self._is_stream(ref) and ref in self._inflight]
         for ref, result in zip(ready, self._results(ready), strict=True):
             carried, lane = self._inflight.pop(ref)
-            outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * len(carried)
+            count = len(carried.positions) if isinstance(carried, Chunk) else len(carried)
+            outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * count
             if lane is not None:
                 lane.tasks -= 1
                 if lane.chunked:  # (what sizes its chunks)
                     timed = [o.finished_at - o.started_at for o in outcomes if o.finished_at and o.started_at]
                     lane.items_done += len(timed)
                     lane.busy += sum(timed)
+            if isinstance(carried, Chunk):
+                self._chunk_done(carried, outcomes)
+                continue
             finished = self._finished
             for handle, outcome in zip(carried, outcomes, strict=True):
                 if handle.outcome is None:  # not cancelled meanwhile
@@ -381,7 +414,7 @@ class RayExecutor(Executor):
         if stream:
             assert self._pool is not None
             self._pool.cancel_call(handle.ref, handle)  # its actor retires, as for a call of its own
-        if entry is not None and all(h.outcome is not None for h in entry[0]):
+        if entry is not None and not isinstance(entry[0], Chunk) and all(h.outcome is not None for h in entry[0]):
             del self._inflight[handle.ref]
             if entry[1] is not None:
                 entry[1].tasks -= 1

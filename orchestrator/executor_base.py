@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
 
@@ -45,6 +46,20 @@ class Executor(ABC):
         """First attempts of plain items of one fan-out step (``ItemsDispatch``): ``submit`` each,
         unless the executor queues them more cheaply at once."""
         return [self.submit(spec, call) for call in calls]
+
+    def submit_block(self, block: ItemBlock) -> bool:
+        """Take a block of plain items (``item_block``) whole: its items come back as ``ItemsDone``
+        (``take_items``), with no handle each. False: this executor does not, and the driver
+        submits them one by one (``submit_items``)."""
+        return False
+
+    def take_items(self) -> list[ItemsDone]:
+        """Items of taken blocks that finished since the last call (a cancelled one never is).
+        ``wait`` returns early when there are some, whatever it returns itself."""
+        return []
+
+    def cancel_item(self, block: ItemBlock, position: int) -> None:  # noqa: B027 - nothing taken, nothing to cancel
+        """Cancel one item of a taken block (its task is cancelled once none of its items is wanted)."""
 
     def pump(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Send what ``submit`` queued. The driver calls it once a round's attempts are all

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from raysaga.errors import LeaseLostError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.executor import Executor, Handle
+from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.task import NodeOutcome
 
 
@@ -37,6 +38,20 @@ class InFlight:
         self.executor = executor
         self.sent: dict[NodeKey, Sent] = {}
         self._timed: dict[NodeKey, Sent] = {}  # sent with a timeout (may hold stale entries)
+        self.blocks: dict[ItemBlock, None] = {}  # taken whole by the executor, items still out (oldest first)
+
+    def add_block(self, block: ItemBlock) -> None:
+        """Track a block of items the executor took whole (``Executor.submit_block``)."""
+        self.blocks[block] = None
+
+    def took(self, done: list[ItemsDone]) -> list[ItemsDone]:
+        """Blocks' items back from the executor: a block with none left out is forgotten."""
+        for back in done:
+            block = back.block
+            block.left -= len(back.positions)
+            if block.left <= 0:
+                self.blocks.pop(block, None)
+        return done
 
     def add(self, key: NodeKey, handle: Handle, now: float, timeout: float | None) -> None:
         """Track an attempt just handed to the executor; its handle learns its node."""
@@ -64,11 +79,30 @@ class InFlight:
             sent = self.sent.pop(key, None)
             if sent is not None:
                 self.executor.cancel(sent.handle)
+            elif self.blocks:
+                self._cancel_item(key)
+
+    def _cancel_item(self, key: NodeKey) -> None:
+        # newest block first: an item retried is in flight in a later block than its first attempt's
+        for block in reversed(self.blocks):
+            position = block.position(key)
+            if position is None:
+                continue
+            if position not in block.cancelled:
+                self.executor.cancel_item(block, position)
+                block.left -= 1
+                if block.left <= 0:
+                    del self.blocks[block]
+            return
 
     def cancel_all(self) -> None:
         for sent in self.sent.values():
             self.executor.cancel(sent.handle)
         self.sent.clear()
+        for block in self.blocks:
+            for position in range(len(block)):
+                self.executor.cancel_item(block, position)
+        self.blocks.clear()
 
     def horizon(self, now: float, horizon: float) -> float:
         """The earliest deadline before ``horizon`` (or ``horizon``)."""

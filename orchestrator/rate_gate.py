@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from raysaga.agents.messages import ModelResponse
 from raysaga.orchestrator.executor import Executor, Handle
+from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import Store
@@ -95,6 +96,15 @@ class RateGate(Executor):
         if spec.rate_limit is None:
             return self.inner.submit_items(spec, calls)
         return super().submit_items(spec, calls)
+
+    def submit_block(self, block: ItemBlock) -> bool:
+        return block.spec.rate_limit is None and self.inner.submit_block(block)  # a limited item waits its turn
+
+    def take_items(self) -> list[ItemsDone]:
+        return self.inner.take_items()
+
+    def cancel_item(self, block: ItemBlock, position: int) -> None:
+        self.inner.cancel_item(block, position)
 
     def pump(self) -> None:
         self.inner.pump()

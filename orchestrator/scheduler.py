@@ -33,8 +33,9 @@ class Scheduler:
         """Put a node back to be dispatched (a retry whose timer fired)."""
         self._ready.append(key)
 
-    def expand(self, step: str, count: int) -> list[str]:
-        """Fan a ready map step out into ``count`` items; a zero-item fan-out completes at once."""
+    def expand(self, step: str, count: int, *, ready: bool = True) -> list[str]:
+        """Fan a ready map step out into ``count`` items; a zero-item fan-out completes at once.
+        ``ready=False``: the caller issues the items itself (they are not queued here)."""
         self._items_left[step] = count
         if count == 0:
             return self._complete_step(step)
@@ -44,7 +45,8 @@ class Scheduler:
             # and handed its dependents a plain list instead of the FanOutResult they declare
             # (also after a resume into a RetryFailed round, where no failure was restored).
             self._held.add(step)
-        self._ready.extend((step, i) for i in range(count))
+        if ready:
+            self._ready.extend((step, i) for i in range(count))
         return []
 
     def complete(self, key: NodeKey) -> list[str]:
@@ -56,6 +58,15 @@ class Scheduler:
             self._items_left[step] -= 1
             if self._items_left[step] > 0 or step in self._held:
                 return []
+        return self._complete_step(step)
+
+    def complete_items(self, step: str, count: int) -> list[str]:
+        """``complete`` for ``count`` items of ``step`` at once (a chunk of them came back)."""
+        if step in self.closed or step in self.completed:
+            return []
+        left = self._items_left[step] = self._items_left[step] - count
+        if left > 0 or step in self._held:
+            return []
         return self._complete_step(step)
 
     def fail_item(self, key: NodeKey) -> bool:

@@ -19,6 +19,7 @@ import hashlib
 import pickle  # noqa: TID251 - in transit between the driver and its Ray workers, never at rest
 from typing import Any
 
+from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import ContextFields, NodeCall, NodeOutcome, execute
 
@@ -39,6 +40,10 @@ class SpecPacker:
         self._packed: dict[int, tuple[StepSpec, str, bytes]] = {}  # id(spec) -> (spec kept alive, digest, bytes)
 
     def pack_calls(self, spec: StepSpec, calls: list[NodeCall]) -> bytes:
+        digest, data = self._spec_bytes(spec)
+        return pickle.dumps((digest, data, [pack_call(c) for c in calls]), protocol=_PROTOCOL)
+
+    def _spec_bytes(self, spec: StepSpec) -> tuple[str, bytes]:
         entry = self._packed.get(id(spec))
         if entry is None or entry[0] is not spec:
             from ray import cloudpickle  # Ray's: honours register_pickle_by_value, pickles closures
@@ -47,8 +52,16 @@ class SpecPacker:
             if len(self._packed) >= CACHE_LIMIT:
                 self._packed.clear()
             entry = self._packed[id(spec)] = (spec, hashlib.blake2b(data, digest_size=16).hexdigest(), data)
-        _, digest, data = entry
-        return pickle.dumps((digest, data, [pack_call(c) for c in calls]), protocol=_PROTOCOL)
+        return entry[1], entry[2]
+
+    def pack_items(self, block: ItemBlock, positions: list[int]) -> bytes:
+        """Items of a block (``item_block``) as one task's payload: what they share once, then
+        each item's index, attempt and inputs; the worker makes their calls (``run_packed``)."""
+        spec, keys, attempts, kwargs = block.spec, block.keys, block.attempts, block.kwargs
+        digest, data = self._spec_bytes(spec)
+        head = (block.run_id, spec.name, block.trace_id, block.max_output_bytes)
+        rows = [(keys[p].fan_index, attempts[p], kwargs[p]) for p in positions]
+        return pickle.dumps((digest, data, head, rows), protocol=_PROTOCOL)
 
 
 def pack_call(call: NodeCall) -> PackedCall:
@@ -90,7 +103,12 @@ def run_packed(payload: bytes) -> bytes:
     A spec the worker cannot unpickle (the workflow's module is not importable there) raises:
     Ray reports the task failed, and the driver classifies that as transient, like a dead worker.
     """
-    digest, data, calls = pickle.loads(payload)
+    digest, data, *carried = pickle.loads(payload)
     spec = _spec(digest, data)
-    return pickle.dumps([pack_outcome(execute(spec, unpack_call(c), on_worker=True)) for c in calls],
-                        protocol=_PROTOCOL)
+    if len(carried) == 2:  # a block's items (``pack_items``): their calls are made here
+        (run_id, step, trace_id, max_bytes), rows = carried
+        calls = [NodeCall(fields=(run_id, step, index, attempt, trace_id, None, False), kwargs=kwargs,
+                          max_output_bytes=max_bytes) for index, attempt, kwargs in rows]
+    else:
+        calls = [unpack_call(c) for c in carried[0]]
+    return pickle.dumps([pack_outcome(execute(spec, c, on_worker=True)) for c in calls], protocol=_PROTOCOL)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.keys import args_digest
 from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch, Outbox
 from raysaga.orchestrator.options import DEFAULT_RETRY
@@ -24,6 +25,9 @@ from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, item_events, jsoncodec
+
+#: An item of ``items_succeeded`` that was no longer in flight (nothing to settle).
+GONE = object()
 
 
 @dataclass(slots=True)
@@ -106,19 +110,17 @@ class Calls:
 
     def issue_items(self, spec: StepSpec, keys: list[NodeKey], kwargs: list[dict[str, Any]]) -> None:
         """Send attempts of plain fan-out items of ``spec`` (no effect, no 'running' row first):
-        ``issue`` for each, as one command to the shell (``ItemsDispatch``)."""
+        ``issue`` for each, as one block to the shell (``ItemsDispatch``; ``item_block``)."""
         now, attempts, inflight = self.out.now, self.attempts, self.inflight
-        head, tail = (self.run_id, spec.name), (self.trace_id, None, False)
-        max_bytes = self.max_output_bytes
-        calls = []
-        for key, item_kwargs in zip(keys, kwargs, strict=True):
+        counts = []
+        for key in keys:
             attempt = attempts.get(key, 0) + 1
             attempts[key] = attempt
-            calls.append(NodeCall(fields=(*head, key.fan_index, attempt, *tail), kwargs=item_kwargs,
-                                  max_output_bytes=max_bytes))
+            counts.append(attempt)
             inflight[key] = Attempt(spec, attempt, now, False)
         self.unrecorded.extend(keys)
-        self.out.dispatch.append(ItemsDispatch(spec, keys, calls))
+        self.out.dispatch.append(ItemsDispatch(ItemBlock(spec, self.run_id, self.trace_id, self.max_output_bytes,
+                                                         keys, counts, kwargs)))
 
     def records_first(self, spec: StepSpec) -> bool:
         """Whether ``spec``'s attempts are durable as 'running' before they are sent."""
@@ -190,19 +192,58 @@ class Calls:
                                      data={"attempt": flight.attempt}))
         return value
 
+    def items_succeeded(self, keys: list[NodeKey], outcomes: list[NodeOutcome]) -> tuple[list[Any], int]:
+        """``succeeded`` for plain items of one step that came back together, in order, up to the
+        first that needs more (a failure, an output large enough to be a blob, an item drained or
+        no longer in flight is skipped). Returns the items' values and how many outcomes it took:
+        the caller settles those, and hands the rest to the general path."""
+        if not keys:
+            return [], 0
+        inflight, threshold, loads, draining = self.inflight, self.blob_threshold, jsoncodec.loads, self.draining
+        step = keys[0].step
+        rows = self.out.batch.items
+        ranges: list[list[int]] | None = None  # this batch's items_completed event of the step, made at the first
+        values: list[Any] = []
+        taken = 0
+        for key, outcome in zip(keys, outcomes, strict=True):
+            text = outcome.output_json
+            if not outcome.ok or text is None or len(text) * 4 > threshold or (draining and key in draining):
+                break
+            flight = inflight.pop(key, None)
+            taken += 1
+            if flight is None:  # cancelled while this round was absorbed
+                values.append(GONE)
+                continue
+            value = None if text == "null" else loads(text)
+            index = key.fan_index
+            rows.append((step, index, flight.attempt, None if value is None else text, None, outcome.started_at,
+                         outcome.finished_at))
+            if ranges is None:
+                ranges = self._item_ranges(step)
+            if ranges and ranges[-1][1] + 1 == index:  # (item_events.add_item, inline)
+                ranges[-1][1] = index
+            else:
+                ranges.append([index, index])
+            values.append(value)
+        return values, taken
+
+    def _item_ranges(self, node_id: str) -> list[list[int]]:
+        """The ranges of this batch's ``items_completed`` event of ``node_id`` (made when first needed)."""
+        events = self.out.batch.events
+        if self._items_events is not events:  # a new batch
+            self._items_events, self._items_of = events, {}
+        ranges = self._items_of.get(node_id)
+        if ranges is None:
+            ranges = self._items_of[node_id] = []
+            events.append(NewEvent(kind=item_events.KIND, node_id=node_id, data={"ranges": ranges}))
+        return ranges
+
     def _item_completed(self, key: NodeKey) -> None:
         """A plain fan-out item completed: one ``items_completed`` event per step per batch names
         the items in the order they completed, as runs of indexes (``state.item_events``; a row
         per item says the rest). One event per item was half of a big fan-out's writes and of its
         bytes, for nothing a reader used; a list of every index, ~5 bytes an item."""
-        events = self.out.batch.events
-        if self._items_events is not events:  # a new batch
-            self._items_events, self._items_of = events, {}
-        ranges = self._items_of.get(key.node_id)
-        if ranges is None:
-            ranges = self._items_of[key.node_id] = []
-            events.append(NewEvent(kind=item_events.KIND, node_id=key.node_id, data={"ranges": ranges}))
-        item_events.add_item(ranges, key.fan_index)
+        item_events.add_item(self._item_ranges(key.node_id), key.fan_index)
 
     def failed(self, key: NodeKey, outcome: NodeOutcome) -> tuple[dict[str, Any], int] | None:
         """A failed attempt: None when it is retried after a backoff (the timer is set), else its

@@ -147,8 +147,13 @@ class Forward:
     def _issue_items(self, step: str, keys: list[NodeKey]) -> None:
         self.kwargs(step, keys[0].fan_index)  # caches the step's inputs (the items' upstream outputs are final)
         inputs = self._item_inputs[step]
-        self.calls.issue_items(self.wf.steps[step], keys, [
-            {name: value[key.fan_index] if mapped else value for name, value, mapped in inputs} for key in keys])
+        if len(inputs) == 1 and inputs[0][2]:  # the item is the only input (the common case)
+            name, value, _ = inputs[0]
+            kwargs = [{name: value[key.fan_index]} for key in keys]
+        else:
+            kwargs = [{name: value[key.fan_index] if mapped else value for name, value, mapped in inputs}
+                      for key in keys]
+        self.calls.issue_items(self.wf.steps[step], keys, kwargs)
 
     def prepare(self, key: NodeKey) -> AgentStart | WaitStart | None:
         """Issue a ready node, or settle it without a call (restored, a fan-out parent); an
@@ -232,7 +237,10 @@ class Forward:
             self.parents_done.add(step)
         elif row.status == NodeStatus.RUNNING:
             self.running_parents.add(step)
-        done = self.sched.expand(step, len(items))
+        whole = not self.restored and self._is_plain_map(step)  # no item has a row to settle first
+        done = self.sched.expand(step, len(items), ready=not whole)
+        if whole and items:  # issued here as one block, not queued to be looked at one by one
+            self._issue_items(step, [NodeKey(step, i) for i in range(len(items))])
         if done:  # zero items: nothing failed, the policy has nothing to weigh
             if spec.fan_out_policy.partial:
                 self.outputs[NodeKey(step)] = self.fanout.result(step, self.outputs, 0).model_dump(mode="json")
@@ -249,6 +257,15 @@ class Forward:
                 self._write_parent_done(finished)
         self._count_done(done)
         if index >= 0 and self.sched.awaiting_decision(step):
+            self._decide(step)
+
+    def settle_items(self, step: str, count: int) -> None:
+        """``settle_completed`` for ``count`` items of ``step`` that completed together."""
+        done = self.sched.complete_items(step, count)
+        for finished in done:
+            self._write_parent_done(finished)
+        self._count_done(done)
+        if self.sched.awaiting_decision(step):
             self._decide(step)
 
     def _write_parent_done(self, step: str) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.state import Batch
@@ -27,12 +28,22 @@ class Dispatch(NamedTuple):
 
 
 class ItemsDispatch(NamedTuple):
-    """Send first attempts of plain fan-out items of one step, as one command: a wide fan-out's
-    items go to the executor's lane in one call (``Executor.submit_items``), not one by one."""
+    """Send attempts of plain fan-out items of one step, as one command: a wide fan-out's items
+    go to the executor as one block (``Executor.submit_block``, ``item_block``), not one by one."""
 
-    spec: StepSpec
-    keys: list[NodeKey]
-    calls: list[NodeCall]
+    block: ItemBlock
+
+    @property
+    def spec(self) -> StepSpec:
+        return self.block.spec
+
+    @property
+    def keys(self) -> list[NodeKey]:
+        return self.block.keys
+
+    @property
+    def calls(self) -> list[NodeCall]:
+        return self.block.calls()
 
     def each(self) -> list[Dispatch]:
         return [Dispatch(key, self.spec, call) for key, call in zip(self.keys, self.calls, strict=True)]

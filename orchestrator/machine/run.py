@@ -24,7 +24,7 @@ from raysaga.errors import RaySagaError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.machine.agent_nodes import AgentNodes
 from raysaga.orchestrator.machine.budgets import Budgets
-from raysaga.orchestrator.machine.calls import Calls
+from raysaga.orchestrator.machine.calls import GONE, Calls
 from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart
 from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
 from raysaga.orchestrator.machine.rollback import Rollback
@@ -216,6 +216,22 @@ class RunMachine:
                 self.agents.on_failure(key, error)
             else:
                 self.forward.settle_failed(key, error, write=False, attempts=attempts)
+
+    def absorb_items(self, keys: list[NodeKey], outcomes: list[NodeOutcome], now: float) -> None:
+        """Plain items of one fan-out step that came back together (``item_block.ItemsDone``):
+        what ``absorb`` does for each, without its per-item dispatch. The first that needs more
+        (a failure, an output kept as a blob) and those after it go through ``absorb``."""
+        self.out.now = now
+        values, taken = self.calls.items_succeeded(keys, outcomes)
+        outputs, settled = self.forward.outputs, 0
+        for key, value in zip(keys, values, strict=False):  # values stop where the general path starts
+            if value is not GONE:
+                outputs[key] = value
+                settled += 1
+        if settled:
+            self.forward.settle_items(keys[0].step, settled)
+        if taken < len(keys):
+            self.absorb(zip(keys[taken:], outcomes[taken:], strict=True), now)
 
     def may_overlap(self, finished: Iterable[NodeKey]) -> bool:
         """Whether what these completions made ready may start while their batch is being committed.

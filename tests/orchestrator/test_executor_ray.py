@@ -147,6 +147,35 @@ def test_ray_task_names_are_run_and_node(ray_session: str, sqlite_url: str) -> N
     assert [nodes[("item", i)][1] for i in range(2)] == ["named-run:item[0]", "named-run:item[1]"]
 
 
+def test_a_chunk_of_items_is_named_for_the_items_it_carries(ray_session: str, sqlite_url: str) -> None:
+    """Short items travel several to a task once measured: the task is ``<run>:<step>[i..j]``, and
+    its range holds the item that reads it."""
+    wf = Workflow("chunk-names")
+
+    @wf.step()
+    def plan() -> list[int]:
+        return list(range(300))
+
+    @wf.map("plan")
+    def item(plan: int) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_task_name())
+
+    record = raysaga.run(wf, None, store=sqlite_url, executor="ray", address=ray_session, run_id="chunked-run")
+    assert record.status == RunStatus.COMPLETED
+    nodes = _outputs(sqlite_url, "chunked-run")
+    chunked = 0
+    for i in range(300):
+        name = nodes[("item", i)][1]
+        assert name.startswith("chunked-run:item["), name
+        span = name.removeprefix("chunked-run:item[").removesuffix("]")
+        first, _, last = span.partition("..")
+        assert int(first) <= i <= int(last or first), (i, name)
+        chunked += bool(last)
+    assert chunked > 0  # some items went several to a task
+
+
 def test_a_node_timeout_counts_from_its_start_not_from_its_wait_for_a_cpu(
         ray_session: str, sqlite_url: str, tmp_path: Path) -> None:
     """Eight 1 s items with a 3 s timeout on a 2-CPU cluster run in four waves: the last starts

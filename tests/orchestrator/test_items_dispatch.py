@@ -120,19 +120,27 @@ def test_a_fan_out_completes_through_the_grouped_path(executor: str, store: SqlS
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     ex: Any = InlineExecutor() if executor == "inline" else RayExecutor(address=request.getfixturevalue("ray_session"))
     calls: list[tuple[str, int]] = []
-    original = type(ex).submit_items
+    blocks: list[tuple[str, int, bool]] = []
+    original, original_block = type(ex).submit_items, type(ex).submit_block
 
     def spy(self: Any, spec: Any, items: list[Any]) -> Any:
         calls.append((spec.name, len(items)))
         return original(self, spec, items)
 
+    def spy_block(self: Any, block: Any) -> bool:
+        taken: bool = original_block(self, block)
+        blocks.append((block.spec.name, len(block), taken))
+        return taken
+
     monkeypatch.setattr(type(ex), "submit_items", spy)
+    monkeypatch.setattr(type(ex), "submit_block", spy_block)
     record = raysaga.run(wf, 200, store=store, executor=ex)
     assert record.status == RunStatus.COMPLETED, record.error
     assert record.output == {"total": sum(i * 2 for i in range(200)) + 200}
     nodes = {(n.node_id, n.fan_index): n for n in store.nodes(record.run_id)}
     assert all(nodes[("double", i)].status == NodeStatus.COMPLETED for i in range(200))
     if executor == "ray":
-        assert calls == [("double", 200)]  # one call for the step's 200 items
+        assert blocks == [("double", 200, True)]  # the step's 200 items taken as one block
+        assert calls == []  # and not one by one
     else:
-        assert calls == []  # inline: each item runs at its own submit, a stop is seen between them
+        assert calls == [] and blocks == []  # inline: each item runs at its own submit, a stop is seen between them
