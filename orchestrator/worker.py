@@ -342,6 +342,10 @@ class Worker:
                     if not self._stop.is_set() and (self._running or self._alone is not None):
                         self._turns.wait(lease.ttl / 3)
                 lease = self.store.renew(lease)
+        except Exception:  # let the run go (not left to lapse: its next claim would count a death)
+            with contextlib.suppress(Exception):
+                self.store.release(lease)
+            raise
         finally:
             with self._lock:
                 self._queued -= 1
