@@ -342,9 +342,12 @@ class Worker:
                     if not self._stop.is_set() and (self._running or self._alone is not None):
                         self._turns.wait(lease.ttl / 3)
                 lease = self.store.renew(lease)
-        except Exception:  # let the run go (not left to lapse: its next claim would count a death)
+        except Exception as exc:  # let the run go (not left to lapse: its next claim would count a death)
             with contextlib.suppress(Exception):
                 self.store.release(lease)
+            if is_outage(exc):  # not the run's failure: claimable again once the store answers
+                raise LeaseLostError(f"run {run_id!r}: the store dropped out while it waited for its turn to be "
+                                     "driven alone; it is claimed again once the store answers") from exc
             raise
         finally:
             with self._lock:
