@@ -191,6 +191,9 @@ def worker(
     address: AddressOpt = None,
     lease_ttl: LeaseOpt = 15.0,
     poll: Annotated[float, typer.Option("--poll", help="Seconds between looks for work when idle.")] = 0.5,
+    max_driver_deaths: Annotated[int | None, typer.Option(
+        "--max-driver-deaths", help="Drivers of a run that die in a row before it commits any step's outcome, "
+        "then it is parked as a crash loop (3).")] = None,
 ) -> None:
     """Claim runnable runs of the registered workflows and drive them, until SIGTERM or Ctrl-C
     (which hand the runs back: another worker takes them at once)."""
@@ -201,13 +204,15 @@ def worker(
         from raysaga.orchestrator import cli_store
         from raysaga.orchestrator.loader import load_workflow
         from raysaga.orchestrator.options import RunOptions
-        from raysaga.orchestrator.worker import Worker
+        from raysaga.orchestrator.worker import Worker, checked_max_driver_deaths
 
+        options = RunOptions(lease_ttl=lease_ttl)
+        if max_driver_deaths is not None:
+            options = RunOptions(lease_ttl=lease_ttl, max_driver_deaths=checked_max_driver_deaths(max_driver_deaths))
         workflows = [load_workflow(ref) for ref in settings["workflows"]]
         store = cli_store.open_for_writes(db)
         w = Worker(workflows, store, concurrency=settings["concurrency"], executor=settings["executor"],
-                   address=settings["address"], options=RunOptions(lease_ttl=lease_ttl), poll=poll,
-                   limits=settings["limits"])
+                   address=settings["address"], options=options, poll=poll, limits=settings["limits"])
         w.start_engine()  # Ray first: it installs signal handlers of its own, which ours replace
         stops: list[int] = []
 

@@ -18,7 +18,17 @@ A run still ``pending`` is counted too: its drivers may die between their claim 
 first commit (killed by whatever kills them there, every time), and a fleet then took it up for
 ever. The count cannot tell a step's own death from a killer outside: any ``max_driver_deaths``
 drivers in a row that got nothing committed park the run, which loses nothing (``raysaga retry``
-goes on with the same keys), where resuming it again would lose a process each time.
+goes on with the same keys), where resuming it again would lose a process each time. Its reason
+blames no step: a driver commits ``pending → running`` before it starts one, so none had started.
+
+A worker that drives several runs at once (``--concurrency``) loses all of them when one step
+kills it: the death is counted for each, and a healthy neighbour with a long step would be parked
+beside the culprit. So a run whose last driver died is a suspect, and a worker drives it alone
+(``raysaga.orchestrator.worker``): it claims nothing else until that run commits an attempt's
+outcome or its drive ends, so a second death is its own. A suspect that had to wait for its turn
+says so (``drive_waits``, then ``drive_alone`` as it starts): a driver that died while its run was
+still waiting never ran it, and is not counted (nor does it end the count). So a neighbour is
+counted at most the one death that made it a suspect, and the culprit's next deaths are its own.
 """
 
 from __future__ import annotations
@@ -41,14 +51,17 @@ from raysaga.state import (
     Store,
 )
 
-__all__ = ["PROGRESS", "WINDOW", "deaths_in_a_row", "failing_parking", "park_if_looping", "parking", "recent_deaths",
-           "suspects"]
+__all__ = ["ALONE", "PROGRESS", "WAITS", "WINDOW", "deaths_in_a_row", "failing_parking", "in_flight",
+           "park_if_looping", "parking", "recent_deaths", "suspects"]
 
 log = logging.getLogger("raysaga.driver")
 
 #: Events that mean an attempt's outcome was committed: the driver before got somewhere.
 PROGRESS = frozenset({"node_completed", "items_completed", "node_failed", "node_skipped", "retry_scheduled",
                       "compensation_retry", "approval_requested", "sleep_started", "fanout_expanded", "run_created"})
+#: Written by a worker for a suspect run (its last driver died): ``WAITS`` when it must wait for
+#: its turn to be driven alone, ``ALONE`` as its drive starts with no other run in the process.
+WAITS, ALONE = "drive_waits", "drive_alone"
 #: How many of the run's events are read at a time, newest first, to count the deaths (a death
 #: without progress writes one to three: its successor's claim, a transition, a take-over note).
 #: Most counts end in the first page; a larger ``max_driver_deaths`` reads further back.
@@ -66,15 +79,22 @@ def _count(events: Sequence[EventRecord]) -> tuple[int, bool]:
     ended it within ``events``; else older events may add to it)."""
     deaths = 0
     abandoned = False  # the newer claim seen last took the lease from a driver that had died
+    started = True  # that driver drove the run (it did not die still waiting for its turn alone)
+    alone = False  # an ALONE seen in that driver's time (events are read newest first)
     for event in reversed(events):
         if event.kind == "lease_claimed":
-            if abandoned:
+            if abandoned and started:
                 deaths += 1  # that driver's time, from this claim to the newer one, made no progress
             abandoned = isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
+            started, alone = True, False
             if not abandoned:
                 return deaths, True
         elif event.kind in PROGRESS:
             return deaths, True
+        elif event.kind == ALONE:
+            alone = True
+        elif event.kind == WAITS and not alone:
+            started = False  # it died waiting: another run's step killed its process
     return deaths, False
 
 
@@ -98,17 +118,47 @@ def suspects(nodes: Iterable[NodeRecord], wf: Workflow) -> list[str]:
     start (a quick step is sent before its row is written, so it may have no row at all)."""
     rows = list(nodes)
     done = {n.node_id for n in rows if n.fan_index < 0 and n.status == NodeStatus.COMPLETED}
-    found = {n.label for n in rows if n.status == NodeStatus.RUNNING}
+    found = set(in_flight(rows))
     found |= {name for name, spec in wf.steps.items() if name not in done and all(d in done for d in spec.deps)}
     return sorted(found)
 
 
-def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str) -> tuple[bool, Batch]:
-    """``blob_parking.parked`` for a crash loop: the reason names the steps and the way out."""
-    where = f"in flight or ready each time: {', '.join(suspected[:10])}{' ...' if len(suspected) > 10 else ''}"
-    reason = (f"crash loop: the last {deaths} drivers of this run died before committing any step's outcome "
-              f"({where}); a step may be killing its process. Fix it (or run it on Ray, where its death is "
-              f"a failed attempt), then `raysaga retry {run_id}`")[:1000]
+def in_flight(nodes: Iterable[NodeRecord]) -> list[str]:
+    """The nodes recorded ``running``: they had started when the driver died."""
+    return sorted({n.label for n in nodes if n.status == NodeStatus.RUNNING})
+
+
+def _names(found: list[str]) -> str:
+    return ", ".join(found[:10]) + (" ..." if len(found) > 10 else "")
+
+
+def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *,
+            running: list[str] | None = None, started: bool = True) -> tuple[bool, Batch]:
+    """``blob_parking.parked`` for a crash loop: the reason names the steps and the way out.
+
+    ``running`` (of ``suspected``) were recorded in flight; the others were ready to start (one may
+    have started: a quick step has no row before it ends). ``started`` False: the run was still
+    ``pending``, and a driver commits ``running`` before it starts any step, so no step ran under
+    any of the dead drivers: the reason says so and blames none, and the error says
+    ``"started": False`` (its ``suspects`` stay the steps that were to start, as the field always
+    listed in-flight-or-ready steps, for the readers of it)."""
+    drivers = "its last driver" if deaths == 1 else f"the last {deaths} drivers of this run"
+    if not started:
+        reason = (f"crash loop: {drivers} died before the run's first commit: no step had started (the run was "
+                  f"still pending; its first steps, {_names(suspected)}, never ran), so no step is to blame: "
+                  f"the process was killed before any step (out of memory, a deploy, a lost host) or died "
+                  f"reading the run. Find what killed it, then `raysaga retry {run_id}`")[:1000]
+        error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50],
+                 "started": False}
+        return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
+                                                                              "suspects": suspected[:50]}))
+    flying = [name for name in suspected if name in set(running or [])]
+    ready = [name for name in suspected if name not in set(flying)]
+    where = "; ".join([*([f"in flight: {_names(flying)}"] if flying else []),
+                       *([f"ready to start, perhaps started: {_names(ready)}"] if ready else [])])
+    reason = (f"crash loop: {drivers} died before committing any step's outcome "
+              f"({where or 'no step was in flight'}); a step may be killing its process. Fix it (or run it on "
+              f"Ray, where its death is a failed attempt), then `raysaga retry {run_id}`")[:1000]
     error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50]}
     return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
                                                                           "suspects": suspected[:50]}))
@@ -134,7 +184,9 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
     deaths = recent_deaths(store, run, limit)
     if deaths < limit:
         return None
-    resume_first, batch = parking(run.status, deaths, suspects(nodes, wf), run.run_id)
+    rows = list(nodes)
+    resume_first, batch = parking(run.status, deaths, suspects(rows, wf), run.run_id, running=in_flight(rows),
+                                  started=run.status != RunStatus.PENDING)
     if resume_first:
         store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
     log.error("run %s: %s", run.run_id, batch.run.status_reason if batch.run else "parked")

@@ -140,16 +140,16 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
         on_progress: ProgressHook | None = None, workflow_ref: str | None = None) -> RunRecord:
     """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run; an
     ``input`` given with it (``None`` included) must equal the run's; leave it out (``NO_INPUT``)
-    to just resume. ``on_progress(progress)`` is called as steps finish (``Progress``: total, done,
-    failed); one that raises is logged once and dropped, and the run goes on."""
+    to just resume. So must the identity ``options`` given with it (labels, deadline, retry
+    budget: ``same_options``, which lists what may change on a resume). ``on_progress(progress)``
+    is called as steps finish (``Progress``: total, done, failed); one that raises is logged once
+    and dropped, and the run goes on."""
     st = _store(store)
     workflow.validate()
     if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
         check_run_id(run_id, "--run-id")
-    labels = options.labels if options is not None else {}
     if run_id is not None and (existing := existing_run(workflow, st, run_id, input)) is not None:
-        if labels:  # given: they must be the run's (left out, the run resumes as it was recorded)
-            same_labels(existing, labels, "run")
+        same_options(existing, options, "run")  # left out, the run resumes as it was recorded
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
     given = input
@@ -169,8 +169,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             # instead of failing with "already exists" (a different input is still refused).
             assert run_id is not None
             raced = existing_run(workflow, st, run_id, given)
-            if raced is not None and labels:
-                same_labels(raced, labels, "run")
+            if raced is not None:
+                same_options(raced, options, "run")
             record = st.get_run(run_id, lenient=True)
         # the record in hand, not a second read: the driver reads the run again under its lease
         return _drive(workflow, st, record, ex, None, options, on_progress)
@@ -212,6 +212,49 @@ def same_labels(existing: RunRecord, given: dict[str, str], what: str) -> None:
     more = f" (and {len(differ) - 5} more)" if len(differ) > 5 else ""
     raise UserError(f"run {existing.run_id!r} exists with other labels ({shown}{more}): {what} again with the "
                     "labels it was recorded with, or choose another run_id")
+
+
+#: How far a given ``RunOptions.deadline`` may be from the recorded one (``deadline_at`` minus the
+#: run's creation: the two times are taken a moment apart) and still be the same deadline.
+DEADLINE_SLACK = 1.0
+
+
+def same_options(existing: RunRecord, options: RunOptions | None, what: str, *, queue: str | None = None) -> None:
+    """The identity options given with an existing run (``run`` resuming it by ``run_id``, a
+    retried submit) must be the recorded run's, else ``UserError`` naming the option, the recorded
+    value and the given one: they were fixed when the run was recorded, and a differing one was
+    silently ignored (the run went on under the recorded ones). An option left at its default (no
+    labels, None) is not given: the run resumes as it was recorded.
+
+    Identity, recorded with the run when it is created: ``labels`` (how it is found:
+    ``same_labels``), ``deadline`` (recorded as ``deadline_at``: the creation time plus it;
+    compared within ``DEADLINE_SLACK`` seconds), ``retry_budget`` (the run's retries, counted
+    against the recorded budget) and, for a submit, its ``queue`` (a run recorded without one is
+    never claimed by a worker while ``pending``). Per drive, taken by each drive and free to
+    change on a resume: ``lease_ttl``, ``release_after``, ``blob_threshold``, ``max_output_bytes``
+    (outputs written from then on), ``allow_changed``, ``max_driver_deaths`` (the limit of the
+    process that drives it: ``docs/operations.md``), and ``token_budget`` / ``cost_budget``
+    (raising a spent one on resume lets a paused run go on)."""
+    options = options or RunOptions()
+    if options.labels:
+        same_labels(existing, options.labels, what)
+    differ: list[tuple[str, str, str]] = []
+    if queue is not None and queue != existing.queue:
+        differ.append(("queue", _shown(existing.queue), _shown(queue)))
+    if options.deadline is not None:
+        recorded = None if existing.deadline_at is None else existing.deadline_at - existing.created_at
+        if recorded is None or abs(recorded - options.deadline) > DEADLINE_SLACK:
+            differ.append(("deadline", "none" if recorded is None else f"{recorded:.1f}s", f"{options.deadline:g}s"))
+    if options.retry_budget is not None and options.retry_budget != existing.retry_budget:
+        differ.append(("retry_budget", _shown(existing.retry_budget), _shown(options.retry_budget)))
+    if differ:
+        shown = "; ".join(f"{name}: recorded {recorded}, given {given}" for name, recorded, given in differ)
+        raise UserError(f"run {existing.run_id!r} exists with other options ({shown}): they are fixed when a run is "
+                        f"recorded; {what} again without them (or with the recorded ones), or choose another run_id")
+
+
+def _shown(value: object) -> str:
+    return "none" if value is None else f"{scrub_text(str(value))!r:.60}" if isinstance(value, str) else str(value)
 
 
 def _value(labels: dict[str, str], key: str) -> str:

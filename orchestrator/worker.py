@@ -16,6 +16,14 @@ claims one from that owner (``ownership.claim``; the claim names it ``abandoned_
 loop is still counted). An owner on another host cannot be proven gone from here: its runs wait
 for their lease to expire, as before.
 
+A run whose last driver died (its claim took the lease of a dead owner: ``Claim.abandoned_by``) is a
+suspect of a crash loop, and is driven alone: the worker claims nothing else meanwhile, asks its
+other drivers to hand their runs back at their next step boundary, and starts the suspect once no
+other run is driven in the process; it is no longer alone once it commits an attempt's outcome (it
+proved it does not kill its process right away) or its drive ends. A process killed by one step
+would otherwise count a death for every run it drove, and park a healthy neighbour beside the
+culprit (``raysaga.orchestrator.crash_loop``).
+
 ``stop()`` (the CLI calls it on SIGTERM or Ctrl-C) stops claiming and asks each driver to stop
 at its next step boundary: it commits what finished, releases the lease and the run is free for
 another worker at once. A SIGKILLed worker's runs are taken over when their leases expire.
@@ -40,14 +48,14 @@ from raysaga.errors import (
     RaySagaError,
     UserError,
 )
-from raysaga.orchestrator.crash_loop import failing_parking
+from raysaga.orchestrator.crash_loop import ALONE, WAITS, failing_parking
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
 from raysaga.orchestrator.stop_signals import sigint_kept_ignored
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import Batch, Lease, RunRecord, RunStatus, RunUpdate, Store
+from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, RunUpdate, Store
 from raysaga.state.claims import Claim
 from raysaga.state.engine import is_outage
 from raysaga.state.models import PRUNABLE
@@ -60,6 +68,9 @@ ORPHAN_SCAN = 500
 #: stop) before the worker parks the run ``failed``: the driver releases the run as it fails, so
 #: without a limit the slot claimed it again at once, hundreds of times a second, for ever.
 MAX_FAILED_DRIVES = 3
+#: What a driver is interrupted with when its worker hands its run back to drive a suspect run
+#: alone (the ``driver_interrupted`` event's ``signal``).
+HAND_BACK = "hand-back"
 
 
 def _count(value: object) -> TypeGuard[int]:
@@ -88,6 +99,14 @@ def checked_concurrency(value: object) -> int:
     """``--concurrency`` / ``Worker(concurrency=...)``: runs driven at once, a whole number >= 1."""
     if not _count(value):
         raise UserError(f"--concurrency must be a whole number >= 1 (runs driven at once), got {value!r}")
+    return value
+
+
+def checked_max_driver_deaths(value: object) -> int:
+    """``--max-driver-deaths``: the fleet's ``RunOptions.max_driver_deaths``, a whole number >= 1."""
+    if not _count(value):
+        raise UserError(f"--max-driver-deaths must be a whole number >= 1 (drivers of a run that die in a row "
+                        f"before it commits any step's outcome, then the run is parked as a crash loop), got {value!r}")
     return value
 
 
@@ -140,6 +159,11 @@ class Worker:
         self._primary: Executor | None = None
         self._next_scan = 0.0  # no look for runs of dead drivers before then (one look per poll)
         self._failed_drives: dict[str, int] = {}  # run id -> its drives in a row that ended in an error
+        # A suspect run (its last driver died) is driven alone: see the module doc
+        self._turns = threading.Condition(self._lock)
+        self._running = 0  # drives in progress in this process
+        self._alone: str | None = None  # the suspect run driven alone, until its first outcome
+        self._queued = 0  # suspects claimed, waiting for their turn to be driven alone
 
     def start_engine(self) -> None:
         """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
@@ -175,6 +199,7 @@ class Worker:
         with self._lock:
             for driver in self._drivers:
                 driver.interrupt(name)
+            self._turns.notify_all()  # a suspect waiting for its turn hands its run back
 
     # ------------------------------------------------------------------ a slot
 
@@ -184,6 +209,8 @@ class Worker:
         down_since: float | None = None  # the store stopped answering this slot's claims then
         try:
             while not self._stop.is_set():
+                if not self._may_claim():
+                    continue
                 try:
                     claim = self.store.claim_next(new_owner(), self.options.lease_ttl, self.hashes,
                                                   limits=self.limits) or self.claim_orphan()
@@ -208,6 +235,15 @@ class Worker:
             if executor is not None:
                 executor.shutdown()
 
+    def _may_claim(self) -> bool:
+        """Whether a slot may claim a run now: not while a suspect waits for its turn or is driven
+        alone (then False after waiting up to ``poll`` for that to change)."""
+        with self._turns:
+            if self._alone is None and self._queued == 0:
+                return True
+            self._turns.wait(self.poll)
+            return False
+
     def claim_orphan(self) -> Claim | None:
         """A run of ours whose driver is provably gone (see the module doc), its lease taken from
         that driver; None when there is none, or another slot looked less than ``poll`` ago."""
@@ -229,7 +265,8 @@ class Worker:
                 except LeaseHeldError:  # another worker took it first, or a resume did
                     continue
                 return Claim(lease=lease, workflow=row.workflow_name, reason="takeover",
-                             latency=max(0.0, time.time() - row.updated_at), status=row.status)
+                             latency=max(0.0, time.time() - row.updated_at), status=row.status,
+                             abandoned_by=row.lease_owner)
         return None
 
     def _drive(self, claim: Claim, executor: Executor) -> bool:
@@ -238,18 +275,25 @@ class Worker:
         with self._lock:
             self.counts.claimed += 1
             self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
+        alone, driving = claim.abandoned_by is not None, False
         try:
-            record = self._drive_through_outages(lease, workflow, executor)
+            if alone:
+                lease = self._turn_alone(claim)
+            else:
+                with self._lock:
+                    self._running += 1
+            driving = True
+            record = self._drive_through_outages(lease, workflow, executor, alone=alone)
             with self._lock:
                 if record.status == RunStatus.COMPLETED:
                     self.counts.completed += 1
                 else:
                     self.counts.rested += 1
             log.info("worker: run %s (%s) is %s", lease.run_id, reason, record.status.value)
-        except DriverInterrupted:
+        except DriverInterrupted as exc:
             with self._lock:
                 self.counts.handed_back += 1
-            log.info("worker: run %s handed back (the worker stops)", lease.run_id)
+            log.info("worker: run %s handed back (%s)", lease.run_id, exc.signal_name)
         except LeaseLostError as exc:
             log.warning("worker: run %s: %s", lease.run_id, exc)
         except Exception as exc:
@@ -259,9 +303,76 @@ class Worker:
                 log.exception("worker: run %s: unexpected error", lease.run_id)
             self._drive_failed(claim, exc)
             return False
+        finally:
+            if driving:
+                self._proven(lease.run_id)
+                with self._lock:
+                    self._running -= 1
+                    self._turns.notify_all()
         with self._lock:
             self._failed_drives.pop(lease.run_id, None)
         return True
+
+    def _turn_alone(self, claim: Claim) -> Lease:
+        """Wait until no other run is driven in this process, then make the claimed (suspect) run
+        the one driven alone; its lease, renewed meanwhile. While it waits the worker claims
+        nothing and its other drivers are asked to hand their runs back at their next boundary; the
+        run's events say it waited (``WAITS``: a death meanwhile is not its own) and when it starts
+        (``ALONE``). ``DriverInterrupted``, the lease released, when the worker stops first."""
+        lease, run_id, since = claim.lease, claim.lease.run_id, time.time()
+        waits = False
+        with self._lock:
+            self._queued += 1
+        try:
+            while True:
+                with self._lock:
+                    if self._stop.is_set():
+                        break
+                    if self._running == 0 and self._alone is None:
+                        self._alone, self._running = run_id, self._running + 1
+                        break
+                    others = [d for d in self._drivers if d.run_id != self._alone]
+                if not waits:
+                    self.store.commit(lease, Batch(events=[NewEvent(kind=WAITS, data={
+                        "abandoned_by": claim.abandoned_by, "driving": sorted(d.run_id for d in others)[:20]})]))
+                    waits = True
+                for driver in others:  # proven or plain runs: another worker (or this one, later) goes on
+                    driver.interrupt(HAND_BACK)
+                with self._lock:
+                    if not self._stop.is_set() and (self._running or self._alone is not None):
+                        self._turns.wait(lease.ttl / 3)
+                lease = self.store.renew(lease)
+        except Exception as exc:  # let the run go (not left to lapse: its next claim would count a death)
+            with contextlib.suppress(Exception):
+                self.store.release(lease)
+            if is_outage(exc):  # not the run's failure: claimable again once the store answers
+                raise LeaseLostError(f"run {run_id!r}: the store dropped out while it waited for its turn to be "
+                                     "driven alone; it is claimed again once the store answers") from exc
+            raise
+        finally:
+            with self._lock:
+                self._queued -= 1
+                self._turns.notify_all()
+        if self._alone != run_id:  # the worker stops: the run is handed back, free at once
+            self.store.release(lease)
+            raise DriverInterrupted(run_id, self._stop_name)
+        try:
+            self.store.commit(lease, Batch(events=[NewEvent(kind=ALONE, data={
+                "abandoned_by": claim.abandoned_by, "waited": round(time.time() - since, 3)})]))
+        except BaseException:
+            self._proven(run_id)
+            with self._lock:
+                self._running -= 1
+            raise
+        return lease
+
+    def _proven(self, run_id: str) -> None:
+        """The run driven alone committed an attempt's outcome (or its drive ended): the worker
+        claims again, and a waiting suspect may hand it back."""
+        with self._lock:
+            if self._alone == run_id:
+                self._alone = None
+                self._turns.notify_all()
 
     def _drive_failed(self, claimed: Claim, exc: Exception) -> None:
         """Count a drive that ended in an error; park the run after ``MAX_FAILED_DRIVES`` in a row."""
@@ -299,19 +410,29 @@ class Worker:
             with contextlib.suppress(Exception):
                 self.store.release(lease)
 
-    def _drive_through_outages(self, lease: Lease, workflow: str, executor: Executor) -> RunRecord:
+    def _drive_through_outages(self, lease: Lease, workflow: str, executor: Executor, *,
+                               alone: bool = False) -> RunRecord:
         """Drive the run; when the store drops out under the driver (a server restart, a lost
         connection), wait until it answers and drive the run again under the same lease, from what
         is durable. Nothing is lost (the driver fails stop: what it had not committed is redone as
         after a crash), the run does not wait for its lease to expire, and its next claim is not
         counted as a driver's death (``raysaga.orchestrator.crash_loop``)."""
+        run_id = lease.run_id
+
+        def outcome(_: object) -> None:  # the run driven alone committed one: it is proven
+            self._proven(run_id)
+
         while True:
             driver = Driver(self.workflows[workflow], self.store, executor, lease.run_id, options=self.options,
                             lease=lease)
+            if alone:
+                driver.progress.listeners.append(outcome)
             with self._lock:
                 self._drivers.add(driver)
                 if self._stop.is_set():
                     driver.interrupt(self._stop_name)  # stopped between the claim and now: hand it back at once
+                elif self._queued and self._alone != lease.run_id:
+                    driver.interrupt(HAND_BACK)  # a suspect waits to be driven alone
             try:
                 return driver.drive()
             except Exception as exc:

@@ -57,6 +57,9 @@ class Claim(BaseModel):
     """Seconds from when the run became runnable to this claim."""
     status: RunStatus | None = None
     """The run's status when it was claimed (what a worker parks it from if no driver can read it)."""
+    abandoned_by: str | None = None
+    """The lease owner whose driver died holding the run (this claim took its lease): the run is a
+    suspect of a crash loop, which a worker drives alone (``raysaga.orchestrator.crash_loop``)."""
 
 
 def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, str], *,
@@ -108,7 +111,8 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, s
                 data["abandoned_by"] = held_by  # its driver stopped without letting go: it died
             conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
             return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl),
-                         workflow=workflow, reason=reason, latency=latency, status=RunStatus(status))
+                         workflow=workflow, reason=reason, latency=latency, status=RunStatus(status),
+                         abandoned_by=held_by if "abandoned_by" in data else None)
     return None
 
 

@@ -20,7 +20,7 @@ from raysaga.state.item_pages import counts as item_counts
 from raysaga.state.item_pages import first_items, rows_at
 from raysaga.state.item_pages import page as item_page
 from raysaga.state.models import EffectRecord, EventRecord
-from raysaga.state.run_labels import labels_match
+from raysaga.state.run_labels import labels_contain, labels_match
 from raysaga.state.schema import effects, events, node_columns, nodes, runs
 from raysaga.state.schema import node_rows as view  # the view; node_rows() below reads it
 
@@ -77,7 +77,8 @@ def _filtered(query: Any, f: RunFilter, dialect: str, *, with_status: bool = Tru
     if f.text:
         needle = f.text.lower()
         query = query.where(or_(*(func.lower(c).contains(needle, autoescape=True)
-                                  for c in (runs.c.run_id, runs.c.workflow_name, runs.c.status_reason))))
+                                  for c in (runs.c.run_id, runs.c.workflow_name, runs.c.status_reason)),
+                                labels_contain(dialect, needle)))
     if f.labels:
         query = query.where(*labels_match(dialect, dict(f.labels)))
     return query

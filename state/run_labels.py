@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import String, bindparam, case, exists, func, literal, select
+from sqlalchemy import String, bindparam, case, column, exists, func, literal, select
 
 from raysaga.errors import InvalidOptionError
 from raysaga.state.redact import scrub_text
@@ -51,4 +51,21 @@ def _has(dialect: str, key: str, value: str) -> Any:
     return exists(select(literal(1)).select_from(members).where(members.c.key == k, members.c.value == v))
 
 
-__all__ = ["labels_match", "stored_labels"]
+def labels_contain(dialect: str, needle: str) -> Any:
+    """The WHERE condition of runs one of whose labels holds ``needle`` (already lower-cased) in its
+    key, its value or ``key=value`` as the run list shows it: the dashboard's ``q``, lower-cased and
+    matched as written like the rest of ``q`` (``%`` and ``_`` are no wildcards). A row whose labels
+    are NULL or not a JSON object matches nothing (SQLite: not JSON either)."""
+    key, value = column("key", String), column("value", String)
+    if dialect == "sqlite":
+        labels = case((func.json_valid(runs.c.labels) == 1, case((func.json_type(runs.c.labels) == "object",
+                                                                 runs.c.labels))))
+        members = func.json_each(labels).table_valued(key, value)
+    else:
+        labels = case((func.json_typeof(runs.c.labels) == "object", runs.c.labels))
+        members = func.json_each_text(labels).table_valued(key, value)
+    pair = func.lower(members.c.key + literal("=") + func.coalesce(members.c.value, literal("")))
+    return exists(select(literal(1)).select_from(members).where(pair.contains(needle, autoescape=True)))
+
+
+__all__ = ["labels_contain", "labels_match", "stored_labels"]
