@@ -16,7 +16,7 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
-from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen, same_labels
+from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen, same_labels, same_options
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
@@ -54,7 +54,8 @@ class Client:
         With a ``run_id`` (an order number, a request id) a submit is idempotent: a retry, say
         after a timeout that hid whether the first one landed, returns the run already recorded
         under that id, as it stands now, instead of starting a second one. The same id with
-        another workflow, input or labels (``RunOptions.labels``) raises ``UserError``. Without a
+        another workflow, input, queue or identity option (labels, deadline, retry budget:
+        ``runner.same_options``) raises ``UserError``. Without a
         ``run_id`` every call records a new run: a blind retry may then start the work twice."""
         try:
             return create_run(workflow, input, store=self.store, run_id=run_id, options=options,
@@ -65,7 +66,10 @@ class Client:
             if existing is None:  # pruned between the insert and this read: record it again
                 return self.submit(workflow, input, run_id=run_id, queue=queue, options=options,
                                    workflow_ref=workflow_ref)
+            # a submit's labels are its own, given or not (a retry without them asks for another
+            # run); its other identity options are compared when given, as a resume's are
             same_labels(existing, (options or RunOptions()).labels, "submit")
+            same_options(existing, options, "submit", queue=queue)
             return existing
 
     def get_run(self, run_id: str) -> RunRecord:
