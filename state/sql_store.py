@@ -326,7 +326,7 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
             if batch.blobs:
                 blob_rows.put(hot.core(), blob_rows.rows_of(batch.blobs))
             if batch.items:  # completed plain items: their output is canonical JSON text already
-                write_items(hot, sql, run_key, batch.items)
+                write_items(hot, sql, run_id, run_key, batch.items)
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
