@@ -88,6 +88,22 @@ def times(start: int, took: int) -> tuple[float, float, float]:
     return started, finished, finished - started
 
 
+def item_values(run_id: str, node_id: str, index: int, item: Element, origin: str | None,
+                names: tuple[str, ...]) -> dict[str, Any]:
+    """A chunk's item (decoded by ``elements``) as the view ``node_rows`` shows it, its columns
+    ``names`` (migration 0012's SQL, computed alike: exact). Every reader of chunks by key
+    (``item_pages``) and of whole runs (``node_reads``) builds an item's values here; the output
+    is parsed only when ``names`` holds it."""
+    started, finished, duration = times(item[0], item[1])
+    values = {"run_id": run_id, "node_id": node_id, "fan_index": index, "status": "completed",
+              "attempt": item[3], "not_before": None, "output_digest": None, "error": None,
+              "started_at": started, "finished_at": finished, "duration": duration, "origin_run_id": origin}
+    if "output" in names:
+        values["output"] = output_of(run_id, node_id, index, item[2])
+    # every column (a whole run's read): as built, no copy (1.4 us an item, 14 ms of 10,000)
+    return values if len(names) == len(values) else {name: values[name] for name in names}
+
+
 def _short(value: Any) -> str:
     text = value if isinstance(value, str) else jsoncodec.dumps(value) if _dumpable(value) else repr(value)
     return repr(text[:77] + "..." if len(text) > 80 else text)

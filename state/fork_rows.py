@@ -19,9 +19,10 @@ from sqlalchemy.exc import IntegrityError
 from raysaga.errors import ForkError, RunExistsError
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
+from raysaga.state.node_reads import node_records
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
-from raysaga.state.schema import effects, events, item_chunks, node_columns, node_rows, nodes, runs
+from raysaga.state.schema import effects, events, item_chunks, node_rows, nodes, runs
 from raysaga.state.statements import fence_guard
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
@@ -122,9 +123,8 @@ class ForkRows:
     def node_states(self, run_id: str) -> list[NodeRecord]:
         """A run's node rows without their outputs (``output`` None; ``output_digest`` kept): what a
         fork decides from, at the cost of the rows' metadata only."""
-        query = select(*[c for c in node_columns if c.name != "output"]).where(node_rows.c.run_id == run_id)
-        with self.reader.connect() as conn, reading(run_id, nodes.name):
-            return records(NodeRecord, conn.execute(query).all())
+        with self.reader.connect() as conn:  # rows and item chunks by key, not through the view
+            return node_records(conn, run_id, outputs=False)
 
     def inherited_effects(self, run_id: str) -> list[EffectRecord]:
         """The ledger rows of the nodes ``run_id`` inherited (they belong to the runs that executed

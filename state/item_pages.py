@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Text, and_, func, literal, select, tuple_, type_coerce
 
-from raysaga.state.chunk_codec import Element, elements, output_of, times
+from raysaga.state.chunk_codec import Element, elements, item_values
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import NodeStatus
 from raysaga.state.schema import item_chunks, nodes
@@ -65,7 +65,7 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
                 index = first + place
                 if index > after and index not in shadowed and taken < limit:
                     taken += 1
-                    found[index] = _item(run_id, node_id, index, item, origin, names)
+                    found[index] = item_values(run_id, node_id, index, item, origin, names)
             if taken >= limit:
                 break
     return [found[index] for index in sorted(found)[:limit]]
@@ -116,8 +116,9 @@ def rows_at(conn: Connection, run_id: str, keys: list[tuple[str, int]], names: t
                                                                item_chunks.c.first_index <= low[1]))
             for _, first, items, origin in chunks:
                 for place, item in enumerate(items):
-                    if first + place in indexes:
-                        found[(node_id, first + place)] = _item(run_id, node_id, first + place, item, origin, names)
+                    index = first + place
+                    if index in indexes:
+                        found[(node_id, index)] = item_values(run_id, node_id, index, item, origin, names)
     return [found[k] for k in sorted(found)]
 
 
@@ -140,7 +141,7 @@ def first_items(conn: Connection, run_id: str, cap: int, names: tuple[str, ...])
         select(*_columns(run_id, names)).where(nodes.c.run_key == run_key_of(run_id), nodes.c.fan_index < cap)).all())}
     for node_id, first, items, origin in _chunk_rows(conn, run_id, where=item_chunks.c.first_index < cap):
         for place, item in enumerate(items[:max(0, cap - first)]):
-            found.setdefault((node_id, first + place), _item(run_id, node_id, first + place, item, origin, names))
+            found.setdefault((node_id, first + place), item_values(run_id, node_id, first + place, item, origin, names))
     return [found[key] for key in sorted(found)]
 
 
@@ -169,16 +170,3 @@ def counts(conn: Connection, run_id: str, node_ids: list[str] | None,
             count, earliest = count + len(starts), started if earliest is None or started < earliest else earliest
         out[node_id][_COMPLETED] = (count, earliest)
     return out
-
-
-def _item(run_id: str, node_id: str, index: int, item: Element, origin: str | None,
-          names: tuple[str, ...]) -> dict[str, Any]:
-    """A chunk's item (decoded: ``chunk_codec.elements``) as the view shows it (migration 0012's
-    SQL, computed alike: exact)."""
-    started, finished, duration = times(item[0], item[1])
-    values = {"run_id": run_id, "node_id": node_id, "fan_index": index, "status": _COMPLETED,
-              "attempt": item[3], "not_before": None, "output_digest": None, "error": None,
-              "started_at": started, "finished_at": finished, "duration": duration, "origin_run_id": origin}
-    if "output" in names:
-        values["output"] = output_of(run_id, node_id, index, item[2])
-    return {name: values[name] for name in names}
