@@ -89,19 +89,21 @@ def times(start: int, took: int) -> tuple[float, float, float]:
 
 
 def item_values(run_id: str, node_id: str, index: int, item: Element, origin: str | None,
-                names: tuple[str, ...]) -> dict[str, Any]:
-    """A chunk's item (decoded by ``elements``) as the view ``node_rows`` shows it, its columns
-    ``names`` (migration 0012's SQL, computed alike: exact). Every reader of chunks by key
-    (``item_pages``) and of whole runs (``node_reads``) builds an item's values here; the output
-    is parsed only when ``names`` holds it."""
+                names: tuple[str, ...] | None = None, *, output: bool = True) -> dict[str, Any]:
+    """A chunk's item (decoded by ``elements``) as the view ``node_rows`` shows it: its columns
+    ``names``, or every column in the view's order (``output`` None unless ``output``), computed
+    as migration 0012's SQL computes them (exact). Every reader of chunks by key (``item_pages``)
+    and of whole runs (``node_reads``) builds an item's values here; the output is parsed only
+    when asked for."""
     started, finished, duration = times(item[0], item[1])
+    wanted = output if names is None else "output" in names
     values = {"run_id": run_id, "node_id": node_id, "fan_index": index, "status": "completed",
-              "attempt": item[3], "not_before": None, "output_digest": None, "error": None,
-              "started_at": started, "finished_at": finished, "duration": duration, "origin_run_id": origin}
-    if "output" in names:
-        values["output"] = output_of(run_id, node_id, index, item[2])
+              "attempt": item[3], "not_before": None,
+              "output": output_of(run_id, node_id, index, item[2]) if wanted else None,
+              "output_digest": None, "error": None, "started_at": started, "finished_at": finished,
+              "duration": duration, "origin_run_id": origin}
     # every column (a whole run's read): as built, no copy (1.4 us an item, 14 ms of 10,000)
-    return values if len(names) == len(values) else {name: values[name] for name in names}
+    return values if names is None else {name: values[name] for name in names}
 
 
 def _short(value: Any) -> str:

@@ -27,8 +27,6 @@ from raysaga.state.statements import HotSql
 
 #: The view's columns (``node_rows``), in its order.
 _NAMES = tuple(node_rows.c.keys())
-#: The same, less ``output`` (``node_states``: what a fork decides from).
-_LIGHT = tuple(n for n in _NAMES if n != "output")
 #: How the view's first part derives its columns from ``raysaga_nodes n`` (migration 0012).
 _DERIVED = {"run_id": "r.run_id", "status": "COALESCE(n.status, 'completed')",
             "finished_at": "COALESCE(n.finished_at, n.started_at + n.duration)"}
@@ -56,15 +54,11 @@ def node_values(conn: Connection, run_id: str, *, outputs: bool = True) -> list[
     chunks = sorted(hot.all(chunks_sql, (run_id,)), key=lambda c: (c[0], c[1]))
     if not chunks:
         return rows
-    names = _NAMES if outputs else _LIGHT
     shown = {(r["node_id"], r["fan_index"]) for r in rows}  # a row wins over a chunk's entry
     for node_id, first, items, origin in chunks:
         for place, item in enumerate(elements(run_id, node_id, first, items)):
             if (node_id, first + place) not in shown:
-                values = item_values(run_id, node_id, first + place, item, origin, names)
-                if not outputs:
-                    values["output"] = None
-                rows.append(values)
+                rows.append(item_values(run_id, node_id, first + place, item, origin, output=outputs))
     return rows
 
 

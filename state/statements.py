@@ -276,10 +276,10 @@ TICKS_LIMIT = 2.0**62
 #: ``RayExecutor.MAX_CHUNK`` = 64; two tasks' items that land in one commit may join).
 MAX_CHUNK_ITEMS = 128
 #: The longest output (JSON text, characters) an item in a chunk has, and the most a chunk's
-#: outputs add up to: a reader of one item through the view (``node_row``) expands every chunk of
-#: its step and parses their outputs whole. With 50 KB outputs, 2,000 items: one item 0.8 ms as
-#: rows, 475 ms as chunks (SQLite, helper-32). Chunks are for many small items (the writes they
-#: save); a bigger output is most of its row's cost anyway.
+#: outputs add up to: a reader of one item through the view (plain SQL; ``node_row`` before it read
+#: by key) expands every chunk of its step and parses their outputs whole. With 50 KB outputs,
+#: 2,000 items: one item 0.8 ms as rows, 475 ms as chunks (SQLite, helper-32). Chunks are for many
+#: small items (the writes they save); a bigger output is most of its row's cost anyway.
 MAX_CHUNK_OUTPUT = 512
 MAX_CHUNK_OUTPUTS = 32_768
 
