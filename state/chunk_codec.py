@@ -64,6 +64,12 @@ def elements(run_id: str, node_id: str, first_index: int, items: Any) -> list[El
     return out
 
 
+def as_stored(items: list[Element]) -> list[list[Any]]:
+    """Decoded items as a chunk's ``items`` array holds them again (the attempt only when not 1)."""
+    return [[start, took, output] if attempt == 1 else [start, took, output, attempt]
+            for start, took, output, attempt in items]
+
+
 def _not_an_item(run_id: str, node_id: str, index: int, item: Any) -> NoReturn:
     raise corrupt(run_id, f"{ITEMS_COLUMN} holds {_short(item)} for item {index} of {node_id!r}, "
                           "not [start, duration, output(, attempt)]")

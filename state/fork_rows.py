@@ -13,10 +13,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, literal, select, tuple_, update
+from sqlalchemy import Connection, Engine, Text, and_, func, insert, literal, select, tuple_, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import ForkError, RunExistsError
+from raysaga.state.chunk_codec import as_stored, elements
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
 from raysaga.state.node_reads import node_records
@@ -55,10 +56,13 @@ def _copy_chunks(conn: Connection, parent: str, child: str, keys: list[tuple[str
             wanted.setdefault(node_id, set()).add(index)
     rows: list[dict[str, Any]] = []
     for node_id, indexes in wanted.items():
-        chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"], item_chunks.c.origin_run_id)
+        chunks = conn.execute(select(item_chunks.c.first_index, type_coerce(item_chunks.c["items"], Text),
+                                     item_chunks.c.origin_run_id)
                               .where(item_chunks.c.run_key == run_key_of(parent), item_chunks.c.node_id == node_id)
                               .order_by(item_chunks.c.first_index)).all()
-        for first, items, origin in chunks:
+        for first, stored, origin in chunks:
+            # decoded and checked (chunk_codec): a damaged chunk is the error every reader gives, never copied
+            items = as_stored(elements(parent, node_id, first, stored))
             start = None  # the place where the current run of inherited items began
             for place in range(len(items) + 1):
                 if place < len(items) and first + place in indexes:

@@ -267,6 +267,11 @@ def test_a_damaged_chunk_is_the_same_error_whether_a_page_or_the_commit_reads_it
         store.commit(lease, Batch(items=_items(range(1, 3))))
     assert str(committed.value) == str(paged.value)
     assert "the row was changed outside raysaga" in str(paged.value)
+    # a fork inheriting the items copies no damaged chunk (nor fails with a TypeError): the same error
+    child = _new("fork-" + uuid.uuid4().hex[:8]).model_copy(update={"parent_run_id": run_id})
+    with pytest.raises(CorruptRecordError) as forked:
+        store.fork_run(child, [("item", i) for i in range(4)], {"from": "sink"})
+    assert str(forked.value) == str(paged.value)
 
 
 def test_a_fork_of_a_fork_keeps_the_run_that_executed_the_items(store: SqlStore) -> None:
