@@ -48,11 +48,12 @@ _CHILDREN = (("nodes", nodes), ("events", events), ("effects", effects), ("signa
 #: and the batch cap count them (a chunk of 64 items is 64 items' bytes to delete, not one row's).
 _CHUNK_ITEMS = select(item_chunks.c.run_key, func.sum(item_chunks.c.item_count)).group_by(item_chunks.c.run_key)
 #: A ``raysaga_nodes`` row for an item a chunk of its run holds (a row written after the chunk):
-#: the view shows the row, not the chunk's entry, so the item is counted once, as its row. (By
-#: the chunk's key range: ``fan_index - first_index < item_count``, no overflow at 2**31 - 1.)
+#: the view shows the row, not the chunk's entry, so the item is counted once, as its row. (A
+#: range on the rows' key, bounded both ways, the last index as ``first_index + (item_count - 1)``:
+#: no overflow at 2**31 - 1.)
 _ROW_OVER_CHUNK = and_(nodes.c.run_key == item_chunks.c.run_key, nodes.c.node_id == item_chunks.c.node_id,
-                       nodes.c.fan_index >= item_chunks.c.first_index,
-                       nodes.c.fan_index - item_chunks.c.first_index < item_chunks.c.item_count)
+                       nodes.c.fan_index.between(item_chunks.c.first_index,
+                                                 item_chunks.c.first_index + (item_chunks.c.item_count - 1)))
 #: How many of a run's chunked items have such a row, by run key.
 _ROWS_OVER_CHUNKS = select(item_chunks.c.run_key, func.count()).select_from(item_chunks.join(nodes, _ROW_OVER_CHUNK)) \
     .group_by(item_chunks.c.run_key)
