@@ -155,9 +155,10 @@ def test_the_dashboards_and_the_status_reads_are_what_the_view_gives(store: SqlS
 
 
 def test_one_node_row_is_read_by_key_as_the_view_gives_it(store: SqlStore) -> None:
-    """The dashboard's node page (``node_row``: one node with its output and error) reads the
-    node's row, else the one chunk whose span holds its index, never the view (which expanded
-    every item of the step to find one): the same columns, in the view's order, and values."""
+    """The dashboard's node page (``node_row``: one node with its output and error) and ``raysaga
+    status``' error of one node (``queries.node_error``) read the node's row, else the one chunk
+    whose span holds its index, never the view (which expanded every item of the step to find
+    one): the same columns, in the view's order, and values."""
     run_id = _mixed_run(store, random.Random(4))
     with store.engine.begin() as conn:  # a plain step with an output and one whose error is kept
         conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, output, error, "
@@ -178,6 +179,9 @@ def test_one_node_row_is_read_by_key_as_the_view_gives_it(store: SqlStore) -> No
             got = store.node_row(run_id, *key)
             want = view.get(key)
             assert (None if got is None else list(got.items())) == (None if want is None else list(want.items())), key
+            # and ``raysaga status``' error of one node, alike
+            assert queries.node_error(store, run_id, *key) == (None if want is None else
+                                                               (want["status"], want["error"])), key
     finally:
         event.remove(store.reader, "before_cursor_execute", seen)
     assert statements and not [s for s in statements if "raysaga_node_rows" in s]
