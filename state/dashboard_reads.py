@@ -163,13 +163,17 @@ def fanout_sizes(engine: Engine, run_id: str) -> dict[str, int]:
     return sizes
 
 
+#: Every column of the view, in its order: what ``node_row`` gives.
+_ALL_NAMES = tuple(c.name for c in view.c)
+
+
 def node_row(engine: Engine, run_id: str, node_id: str, fan_index: int) -> dict[str, Any] | None:
-    """One node row with its output (inline, or the digest of its blob) and error."""
-    query = select(*node_columns).where(view.c.run_id == run_id, view.c.node_id == node_id,
-                                        view.c.fan_index == fan_index)
+    """One node row with its output (inline, or the digest of its blob) and error, as the view
+    gives it: read by key (``item_pages.rows_at``: its row, else the chunk whose span holds the
+    index), not through the view, which expanded every item of the step to find one."""
     with reading(run_id, nodes.name), engine.connect() as conn:
-        row = conn.execute(query).first()
-    return None if row is None else dict(row._mapping)
+        found = rows_at(conn, run_id, [(node_id, fan_index)], _ALL_NAMES)
+    return found[0] if found else None
 
 
 def node_events(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: int = 500) -> list[EventRecord]:

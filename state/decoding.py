@@ -1,6 +1,6 @@
 """Stored rows back into records, and a row that cannot be read into one clear error.
 
-A row changed outside raysaga (an unknown status, JSON that is not JSON, text that is not
+A row changed outside raysaga (an unknown status, text that is not JSON, text that is not
 UTF-8, a blob that no longer matches its digest) must fail only its own run, with one
 ``CorruptRecordError`` naming the run, the table and the column: never a pydantic traceback,
 and never a failure of other runs. ``list`` goes further and still shows such a row, flagged.
@@ -18,11 +18,9 @@ from sqlalchemy.exc import DataError, OperationalError
 
 from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError
 from raysaga.state import blob_rows
+from raysaga.state.chunk_codec import ADVICE
 from raysaga.state.models import RunRecord, RunStatus, RunSummary
 from raysaga.state.schema import runs
-
-_ADVICE = (": the row was changed outside raysaga; only this run is affected (restore the row from a "
-           "backup, or delete the run's rows)")
 
 
 def no_such_id(dialect: str, run_id: str) -> None:
@@ -48,23 +46,23 @@ def reading(run_id: str, table: str) -> Iterator[None]:
     except CorruptRecordError as exc:
         if str(exc).startswith("run "):
             raise
-        raise CorruptRecordError(f"run {run_id!r}: {exc}{_ADVICE}") from None
+        raise CorruptRecordError(f"run {run_id!r}: {exc}{ADVICE}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         column = ".".join(str(p) for p in first["loc"])
         raise CorruptRecordError(f"run {run_id!r}: {table}.{column} is {short(first.get('input'))}: "
-                                 f"{first['msg']}{_ADVICE}") from None
+                                 f"{first['msg']}{ADVICE}") from None
     except OperationalError as exc:
         if undecodable(exc):
             raise CorruptRecordError(f"run {run_id!r}: {table} holds text that is not UTF-8 ({exc.orig})"
-                                     f"{_ADVICE}") from None
+                                     f"{ADVICE}") from None
         if "malformed json" not in str(exc.orig).lower():  # (SQLite, the view reading a chunk's items)
             raise
-        raise CorruptRecordError(f"run {run_id!r}: {table} holds JSON that is not JSON ({exc.orig}){_ADVICE}") \
+        raise CorruptRecordError(f"run {run_id!r}: {table} holds text that is not JSON ({exc.orig}){ADVICE}") \
             from None
     except DataError as exc:  # PostgreSQL: a stored value that does not cast (the view reading a chunk's items)
         raise CorruptRecordError(f"run {run_id!r}: {table} holds a value of the wrong type "
-                                 f"({str(exc.orig).splitlines()[0]}){_ADVICE}") from None
+                                 f"({str(exc.orig).splitlines()[0]}){ADVICE}") from None
 
 
 def short(value: Any) -> str:

@@ -13,15 +13,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, func, insert, literal, select, tuple_, update
+from sqlalchemy import Connection, Engine, Text, and_, func, insert, literal, select, tuple_, type_coerce, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import ForkError, RunExistsError
+from raysaga.state.chunk_codec import as_stored, elements
 from raysaga.state.decoding import reading, records
 from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
+from raysaga.state.node_reads import node_records
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
-from raysaga.state.schema import effects, events, item_chunks, node_columns, node_rows, nodes, runs
+from raysaga.state.schema import effects, events, item_chunks, node_rows, nodes, runs
 from raysaga.state.statements import fence_guard
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
@@ -54,10 +56,13 @@ def _copy_chunks(conn: Connection, parent: str, child: str, keys: list[tuple[str
             wanted.setdefault(node_id, set()).add(index)
     rows: list[dict[str, Any]] = []
     for node_id, indexes in wanted.items():
-        chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"], item_chunks.c.origin_run_id)
+        chunks = conn.execute(select(item_chunks.c.first_index, type_coerce(item_chunks.c["items"], Text),
+                                     item_chunks.c.origin_run_id)
                               .where(item_chunks.c.run_key == run_key_of(parent), item_chunks.c.node_id == node_id)
                               .order_by(item_chunks.c.first_index)).all()
-        for first, items, origin in chunks:
+        for first, stored, origin in chunks:
+            # decoded and checked (chunk_codec): a damaged chunk is the error every reader gives, never copied
+            items = as_stored(elements(parent, node_id, first, stored))
             start = None  # the place where the current run of inherited items began
             for place in range(len(items) + 1):
                 if place < len(items) and first + place in indexes:
@@ -122,9 +127,8 @@ class ForkRows:
     def node_states(self, run_id: str) -> list[NodeRecord]:
         """A run's node rows without their outputs (``output`` None; ``output_digest`` kept): what a
         fork decides from, at the cost of the rows' metadata only."""
-        query = select(*[c for c in node_columns if c.name != "output"]).where(node_rows.c.run_id == run_id)
-        with self.reader.connect() as conn, reading(run_id, nodes.name):
-            return records(NodeRecord, conn.execute(query).all())
+        with self.reader.connect() as conn:  # rows and item chunks by key, not through the view
+            return node_records(conn, run_id, outputs=False)
 
     def inherited_effects(self, run_id: str) -> list[EffectRecord]:
         """The ledger rows of the nodes ``run_id`` inherited (they belong to the runs that executed

@@ -11,18 +11,20 @@ values, a row winning over a chunk's entry for the same item.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, and_, func, literal, select, tuple_
+from sqlalchemy import ColumnElement, Connection, Text, and_, func, literal, select, tuple_, type_coerce
 
-from raysaga.errors import CorruptRecordError
-from raysaga.state import jsoncodec
+from raysaga.state.chunk_codec import Element, elements, item_values
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import NodeStatus
 from raysaga.state.schema import item_chunks, nodes
 from raysaga.state.statements import MAX_CHUNK_ITEMS, TICKS_PER_SECOND
 
 _COMPLETED = NodeStatus.COMPLETED.value
+#: A chunk's items as read back, undecoded (JSON text on SQLite; psycopg decodes json on
+#: PostgreSQL): ``chunk_codec.elements`` decodes and checks them, the one decoder of the format.
+_ITEMS = type_coerce(item_chunks.c["items"], Text).label("items")
 #: The view's columns over ``raysaga_nodes`` (its first part, migration 0012), by name; ``run_id``
 #: is the page's own.
 _ROW: dict[str, ColumnElement[Any]] = {
@@ -45,10 +47,11 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
                                                                         .limit(limit)).all()}
     if not status or status == _COMPLETED:
         key = run_key_of(run_id)
-        chunks = conn.execute(select(item_chunks.c.first_index, item_chunks.c["items"], item_chunks.c.origin_run_id)
-                              .where(item_chunks.c.run_key == key, item_chunks.c.node_id == node_id,
-                                     item_chunks.c.first_index > after - MAX_CHUNK_ITEMS)
-                              .order_by(item_chunks.c.first_index).limit(limit + MAX_CHUNK_ITEMS)).all()
+        chunks = [(first, elements(run_id, node_id, first, items), origin) for first, items, origin in conn.execute(
+            select(item_chunks.c.first_index, _ITEMS, item_chunks.c.origin_run_id)
+            .where(item_chunks.c.run_key == key, item_chunks.c.node_id == node_id,
+                   item_chunks.c.first_index > after - MAX_CHUNK_ITEMS)
+            .order_by(item_chunks.c.first_index).limit(limit + MAX_CHUNK_ITEMS)).all()]
         shadowed: set[int] = set()
         if chunks:
             # the items a row stands for (whatever its status): the view shows the row, not the chunk's entry
@@ -62,7 +65,7 @@ def page(conn: Connection, run_id: str, node_id: str, after: int, limit: int, na
                 index = first + place
                 if index > after and index not in shadowed and taken < limit:
                     taken += 1
-                    found[index] = _item(run_id, node_id, index, item, origin, names)
+                    found[index] = item_values(run_id, node_id, index, item, origin, names)
             if taken >= limit:
                 break
     return [found[index] for index in sorted(found)[:limit]]
@@ -73,16 +76,17 @@ def _columns(run_id: str, names: tuple[str, ...]) -> list[Any]:
 
 
 def _chunk_rows(conn: Connection, run_id: str, node_ids: list[str] | None = None,
-                where: ColumnElement[bool] | None = None) -> list[Any]:
+                where: ColumnElement[bool] | None = None) -> list[tuple[str, int, list[Element], str | None]]:
     """``(node_id, first_index, items, origin_run_id)`` of the run's chunks (of ``node_ids``; under
-    ``where``), by node and first index."""
-    query = select(item_chunks.c.node_id, item_chunks.c.first_index, item_chunks.c["items"],
+    ``where``), by node and first index, their items decoded (``chunk_codec.elements``)."""
+    query = select(item_chunks.c.node_id, item_chunks.c.first_index, _ITEMS,
                    item_chunks.c.origin_run_id).where(item_chunks.c.run_key == run_key_of(run_id))
     if node_ids is not None:
         query = query.where(item_chunks.c.node_id.in_(node_ids))
     if where is not None:
         query = query.where(where)
-    return list(conn.execute(query.order_by(item_chunks.c.node_id, item_chunks.c.first_index)).all())
+    return [(node_id, first, elements(run_id, node_id, first, items), origin) for node_id, first, items, origin
+            in conn.execute(query.order_by(item_chunks.c.node_id, item_chunks.c.first_index)).all()]
 
 
 def _row_keys(conn: Connection, run_id: str, node_ids: list[str]) -> set[tuple[str, int]]:
@@ -112,8 +116,9 @@ def rows_at(conn: Connection, run_id: str, keys: list[tuple[str, int]], names: t
                                                                item_chunks.c.first_index <= low[1]))
             for _, first, items, origin in chunks:
                 for place, item in enumerate(items):
-                    if first + place in indexes:
-                        found[(node_id, first + place)] = _item(run_id, node_id, first + place, item, origin, names)
+                    index = first + place
+                    if index in indexes:
+                        found[(node_id, index)] = item_values(run_id, node_id, index, item, origin, names)
     return [found[k] for k in sorted(found)]
 
 
@@ -136,7 +141,7 @@ def first_items(conn: Connection, run_id: str, cap: int, names: tuple[str, ...])
         select(*_columns(run_id, names)).where(nodes.c.run_key == run_key_of(run_id), nodes.c.fan_index < cap)).all())}
     for node_id, first, items, origin in _chunk_rows(conn, run_id, where=item_chunks.c.first_index < cap):
         for place, item in enumerate(items[:max(0, cap - first)]):
-            found.setdefault((node_id, first + place), _item(run_id, node_id, first + place, item, origin, names))
+            found.setdefault((node_id, first + place), item_values(run_id, node_id, first + place, item, origin, names))
     return [found[key] for key in sorted(found)]
 
 
@@ -159,32 +164,9 @@ def counts(conn: Connection, run_id: str, node_ids: list[str] | None,
     shadowed = _row_keys(conn, run_id, sorted({c[0] for c in chunks})) if chunks else set()
     for node_id, first, items, _ in chunks:
         count, earliest = out.setdefault(node_id, {}).get(_COMPLETED, (0, None))
-        shown = [(place, item) for place, item in enumerate(items) if (node_id, first + place) not in shadowed]
-        starts = [item[0] if type(item) is list and item and type(item[0]) is int else
-                  _not_an_item(node_id, first + place, item) for place, item in shown]
+        starts = [item[0] for place, item in enumerate(items) if (node_id, first + place) not in shadowed]
         if starts:
             started = min(starts) / TICKS_PER_SECOND  # as the view computes it: exact
             count, earliest = count + len(starts), started if earliest is None or started < earliest else earliest
         out[node_id][_COMPLETED] = (count, earliest)
     return out
-
-
-def _not_an_item(node_id: str, index: int, item: Any) -> NoReturn:
-    raise CorruptRecordError(f"{item_chunks.name}.items holds {jsoncodec.dumps(item)[:80]!r} for item "
-                             f"{index} of {node_id!r}, not [start, duration, output(, attempt)]")
-
-
-def _item(run_id: str, node_id: str, index: int, item: Any, origin: str | None,
-          names: tuple[str, ...]) -> dict[str, Any]:
-    """A chunk's item as the view shows it (migration 0012's SQL, computed alike: exact)."""
-    if not (isinstance(item, list) and 3 <= len(item) <= 4 and all(type(v) is int for v in (*item[:2], *item[3:]))
-            and (item[2] is None or isinstance(item[2], str))):
-        _not_an_item(node_id, index, item)
-    start, took, output = item[0], item[1], item[2]
-    started, finished = start / TICKS_PER_SECOND, (start + took) / TICKS_PER_SECOND
-    values = {"run_id": run_id, "node_id": node_id, "fan_index": index, "status": _COMPLETED,
-              "attempt": item[3] if len(item) == 4 else 1, "not_before": None, "output_digest": None, "error": None,
-              "started_at": started, "finished_at": finished, "duration": finished - started, "origin_run_id": origin}
-    if "output" in names:
-        values["output"] = None if output is None else jsoncodec.loads(output)
-    return {name: values[name] for name in names}

@@ -47,6 +47,16 @@ _CHILDREN = (("nodes", nodes), ("events", events), ("effects", effects), ("signa
 #: How many items a run's ``raysaga_item_chunks`` rows hold, by run key: node rows, as the report
 #: and the batch cap count them (a chunk of 64 items is 64 items' bytes to delete, not one row's).
 _CHUNK_ITEMS = select(item_chunks.c.run_key, func.sum(item_chunks.c.item_count)).group_by(item_chunks.c.run_key)
+#: A ``raysaga_nodes`` row for an item a chunk of its run holds (a row written after the chunk):
+#: the view shows the row, not the chunk's entry, so the item is counted once, as its row. (A
+#: range on the rows' key, bounded both ways, the last index as ``first_index + (item_count - 1)``:
+#: no overflow at 2**31 - 1.)
+_ROW_OVER_CHUNK = and_(nodes.c.run_key == item_chunks.c.run_key, nodes.c.node_id == item_chunks.c.node_id,
+                       nodes.c.fan_index.between(item_chunks.c.first_index,
+                                                 item_chunks.c.first_index + (item_chunks.c.item_count - 1)))
+#: How many of a run's chunked items have such a row, by run key.
+_ROWS_OVER_CHUNKS = select(item_chunks.c.run_key, func.count()).select_from(item_chunks.join(nodes, _ROW_OVER_CHUNK)) \
+    .group_by(item_chunks.c.run_key)
 
 
 class PruneReport(BaseModel):
@@ -123,9 +133,13 @@ def _of_runs(table: Table, chosen: Any) -> ColumnElement[bool]:
 
 
 def _chunked_items(conn: Connection, chosen: Any) -> int:
-    """How many items the ``raysaga_item_chunks`` rows of the runs ``chosen`` selects hold."""
-    return int(conn.execute(select(func.coalesce(func.sum(item_chunks.c.item_count), 0))
-                            .where(_of_runs(item_chunks, chosen))).scalar_one())
+    """How many items the ``raysaga_item_chunks`` rows of the runs ``chosen`` selects hold that no
+    node row stands for (those are counted as rows): each item once, as the view shows it."""
+    held = conn.execute(select(func.coalesce(func.sum(item_chunks.c.item_count), 0))
+                        .where(_of_runs(item_chunks, chosen))).scalar_one()
+    shadowed = conn.execute(select(func.count()).select_from(item_chunks.join(nodes, _ROW_OVER_CHUNK))
+                            .where(_of_runs(item_chunks, chosen))).scalar_one()
+    return int(held) - int(shadowed)
 
 
 def _referenced(kept: ColumnElement[bool] | None = None) -> ColumnElement[bool]:
@@ -211,7 +225,7 @@ def _within_rows(conn: Connection, selected: Sequence[Any]) -> list[Any]:
 
 
 def _sizes(conn: Connection, part: Sequence[Any]) -> dict[Any, int]:
-    """run_key -> its node rows (a chunk's items each), event rows, plus one (its run row)."""
+    """run_key -> its node rows (a chunk's items each, once), event rows, plus one (its run row)."""
     sizes: dict[Any, int] = {r.run_key: 1 for r in part}
     keys, by_id = list(sizes), {r.run_id: r.run_key for r in part}
     for key, count in conn.execute(select(nodes.c.run_key, func.count()).where(nodes.c.run_key.in_(keys))
@@ -219,6 +233,8 @@ def _sizes(conn: Connection, part: Sequence[Any]) -> dict[Any, int]:
         sizes[key] += int(count)
     for key, count in conn.execute(_CHUNK_ITEMS.where(item_chunks.c.run_key.in_(keys))).all():
         sizes[key] += int(count)
+    for key, count in conn.execute(_ROWS_OVER_CHUNKS.where(item_chunks.c.run_key.in_(keys))).all():
+        sizes[key] -= int(count)  # (counted as rows already)
     for run_id, count in conn.execute(select(events.c.run_id, func.count()).where(events.c.run_id.in_(list(by_id)))
                                       .group_by(events.c.run_id)).all():
         sizes[by_id[run_id]] += int(count)

@@ -20,6 +20,7 @@ from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import reading as _reading
 from raysaga.state.item_pages import counts as item_counts
 from raysaga.state.item_pages import page as item_page
+from raysaga.state.item_pages import rows_at
 from raysaga.state.models import EventRecord, NodeStatus
 from raysaga.state.schema import events, node_rows, runs
 from raysaga.state.sql_store import SqlStore
@@ -139,11 +140,12 @@ def labels_of(store: SqlStore, run_ids: list[str]) -> dict[str, dict[str, str]]:
 
 
 def node_error(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> tuple[str, Any] | None:
-    """(status, error) of one node row, or None when the node has no row."""
+    """(status, error) of one node row, or None when the node has no row: read by key (its row,
+    else the chunk whose span holds the index: ``item_pages.rows_at``), not through the view,
+    which expanded every item of the step to find one."""
     with _reading(run_id, "nodes"), store.reader.connect() as conn:
-        row = conn.execute(select(node_rows.c.status, node_rows.c.error).where(
-            node_rows.c.run_id == run_id, node_rows.c.node_id == node_id, node_rows.c.fan_index == fan_index)).first()
-    return None if row is None else (str(row.status), row.error)
+        found = rows_at(conn, run_id, [(node_id, fan_index)], ("status", "error"))
+    return None if not found else (str(found[0]["status"]), found[0]["error"])
 
 
 def unfinished_items(store: SqlStore, run_id: str, node_id: str, limit: int = 20) -> list[dict[str, Any]]:

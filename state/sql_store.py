@@ -69,6 +69,7 @@ from raysaga.state.models import (
     SignalRecord,
     can_transition,
 )
+from raysaga.state.node_reads import by_start, node_records
 from raysaga.state.prune import PruneReport
 from raysaga.state.prune import prune as prune_runs
 from raysaga.state.rate_limits import RateRows
@@ -76,7 +77,7 @@ from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_labels import labels_match, stored_labels
 from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
-from raysaga.state.schema import effects, events, node_columns, node_rows, nodes, runs, signals
+from raysaga.state.schema import effects, events, runs, signals
 from raysaga.state.statements import (
     HotSql,
     driver_sql,
@@ -205,7 +206,7 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
         with self.reader.connect() as conn:
             run = self._get_run(conn, run_id)
             sql = run_sql(conn.dialect.name)
-            return RunSnapshot(run=run, nodes=read_records(conn, run_id, node_rows, sql.nodes, NodeRecord),
+            return RunSnapshot(run=run, nodes=node_records(conn, run_id),  # rows and item chunks by key
                                effects=read_records(conn, run_id, effects, sql.effects, EffectRecord),
                                signals=read_records(conn, run_id, signals, sql.signals, SignalRecord))
 
@@ -326,7 +327,7 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
             if batch.blobs:
                 blob_rows.put(hot.core(), blob_rows.rows_of(batch.blobs))
             if batch.items:  # completed plain items: their output is canonical JSON text already
-                write_items(hot, sql, run_key, batch.items)
+                write_items(hot, sql, run_id, run_key, batch.items)
             if batch.nodes:
                 # executemany runs the statement once per row, in order: a node written twice in
                 # one batch ends as its last write (no "ON CONFLICT ... a second time" error)
@@ -413,11 +414,9 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
             blob_rows.put(conn, blob_rows.rows_of(blobs_by_digest))
 
     def nodes(self, run_id: str) -> list[NodeRecord]:
-        with self.reader.connect() as conn, reading(run_id, nodes.name):
-            rows = conn.execute(select(*node_columns).where(node_rows.c.run_id == run_id)
-                                .order_by(node_rows.c.started_at.is_(None), node_rows.c.started_at,
-                                          node_rows.c.node_id, node_rows.c.fan_index)).all()
-            return records(NodeRecord, rows)
+        """``Store.nodes``: by start (``node_reads.by_start``), rows and item chunks read by key."""
+        with self.reader.connect() as conn:
+            return by_start(node_records(conn, run_id))
 
     def effects(self, run_id: str) -> list[EffectRecord]:
         with self.reader.connect() as conn, reading(run_id, effects.name):

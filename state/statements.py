@@ -20,6 +20,8 @@ from sqlalchemy.engine import Dialect
 
 from raysaga.errors import LeaseLostError
 from raysaga.state import jsoncodec
+from raysaga.state.chunk_codec import TICKS_PER_SECOND as TICKS_PER_SECOND  # a chunk's time unit, there
+from raysaga.state.chunk_codec import elements
 from raysaga.state.engine import as_sqlalchemy_error
 from raysaga.state.models import ItemRow, Lease, NodeStatus
 from raysaga.state.schema import JsonText, effects, events, item_chunks, nodes, runs
@@ -79,7 +81,8 @@ class DriverSql:
     """Deletes the node rows of a chunk's items (a retried item's ``retrying`` row): the chunk is
     their latest state, and the view ``node_rows`` would show such a row instead."""
     chunks_overlapped: str
-    """Deletes the chunks of a step holding any item of a new chunk's span, returning their
+    """Deletes the run's chunks holding any item of the new chunks' spans (one JSON parameter,
+    ``overlap_spans``: every span of the commit in one statement), returning their ``node_id``,
     ``first_index`` and ``items``: no item is ever in two chunks (the view would show it twice),
     and a chunk written again shorter (an item written again with fewer neighbours) would drop
     the others (``write_items`` keeps them as rows)."""
@@ -88,6 +91,31 @@ class DriverSql:
     events: str
     abandon_effects: str
     """A run ends or is parked: its ledger rows still pending become abandoned (EffectStatus)."""
+
+
+def _chunks_overlapped(dialect: str) -> str:
+    """``DriverSql.chunks_overlapped``: params (run_key, ``overlap_spans`` JSON, run_key).
+
+    Each span ``[node_id, low, last, first]`` finds its chunks on the key's range: a chunk holding
+    index ``first`` starts at most MAX_CHUNK_ITEMS - 1 before it (``low``); ``first_index > first -
+    item_count``, not ``first_index + item_count > first``: no overflow at 2**31 - 1. The spans
+    drive the primary-key lookups, in that order (SQLite's CROSS JOIN; PostgreSQL's LATERAL, kept
+    from being flattened by ``OFFSET 0``): left to the planners, both scanned every chunk of the
+    run at each commit. A chunk two spans overlap is deleted, and returned, once."""
+    if dialect == "sqlite":
+        node, low, last, first = (f"json_extract(s.value, '$[{i}]')" for i in range(4))
+        found = (f"SELECT c.node_id, c.first_index FROM json_each(?) s CROSS JOIN {item_chunks.name} c "
+                 f"WHERE c.run_key = ? AND c.node_id = {node} AND c.first_index BETWEEN {low} AND {last} "
+                 f"AND c.first_index > {first} - c.item_count")
+    else:
+        node, low, last, first = "s.v ->> 0", *(f"(s.v ->> {i})::bigint" for i in range(1, 4))
+        found = (f"SELECT c.node_id, c.first_index FROM json_array_elements(CAST(%s AS JSON)) AS s(v) CROSS JOIN "
+                 f"LATERAL (SELECT node_id, first_index FROM {item_chunks.name} c WHERE c.run_key = %s "
+                 f"AND c.node_id = {node} AND c.first_index BETWEEN {low} AND {last} "
+                 f"AND c.first_index > {first} - c.item_count OFFSET 0) c")
+    mark = "?" if dialect == "sqlite" else "%s"
+    return (f"DELETE FROM {item_chunks.name} WHERE run_key = {mark} AND (node_id, first_index) IN ({found}) "
+            "RETURNING node_id, first_index, items")
 
 
 @functools.cache
@@ -117,11 +145,7 @@ def driver_sql(dialect: str) -> DriverSql:
                 "DO UPDATE SET item_count = excluded.item_count, items = excluded.items"),
         chunk_rows_gone=(f"DELETE FROM {nodes.name} WHERE run_key = {mark} AND node_id = {mark} "
                          f"AND fan_index BETWEEN {mark} AND {mark}"),
-        # on the key's range: a chunk holding index ``a`` starts at most MAX_CHUNK_ITEMS - 1 before
-        # it; ``first_index > a - item_count``, not ``first_index + item_count > a``: no overflow at 2**31 - 1
-        chunks_overlapped=(f"DELETE FROM {item_chunks.name} WHERE run_key = {mark} AND node_id = {mark} "
-                           f"AND first_index BETWEEN {mark} AND {mark} AND first_index > {mark} - item_count "
-                           "RETURNING first_index, items"),
+        chunks_overlapped=_chunks_overlapped(dialect),
         item_rows_kept=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO NOTHING",
         events=insert_sql(events, EVENT_COLUMNS),
         abandon_effects=(f"UPDATE {effects.name} SET status = {mark}, updated_at = {mark} "
@@ -245,12 +269,6 @@ def item_rows(run_key: int, items: list[ItemRow]) -> list[tuple[Any, ...]]:
             for node_id, index, attempt, output, digest, started, finished in items]
 
 
-#: A chunk's times are whole numbers of these (2**22 a second): an epoch time from 2004 to 2038
-#: (2**30 to 2**31 s) is one, its float's last bit being 2**-22 s (later ones too, as even numbers),
-#: so ``int(t * TICKS_PER_SECOND)`` holds ``t`` exactly and the view divides it back to the bit. An
-#: int's text is cheaper to write than a float's shortest one (half a 10,000-item fan-out's chunk
-#: encoding, measured), and shorter: a start and a duration, ~16 and ~1-6 digits.
-TICKS_PER_SECOND = 4194304.0
 #: A chunk's tick counts stay below this (35,000 years from 1970): their sum is a 64-bit integer
 #: in both databases, exact. A time beyond it gets a row.
 TICKS_LIMIT = 2.0**62
@@ -258,10 +276,10 @@ TICKS_LIMIT = 2.0**62
 #: ``RayExecutor.MAX_CHUNK`` = 64; two tasks' items that land in one commit may join).
 MAX_CHUNK_ITEMS = 128
 #: The longest output (JSON text, characters) an item in a chunk has, and the most a chunk's
-#: outputs add up to: a reader of one item through the view (``node_row``) expands every chunk of
-#: its step and parses their outputs whole. With 50 KB outputs, 2,000 items: one item 0.8 ms as
-#: rows, 475 ms as chunks (SQLite, helper-32). Chunks are for many small items (the writes they
-#: save); a bigger output is most of its row's cost anyway.
+#: outputs add up to: a reader of one item through the view (plain SQL; ``node_row`` before it read
+#: by key) expands every chunk of its step and parses their outputs whole. With 50 KB outputs,
+#: 2,000 items: one item 0.8 ms as rows, 475 ms as chunks (SQLite, helper-32). Chunks are for many
+#: small items (the writes they save); a bigger output is most of its row's cost anyway.
 MAX_CHUNK_OUTPUT = 512
 MAX_CHUNK_OUTPUTS = 32_768
 
@@ -325,17 +343,23 @@ def item_writes(run_key: int, items: list[ItemRow]) -> ItemWrites:
     return out
 
 
-def write_items(hot: HotSql, sql: DriverSql, run_key: int, items: list[ItemRow]) -> None:
-    """A batch's completed plain items (``item_writes``), in the driver's commit. A chunk already
-    holding one of the new chunks' items (the item written again: an ambiguous commit's retry)
-    is deleted, its items the batch does not write kept as rows: one chunk per item at most."""
+def overlap_spans(spans: list[tuple[Any, ...]]) -> str:
+    """``DriverSql.chunks_overlapped``'s JSON parameter for ``ItemWrites.spans``: ``[node_id, the
+    lowest first_index of a chunk that can hold the span's first item, last, first]`` each."""
+    return jsoncodec.encode_plain([[node_id, first - MAX_CHUNK_ITEMS + 1, last, first]
+                                   for _, node_id, first, last in spans])
+
+
+def write_items(hot: HotSql, sql: DriverSql, run_id: str, run_key: int, items: list[ItemRow]) -> None:
+    """A batch's completed plain items (``item_writes``), in the driver's commit of ``run_id``. A
+    chunk already holding one of the new chunks' items (the item written again: an ambiguous
+    commit's retry) is deleted, its items the batch does not write kept as rows: one chunk per
+    item at most. One statement finds and deletes them for every chunk of the batch."""
     writes = item_writes(run_key, items)
     if writes.chunks:
         older: list[ItemRow] = []
-        for _, node_id, first, last in writes.spans:
-            for start, held in hot.all(sql.chunks_overlapped,
-                                       (run_key, node_id, first - MAX_CHUNK_ITEMS + 1, last, first)):
-                older += chunk_items(node_id, start, held)
+        for node_id, start, held in hot.all(sql.chunks_overlapped, (run_key, overlap_spans(writes.spans), run_key)):
+            older += chunk_items(run_id, node_id, start, held)
         if older:
             written = {(item[0], item[1]) for item in items}
             kept = [item for item in older if (item[0], item[1]) not in written]
@@ -347,12 +371,14 @@ def write_items(hot: HotSql, sql: DriverSql, run_key: int, items: list[ItemRow])
         hot.many(sql.nodes, writes.rows)
 
 
-def chunk_items(node_id: str, first_index: int, items: Any) -> list[ItemRow]:
-    """The items of a ``raysaga_item_chunks`` row (``items`` as the driver reads it back: JSON text
-    on SQLite, decoded on PostgreSQL), as the ``ItemRow`` each was written from (times exact)."""
-    elements = jsoncodec.loads(items) if isinstance(items, str | bytes) else items
-    return [(node_id, first_index + i, e[3] if len(e) > 3 else 1, e[2], None, e[0] / TICKS_PER_SECOND,
-             (e[0] + e[1]) / TICKS_PER_SECOND) for i, e in enumerate(elements)]
+def chunk_items(run_id: str, node_id: str, first_index: int, items: Any) -> list[ItemRow]:
+    """The items of a ``raysaga_item_chunks`` row of ``run_id`` (``items`` as the driver reads it
+    back: JSON text on SQLite, decoded on PostgreSQL), as the ``ItemRow`` each was written from
+    (times exact), decoded by ``chunk_codec.elements``: a damaged chunk is a ``CorruptRecordError``
+    naming the run, as every reader of chunks says it."""
+    return [(node_id, first_index + i, attempt, output, None, start / TICKS_PER_SECOND,
+             (start + took) / TICKS_PER_SECOND)
+            for i, (start, took, output, attempt) in enumerate(elements(run_id, node_id, first_index, items))]
 
 
 def json_param(value: Any) -> str | None:

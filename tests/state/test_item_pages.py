@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 
 from raysaga.errors import CorruptRecordError
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, queries
@@ -152,3 +152,36 @@ def test_the_dashboards_and_the_status_reads_are_what_the_view_gives(store: SqlS
                {st: sum(1 for r in rows if r["node_id"] == node and r["status"] == st)
                 for st in {r["status"] for r in rows if r["node_id"] == node}})
         for node in {r["node_id"] for r in rows}}
+
+
+def test_one_node_row_is_read_by_key_as_the_view_gives_it(store: SqlStore) -> None:
+    """The dashboard's node page (``node_row``: one node with its output and error) and ``raysaga
+    status``' error of one node (``queries.node_error``) read the node's row, else the one chunk
+    whose span holds its index, never the view (which expanded every item of the step to find
+    one): the same columns, in the view's order, and values."""
+    run_id = _mixed_run(store, random.Random(4))
+    with store.engine.begin() as conn:  # a plain step with an output and one whose error is kept
+        conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt, output, error, "
+                          "started_at) SELECT run_key, 'plan', -1, NULL, 1, '[1,2]', NULL, 5.0 "
+                          "FROM raysaga_runs WHERE run_id = :r"), {"r": run_id})
+    with store.reader.connect() as conn:
+        view = {(r["node_id"], r["fan_index"]): r for r in (dict(row._mapping) for row in conn.execute(
+            select(*node_rows.c).where(node_rows.c.run_id == run_id)).all())}
+    assert len(view) == 406
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(store.reader, "before_cursor_execute", seen)
+    try:
+        for key in [*view, ("item", 400), ("item", -1), ("nothing", 0), ("plan", 0)]:
+            got = store.node_row(run_id, *key)
+            want = view.get(key)
+            assert (None if got is None else list(got.items())) == (None if want is None else list(want.items())), key
+            # and ``raysaga status``' error of one node, alike
+            assert queries.node_error(store, run_id, *key) == (None if want is None else
+                                                               (want["status"], want["error"])), key
+    finally:
+        event.remove(store.reader, "before_cursor_execute", seen)
+    assert statements and not [s for s in statements if "raysaga_node_rows" in s]
