@@ -154,7 +154,7 @@ def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeO
                     f"output of step {call.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
                     "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
                 )
-        return NodeOutcome(ok=True, output_json=text, started_at=started, finished_at=time.time(), aside=aside)
+        return NodeOutcome(True, text, None, False, started, time.time(), aside)  # (positional: per item)
     except NotJSONableError as exc:
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:

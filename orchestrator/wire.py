@@ -111,4 +111,5 @@ def run_packed(payload: bytes) -> bytes:
                           max_output_bytes=max_bytes) for index, attempt, kwargs in rows]
     else:
         calls = [unpack_call(c) for c in carried[0]]
-    return pickle.dumps([pack_outcome(execute(spec, c, on_worker=True)) for c in calls], protocol=_PROTOCOL)
+    # an outcome's plain tuple is ``pack_outcome``'s (the named tuple's fields, in order)
+    return pickle.dumps([tuple(execute(spec, c, on_worker=True)) for c in calls], protocol=_PROTOCOL)
