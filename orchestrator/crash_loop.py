@@ -10,9 +10,10 @@ so its retry policy ends it.)
 The store's events tell it: a claim whose previous driver still held the lease (it never let go:
 no release, pause, rest or hand-back) says ``abandoned_by``; an attempt's outcome (a node
 completed, failed, retried or skipped) is progress. When the last ``RunOptions.max_driver_deaths``
-drivers all died without progress, the run is parked as ``failed`` (``compensation_failed`` in a
-rollback) naming the steps that were in flight, and an operator fixes the step and ``raysaga
-retry``s the run. Pure but for the read of the events: the driver commits what this returns.
+drivers (the run's own, recorded when it was created with one, else its driver's) all died
+without progress, the run is parked as ``failed`` (``compensation_failed`` in a rollback) naming
+the steps that were in flight, and an operator fixes the step and ``raysaga retry``s the run.
+Pure but for the read of the events: the driver commits what this returns.
 
 A run still ``pending`` is counted too: its drivers may die between their claim and the run's
 first commit (killed by whatever kills them there, every time), and a fleet then took it up for
@@ -178,9 +179,14 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
                     limit: int) -> RunRecord | None:
     """Park the run (and return it) when its last ``limit`` drivers died without progress; else
     None. A run claimed once (fence 1: this driver's own claim) has had no driver to lose: nothing
-    is read for it. A ``pending`` one is counted like any other (see the module doc)."""
+    is read for it. A ``pending`` one is counted like any other (see the module doc).
+
+    ``limit`` is the driving process's (a worker's ``--max-driver-deaths``); the run's own
+    ``max_driver_deaths``, recorded when it was created with one, wins over it: a run submitted
+    with ``RunOptions(max_driver_deaths=5)`` is parked after 5 whichever worker drives it."""
     if run.fence <= 1:
         return None
+    limit = run.max_driver_deaths or limit
     deaths = recent_deaths(store, run, limit)
     if deaths < limit:
         return None

@@ -36,7 +36,7 @@ from raysaga.state import (
     open_store,
 )
 from raysaga.state.jsoncodec import printable
-from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.models import MAX_STORED_DEATHS, PARKED, TERMINAL
 from raysaga.state.redact import scrub_text
 from raysaga.types import check_run_id, check_text
 
@@ -100,7 +100,8 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
                workflow_ref: str | None = None, queue: str | None = None) -> RunRecord:
     """Record a new run (``pending``) without driving it. ``workflow_ref`` (MODULE:ATTR) lets
     ``raysaga resume RUN`` find the definition again; ``queue`` submits it to the worker fleet
-    (a ``raysaga worker`` that registered the workflow starts it)."""
+    (a ``raysaga worker`` that registered the workflow starts it). A ``max_driver_deaths`` other
+    than the default is recorded with the run, so a worker of another limit keeps it."""
     options = options or RunOptions()
     workflow.validate()
     checked = workflow.check_input(input)
@@ -119,7 +120,14 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         deadline_at=time.time() + options.deadline if options.deadline else None,
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
         trace_id=uuid.uuid4().hex, queue=queue, labels=options.labels or None,
+        max_driver_deaths=_own_limit(options.max_driver_deaths),
     ))
+
+
+def _own_limit(deaths: int) -> int | None:
+    """The run's stored ``max_driver_deaths``: None for the default (whoever drives it decides),
+    a huge one (``RunOptions`` takes any) as the largest the column holds: never reached either."""
+    return None if deaths == RunOptions.max_driver_deaths else min(deaths, MAX_STORED_DEATHS)
 
 
 class _NoInput:

@@ -130,6 +130,10 @@ class RunRecord(_Record):
     """Each step's signature hash when the run was created (None: a run recorded before schema 6)."""
     labels: dict[str, str] = Field(default_factory=dict)
     """The run's labels (``RunOptions.labels``); a run recorded before schema 11 has none."""
+    max_driver_deaths: int | None = None
+    """The run's own ``RunOptions.max_driver_deaths`` (schema 13): its drivers park it after this
+    many deaths in a row without progress, whatever their own limit. None: not given (the default),
+    or a run recorded before schema 13: the limit of the process driving it applies."""
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -265,6 +269,12 @@ class SignalRecord(_Record):
     dedup_key: str | None = None
 
 
+#: The largest ``max_driver_deaths`` a run row holds (an ``INTEGER`` column: 32 bits on
+#: PostgreSQL). ``RunOptions`` takes any whole number >= 1, a huge one meaning "never park": a
+#: larger one is stored as this, which no run's drivers can die as often as either.
+MAX_STORED_DEATHS = 2**31 - 1
+
+
 class NewRun(BaseModel):
     """What a caller gives to create a run."""
 
@@ -288,6 +298,8 @@ class NewRun(BaseModel):
     labels: dict[str, str] | None = None
     """The run's labels (checked by the store: ``raysaga.types.check_labels``); None: none, or for a
     fork, its parent's."""
+    max_driver_deaths: int | None = Field(default=None, ge=1, le=MAX_STORED_DEATHS)
+    """``RunRecord.max_driver_deaths``: None leaves the limit to the process that drives the run."""
 
 
 class Lease(_Record):

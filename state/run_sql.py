@@ -1,11 +1,12 @@
 """The run row's own statements as plain SQL built once per dialect, and its rows decoded.
 
-Creating a run, reading it (alone or with its nodes, effects and signals: the snapshot a driver
-starts from), claiming and releasing its lease, and the run update of a driver's commit. Each
-run pays these once or twice, so their cost is per-run fixed cost: as SQLAlchemy Core a fresh
-engine compiles every statement on its first use (~13 of them on a run's start and end, ~5% of a
-200-step chain) and cache-keys each on every execution. Here each is a string built once per
-process and run through ``HotSql`` (the DBAPI cursor on SQLite, ``exec_driver_sql`` elsewhere).
+Creating a run, reading it (alone or with its effects and signals: the snapshot a driver starts
+from; its nodes are read by key, ``node_reads``), claiming and releasing its lease, and the run
+update of a driver's commit. Each run pays these once or twice, so their cost is per-run fixed
+cost: as SQLAlchemy Core a fresh engine compiles every statement on its first use (~13 of them
+on a run's start and end, ~5% of a 200-step chain) and cache-keys each on every execution. Here
+each is a string built once per process and run through ``HotSql`` (the DBAPI cursor on SQLite,
+``exec_driver_sql`` elsewhere).
 
 The SQL says exactly what the Core statements said (same columns, same conditions, same
 ``RETURNING``), and rows are decoded with the JSON columns' own result processors
@@ -26,7 +27,7 @@ from sqlalchemy import Connection, Table
 from raysaga.errors import RunNotFoundError
 from raysaga.state.decoding import no_such_id, reading, record_of
 from raysaga.state.models import RunRecord
-from raysaga.state.schema import JsonText, effects, node_rows, nodes, runs, signals
+from raysaga.state.schema import JsonText, effects, runs, signals
 from raysaga.state.statements import HotSql, json_param
 
 #: The run row's columns, in table order: what every run statement here selects or returns
@@ -51,7 +52,6 @@ def _names(table: Table) -> list[str]:
 
 
 def _select(table: Table) -> str:
-    # node rows are read through their view (schema.node_rows): by run id, finished_at derived
     return f"SELECT {', '.join(_names(table))} FROM {table.name}"
 
 
@@ -67,7 +67,6 @@ class RunSql:
     claim_taking: str
     """``claim``, or the lease of one owner proven gone (``take_from``)."""
     release: str
-    nodes: str
     effects: str
     signals: str
     """The run's unconsumed signals, oldest first."""
@@ -87,7 +86,6 @@ def run_sql(dialect: str) -> RunSql:
         claim_taking=f"{claim} OR lease_owner = {m}{returning}",
         release=(f"UPDATE {runs.name} SET lease_owner = NULL, lease_expires_at = NULL "
                  f"WHERE run_id = {m} AND fence = {m}"),
-        nodes=f"{_select(node_rows)} WHERE run_id = {m}",
         effects=f"{_select(effects)} WHERE run_id = {m}",
         signals=f"{_select(signals)} WHERE run_id = {m} AND consumed_at IS NULL ORDER BY id",
     )
@@ -171,7 +169,7 @@ def read_run(conn: Connection, run_id: str, *, lenient: bool = False) -> RunReco
 
 def read_records(conn: Connection, run_id: str, table: Table, statement: str, model: type[R]) -> list[R]:
     """The rows of one of the run's tables (``statement`` selects all its columns) as ``model``s."""
-    with reading(run_id, nodes.name if table is node_rows else table.name):
+    with reading(run_id, table.name):
         return [model.model_validate(v) for v in decoded(conn, table, HotSql(conn).all(statement, (run_id,)))]
 
 

@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 
 class JsonText(TypeDecorator[Any]):
@@ -140,6 +140,9 @@ runs = Table(
     # schema 11: the run's labels (``RunOptions.labels``, bounded by ``raysaga.types.check_labels``),
     # a JSON object of str -> str; NULL when it has none (most runs, and every run of an older store)
     Column("labels", JsonText, nullable=True),
+    # schema 13: the run's ``RunOptions.max_driver_deaths`` when it was given one other than the
+    # default; NULL (most runs, every run of an older store): the driving process's limit applies
+    Column("max_driver_deaths", Integer, nullable=True),
     Index("ux_raysaga_runs_run_key", "run_key", unique=True),
     # the narrowest of the indexes that start with ``status``: counting runs by status (the
     # dashboard's tabs) scans it whole; without it SQLite scans a wider one (measured in schema 9)
