@@ -193,7 +193,8 @@ def worker(
     poll: Annotated[float, typer.Option("--poll", help="Seconds between looks for work when idle.")] = 0.5,
     max_driver_deaths: Annotated[int | None, typer.Option(
         "--max-driver-deaths", help="Drivers of a run that die in a row before it commits any step's outcome, "
-        "then it is parked as a crash loop (3).")] = None,
+        "then it is parked as a crash loop (3; a run created with its own RunOptions.max_driver_deaths "
+        "keeps it).")] = None,
 ) -> None:
     """Claim runnable runs of the registered workflows and drive them, until SIGTERM or Ctrl-C
     (which hand the runs back: another worker takes them at once)."""

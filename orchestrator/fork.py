@@ -36,6 +36,7 @@ import networkx as nx
 from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.runner import own_limit
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
@@ -303,6 +304,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         retry_budget=opts.retry_budget if opts.retry_budget is not None else parent.retry_budget,
         token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
         cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
+        max_driver_deaths=(own_limit(opts.max_driver_deaths) if opts.max_driver_deaths != RunOptions.max_driver_deaths
+                           else parent.max_driver_deaths),  # the fork's own, else its parent's
         trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
     data = {"parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
             "changed_steps": sorted(diff.steps()) if diff else []}

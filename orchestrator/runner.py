@@ -120,11 +120,11 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         deadline_at=time.time() + options.deadline if options.deadline else None,
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
         trace_id=uuid.uuid4().hex, queue=queue, labels=options.labels or None,
-        max_driver_deaths=_own_limit(options.max_driver_deaths),
+        max_driver_deaths=own_limit(options.max_driver_deaths),
     ))
 
 
-def _own_limit(deaths: int) -> int | None:
+def own_limit(deaths: int) -> int | None:
     """The run's stored ``max_driver_deaths``: None for the default (whoever drives it decides),
     a huge one (``RunOptions`` takes any) as the largest the column holds: never reached either."""
     return None if deaths == RunOptions.max_driver_deaths else min(deaths, MAX_STORED_DEATHS)
@@ -241,7 +241,8 @@ def same_options(existing: RunRecord, options: RunOptions | None, what: str, *, 
     never claimed by a worker while ``pending``). Per drive, taken by each drive and free to
     change on a resume: ``lease_ttl``, ``release_after``, ``blob_threshold``, ``max_output_bytes``
     (outputs written from then on), ``allow_changed``, ``max_driver_deaths`` (the limit of the
-    process that drives it: ``docs/operations.md``), and ``token_budget`` / ``cost_budget``
+    process that drives it, unless the run recorded its own at creation, which wins:
+    ``docs/operations.md``), and ``token_budget`` / ``cost_budget``
     (raising a spent one on resume lets a paused run go on)."""
     options = options or RunOptions()
     if options.labels:

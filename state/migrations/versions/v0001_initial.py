@@ -19,7 +19,7 @@ _TABLES = (schema_info, runs, nodes, effects, events, blobs, signals)
 #: Columns later migrations add: version 1 is created without them, so a database made by
 #: this file is exactly a version-1 database and every later migration runs on it.
 ADDED_LATER = {"raysaga_runs": {"token_budget", "cost_budget", "input_digest", "output_digest", "output_key",
-                                "run_key", "labels"}}
+                                "run_key", "labels", "max_driver_deaths"}}
 #: Schema 8 keys node rows by ``run_key`` (0008 rebuilds the table): before, by the run id.
 _RUN_ID = "run_id"
 #: Indexes schema 4 adds (it creates them itself).
