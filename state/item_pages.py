@@ -201,9 +201,10 @@ def sub_rows(conn: Connection, run_id: str, node_id: str, fan_index: int, limit:
     only the chunks whose span can hold ``fan_index`` are read (none, unless a chunk's node id has
     such a prefix: raysaga writes plain items' chunks, and a step's name holds no ``@`` or ``:``),
     an item skipped when a row stands for it. Run it inside ``decoding.reading``."""
-    rows_sql, chunks_sql = _sub_sql(names)
+    rows_sql, chunks_sql = _sub_sql(names, conn.dialect.name)
     escaped = node_id.replace("/", "//").replace("%", "/%").replace("_", "/_")
-    values = {"run_id": run_id, "index": fan_index, "turns": escaped + "@%", "undo": escaped + ":%"}
+    values = {"run_id": run_id, "index": fan_index, "turns": escaped + "@%", "undo": escaped + ":%",
+              "low": node_id + ":", "high": node_id + "A"}
     rows = [dict(r._mapping) for r in conn.execute(rows_sql, {**values, "limit": limit}).all()]
     held: list[tuple[str, int, list[Element], str | None]] = []
     for n, first, stored, origin in conn.execute(chunks_sql, values).all():
@@ -221,15 +222,22 @@ def sub_rows(conn: Connection, run_id: str, node_id: str, fan_index: int, limit:
 
 
 @functools.cache
-def _sub_sql(names: tuple[str, ...]) -> tuple[Select[Any], Select[Any]]:
+def _sub_sql(names: tuple[str, ...], dialect: str) -> tuple[Select[Any], Select[Any]]:
     """``sub_rows``' statements (the rows; the chunks that can hold the index), built once: bound
-    ``run_id``, ``index``, the LIKE patterns ``turns`` and ``undo`` (escaped with '/') and ``limit``."""
+    ``run_id``, ``index``, the LIKE patterns ``turns`` and ``undo`` (escaped with '/'), ``limit``,
+    and on SQLite the key range ``low`` to ``high`` (``node:`` to ``nodeA``: ':' < '@' < 'A') that
+    holds both prefixes in its BINARY order, so the run's other rows and chunks are not scanned
+    (LIKE, case-insensitive there, cannot use the key; a PostgreSQL collation other than "C" need
+    not order text by code point, so there the LIKE alone filters the run's rows and chunks)."""
     run_id, index = bindparam("run_id", type_=String), bindparam("index", type_=Integer)
     key = select(runs.c.run_key).where(runs.c.run_id == run_id).scalar_subquery()
 
     def under(column: Any) -> ColumnElement[bool]:
-        return or_(column.like(bindparam("turns", type_=String), escape="/"),
+        like = or_(column.like(bindparam("turns", type_=String), escape="/"),
                    column.like(bindparam("undo", type_=String), escape="/"))
+        if dialect != "sqlite":
+            return like
+        return and_(column >= bindparam("low", type_=String), column < bindparam("high", type_=String), like)
 
     rows = (select(*(run_id.label(n) if n == "run_id" else _ROW[n].label(n) for n in names))
             .where(nodes.c.run_key == key, nodes.c.fan_index == index, under(nodes.c.node_id))
