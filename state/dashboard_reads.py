@@ -19,10 +19,11 @@ from raysaga.state.decoding import reading
 from raysaga.state.item_pages import counts as item_counts
 from raysaga.state.item_pages import first_items, rows_at
 from raysaga.state.item_pages import page as item_page
+from raysaga.state.item_pages import sub_rows as item_sub_rows
 from raysaga.state.models import EffectRecord, EventRecord
 from raysaga.state.run_labels import labels_contain, labels_match
-from raysaga.state.schema import effects, events, node_columns, nodes, runs
-from raysaga.state.schema import node_rows as view  # the view; node_rows() below reads it
+from raysaga.state.schema import effects, events, nodes, runs
+from raysaga.state.schema import node_rows as view  # the view's columns (its rows are read by key)
 
 #: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
 COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "items_completed", "compensation_completed",
@@ -199,13 +200,10 @@ def node_effects(engine: Engine, run_id: str, node_id: str, fan_index: int) -> l
 
 def sub_rows(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
     """An agent node's turns and tool calls (``node@2``, ``node@2.1``) and its compensation rows,
-    with their outputs (a turn's output holds the model's answer: usage, stop reason, tool uses)."""
-    query = select(*node_columns).where(view.c.run_id == run_id, view.c.fan_index == fan_index, or_(
-        view.c.node_id.startswith(node_id + "@", autoescape=True),
-        view.c.node_id.startswith(node_id + ":", autoescape=True)))
+    with their outputs (a turn's output holds the model's answer: usage, stop reason, tool uses),
+    by start: read by key (``item_pages.sub_rows``), not through the view."""
     with reading(run_id, nodes.name), engine.connect() as conn:
-        rows = conn.execute(query.order_by(view.c.started_at, view.c.node_id).limit(limit)).all()
-    return [dict(r._mapping) for r in rows]
+        return item_sub_rows(conn, run_id, node_id, fan_index, limit, _ALL_NAMES)
 
 
 def metrics(engine: Engine) -> dict[str, Any]:

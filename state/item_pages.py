@@ -11,14 +11,32 @@ values, a row winning over a chunk's entry for the same item.
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Text, and_, func, literal, select, tuple_, type_coerce
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Integer,
+    Select,
+    String,
+    Text,
+    and_,
+    bindparam,
+    func,
+    literal,
+    or_,
+    select,
+    tuple_,
+    type_coerce,
+)
 
 from raysaga.state.chunk_codec import Element, elements, item_values
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.models import NodeStatus
-from raysaga.state.schema import item_chunks, nodes
+from raysaga.state.schema import item_chunks, nodes, runs
 from raysaga.state.statements import MAX_CHUNK_ITEMS, TICKS_PER_SECOND
 
 _COMPLETED = NodeStatus.COMPLETED.value
@@ -170,3 +188,72 @@ def counts(conn: Connection, run_id: str, node_ids: list[str] | None,
             count, earliest = count + len(starts), started if earliest is None or started < earliest else earliest
         out[node_id][_COMPLETED] = (count, earliest)
     return out
+
+
+def sub_rows(conn: Connection, run_id: str, node_id: str, fan_index: int, limit: int,
+             names: tuple[str, ...]) -> list[dict[str, Any]]:
+    """The rows at ``fan_index`` whose node id starts with ``node_id@`` or ``node_id:`` (an agent's
+    turns and tool calls, its compensation), by ``started_at`` then node id, at most ``limit``,
+    with the view's columns ``names`` (``node_id`` and ``started_at`` among them), as the view
+    ordered so gives them: SQLite puts a NULL ``started_at`` first, PostgreSQL last (and NaN after
+    every number). Through the view the chunk part scanned the run's chunks and expanded each one
+    of a matching node id to find the index; here the rows come ordered and limited by SQL, and
+    only the chunks whose span can hold ``fan_index`` are read (none, unless a chunk's node id has
+    such a prefix: raysaga writes plain items' chunks, and a step's name holds no ``@`` or ``:``),
+    an item skipped when a row stands for it. Run it inside ``decoding.reading``."""
+    rows_sql, chunks_sql = _sub_sql(names, conn.dialect.name)
+    escaped = node_id.replace("/", "//").replace("%", "/%").replace("_", "/_")
+    values = {"run_id": run_id, "index": fan_index, "turns": escaped + "@%", "undo": escaped + ":%",
+              "low": node_id + ":", "high": node_id + "A"}
+    rows = [dict(r._mapping) for r in conn.execute(rows_sql, {**values, "limit": limit}).all()]
+    held: list[tuple[str, int, list[Element], str | None]] = []
+    for n, first, stored, origin in conn.execute(chunks_sql, values).all():
+        items = elements(run_id, n, first, stored)
+        if fan_index - first < len(items):
+            held.append((n, first, items, origin))
+    if not held:
+        return rows
+    shadowed = set(conn.execute(select(nodes.c.node_id).where(  # a row wins over a chunk's entry
+        nodes.c.run_key == run_key_of(run_id), nodes.c.fan_index == fan_index,
+        nodes.c.node_id.in_([h[0] for h in held]))).scalars())
+    rows += [item_values(run_id, n, fan_index, items[fan_index - first], origin, names)
+             for n, first, items, origin in held if n not in shadowed]
+    return sorted(rows, key=_start_order(conn.dialect.name))[:limit]
+
+
+@functools.cache
+def _sub_sql(names: tuple[str, ...], dialect: str) -> tuple[Select[Any], Select[Any]]:
+    """``sub_rows``' statements (the rows; the chunks that can hold the index), built once: bound
+    ``run_id``, ``index``, the LIKE patterns ``turns`` and ``undo`` (escaped with '/'), ``limit``,
+    and on SQLite the key range ``low`` to ``high`` (``node:`` to ``nodeA``: ':' < '@' < 'A') that
+    holds both prefixes in its BINARY order, so the run's other rows and chunks are not scanned
+    (LIKE, case-insensitive there, cannot use the key; a PostgreSQL collation other than "C" need
+    not order text by code point, so there the LIKE alone filters the run's rows and chunks)."""
+    run_id, index = bindparam("run_id", type_=String), bindparam("index", type_=Integer)
+    key = select(runs.c.run_key).where(runs.c.run_id == run_id).scalar_subquery()
+
+    def under(column: Any) -> ColumnElement[bool]:
+        like = or_(column.like(bindparam("turns", type_=String), escape="/"),
+                   column.like(bindparam("undo", type_=String), escape="/"))
+        if dialect != "sqlite":
+            return like
+        return and_(column >= bindparam("low", type_=String), column < bindparam("high", type_=String), like)
+
+    rows = (select(*(run_id.label(n) if n == "run_id" else _ROW[n].label(n) for n in names))
+            .where(nodes.c.run_key == key, nodes.c.fan_index == index, under(nodes.c.node_id))
+            .order_by(nodes.c.started_at, nodes.c.node_id).limit(bindparam("limit", type_=Integer)))
+    chunks = (select(item_chunks.c.node_id, item_chunks.c.first_index, _ITEMS, item_chunks.c.origin_run_id)
+              .where(item_chunks.c.run_key == key, under(item_chunks.c.node_id), item_chunks.c.first_index <= index,
+                     item_chunks.c.first_index > index - MAX_CHUNK_ITEMS))
+    return rows, chunks
+
+
+def _start_order(dialect: str) -> Callable[[dict[str, Any]], tuple[bool, bool, float, str]]:
+    """A sort key giving rows as ``ORDER BY started_at, node_id`` does on ``dialect`` (node ids by
+    code point: SQLite's BINARY; PostgreSQL's "C" collation, as ``node_reads.by_start`` assumes)."""
+    def key(row: dict[str, Any]) -> tuple[bool, bool, float, str]:
+        s = row["started_at"]
+        nan = s is not None and math.isnan(s)
+        return (s is not None if dialect == "sqlite" else s is None, nan, 0.0 if s is None or nan else s,
+                row["node_id"])
+    return key

@@ -149,7 +149,11 @@ def node_error(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> tu
 
 
 def unfinished_items(store: SqlStore, run_id: str, node_id: str, limit: int = 20) -> list[dict[str, Any]]:
-    """Up to ``limit`` fan-out items of a step that did not complete, by index."""
+    """Up to ``limit`` fan-out items of a step that did not complete, by index. Through the view, and
+    bounded: its chunk part shows only 'completed' items, so the status filter is false there
+    before any chunk is read (PostgreSQL drops that part from the plan, or with a generic plan
+    gives it a one-time filter never passed; SQLite tests the constant once and jumps over its
+    loops): only the step's rows are read, as ``failed_nodes`` reads only the run's."""
     query = (select(*_NODE_COLUMNS)
              .where(node_rows.c.run_id == run_id, node_rows.c.node_id == node_id, node_rows.c.fan_index >= 0,
                     node_rows.c.status != NodeStatus.COMPLETED.value)
@@ -159,7 +163,8 @@ def unfinished_items(store: SqlStore, run_id: str, node_id: str, limit: int = 20
 
 
 def failed_nodes(store: SqlStore, run_id: str, limit: int = 50) -> list[dict[str, Any]]:
-    """Up to ``limit`` failed nodes (status failed) with their errors."""
+    """Up to ``limit`` failed nodes (status failed) with their errors: through the view, bounded by
+    the run's rows (no chunk is read: ``unfinished_items`` says why)."""
     query = (select(node_rows.c.node_id, node_rows.c.fan_index, node_rows.c.attempt, node_rows.c.error)
              .where(node_rows.c.run_id == run_id, node_rows.c.status == NodeStatus.FAILED.value)
              .order_by(node_rows.c.node_id, node_rows.c.fan_index).limit(limit))
