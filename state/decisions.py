@@ -17,12 +17,13 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Connection, Engine, and_, insert, select, update
+from sqlalchemy import Connection, Engine, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
 from raysaga.state import jsoncodec
 from raysaga.state.decoding import no_such_id, reading, records
+from raysaga.state.item_pages import rows_at
 from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.schema import events, node_columns, node_rows, nodes, runs, signals
@@ -298,11 +299,12 @@ def _fan_index_fits(fan_index: Any) -> bool:
 def _node_row(conn: Connection, run_id: str, node: str, fan_index: int) -> NodeRecord | None:
     if not isinstance(node, str) or not node.isprintable() or not _fan_index_fits(fan_index):
         return None  # no node id holds a NUL or a lone surrogate (its look-up failed in the driver): "not waiting"
-    rows = conn.execute(select(*node_columns).where(and_(node_rows.c.run_id == run_id, node_rows.c.node_id == node,
-                                                        node_rows.c.fan_index == fan_index))).all()
-    with reading(run_id, nodes.name):
-        found = records(NodeRecord, rows)
-    return found[0] if found else None
+    with reading(run_id, nodes.name):  # by key: through the view, an item read every chunk of its step
+        found = rows_at(conn, run_id, [(node, fan_index)], _NODE_NAMES)
+        return NodeRecord.model_validate(found[0]) if found else None
+
+
+_NODE_NAMES = tuple(c.name for c in node_columns)
 
 
 def _waiting_request(run_id: str, label: str, row: NodeRecord | None, status: RunStatus) -> ApprovalRequest:
