@@ -39,7 +39,10 @@ def _workflow() -> Workflow:
             raise ValueError(f"call {input['n']} refused")
         gate = input.get("gate")
         if gate:  # blocks until the test releases it (or kills this process)
-            Path(gate, f"started-{input['n']}").write_text(str(os.getpid()))
+            # written whole, then renamed: the test reads the pid as soon as the name exists
+            # (a plain write_text showed it empty once, under load: CI, 2026-11-29)
+            Path(gate, f".partial-{input['n']}").write_text(str(os.getpid()))
+            os.replace(Path(gate, f".partial-{input['n']}"), Path(gate, f"started-{input['n']}"))
             deadline = time.monotonic() + LIMIT
             while not Path(gate, "release").exists() and time.monotonic() < deadline:
                 time.sleep(0.01)
