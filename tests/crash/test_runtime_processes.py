@@ -43,7 +43,9 @@ FLOW = textwrap.dedent('''
 
     @wf.step()
     def slow(input: dict, first: str) -> str:
-        Path(input["started"]).write_text(str(os.getpid()))
+        pid_file = Path(input["started"])  # written whole, then renamed: a reader never sees it empty
+        pid_file.with_name(f".{pid_file.name}").write_text(str(os.getpid()))
+        os.replace(pid_file.with_name(f".{pid_file.name}"), pid_file)
         gate, deadline = Path(input["gate"]), time.time() + float(input.get("slow_for", 300))
         while not gate.exists() and time.time() < deadline:   # the workload: waits for the test
             time.sleep(0.02)

@@ -28,7 +28,9 @@ FLOW = textwrap.dedent('''
 
     @wf.step()
     def wait_for_file(input: dict, first: str) -> str:
-        Path(input["started"]).write_text(str(os.getpid()))
+        pid_file = Path(input["started"])  # written whole, then renamed: a reader never sees it empty
+        pid_file.with_name(f".{pid_file.name}").write_text(str(os.getpid()))
+        os.replace(pid_file.with_name(f".{pid_file.name}"), pid_file)
         gate = Path(input["gate"])
         while not gate.exists():        # the workload: blocks until the test opens the gate
             time.sleep(0.02)

@@ -56,7 +56,9 @@ def _flow() -> Workflow:
     @wf.step(effect=True, compensate=refund)
     def charge(ctx: StepContext, input: dict[str, str]) -> str:
         folder = Path(input["dir"])
-        (folder / "charge-pid").write_text(str(os.getpid()))
+        pid_file = (folder / "charge-pid")  # written whole, then renamed: a reader never sees it empty
+        pid_file.with_name(f".{pid_file.name}").write_text(str(os.getpid()))
+        os.replace(pid_file.with_name(f".{pid_file.name}"), pid_file)
         deadline = time.monotonic() + BLOCK_LIMIT
         while not (folder / "gate").exists():  # the workload: blocks until the test opens the gate
             if time.monotonic() > deadline:

@@ -247,7 +247,9 @@ def test_all_failed_item_on_ray_cancels_the_in_flight_siblings(ray_session: str,
                 time.sleep(0.02)
             (folder / "running-at-failure").write_text(" ".join(p.read_text() for p in running))
             raise Permanent("item 0 refused")
-        (folder / f"started-{plan}").write_text(str(os.getpid()))
+        pid_file = (folder / f"started-{plan}")  # written whole, then renamed: a reader never sees it empty
+        pid_file.with_name(f".{pid_file.name}").write_text(str(os.getpid()))
+        os.replace(pid_file.with_name(f".{pid_file.name}"), pid_file)
         deadline = time.monotonic() + BLOCK_LIMIT
         while not (folder / "gate").exists():  # the workload: blocks until the gate opens
             if time.monotonic() > deadline:

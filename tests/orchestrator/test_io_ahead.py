@@ -44,7 +44,9 @@ def _workflow(timeout: float | None) -> Workflow:
     @wf.step(io_bound=True, timeout=timeout)
     def call(ctx: StepContext, input: dict[str, Any]) -> dict[str, Any]:
         gate = Path(input["gate"])
-        (gate / f"started-{input['n']}").write_text(str(os.getpid()))
+        pid_file = (gate / f"started-{input['n']}")  # written whole, then renamed: a reader never sees it empty
+        pid_file.with_name(f".{pid_file.name}").write_text(str(os.getpid()))
+        os.replace(pid_file.with_name(f".{pid_file.name}"), pid_file)
         deadline = time.monotonic() + LIMIT
         while not (gate / "release").exists() and time.monotonic() < deadline:
             time.sleep(0.01)

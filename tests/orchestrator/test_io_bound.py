@@ -345,7 +345,9 @@ def test_a_failed_run_stops_its_io_bound_calls_before_it_is_recorded(
             while len(list(folder.glob("started-*"))) < 5 and time.monotonic() < deadline:
                 time.sleep(0.02)
             raise raysaga.Permanent("item 0 refused")
-        (folder / f"started-{plan}").write_text(str(os.getpid()))
+        pid_file = (folder / f"started-{plan}")  # written whole, then renamed: a reader never sees it empty
+        pid_file.with_name(f".{pid_file.name}").write_text(str(os.getpid()))
+        os.replace(pid_file.with_name(f".{pid_file.name}"), pid_file)
         deadline = time.monotonic() + LIMIT
         while not (folder / "gate").exists() and time.monotonic() < deadline:
             time.sleep(0.02)  # the workload: blocks until the gate opens (never, if the kill works)
