@@ -159,15 +159,6 @@ class RayExecutor(Executor):
             return lane
         return None
 
-    def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
-        lane = self._lane_for(spec, calls[0]) if calls else None  # the same lane for every item of a step
-        if lane is None or not lane.chunked or (spec.resources is not None and self._feasible.problem(
-                spec.name, spec.resources) is not None):
-            return super().submit_items(spec, calls)  # another lane, or failed one by one
-        handles = [Handle((spec.name, call.fields[2])) for call in calls]
-        lane.queue.extend(zip(handles, calls, itertools.repeat(spec)))  # sent by _pump, at the next wait
-        return handles
-
     def submit_block(self, block: ItemBlock) -> bool:
         spec = block.spec
         lane = self._lane_for(spec, block.call(0)) if len(block) else None

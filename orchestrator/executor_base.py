@@ -43,8 +43,8 @@ class Executor(ABC):
         """Start (or queue) an attempt; a Ray task is named ``<run_id>:<node>`` (``task_name``)."""
 
     def submit_items(self, spec: StepSpec, calls: list[NodeCall]) -> list[Handle]:
-        """First attempts of plain items of one fan-out step (``ItemsDispatch``): ``submit`` each,
-        unless the executor queues them more cheaply at once."""
+        """Attempts of plain items of one fan-out step (``ItemsDispatch``) that ``submit_block``
+        did not take: ``submit`` each."""
         return [self.submit(spec, call) for call in calls]
 
     def submit_block(self, block: ItemBlock) -> bool:

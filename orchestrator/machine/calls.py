@@ -30,9 +30,10 @@ from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeW
 GONE = object()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Attempt:
-    """An attempt handed to the shell and not yet back."""
+    """An attempt handed to the shell and not yet back. Frozen: a block's first attempts share
+    one (``issue_items``); recording one as running replaces its entry (``recorded``)."""
 
     spec: StepSpec
     attempt: int
@@ -45,6 +46,11 @@ class Committed:
     """The effect's key is committed in the ledger: this is its result, and there is no call."""
 
     value: Any
+
+
+def recorded(flight: Attempt) -> Attempt:
+    """``flight`` once its 'running' row is in the batch (a new record: one may be shared)."""
+    return Attempt(flight.spec, flight.attempt, flight.started_at, True)
 
 
 class Calls:
@@ -112,12 +118,17 @@ class Calls:
         """Send attempts of plain fan-out items of ``spec`` (no effect, no 'running' row first):
         ``issue`` for each, as one block to the shell (``ItemsDispatch``; ``item_block``)."""
         now, attempts, inflight = self.out.now, self.attempts, self.inflight
-        counts = []
-        for key in keys:
-            attempt = attempts.get(key, 0) + 1
-            attempts[key] = attempt
-            counts.append(attempt)
-            inflight[key] = Attempt(spec, attempt, now, False)
+        if attempts.keys().isdisjoint(keys):  # first attempts (a fan-out just expanded): one shared record
+            counts = [1] * len(keys)
+            attempts.update(dict.fromkeys(keys, 1))
+            inflight.update(dict.fromkeys(keys, Attempt(spec, 1, now, False)))
+        else:
+            counts = []
+            for key in keys:
+                attempt = attempts.get(key, 0) + 1
+                attempts[key] = attempt
+                counts.append(attempt)
+                inflight[key] = Attempt(spec, attempt, now, False)
         self.unrecorded.extend(keys)
         self.out.dispatch.append(ItemsDispatch(ItemBlock(spec, self.run_id, self.trace_id, self.max_output_bytes,
                                                          keys, counts, kwargs)))
@@ -343,7 +354,7 @@ class Calls:
         for key in self.unrecorded:
             flight = self.inflight.get(key)
             if flight is not None and not flight.recorded:
-                flight.recorded = True
+                self.inflight[key] = recorded(flight)
                 self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
                                                       status=NodeStatus.RUNNING, attempt=flight.attempt,
                                                       started_at=flight.started_at))

@@ -144,12 +144,13 @@ class Forward:
                                                and not self.calls.records_first(spec))
         return plain
 
-    def _issue_items(self, step: str, keys: list[NodeKey]) -> None:
+    def _issue_items(self, step: str, keys: list[NodeKey], *, whole: bool = False) -> None:
+        """``whole``: ``keys`` are every item of the step, in order."""
         self.kwargs(step, keys[0].fan_index)  # caches the step's inputs (the items' upstream outputs are final)
         inputs = self._item_inputs[step]
         if len(inputs) == 1 and inputs[0][2]:  # the item is the only input (the common case)
             name, value, _ = inputs[0]
-            kwargs = [{name: value[key.fan_index]} for key in keys]
+            kwargs = [{name: item} for item in value] if whole else [{name: value[key.fan_index]} for key in keys]
         else:
             kwargs = [{name: value[key.fan_index] if mapped else value for name, value, mapped in inputs}
                       for key in keys]
@@ -240,7 +241,7 @@ class Forward:
         whole = not self.restored and self._is_plain_map(step)  # no item has a row to settle first
         done = self.sched.expand(step, len(items), ready=not whole)
         if whole and items:  # issued here as one block, not queued to be looked at one by one
-            self._issue_items(step, [NodeKey(step, i) for i in range(len(items))])
+            self._issue_items(step, [NodeKey(step, i) for i in range(len(items))], whole=True)
         if done:  # zero items: nothing failed, the policy has nothing to weigh
             if spec.fan_out_policy.partial:
                 self.outputs[NodeKey(step)] = self.fanout.result(step, self.outputs, 0).model_dump(mode="json")

@@ -15,7 +15,7 @@ from typing import Any
 from raysaga.agents.agent import Agent
 from raysaga.agents.runtime import model_turn
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator.machine.calls import Attempt, Calls
+from raysaga.orchestrator.machine.calls import Attempt, Calls, recorded
 from raysaga.orchestrator.machine.outbox import AdmitTool, Outbox
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.speculation import (
@@ -126,7 +126,7 @@ class Speculation:
             return
         flight = self.calls.inflight.get(sub)
         if flight is not None and not flight.recorded:
-            flight.recorded = True
+            self.calls.inflight[sub] = recorded(flight)
             self.out.batch.nodes.append(NodeWrite(node_id=sub.node_id, fan_index=sub.fan_index,
                                                   status=NodeStatus.RUNNING, attempt=flight.attempt,
                                                   started_at=flight.started_at))
