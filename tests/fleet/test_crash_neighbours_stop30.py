@@ -24,7 +24,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -36,7 +35,6 @@ from raysaga.orchestrator import crash_loop
 from raysaga.state import EventRecord, RunStatus, SqlStore
 from tests.support import REPO
 from tests.support.crash_driver import wait_until
-from tests.support.postgres import drop_pg_database, make_pg_database
 
 MODULE = "tests.fleet.test_crash_neighbours_stop30"
 DEATHS = 3  # RunOptions().max_driver_deaths
@@ -80,18 +78,6 @@ def crawl(input: Held) -> int:
 def after(input: Held, crawl: int) -> int:
     return crawl + 1
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def fleet_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fleet.db'}"
-        return
-    base = str(request.getfixturevalue("pg_base_url"))
-    url = make_pg_database(base)
-    try:
-        yield url
-    finally:
-        drop_pg_database(base, url)
 
 
 class OneWorker:

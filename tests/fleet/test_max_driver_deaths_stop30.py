@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -32,23 +31,9 @@ from raysaga.state.models import MAX_STORED_DEATHS
 from tests.support import REPO
 from tests.support import poison_fleet_stop29 as flows
 from tests.support.crash_driver import wait_until
-from tests.support.postgres import drop_pg_database, make_pg_database
 
 PILL = "tests.support.poison_fleet_stop29:pill"
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def fleet_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A store of this test's own: the worker claims every submitted pill run in it."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fleet.db'}"
-        return
-    base = str(request.getfixturevalue("pg_base_url"))
-    url = make_pg_database(base)
-    try:
-        yield url
-    finally:
-        drop_pg_database(base, url)
 
 
 class Supervised:

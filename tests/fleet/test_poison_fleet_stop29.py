@@ -21,35 +21,19 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
-
-import pytest
 
 from raysaga import Client, RunOptions
 from raysaga.state import EventRecord, NodeStatus, RunRecord, RunStatus, SqlStore
 from tests.support import REPO
 from tests.support import poison_fleet_stop29 as flows
 from tests.support.crash_driver import wait_until
-from tests.support.postgres import drop_pg_database, make_pg_database
 
 DEATHS = RunOptions().max_driver_deaths
 MODULE = "tests.support.poison_fleet_stop29"
 
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def fleet_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A store of this test's own: workers claim every runnable run of their workflows in it."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'fleet.db'}"
-        return
-    base = str(request.getfixturevalue("pg_base_url"))
-    url = make_pg_database(base)
-    try:
-        yield url
-    finally:
-        drop_pg_database(base, url)
 
 
 class Fleet:
