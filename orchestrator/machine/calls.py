@@ -205,9 +205,9 @@ class Calls:
 
     def items_succeeded(self, keys: list[NodeKey], outcomes: list[NodeOutcome]) -> tuple[list[Any], int]:
         """``succeeded`` for plain items of one step that came back together, in order, up to the
-        first that needs more (a failure, an output large enough to be a blob, an item drained or
-        no longer in flight is skipped). Returns the items' values and how many outcomes it took:
-        the caller settles those, and hands the rest to the general path."""
+        first that needs more (a failure, an output large enough to be a blob, an item being
+        drained); an item no longer in flight is skipped (``GONE``). Returns the items' values and
+        how many outcomes it took: the caller settles those, and hands the rest to the general path."""
         if not keys:
             return [], 0
         inflight, threshold, loads, draining = self.inflight, self.blob_threshold, jsoncodec.loads, self.draining
@@ -231,10 +231,7 @@ class Calls:
                          outcome.finished_at))
             if ranges is None:
                 ranges = self._item_ranges(step)
-            if ranges and ranges[-1][1] + 1 == index:  # (item_events.add_item, inline)
-                ranges[-1][1] = index
-            else:
-                ranges.append([index, index])
+            item_events.add_item(ranges, index)
             values.append(value)
         return values, taken
 
