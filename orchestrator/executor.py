@@ -18,7 +18,7 @@ from collections.abc import Collection
 from typing import Any
 
 from raysaga.errors import InfeasibleResourcesError, UserError
-from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, task_name
+from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, items_task_name, task_name
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
 from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
@@ -221,9 +221,8 @@ class RayExecutor(Executor):
             name = task_name(items[0][1])
         else:
             first, last = items[0][1].fields, items[-1][1].fields
-            name = f"{first[0]}:{first[1]}[{first[2]}..{last[2]}]"
+            name = items_task_name(first[0], first[1], first[2], last[2])
         payload = self._packer.pack_calls(spec, [call for _, call in items])
-        ref: Any
         ref = self._tasks.submit(spec, name, payload)
         handles = [handle for handle, _ in items]
         for handle in handles:
@@ -247,10 +246,10 @@ class RayExecutor(Executor):
             entry[1] = end
         if not positions:
             return
-        spec, first, last = block.spec, block.keys[positions[0]].fan_index, block.keys[positions[-1]].fan_index
-        name = f"{block.run_id}:{spec.name}[{first}{'' if first == last else f'..{last}'}]"
-        payload = self._packer.pack_items(block, positions)
-        ref = self._tasks.submit(spec, name, payload)
+        spec = block.spec
+        name = items_task_name(block.run_id, spec.name, block.keys[positions[0]].fan_index,
+                               block.keys[positions[-1]].fan_index)
+        ref = self._tasks.submit(spec, name, self._packer.pack_items(block, positions))
         chunk = Chunk(block, positions, len(positions), ref)
         sent_in = block.sent_in
         for p in positions:

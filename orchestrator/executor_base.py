@@ -96,6 +96,12 @@ def task_name(call: NodeCall) -> str:
     return f"{call.fields[0]}:{call.label}"
 
 
+def items_task_name(run_id: str, step: str, first: int, last: int) -> str:
+    """A task carrying items ``first..last`` of a fan-out step: ``<run_id>:<step>[first..last]``
+    (one item: ``<run_id>:<step>[first]``, as ``task_name`` names it)."""
+    return f"{run_id}:{step}[{first}]" if first == last else f"{run_id}:{step}[{first}..{last}]"
+
+
 CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancelled"})
 
 
