@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from raysaga.orchestrator.dashboard.server import build
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
+
+BASE = "http://127.0.0.1:8765"
 
 
 @pytest.fixture(scope="module")
@@ -30,3 +35,12 @@ def artifacts(tmp_path: Path) -> Path:
     path = Path(where) if where else tmp_path
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def api(store_url: str) -> Iterator[tuple[TestClient, SqlStore, str]]:
+    """(client, store, this test's tag) for the label tests: their runs carry the label t=tag."""
+    store = SqlStore(store_url)
+    app, _ = build(store)
+    yield TestClient(app, base_url=BASE, raise_server_exceptions=False), store, uuid.uuid4().hex[:10]
+    store.close()

@@ -9,12 +9,9 @@ filtered by it (``label=t=<tag>``), so only what ``q`` adds is compared.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
@@ -22,21 +19,10 @@ from raysaga import RunOptions
 from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
+from tests.dashboard.test_labels_stop29 import _run
 from tests.support import dashboard_flows as flows
 
 BASE = "http://127.0.0.1:8765"
-
-
-@pytest.fixture
-def api(store_url: str) -> Iterator[tuple[TestClient, SqlStore, str]]:
-    store = SqlStore(store_url)
-    app, _ = build(store)
-    yield TestClient(app, base_url=BASE, raise_server_exceptions=False), store, uuid.uuid4().hex[:10]
-    store.close()
-
-
-def _run(store: SqlStore, tag: str, labels: dict[str, str]) -> str:
-    return create_run(flows.wide, {"items": 1}, store=store, options=RunOptions(labels={"t": tag, **labels})).run_id
 
 
 def _found(client: TestClient, tag: str, q: str) -> list[str]:

@@ -10,8 +10,7 @@ tags its runs with a label of its own (``t=<uuid>``) and filters by it.
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator, MutableMapping
+from collections.abc import MutableMapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -27,15 +26,6 @@ from raysaga.state.schema import runs
 from tests.support import dashboard_flows as flows
 
 BASE = "http://127.0.0.1:8765"
-
-
-@pytest.fixture
-def api(store_url: str) -> Iterator[tuple[TestClient, SqlStore, str]]:
-    """(client, store, this test's tag): runs made with ``_run`` carry the label t=tag."""
-    store = SqlStore(store_url)
-    app, _ = build(store)
-    yield TestClient(app, base_url=BASE, raise_server_exceptions=False), store, uuid.uuid4().hex[:10]
-    store.close()
 
 
 def _run(store: SqlStore, tag: str, labels: dict[str, str]) -> str:

@@ -21,11 +21,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from pydantic import BaseModel
@@ -33,8 +31,8 @@ from pydantic import BaseModel
 from raysaga import Client, Workflow
 from raysaga.orchestrator import crash_loop
 from raysaga.state import EventRecord, RunStatus, SqlStore
-from tests.support import REPO
 from tests.support.crash_driver import wait_until
+from tests.support.kept_worker import KeptWorker
 
 MODULE = "tests.fleet.test_crash_neighbours_stop30"
 DEATHS = 3  # RunOptions().max_driver_deaths
@@ -80,45 +78,9 @@ def after(input: Held, crawl: int) -> int:
 
 
 
-class OneWorker:
-    """A ``raysaga worker`` (``--concurrency 2``, both workflows, unless ``extra`` says) kept alive:
-    a dead one is replaced."""
-
-    def __init__(self, db: str, folder: Path, *extra: str) -> None:
-        self.db, self.folder = db, folder
-        self.args = extra or ("--concurrency", "2", "-w", f"{MODULE}:pill", "-w", f"{MODULE}:slow")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.files: list[IO[bytes]] = []
-        self.deaths: list[int] = []
-        self.start()
-
-    def start(self) -> None:
-        log = (self.folder / f"worker-{len(self.files)}.log").open("wb")
-        self.files.append(log)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raysaga", "worker", "--db", self.db, "--executor", "inline", "--lease-ttl", "2",
-             "--poll", "0.05", *self.args],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
-
-    def keep_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            self.deaths.append(self.proc.returncode)
-            self.start()
-
-    def logs(self) -> str:
-        return "\n".join(f.name + ":\n" + Path(f.name).read_text(errors="replace")[-2000:] for f in self.files)
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for log in self.files:
-            log.close()
+def one_worker(db: str, folder: Path, *extra: str) -> KeptWorker:
+    """A worker (``--concurrency 2``, both workflows, unless ``extra`` says) kept alive."""
+    return KeptWorker(db, folder, *(extra or ("--concurrency", "2", "-w", f"{MODULE}:pill", "-w", f"{MODULE}:slow")))
 
 
 def let_go(fifo: Path) -> bool:
@@ -149,7 +111,7 @@ def test_a_pill_does_not_park_the_healthy_run_it_shares_a_worker_with(fleet_url:
         slow_id = client.submit(slow, {"folder": str(folder)}, run_id=f"slow-{tag}").run_id
     store = SqlStore(fleet_url)
     released: set[str] = set()
-    worker = OneWorker(fleet_url, tmp_path)
+    worker = one_worker(fleet_url, tmp_path)
 
     def step() -> bool:
         pill_run, slow_run = store.get_run(pill_id), store.get_run(slow_id)
@@ -214,7 +176,7 @@ def test_the_fleet_flag_sets_how_many_deaths_park_a_run(fleet_url: str, tmp_path
         pill_id = client.submit(pill, {"folder": str(folder)}, run_id=f"pill-{uuid.uuid4().hex[:6]}").run_id
     store = SqlStore(fleet_url)
     released: set[str] = set()
-    worker = OneWorker(fleet_url, tmp_path, "--concurrency", "1", "-w", f"{MODULE}:pill",
+    worker = one_worker(fleet_url, tmp_path, "--concurrency", "1", "-w", f"{MODULE}:pill",
                        "--max-driver-deaths", str(limit))
 
     def step() -> bool:

@@ -13,13 +13,9 @@ call and SIGKILLs its process. On SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -28,52 +24,12 @@ from raysaga import Client, RunOptions
 from raysaga.orchestrator import crash_loop
 from raysaga.state import RunRecord, RunStatus, SqlStore
 from raysaga.state.models import MAX_STORED_DEATHS
-from tests.support import REPO
 from tests.support import poison_fleet_stop29 as flows
 from tests.support.crash_driver import wait_until
+from tests.support.kept_worker import KeptWorker
 
 PILL = "tests.support.poison_fleet_stop29:pill"
 
-
-
-class Supervised:
-    """One ``raysaga worker`` process (``--concurrency 1``, the pill only, ``--max-driver-deaths
-    flag``) started again whenever it dies; its output kept in a file per process."""
-
-    def __init__(self, db: str, folder: Path, flag: int) -> None:
-        self.db, self.folder, self.flag = db, folder, flag
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.files: list[IO[bytes]] = []
-        self.deaths: list[int] = []
-        self.start()
-
-    def start(self) -> None:
-        log = (self.folder / f"worker-{len(self.files)}.log").open("wb")
-        self.files.append(log)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raysaga", "worker", "--db", self.db, "--executor", "inline", "--lease-ttl", "2",
-             "--poll", "0.05", "--concurrency", "1", "-w", PILL, "--max-driver-deaths", str(self.flag)],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log, stderr=subprocess.STDOUT)
-
-    def keep_alive(self) -> None:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            self.deaths.append(self.proc.returncode)
-            self.start()
-
-    def logs(self) -> str:
-        return "\n".join(f.name + ":\n" + Path(f.name).read_text(errors="replace")[-2000:] for f in self.files)
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for log in self.files:
-            log.close()
 
 
 def _submit(db: str, folder: Path, options: RunOptions | None) -> tuple[str, Path]:
@@ -88,7 +44,7 @@ def _submit(db: str, folder: Path, options: RunOptions | None) -> tuple[str, Pat
 def _drive_until_parked(db: str, folder: Path, flag: int, run_ids: list[str]) -> list[int]:
     """Keep a worker of ``--max-driver-deaths flag`` alive until every run is parked; its deaths."""
     store = SqlStore(db)
-    worker = Supervised(db, folder, flag)
+    worker = KeptWorker(db, folder, "--concurrency", "1", "-w", PILL, "--max-driver-deaths", str(flag))
 
     def parked() -> bool:
         worker.keep_alive()

@@ -53,14 +53,20 @@ def _mixed_run(store: SqlStore, rng: random.Random) -> str:
             store.commit(lease, Batch(items=batch))
             batch = []
     store.commit(lease, Batch(items=[*batch, *(("other", i, 1, "1", None, T0, T0 + 1.0) for i in range(5))]))
-    with store.engine.begin() as conn:  # a hand-written row over a chunked item: the row is the item's state
+    shadow_a_chunked_item(store, run_id)
+    return run_id
+
+
+def shadow_a_chunked_item(store: SqlStore, run_id: str) -> None:
+    """A hand-written row over the second item of the run's first chunk of ``item``: the row is the
+    item's state (what a hand repair does), and every reader must say so."""
+    with store.engine.begin() as conn:
         (shadow,) = conn.execute(text("SELECT c.first_index + 1 FROM raysaga_item_chunks c JOIN raysaga_runs r "
                                       "ON r.run_key = c.run_key WHERE r.run_id = :r AND c.node_id = 'item' "
                                       "ORDER BY c.first_index LIMIT 1"), {"r": run_id}).one()
         conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt) "
                           "SELECT run_key, 'item', :i, 'cancelled', 9 FROM raysaga_runs WHERE run_id = :r"),
                      {"i": shadow, "r": run_id})
-    return run_id
 
 
 def _through_view(store: SqlStore, run_id: str, after: int, limit: int, status: str | None) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from sqlalchemy import select, text
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore
 from raysaga.state.models import ItemRow, NodeRecord
 from raysaga.state.schema import node_rows
+from tests.state.test_item_pages import shadow_a_chunked_item
 
 T0 = 1_795_697_407.042_308_6
 #: outputs a JSON function could re-render (escapes, big and small numbers, nesting), and None
@@ -60,13 +61,7 @@ def _mixed_run(store: SqlStore, rng: random.Random) -> str:
             store.commit(lease, Batch(items=batch))
             batch = []
     store.commit(lease, Batch(items=[*batch, *(("other", i, 1, "1", None, T0, T0 + 1.0) for i in range(5))]))
-    with store.engine.begin() as conn:  # a hand-written row over a chunked item: the row is the item's state
-        (shadow,) = conn.execute(text("SELECT c.first_index + 1 FROM raysaga_item_chunks c JOIN raysaga_runs r "
-                                      "ON r.run_key = c.run_key WHERE r.run_id = :r AND c.node_id = 'item' "
-                                      "ORDER BY c.first_index LIMIT 1"), {"r": run_id}).one()
-        conn.execute(text("INSERT INTO raysaga_nodes (run_key, node_id, fan_index, status, attempt) "
-                          "SELECT run_key, 'item', :i, 'cancelled', 9 FROM raysaga_runs WHERE run_id = :r"),
-                     {"i": shadow, "r": run_id})
+    shadow_a_chunked_item(store, run_id)
     return run_id
 
 
