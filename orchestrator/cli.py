@@ -27,7 +27,15 @@ from raysaga.orchestrator.cli_dashboard import dashboard
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say, settings
 from raysaga.orchestrator.cli_fork import fork, replay
 from raysaga.orchestrator.cli_maintenance import db_upgrade, prune
-from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
+from raysaga.orchestrator.cli_options import (
+    AddressOpt,
+    DbOpt,
+    ExecutorOpt,
+    LeaseOpt,
+    MaxDeathsOpt,
+    RunIdArg,
+    WorkflowOpt,
+)
 from raysaga.orchestrator.cli_watch import events, status
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 from raysaga.state.redact import scrub, scrub_text
@@ -132,15 +140,17 @@ def _check_address(executor: str, address: str | None) -> None:
 
 
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None,
-             allow_changed: bool = False, labels: list[str] | None = None) -> RunOptions:
+             allow_changed: bool = False, labels: list[str] | None = None,
+             max_driver_deaths: int | None = None) -> RunOptions:
     tags = cli_input.labels("--label", labels)
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
     cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
+    deaths = cli_input.max_driver_deaths(max_driver_deaths)
     from raysaga.orchestrator.options import RunOptions
 
     return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, allow_changed=allow_changed,
-                      labels=tags)
+                      labels=tags, max_driver_deaths=RunOptions.max_driver_deaths if deaths is None else deaths)
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
@@ -192,12 +202,13 @@ def run(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
+    max_driver_deaths: MaxDeathsOpt = None,
 ) -> None:
     """Start a run of WORKFLOW and drive it to the end (Ctrl-C or a kill: `raysaga resume RUN` continues it)."""
     current = _Current()
     with errors(current):
         cli_input.check_run_id(run_id, "--run-id")
-        options = _options(lease_ttl, deadline, retry_budget, labels=label)
+        options = _options(lease_ttl, deadline, retry_budget, labels=label, max_driver_deaths=max_driver_deaths)
         _check_address(executor, address)
         value = cli_input.parse_input(input)
         wf = _load_workflow(workflow)

@@ -7,14 +7,25 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
-from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg, WorkflowOpt
+from raysaga.orchestrator.cli_options import (
+    AddressOpt,
+    DbOpt,
+    ExecutorOpt,
+    LeaseOpt,
+    MaxDeathsOpt,
+    RunIdArg,
+    WorkflowOpt,
+)
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.options import RunOptions
 
 
 def _workflow(store: Any, run_id: str, ref: str | None) -> Any:
@@ -36,6 +47,16 @@ def _patch(text: str | None) -> Any:
                         "key) or a string") from None
 
 
+def _fork_options(lease_ttl: float, max_driver_deaths: int | None) -> RunOptions:
+    """The fork's options: without ``--max-driver-deaths`` the fork keeps its parent's own limit
+    (``fork.fork``: the default value means "the parent's")."""
+    from raysaga.orchestrator.options import RunOptions
+
+    if max_driver_deaths is None:
+        return RunOptions(lease_ttl=lease_ttl)
+    return RunOptions(lease_ttl=lease_ttl, max_driver_deaths=max_driver_deaths)
+
+
 def fork(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run at rest to fork.")],
     from_node: Annotated[str, typer.Option(
@@ -50,6 +71,7 @@ def fork(
     lease_ttl: LeaseOpt = 15.0,
     no_drive: Annotated[bool, typer.Option("--no-drive", help="Record the fork as pending; do not drive it.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    max_driver_deaths: MaxDeathsOpt = None,
 ) -> None:
     """Start a new run from RUN's node --from: what is upstream of it starts completed with RUN's
     outputs (no step, model call or effect repeated), the node and everything downstream run afresh."""
@@ -58,16 +80,16 @@ def fork(
         if run_id_new is not None:
             cli_input.check_run_id(run_id_new)
         cli_input.positive_seconds("--lease-ttl", lease_ttl)
+        deaths = cli_input.max_driver_deaths(max_driver_deaths)
         patch = _patch(input_patch)
         from raysaga.orchestrator import cli_status, cli_store
         from raysaga.orchestrator.fork import fork as do_fork
         from raysaga.orchestrator.loader import recordable_ref
-        from raysaga.orchestrator.options import RunOptions
 
         store = cli_store.open_for_writes(db, run_id)
         wf = _workflow(store, run_id, workflow)
         record = do_fork(wf, run_id, from_node=from_node, input_patch=patch, store=store, new_run_id=run_id_new,
-                         executor=executor, address=address, options=RunOptions(lease_ttl=lease_ttl),
+                         executor=executor, address=address, options=_fork_options(lease_ttl, deaths),
                          workflow_ref=(recordable_ref(workflow) or "") if workflow else None, drive=not no_drive)
         say(err, f"forked {run_id} from {from_node}: run {record.run_id} is {record.status.value}")
         record = store.get_run(record.run_id)

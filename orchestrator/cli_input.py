@@ -208,6 +208,17 @@ def int_in_range(option: str, value: int | None, low: int, high: int | None = No
     return value
 
 
+def max_driver_deaths(value: int | None) -> int | None:
+    """``--max-driver-deaths`` of a command that records a run: the rule and the message of
+    ``raysaga worker``'s flag (``worker.checked_max_driver_deaths``), so one limit reads alike on
+    every command; None when the flag is not given."""
+    if value is None:
+        return None
+    from raysaga.orchestrator.worker import checked_max_driver_deaths  # the driver: only when one is given
+
+    return checked_max_driver_deaths(value)
+
+
 #: Longest duration accepted (``prune --older-than``): 1000 years.
 MAX_DURATION_S = 1000 * 365.25 * 86400
 

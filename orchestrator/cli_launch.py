@@ -17,7 +17,7 @@ import typer
 from raysaga.errors import LeaseHeldError, RunExistsError, UserError, WorkflowLoadError
 from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
-from raysaga.orchestrator.cli_options import DbOpt, LeaseOpt
+from raysaga.orchestrator.cli_options import DbOpt, LeaseOpt, MaxDeathsOpt
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ def launch(
     retry_budget: Annotated[int | None, typer.Option(help="Retries the whole run may spend.")] = None,
     python: Annotated[str, typer.Option(
         "--python", help="The cluster's Python with raysaga installed (the job's entrypoint).")] = "python",
+    max_driver_deaths: MaxDeathsOpt = None,
 ) -> None:
     """Record a run of WORKFLOW and start it on a Ray cluster as a Ray Job; print the run id and return."""
     started = time.monotonic()
@@ -60,6 +61,7 @@ def launch(
         cli_input.positive_seconds("--lease-ttl", lease_ttl)
         cli_input.positive_seconds("--deadline", deadline)
         cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
+        deaths = cli_input.max_driver_deaths(max_driver_deaths)
         from raysaga.orchestrator import launch as lx
 
         url = lx.dashboard_url(address)
@@ -84,7 +86,7 @@ def launch(
         if record is None:
             cli_input.check_input(wf, value, input is not None)
             _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
-            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget)
+            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths)
         job = _drive_on_cluster(client, store, record, cluster_env, lx.entrypoint(record.run_id, lease_ttl, python))
         if job is None:
             return
@@ -121,11 +123,15 @@ def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any,
 
 
 def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: str, lease_ttl: float,
-            deadline: float | None, retry_budget: int | None) -> RunRecord:
+            deadline: float | None, retry_budget: int | None, max_driver_deaths: int | None) -> RunRecord:
+    """Record the run with its options: the job's driver (``raysaga resume``) reads them from the
+    row, a ``max_driver_deaths`` of its own included."""
     from raysaga.orchestrator.options import RunOptions
     from raysaga.orchestrator.runner import create_run
 
-    options = RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget)
+    options = RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget,
+                         max_driver_deaths=RunOptions.max_driver_deaths if max_driver_deaths is None
+                         else max_driver_deaths)
     try:
         return create_run(wf, value, store=store, run_id=run_id, options=options, workflow_ref=ref)
     except RunExistsError:  # a launch of the same --run-id recorded it a moment ago: drive that one

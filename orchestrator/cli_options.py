@@ -15,3 +15,6 @@ AddressOpt = Annotated[str | None, typer.Option("--address", envvar="RAY_ADDRESS
 LeaseOpt = Annotated[float, typer.Option("--lease-ttl", help="Seconds a dead driver's lease blocks a takeover.")]
 RunIdArg = Annotated[str, typer.Argument(metavar="RUN", help="The run's id.")]
 WorkflowOpt = Annotated[str | None, typer.Option("--workflow", help="MODULE:WORKFLOW (default: as recorded)")]
+MaxDeathsOpt = Annotated[int | None, typer.Option(
+    "--max-driver-deaths", help="The run's own crash-loop limit: drivers of it that die in a row before it commits "
+    "any step's outcome, then it is parked (default 3, or the limit of whoever drives it); recorded with the run.")]

@@ -16,7 +16,15 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
-from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen, same_labels, same_options
+from raysaga.orchestrator.runner import (
+    CANCEL_TTL,
+    create_run,
+    existing_run,
+    own_limit,
+    reopen,
+    same_labels,
+    same_options,
+)
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
@@ -55,7 +63,8 @@ class Client:
         after a timeout that hid whether the first one landed, returns the run already recorded
         under that id, as it stands now, instead of starting a second one. The same id with
         another workflow, input, queue or identity option (labels, deadline, retry budget:
-        ``runner.same_options``) raises ``UserError``. Without a
+        ``runner.same_options``; its own ``max_driver_deaths``: ``same_deaths``) raises
+        ``UserError``. Without a
         ``run_id`` every call records a new run: a blind retry may then start the work twice."""
         try:
             return create_run(workflow, input, store=self.store, run_id=run_id, options=options,
@@ -70,6 +79,7 @@ class Client:
             # run); its other identity options are compared when given, as a resume's are
             same_labels(existing, (options or RunOptions()).labels, "submit")
             same_options(existing, options, "submit", queue=queue)
+            same_deaths(existing, options or RunOptions(), "submit")
             return existing
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -178,6 +188,24 @@ class Client:
 
     def stats(self, since: float | None = None) -> Stats:
         return self.store.stats(since)
+
+
+def same_deaths(existing: RunRecord, options: RunOptions, what: str) -> None:
+    """A retried submit's ``max_driver_deaths`` must be the run's own (``UserError`` naming both),
+    given or not, as its labels are: the run keeps the limit it was recorded with whatever a later
+    call asks, so returning it as if it matched would leave the caller believing it is parked after
+    their count of deaths. The default (3) is no limit of its own (recorded as none), and a value
+    above the column's largest compares as that largest (``runner.own_limit``)."""
+    given = own_limit(options.max_driver_deaths)
+    if given == existing.max_driver_deaths:
+        return
+    recorded = "none (the driving process's limit)" if existing.max_driver_deaths is None \
+        else str(existing.max_driver_deaths)
+    again = f"--max-driver-deaths {existing.max_driver_deaths}" if existing.max_driver_deaths is not None \
+        else "no --max-driver-deaths"
+    raise UserError(f"run {existing.run_id!r} exists with other options (max_driver_deaths: recorded {recorded}, "
+                    f"given {options.max_driver_deaths}): it is fixed when a run is recorded; {what} again with "
+                    f"{again} (RunOptions.max_driver_deaths), or choose another run_id")
 
 
 def _live(run: RunRecord) -> bool:
