@@ -17,7 +17,7 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import Connection, Engine, insert, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
@@ -26,7 +26,7 @@ from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
-from raysaga.state.schema import events, node_columns, node_rows, nodes, runs, signals
+from raysaga.state.schema import events, node_columns, nodes, runs, signals
 from raysaga.types import check_run_id, check_text
 
 #: The key of a waiting approval node's output that holds its request.
@@ -198,19 +198,49 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
     return decision
 
 
+#: A waiting row's columns as the view ``raysaga_node_rows`` shows them (``run_key`` for its run
+#: id), read from ``raysaga_nodes`` itself: a waiting node is always a row of it (chunks hold
+#: completed items only), and the view's ``COALESCE(status, 'completed')`` hides ``status`` from
+#: the partial index ``ix_raysaga_nodes_waiting`` (both read every row of ``raysaga_nodes`` for
+#: each inbox read: 7 ms on SQLite, 10 ms on PostgreSQL for 100,000 completed rows).
+_WAITING_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(
+    func.coalesce(c, nodes.c.started_at + nodes.c.duration).label(c.name) if c.name == "finished_at" else c
+    for c in nodes.c)
+#: ``schema.WAITING_ROWS`` as the queries state it: inline (``literal_execute``), for a planner to
+#: match it to the index's own predicate, which a bound parameter does not.
+_IS_WAITING = nodes.c.status == literal(NodeStatus.WAITING.value, literal_execute=True)
+#: Runs whose waiting approvals can be decided (a run at rest keeps its rows, undecidable).
+_DECIDABLE = (RunStatus.RUNNING.value, RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value,
+              RunStatus.PAUSED.value)
+
+
 def waiting(engine: Engine, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
-    """Approval nodes waiting for a decision, oldest first; with ``approver``, those they may decide."""
-    query = (select(*node_columns, runs.c.workflow_name).join(runs, runs.c.run_id == node_rows.c.run_id)
-             .where(node_rows.c.status == NodeStatus.WAITING.value,
-                    runs.c.status.in_([RunStatus.RUNNING.value, RunStatus.WAITING_HUMAN.value,
-                                       RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value])))
+    """Approval nodes waiting for a decision, oldest first; with ``approver``, those they may decide.
+
+    Two index reads, however many completed rows the store holds: the runs that hold a waiting row
+    and can be decided, then the waiting rows themselves (``ix_raysaga_nodes_waiting``). Not one
+    join: without statistics SQLite's planner drove it from the runs (by status) and read each
+    active run's every node row by key, 8 ms for a running fan-out of 100,000 rows. With
+    ``run_id``, that run's rows by its ``run_key`` (the planner's pick of the key's range or the
+    index), as the view read them."""
+    holding = select(nodes.c.run_key).where(_IS_WAITING)
+    decidable = select(runs.c.run_key, runs.c.run_id, runs.c.workflow_name).where(
+        runs.c.status.in_(_DECIDABLE), runs.c.run_key.in_(holding))
+    rows = select(*_WAITING_COLUMNS).where(_IS_WAITING)
     if run_id is not None:
-        query = query.where(node_rows.c.run_id == run_id)
+        decidable = decidable.where(runs.c.run_id == run_id)
+        rows = rows.where(nodes.c.run_key == select(runs.c.run_key).where(runs.c.run_id == run_id).scalar_subquery())
     found: list[WaitingApproval] = []
     with engine.connect() as conn:
-        for row in conn.execute(query).all():
+        named = {key: (rid, workflow) for key, rid, workflow in conn.execute(decidable).all()}
+        if not named:
+            return []
+        for row in conn.execute(rows).all():
             values = row._asdict()
-            workflow = values.pop("workflow_name")
+            run = named.get(values.pop("run_key"))
+            if run is None:
+                continue  # its run is at rest (or came to rest since)
+            values["run_id"], workflow = run
             with reading(values["run_id"], nodes.name):
                 record = NodeRecord.model_validate(values)
             request = request_of(record)

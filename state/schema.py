@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 
 class JsonText(TypeDecorator[Any]):
@@ -76,6 +76,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 metadata = MetaData()
+
+#: The predicate of the partial index ``ix_raysaga_nodes_waiting`` (schema 14).
+WAITING_ROWS = "status = 'waiting'"
 
 schema_info = Table(
     "raysaga_schema",
@@ -189,6 +192,12 @@ nodes = Table(
     Column("origin_run_id", String(200), nullable=True),
     Index("ix_raysaga_nodes_output_digest", "output_digest", sqlite_where=text("output_digest IS NOT NULL"),
           postgresql_where=text("output_digest IS NOT NULL")),
+    # schema 14: the waiting rows alone (approvals and sleeps: a handful in a store of millions of
+    # completed rows), by run: the approvals inbox (``decisions.waiting``) reads them through it
+    # instead of every node row. Its query states this predicate word for word (a literal, not a
+    # bound parameter): SQLite and PostgreSQL use a partial index only for a query that implies it
+    Index("ix_raysaga_nodes_waiting", "run_key", sqlite_where=text(WAITING_ROWS),
+          postgresql_where=text(WAITING_ROWS)),
     # schema 7, SQLite: the rows live in the primary key's b-tree. A rowid table kept the key
     # (run_id, node_id, fan_index) twice, in the table and in its automatic index: ~40 of a
     # fan-out item row's ~130 bytes. The cost: a row above ~1 KB (a 4 KiB page's local payload
