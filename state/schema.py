@@ -239,8 +239,11 @@ views = MetaData()
 #: schema 8: node rows as readers see them, by run id: ``raysaga_nodes`` joined to its run
 #: (``run_key`` -> ``run_id``), ``finished_at`` derived for compact item rows, (schema 9)
 #: ``status`` 'completed' where the table stores NULL, and (schema 12) each item of
-#: ``raysaga_item_chunks`` as a row. Every reader of node rows reads this view; a filter on
-#: ``run_id`` is one run lookup, then the node key's range.
+#: ``raysaga_item_chunks`` as a row. Readers of node rows read this view (a filter on ``run_id``
+#: is one run lookup, then the node key's range), except those for which it expands or searches
+#: more than they need: a whole run (``node_reads``: chunks decoded in Python), rows by key
+#: (``item_pages``, a decision's node) and rows by status (the inbox's waiting rows,
+#: ``decisions.waiting``: the view's ``status`` is an expression no index serves).
 node_rows = Table(
     "raysaga_node_rows",
     views,
