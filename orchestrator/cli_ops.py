@@ -18,7 +18,7 @@ import typer
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, stop_signals
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
-from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, RunIdArg
+from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
 from raysaga.types import check_text
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE",
@@ -161,11 +161,13 @@ def submit(
     run_id: Annotated[str | None, typer.Option("--run-id", help="Id for the run.")] = None,
     db: DbOpt = None,
     label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
+    max_driver_deaths: MaxDeathsOpt = None,
 ) -> None:
     """Record a run for the worker fleet and return at once; prints the run id."""
     with errors():
         cli_input.check_run_id(run_id, "--run-id")
         tags = cli_input.labels("--label", label)
+        deaths = cli_input.max_driver_deaths(max_driver_deaths)
         value = cli_input.parse_input(input)
         from raysaga.orchestrator.loader import load_workflow, recordable_ref
 
@@ -173,8 +175,8 @@ def submit(
         cli_input.check_input(wf, value, input is not None)
         from raysaga.orchestrator.options import RunOptions
 
-        run = _client(db).submit(wf, value, run_id=run_id, workflow_ref=recordable_ref(workflow),
-                                 options=RunOptions(labels=tags))
+        options = RunOptions(labels=tags, max_driver_deaths=RunOptions.max_driver_deaths if deaths is None else deaths)
+        run = _client(db).submit(wf, value, run_id=run_id, workflow_ref=recordable_ref(workflow), options=options)
         sys.stdout.write(run.run_id + "\n")
 
 
