@@ -20,7 +20,7 @@ from typing import Any
 from raysaga.errors import InfeasibleResourcesError, UserError
 from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, items_task_name, task_name
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
-from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
+from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
 from raysaga.orchestrator.ray_auth import check_gcs
@@ -29,7 +29,7 @@ from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.step_env import forwarded
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
-from raysaga.orchestrator.wire import SpecPacker, unpack_outcomes
+from raysaga.orchestrator.wire import SpecPacker, unpack_items, unpack_outcomes
 
 __all__ = ["Executor", "Handle", "InlineExecutor", "RayExecutor", "make_executor", "task_name"]
 
@@ -101,6 +101,7 @@ class RayExecutor(Executor):
         self._packer = SpecPacker()
         cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
         self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
+        self._cpus = max(1, cpus)
         self._inflight: dict[Any, tuple[list[Handle] | Chunk, Lane | None]] = {}  # task ref -> its attempts, lane
         self._items_done: list[ItemsDone] = []  # blocks' items back, not taken yet (``take_items``)
         self._lanes: dict[str, Lane] = {}  # fan-out step -> its lane
@@ -155,7 +156,8 @@ class RayExecutor(Executor):
         if call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
-                lane = self._lanes[spec.name] = Lane(limit=self._lane_tasks, chunked=True, spec=spec)
+                lane = self._lanes[spec.name] = Lane(limit=self._lane_tasks, chunked=True, spec=spec,
+                                                     probes=self._cpus)
             return lane
         return None
 
@@ -187,11 +189,11 @@ class RayExecutor(Executor):
         for lane in self._all_lanes():
             if lane is self._io:
                 continue
-            while lane.queue and lane.tasks < lane.limit:
+            while lane.queue and lane.tasks < lane.room():
                 size = min(len(lane.queue), lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
                 items = [lane.queue.popleft() for _ in range(size)]
                 self._send(items[0][2], [(handle, call) for handle, call, _ in items], lane)
-            while lane.blocks and lane.tasks < lane.limit:
+            while lane.blocks and lane.tasks < lane.room():
                 self._send_block(lane, lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
 
     def _io_ready(self) -> list[tuple[Handle, NodeCall, StepSpec]]:
@@ -272,7 +274,7 @@ class RayExecutor(Executor):
             with contextlib.suppress(Exception):  # it may have finished meanwhile
                 self._ray.cancel(chunk.ref, force=True)
 
-    def _chunk_done(self, chunk: Chunk, outcomes: list[NodeOutcome]) -> None:
+    def _chunk_done(self, chunk: Chunk, outcomes: ItemOutcomes) -> None:
         """A block's task ended: its items' outcomes, for ``take_items``."""
         chunk.ref = None
         self._items_done.append(ItemsDone(chunk.block, chunk.positions, outcomes))
@@ -343,17 +345,17 @@ class RayExecutor(Executor):
             ready = [ref for ref in ready if not self._is_stream(ref) and ref in self._inflight]
         for ref, result in zip(ready, self._results(ready), strict=True):
             carried, lane = self._inflight.pop(ref)
-            count = len(carried.positions) if isinstance(carried, Chunk) else len(carried)
-            outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * count
+            if isinstance(carried, Chunk):
+                back = unpack_items(result) if isinstance(result, bytes) else [result] * len(carried.positions)
+                if lane is not None:
+                    lane.tasks -= 1
+                    lane.measured(back)
+                self._chunk_done(carried, back)
+                continue
+            outcomes = unpack_outcomes(result) if isinstance(result, bytes) else [result] * len(carried)
             if lane is not None:
                 lane.tasks -= 1
-                if lane.chunked:  # (what sizes its chunks)
-                    timed = [o.finished_at - o.started_at for o in outcomes if o.finished_at and o.started_at]
-                    lane.items_done += len(timed)
-                    lane.busy += sum(timed)
-            if isinstance(carried, Chunk):
-                self._chunk_done(carried, outcomes)
-                continue
+                lane.measured(outcomes)
             finished = self._finished
             for handle, outcome in zip(carried, outcomes, strict=True):
                 if handle.outcome is None:  # not cancelled meanwhile

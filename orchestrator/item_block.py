@@ -6,7 +6,8 @@ A wide fan-out of cheap items is bound by what the driver does per item, not by 
 ready travel as one ``ItemBlock``: the machine records their attempts, the executor's chunked lane
 sends slices of it (one packed ``bytes`` a task, ``wire.pack_items``), and a finished task comes
 back as one ``ItemsDone`` the machine absorbs in one call (``RunMachine.absorb_items``). No object
-is made per item on the way out, and no handle per item on the way back.
+is made per item on the way out, and no handle per item on the way back; when all its items
+succeeded, no outcome object either (``AllSucceeded``: their outputs and times as columns).
 
 What is per item stays per item: its attempt count, its row, its place in the ledger of what is in
 flight (``Calls.inflight``), so a retry, a cancel or a crash treats a block's item exactly as any
@@ -16,6 +17,7 @@ step, a step no node can hold) take ``ItemBlock.calls()``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from raysaga.node_key import NodeKey
@@ -62,12 +64,36 @@ class ItemBlock:
         return self._positions.get(key)
 
 
+class AllSucceeded(NamedTuple):
+    """Outcomes of items that all succeeded with nothing aside, as columns: what a task carrying a
+    fan-out's chunk returns most of the time (``wire.run_packed``). They cross and are absorbed
+    column by column (``Calls.all_succeeded``), with no outcome object made per item."""
+
+    texts: Sequence[str]
+    started: Sequence[float]
+    finished: Sequence[float]
+
+    def outcomes(self) -> list[NodeOutcome]:
+        """The same outcomes one by one, for the paths that take them so."""
+        return [NodeOutcome(True, text, None, False, started, finished, None)
+                for text, started, finished in zip(self.texts, self.started, self.finished, strict=True)]
+
+    def only(self, kept: list[int]) -> AllSucceeded:
+        """The outcomes at these places of the columns."""
+        texts, started, finished = self.texts, self.started, self.finished
+        return AllSucceeded([texts[i] for i in kept], [started[i] for i in kept], [finished[i] for i in kept])
+
+
+#: What a block's task brings back: one outcome per item, or the columns of items that all succeeded.
+ItemOutcomes = list[NodeOutcome] | AllSucceeded
+
+
 class ItemsDone(NamedTuple):
     """Items of a block that came back together (one task's), outcomes in the same order."""
 
     block: ItemBlock
     positions: list[int]
-    outcomes: list[NodeOutcome]
+    outcomes: ItemOutcomes
 
     def keys(self) -> list[NodeKey]:
         keys = self.block.keys

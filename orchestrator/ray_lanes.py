@@ -10,12 +10,13 @@ task with its name as ``.options(...).remote`` would.
 from __future__ import annotations
 
 import functools
+import operator
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.orchestrator.executor_base import Handle
-from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
+from raysaga.orchestrator.item_block import AllSucceeded, ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.orchestrator.wire import CACHE_LIMIT, run_packed
@@ -32,11 +33,31 @@ class Lane:
     limit: int
     chunked: bool
     spec: StepSpec | None = None  # a chunked lane's step; the timed lane's items carry their own
+    probes: int = 0  # a chunked lane's tasks in flight before any item is measured (one per CPU)
     queue: deque[tuple[Handle, NodeCall, StepSpec]] = field(default_factory=deque)
     blocks: deque[list[Any]] = field(default_factory=deque)  # [ItemBlock, next position to send]
     tasks: int = 0  # Ray tasks of this lane in flight
     items_done: int = 0
     busy: float = 0.0  # seconds the finished items ran, summed
+
+    def room(self) -> int:
+        """Tasks this lane may have in flight now. Until an item is measured, a chunked lane sends
+        one item a task, and only one per CPU: they run at once, and the first back sizes the
+        chunks (a no-op step's first wave was ``limit`` tasks of one item each, a task costing
+        ~0.5 ms of cluster CPU; a slow item loses nothing: only one per CPU runs anyway)."""
+        return self.probes if self.chunked and self.probes and self.items_done == 0 else self.limit
+
+    def measured(self, outcomes: ItemOutcomes) -> None:
+        """Count how long a task's items ran (what sizes a chunked lane's chunks)."""
+        if not self.chunked:
+            return
+        if isinstance(outcomes, AllSucceeded):
+            self.items_done += len(outcomes.started)
+            self.busy += sum(map(operator.sub, outcomes.finished, outcomes.started))
+            return
+        timed = [o.finished_at - o.started_at for o in outcomes if o.finished_at and o.started_at]
+        self.items_done += len(timed)
+        self.busy += sum(timed)
 
     def chunk_size(self, target: float, largest: int) -> int:
         if not self.chunked or self.items_done == 0:
@@ -60,8 +81,14 @@ def uncancelled(back: ItemsDone) -> ItemsDone | None:
     cancelled = back.block.cancelled
     if not cancelled:
         return back
-    kept = [(p, o) for p, o in zip(back.positions, back.outcomes, strict=True) if p not in cancelled]
-    return ItemsDone(back.block, [p for p, _ in kept], [o for _, o in kept]) if kept else None
+    kept = [i for i, p in enumerate(back.positions) if p not in cancelled]
+    if not kept:
+        return None
+    outcomes = back.outcomes
+    positions = [back.positions[i] for i in kept]
+    if isinstance(outcomes, AllSucceeded):
+        return ItemsDone(back.block, positions, outcomes.only(kept))
+    return ItemsDone(back.block, positions, [outcomes[i] for i in kept])
 
 
 @functools.cache

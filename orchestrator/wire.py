@@ -5,7 +5,8 @@ serialisation context (it looks for nested ``ObjectRef``\\ s, keeps out-of-band 
 dataclass argument that costs ~0.2 ms a side, measured, more than the step itself when the step
 is cheap: a 200-node chain paid ~0.3-0.5 ms a node for it. A ``bytes`` object crosses as-is. So the
 driver packs a call into plain tuples and pickles it once (``pack_calls``), the worker unpacks
-it (``run_packed``) and packs its outcomes the same way.
+it (``run_packed``) and packs its outcomes the same way: a block's items that all succeeded
+as three columns (outputs, start and end times), not a tuple each.
 
 The step's spec (its function, retry policy, ...) is pickled once per spec on the driver (with
 Ray's cloudpickle, so ``register_pickle_by_value`` is honoured) and travels with every task,
@@ -19,7 +20,7 @@ import hashlib
 import pickle  # noqa: TID251 - in transit between the driver and its Ray workers, never at rest
 from typing import Any
 
-from raysaga.orchestrator.item_block import ItemBlock
+from raysaga.orchestrator.item_block import AllSucceeded, ItemBlock, ItemOutcomes
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import ContextFields, NodeCall, NodeOutcome, execute
 
@@ -79,7 +80,16 @@ def pack_outcome(o: NodeOutcome) -> PackedOutcome:
 
 def unpack_outcomes(data: bytes) -> list[NodeOutcome]:
     """The driver's reading of a task's result: one outcome per call it carried."""
-    return list(map(NodeOutcome._make, pickle.loads(data)))  # packed in the named tuple's field order
+    outcomes = unpack_items(data)
+    return outcomes.outcomes() if isinstance(outcomes, AllSucceeded) else outcomes
+
+
+def unpack_items(data: bytes) -> ItemOutcomes:
+    """``unpack_outcomes`` that keeps the columns of a block's items that all succeeded as they came."""
+    packed = pickle.loads(data)
+    if type(packed) is tuple:  # (texts, started, finished): ``run_packed``'s columns
+        return AllSucceeded(*packed)
+    return list(map(NodeOutcome._make, packed))  # packed in the named tuple's field order
 
 
 # ---------------------------------------------------------------- the worker's half
@@ -112,4 +122,9 @@ def run_packed(payload: bytes) -> bytes:
     else:
         calls = [unpack_call(c) for c in carried[0]]
     # an outcome's plain tuple is ``pack_outcome``'s (the named tuple's fields, in order)
-    return pickle.dumps([tuple(execute(spec, c, on_worker=True)) for c in calls], protocol=_PROTOCOL)
+    outcomes = [tuple(execute(spec, c, on_worker=True)) for c in calls]
+    if len(carried) == 2 and outcomes:
+        ok, texts, _, _, started, finished, aside = zip(*outcomes, strict=True)
+        if False not in ok and aside.count(None) == len(aside):
+            return pickle.dumps((texts, started, finished), protocol=_PROTOCOL)  # ``AllSucceeded``
+    return pickle.dumps(outcomes, protocol=_PROTOCOL)

@@ -28,6 +28,19 @@ def add_item(ranges: list[list[int]], index: int) -> None:
     ranges.append([index, index])
 
 
+def add_items(ranges: list[list[int]], indexes: list[int]) -> None:
+    """``add_item`` for each of ``indexes``, in order; consecutive ones (a chunk's) in one step."""
+    if not indexes:
+        return
+    first, last = indexes[0], indexes[-1]
+    if last - first + 1 != len(indexes) or indexes != list(range(first, last + 1)):
+        for index in indexes:
+            add_item(ranges, index)
+        return
+    add_item(ranges, first)
+    ranges[-1][1] = last
+
+
 def item_indexes(data: Any) -> list[int]:
     """The item indexes an ``items_completed`` event's data names, in completion order; [] for
     data of another shape (an event is read back from a store that may hold anything)."""

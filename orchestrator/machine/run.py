@@ -22,6 +22,7 @@ from typing import Any
 
 from raysaga.errors import RaySagaError
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.item_block import AllSucceeded, ItemOutcomes
 from raysaga.orchestrator.machine.agent_nodes import AgentNodes
 from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import GONE, Calls
@@ -217,11 +218,18 @@ class RunMachine:
             else:
                 self.forward.settle_failed(key, error, write=False, attempts=attempts)
 
-    def absorb_items(self, keys: list[NodeKey], outcomes: list[NodeOutcome], now: float) -> None:
+    def absorb_items(self, keys: list[NodeKey], outcomes: ItemOutcomes, now: float) -> None:
         """Plain items of one fan-out step that came back together (``item_block.ItemsDone``):
         what ``absorb`` does for each, without its per-item dispatch. The first that needs more
         (a failure, an output kept as a blob) and those after it go through ``absorb``."""
         self.out.now = now
+        if isinstance(outcomes, AllSucceeded):
+            succeeded = self.calls.all_succeeded(keys, outcomes)
+            if succeeded is not None:
+                self.forward.outputs.update(zip(keys, succeeded, strict=True))
+                self.forward.settle_items(keys[0].step, len(keys))
+                return
+            outcomes = outcomes.outcomes()
         values, taken = self.calls.items_succeeded(keys, outcomes)
         outputs, settled = self.forward.outputs, 0
         for key, value in zip(keys, values, strict=False):  # values stop where the general path starts
