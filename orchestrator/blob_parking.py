@@ -1,14 +1,18 @@
 """Parking a run whose blob is missing or altered: the run is failed (``compensation_failed``
 mid-rollback) naming the node and the digest, and the data is never used; an operator restores
-the blob and ``raysaga retry``s it. Pure: the driver commits what this returns."""
+the blob and ``raysaga retry``s it. ``parking`` is pure; ``park_on_blob`` commits what it returns."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from raysaga.errors import BlobIntegrityError
-from raysaga.state import Batch, NewEvent, RunStatus, RunUpdate
-from raysaga.state.models import can_transition
+from raysaga.state import Batch, NewEvent, RunRecord, RunStatus, RunUpdate, Store
+from raysaga.state.models import PARKED, TERMINAL, can_transition
+
+log = logging.getLogger("raysaga.driver")
 
 
 def parked(status: RunStatus, reason: str, error: dict[str, Any], event: NewEvent) -> tuple[bool, Batch]:
@@ -30,3 +34,18 @@ def parking(status: RunStatus, exc: BlobIntegrityError, where: str | None, run_i
              "message": str(exc)}
     return parked(status, reason, error, NewEvent(kind="blob_integrity_error", node_id=None, data={
         "digest": exc.digest, "problem": exc.problem, "node": where}))
+
+
+def park_on_blob(store: Store, run_id: str, exc: BlobIntegrityError, where: str | None,
+                 commit: Callable[[Batch], RunRecord | None]) -> RunRecord:
+    """Park the run (the driver's ``commit``, under its lease) unless it is at rest already."""
+    current = store.get_run(run_id, lenient=True)  # its own input may be the damaged blob
+    if current.status in TERMINAL or current.status in PARKED:
+        return current
+    resume_first, batch = parking(current.status, exc, where, run_id)
+    if resume_first:
+        commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+    record = commit(batch)
+    assert batch.run is not None
+    log.error("run %s: %s", run_id, batch.run.status_reason)
+    return record or store.get_run(run_id, lenient=True)

@@ -24,7 +24,7 @@ from typing import Any
 from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import agent_io, crash_loop, tracing, versions
-from raysaga.orchestrator.blob_parking import parking
+from raysaga.orchestrator.blob_parking import park_on_blob
 from raysaga.orchestrator.commit_pacing import CommitPacer
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults, commit_labels
@@ -38,7 +38,7 @@ from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner
 from raysaga.orchestrator.progress import Progress
 from raysaga.orchestrator.rate_gate import RateGate
-from raysaga.orchestrator.records import new_budgets
+from raysaga.orchestrator.records import merge_run, new_budgets
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.tracing import RunTracing
@@ -101,6 +101,7 @@ class Driver:
         self._blob_refs: dict[str, str] = {}  # digest -> the node (or input) it was read for
         self._pending = Batch()  # writes of the shell itself (events), committed with the machine's
         self._pacer = CommitPacer()  # plain items' completions share a commit over a few ms
+        self._let_go = False  # the lease was released with the run's end or rest (``_flush``)
         self.tracing: RunTracing | None = None  # OpenTelemetry spans from what is committed (off: None)
 
     # ------------------------------------------------------------------ entry point
@@ -130,7 +131,7 @@ class Driver:
             finally:
                 self._stops.restore()
                 self._hb.stop()
-                if not lost and not self._hb.lost.is_set():
+                if not lost and not self._hb.lost.is_set() and not self._let_go:
                     self.store.release(self._hb.lease)
 
     def _drive(self) -> RunRecord:
@@ -197,8 +198,8 @@ class Driver:
             if m.pause_reason is not None:
                 return self._pause()
             if m.idle():
-                if self._pacer.deadline() is not None:
-                    self._flush()  # nothing in flight: no completion to wait for
+                if self._pacer.deadline() is not None and not m.done():
+                    self._flush()  # nothing in flight: no completion to wait for (done: _finish commits)
                 resting = m.resting(self.clock(), self.options.release_after)
                 if resting is not None:
                     return self._rest(*resting)
@@ -226,7 +227,9 @@ class Driver:
                     terminal = self._advance()
                     if terminal is not None:
                         return terminal
-                if self.executor.runs_at_submit or not self._pacer.may_wait(m.out.batch, self._pending, self.clock()):
+                # (the run's last outcome is committed with its end, in _finish's one write)
+                if not (m.idle() and m.done()) and (self.executor.runs_at_submit or not self._pacer.may_wait(
+                        m.out.batch, self._pending, self.clock())):
                     self._flush()
             elif m.calls.has_unrecorded() and self._pacer.deadline() is None:
                 m.calls.record_running()  # a quiet tick: attempts still in flight become durable as 'running'
@@ -391,9 +394,7 @@ class Driver:
         assert self.machine is not None
         m = self.machine
         (m.finish_rollback if m.phase == Phase.ROLLBACK else m.finish)(self.clock())
-        record = self._flush()
-        assert record is not None
-        return record
+        return self._end(release=True)
 
     def _pause(self, reason: str | None = None, signal_id: int | None = None) -> RunRecord:
         assert self.machine is not None
@@ -404,17 +405,23 @@ class Driver:
         m.pause(self.clock(), reason, signal_id)
         self._attempts.cancel(m.out.take_cancel())
         self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
-        record = self._flush()
-        assert record is not None
-        return record
+        return self._end(release=False)
 
     def _rest(self, status: RunStatus, wake_at: float | None, reason: str) -> RunRecord:
         """Nothing left but waiting (for a human, or a far timer): record it and let go of the run."""
         assert self.machine is not None
         self.machine.rest(status, wake_at, reason, self.clock(), max(self._handled_signals, default=0))
         log.info("run %s: %s; its lease is released (a worker or `raysaga resume` continues it)", self.run_id, reason)
-        record = self._flush()
+        return self._end(release=True)
+
+    def _end(self, release: bool) -> RunRecord:
+        """Commit the run's end, rest or pause; ``release``: its lease goes in the same write (the
+        heartbeat stopped first: no renewal after it), not in a transaction of its own."""
+        if release and self._hb is not None:
+            self._hb.stop()
+        record = self._flush(release)
         assert record is not None
+        self._let_go = release
         return record
 
     def interrupt(self, name: str) -> None:
@@ -443,22 +450,11 @@ class Driver:
     def _park_on_blob(self, exc: BlobIntegrityError) -> RunRecord:
         """A blob the run needs is missing or altered: park the run (``failed``, or
         ``compensation_failed`` mid-rollback) naming the node and digest; never use the data."""
-        assert self._hb is not None
         self._attempts.cancel_all()
         self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
-        where = self._blob_refs.get(exc.digest) or exc.where
-        current = self.store.get_run(self.run_id, lenient=True)  # its own input may be the damaged blob
-        if current.status in TERMINAL or current.status in PARKED:
-            return current
         self.machine = None  # its pending writes may have been computed from the data: dropped
         self._pending = Batch()
-        resume_first, batch = parking(current.status, exc, where, self.run_id)
-        if resume_first:
-            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-        record = self._commit(batch)
-        assert batch.run is not None
-        log.error("run %s: %s", self.run_id, batch.run.status_reason)
-        return record or self.store.get_run(self.run_id, lenient=True)
+        return park_on_blob(self.store, self.run_id, exc, self._blob_refs.get(exc.digest) or exc.where, self._commit)
 
     # ------------------------------------------------------------------ writes
 
@@ -470,7 +466,7 @@ class Driver:
         if time.time() > self._hb.lease.expires_at - self.options.lease_ttl / 3:
             self._hb.renew()
 
-    def _flush(self) -> RunRecord | None:
+    def _flush(self, release: bool = False) -> RunRecord | None:
         """Commit the machine's writes (and the shell's own events) as one fenced batch."""
         batch = self._pending.take()
         if self.machine is not None:
@@ -478,6 +474,8 @@ class Driver:
             self._pacer.committed()
             mine.events = [*batch.events, *mine.events]
             batch = mine
+        if release:
+            batch.run = merge_run(batch.run, RunUpdate(release_lease=True))
         if batch.empty():
             return None
         # Crash points before/after_commit name the nodes whose state after this batch is an outcome

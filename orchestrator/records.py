@@ -41,6 +41,7 @@ def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:
         merged.wake_at, merged.set_wake, merged.signals_seen = new.wake_at, True, new.signals_seen
     if new.set_budgets:
         merged.token_budget, merged.cost_budget, merged.set_budgets = new.token_budget, new.cost_budget, True
+    merged.release_lease = merged.release_lease or new.release_lease
     return merged
 
 

@@ -372,6 +372,9 @@ class RunUpdate(BaseModel):
     signals_seen: int | None = None
     """A rest's: the newest signal the driver acted on. A decision recorded after it, while the
     driver held the run (so it set no wake), makes the rest due at once (``decided_after``)."""
+    release_lease: bool = False
+    """The driver lets go of the run in this transaction (its end or a rest): the lease is freed
+    with the write that ends or rests the run, not by a second transaction after it."""
 
 
 class BreakerChange(BaseModel):

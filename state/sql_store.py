@@ -305,7 +305,7 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
         run_id = lease.run_id
         upd = batch.run
         updates_run = upd is not None and (upd.status is not None or upd.set_wake or upd.set_output or upd.set_error
-                                           or upd.set_budgets)  # counters alone: added by the guard below
+                                           or upd.set_budgets or upd.release_lease)  # counters: by the guard
         # a batch of plain SQL only (a step's node and events, counters) on SQLite: no Connection
         plain = self._plain_commits and not (updates_run or batch.blobs or batch.effects or batch.consumed_signals
                                              or batch.breakers)
@@ -373,6 +373,8 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
             values["error"] = scrub(stored_error(upd.error))
         if upd.set_budgets:
             values.update(token_budget=upd.token_budget, cost_budget=upd.cost_budget)
+        if upd.release_lease:  # as ``release`` does, in this transaction
+            values.update(lease_owner=None, lease_expires_at=None)
         # a run parked or ended may have a damaged value (the reason it is parked): read it leniently
         at_rest = upd.status is not None and (upd.status in TERMINAL or upd.status in PARKED)
         if not values:
