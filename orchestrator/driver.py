@@ -198,8 +198,8 @@ class Driver:
             if m.pause_reason is not None:
                 return self._pause()
             if m.idle():
-                if self._pacer.deadline() is not None and not m.done():
-                    self._flush()  # nothing in flight: no completion to wait for (done: _finish commits)
+                if self._pacer.deadline() is not None:
+                    self._flush()  # nothing in flight: no completion to wait for
                 resting = m.resting(self.clock(), self.options.release_after)
                 if resting is not None:
                     return self._rest(*resting)
@@ -227,9 +227,7 @@ class Driver:
                     terminal = self._advance()
                     if terminal is not None:
                         return terminal
-                # (the run's last outcome is committed with its end, in _finish's one write)
-                if not (m.idle() and m.done()) and (self.executor.runs_at_submit or not self._pacer.may_wait(
-                        m.out.batch, self._pending, self.clock())):
+                if self.executor.runs_at_submit or not self._pacer.may_wait(m.out.batch, self._pending, self.clock()):
                     self._flush()
             elif m.calls.has_unrecorded() and self._pacer.deadline() is None:
                 m.calls.record_running()  # a quiet tick: attempts still in flight become durable as 'running'

@@ -1,7 +1,9 @@
-"""A run's end is one write: the last step's outcome, the run's terminal state and the release of
-its lease commit together (each was a transaction of its own, two fsyncs a run for nothing). A
-rest for a human lets go of the lease in the write that rests the run, the same way. Checked on a
-real SQLite file, through a store that records what each transaction carried.
+"""A run's end lets go of its lease in the write that ends it (the release was a transaction of its
+own after it: a completed run held a lease for that long, and it cost an fsync a run). A rest for
+a human lets go of it in the write that rests the run, the same way. And its start:
+``raysaga.run`` creates the run claimed and running in one transaction (``create_claimed``), where
+the insert, the claim and the move to ``running`` were three, with the same rows and events.
+Checked on a real SQLite file, through a store that records what each transaction carried.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pydantic import BaseModel
 
 import raysaga
 from raysaga import Approval, Ask, RunStatus, Workflow
-from raysaga.state import Batch, Lease, RunRecord, SqlStore
+from raysaga.state import Batch, Lease, NewRun, RunRecord, SqlStore
 
 wf = Workflow("end_in_one_write")
 
@@ -64,6 +66,8 @@ class Recording(SqlStore):
         super().__init__(url)
         self.batches: list[Batch] = []
         self.releases: list[Lease] = []
+        self.claims: list[str] = []
+        self.created: list[str] = []
 
     def commit(self, lease: Lease, batch: Batch) -> RunRecord | None:
         self.batches.append(batch)
@@ -72,6 +76,14 @@ class Recording(SqlStore):
     def release(self, lease: Lease) -> None:
         self.releases.append(lease)
         super().release(lease)
+
+    def claim(self, run_id: str, owner: str, ttl: float, *, take_from: str | None = None) -> Lease:
+        self.claims.append(run_id)
+        return super().claim(run_id, owner, ttl, take_from=take_from)
+
+    def create_claimed(self, new: NewRun, owner: str, ttl: float) -> tuple[RunRecord, Lease]:
+        self.created.append(new.run_id)
+        return super().create_claimed(new, owner, ttl)
 
 
 @pytest.fixture
@@ -82,7 +94,7 @@ def store(tmp_path: Path) -> Iterator[Recording]:
 
 
 @pytest.mark.parametrize("executor", ["inline", "ray"])
-def test_the_last_outcome_the_end_and_the_release_are_one_write(store: Recording, executor: str,
+def test_the_end_and_the_release_are_one_write(store: Recording, executor: str,
                                                                 request: pytest.FixtureRequest) -> None:
     ex: Any = "inline"
     if executor == "ray":
@@ -93,13 +105,13 @@ def test_the_last_outcome_the_end_and_the_release_are_one_write(store: Recording
     assert record.status == RunStatus.COMPLETED and record.output == {"total": 30}
     last = store.batches[-1]
     assert last.run is not None and last.run.status == RunStatus.COMPLETED and last.run.release_lease
-    assert [(n.node_id, n.status.value) for n in last.nodes] == [("total", "completed")]
+    # the last step's outcome is committed before the end, as a crash point after it expects
+    assert [(n.node_id, n.status.value) for n in store.batches[-2].nodes] == [("total", "completed")]
     assert store.releases == []  # no transaction of its own after the end
     assert record.lease_owner is None
     kept = store.get_run(record.run_id)
     assert kept.lease_owner is None and kept.lease_expires_at is None and kept.status == RunStatus.COMPLETED
-    kinds = [e.kind for e in store.events(record.run_id)]
-    assert kinds[-2:] == ["node_completed", "run_completed"]  # in this order, in one transaction
+    assert [e.kind for e in store.events(record.run_id)][-2:] == ["node_completed", "run_completed"]
     assert not any(b.run is not None and b.run.release_lease for b in store.batches[:-1])
 
 
@@ -128,3 +140,36 @@ def test_a_stop_short_of_the_end_still_releases_on_its_own(store: Recording) -> 
     record = raysaga.run(failing, 1, store=store, executor="inline")
     assert record.status == RunStatus.FAILED
     assert store.get_run(record.run_id).lease_owner is None
+
+
+def test_a_new_run_starts_claimed_and_running_in_one_write(store: Recording) -> None:
+    record = raysaga.run(wf, 3, store=store, executor="inline")
+    assert record.status == RunStatus.COMPLETED
+    assert store.created == [record.run_id] and store.claims == []  # no claim of its own
+    assert not any(b.run is not None and b.run.status == RunStatus.RUNNING for b in store.batches)
+    log = [(e.seq, e.kind, e.data) for e in store.events(record.run_id)]
+    owner = log[1][2]["owner"]
+    assert log[:3] == [(1, "run_created", {"workflow": wf.name}), (2, "lease_claimed", {"owner": owner, "fence": 1}),
+                       (3, "run_running", {"reason": None})]  # what the three transactions wrote
+    # a run created for later (submit, create_run) is pending and unclaimed, as before
+    later = raysaga.create_run(wf, 3, store=store)
+    assert later.status == RunStatus.PENDING and later.lease_owner is None and later.fence == 0
+    done = raysaga.resume(wf, later.run_id, store=store, executor="inline")
+    assert done.status == RunStatus.COMPLETED and store.claims == [later.run_id]
+    kinds = [(e.seq, e.kind) for e in store.events(later.run_id)][:3]
+    assert kinds == [(1, "run_created"), (2, "lease_claimed"), (3, "run_running")]
+
+
+def test_a_run_id_taken_meanwhile_takes_the_resume_path(store: Recording, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two drivers started together with one run id: the one whose insert loses claims the run
+    as a resume does (here the other creates it between this one's look-up and its insert)."""
+    create_claimed = store.create_claimed
+
+    def raced(new: NewRun, owner: str, ttl: float) -> tuple[RunRecord, Lease]:
+        raysaga.create_run(wf, 2, store=store, run_id=new.run_id)  # the other one's insert, first
+        return create_claimed(new, owner, ttl)
+
+    monkeypatch.setattr(store, "create_claimed", raced)
+    record = raysaga.run(wf, 2, store=store, executor="inline", run_id="taken-1")
+    assert record.run_id == "taken-1" and record.status == RunStatus.COMPLETED and record.output == {"total": 1}
+    assert store.created == ["taken-1"] and store.claims == ["taken-1"]  # refused, then claimed as a resume
