@@ -18,12 +18,15 @@ where a row is written or read (``node_id`` / ``parse``):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
-from typing import NamedTuple
+from functools import partial
+from itertools import repeat
+from typing import Any, NamedTuple
 
 from raysaga.types import COMPENSATE_SUFFIX
 
-__all__ = ["AGENT_SEP", "NodeKey", "NodeKind"]
+__all__ = ["AGENT_SEP", "NodeKey", "NodeKind", "item_fields", "item_keys"]
 
 #: Between an agent step's name and its turn (``research@2``); names never contain it.
 AGENT_SEP = "@"
@@ -106,3 +109,18 @@ class NodeKey(NamedTuple):
             return cls(step, fan_index, None, None, compensates)
         turn, _, call = rest.partition(".")
         return cls(step, fan_index, int(turn), int(call) if call else None, compensates)
+
+
+_new_key = partial(tuple.__new__, NodeKey)
+
+
+def item_fields(step: str, count: int) -> Iterator[tuple[Any, ...]]:
+    """The fields of items 0..count-1 of ``step`` as plain tuples: equal to their ``NodeKey`` and
+    hashed alike, so they look up a dict keyed by ``NodeKey`` with no key object made per item."""
+    return zip(repeat(step), range(count), repeat(None), repeat(None), repeat(False))
+
+
+def item_keys(step: str, count: int) -> list[NodeKey]:
+    """``[NodeKey(step, i) for i in range(count)]``, built in one pass of builtins: a wide
+    fan-out's keys are made before its first item can leave (~0.3 us a key through ``__new__``)."""
+    return list(map(_new_key, item_fields(step, count)))

@@ -9,10 +9,11 @@ is set and the run machine rolls back), a non-critical one skips or passes its d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from raysaga.node_key import NodeKey
+from raysaga.node_key import NodeKey, item_fields, item_keys
 from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
@@ -206,7 +207,8 @@ class Forward:
         key = NodeKey(step)
         value = self.outputs.get(key, _MISSING)
         if value is _MISSING and self.wf.steps[step].map_over is not None:
-            value = self.outputs[key] = [self.outputs[NodeKey(step, i)] for i in range(self.fan_total(step))]
+            get: Callable[[Any], Any] = self.outputs.__getitem__  # a plain tuple finds its NodeKey
+            value = self.outputs[key] = list(map(get, item_fields(step, self.fan_total(step))))
         elif value is _MISSING:
             raise KeyError(key)
         return value
@@ -241,7 +243,7 @@ class Forward:
         whole = not self.restored and self._is_plain_map(step)  # no item has a row to settle first
         done = self.sched.expand(step, len(items), ready=not whole)
         if whole and items:  # issued here as one block, not queued to be looked at one by one
-            self._issue_items(step, [NodeKey(step, i) for i in range(len(items))], whole=True)
+            self._issue_items(step, item_keys(step, len(items)), whole=True)
         if done:  # zero items: nothing failed, the policy has nothing to weigh
             if spec.fan_out_policy.partial:
                 self.outputs[NodeKey(step)] = self.fanout.result(step, self.outputs, 0).model_dump(mode="json")
