@@ -10,8 +10,10 @@ objects are collected as often as they need to be (cyclic garbage still goes at 
 collection) and the full scans stop happening mid-run.
 
 Process-wide, like any ``gc`` setting: raised when the first driver of the process starts and
-put back when the last one ends (drivers may run in threads of one worker). A process that
-disabled the collector, or set a higher threshold itself, is left alone.
+put back at the first collection after the last one ends. Put back at once, the next allocation
+collected that run's last young objects while they were still alive (its machine, its keys):
+~2.6 ms at the end of a 10,000-item fan-out, for objects that die with the run a moment later.
+A process that disabled the collector, or set a higher threshold itself, is left alone.
 """
 
 from __future__ import annotations
@@ -24,28 +26,40 @@ from collections.abc import Iterator
 #: Allocations (net) between two young collections while a driver runs.
 YOUNG = 50_000
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # (re-entrant: a collection, and so ``_put_back``, can run inside ``paced_gc``)
 _drivers = 0
-_saved: tuple[int, int, int] | None = None
+_saved: tuple[int, int, int] | None = None  # the thresholds to put back; None: nothing to put back
 
 
 @contextlib.contextmanager
 def paced_gc() -> Iterator[None]:
-    """Run the block with the young threshold at least ``YOUNG`` (restored when the last block ends)."""
+    """Run the block with the young threshold at least ``YOUNG`` (put back after the last block)."""
     global _drivers, _saved
     with _lock:
-        if _drivers == 0:
+        if _drivers == 0 and _saved is None:  # (not yet put back since the last block: still ours)
             threshold = gc.get_threshold()
             if gc.isenabled() and 0 < threshold[0] < YOUNG:
                 _saved = threshold
                 gc.set_threshold(YOUNG, threshold[1], threshold[2])
+                if _put_back not in gc.callbacks:
+                    gc.callbacks.append(_put_back)
         _drivers += 1
     try:
         yield
     finally:
         with _lock:
             _drivers -= 1
-            if _drivers == 0 and _saved is not None:
-                if gc.get_threshold()[0] == YOUNG:  # nobody changed it meanwhile
-                    gc.set_threshold(*_saved)
-                _saved = None
+
+
+def _put_back(phase: str, info: dict[str, int]) -> None:
+    """A ``gc`` callback: after a collection with no driver running, the thresholds go back."""
+    global _saved
+    if phase != "stop" or _saved is None or not _lock.acquire(blocking=False):
+        return  # (another thread holds the lock: at the next collection)
+    try:
+        if _drivers == 0 and _saved is not None:
+            if gc.get_threshold()[0] == YOUNG:  # nobody changed it meanwhile
+                gc.set_threshold(*_saved)
+            _saved = None
+    finally:
+        _lock.release()
