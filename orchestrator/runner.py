@@ -102,6 +102,13 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
     ``raysaga resume RUN`` find the definition again; ``queue`` submits it to the worker fleet
     (a ``raysaga worker`` that registered the workflow starts it). A ``max_driver_deaths`` other
     than the default is recorded with the run, so a worker of another limit keeps it."""
+    return _store(store).create_run(new_run(workflow, input, run_id=run_id, options=options,
+                                            workflow_ref=workflow_ref, queue=queue))
+
+
+def new_run(workflow: Workflow, input: Any, *, run_id: str | None, options: RunOptions | None,
+            workflow_ref: str | None, queue: str | None = None) -> NewRun:
+    """The checked record of a run to create (``create_run``; ``run`` creates it claimed)."""
     options = options or RunOptions()
     workflow.validate()
     checked = workflow.check_input(input)
@@ -113,7 +120,7 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         check_text(queue, "queue", 200)
     if workflow_ref is not None:
         check_text(workflow_ref, "workflow_ref", 500)
-    return _store(store).create_run(NewRun(
+    return NewRun(
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
         definition_hash=workflow.definition_hash, step_hashes=step_hashes(workflow), workflow_ref=workflow_ref,
         input=checked,
@@ -121,7 +128,7 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
         trace_id=uuid.uuid4().hex, queue=queue, labels=options.labels or None,
         max_driver_deaths=own_limit(options.max_driver_deaths),
-    ))
+    )
 
 
 def own_limit(deaths: int) -> int | None:
@@ -167,9 +174,11 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
     ex = _executor(executor, address)
     try:
-        try:
-            record = create_run(workflow, input, store=st, run_id=run_id, options=options,
-                                workflow_ref=workflow_ref)
+        lease: Lease | None = None
+        try:  # created already claimed and running by this process's driver: one transaction
+            record, lease = st.create_claimed(new_run(workflow, input, run_id=run_id, options=options,
+                                                      workflow_ref=workflow_ref),
+                                              driver_id(), (options or RunOptions()).lease_ttl)
         except RunExistsError:
             # Another process created this run between the look-up above and this insert (two
             # drivers started together with one run id). It is an existing run now: take the resume
@@ -181,7 +190,7 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
                 same_options(raced, options, "run")
             record = st.get_run(run_id, lenient=True)
         # the record in hand, not a second read: the driver reads the run again under its lease
-        return _drive(workflow, st, record, ex, None, options, on_progress)
+        return _drive(workflow, st, record, ex, None, options, on_progress, lease)
     finally:
         if not isinstance(executor, Executor):
             ex.shutdown()
@@ -283,14 +292,14 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
 
 
 def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: ExecutorArg, address: str | None,
-           options: RunOptions | None, on_progress: ProgressHook | None) -> RunRecord:
+           options: RunOptions | None, on_progress: ProgressHook | None, lease: Lease | None = None) -> RunRecord:
     """``resume`` of the run ``current`` (just read, or just created)."""
     if current.status in TERMINAL or current.status in PARKED:
         return current
     run_id = current.run_id
     ex = _executor(executor, address)
     try:
-        driver = Driver(workflow, st, ex, run_id, options=options)
+        driver = Driver(workflow, st, ex, run_id, options=options, lease=lease)
         if on_progress is not None:
             driver.progress.listeners.append(on_progress)
         return driver.drive()

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, func, insert, or_, select, update
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import OperationalError
 
 from raysaga.errors import (
     ConcurrencyConflict,
@@ -23,7 +23,6 @@ from raysaga.errors import (
     IllegalTransitionError,
     LeaseHeldError,
     LeaseLostError,
-    RunExistsError,
     RunNotFoundError,
     UserError,
 )
@@ -59,7 +58,6 @@ from raysaga.state.models import (
     Lease,
     MemoryEntry,
     NewEvent,
-    NewRun,
     NodeRecord,
     RunRecord,
     RunSnapshot,
@@ -74,8 +72,9 @@ from raysaga.state.prune import PruneReport
 from raysaga.state.prune import prune as prune_runs
 from raysaga.state.rate_limits import RateRows
 from raysaga.state.redact import scrub, scrub_text
-from raysaga.state.run_labels import labels_match, stored_labels
-from raysaga.state.run_sql import insert_run_sql, read_records, read_run, run_of, run_params, run_sql, update_run_sql
+from raysaga.state.run_creation import RunCreation
+from raysaga.state.run_labels import labels_match
+from raysaga.state.run_sql import read_records, read_run, run_of, run_params, run_sql, update_run_sql
 from raysaga.state.run_values import MAX_INPUT_BYTES, MAX_INPUT_ENV, RUN_VALUE_INLINE_LIMIT, input_cap, store_run_value
 from raysaga.state.schema import effects, events, runs, signals
 from raysaga.state.statements import (
@@ -103,7 +102,7 @@ def _reason_text(reason: str | None) -> str | None:
     return jsoncodec.printable(scrub_text(reason)).replace("\x00", "\\x00")
 
 
-class SqlStore(ForkRows, DashboardReads, RateRows, Store):
+class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
     def __init__(self, url: str, *, migrate_schema: bool = True,
@@ -139,24 +138,6 @@ class SqlStore(ForkRows, DashboardReads, RateRows, Store):
             self.reader.dispose()
 
     # ---------------------------------------------------------------- runs
-
-    def create_run(self, new: NewRun) -> RunRecord:
-        now = time.time()
-        values = new.model_dump(exclude={"input", "labels"})  # the input is not copied: it may be large
-        values["labels"] = stored_labels(new.labels)
-        values.update(status=RunStatus.PENDING.value, version=0, fence=0, event_seq=1, retries_used=0,
-                      tokens_used=0, cost_used=0.0, created_at=now, updated_at=now)
-        try:
-            with self.engine.begin() as conn:
-                values["input"], values["input_digest"], _ = self._run_value(conn, new.input, "input")
-                dialect, hot = conn.dialect.name, HotSql(conn)
-                # the row as inserted (RETURNING): no read of it after the commit
-                row = hot.one(insert_run_sql(dialect, tuple(values)), run_params(values))
-                hot.many(driver_sql(dialect).events, [(new.run_id, 1, now, "run_created", None, None,
-                                                       json_param(scrub({"workflow": new.workflow_name})))])
-                return run_of(conn, new.run_id, row, lenient=False)
-        except IntegrityError:
-            raise RunExistsError(new.run_id) from None
 
     def get_run(self, run_id: str, *, lenient: bool = False) -> RunRecord:
         with self.reader.connect() as conn:

@@ -43,6 +43,11 @@ class Store(ABC):
         """Insert a run in ``pending``; ``RunExistsError`` if the id is taken."""
 
     @abstractmethod
+    def create_claimed(self, new: NewRun, owner: str, ttl: float) -> tuple[RunRecord, Lease]:
+        """``create_run``, ``claim`` (by ``owner`` for ``ttl`` s) and the move to ``running``, in
+        one transaction: for a driver that creates the run it drives. The same rows and events."""
+
+    @abstractmethod
     def get_run(self, run_id: str, *, lenient: bool = False) -> RunRecord:
         """The run row; ``RunNotFoundError`` if absent. A run value (input, output) kept in a blob
         that is missing, altered or not JSON raises ``BlobIntegrityError``, unless ``lenient``:
