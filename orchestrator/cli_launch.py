@@ -83,7 +83,9 @@ def launch(
         where = cli_store.describe(store.url)
         cluster_env = lx.runtime_env(root, shipped_env, lx.cluster_db_url(store.url))
         record = _existing_run(store, wf, run_id, value, input is not None)
-        if record is None:
+        if record is not None:  # before any job: a refusal submits nothing
+            _same_identity(record, deadline, retry_budget, deaths)
+        else:
             cli_input.check_input(wf, value, input is not None)
             _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
             record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths)
@@ -122,6 +124,23 @@ def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any,
     return existing_run(wf, store, run_id, value if given else NO_INPUT)
 
 
+def _same_identity(record: RunRecord, deadline: float | None, retry_budget: int | None,
+                   max_driver_deaths: int | None) -> None:
+    """The identity options a launch of an existing run gives must be the recorded ones (a
+    ``UserError`` naming the option, the recorded and the given value), as ``raysaga run`` and a
+    retried submit check them: the job's driver reads them from the row, so a differing one was
+    silently ignored. Options left out are not compared: ``launch --run-id RUN`` alone is how a
+    run whose job died is taken over. ``--max-driver-deaths`` is the run's own limit here (what
+    launch records), compared as a submit compares it."""
+    from raysaga.orchestrator.client import same_deaths
+    from raysaga.orchestrator.options import RunOptions
+    from raysaga.orchestrator.runner import same_options
+
+    same_options(record, RunOptions(deadline=deadline, retry_budget=retry_budget), "launch")
+    if max_driver_deaths is not None:
+        same_deaths(record, RunOptions(max_driver_deaths=max_driver_deaths), "launch")
+
+
 def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: str, lease_ttl: float,
             deadline: float | None, retry_budget: int | None, max_driver_deaths: int | None) -> RunRecord:
     """Record the run with its options: the job's driver (``raysaga resume``) reads them from the
@@ -136,7 +155,9 @@ def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: 
         return create_run(wf, value, store=store, run_id=run_id, options=options, workflow_ref=ref)
     except RunExistsError:  # a launch of the same --run-id recorded it a moment ago: drive that one
         assert run_id is not None
-        return store.get_run(run_id, lenient=True)
+        raced = store.get_run(run_id, lenient=True)
+        _same_identity(raced, deadline, retry_budget, max_driver_deaths)
+        return raced
 
 
 def _upload_code(client: JobSubmissionClient, cluster_env: dict[str, Any]) -> None:
