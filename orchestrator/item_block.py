@@ -17,12 +17,11 @@ step, a step no node can hold) take ``ItemBlock.calls()``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome
+from raysaga.orchestrator.task import AllSucceeded, NodeCall, NodeOutcome
 
 
 class ItemBlock:
@@ -62,26 +61,6 @@ class ItemBlock:
         if self._positions is None:
             self._positions = {k: p for p, k in enumerate(self.keys)}
         return self._positions.get(key)
-
-
-class AllSucceeded(NamedTuple):
-    """Outcomes of items that all succeeded with nothing aside, as columns: what a task carrying a
-    fan-out's chunk returns most of the time (``wire.run_packed``). They cross and are absorbed
-    column by column (``Calls.all_succeeded``), with no outcome object made per item."""
-
-    texts: Sequence[str]
-    started: Sequence[float]
-    finished: Sequence[float]
-
-    def outcomes(self) -> list[NodeOutcome]:
-        """The same outcomes one by one, for the paths that take them so."""
-        return [NodeOutcome(True, text, None, False, started, finished, None)
-                for text, started, finished in zip(self.texts, self.started, self.finished, strict=True)]
-
-    def only(self, kept: list[int]) -> AllSucceeded:
-        """The outcomes at these places of the columns."""
-        texts, started, finished = self.texts, self.started, self.finished
-        return AllSucceeded([texts[i] for i in kept], [started[i] for i in kept], [finished[i] for i in kept])
 
 
 #: What a block's task brings back: one outcome per item, or the columns of items that all succeeded.

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.orchestrator.executor_base import Handle
-from raysaga.orchestrator.item_block import AllSucceeded, ItemBlock, ItemOutcomes, ItemsDone
+from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall
+from raysaga.orchestrator.task import AllSucceeded, NodeCall
 from raysaga.orchestrator.wire import CACHE_LIMIT, run_packed
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -81,8 +81,7 @@ class NodeCall:
 
     @property
     def label(self) -> str:
-        node_id, index = self.fields[1], self.fields[2]
-        return node_id if index < 0 else f"{node_id}[{index}]"
+        return _label(self.fields[1], self.fields[2])
 
     def __repr__(self) -> str:
         return f"NodeCall({self.label}, attempt {self.attempt})"
@@ -116,6 +115,26 @@ class NodeOutcome(NamedTuple):
                            finished_at=time.time())
 
 
+class AllSucceeded(NamedTuple):
+    """Outcomes of items that all succeeded with nothing aside, as columns: what a task carrying a
+    fan-out's chunk returns most of the time (``execute_items``, ``wire.run_packed``). They cross and are absorbed
+    column by column (``Calls.all_succeeded``), with no outcome object made per item."""
+
+    texts: Sequence[str]
+    started: Sequence[float]
+    finished: Sequence[float]
+
+    def outcomes(self) -> list[NodeOutcome]:
+        """The same outcomes one by one, for the paths that take them so."""
+        return [NodeOutcome(True, text, None, False, started, finished, None)
+                for text, started, finished in zip(self.texts, self.started, self.finished, strict=True)]
+
+    def only(self, kept: list[int]) -> AllSucceeded:
+        """The outcomes at these places of the columns."""
+        texts, started, finished = self.texts, self.started, self.finished
+        return AllSucceeded([texts[i] for i in kept], [started[i] for i in kept], [finished[i] for i in kept])
+
+
 @dataclass(frozen=True)
 class Aside:
     """A step's return value with something for the driver alone: ``value`` is the output (stored,
@@ -140,30 +159,81 @@ def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeO
             result = _call(spec.reconcile, kwargs)
         if result is NOT_APPLIED:
             result = _call(spec.fn, kwargs)
-        aside = None
-        if isinstance(result, Aside):
-            result, aside = result.value, result.aside
-        try:
-            text = "null" if result is None else jsoncodec.dumps(result, "output")
-        except NotJSONableError:  # again, naming the step (not built for every item that succeeds)
-            text = jsoncodec.dumps(result, f"output of step {call.label!r}")
-        if len(text) * 4 > call.max_output_bytes:  # (else it fits: a character is at most 4 bytes)
-            size = len(text.encode("utf-8"))
-            if size > call.max_output_bytes:
-                raise Permanent(
-                    f"output of step {call.label!r} is {size} bytes, above the cap of {call.max_output_bytes}: "
-                    "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
-                )
+        text, aside = _output(result, call.fields[1], call.fields[2], call.max_output_bytes)
         return NodeOutcome(True, text, None, False, started, time.time(), aside)  # (positional: per item)
-    except NotJSONableError as exc:
-        return NodeOutcome.failure(exc, transient=False, started_at=started)
     except BaseException as exc:
-        if isinstance(exc, KeyboardInterrupt | SystemExit):
-            if not on_worker:
-                raise
-            return NodeOutcome.failure(_exited(exc, call.label), transient=False, started_at=started)
-        transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
-        return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+        return _failed(spec, exc, call.label, started, on_worker)
+
+
+def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], max_output_bytes: int,
+                  call: Callable[[int, int, dict[str, Any]], NodeCall]) -> AllSucceeded | list[NodeOutcome]:
+    """``execute`` for each of a block's items (index, attempt, inputs) on a worker, in order: the
+    outcomes as columns while every item succeeds with nothing aside (``AllSucceeded``), else one
+    each. The same attempt, output and classification as ``execute`` (a step taking a context
+    goes through it); only the objects made per item are fewer: a ``NodeCall`` (``call``) for a
+    step that asks for one, no outcome object for an item that succeeded."""
+    if spec.ctx_param:
+        return [execute(spec, call(*row), on_worker=True) for row in rows]
+    fn, types, now, step = spec.fn, spec.param_types, time.time, spec.name
+    texts: list[str] = []
+    starts: list[float] = []
+    ends: list[float] = []
+    odd: dict[int, NodeOutcome] = {}  # the items that did not simply succeed, by place
+    for place, (index, attempt, kwargs) in enumerate(rows):
+        started = now()
+        try:
+            result = _call(fn, {name: coerce(types.get(name, Any), value) for name, value in kwargs.items()})
+            text, aside = _output(result, step, index, max_output_bytes)
+            if aside is not None:
+                odd[place] = NodeOutcome(True, text, None, False, started, now(), aside)
+        except BaseException as exc:
+            text, aside = "", None
+            odd[place] = _failed(spec, exc, call(index, attempt, kwargs).label, started, on_worker=True)
+        texts.append(text)
+        starts.append(started)
+        ends.append(now())
+    done = AllSucceeded(texts, starts, ends)
+    if not odd:
+        return done
+    return [odd.get(place) or outcome for place, outcome in enumerate(done.outcomes())]
+
+
+def _output(result: Any, node_id: str, index: int, max_output_bytes: int) -> tuple[str, Any]:
+    """A step's return value as its output's JSON text, and what it offered aside (``Aside``);
+    raises ``NotJSONableError`` or ``Permanent`` (above the cap) naming the step."""
+    aside = None
+    if isinstance(result, Aside):
+        result, aside = result.value, result.aside
+    if result is None:
+        return "null", aside
+    try:
+        text = jsoncodec.dumps(result, "output")
+    except NotJSONableError:  # again, naming the step (not built for every item that succeeds)
+        text = jsoncodec.dumps(result, f"output of step {_label(node_id, index)!r}")
+    if len(text) * 4 > max_output_bytes:  # (else it fits: a character is at most 4 bytes)
+        size = len(text.encode("utf-8"))
+        if size > max_output_bytes:
+            raise Permanent(
+                f"output of step {_label(node_id, index)!r} is {size} bytes, above the cap of {max_output_bytes}: "
+                "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
+            )
+    return text, aside
+
+
+def _label(node_id: str, index: int) -> str:
+    return node_id if index < 0 else f"{node_id}[{index}]"
+
+
+def _failed(spec: StepSpec, exc: BaseException, label: str, started: float, on_worker: bool) -> NodeOutcome:
+    """The attempt's failure, classified (``execute``)."""
+    if isinstance(exc, NotJSONableError):
+        return NodeOutcome.failure(exc, transient=False, started_at=started)
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        if not on_worker:
+            raise exc
+        return NodeOutcome.failure(_exited(exc, label), transient=False, started_at=started)
+    transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
+    return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
 
 
 def _exited(exc: KeyboardInterrupt | SystemExit, label: str) -> Permanent:

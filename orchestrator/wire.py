@@ -20,9 +20,9 @@ import hashlib
 import pickle  # noqa: TID251 - in transit between the driver and its Ray workers, never at rest
 from typing import Any
 
-from raysaga.orchestrator.item_block import AllSucceeded, ItemBlock, ItemOutcomes
+from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import ContextFields, NodeCall, NodeOutcome, execute
+from raysaga.orchestrator.task import AllSucceeded, ContextFields, NodeCall, NodeOutcome, execute, execute_items
 
 #: Specs kept per process, both sides. A tool call makes a new spec object per call (same
 #: bytes, same digest), so the driver's table is keyed by object and emptied when full.
@@ -115,16 +115,17 @@ def run_packed(payload: bytes) -> bytes:
     """
     digest, data, *carried = pickle.loads(payload)
     spec = _spec(digest, data)
-    if len(carried) == 2:  # a block's items (``pack_items``): their calls are made here
+    if len(carried) == 2:  # a block's items (``pack_items``): their calls are made here, if needed
         (run_id, step, trace_id, max_bytes), rows = carried
-        calls = [NodeCall(fields=(run_id, step, index, attempt, trace_id, None, False), kwargs=kwargs,
-                          max_output_bytes=max_bytes) for index, attempt, kwargs in rows]
-    else:
-        calls = [unpack_call(c) for c in carried[0]]
+
+        def call(index: int, attempt: int, kwargs: dict[str, Any]) -> NodeCall:
+            return NodeCall(fields=(run_id, step, index, attempt, trace_id, None, False), kwargs=kwargs,
+                            max_output_bytes=max_bytes)
+
+        done = execute_items(spec, rows, max_bytes, call)
+        if isinstance(done, AllSucceeded):
+            return pickle.dumps((done.texts, done.started, done.finished), protocol=_PROTOCOL)
+        return pickle.dumps([tuple(o) for o in done], protocol=_PROTOCOL)
     # an outcome's plain tuple is ``pack_outcome``'s (the named tuple's fields, in order)
-    outcomes = [tuple(execute(spec, c, on_worker=True)) for c in calls]
-    if len(carried) == 2 and outcomes:
-        ok, texts, _, _, started, finished, aside = zip(*outcomes, strict=True)
-        if False not in ok and aside.count(None) == len(aside):
-            return pickle.dumps((texts, started, finished), protocol=_PROTOCOL)  # ``AllSucceeded``
-    return pickle.dumps(outcomes, protocol=_PROTOCOL)
+    return pickle.dumps([tuple(execute(spec, unpack_call(c), on_worker=True)) for c in carried[0]],
+                        protocol=_PROTOCOL)

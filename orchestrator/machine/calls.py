@@ -17,14 +17,14 @@ from itertools import repeat
 from typing import Any
 
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator.item_block import AllSucceeded, ItemBlock
+from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.keys import args_digest
 from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch, Outbox
 from raysaga.orchestrator.options import DEFAULT_RETRY
 from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeCall, NodeOutcome
+from raysaga.orchestrator.task import AllSucceeded, NodeCall, NodeOutcome
 from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, item_events, jsoncodec
 
 #: An item of ``items_succeeded`` that was no longer in flight (nothing to settle).

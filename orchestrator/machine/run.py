@@ -22,7 +22,7 @@ from typing import Any
 
 from raysaga.errors import RaySagaError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator.item_block import AllSucceeded, ItemOutcomes
+from raysaga.orchestrator.item_block import ItemOutcomes
 from raysaga.orchestrator.machine.agent_nodes import AgentNodes
 from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import GONE, Calls
@@ -33,7 +33,7 @@ from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import NodeOutcome
+from raysaga.orchestrator.task import AllSucceeded, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     MemoryEntry,

@@ -21,12 +21,12 @@ import raysaga
 from raysaga import Workflow
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import wire
-from raysaga.orchestrator.item_block import AllSucceeded, ItemBlock, ItemsDone
+from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch
 from raysaga.orchestrator.machine.run import RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ray_lanes import Lane, uncancelled
-from raysaga.orchestrator.task import NodeOutcome
+from raysaga.orchestrator.task import AllSucceeded, Aside, NodeCall, NodeOutcome, execute, execute_items
 from raysaga.state import SqlStore
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
@@ -185,3 +185,77 @@ def test_a_chunked_lane_sends_one_item_per_cpu_until_one_is_measured() -> None:
     lane.measured(_outcomes(["null"] * 2))
     assert lane.room() == 8 and lane.chunk_size(0.01, 64) == 10  # 1/1024 s an item: ~10 ms a chunk
     assert Lane(limit=4, chunked=False, probes=2).room() == 4  # the timed lane is not probed
+
+
+odd = Workflow("execute_items_cases")
+
+
+@odd.step
+def cases(input: int) -> list[int]:
+    return list(range(input))
+
+
+@odd.map("cases")
+def case(cases: int) -> Any:
+    """One kind of outcome per item: every branch ``execute`` has, for ``execute_items`` to match."""
+    kind = cases % 8
+    if kind == 1:
+        return None
+    if kind == 2:
+        raise ConnectionError("flaky")  # transient
+    if kind == 3:
+        raise raysaga.Permanent("no")
+    if kind == 4:
+        return {1, 2}  # not JSON
+    if kind == 5:
+        return "x" * 5000  # above the test's cap
+    if kind == 6:
+        raise SystemExit(3)  # on a worker: a permanent failure, never the worker's end
+    if kind == 7:
+        return Aside([cases], {"seen": cases})
+    return {"n": cases}
+
+
+def _calls_of(block: ItemBlock) -> Any:
+    def call(index: int, attempt: int, kwargs: dict[str, Any]) -> NodeCall:
+        return NodeCall(fields=(block.run_id, block.spec.name, index, attempt, block.trace_id, None, False),
+                        kwargs=kwargs, max_output_bytes=1000)
+    return call
+
+
+def _strip(error: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if error is None else {k: v for k, v in error.items() if k != "traceback"}
+
+
+def _same_outcome(a: NodeOutcome, b: NodeOutcome) -> None:
+    assert (a.ok, a.output_json, a.transient, a.aside) == (b.ok, b.output_json, b.transient, b.aside)
+    assert _strip(a.error) == _strip(b.error)
+    assert a.started_at <= a.finished_at
+
+
+def test_execute_items_is_execute_for_each_item(store: SqlStore) -> None:
+    record = raysaga.create_run(odd, 16, store=store)
+    snap = store.snapshot(record.run_id)
+    m = RunMachine(odd, snap.run, RunOptions(), random.Random(0))
+    m.restore(snap, {}, {})
+    m.advance(time.time())
+    m.out.take_sends()
+    now = time.time()
+    m.absorb([(NodeKey("cases"), NodeOutcome(True, str(list(range(16))), None, False, now, now))], now)
+    m.advance(time.time())
+    [items] = [s for s in m.out.take_sends() if isinstance(s, ItemsDispatch)]
+    block, call = items.block, _calls_of(items.block)
+    rows = [(block.keys[p].fan_index, block.attempts[p], block.kwargs[p]) for p in range(len(block))]
+    got = execute_items(block.spec, rows, 1000, call)
+    assert isinstance(got, list)  # some failed: one outcome each
+    want = [execute(block.spec, call(*row), on_worker=True) for row in rows]
+    for a, b in zip(got, want, strict=True):
+        _same_outcome(a, b)
+    assert [o.ok for o in got[:8]] == [True, True, False, False, False, False, False, True]
+    assert got[5].error is not None and "above the cap of 1000" in got[5].error["message"]
+    assert got[6].error is not None and "SystemExit(3)" in got[6].error["message"]
+    # the items that simply succeeded, alone, come back as columns with the same outputs
+    plain = [row for row in rows if row[0] % 8 in (0, 1)]
+    columns = execute_items(block.spec, plain, 1000, call)
+    assert isinstance(columns, AllSucceeded)
+    assert list(columns.texts) == [execute(block.spec, call(*row), on_worker=True).output_json for row in plain]
