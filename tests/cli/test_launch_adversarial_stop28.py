@@ -24,6 +24,7 @@ import pytest
 
 from raysaga.state import SqlStore
 from tests.support.cli import invoke, one_line_error
+from tests.support.fake_jobs import FakeJobInfo, FakeJobs
 from tests.support.ports import refused_port
 
 FLOW = textwrap.dedent('''
@@ -138,37 +139,6 @@ def test_a_submission_answered_with_garbage_names_the_recorded_run(project: Path
     assert "the run is recorded, not started; fix that and launch again with --run-id order-8" in err
 
 
-class _Info:
-    """What ``JobSubmissionClient.get_job_info`` answers (the fields a launch reads)."""
-
-    def __init__(self, status: str, run_id: str) -> None:
-        self.status, self.message, self.driver_info = status, None, None
-        self.metadata = {"raysaga_run_id": run_id}
-
-
-class _Cluster:
-    """A Job API with jobs already there: ``get_job_info`` and ``submit_job`` as Ray's SDK does them."""
-
-    def __init__(self, jobs: dict[str, _Info]) -> None:
-        self.jobs = jobs
-        self.submitted: list[str] = []
-
-    def get_job_info(self, sid: str) -> _Info:
-        if sid not in self.jobs:
-            raise RuntimeError(f"Request failed with status code 404: Job {sid} does not exist.")
-        return self.jobs[sid]
-
-    def submit_job(self, *, submission_id: str, metadata: dict[str, str], **_: object) -> str:
-        if submission_id in self.jobs:
-            raise RuntimeError(f"Job with submission_id {submission_id} already exists.")
-        self.jobs[submission_id] = _Info("PENDING", metadata["raysaga_run_id"])
-        self.submitted.append(submission_id)
-        return submission_id
-
-    def _upload_working_dir_if_needed(self, env: dict[str, object]) -> None:
-        return
-
-
 def test_another_runs_job_under_a_colliding_id_is_not_taken_for_this_runs_driver(tmp_path: Path) -> None:
     """Run ``sync-11``'s second driver is job ``raysaga-sync-11-2``, which is also the first job
     id of run ``sync-11-2``: launching ``sync-11-2`` while that job ran said "already launched"
@@ -186,8 +156,8 @@ def test_another_runs_job_under_a_colliding_id_is_not_taken_for_this_runs_driver
     store = SqlStore(f"sqlite:///{tmp_path / 'raysaga.db'}")
     try:
         record = create_run(wf, None, store=store, run_id="sync-11-2")
-        cluster = _Cluster({"raysaga-sync-11": _Info("FAILED", "sync-11"),
-                            "raysaga-sync-11-2": _Info("RUNNING", "sync-11")})
+        cluster = FakeJobs({"raysaga-sync-11": FakeJobInfo("FAILED", "sync-11"),
+                            "raysaga-sync-11-2": FakeJobInfo("RUNNING", "sync-11")})
         entry = "python -m raysaga resume sync-11-2"
         job = cli_launch._drive_on_cluster(cluster, store, record, {}, entry)  # type: ignore[arg-type]
         assert job is not None and job.started, "the other run's job was taken for this run's driver"

@@ -5,8 +5,8 @@ do: a differing ``--deadline``, ``--retry-budget`` or ``--max-driver-deaths`` wa
 the given value, and nothing is submitted to the cluster or recorded in the store; the same values,
 or none, launch as before. On SQLite and PostgreSQL.
 
-The cluster is a fake Job API client (``_Cluster``, the ``get_job_info`` / ``submit_job`` twin that
-``test_launch_adversarial_stop28`` uses) put in place of ``launch.connect``; the CLI runs in
+The cluster is a fake Job API client (``tests.support.fake_jobs.FakeJobs``, shared with
+``test_launch_adversarial_stop28``) put in place of ``launch.connect``; the CLI runs in
 process (``tests.support.cli.invoke``). The launch on a real cluster is
 ``tests/cluster/test_launch.py``."""
 
@@ -24,6 +24,7 @@ from raysaga.orchestrator import launch as lx
 from raysaga.state import SqlStore
 from raysaga.state.schema import events, runs
 from tests.support.cli import invoke, one_line_error
+from tests.support.fake_jobs import FakeJobs
 
 FLOW = textwrap.dedent('''
     from raysaga import Workflow
@@ -37,47 +38,15 @@ FLOW = textwrap.dedent('''
 ADDRESS = "http://127.0.0.1:8265"
 
 
-class _Info:
-    """What ``JobSubmissionClient.get_job_info`` answers (the fields a launch reads)."""
-
-    def __init__(self, status: str, run_id: str) -> None:
-        self.status, self.message, self.driver_info = status, None, None
-        self.metadata = {"raysaga_run_id": run_id}
-
-
-class _Cluster:
-    """A Job API that records what is submitted to it, as Ray's SDK answers."""
-
-    def __init__(self) -> None:
-        self.jobs: dict[str, _Info] = {}
-        self.submitted: list[str] = []
-        self.uploads = 0
-
-    def get_job_info(self, sid: str) -> _Info:
-        if sid not in self.jobs:
-            raise RuntimeError(f"Request failed with status code 404: Job {sid} does not exist.")
-        return self.jobs[sid]
-
-    def submit_job(self, *, submission_id: str, metadata: dict[str, str], **_: object) -> str:
-        if submission_id in self.jobs:
-            raise RuntimeError(f"Job with submission_id {submission_id} already exists.")
-        self.jobs[submission_id] = _Info("PENDING", metadata["raysaga_run_id"])
-        self.submitted.append(submission_id)
-        return submission_id
-
-    def _upload_working_dir_if_needed(self, env: dict[str, object]) -> None:
-        self.uploads += 1
-
-
 @pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Cluster]:
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeJobs]:
     """The fake cluster every launch of the test connects to, from a project folder of its own."""
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "launch_identity_stop31_flow.py").write_text(FLOW)
     monkeypatch.chdir(folder)
     monkeypatch.syspath_prepend(str(folder))
-    fake = _Cluster()
+    fake = FakeJobs()
     monkeypatch.setattr(lx, "connect", lambda address: fake)
     yield fake
 
@@ -112,7 +81,7 @@ RECORDED = ("--deadline", "600", "--retry-budget", "2", "--max-driver-deaths", "
      "(max_driver_deaths: recorded 5, given 4)"),
 ])
 def test_a_differing_option_is_refused_naming_both_values_and_nothing_is_submitted(
-        cluster: _Cluster, store_url: str, given: tuple[str, ...], message: str) -> None:
+        cluster: FakeJobs, store_url: str, given: tuple[str, ...], message: str) -> None:
     run_id = f"order-{uuid.uuid4().hex[:8]}"
     code, out, err = _launch(store_url, run_id, *RECORDED)
     assert code == 0 and out.strip() == run_id, err
@@ -131,7 +100,7 @@ def test_a_differing_option_is_refused_naming_both_values_and_nothing_is_submitt
     ("--deadline", "600.5", "--retry-budget", "2"),  # a deadline within DEADLINE_SLACK of the recorded one
     ("--max-driver-deaths", "5", "--lease-ttl", "30"),  # a lease is per drive: free to change
 ])
-def test_the_recorded_values_or_none_launch_the_next_job(cluster: _Cluster, store_url: str,
+def test_the_recorded_values_or_none_launch_the_next_job(cluster: FakeJobs, store_url: str,
                                                          given: tuple[str, ...]) -> None:
     run_id = f"order-{uuid.uuid4().hex[:8]}"
     assert _launch(store_url, run_id, *RECORDED)[0] == 0
@@ -142,7 +111,7 @@ def test_the_recorded_values_or_none_launch_the_next_job(cluster: _Cluster, stor
     assert f"launched as Ray job {lx.submission_id(run_id, 2)}" in err
 
 
-def test_a_run_recorded_without_its_own_limit_takes_the_default_only(cluster: _Cluster, store_url: str) -> None:
+def test_a_run_recorded_without_its_own_limit_takes_the_default_only(cluster: FakeJobs, store_url: str) -> None:
     """A run launched without ``--max-driver-deaths`` records none (the driving process's limit):
     3, the default, is that; another number is a limit the run would not have."""
     run_id = f"order-{uuid.uuid4().hex[:8]}"
@@ -157,7 +126,7 @@ def test_a_run_recorded_without_its_own_limit_takes_the_default_only(cluster: _C
     assert cluster.submitted == [lx.submission_id(run_id)]
 
 
-def test_a_run_at_rest_is_refused_too_when_an_option_differs(cluster: _Cluster, store_url: str) -> None:
+def test_a_run_at_rest_is_refused_too_when_an_option_differs(cluster: FakeJobs, store_url: str) -> None:
     """As ``raysaga run`` checks before it resumes: a completed run launched with another deadline
     is a mistake to report, not "nothing to launch"."""
     run_id = f"order-{uuid.uuid4().hex[:8]}"
