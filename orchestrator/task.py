@@ -170,8 +170,8 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
     """``execute`` for each of a block's items (index, attempt, inputs) on a worker, in order: the
     outcomes as columns while every item succeeds with nothing aside (``AllSucceeded``), else one
     each. The same attempt, output and classification as ``execute`` (a step taking a context
-    goes through it); only the objects made per item are fewer: a ``NodeCall`` (``call``) for a
-    step that asks for one, no outcome object for an item that succeeded."""
+    goes through it); only the objects made per item are fewer: a ``NodeCall`` (``call``) only for
+    a step that takes a context, no outcome object for an item that succeeded."""
     if spec.ctx_param:
         return [execute(spec, call(*row), on_worker=True) for row in rows]
     fn, types, now, step = spec.fn, spec.param_types, time.time, spec.name
@@ -179,7 +179,7 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
     starts: list[float] = []
     ends: list[float] = []
     odd: dict[int, NodeOutcome] = {}  # the items that did not simply succeed, by place
-    for place, (index, attempt, kwargs) in enumerate(rows):
+    for place, (index, _, kwargs) in enumerate(rows):
         started = now()
         try:
             result = _call(fn, {name: coerce(types.get(name, Any), value) for name, value in kwargs.items()})
@@ -188,7 +188,7 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
                 odd[place] = NodeOutcome(True, text, None, False, started, now(), aside)
         except BaseException as exc:
             text, aside = "", None
-            odd[place] = _failed(spec, exc, call(index, attempt, kwargs).label, started, on_worker=True)
+            odd[place] = _failed(spec, exc, _label(step, index), started, on_worker=True)
         texts.append(text)
         starts.append(started)
         ends.append(now())
