@@ -132,9 +132,8 @@ def _same_identity(record: RunRecord, deadline: float | None, retry_budget: int 
     silently ignored. Options left out are not compared: ``launch --run-id RUN`` alone is how a
     run whose job died is taken over. ``--max-driver-deaths`` is the run's own limit here (what
     launch records), compared as a submit compares it."""
-    from raysaga.orchestrator.client import same_deaths
     from raysaga.orchestrator.options import RunOptions
-    from raysaga.orchestrator.runner import same_options
+    from raysaga.orchestrator.runner import same_deaths, same_options
 
     same_options(record, RunOptions(deadline=deadline, retry_budget=retry_budget), "launch")
     if max_driver_deaths is not None:

@@ -20,8 +20,8 @@ from raysaga.orchestrator.runner import (
     CANCEL_TTL,
     create_run,
     existing_run,
-    own_limit,
     reopen,
+    same_deaths,
     same_labels,
     same_options,
 )
@@ -63,7 +63,7 @@ class Client:
         after a timeout that hid whether the first one landed, returns the run already recorded
         under that id, as it stands now, instead of starting a second one. The same id with
         another workflow, input, queue or identity option (labels, deadline, retry budget:
-        ``runner.same_options``; its own ``max_driver_deaths``: ``same_deaths``) raises
+        ``runner.same_options``; its own ``max_driver_deaths``: ``runner.same_deaths``) raises
         ``UserError``. Without a
         ``run_id`` every call records a new run: a blind retry may then start the work twice."""
         try:
@@ -188,24 +188,6 @@ class Client:
 
     def stats(self, since: float | None = None) -> Stats:
         return self.store.stats(since)
-
-
-def same_deaths(existing: RunRecord, options: RunOptions, what: str) -> None:
-    """A retried submit's ``max_driver_deaths`` must be the run's own (``UserError`` naming both),
-    given or not, as its labels are: the run keeps the limit it was recorded with whatever a later
-    call asks, so returning it as if it matched would leave the caller believing it is parked after
-    their count of deaths. The default (3) is no limit of its own (recorded as none), and a value
-    above the column's largest compares as that largest (``runner.own_limit``)."""
-    given = own_limit(options.max_driver_deaths)
-    if given == existing.max_driver_deaths:
-        return
-    recorded = "none (the driving process's limit)" if existing.max_driver_deaths is None \
-        else str(existing.max_driver_deaths)
-    again = f"--max-driver-deaths {existing.max_driver_deaths}" if existing.max_driver_deaths is not None \
-        else "no --max-driver-deaths"
-    raise UserError(f"run {existing.run_id!r} exists with other options (max_driver_deaths: recorded {recorded}, "
-                    f"given {options.max_driver_deaths}): it is fixed when a run is recorded; {what} again with "
-                    f"{again} (RunOptions.max_driver_deaths), or choose another run_id")
 
 
 def _live(run: RunRecord) -> bool:

@@ -271,6 +271,24 @@ def same_options(existing: RunRecord, options: RunOptions | None, what: str, *, 
                         f"recorded; {what} again without them (or with the recorded ones), or choose another run_id")
 
 
+
+def same_deaths(existing: RunRecord, options: RunOptions, what: str) -> None:
+    """A retried submit's ``max_driver_deaths`` must be the run's own (``UserError`` naming both),
+    given or not, as its labels are: the run keeps the limit it was recorded with whatever a later
+    call asks, so returning it as if it matched would leave the caller believing it is parked after
+    their count of deaths. The default (3) is no limit of its own (recorded as none), and a value
+    above the column's largest compares as that largest (``runner.own_limit``)."""
+    given = own_limit(options.max_driver_deaths)
+    if given == existing.max_driver_deaths:
+        return
+    recorded = "none (the driving process's limit)" if existing.max_driver_deaths is None \
+        else str(existing.max_driver_deaths)
+    again = f"--max-driver-deaths {existing.max_driver_deaths}" if existing.max_driver_deaths is not None \
+        else "no --max-driver-deaths"
+    raise UserError(f"run {existing.run_id!r} exists with other options (max_driver_deaths: recorded {recorded}, "
+                    f"given {options.max_driver_deaths}): it is fixed when a run is recorded; {what} again with "
+                    f"{again} (RunOptions.max_driver_deaths), or choose another run_id")
+
 def _shown(value: object) -> str:
     return "none" if value is None else f"{scrub_text(str(value))!r:.60}" if isinstance(value, str) else str(value)
 

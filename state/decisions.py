@@ -367,23 +367,23 @@ def _check_decider(request: ApprovalRequest, by: str, label: str) -> None:
         raise UserError(f"{by} may not decide {label!r}: its approvers are {', '.join(deciders)}")
 
 
+def _decision_signals(conn: Connection, *where: ColumnElement[bool]) -> list[SignalRecord]:
+    """The unconsumed decision signals (approve, reject) matching ``where``, in signal order."""
+    return records(SignalRecord, conn.execute(select(signals).where(
+        *where, signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value]),
+        signals.c.consumed_at.is_(None)).order_by(signals.c.id)).all())
+
+
 def _decisions(conn: Connection, run_id: str, node: str, fan_index: int) -> list[Decision]:
-    rows = conn.execute(select(signals).where(
-        signals.c.run_id == run_id, signals.c.node_id == node,
-        signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value]),
-        signals.c.consumed_at.is_(None)).order_by(signals.c.id)).all()
-    found = [decision_of(s) for s in records(SignalRecord, rows)]
+    found = [decision_of(s) for s in _decision_signals(conn, signals.c.run_id == run_id, signals.c.node_id == node)]
     return [d for d in found if d is not None and d.fan_index == fan_index]
 
 
 def _decisions_of(conn: Connection, run_ids: Select[tuple[str]]) -> dict[tuple[str, str, int], list[Decision]]:
     """The unconsumed decisions of the runs ``run_ids`` selects, by (run, node, fan index), each
     list in signal order: ``_decisions`` for many approvals at once."""
-    rows = conn.execute(select(signals).where(
-        signals.c.run_id.in_(run_ids), signals.c.consumed_at.is_(None),
-        signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value])).order_by(signals.c.id)).all()
     found: dict[tuple[str, str, int], list[Decision]] = {}
-    for signal in records(SignalRecord, rows):
+    for signal in _decision_signals(conn, signals.c.run_id.in_(run_ids)):
         decision = decision_of(signal)
         if decision is not None and signal.node_id is not None:
             found.setdefault((signal.run_id, signal.node_id, decision.fan_index), []).append(decision)
