@@ -116,6 +116,22 @@ def store(store_url: str) -> Iterator[SqlStore]:
     s.close()
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def own_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A store of this test's own: a SQLite file, or a fresh PostgreSQL database dropped after (the
+    session's ``pg_url`` is shared: a test that claims every runnable run in it, or leaves many
+    waiting approvals a later test's whole-store inbox would show, needs its own)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'own.db'}"
+        return
+    base = str(request.getfixturevalue("pg_base_url"))
+    url = make_pg_database(base)
+    try:
+        yield url
+    finally:
+        drop_pg_database(base, url)
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'raysaga.db'}"

@@ -10,6 +10,7 @@ sends to the reader does not grow with the number of approvals."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +23,14 @@ from raysaga.state.models import NodeRecord
 from raysaga.state.schema import nodes, runs
 from tests.state.test_waiting_index_stop31 import _ask, _mixed, _run, _sleep
 
+
+@pytest.fixture
+def store(own_store_url: str) -> Iterator[SqlStore]:
+    """A database of this file's own: it leaves waiting approvals that a later test's whole-store
+    inbox (``waiting_approvals()`` with no run) would show."""
+    opened = SqlStore(own_store_url)
+    yield opened
+    opened.close()
 
 def _per_approval(store: SqlStore, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
     """The inbox as schema 14 first read it: the same two index reads, then one signals query per

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,6 +28,15 @@ from tests.state.test_view_readers_stop30 import _items, _new
 INDEX = "ix_raysaga_nodes_waiting"
 ACTIVE = ("running", "waiting_human", "waiting_timer", "paused")
 
+
+
+@pytest.fixture
+def store(own_store_url: str) -> Iterator[SqlStore]:
+    """A database of this file's own: it leaves waiting approvals that a later test's whole-store
+    inbox (``waiting_approvals()`` with no run) would show."""
+    opened = SqlStore(own_store_url)
+    yield opened
+    opened.close()
 
 def _through_view(store: SqlStore, approver: str | None, run_id: str | None) -> list[WaitingApproval]:
     """The inbox as schema 13 read it: the view's waiting rows joined to their runs."""
