@@ -24,7 +24,7 @@ from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
 from raysaga.orchestrator.ray_auth import check_gcs
-from raysaga.orchestrator.ray_lanes import Chunk, Lane, TaskSubmitter, remote_run_packed, uncancelled
+from raysaga.orchestrator.ray_lanes import Chunk, Lane, TaskSubmitter, cluster_cpus, remote_run_packed, uncancelled
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.step_env import forwarded
@@ -99,9 +99,9 @@ class RayExecutor(Executor):
                             "from another process, or drop --address")
         self._tasks = TaskSubmitter(remote_run_packed())
         self._packer = SpecPacker()
-        cpus = int(ray.cluster_resources().get("CPU", 1))  # type: ignore[no-untyped-call]
-        self._lane_tasks = self.LANE_TASKS_PER_CPU * max(1, cpus)
-        self._cpus = max(1, cpus)
+        cpus = cluster_cpus(ray)
+        self._lane_tasks = self.LANE_TASKS_PER_CPU * cpus
+        self._cpus = cpus
         self._inflight: dict[Any, tuple[list[Handle] | Chunk, Lane | None]] = {}  # task ref -> its attempts, lane
         self._items_done: list[ItemsDone] = []  # blocks' items back, not taken yet (``take_items``)
         self._lanes: dict[str, Lane] = {}  # fan-out step -> its lane

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import operator
+import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +91,30 @@ def uncancelled(back: ItemsDone) -> ItemsDone | None:
     if isinstance(outcomes, AllSucceeded):
         return ItemsDone(back.block, positions, outcomes.only(kept))
     return ItemsDone(back.block, positions, [outcomes[i] for i in kept])
+
+
+#: Seconds a process's executors reuse the cluster's CPU count (it sizes their lanes): reading it
+#: is a request to Ray's GCS, 0.4-0.8 ms of each run's start here; a node that joined is counted
+#: by the runs that start this long after. Whether a step's request fits a node is not read from
+#: here (``resources.Feasibility`` reads the nodes themselves).
+CPUS_FRESH_S = 5.0
+_cpus_seen: dict[str, tuple[float, int]] = {}  # Ray job -> (when read, CPUs); a new job reads again
+_cpus_lock = threading.Lock()
+
+
+def cluster_cpus(ray: Any) -> int:
+    """The connected cluster's CPUs (at least 1), as Ray counted them at most ``CPUS_FRESH_S`` ago."""
+    job = str(ray.get_runtime_context().get_job_id())
+    now = time.monotonic()
+    with _cpus_lock:
+        seen = _cpus_seen.get(job)
+        if seen is not None and now - seen[0] <= CPUS_FRESH_S:
+            return seen[1]
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    with _cpus_lock:
+        _cpus_seen.clear()  # one job per process at a time: an earlier Ray session's count goes
+        _cpus_seen[job] = (now, cpus)
+    return cpus
 
 
 @functools.cache
