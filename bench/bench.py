@@ -288,6 +288,24 @@ def raw_ray_fanout_batched(ray: Any, chunk_task: Any, n: int) -> Timing:
     return t[0]
 
 
+def raw_ray_fanout_dag(ray: Any, tasks: tuple[Any, Any, Any], n: int) -> Timing:
+    """raysaga's fan-out DAG written in plain Ray, in the same chunks: a ``plan`` task, its list
+    sliced into tasks of ``RayExecutor.MAX_CHUNK`` items, a ``sink`` task given every chunk's
+    outputs (Ray passes them), one ``ray.get`` of its result. Nothing is recorded: it is what the
+    DAG's shape costs on Ray (three tasks in sequence), which ``raw_ray_fanout_batched`` leaves out."""
+    from raysaga.orchestrator.executor import RayExecutor
+
+    plan_task, chunk_task, join_task = tasks
+    size = RayExecutor.MAX_CHUNK
+    with timed() as t:
+        items = ray.get(plan_task.remote(n))
+        chunks = [chunk_task.remote(items[i:i + size]) for i in range(0, len(items), size)]
+        joined = ray.get(join_task.remote(*chunks))
+    if joined != n:
+        raise RuntimeError(f"the raw Ray DAG joined {joined} items, not {n}")
+    return t[0]
+
+
 # ---------------------------------------------------------------------------- raysaga
 
 

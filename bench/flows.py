@@ -33,6 +33,20 @@ def sink(item: list[None]) -> int:
     return len(item)
 
 
+def items_chunk(items: list[int]) -> list[None]:
+    """The raw Ray DAG baseline's chunk task: ``item`` on each of a slice of the plan."""
+    out: list[None] = []
+    for i in items:
+        item(i)
+        out.append(None)
+    return out
+
+
+def sink_chunks(*chunks: list[None]) -> int:
+    """The raw Ray DAG baseline's join task: every chunk's outputs, joined as ``sink`` joins them."""
+    return sink([out for chunk in chunks for out in chunk])
+
+
 @cache
 def chain(n: int) -> Workflow:
     """``s0000 -> s0001 -> ... -> s{n-1}``: ``n`` no-op steps ordered with ``after=``."""

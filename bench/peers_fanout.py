@@ -4,7 +4,10 @@
 No-op fan-out of N items (``plan -> item x N -> sink``): raysaga on Ray (a fresh migrated SQLite
 store per run); raw Ray one task per item (``bench.raw_ray_fanout``); raw Ray batched into the
 chunks raysaga's fan-out lane sends once items are measured short (``RayExecutor.MAX_CHUNK``
-items per task, the fair comparison: ``bench.raw_ray_fanout_batched``); LangGraph ``Send`` +
+items per task, the fair comparison: ``bench.raw_ray_fanout_batched``; the targets are against
+it); the same chunks inside raysaga's DAG in plain Ray, a ``plan`` task before them and a ``sink``
+task after (``bench.raw_ray_fanout_dag``: what the DAG's shape costs on Ray, shown beside, no
+target); LangGraph ``Send`` +
 SqliteSaver (``durability="sync"``);
 DBOS ``asyncio.gather`` of async steps and DBOS's queue (one child workflow per item, polled
 every 50 ms) on its default SQLite system database. Figures are items/s (N / wall); the ratio
@@ -37,6 +40,7 @@ TARGET_VS_PEERS = 5.0  # raysaga items/s / LangGraph's and DBOS's, at least
 RAYSAGA = "raysaga on Ray"
 RAW = "raw Ray: one task per item"
 BATCHED = f"raw Ray batched ({RayExecutor.MAX_CHUNK} items per task)"
+DAG = "raw Ray batched, plan -> chunks -> join"
 LANGGRAPH = "LangGraph Send + SqliteSaver (sync)"
 DBOS_GATHER = "DBOS asyncio.gather (SQLite)"
 DBOS_QUEUE = "DBOS queue (SQLite)"
@@ -50,6 +54,7 @@ def rows_for(ray: Any, n: int, tmp: Path, sizes: Samples, cpus: Samples, queue_m
              log: Callable[[str], None]) -> list[tuple[str, Runner]]:
     task = ray.remote(max_retries=0)(flows.noop)
     batch = ray.remote(max_retries=0)(bench.noop_chunk)
+    dag = tuple(ray.remote(max_retries=0)(f) for f in (flows.plan, flows.items_chunk, flows.sink_chunks))
 
     def on_ray(label: str, run: Callable[[], bench.Timing]) -> Runner:
         """``run``, its CPU kept in ``cpus``: this process's and its Ray processes' (the machine's)."""
@@ -85,6 +90,7 @@ def rows_for(ray: Any, n: int, tmp: Path, sizes: Samples, cpus: Samples, queue_m
         (RAYSAGA, on_ray(RAYSAGA, ours)),
         (RAW, on_ray(RAW, lambda: bench.raw_ray_fanout(ray, task, n))),
         (BATCHED, on_ray(BATCHED, lambda: bench.raw_ray_fanout_batched(ray, batch, n))),
+        (DAG, on_ray(DAG, lambda: bench.raw_ray_fanout_dag(ray, dag, n))),
     ]
     if lg_peer.available():
         rows.append((LANGGRAPH, langgraph))
@@ -116,7 +122,7 @@ def run_noop(ray: Any, sizes_n: Sequence[int], reps: int, tmp: Path, queue_max: 
         rows = rows_for(ray, n, tmp, sizes, cpus, queue_max, limit, log)
         log(f"fan-out {n:,}: warming up")
         for label, run in rows:  # one small untimed pass: workers start, modules import
-            if label in (RAYSAGA, RAW, BATCHED):
+            if label in (RAYSAGA, RAW, BATCHED, DAG):
                 run()
         sizes.values.clear()
         cpus.values.clear()
