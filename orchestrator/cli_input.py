@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state.jsoncodec import MAX_DEPTH
-from raysaga.types import check_labels
+from raysaga.types import RunOptions, check_labels
 from raysaga.types import check_run_id as check_types_run_id
 
 if TYPE_CHECKING:
@@ -217,6 +217,13 @@ def max_driver_deaths(value: int | None) -> int | None:
     from raysaga.orchestrator.worker import checked_max_driver_deaths  # the driver: only when one is given
 
     return checked_max_driver_deaths(value)
+
+
+def run_limit(deaths: int | None) -> int:
+    """The ``RunOptions.max_driver_deaths`` of a checked ``--max-driver-deaths`` (``max_driver_deaths``):
+    the default when the flag is not given, which records no limit of the run's own. Whether it
+    was given is the caller's to keep (None): 3 given is a limit, left out it is none."""
+    return RunOptions.max_driver_deaths if deaths is None else deaths
 
 
 #: Longest duration accepted (``prune --older-than``): 1000 years.

@@ -148,8 +148,7 @@ def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: 
     from raysaga.orchestrator.runner import create_run
 
     options = RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget,
-                         max_driver_deaths=RunOptions.max_driver_deaths if max_driver_deaths is None
-                         else max_driver_deaths)
+                         max_driver_deaths=cli_input.run_limit(max_driver_deaths))
     try:
         return create_run(wf, value, store=store, run_id=run_id, options=options, workflow_ref=ref)
     except RunExistsError:  # a launch of the same --run-id recorded it a moment ago: drive that one
