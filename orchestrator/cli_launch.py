@@ -88,7 +88,8 @@ def launch(
         else:
             cli_input.check_input(wf, value, input is not None)
             _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
-            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths)
+            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths,
+                             given=input is not None)
         job = _drive_on_cluster(client, store, record, cluster_env, lx.entrypoint(record.run_id, lease_ttl, python))
         if job is None:
             return
@@ -141,9 +142,17 @@ def _same_identity(record: RunRecord, deadline: float | None, retry_budget: int 
 
 
 def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: str, lease_ttl: float,
-            deadline: float | None, retry_budget: int | None, max_driver_deaths: int | None) -> RunRecord:
+            deadline: float | None, retry_budget: int | None, max_driver_deaths: int | None, *,
+            given: bool = True) -> RunRecord:
     """Record the run with its options: the job's driver (``raysaga resume``) reads them from the
-    row, a ``max_driver_deaths`` of its own included."""
+    row, a ``max_driver_deaths`` of its own included. ``given``: whether ``value`` came from
+    ``--input`` (JSON null is an input; no ``--input`` is none).
+
+    A launch of the same ``--run-id`` that recorded it a moment ago (``RunExistsError``, between
+    ``_existing_run`` and this insert) makes it an existing run: it is driven only after the checks
+    an existing run gets (same workflow, same input if given: ``runner.existing_run``; the identity
+    options: ``_same_identity``), else the job would drive another workflow's run, or another input
+    than this launch was given, and report it launched."""
     from raysaga.orchestrator.options import RunOptions
     from raysaga.orchestrator.runner import create_run
 
@@ -153,7 +162,8 @@ def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: 
         return create_run(wf, value, store=store, run_id=run_id, options=options, workflow_ref=ref)
     except RunExistsError:  # a launch of the same --run-id recorded it a moment ago: drive that one
         assert run_id is not None
-        raced = store.get_run(run_id, lenient=True)
+        # None: pruned since the insert failed; the lenient read then names the run not found
+        raced = _existing_run(store, wf, run_id, value, given) or store.get_run(run_id, lenient=True)
         _same_identity(raced, deadline, retry_budget, max_driver_deaths)
         return raced
 
