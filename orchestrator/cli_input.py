@@ -185,6 +185,18 @@ def labels(option: str, given: list[str] | None) -> dict[str, str]:
     return check_labels(found, option)
 
 
+def run_labels(option: str, given: list[str] | None) -> dict[str, str]:
+    """``labels`` of a command that records a run, refused here as the store would refuse them
+    (``state.run_labels.stored_labels``: a label holding a secret), so nothing is asked of a
+    cluster or uploaded to it for a run that cannot be recorded."""
+    found = labels(option, given)
+    if found:
+        from raysaga.state.run_labels import stored_labels  # SQLAlchemy: only when labels are given
+
+        stored_labels(found)
+    return found
+
+
 def positive_seconds(option: str, value: float | None) -> float | None:
     """A positive, finite number of seconds (NaN, inf, 0 and negatives refused)."""
     if value is None:
