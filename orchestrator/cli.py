@@ -150,7 +150,7 @@ def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int 
     from raysaga.orchestrator.options import RunOptions
 
     return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, allow_changed=allow_changed,
-                      labels=tags, max_driver_deaths=RunOptions.max_driver_deaths if deaths is None else deaths)
+                      labels=tags, max_driver_deaths=cli_input.run_limit(deaths))
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
@@ -215,14 +215,27 @@ def run(
         if input is not None or run_id is None or not _run_exists(db, run_id):  # no --input: resume as is
             cli_input.check_input(wf, value, input is not None)
         store = _stores().open_for_writes(db)
-        current.run_id = run_id = run_id or _runner().new_run_id(wf)
         given = value if input is not None else _runner().NO_INPUT  # JSON null is an input; no --input is not
+        if run_id is not None and max_driver_deaths is not None:
+            _same_given_deaths(store, wf, run_id, given, max_driver_deaths)
+        current.run_id = run_id = run_id or _runner().new_run_id(wf)
         result = _drive(lambda hook: _runner().run(
             wf, given, store=store, run_id=run_id, executor=executor, address=address,
             options=options, on_progress=hook, workflow_ref=_loader().recordable_ref(workflow),
         ), len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
     _exit_for(result)
+
+
+def _same_given_deaths(store: SqlStore, wf: Workflow, run_id: str, given: Any, deaths: int) -> None:
+    """``run --run-id EXISTING --max-driver-deaths N``: N must be the run's own limit if it recorded
+    one (``runner.same_own_deaths``). ``runner.run`` compares a limit other than the default; the
+    default given on the command line (3) is a limit too, which ``RunOptions`` cannot tell from one
+    left out: compared here, after the checks ``runner.run`` makes first (workflow, input)."""
+    runner = _runner()
+    existing = runner.existing_run(wf, store, run_id, given)
+    if existing is not None:
+        runner.same_own_deaths(existing, deaths, "run")
 
 
 def _run_exists(db: str | None, run_id: str) -> bool:

@@ -52,9 +52,7 @@ def _fork_options(lease_ttl: float, max_driver_deaths: int | None) -> RunOptions
     (``fork.fork``: the default value means "the parent's")."""
     from raysaga.orchestrator.options import RunOptions
 
-    if max_driver_deaths is None:
-        return RunOptions(lease_ttl=lease_ttl)
-    return RunOptions(lease_ttl=lease_ttl, max_driver_deaths=max_driver_deaths)
+    return RunOptions(lease_ttl=lease_ttl, max_driver_deaths=cli_input.run_limit(max_driver_deaths))
 
 
 def fork(

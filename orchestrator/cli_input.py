@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state.jsoncodec import MAX_DEPTH
-from raysaga.types import check_labels
+from raysaga.types import RunOptions, check_labels
 from raysaga.types import check_run_id as check_types_run_id
 
 if TYPE_CHECKING:
@@ -185,6 +185,18 @@ def labels(option: str, given: list[str] | None) -> dict[str, str]:
     return check_labels(found, option)
 
 
+def run_labels(option: str, given: list[str] | None) -> dict[str, str]:
+    """``labels`` of a command that records a run, refused here as the store would refuse them
+    (``state.run_labels.stored_labels``: a label holding a secret), so nothing is asked of a
+    cluster or uploaded to it for a run that cannot be recorded."""
+    found = labels(option, given)
+    if found:
+        from raysaga.state.run_labels import stored_labels  # SQLAlchemy: only when labels are given
+
+        stored_labels(found)
+    return found
+
+
 def positive_seconds(option: str, value: float | None) -> float | None:
     """A positive, finite number of seconds (NaN, inf, 0 and negatives refused)."""
     if value is None:
@@ -217,6 +229,13 @@ def max_driver_deaths(value: int | None) -> int | None:
     from raysaga.orchestrator.worker import checked_max_driver_deaths  # the driver: only when one is given
 
     return checked_max_driver_deaths(value)
+
+
+def run_limit(deaths: int | None) -> int:
+    """The ``RunOptions.max_driver_deaths`` of a checked ``--max-driver-deaths`` (``max_driver_deaths``):
+    the default when the flag is not given, which records no limit of the run's own. Whether it
+    was given is the caller's to keep (None): 3 given is a limit, left out it is none."""
+    return RunOptions.max_driver_deaths if deaths is None else deaths
 
 
 #: Longest duration accepted (``prune --older-than``): 1000 years.

@@ -53,6 +53,7 @@ def launch(
     python: Annotated[str, typer.Option(
         "--python", help="The cluster's Python with raysaga installed (the job's entrypoint).")] = "python",
     max_driver_deaths: MaxDeathsOpt = None,
+    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
 ) -> None:
     """Record a run of WORKFLOW and start it on a Ray cluster as a Ray Job; print the run id and return."""
     started = time.monotonic()
@@ -62,6 +63,7 @@ def launch(
         cli_input.positive_seconds("--deadline", deadline)
         cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
         deaths = cli_input.max_driver_deaths(max_driver_deaths)
+        tags = cli_input.run_labels("--label", label)
         from raysaga.orchestrator import launch as lx
 
         url = lx.dashboard_url(address)
@@ -84,11 +86,12 @@ def launch(
         cluster_env = lx.runtime_env(root, shipped_env, lx.cluster_db_url(store.url))
         record = _existing_run(store, wf, run_id, value, input is not None)
         if record is not None:  # before any job: a refusal submits nothing
-            _same_identity(record, deadline, retry_budget, deaths)
+            _same_identity(record, deadline, retry_budget, deaths, labels=tags)
         else:
             cli_input.check_input(wf, value, input is not None)
             _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
-            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths)
+            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths,
+                             labels=tags, given=input is not None)
         job = _drive_on_cluster(client, store, record, cluster_env, lx.entrypoint(record.run_id, lease_ttl, python))
         if job is None:
             return
@@ -125,37 +128,46 @@ def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any,
 
 
 def _same_identity(record: RunRecord, deadline: float | None, retry_budget: int | None,
-                   max_driver_deaths: int | None) -> None:
+                   max_driver_deaths: int | None, *, labels: dict[str, str] | None = None) -> None:
     """The identity options a launch of an existing run gives must be the recorded ones (a
     ``UserError`` naming the option, the recorded and the given value), as ``raysaga run`` and a
     retried submit check them: the job's driver reads them from the row, so a differing one was
-    silently ignored. Options left out are not compared: ``launch --run-id RUN`` alone is how a
-    run whose job died is taken over. ``--max-driver-deaths`` is the run's own limit here (what
-    launch records), compared as a submit compares it."""
+    silently ignored. Options left out (``--label`` included: none given) are not compared:
+    ``launch --run-id RUN`` alone is how a run whose job died is taken over; labels given are
+    compared as ``run --run-id`` compares them (``runner.same_labels``). ``--max-driver-deaths``
+    is the run's own limit here (what launch records), compared as a submit compares it."""
     from raysaga.orchestrator.options import RunOptions
     from raysaga.orchestrator.runner import same_deaths, same_options
 
-    same_options(record, RunOptions(deadline=deadline, retry_budget=retry_budget), "launch")
+    same_options(record, RunOptions(deadline=deadline, retry_budget=retry_budget, labels=labels or {}), "launch")
     if max_driver_deaths is not None:
         same_deaths(record, RunOptions(max_driver_deaths=max_driver_deaths), "launch")
 
 
 def _record(store: SqlStore, wf: Workflow, value: Any, run_id: str | None, ref: str, lease_ttl: float,
-            deadline: float | None, retry_budget: int | None, max_driver_deaths: int | None) -> RunRecord:
+            deadline: float | None, retry_budget: int | None, max_driver_deaths: int | None, *,
+            labels: dict[str, str] | None = None, given: bool = True) -> RunRecord:
     """Record the run with its options: the job's driver (``raysaga resume``) reads them from the
-    row, a ``max_driver_deaths`` of its own included."""
+    row, a ``max_driver_deaths`` of its own and the labels included. ``given``: whether ``value``
+    came from ``--input`` (JSON null is an input; no ``--input`` is none).
+
+    A launch of the same ``--run-id`` that recorded it a moment ago (``RunExistsError``, between
+    ``_existing_run`` and this insert) makes it an existing run: it is driven only after the checks
+    an existing run gets (same workflow, same input if given: ``runner.existing_run``; the identity
+    options: ``_same_identity``), else the job would drive another workflow's run, or another input
+    than this launch was given, and report it launched."""
     from raysaga.orchestrator.options import RunOptions
     from raysaga.orchestrator.runner import create_run
 
-    options = RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget,
-                         max_driver_deaths=RunOptions.max_driver_deaths if max_driver_deaths is None
-                         else max_driver_deaths)
+    options = RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, labels=labels or {},
+                         max_driver_deaths=cli_input.run_limit(max_driver_deaths))
     try:
         return create_run(wf, value, store=store, run_id=run_id, options=options, workflow_ref=ref)
     except RunExistsError:  # a launch of the same --run-id recorded it a moment ago: drive that one
         assert run_id is not None
-        raced = store.get_run(run_id, lenient=True)
-        _same_identity(raced, deadline, retry_budget, max_driver_deaths)
+        # None: pruned since the insert failed; the lenient read then names the run not found
+        raced = _existing_run(store, wf, run_id, value, given) or store.get_run(run_id, lenient=True)
+        _same_identity(raced, deadline, retry_budget, max_driver_deaths, labels=labels)
         return raced
 
 

@@ -156,7 +156,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     """Run a workflow to a resting state. With an existing ``run_id`` this resumes that run; an
     ``input`` given with it (``None`` included) must equal the run's; leave it out (``NO_INPUT``)
     to just resume. So must the identity ``options`` given with it (labels, deadline, retry
-    budget: ``same_options``, which lists what may change on a resume). ``on_progress(progress)``
+    budget, and a ``max_driver_deaths`` other than the default when the run recorded a limit of its
+    own: ``same_options``, which lists what may change on a resume). ``on_progress(progress)``
     is called as steps finish (``Progress``: total, done, failed); one that raises is logged once
     and dropped, and the run goes on."""
     st = _store(store)
@@ -249,10 +250,13 @@ def same_options(existing: RunRecord, options: RunOptions | None, what: str, *, 
     against the recorded budget) and, for a submit, its ``queue`` (a run recorded without one is
     never claimed by a worker while ``pending``). Per drive, taken by each drive and free to
     change on a resume: ``lease_ttl``, ``release_after``, ``blob_threshold``, ``max_output_bytes``
-    (outputs written from then on), ``allow_changed``, ``max_driver_deaths`` (the limit of the
-    process that drives it, unless the run recorded its own at creation, which wins:
-    ``docs/operations.md``), and ``token_budget`` / ``cost_budget``
-    (raising a spent one on resume lets a paused run go on)."""
+    (outputs written from then on), ``allow_changed``, ``max_driver_deaths`` of a run recorded
+    without its own (the limit of the process that drives it: ``docs/operations.md``), and
+    ``token_budget`` / ``cost_budget`` (raising a spent one on resume lets a paused run go on).
+    A run that recorded its own ``max_driver_deaths`` keeps it whatever a resume asks, so a
+    differing one given is refused (``same_own_deaths``); the default (3) is not given here, as
+    ``RunOptions`` cannot tell it from one left out (the CLI, which can, checks an explicit
+    ``--max-driver-deaths 3`` itself)."""
     options = options or RunOptions()
     if options.labels:
         same_labels(existing, options.labels, what)
@@ -269,7 +273,20 @@ def same_options(existing: RunRecord, options: RunOptions | None, what: str, *, 
         shown = "; ".join(f"{name}: recorded {recorded}, given {given}" for name, recorded, given in differ)
         raise UserError(f"run {existing.run_id!r} exists with other options ({shown}): they are fixed when a run is "
                         f"recorded; {what} again without them (or with the recorded ones), or choose another run_id")
+    given = options.max_driver_deaths
+    same_own_deaths(existing, None if given == RunOptions.max_driver_deaths else given, what)
 
+
+def same_own_deaths(existing: RunRecord, given: int | None, what: str) -> None:
+    """A resume's ``max_driver_deaths`` (``given``; None: not given) must be the run's own limit
+    when it recorded one (``UserError`` naming both): the run keeps it whatever a resume asks, so a
+    differing one went unheeded, and the caller believed the run parked after their count of
+    deaths. A run recorded without one takes any (it is the driving process's limit: per drive).
+    A value above the column's largest compares as that largest (``own_limit``)."""
+    recorded = existing.max_driver_deaths
+    if given is None or recorded is None or own_limit(given) == recorded:
+        return
+    raise _deaths_differ(existing, given, what)
 
 
 def same_deaths(existing: RunRecord, options: RunOptions, what: str) -> None:
@@ -278,16 +295,22 @@ def same_deaths(existing: RunRecord, options: RunOptions, what: str) -> None:
     call asks, so returning it as if it matched would leave the caller believing it is parked after
     their count of deaths. The default (3) is no limit of its own (recorded as none), and a value
     above the column's largest compares as that largest (``runner.own_limit``)."""
-    given = own_limit(options.max_driver_deaths)
-    if given == existing.max_driver_deaths:
+    if own_limit(options.max_driver_deaths) == existing.max_driver_deaths:
         return
-    recorded = "none (the driving process's limit)" if existing.max_driver_deaths is None \
-        else str(existing.max_driver_deaths)
-    again = f"--max-driver-deaths {existing.max_driver_deaths}" if existing.max_driver_deaths is not None \
-        else "no --max-driver-deaths"
-    raise UserError(f"run {existing.run_id!r} exists with other options (max_driver_deaths: recorded {recorded}, "
-                    f"given {options.max_driver_deaths}): it is fixed when a run is recorded; {what} again with "
-                    f"{again} (RunOptions.max_driver_deaths), or choose another run_id")
+    raise _deaths_differ(existing, options.max_driver_deaths, what)
+
+
+def _deaths_differ(existing: RunRecord, given: int, what: str) -> UserError:
+    """The refusal of ``same_deaths`` and ``same_own_deaths``, one wording: a retried submit goes
+    through both (``same_options`` first), and is told the same whichever refuses it. The fix named
+    (the recorded limit) holds for both; a resume may also leave the limit out."""
+    own = existing.max_driver_deaths
+    recorded = "none (the driving process's limit)" if own is None else str(own)
+    again = "no --max-driver-deaths" if own is None else f"--max-driver-deaths {own}"
+    return UserError(f"run {existing.run_id!r} exists with other options (max_driver_deaths: recorded {recorded}, "
+                     f"given {given}): it is fixed when a run is recorded; {what} again with {again} "
+                     "(RunOptions.max_driver_deaths), or choose another run_id")
+
 
 def _shown(value: object) -> str:
     return "none" if value is None else f"{scrub_text(str(value))!r:.60}" if isinstance(value, str) else str(value)
