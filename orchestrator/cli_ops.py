@@ -175,7 +175,7 @@ def submit(
         cli_input.check_input(wf, value, input is not None)
         from raysaga.orchestrator.options import RunOptions
 
-        options = RunOptions(labels=tags, max_driver_deaths=RunOptions.max_driver_deaths if deaths is None else deaths)
+        options = RunOptions(labels=tags, max_driver_deaths=cli_input.run_limit(deaths))
         run = _client(db).submit(wf, value, run_id=run_id, workflow_ref=recordable_ref(workflow), options=options)
         sys.stdout.write(run.run_id + "\n")
 
