@@ -7,6 +7,7 @@ callback, the module's counters).
 from __future__ import annotations
 
 import gc
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +146,21 @@ def test_a_thread_starting_while_another_collects_is_not_left_unpaced() -> None:
     t.join(timeout=60)
     assert [d[0] for d in during] == [YOUNG, YOUNG]
     assert _left_behind() == (DEFAULT, 1, 0, None)
+
+
+def test_a_process_forked_during_a_run_is_not_left_raised_for_good() -> None:
+    """A child forked while a driver runs (multiprocessing's default start on Linux, from an inline
+    step) has no driver of its own, and none will ever end in it: it inherits the count of the
+    parent's drivers (one) and the raised threshold, which its collections can then never put back."""
+    read, write = os.pipe()
+    with paced_gc():
+        pid = os.fork()
+        if pid == 0:  # the child: report, and leave at once (no pytest, no finalizers)
+            os.write(write, f"{gc_pacing._drivers} {gc.get_threshold()[0]}".encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        drivers, threshold = map(int, f.read().split())
+    os.waitpid(pid, 0)
+    assert _left_behind() == (DEFAULT, 1, 0, None)  # the parent is fine
+    assert drivers == 0, f"the child counts {drivers} driver(s) running and keeps the threshold at {threshold}"

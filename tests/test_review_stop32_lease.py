@@ -226,8 +226,8 @@ class Usurped(SqlStore):
 
 
 @pytest.fixture
-def usurped(tmp_path: Path) -> Iterator[Usurped]:
-    opened = Usurped(f"sqlite:///{tmp_path / 'u.db'}")
+def usurped(store_url: str) -> Iterator[Usurped]:
+    opened = Usurped(store_url)
     yield opened
     opened.close()
 
@@ -238,9 +238,9 @@ def test_a_driver_whose_lease_is_taken_before_its_end_write_does_not_end_the_run
     flow, given = {"completes": (wf, {"log": str(tmp_path / "log")}), "fails": (failing, 1),
                    "rests": (asks, 5)}[case]
     with pytest.raises(LeaseLostError):
-        raysaga.run(flow, given, store=usurped, executor="inline", run_id=f"rv-fence-{case}")
+        raysaga.run(flow, given, store=usurped, executor="inline", run_id=f"rv-fence-{case}-{os.getpid()}")
     assert not usurped.armed, "the take-over never happened: the attack missed"
-    row = usurped.get_run(f"rv-fence-{case}")
+    row = usurped.get_run(f"rv-fence-{case}-{os.getpid()}")
     assert row.status == RunStatus.RUNNING  # not ended (nor rested) by the stale driver
     assert (row.lease_owner, row.fence) == ("usurper", 2)  # the new owner's lease is not released by it
     assert row.lease_expires_at is not None
@@ -252,7 +252,8 @@ def test_a_driver_whose_lease_is_taken_before_its_end_write_does_not_end_the_run
 
 def test_a_driver_whose_lease_is_taken_before_its_pause_write_does_not_pause_the_run(
         usurped: Usurped, tmp_path: Path) -> None:
-    record = raysaga.create_run(wf, {"log": str(tmp_path / "log")}, store=usurped, run_id="rv-fence-pause")
+    record = raysaga.create_run(wf, {"log": str(tmp_path / "log")}, store=usurped,
+                                run_id=f"rv-fence-pause-{os.getpid()}")
     usurped.send_signal(record.run_id, "pause")  # seen at the driver's first look: it pauses
     with pytest.raises(LeaseLostError):
         raysaga.resume(wf, record.run_id, store=usurped, executor="inline")
