@@ -263,26 +263,25 @@ def _issued(store: SqlStore, n: int) -> tuple[RunMachine, list[NodeKey], str]:
     return m, block.block.keys, record.run_id
 
 
-def test_columns_with_times_off_the_tick_grid_read_back_exactly(tmp_path: Path) -> None:
-    """Times that are not whole ticks (any float a worker's clock gives) go to rows of their own
-    and read back to the bit, through the columns path and a real commit."""
-    store = SqlStore(f"sqlite:///{tmp_path / 'r.db'}")
-    try:
-        m, keys, run_id = _issued(store, 6)
-        base = 1_790_000_000.0
-        started = [base + 1 / 3, base + 0.1, base + 2.0, base + 2.5, base + 1e-7, base + 7 / 11]
-        finished = [s + 0.3 for s in started]
-        done = AllSucceeded([str(i * i) for i in range(6)], started, finished)
-        m.absorb_items(keys, done, time.time())
-        batch = m.out.take_batch()
-        assert len(batch.items) == 6
-        lease = store.claim(run_id, "review", 30.0)
-        store.commit(lease, batch)
-        nodes = {n.fan_index: n for n in store.nodes(run_id) if n.node_id == "square"}
-        assert [(nodes[i].started_at, nodes[i].finished_at, nodes[i].output) for i in range(6)] == \
-            [(started[i], finished[i], i * i) for i in range(6)]
-    finally:
-        store.close()
+@pytest.mark.parametrize("base", [1_790_000_000.0, 999_999_999.0, 0.0], ids=["tick_grid", "before_2004", "zero"])
+def test_columns_with_times_off_the_tick_grid_read_back_exactly(store: SqlStore, base: float) -> None:
+    """A worker's times go into the rows as they came, through the columns path and a real commit:
+    whole ticks (any epoch time from 2004 to 2038) in a chunk, others (a clock before 2004, or
+    one that said 0) in rows of their own; all read back to the bit (SQLite and PostgreSQL)."""
+    m, keys, run_id = _issued(store, 6)
+    started = [base + 1 / 3, base + 0.1, base + 2.0, base + 2.5, base + 1e-7, base + 7 / 11]
+    finished = [s + 0.3 for s in started]
+    if base < 2.0**30:
+        assert not all((t * 4194304.0).is_integer() for t in started + finished)  # off the grid indeed
+    done = AllSucceeded([str(i * i) for i in range(6)], started, finished)
+    m.absorb_items(keys, done, time.time())
+    batch = m.out.take_batch()
+    assert len(batch.items) == 6
+    lease = store.claim(run_id, "review", 30.0)
+    store.commit(lease, batch)
+    nodes = {n.fan_index: n for n in store.nodes(run_id) if n.node_id == "square"}
+    assert [(nodes[i].started_at, nodes[i].finished_at, nodes[i].output) for i in range(6)] == \
+        [(started[i], finished[i], i * i) for i in range(6)]
 
 
 @pytest.mark.parametrize("indexes", [[5, 6, 7], [5, 7, 6], [3], [9, 10, 12, 13], [0, 2, 1, 3], [4, 4, 5]])
