@@ -353,3 +353,46 @@ def test_a_driver_registered_secret_in_a_failure_stays_out_of_the_fan_out_result
         assert DRIVER_SECRET not in repr(store.get_run(run_id).output)
     finally:
         store.close()
+
+
+#: For ``tests.support.crash_driver --flows tests.test_review_stop32_items``: a driver process to kill.
+FLOWS = {"items": wf}
+
+
+def test_a_driver_killed_after_a_chunk_s_commit_resumes_to_the_uninterrupted_rows(
+        tmp_path: Path, ray_address: str, ray_ex: RayExecutor) -> None:
+    """SIGKILL of a Ray driver right after the commit holding item 180 (columns, group commits,
+    a flaky item retried, failures mid-chunk), then a resume on Ray: every item ends as in an
+    uninterrupted inline run, and no item is named completed twice."""
+    from tests.support import crash_driver as harness
+
+    kinds = ["ok"] * 300
+    for n, kind in {100: "flaky", 101: "null", 152: "set", 200: "secret", 201: "float", 250: "flaky"}.items():
+        kinds[n] = kind
+    golden_dir, killed_dir = tmp_path / "golden", tmp_path / "killed"
+    golden_dir.mkdir()
+    killed_dir.mkdir()
+    golden_store = SqlStore(f"sqlite:///{golden_dir / 'r.db'}")
+    try:
+        golden = raysaga.run(wf, {"kinds": kinds, "dir": str(golden_dir)}, store=golden_store, executor="inline")
+        want = [(r[0], r[1], r[3], r[5]) for r in _rows(golden_store, golden.run_id, "work")]
+    finally:
+        golden_store.close()
+    url = f"sqlite:///{killed_dir / 'r.db'}"
+    killed = harness.run_driver("items", url, "rv-killed", executor="ray", run_input={"kinds": kinds,
+                                "dir": str(killed_dir)}, faults="after_commit:work[180]",
+                                flows="tests.test_review_stop32_items", timeout=300)
+    assert killed.returncode == -9, killed.describe()
+    store = SqlStore(url)
+    try:
+        before = {n.fan_index for n in store.nodes("rv-killed")
+                  if n.node_id == "work" and n.status.value == "completed"}
+        assert 180 in before and len(before) < 300  # killed mid fan-out, after 180's commit
+        done = raysaga.resume(wf, "rv-killed", store=store, executor=ray_ex)
+        assert done.status == RunStatus.COMPLETED, done.status_reason
+        got = [(r[0], r[1], r[3], r[5]) for r in _rows(store, "rv-killed", "work")]
+        assert got == want
+        named = _completed_indexes(store, "rv-killed", "work")
+        assert len(named) == len(set(named))
+    finally:
+        store.close()
