@@ -261,3 +261,26 @@ def test_a_driver_whose_lease_is_taken_before_its_pause_write_does_not_pause_the
     row = usurped.get_run(record.run_id)
     assert row.status == RunStatus.RUNNING and (row.lease_owner, row.fence) == ("usurper", 2)
     assert "run_paused" not in [e.kind for e in usurped.events(row.run_id)]
+
+
+def test_a_pruned_run_s_id_is_created_claimed_again(own_store_url: str, tmp_path: Path) -> None:
+    """A run id freed by prune (its row, events and nodes deleted) is a new run again: created
+    claimed, its events numbered from 1, driven to its end, not taken for the old one. (A store of
+    its own: prune deletes every run at rest in it.)"""
+    store = SqlStore(own_store_url)
+    try:
+        _prune_and_again(store, tmp_path / "log")
+    finally:
+        store.close()
+
+
+def _prune_and_again(store: SqlStore, log: Path) -> None:
+    run_id = f"rv-pruned-{os.getpid()}"
+    first = raysaga.run(wf, {"log": str(log)}, store=store, executor="inline", run_id=run_id)
+    assert first.status == RunStatus.COMPLETED
+    assert store.prune(older_than=0).runs == 1
+    again = raysaga.run(wf, {"log": str(log)}, store=store, executor="inline", run_id=run_id)
+    assert again.status == RunStatus.COMPLETED and again.output == {"after": 2}
+    assert len(log.read_text().splitlines()) == 2  # a new run: its step ran again
+    assert [(e.seq, e.kind) for e in store.events(run_id)][:3] == [(1, "run_created"), (2, "lease_claimed"),
+                                                                   (3, "run_running")]
