@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import sys
 import time
@@ -157,9 +158,19 @@ class RayExecutor(Executor):
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
                 lane = self._lanes[spec.name] = Lane(limit=self._lane_tasks, chunked=True, spec=spec,
-                                                     probes=self._cpus)
+                                                     probes=self._probes(spec))
             return lane
         return None
+
+    def _probes(self, spec: StepSpec) -> int:
+        """A new fan-out lane's first tasks (one item each): as many as the cluster runs at once, so
+        the first measure costs no idle CPU: one per CPU, more for a step asking less than a CPU."""
+        cpus = spec.resources.num_cpus if spec.resources is not None else None
+        if cpus is None:
+            return self._cpus
+        if cpus <= 0:  # holds no CPU: Ray runs as many as are sent
+            return self._lane_tasks
+        return min(self._lane_tasks, max(self._cpus, math.ceil(self._cpus / cpus)))
 
     def submit_block(self, block: ItemBlock) -> bool:
         spec = block.spec

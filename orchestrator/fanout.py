@@ -10,6 +10,7 @@ from typing import Any
 
 from raysaga.node_key import NodeKey
 from raysaga.sagas.policy import FanOutResult, ItemFailure, ItemSuccess
+from raysaga.state.redact import scrub_text
 
 
 class FanOutBook:
@@ -22,7 +23,8 @@ class FanOutBook:
     def record_failure(self, step: str, index: int, error: dict[str, Any], attempts: int) -> None:
         self._failures.setdefault(step, {})[index] = ItemFailure(
             index=index, error_type=str(error.get("type", "Error")),
-            message=str(error.get("message") or error.get("reason") or ""), attempts=attempts)
+            # scrubbed here: the result is stored as the step's output, which the store does not scrub
+            message=scrub_text(str(error.get("message") or error.get("reason") or "")), attempts=attempts)
 
     def failures(self, step: str) -> dict[int, ItemFailure]:
         return self._failures.get(step, {})

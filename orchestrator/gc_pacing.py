@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import threading
 from collections.abc import Iterator
 
@@ -63,3 +64,18 @@ def _put_back(phase: str, info: dict[str, int]) -> None:
             _saved = None
     finally:
         _lock.release()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while a driver ran (an inline step using ``multiprocessing``) runs no driver:
+    its threshold goes back now, or nothing in it ever would (it counted its parent's drivers)."""
+    global _lock, _drivers, _saved
+    _lock = threading.RLock()  # (the parent's may have been held by a thread the child does not have)
+    _drivers = 0
+    if _saved is not None and gc.get_threshold()[0] == YOUNG:
+        gc.set_threshold(*_saved)
+    _saved = None
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

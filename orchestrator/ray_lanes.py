@@ -44,20 +44,24 @@ class Lane:
 
     def room(self) -> int:
         """Tasks this lane may have in flight now. Until an item is measured, a chunked lane sends
-        one item a task, and only one per CPU: they run at once, and the first back sizes the
-        chunks (a no-op step's first wave was ``limit`` tasks of one item each, a task costing
-        ~0.5 ms of cluster CPU; a slow item loses nothing: only one per CPU runs anyway)."""
+        one item a task, and only ``probes`` of them (as many as the cluster runs at once:
+        ``RayExecutor._probes``): they run together, and the first back sizes the chunks (a no-op
+        step's first wave was ``limit`` tasks of one item each, a task costing ~0.5 ms of cluster
+        CPU; a slow item loses nothing: no more of them could run anyway)."""
         return self.probes if self.chunked and self.probes and self.items_done == 0 else self.limit
 
     def measured(self, outcomes: ItemOutcomes) -> None:
-        """Count how long a task's items ran (what sizes a chunked lane's chunks)."""
+        """Count how long a task's items ran (what sizes a chunked lane's chunks). Only items that
+        succeeded: a failure says nothing of an item's length (one that raised at once, a worker
+        that died timed by the driver's clock: ~0 s), and counted it sized a slow step's chunks as
+        if its items were instant. A lane whose items have all failed stays probing."""
         if not self.chunked:
             return
         if isinstance(outcomes, AllSucceeded):
             self.items_done += len(outcomes.started)
             self.busy += sum(map(operator.sub, outcomes.finished, outcomes.started))
             return
-        timed = [o.finished_at - o.started_at for o in outcomes if o.finished_at and o.started_at]
+        timed = [o.finished_at - o.started_at for o in outcomes if o.ok and o.finished_at and o.started_at]
         self.items_done += len(timed)
         self.busy += sum(timed)
 

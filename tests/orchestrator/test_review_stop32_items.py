@@ -355,7 +355,7 @@ def test_a_driver_registered_secret_in_a_failure_stays_out_of_the_fan_out_result
         store.close()
 
 
-#: For ``tests.support.crash_driver --flows tests.test_review_stop32_items``: a driver process to kill.
+#: For ``tests.support.crash_driver --flows tests.orchestrator.test_review_stop32_items``: a driver process to kill.
 FLOWS = {"items": wf}
 
 
@@ -381,7 +381,7 @@ def test_a_driver_killed_after_a_chunk_s_commit_resumes_to_the_uninterrupted_row
     url = f"sqlite:///{killed_dir / 'r.db'}"
     killed = harness.run_driver("items", url, "rv-killed", executor="ray", run_input={"kinds": kinds,
                                 "dir": str(killed_dir)}, faults="after_commit:work[180]",
-                                flows="tests.test_review_stop32_items", timeout=300)
+                                flows="tests.orchestrator.test_review_stop32_items", timeout=300)
     assert killed.returncode == -9, killed.describe()
     store = SqlStore(url)
     try:
