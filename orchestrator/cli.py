@@ -229,13 +229,14 @@ def run(
 
 def _same_given_deaths(store: SqlStore, wf: Workflow, run_id: str, given: Any, deaths: int) -> None:
     """``run --run-id EXISTING --max-driver-deaths N``: N must be the run's own limit if it recorded
-    one (``runner.same_own_deaths``). ``runner.run`` compares a limit other than the default; the
+    one (``run_identity.same_own_deaths``). ``runner.run`` compares a limit other than the default; the
     default given on the command line (3) is a limit too, which ``RunOptions`` cannot tell from one
     left out: compared here, after the checks ``runner.run`` makes first (workflow, input)."""
-    runner = _runner()
-    existing = runner.existing_run(wf, store, run_id, given)
+    from raysaga.orchestrator.run_identity import same_own_deaths
+
+    existing = _runner().existing_run(wf, store, run_id, given)
     if existing is not None:
-        runner.same_own_deaths(existing, deaths, "run")
+        same_own_deaths(existing, deaths, "run")
 
 
 def _run_exists(db: str | None, run_id: str) -> bool:

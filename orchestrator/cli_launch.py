@@ -134,10 +134,10 @@ def _same_identity(record: RunRecord, deadline: float | None, retry_budget: int 
     retried submit check them: the job's driver reads them from the row, so a differing one was
     silently ignored. Options left out (``--label`` included: none given) are not compared:
     ``launch --run-id RUN`` alone is how a run whose job died is taken over; labels given are
-    compared as ``run --run-id`` compares them (``runner.same_labels``). ``--max-driver-deaths``
+    compared as ``run --run-id`` compares them (``run_identity.same_labels``). ``--max-driver-deaths``
     is the run's own limit here (what launch records), compared as a submit compares it."""
     from raysaga.orchestrator.options import RunOptions
-    from raysaga.orchestrator.runner import same_deaths, same_options
+    from raysaga.orchestrator.run_identity import same_deaths, same_options
 
     same_options(record, RunOptions(deadline=deadline, retry_budget=retry_budget, labels=labels or {}), "launch")
     if max_driver_deaths is not None:

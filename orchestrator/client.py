@@ -16,15 +16,8 @@ from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
-from raysaga.orchestrator.runner import (
-    CANCEL_TTL,
-    create_run,
-    existing_run,
-    reopen,
-    same_deaths,
-    same_labels,
-    same_options,
-)
+from raysaga.orchestrator.run_identity import same_deaths, same_labels, same_options
+from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
@@ -63,7 +56,7 @@ class Client:
         after a timeout that hid whether the first one landed, returns the run already recorded
         under that id, as it stands now, instead of starting a second one. The same id with
         another workflow, input, queue or identity option (labels, deadline, retry budget:
-        ``runner.same_options``; its own ``max_driver_deaths``: ``runner.same_deaths``) raises
+        ``run_identity.same_options``; its own ``max_driver_deaths``: ``run_identity.same_deaths``) raises
         ``UserError``. Without a
         ``run_id`` every call records a new run: a blind retry may then start the work twice."""
         try:

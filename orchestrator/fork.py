@@ -36,7 +36,7 @@ import networkx as nx
 from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.runner import own_limit
+from raysaga.orchestrator.run_identity import own_limit
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (

@@ -1,5 +1,5 @@
 """``raysaga launch --run-id EXISTING`` compares the identity options it is given with the recorded
-run's, as ``raysaga run`` (``runner.same_options``) and a retried submit (``runner.same_deaths``)
+run's, as ``raysaga run`` (``run_identity.same_options``) and a retried submit (``run_identity.same_deaths``)
 do: a differing ``--deadline``, ``--retry-budget`` or ``--max-driver-deaths`` was silently ignored
 (the job's driver reads them from the row). Now it is one line naming the option, the recorded and
 the given value, and nothing is submitted to the cluster or recorded in the store; the same values,

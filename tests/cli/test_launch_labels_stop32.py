@@ -2,7 +2,7 @@
 are recorded with the run (``status`` shows them, ``list --label`` finds it), checked as theirs are
 (``cli_input.labels``; a label holding a secret refused as the store refuses it), and a launch of
 an existing ``--run-id`` compares the labels it gives with the recorded ones as ``run --run-id``
-does (``runner.same_options`` -> ``same_labels``): another set is refused naming the labels that
+does (``run_identity.same_options`` -> ``same_labels``): another set is refused naming the labels that
 differ, and nothing is submitted; none given is not compared (how a run whose job died is taken
 over). A refused label asks nothing of the cluster and records nothing. On SQLite and PostgreSQL;
 the cluster is ``tests.support.fake_jobs.FakeJobs``."""

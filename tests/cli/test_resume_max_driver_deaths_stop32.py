@@ -1,6 +1,6 @@
 """A resume by run id (``raysaga run --run-id``, ``raysaga.run(..., run_id=...)``) of a run that
 recorded its own ``max_driver_deaths`` refuses a differing limit given with it, naming both values
-and how to fix it (``runner.same_own_deaths``, called by ``runner.same_options``). Before, the
+and how to fix it (``run_identity.same_own_deaths``, called by ``run_identity.same_options``). Before, the
 run's own limit won and the one given was silently ignored: the caller believed the run parked
 after their count of deaths.
 
@@ -22,7 +22,7 @@ import pytest
 import raysaga
 from raysaga import RunOptions, Workflow
 from raysaga.errors import UserError
-from raysaga.orchestrator import cli_input, runner
+from raysaga.orchestrator import cli_input, run_identity, runner
 from raysaga.state import RunStatus, SqlStore
 from raysaga.state.models import MAX_STORED_DEATHS
 from tests.support.cli import invoke, one_line_error
@@ -98,7 +98,7 @@ def test_the_runs_own_limit_or_none_resumes_it(store: SqlStore, flow: Workflow, 
     done = raysaga.run(flow, store=store, run_id=run_id, executor="inline",
                        options=RunOptions(max_driver_deaths=given))
     assert done.status == RunStatus.COMPLETED
-    assert store.get_run(run_id).max_driver_deaths == runner.own_limit(recorded or RunOptions.max_driver_deaths)
+    assert store.get_run(run_id).max_driver_deaths == run_identity.own_limit(recorded or RunOptions.max_driver_deaths)
 
 
 def test_a_run_recorded_by_a_racing_driver_is_compared_too(store: SqlStore, flow: Workflow,

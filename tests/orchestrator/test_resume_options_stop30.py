@@ -1,5 +1,5 @@
 """``raysaga.run(wf, run_id=EXISTING, options=...)`` resumes the run; the identity options given
-with it must be the recorded ones (``runner.same_options``), on SQLite and PostgreSQL.
+with it must be the recorded ones (``run_identity.same_options``), on SQLite and PostgreSQL.
 
 Before, only labels were compared: a resume with another ``deadline`` or ``retry_budget`` went on
 under the recorded ones and said nothing (both are fixed when the run is recorded). Now it is
@@ -18,7 +18,7 @@ import pytest
 import raysaga
 from raysaga import RunOptions, Workflow
 from raysaga.errors import UserError
-from raysaga.orchestrator.runner import same_options
+from raysaga.orchestrator.run_identity import same_options
 from raysaga.state import RunStatus, SqlStore
 
 wf = Workflow("stop30_resume_options", version="1")

@@ -1,7 +1,7 @@
 """Stop 30: a retried ``Client.submit`` (same ``run_id``) compared the workflow, the input and the
 labels, and returned the recorded run whatever queue, deadline or retry budget the retry gave: a
 retry meant for another queue was silently the run on the first one. Now it is refused like a
-``raysaga.run`` resume (``runner.same_options``), naming the option and both values."""
+``raysaga.run`` resume (``run_identity.same_options``), naming the option and both values."""
 
 from __future__ import annotations
 
