@@ -36,6 +36,7 @@ from raysaga.orchestrator.executor import RayExecutor
 
 TARGET_VS_BATCHED = 0.5  # raysaga items/s / raw Ray batched items/s, at least
 TARGET_VS_PEERS = 5.0  # raysaga items/s / LangGraph's and DBOS's, at least
+WARM_TASKS = 4  # untimed no-op tasks before each Ray row's run (``on_ray``)
 
 RAYSAGA = "raysaga on Ray"
 RAW = "raw Ray: one task per item"
@@ -57,8 +58,14 @@ def rows_for(ray: Any, n: int, tmp: Path, sizes: Samples, cpus: Samples, queue_m
     dag = tuple(ray.remote(max_retries=0)(f) for f in (flows.plan, flows.items_chunk, flows.sink_chunks))
 
     def on_ray(label: str, run: Callable[[], bench.Timing]) -> Runner:
-        """``run``, its CPU kept in ``cpus``: this process's and its Ray processes' (the machine's)."""
+        """``run``, its CPU kept in ``cpus``: this process's and its Ray processes' (the machine's).
+
+        Each starts on warm workers: a few no-op tasks first, untimed. The rows run in a fixed
+        order, and the first on Ray after a peer's seconds-long run (raysaga's) found Ray's idle
+        workers slow to wake: a Ray task after 20 ms idle costs ~2x one back to back here, after
+        200 ms ~4.5x, and a 1,000-item raysaga run took 67 ms in that place against 40 ms warm."""
         def go() -> float:
+            ray.get([task.remote() for _ in range(WARM_TASKS)])
             before = children_cpu()
             timing = run()
             ray_cpu = spent(before, children_cpu())
