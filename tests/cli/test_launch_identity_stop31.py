@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from raysaga.orchestrator import launch as lx
 from raysaga.state import SqlStore
 from raysaga.state.schema import events, runs
 from tests.support.cli import invoke, one_line_error
-from tests.support.fake_jobs import FakeJobs
+from tests.support.fake_jobs import FakeJobs, project_cluster
 
 FLOW = textwrap.dedent('''
     from raysaga import Workflow
@@ -39,16 +38,8 @@ ADDRESS = "http://127.0.0.1:8265"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeJobs]:
-    """The fake cluster every launch of the test connects to, from a project folder of its own."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "launch_identity_stop31_flow.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    fake = FakeJobs()
-    monkeypatch.setattr(lx, "connect", lambda address: fake)
-    yield fake
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeJobs:
+    return project_cluster(tmp_path, monkeypatch, "launch_identity_stop31_flow", FLOW)
 
 
 def _launch(store_url: str, run_id: str, *options: str) -> tuple[int, str, str]:

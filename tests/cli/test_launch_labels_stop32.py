@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from raysaga.types import RunOptions
 from tests.support.cli import invoke, one_line_error
-from tests.support.fake_jobs import FakeJobs
+from tests.support.fake_jobs import FakeJobs, project_cluster
 
 MODULE = "launch_labels_stop32_flow"
 FLOW = textwrap.dedent('''
@@ -38,29 +37,9 @@ FLOW = textwrap.dedent('''
 ADDRESS = "http://127.0.0.1:8265"
 
 
-class _Cluster(FakeJobs):
-    """``FakeJobs`` that also counts the launches that asked for it (``launch.connect``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.connects = 0
-
-
 @pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Cluster]:
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{MODULE}.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    fake = _Cluster()
-
-    def connect(address: str) -> _Cluster:
-        fake.connects += 1
-        return fake
-
-    monkeypatch.setattr(lx, "connect", connect)
-    yield fake
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeJobs:
+    return project_cluster(tmp_path, monkeypatch, MODULE, FLOW)
 
 
 def _launch(store_url: str, run_id: str, *options: str) -> tuple[int, str, str]:
@@ -90,7 +69,7 @@ def _exists(store_url: str, run_id: str) -> bool:
         store.close()
 
 
-def test_labels_are_recorded_with_the_run_and_found_by_list(cluster: _Cluster, store_url: str) -> None:
+def test_labels_are_recorded_with_the_run_and_found_by_list(cluster: FakeJobs, store_url: str) -> None:
     run_id = _new_id()
     code, out, err = _launch(store_url, run_id, "--label", "team=billing", "--label", f"ticket={run_id}",
                              "--label", "empty=")
@@ -101,7 +80,7 @@ def test_labels_are_recorded_with_the_run_and_found_by_list(cluster: _Cluster, s
     assert code == 0 and run_id in out, err
 
 
-def test_the_help_names_the_option(cluster: _Cluster) -> None:
+def test_the_help_names_the_option(cluster: FakeJobs) -> None:
     code, out, _ = invoke("launch", "--help")
     assert code == 0 and "--label" in out and "KEY=VALUE" in out
 
@@ -112,7 +91,7 @@ def test_the_help_names_the_option(cluster: _Cluster) -> None:
     (["=x"], "--label: the key"),
     (["token=sk-ant-api03-abcdefghijklmnop"], "holds what looks like a secret"),
 ])
-def test_a_bad_label_is_one_line_and_nothing_is_asked_or_recorded(cluster: _Cluster, store_url: str,
+def test_a_bad_label_is_one_line_and_nothing_is_asked_or_recorded(cluster: FakeJobs, store_url: str,
                                                                   labels: list[str], message: str) -> None:
     run_id = _new_id()
     code, out, err = _launch(store_url, run_id, *[a for pair in labels for a in ("--label", pair)])
@@ -122,7 +101,7 @@ def test_a_bad_label_is_one_line_and_nothing_is_asked_or_recorded(cluster: _Clus
     assert not _exists(store_url, run_id)
 
 
-def test_an_existing_run_launched_with_other_labels_is_refused_naming_them(cluster: _Cluster,
+def test_an_existing_run_launched_with_other_labels_is_refused_naming_them(cluster: FakeJobs,
                                                                            store_url: str) -> None:
     run_id = _new_id()
     assert _launch(store_url, run_id, "--label", "team=a", "--label", "env=prod")[0] == 0
@@ -139,7 +118,7 @@ def test_an_existing_run_launched_with_other_labels_is_refused_naming_them(clust
 
 
 @pytest.mark.parametrize("given", [["--label", "env=prod", "--label", "team=a"], []])
-def test_the_recorded_labels_or_none_launch_the_next_job(cluster: _Cluster, store_url: str,
+def test_the_recorded_labels_or_none_launch_the_next_job(cluster: FakeJobs, store_url: str,
                                                          given: list[str]) -> None:
     run_id = _new_id()
     assert _launch(store_url, run_id, "--label", "team=a", "--label", "env=prod")[0] == 0
@@ -150,7 +129,7 @@ def test_the_recorded_labels_or_none_launch_the_next_job(cluster: _Cluster, stor
     assert _labels(store_url, run_id) == {"team": "a", "env": "prod"}
 
 
-def test_a_run_recorded_by_a_racing_launch_with_other_labels_is_refused(cluster: _Cluster, store_url: str,
+def test_a_run_recorded_by_a_racing_launch_with_other_labels_is_refused(cluster: FakeJobs, store_url: str,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """The race path (``cli_launch._record``'s ``RunExistsError``) compares the labels too: the
     rival run is recorded as the launch uploads its code, after its look-up found no run."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import textwrap
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from raysaga.orchestrator import launch as lx
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import RunStatus, SqlStore
 from tests.support.cli import invoke, one_line_error
-from tests.support.fake_jobs import FakeJobs
+from tests.support.fake_jobs import FakeJobs, project_cluster
 
 MODULE = "launch_race_stop32_flow"
 FLOW = textwrap.dedent('''
@@ -43,16 +42,8 @@ ADDRESS = "http://127.0.0.1:8265"
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeJobs]:
-    """The fake cluster every launch of the test connects to, from a project folder of its own."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{MODULE}.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    fake = FakeJobs()
-    monkeypatch.setattr(lx, "connect", lambda address: fake)
-    yield fake
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeJobs:
+    return project_cluster(tmp_path, monkeypatch, MODULE, FLOW)
 
 
 def _this_flow() -> Workflow:

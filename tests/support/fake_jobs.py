@@ -7,6 +7,10 @@ directory would have been uploaded are recorded for the test to check.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 
 class FakeJobInfo:
     """What ``JobSubmissionClient.get_job_info`` answers (the fields a launch reads)."""
@@ -23,6 +27,7 @@ class FakeJobs:
         self.jobs: dict[str, FakeJobInfo] = {} if jobs is None else jobs
         self.submitted: list[str] = []
         self.uploads = 0
+        self.connects = 0  # launches that asked for this cluster (``launch.connect``)
 
     def get_job_info(self, sid: str) -> FakeJobInfo:
         if sid not in self.jobs:
@@ -38,3 +43,23 @@ class FakeJobs:
 
     def _upload_working_dir_if_needed(self, env: dict[str, object]) -> None:
         self.uploads += 1
+
+
+def project_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, flow: str) -> FakeJobs:
+    """The fake cluster every launch of a test connects to, from a project folder of its own:
+    ``module``.py holding ``flow``, the working directory and importable."""
+    from raysaga.orchestrator import launch as lx
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(flow)
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    fake = FakeJobs()
+
+    def connect(address: str) -> FakeJobs:
+        fake.connects += 1
+        return fake
+
+    monkeypatch.setattr(lx, "connect", connect)
+    return fake
