@@ -142,7 +142,7 @@ def _check_address(executor: str, address: str | None) -> None:
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None,
              allow_changed: bool = False, labels: list[str] | None = None,
              max_driver_deaths: int | None = None) -> RunOptions:
-    tags = cli_input.labels("--label", labels)
+    tags = cli_input.run_labels("--label", labels)
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
     cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)

@@ -166,7 +166,7 @@ def submit(
     """Record a run for the worker fleet and return at once; prints the run id."""
     with errors():
         cli_input.check_run_id(run_id, "--run-id")
-        tags = cli_input.labels("--label", label)
+        tags = cli_input.run_labels("--label", label)
         deaths = cli_input.max_driver_deaths(max_driver_deaths)
         value = cli_input.parse_input(input)
         from raysaga.orchestrator.loader import load_workflow, recordable_ref
