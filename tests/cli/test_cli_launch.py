@@ -15,7 +15,7 @@ import pytest
 from raysaga.errors import UserError
 from raysaga.orchestrator import launch as lx
 from raysaga.orchestrator import step_env
-from tests.support.cli import invoke, one_line_error
+from tests.support.cli import invoke, one_line_error, project_folder
 from tests.support.ports import refused_port
 
 FLOW = textwrap.dedent('''
@@ -31,12 +31,7 @@ FLOW = textwrap.dedent('''
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "launchable_flow.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    return folder
+    return project_folder(tmp_path, monkeypatch, "launchable_flow", FLOW)
 
 
 def test_submission_ids_come_from_the_run_id() -> None:

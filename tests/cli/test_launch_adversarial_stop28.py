@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from raysaga.state import SqlStore
-from tests.support.cli import invoke, one_line_error
+from tests.support.cli import invoke, one_line_error, project_folder
 from tests.support.fake_jobs import FakeJobInfo, FakeJobs
 from tests.support.ports import refused_port
 
@@ -75,12 +75,7 @@ def _handler(mode: str) -> type[http.server.BaseHTTPRequestHandler]:
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / "launchable_stop28_flow.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    return folder
+    return project_folder(tmp_path, monkeypatch, "launchable_stop28_flow", FLOW)
 
 
 @pytest.fixture(params=["jobs html", "jobs 404", "jobs not a job", "no version"])

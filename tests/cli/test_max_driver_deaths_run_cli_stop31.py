@@ -18,7 +18,7 @@ from raysaga.errors import UserError
 from raysaga.orchestrator import launch as lx
 from raysaga.state import SqlStore
 from raysaga.state.models import MAX_STORED_DEATHS
-from tests.support.cli import invoke, one_line_error
+from tests.support.cli import invoke, one_line_error, project_folder
 from tests.support.ports import refused_port
 
 FLOW = textwrap.dedent('''
@@ -41,12 +41,7 @@ MESSAGE = "--max-driver-deaths must be a whole number >= 1 (drivers of a run tha
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A folder holding the workflow module, importable as ``MODULE:wf`` (launch needs that)."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{MODULE}.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    return folder
+    return project_folder(tmp_path, monkeypatch, MODULE, FLOW)
 
 
 def _deaths(url: str, run_id: str) -> int | None:

@@ -25,7 +25,7 @@ from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, run_identity, runner
 from raysaga.state import RunStatus, SqlStore
 from raysaga.state.models import MAX_STORED_DEATHS
-from tests.support.cli import invoke, one_line_error
+from tests.support.cli import invoke, one_line_error, project_folder
 
 MODULE = "resume_deaths_stop32_flow"
 FLOW = textwrap.dedent('''
@@ -42,11 +42,7 @@ FLOW = textwrap.dedent('''
 @pytest.fixture
 def flow(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Workflow]:
     """The workflow, importable as ``MODULE:wf`` for the CLI; the object itself for the Python API."""
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{MODULE}.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
+    project_folder(tmp_path, monkeypatch, MODULE, FLOW)
     from raysaga.orchestrator.loader import load_workflow
 
     yield load_workflow(f"{MODULE}:wf")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cli import invoke, one_line_error
+from tests.support.cli import invoke, one_line_error, project_folder
 
 MODULE = "secret_labels_early_stop32_flow"
 FLOW = textwrap.dedent('''
@@ -27,12 +27,7 @@ SECRET_LABEL = "token=sk-ant-api03-abcdefghijklmnop"
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{MODULE}.py").write_text(FLOW)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
-    return folder
+    return project_folder(tmp_path, monkeypatch, MODULE, FLOW)
 
 
 @pytest.mark.parametrize("command", [("run", "--executor", "inline"), ("run", "--executor", "ray"), ("submit",)])

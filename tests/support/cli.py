@@ -1,7 +1,11 @@
-"""What the CLI tests share: invoking the typer app in-process, and the one-line error check."""
+"""What the CLI tests share: invoking the typer app in-process, the one-line error check, and a
+project folder holding a workflow module the CLI imports as ``MODULE:wf``."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from typer.testing import CliRunner
 
 from raysaga.orchestrator.cli import app
@@ -19,3 +23,14 @@ def one_line_error(code: int, err: str, message: str) -> None:
     assert message in err, err
     assert len(err.strip().splitlines()) == 1, err
     assert "Traceback" not in err
+
+
+def project_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, flow: str) -> Path:
+    """``tmp_path/project`` holding ``module``.py (``flow``'s text), made the working directory and
+    importable, as a user's project is when they run ``raysaga run module:wf`` in it."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / f"{module}.py").write_text(flow)
+    monkeypatch.chdir(folder)
+    monkeypatch.syspath_prepend(str(folder))
+    return folder

@@ -49,12 +49,9 @@ def project_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str
     """The fake cluster every launch of a test connects to, from a project folder of its own:
     ``module``.py holding ``flow``, the working directory and importable."""
     from raysaga.orchestrator import launch as lx
+    from tests.support.cli import project_folder
 
-    folder = tmp_path / "project"
-    folder.mkdir()
-    (folder / f"{module}.py").write_text(flow)
-    monkeypatch.chdir(folder)
-    monkeypatch.syspath_prepend(str(folder))
+    project_folder(tmp_path, monkeypatch, module, flow)
     fake = FakeJobs()
 
     def connect(address: str) -> FakeJobs:
