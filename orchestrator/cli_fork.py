@@ -48,8 +48,8 @@ def _patch(text: str | None) -> Any:
 
 
 def _fork_options(lease_ttl: float, max_driver_deaths: int | None) -> RunOptions:
-    """The fork's options: without ``--max-driver-deaths`` the fork keeps its parent's own limit
-    (``fork.fork``: the default value means "the parent's")."""
+    """The fork's options (its own ``--max-driver-deaths``, given or not, goes to ``fork.fork`` as
+    ``max_driver_deaths``: without it the fork keeps its parent's own limit)."""
     from raysaga.orchestrator.options import RunOptions
 
     return RunOptions(lease_ttl=lease_ttl, max_driver_deaths=cli_input.run_limit(max_driver_deaths))
@@ -88,7 +88,8 @@ def fork(
         wf = _workflow(store, run_id, workflow)
         record = do_fork(wf, run_id, from_node=from_node, input_patch=patch, store=store, new_run_id=run_id_new,
                          executor=executor, address=address, options=_fork_options(lease_ttl, deaths),
-                         workflow_ref=(recordable_ref(workflow) or "") if workflow else None, drive=not no_drive)
+                         workflow_ref=(recordable_ref(workflow) or "") if workflow else None, drive=not no_drive,
+                         max_driver_deaths=deaths)
         say(err, f"forked {run_id} from {from_node}: run {record.run_id} is {record.status.value}")
         record = store.get_run(record.run_id)
         if as_json:

@@ -241,10 +241,21 @@ def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed
     return kept
 
 
+def _fork_limit(given: int | None, opts: RunOptions, parent: RunRecord) -> int | None:
+    """The fork's own ``max_driver_deaths``: ``given``, else the options' when not the default,
+    else its parent's."""
+    if given is not None:
+        return own_limit(given)
+    if opts.max_driver_deaths != RunOptions.max_driver_deaths:
+        return own_limit(opts.max_driver_deaths)
+    return parent.max_driver_deaths
+
+
 def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = None,
          store: Store | str | None = None, new_run_id: str | None = None, executor: Any = "ray",
          address: str | None = None, options: RunOptions | None = None, workflow_ref: str | None = None,
-         on_progress: Callable[[Any], None] | None = None, drive: bool = True) -> RunRecord:
+         on_progress: Callable[[Any], None] | None = None, drive: bool = True,
+         max_driver_deaths: int | None = None) -> RunRecord:
     """Fork the run ``run_id`` at rest from the node ``from_node`` and drive the new run.
 
     Args:
@@ -257,6 +268,10 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         workflow_ref: ``MODULE:ATTR`` for ``raysaga resume`` (default: the parent's; ``""``: none, so
             ``resume`` asks for ``--workflow``).
         drive: False: record the fork as ``pending`` and return it (``raysaga resume`` drives it).
+        max_driver_deaths: The fork's limit, whatever the parent's (``raysaga fork
+            --max-driver-deaths``; the default, 3, records none of its own: the driving process's
+            applies, as for any run). None: ``options.max_driver_deaths`` when it is not the
+            default, else the parent's own limit (the default value cannot say "not the parent's").
 
     Returns:
         The new run's record (at rest when driven).
@@ -304,8 +319,7 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         retry_budget=opts.retry_budget if opts.retry_budget is not None else parent.retry_budget,
         token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
         cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
-        max_driver_deaths=(own_limit(opts.max_driver_deaths) if opts.max_driver_deaths != RunOptions.max_driver_deaths
-                           else parent.max_driver_deaths),  # the fork's own, else its parent's
+        max_driver_deaths=_fork_limit(max_driver_deaths, opts, parent),
         trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
     data = {"parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
             "changed_steps": sorted(diff.steps()) if diff else []}

@@ -107,12 +107,13 @@ def test_fork_records_its_own_limit_else_keeps_its_parents(project: Path, store_
     code, _, err = invoke("run", f"{MODULE}:wf", "--executor", "inline", "--db", store_url, "--run-id", parent,
                           "--quiet", "--max-driver-deaths", "4")
     assert code == 0, err
-    own, kept = _new_id(), _new_id()
-    for child, flag in ((own, ["--max-driver-deaths", "2"]), (kept, [])):
+    own, kept, reset = _new_id(), _new_id(), _new_id()
+    for child, flag in ((own, ["--max-driver-deaths", "2"]), (kept, []), (reset, ["--max-driver-deaths", "3"])):
         code, _, err = invoke("fork", parent, "--from", "two", "--executor", "inline", "--db", store_url,
                               "--run-id", child, *flag)
         assert code == 0, err
-    assert (_deaths(store_url, own), _deaths(store_url, kept)) == (2, 4)
+    # an explicit 3 (the default) is heard: no limit of the fork's own, not its parent's 4 (stop 33)
+    assert (_deaths(store_url, own), _deaths(store_url, kept), _deaths(store_url, reset)) == (2, 4, None)
 
 
 class _Cluster:

@@ -41,3 +41,21 @@ def test_a_fork_keeps_its_parent_s_limit_or_records_its_own(tmp_path: Path) -> N
                                           executor="inline").run_id).max_driver_deaths is None
     finally:
         store.close()
+
+
+def test_a_fork_given_the_default_limit_drops_its_parent_s(tmp_path: Path) -> None:
+    """Stop 33: ``max_driver_deaths=3`` (``raysaga fork --max-driver-deaths 3``) is heard: the
+    fork records no limit of its own (the driving process's applies), not the parent's 5;
+    ``RunOptions(max_driver_deaths=3)`` cannot say so (it is the default)."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'runs.db'}")
+    try:
+        parent = raysaga.run(wf, 1, store=store, executor="inline", options=RunOptions(max_driver_deaths=5))
+        assert parent.max_driver_deaths == 5
+        reset = raysaga.fork(wf, parent.run_id, from_node="second", store=store, executor="inline",
+                             max_driver_deaths=3)
+        assert store.get_run(reset.run_id).max_driver_deaths is None
+        own = raysaga.fork(wf, parent.run_id, from_node="second", store=store, executor="inline",
+                           max_driver_deaths=9, options=RunOptions(max_driver_deaths=7))
+        assert store.get_run(own.run_id).max_driver_deaths == 9
+    finally:
+        store.close()
