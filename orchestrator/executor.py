@@ -25,7 +25,15 @@ from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
 from raysaga.orchestrator.ray_auth import check_gcs
-from raysaga.orchestrator.ray_lanes import Chunk, Lane, TaskSubmitter, cluster_cpus, remote_run_packed, uncancelled
+from raysaga.orchestrator.ray_lanes import (
+    Chunk,
+    Lane,
+    TaskSubmitter,
+    cluster_cpus,
+    remembered_item_seconds,
+    remote_run_packed,
+    uncancelled,
+)
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.step_env import forwarded
@@ -158,7 +166,7 @@ class RayExecutor(Executor):
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
                 lane = self._lanes[spec.name] = Lane(limit=self._lane_tasks, chunked=True, spec=spec,
-                                                     probes=self._probes(spec))
+                                                     probes=self._probes(spec), prior=remembered_item_seconds(spec))
             return lane
         return None
 

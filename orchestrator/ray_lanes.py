@@ -36,6 +36,7 @@ class Lane:
     chunked: bool
     spec: StepSpec | None = None  # a chunked lane's step; the timed lane's items carry their own
     probes: int = 0  # a chunked lane's tasks in flight before any item is measured (one per CPU)
+    prior: float | None = None  # an item's seconds as a recent run of this process measured them
     queue: deque[tuple[Handle, NodeCall, StepSpec]] = field(default_factory=deque)
     blocks: deque[list[Any]] = field(default_factory=deque)  # [ItemBlock, next position to send]
     tasks: int = 0  # Ray tasks of this lane in flight
@@ -48,7 +49,8 @@ class Lane:
         ``RayExecutor._probes``): they run together, and the first back sizes the chunks (a no-op
         step's first wave was ``limit`` tasks of one item each, a task costing ~0.5 ms of cluster
         CPU; a slow item loses nothing: no more of them could run anyway)."""
-        return self.probes if self.chunked and self.probes and self.items_done == 0 else self.limit
+        probing = self.chunked and self.probes and self.items_done == 0 and self.prior is None
+        return self.probes if probing else self.limit
 
     def measured(self, outcomes: ItemOutcomes) -> None:
         """Count how long a task's items ran (what sizes a chunked lane's chunks). Only items that
@@ -60,16 +62,48 @@ class Lane:
         if isinstance(outcomes, AllSucceeded):
             self.items_done += len(outcomes.started)
             self.busy += sum(map(operator.sub, outcomes.finished, outcomes.started))
-            return
-        timed = [o.finished_at - o.started_at for o in outcomes if o.ok and o.finished_at and o.started_at]
-        self.items_done += len(timed)
-        self.busy += sum(timed)
+        else:
+            timed = [o.finished_at - o.started_at for o in outcomes if o.ok and o.finished_at and o.started_at]
+            self.items_done += len(timed)
+            self.busy += sum(timed)
+        if self.items_done and self.spec is not None:
+            remember_item_seconds(self.spec, self.busy / self.items_done)
 
     def chunk_size(self, target: float, largest: int) -> int:
-        if not self.chunked or self.items_done == 0:
+        if not self.chunked:
+            return 1
+        if self.items_done:
+            mean = self.busy / self.items_done
+        elif self.prior is not None:
+            mean = self.prior  # until this run's own first items are back
+        else:
             return 1  # nothing measured yet: an item might take minutes
-        mean = self.busy / self.items_done
         return max(1, min(largest, int(target / max(mean, 1e-6))))
+
+
+#: Seconds a fan-out step's measured item length sizes the first chunks of this process's next
+#: runs of it, instead of a probe wave (a no-op 1,000-item run spent ~4 ms of its ~40 on the wave:
+#: a Ray round trip before the first chunk). A worker or a service runs the same workflow again
+#: and again; Dask's scheduler keeps a task prefix's duration across graphs the same way. A stale
+#: guess costs one wave of chunks too long, never a result: the run's own first chunks re-size it.
+REMEMBER_S = 60.0
+_item_seconds: dict[Any, tuple[float, float]] = {}  # step's function -> (an item's mean seconds, when)
+_item_lock = threading.Lock()
+
+
+def remember_item_seconds(spec: StepSpec, mean: float) -> None:
+    with _item_lock:
+        _item_seconds[spec.fn] = (mean, time.monotonic())
+
+
+def remembered_item_seconds(spec: StepSpec) -> float | None:
+    """An item of ``spec``'s function's mean seconds, measured by a run of this process at most
+    ``REMEMBER_S`` ago (None: not measured, or too long ago)."""
+    with _item_lock:
+        seen = _item_seconds.get(spec.fn)
+    if seen is None or time.monotonic() - seen[1] > REMEMBER_S:
+        return None
+    return seen[0]
 
 
 @dataclass(eq=False, slots=True)
