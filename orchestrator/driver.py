@@ -222,11 +222,14 @@ class Driver:
                         return terminal
                     continue
                 # the next attempts start while this batch commits (not inline: they would run first),
-                if m.may_overlap(keys) and not self.executor.runs_at_submit and not self._hb.waiting(
-                        "cancel", "pause"):  # and not with a cancel or pause asked: they come first
+                overlap = m.may_overlap(keys) and not self.executor.runs_at_submit and not self._hb.waiting(
+                    "cancel", "pause")  # and not with a cancel or pause asked: they come first
+                if overlap:
                     terminal = self._advance()
                     if terminal is not None:
                         return terminal
+                    if m.idle() and m.done():
+                        continue  # the run ends now: these outcomes are committed with its end, one write
                 if self.executor.runs_at_submit or not self._pacer.may_wait(m.out.batch, self._pending, self.clock()):
                     self._flush()
             elif m.calls.has_unrecorded() and self._pacer.deadline() is None:
