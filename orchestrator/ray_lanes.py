@@ -87,13 +87,21 @@ class Lane:
 #: and again; Dask's scheduler keeps a task prefix's duration across graphs the same way. A stale
 #: guess costs one wave of chunks too long, never a result: the run's own first chunks re-size it.
 REMEMBER_S = 60.0
+#: Steps remembered at most (a service that builds workflows on the fly makes new functions).
+REMEMBER_STEPS = 512
 _item_seconds: dict[Any, tuple[float, float]] = {}  # step's function -> (an item's mean seconds, when)
 _item_lock = threading.Lock()
 
 
 def remember_item_seconds(spec: StepSpec, mean: float) -> None:
+    now = time.monotonic()
     with _item_lock:
-        _item_seconds[spec.fn] = (mean, time.monotonic())
+        _item_seconds[spec.fn] = (mean, now)
+        if len(_item_seconds) > REMEMBER_STEPS:  # the stale go first, then the oldest
+            for fn in [fn for fn, (_, when) in _item_seconds.items() if now - when > REMEMBER_S]:
+                del _item_seconds[fn]
+            while len(_item_seconds) > REMEMBER_STEPS:
+                del _item_seconds[min(_item_seconds, key=lambda fn: _item_seconds[fn][1])]
 
 
 def remembered_item_seconds(spec: StepSpec) -> float | None:

@@ -118,3 +118,27 @@ def test_without_memory_a_lane_probes() -> None:
     lane = Lane(limit=8, chunked=True, spec=wf.steps["quick"], probes=2)
     assert lane.room() == 2
     assert lane.chunk_size(0.01, 64) == 1
+
+
+def test_the_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A service that builds its workflows on the fly makes a new function per workflow: the
+    memory keeps at most ``REMEMBER_STEPS`` of them, the most recent."""
+    monkeypatch.setattr(ray_lanes, "_item_seconds", {})
+    monkeypatch.setattr(ray_lanes, "REMEMBER_STEPS", 4)
+    made = []
+    for i in range(10):
+        flow = Workflow(f"made_{i}")
+
+        @flow.step
+        def plan(input: int) -> list[int]:
+            return [input]
+
+        @flow.map("plan")
+        def each(plan: int) -> int:
+            return plan
+
+        made.append(flow.steps["each"])
+        ray_lanes.remember_item_seconds(flow.steps["each"], 0.001 * (i + 1))
+    assert len(ray_lanes._item_seconds) == 4
+    assert ray_lanes.remembered_item_seconds(made[-1]) == pytest.approx(0.010)
+    assert ray_lanes.remembered_item_seconds(made[0]) is None
