@@ -132,32 +132,47 @@ class _Registry:
 class _Pieces:
     """Where a text was cut across a declared secret (a ``Secret`` input's value, ``register_secret``,
     ``register_secret_env``), the piece left: its first 8+ characters at the end of a text cut
-    after them (``text[:n]``), its last 8+ at the start of one cut before them (a traceback's
-    ``[-n:]``). Text is scrubbed before it is cut, but only of what the cutting process knows: a
-    value declared in the driver is unknown to the Ray worker that cut an error holding it, and
-    the whole-value search at the store could not find the piece. Declared values only: the
-    environment's secret-named variables are known to every process started from it."""
+    after them (``text[:n]``), or before a cut's mark (``...``, ``…``) inside one, and its last 8+
+    at the start of one cut before them (a traceback's ``[-n:]``). Text is scrubbed before it is
+    cut, but only of what the cutting process knows: a value declared in the driver is unknown
+    to the Ray worker that cut an error holding it, and the whole-value search at the store
+    could not find the piece. Declared values only: the environment's secret-named variables
+    are known to every process started from it."""
 
     def __init__(self, values: list[str]) -> None:
         self.longest = max(map(len, values))
-        self.starts = _Starts(values)  # v[:k] ending the text
+        self.starts = _Starts(values)  # v[:k] ending the text (or a cut inside it)
         self.ends = _Starts([v[::-1] for v in values])  # v[-k:] starting it, read reversed
 
     def sub(self, text: str) -> str:
-        at = self.starts.at_end(text, self.longest)
-        if at is not None:
-            text = text[:at] + MARKER
+        # a piece ends the text, or where a cut is marked inside it (a damaged row's value quoted
+        # as ``repr(value)[:77] + "..."`` in an error message); right to left, so the ends stay put
+        ends = [len(text)]
+        if "..." in text or "…" in text:
+            for mark in _CUT_MARKS:
+                found = text.find(mark)
+                while found >= 0:
+                    ends.append(found)
+                    found = text.find(mark, found + len(mark))
+            ends = sorted(set(ends), reverse=True)
+        for end in ends:
+            at = self.starts.at_end(text, end, self.longest)
+            if at is not None:
+                text = text[:at] + MARKER + text[end:]
         window = text[:self.longest][::-1]
-        at = self.ends.at_end(window, self.longest)
+        at = self.ends.at_end(window, len(window), self.longest)
         if at is not None:
             text = MARKER + text[len(window) - at:]
         return text
 
 
+_CUT_MARKS = ("...", "…")
+
+
 class _Starts:
-    """Finds ``v[:k]`` (``MIN_SECRET_LEN <= k < len(v)``) of any of ``values`` ending a text: a
+    """Finds ``v[:k]`` (``MIN_SECRET_LEN <= k < len(v)``) of any of ``values`` ending at a point: a
     search for their first characters (one precompiled regex; again after each hit, as hits may
-    overlap) in the text's last ``len(v)`` characters, each hit checked against its values (no
+    overlap) in the ``len(v)`` characters before it, each hit checked against its values (no
     pattern of a value's prefixes: a 4 KB key's nest too deep for ``re``)."""
 
     def __init__(self, values: list[str]) -> None:
@@ -166,15 +181,15 @@ class _Starts:
             self.by_start.setdefault(v[:MIN_SECRET_LEN], []).append(v)
         self.regex = re.compile("|".join(map(re.escape, self.by_start)))
 
-    def at_end(self, text: str, longest: int) -> int | None:
-        """Where the piece ending ``text`` starts (the longest one), or None."""
-        hit = self.regex.search(text, max(0, len(text) - longest + 1))
+    def at_end(self, text: str, end: int, longest: int) -> int | None:
+        """Where the piece ending at ``text[end]`` starts (the longest one), or None."""
+        hit = self.regex.search(text, max(0, end - longest + 1), end)
         while hit is not None:  # (clean text: one search that finds nothing)
             at = hit.start()
-            left = len(text) - at
-            if any(left < len(v) and v.startswith(text[at:]) for v in self.by_start[hit.group()]):
+            piece = text[at:end]
+            if any(len(piece) < len(v) and v.startswith(piece) for v in self.by_start[hit.group()]):
                 return at
-            hit = self.regex.search(text, at + 1)
+            hit = self.regex.search(text, at + 1, end)
         return None
 
 
