@@ -132,12 +132,12 @@ class _Registry:
 class _Pieces:
     """Where a text was cut across a declared secret (a ``Secret`` input's value, ``register_secret``,
     ``register_secret_env``), the piece left: its first 8+ characters at the end of a text cut
-    after them (``text[:n]``), or before a cut's mark (``...``, ``…``) inside one, and its last 8+
-    at the start of one cut before them (a traceback's ``[-n:]``). Text is scrubbed before it is
-    cut, but only of what the cutting process knows: a value declared in the driver is unknown
-    to the Ray worker that cut an error holding it, and the whole-value search at the store
-    could not find the piece. Declared values only: the environment's secret-named variables
-    are known to every process started from it."""
+    after them (``text[:n]``, maybe quoted: ``f"{text[:n]!r}"``), or before a cut's mark (``...``,
+    ``…``) inside one, and its last 8+ at the start of one cut before them (a traceback's
+    ``[-n:]``). Text is scrubbed before it is cut, but only of what the cutting process knows: a
+    value declared in the driver is unknown to the Ray worker that cut an error holding it, and
+    the whole-value search at the store could not find the piece. Declared values only: the
+    environment's secret-named variables are known to every process started from it."""
 
     def __init__(self, values: list[str]) -> None:
         self.longest = max(map(len, values))
@@ -148,17 +148,21 @@ class _Pieces:
         # a piece ends the text, or where a cut is marked inside it (a damaged row's value quoted
         # as ``repr(value)[:77] + "..."`` in an error message); right to left, so the ends stay put
         ends = [len(text)]
-        if "..." in text or "…" in text:
+        closed = len(text.rstrip(_CLOSERS))  # a piece quoted, cut: f"{value[:n]!r}", f"({value[:n]})"
+        if len(text) - 3 <= closed < len(text):
+            ends.append(closed)
+        if "..." in text or "…" in text or len(ends) > 1:
             for mark in _CUT_MARKS:
                 found = text.find(mark)
                 while found >= 0:
                     ends.append(found)
                     found = text.find(mark, found + len(mark))
             ends = sorted(set(ends), reverse=True)
+        upto = len(text)
         for end in ends:
-            at = self.starts.at_end(text, end, self.longest)
+            at = self.starts.at_end(text, end, self.longest) if end <= upto else None
             if at is not None:
-                text = text[:at] + MARKER + text[end:]
+                text, upto = text[:at] + MARKER + text[end:], at
         window = text[:self.longest][::-1]
         at = self.ends.at_end(window, len(window), self.longest)
         if at is not None:
@@ -167,6 +171,7 @@ class _Pieces:
 
 
 _CUT_MARKS = ("...", "…")
+_CLOSERS = "'\")]}"
 
 
 class _Starts:

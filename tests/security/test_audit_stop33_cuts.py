@@ -109,6 +109,7 @@ def test_a_cut_declared_secret_is_masked_at_either_end_of_a_text() -> None:
     assert scrub({"message": "boom " + DECLARED[:-1], "n": 3}) == {"message": "boom " + MARKER, "n": 3}
     # a cut marked inside a longer text: "holds {repr(value)[:77]}...: Expecting ..."
     assert scrub_text(f"holds '{head}...: not JSON") == f"holds '{MARKER}...: not JSON"
+    assert scrub_text(f"the model declined: {head!r}") == f"the model declined: '{MARKER}'"  # f"{text[:n]!r}"
     # shorter than a secret can be, or not at an end: text, not a piece (and a whole one is masked anyway)
     for text in ("x" + DECLARED[:7], DECLARED[-7:] + "y", head + " in the middle", "[redacted] " + MARKER):
         assert scrub_text(text) == text

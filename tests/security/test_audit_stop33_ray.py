@@ -11,8 +11,10 @@ open (xfail below, fix proposed in the report).
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ from sqlalchemy import select
 import raysaga
 from raysaga import Permanent, RunStatus, Workflow
 from raysaga.agents import Agent, ModelResponse, ScriptedModel, Usage, text_reply, tool
+from raysaga.agents.messages import ModelRequest
 from raysaga.agents.tools import ToolError
 from raysaga.orchestrator import RayExecutor
 from raysaga.state import SqlStore
@@ -128,3 +131,46 @@ def test_what_an_agent_and_its_tools_said_holds_no_driver_only_secret(tmp_path: 
         store.close()
     assert record.status == RunStatus.COMPLETED, record.status_reason
     assert "\n".join(_rows_holding(url, [DRIVER_SECRET])) == ""
+
+
+@tool
+def explode(order: str) -> str:
+    """Place an order at the vendor."""
+    raise Permanent(f"the vendor is down (tried with {DRIVER_SECRET})")  # not a ToolError: the call fails
+
+
+@dataclass(frozen=True)
+class Witness:
+    """A model that calls ``explode``, then answers whether the failure it was told held the secret."""
+
+    name: str = "witness"
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        if len(request.messages) == 1:
+            return _turn({"type": "tool_use", "id": "toolu_0", "name": "explode", "input": {"order": "o-1"}})
+        told = json.dumps(request.model_dump(mode="json"))
+        return text_reply("told the secret" if DRIVER_SECRET in told else "told a scrubbed failure")
+
+    def cost(self, usage: Usage) -> float:
+        return 0.0
+
+
+def test_a_failed_tool_call_is_told_to_the_model_scrubbed_of_a_driver_only_secret(tmp_path: Path,
+                                                                                 ray_ex: RayExecutor) -> None:
+    """The driver turns a tool call that failed for good into the model's next message
+    (``record_tool_failure``), from the error the worker scrubbed of what it knew: the model was
+    told a secret declared in the driver, which a resume (reading the store's row) never tells."""
+    wf = Workflow("audit_stop33_witness")
+
+    @wf.agent(Agent(name="orderer", model=Witness(), tools=(explode,), max_turns=3))
+    def order(input: str) -> str:
+        return input
+
+    url = f"sqlite:///{tmp_path / 'witness.db'}"
+    store = SqlStore(url)
+    try:
+        record = raysaga.run(wf, "order it", store=store, executor=ray_ex)
+    finally:
+        store.close()
+    assert record.status == RunStatus.COMPLETED, record.status_reason
+    assert record.output == {"order": "told a scrubbed failure"}

@@ -79,3 +79,34 @@ def test_a_watch_frame_carries_no_style_a_step_s_error_asked_for(failed_run: tup
     styles = [shown.get_style_at_offset(cli_errors.out, span.start) for span in shown.spans]
     assert not [s for s in styles if s.link or s.conceal], [str(s) for s in styles]
     assert "\\x1b]8;;https://evil.example/" in shown.plain.splitlines()[0]
+
+
+KEY = "sk-ant-api03-" + "W" * 40
+
+gated = Workflow("audit_stop33_inbox")
+
+
+@gated.step()
+def draft(input: str) -> str:
+    return input
+
+
+@gated.approval(after=["draft"])
+def send(draft: str) -> str:
+    return f"call the vendor with Authorization: Bearer {KEY}?"  # an approval's prompt is its output: stored as is
+
+
+@pytest.mark.xfail(strict=True, reason="open (helper-43's report): cli_ops.inbox prints the request's prompt "
+                   "(with --json the whole request, payload included) unscrubbed; the dashboard's inbox hides it")
+def test_the_inbox_shows_a_prompt_scrubbed_as_the_dashboard_does(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'inbox.db'}"
+    store = SqlStore(url)
+    try:
+        record = raysaga.run(gated, "x", store=store, executor="inline")
+    finally:
+        store.close()
+    assert record.status == RunStatus.WAITING_HUMAN
+    for extra in ([], ["--json"]):
+        shown = CliRunner().invoke(app, ["inbox", "--db", url, *extra])
+        assert shown.exit_code == 0 and record.run_id in shown.output, shown.output
+        assert KEY not in shown.output
