@@ -33,6 +33,7 @@ from raysaga.agents.runtime import INVALID_INPUT
 from raysaga.agents.tools import Tool, ToolError
 from raysaga.errors import UserError
 from raysaga.state import jsoncodec
+from raysaga.state.redact import scrub_text
 from raysaga.types import check_text
 
 __all__ = [
@@ -339,8 +340,11 @@ def record_tool_failure(agent: Agent, conv: Conversation, t: int, k: int, error:
     tool = tool_of(agent, conv, t, k)
     name = tool.name if tool is not None else "the tool"
     detail = error.get("reason") or "it failed"
-    result = {"content": f"{name} failed ({detail}): {error.get('type')}: {error.get('message', '')}"[:1000],
-              "is_error": True}
+    # scrubbed here, in the driver, before it is cut: the worker that ran the tool scrubbed the
+    # message of what it knew, not of a value declared secret in the driver (a Secret input's);
+    # the model must not be told it, and a resume (which reads the store's scrubbed row) tells the same
+    text = scrub_text(f"{name} failed ({detail}): {error.get('type')}: {error.get('message', '')}")
+    result = {"content": text[:1000], "is_error": True}
     conv.put(t, k, result)
     return result
 

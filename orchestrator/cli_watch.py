@@ -155,11 +155,13 @@ def _watch(store: SqlStore, record: RunRecord, *, wf: Any, workflow: str | None,
 
 def _render(store: SqlStore, run: RunRecord, where: str, wf: Any, workflow: str | None, dag: bool,
             interval: float) -> Any:
-    from rich.console import Console
     from rich.text import Text
 
-    capture = Console(width=out.width, highlight=False, soft_wrap=True, force_terminal=out.is_terminal,
-                      color_system="truecolor" if out.is_terminal else None)
+    # the CLI's own console class: user text (a step's error, a reason) is escaped as it is
+    # captured, as `status` shows it. A plain Console wrote its ESC sequences raw, and
+    # ``Text.from_ansi`` below read them as styles: an error could draw a hyperlink or hide text.
+    capture = type(out)(width=out.width, highlight=False, soft_wrap=True, force_terminal=out.is_terminal,
+                        color_system="truecolor" if out.is_terminal else None)
     with capture.capture() as got:
         _status().print_status(capture, store, run, store_text=where, wf=wf)
         if dag:

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from raysaga.errors import UserError, WorkflowDefinitionError
+from raysaga.state.redact import scrub_text
 
 
 class ItemSuccess(BaseModel):
@@ -183,14 +184,15 @@ def min_success_ratio(ratio: float) -> FanOutPolicy:
 
 
 def _readable(show: Callable[[Any], str], value: Any) -> str:
-    """``str``/``repr`` of user code's exception or return value, bounded and storable, or a note if
+    """``str``/``repr`` of user code's exception or return value, scrubbed, bounded and storable, or a note if
     it cannot be read: one whose ``__str__`` raised escaped the driver's guard around the policy and
     crashed it (the run left running, every resume the same)."""
     try:
         text = show(value)
     except Exception as problem:  # any failure of user code reading its own value
         return f"<a {type(value).__name__} whose {show.__name__}() raised {type(problem).__name__}>"
-    return text[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
+    # scrubbed before it is cut (a secret cut in two is no longer one the store's scrub can find)
+    return scrub_text(text)[:MAX_REASON].encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def on_partial_failure(fn: DecisionFn) -> FanOutPolicy:

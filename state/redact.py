@@ -13,6 +13,10 @@ of a secret-named key such as ``authorization``). What counts as a secret:
   ``password=``/``password: ``/``'password': '...'`` in free text, and token shapes: ``sk-ant-…``, ``sk-…`` (20+),
   GitHub ``ghp_…``/``github_pat_…``, Slack ``xox?-…``, AWS ``AKIA…``.
 
+A piece of a declared value (registered, or named with ``register_secret_env``) that a cut left
+at either end of a text is masked too: a worker that cut an error never knew a value declared in
+the driver (see ``_Pieces``).
+
 It is applied where failures become records (step errors and tracebacks, agent errors, tool
 errors), again at the store's write boundary (node errors, event data, run reasons and
 errors — never step outputs: changing a user's output would be a wrong result), and to the
@@ -76,6 +80,10 @@ class _Registry:
         self.watched: tuple[str, ...] = ()
         self.values: frozenset[str] = frozenset()
         self.regex: re.Pattern[str] | None = None
+        self.declared: frozenset[str] = frozenset()
+        #: a piece of a declared value where a cut left it: its end at the text's start, its start
+        #: at the text's end (``_Pieces``), or None when nothing is declared
+        self.pieces: _Pieces | None = None
 
     def _env_changed(self) -> bool:
         environ = os.environ
@@ -93,6 +101,10 @@ class _Registry:
                         + sorted(n for n in self.env_names if n not in environ))
         values = {v for n in watched if (v := environ.get(n)) and len(v) >= MIN_SECRET_LEN}
         values |= self.registered
+        declared = self.registered | {v for n in self.env_names if (v := environ.get(n)) and len(v) >= MIN_SECRET_LEN}
+        if declared != self.declared:
+            self.declared = frozenset(declared)
+            self.pieces = _pieces(self.declared)
         self.watched = watched
         self.env_seen = (len(os.environ), tuple(os.environ.get(n) for n in watched))
         if values != self.values:
@@ -117,6 +129,80 @@ class _Registry:
             self._rebuild()
 
 
+class _Pieces:
+    """Where a text was cut across a declared secret (a ``Secret`` input's value, ``register_secret``,
+    ``register_secret_env``), the piece left: its first 8+ characters at the end of a text cut
+    after them (``text[:n]``, maybe quoted: ``f"{text[:n]!r}"``), or before a cut's mark (``...``,
+    ``…``) inside one, and its last 8+ at the start of one cut before them (a traceback's
+    ``[-n:]``). Text is scrubbed before it is cut, but only of what the cutting process knows: a
+    value declared in the driver is unknown to the Ray worker that cut an error holding it, and
+    the whole-value search at the store could not find the piece. Declared values only: the
+    environment's secret-named variables are known to every process started from it."""
+
+    def __init__(self, values: list[str]) -> None:
+        self.longest = max(map(len, values))
+        self.starts = _Starts(values)  # v[:k] ending the text (or a cut inside it)
+        self.ends = _Starts([v[::-1] for v in values])  # v[-k:] starting it, read reversed
+
+    def sub(self, text: str) -> str:
+        # a piece ends the text, or where a cut is marked inside it (a damaged row's value quoted
+        # as ``repr(value)[:77] + "..."`` in an error message); right to left, so the ends stay put
+        ends = [len(text)]
+        closed = len(text.rstrip(_CLOSERS))  # a piece quoted, cut: f"{value[:n]!r}", f"({value[:n]})"
+        if len(text) - 3 <= closed < len(text):
+            ends.append(closed)
+        if "..." in text or "…" in text or len(ends) > 1:
+            for mark in _CUT_MARKS:
+                found = text.find(mark)
+                while found >= 0:
+                    ends.append(found)
+                    found = text.find(mark, found + len(mark))
+            ends = sorted(set(ends), reverse=True)
+        upto = len(text)
+        for end in ends:
+            at = self.starts.at_end(text, end, self.longest) if end <= upto else None
+            if at is not None:
+                text, upto = text[:at] + MARKER + text[end:], at
+        window = text[:self.longest][::-1]
+        at = self.ends.at_end(window, len(window), self.longest)
+        if at is not None:
+            text = MARKER + text[len(window) - at:]
+        return text
+
+
+_CUT_MARKS = ("...", "…")
+_CLOSERS = "'\")]}"
+
+
+class _Starts:
+    """Finds ``v[:k]`` (``MIN_SECRET_LEN <= k < len(v)``) of any of ``values`` ending at a point: a
+    search for their first characters (one precompiled regex; again after each hit, as hits may
+    overlap) in the ``len(v)`` characters before it, each hit checked against its values (no
+    pattern of a value's prefixes: a 4 KB key's nest too deep for ``re``)."""
+
+    def __init__(self, values: list[str]) -> None:
+        self.by_start: dict[str, list[str]] = {}
+        for v in values:
+            self.by_start.setdefault(v[:MIN_SECRET_LEN], []).append(v)
+        self.regex = re.compile("|".join(map(re.escape, self.by_start)))
+
+    def at_end(self, text: str, end: int, longest: int) -> int | None:
+        """Where the piece ending at ``text[end]`` starts (the longest one), or None."""
+        hit = self.regex.search(text, max(0, end - longest + 1), end)
+        while hit is not None:  # (clean text: one search that finds nothing)
+            at = hit.start()
+            piece = text[at:end]
+            if any(len(piece) < len(v) and v.startswith(piece) for v in self.by_start[hit.group()]):
+                return at
+            hit = self.regex.search(text, at + 1, end)
+        return None
+
+
+def _pieces(values: frozenset[str]) -> _Pieces | None:
+    cut = [v for v in values if len(v) > MIN_SECRET_LEN]  # a piece is shorter than its value
+    return _Pieces(cut) if cut else None
+
+
 _REGISTRY = _Registry()
 
 
@@ -138,8 +224,12 @@ def scrub_text(text: str) -> str:
 
 
 def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
-    if literal is not None and literal.search(text):
-        text = literal.sub(MARKER, text)
+    if literal is not None:
+        if literal.search(text):
+            text = literal.sub(MARKER, text)
+        pieces = _REGISTRY.pieces
+        if pieces is not None:
+            text = pieces.sub(text)
     low = text.lower()
     if any(hint in low for hint in _HINTS):
         for regex, replacement in _SUBS:

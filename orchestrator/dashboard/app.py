@@ -39,6 +39,7 @@ from raysaga.orchestrator.dashboard import actions, metrics, params, views
 from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, SAFE_METHODS, Guard
 from raysaga.state import Store
 from raysaga.state.dashboard_reads import RunFilter
+from raysaga.state.redact import scrub_text
 
 # resolved: an editable install links each file, and StaticFiles follows no link out of its folder
 STATIC = Path(__file__).resolve().parent / "static"
@@ -74,7 +75,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
             return PlainTextResponse("refused: a state-changing request needs the page's CSRF header", 403)
         problem = params.query_problem(request.scope.get("query_string", b""))
         if problem is not None:
-            return JSONResponse({"error": problem}, 400)
+            return _refusal(problem, 400)
         response = await call_next(request)
         for k, v in _HEADERS.items():
             response.headers.setdefault(k, v)
@@ -82,20 +83,20 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.exception_handler(RunNotFoundError)
     async def not_found(request: Request, exc: RunNotFoundError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, 404)
+        return _refusal(str(exc), 404)
 
     @app.exception_handler(UserError)
     async def bad_request(request: Request, exc: UserError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, 400)
+        return _refusal(str(exc), 400)
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer (422, a list under "detail") showed in the page as "[object Object]"
-        return JSONResponse({"error": params.validation_message(exc.errors())}, 400)
+        return _refusal(params.validation_message(exc.errors()), 400)
 
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
-        return JSONResponse({"error": str(exc)}, 500)
+        return _refusal(str(exc), 500)
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, token: str | None = None) -> Response:
@@ -243,6 +244,13 @@ def _actor(value: Any) -> str:
         shown = value[:40] + "…" if isinstance(value, str) and len(value) > 40 else value
         raise UserError(f"by={shown!r} is not a name: 1-{MAX_ACTOR} printable characters")
     return value
+
+
+def _refusal(message: str, code: int) -> JSONResponse:
+    """An error's answer, scrubbed as every value the dashboard shows: a damaged row's message
+    quotes the row's text (``CorruptRecordError``), which may be an output holding a key, and
+    the CLI's errors, scrubbed, hid it while the page showed it."""
+    return JSONResponse({"error": scrub_text(message)}, code)
 
 
 def _missing(run_id: str) -> NoReturn:
