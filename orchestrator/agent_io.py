@@ -1,5 +1,6 @@
 """The driver's answers to an agent's queries that need the store or user code: a prompt built,
-a circuit breaker asked, a shared-memory key read or compare-and-set.
+a circuit breaker asked, a shared-memory key read or compare-and-set; and what its calls said,
+scrubbed of the secrets the driver knows.
 
 The run machine only asks (``raysaga.orchestrator.machine.outbox``); these do the I/O. Circuit
 breakers are store rows shared by every driver on the store (the fleet): a probe is admitted by
@@ -10,9 +11,12 @@ compare-and-set here, while call outcomes are counted in the run's fenced batch
 from __future__ import annotations
 
 from raysaga.agents.breaker import BreakerPolicy, admit
+from raysaga.node_key import NodeKey
 from raysaga.orchestrator.machine.outbox import AdmitTool, MemoryOp
 from raysaga.orchestrator.speculation import is_peek
-from raysaga.state import BreakerRecord, BreakerState, Lease, MemoryEntry, Store
+from raysaga.orchestrator.task import NodeOutcome
+from raysaga.state import BreakerRecord, BreakerState, Lease, MemoryEntry, Store, jsoncodec
+from raysaga.state.redact import scrub_secret_values, secret_values_known
 
 #: Compare-and-set attempts on a breaker row before giving up (a change by another driver each time).
 CAS_TRIES = 5
@@ -56,3 +60,25 @@ def memory(store: Store, lease: Lease, op: MemoryOp) -> MemoryEntry:
     if op.name == "memory_read":
         return store.memory_get(lease.run_id, op.memory_key)
     return store.memory_cas(lease, op.memory_key, op.value, op.expected_version, op.writer)
+
+
+def scrubbed_turns(outcomes: list[tuple[NodeKey, NodeOutcome]]) -> list[tuple[NodeKey, NodeOutcome]]:
+    """What an agent's model calls and tool calls returned, scrubbed of the secret values this
+    driver knows (DESIGN invariant 7). Their task scrubbed them of what its worker knows; a value
+    declared only in the driver (a ``Secret`` input's, ``register_secret``) is unknown on a Ray
+    worker, and the store writes outputs as given. The run machine gets the scrubbed text, so the
+    conversation goes on as a resume, reading the row, would see it."""
+    if not secret_values_known():
+        return outcomes
+    out = outcomes
+    for i, (key, outcome) in enumerate(outcomes):
+        text = outcome.output_json
+        if key.turn is None or not outcome.ok or text is None:
+            continue
+        value = jsoncodec.loads(text)
+        clean = scrub_secret_values(value)
+        if clean != value:
+            if out is outcomes:
+                out = list(outcomes)
+            out[i] = (key, outcome._replace(output_json=jsoncodec.dumps(clean, f"node {key.label}")))
+    return out

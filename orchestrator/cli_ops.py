@@ -4,6 +4,7 @@ unpause, the inbox and the figures. Each verb is the twin of a ``raysaga.Client`
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -135,10 +136,12 @@ def inbox(
 ) -> None:
     """What waits for a human decision, oldest first."""
     with errors():
+        from raysaga.state.redact import scrub, scrub_text
+
         waiting = _client(db, writes=False).inbox(approver)
-        if as_json:
+        if as_json:  # scrubbed as the dashboard's inbox is: a prompt is a step's output, stored as it came
             for item in waiting:
-                sys.stdout.write(item.model_dump_json() + "\n")
+                sys.stdout.write(json.dumps(scrub(item.model_dump(mode="json"))) + "\n")
             return
         if not waiting:
             say(out, "nothing waits for a decision" + (f" by {approver}" if approver else ""))
@@ -152,7 +155,7 @@ def inbox(
             # "approvers:", not "decided by": it waits, and read so it looked decided already
             say(out, (f"{item.run_id} {label}", "bold"), f"  asked {_ago(now - r.asked_at)} · approvers: "
                 f"{', '.join(r.deciders() or ['anyone'])}{quorum} · {due}")
-            say(out, f"  {r.prompt}")
+            say(out, f"  {scrub_text(r.prompt)}")
 
 
 def submit(

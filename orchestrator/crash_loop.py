@@ -51,6 +51,7 @@ from raysaga.state import (
     RunUpdate,
     Store,
 )
+from raysaga.state.redact import scrub_text
 
 __all__ = ["ALONE", "PROGRESS", "WAITS", "WINDOW", "deaths_in_a_row", "failing_parking", "in_flight",
            "park_if_looping", "parking", "recent_deaths", "suspects"]
@@ -169,6 +170,7 @@ def failing_parking(status: RunStatus, failures: int, error: str, run_id: str) -
     """``blob_parking.parked`` for a run whose last ``failures`` drives all ended in the same kind of
     error before it could be driven (a run row no driver can read, a bug): the driver let go each
     time, so no death is counted, and without this a worker claimed it again at once, for ever."""
+    error = scrub_text(error)  # before it is cut: a cut secret is a piece no scrub finds whole
     reason = (f"parked after {failures} drives in a row failed: {error}; fix what it names, then "
               f"`raysaga retry {run_id}`")[:1000]
     return parked(status, reason, {"type": "DriveFailed", "message": reason, "failures": failures},

@@ -322,7 +322,7 @@ class Driver:
                 continue  # cancelled while this round was absorbed
             assert handle.outcome is not None
             outcomes.append((key, handle.outcome))
-        m.absorb(outcomes, self.clock())
+        m.absorb(agent_io.scrubbed_turns(outcomes), self.clock())
         for back in items or ():
             m.absorb_items(back.keys(), back.outcomes, self.clock())
         self._attempts.cancel(m.out.take_cancel())

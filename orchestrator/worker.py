@@ -59,6 +59,7 @@ from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, RunUpdat
 from raysaga.state.claims import Claim
 from raysaga.state.engine import is_outage
 from raysaga.state.models import PRUNABLE
+from raysaga.state.redact import scrub_text
 
 log = logging.getLogger("raysaga.worker")
 
@@ -382,7 +383,7 @@ class Worker:
             failures = self._failed_drives[run_id] = self._failed_drives.get(run_id, 0) + 1
         if failures < MAX_FAILED_DRIVES:
             return
-        first_line = (str(exc).splitlines() or [""])[0][:300]
+        first_line = scrub_text((str(exc).splitlines() or [""])[0])[:300]  # scrubbed, then cut: no piece left
         try:
             lease = self.store.claim(run_id, new_owner(), self.options.lease_ttl)
         except Exception as why:  # another driver has it now (it is driven), or the store is down

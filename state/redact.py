@@ -294,6 +294,11 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
     return value
 
 
+def secret_values_known() -> bool:
+    """Whether this process knows a secret value (registered, or a secret-named variable's)."""
+    return _REGISTRY.current() is not None
+
+
 def scrub_secret_values(value: Any) -> Any:
     """A JSON value with every known secret *value* (the secret-named environment variables', the
     registered ones) replaced by the marker in its strings, and nothing else changed: no pattern,

@@ -149,7 +149,9 @@ def send_signal(engine: Engine, run_id: str, kind: SignalKind | str, node_id: st
     with engine.begin() as conn:
         run_status(conn, run_id)  # RunNotFoundError; the run's values are not read
         row = conn.execute(
-            insert(signals).values(run_id=run_id, kind=kind.value, node_id=node_id, payload=payload, created_at=now)
+            # scrubbed as the run's reason and events made of it are (a cancel's reason may quote a key)
+            insert(signals).values(run_id=run_id, kind=kind.value, node_id=node_id, payload=scrub(payload),
+                                   created_at=now)
             .returning(*signals.c)
         ).one()
     return SignalRecord.model_validate(row._asdict())

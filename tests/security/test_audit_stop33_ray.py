@@ -5,8 +5,8 @@ Ray worker: the worker scrubs a failed attempt's message of what it knows and cu
 characters, and the driver cuts the run's reason from it to 500. A secret across either cut left
 its first characters in the node's error, the run's error and reason and the event log, where the
 store's scrub looks for whole values only. ``scrub_text`` now masks such a piece at a text's end
-(or start). An agent's turns and tool results are outputs, scrubbed in their task only: still
-open (xfail below, fix proposed in the report).
+(or start). An agent's turns and tool results are outputs, which were scrubbed in their task
+only; the driver scrubs them too now (``agent_io.scrubbed_turns``).
 """
 
 from __future__ import annotations
@@ -110,9 +110,6 @@ def _use(args: dict[str, Any], k: int) -> dict[str, Any]:
     return {"type": "tool_use", "id": f"toolu_{k}", "name": "vendor", "input": args}
 
 
-@pytest.mark.xfail(strict=True, reason="open (helper-43's report): an agent's model responses and tool results are "
-                   "scrubbed of known secret values in their Ray task only (scrub_secret_values), where a value "
-                   "declared in the driver is unknown; the driver stores them as they came (Calls.succeeded)")
 def test_what_an_agent_and_its_tools_said_holds_no_driver_only_secret(tmp_path: Path, ray_ex: RayExecutor) -> None:
     script = (_turn(_use({"account": "good"}, 0), _use({"account": "bad"}, 1)),
               text_reply(f"done: {DRIVER_SECRET}"))

@@ -1,17 +1,16 @@
-"""Stop 33 audit, signals: an operator's cancel reason is kept in the signal row unscrubbed.
+"""Stop 33 audit, signals: an operator's cancel reason was kept in the signal row unscrubbed.
 
 ``Client.cancel(compensate=True, reason=...)`` (``raysaga cancel --compensate --reason``) and a
 cancel or pause of a run a live driver holds send a signal whose payload holds the reason. The
 run's reason and its events are scrubbed at the store's write boundary; ``send_signal`` writes the
-payload as given (decisions scrub their own): an API key pasted into a reason stays in
-``raysaga_signals``. Open: the fix is in ``state/shared_rows.send_signal`` (see the report).
+payload as given (decisions scrub their own): an API key pasted into a reason stayed in
+``raysaga_signals``. Fixed: ``state/shared_rows.send_signal`` scrubs the payload.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 
 import raysaga
@@ -35,8 +34,6 @@ def send(draft: str) -> str:
     return "send it?"
 
 
-@pytest.mark.xfail(strict=True, reason="open (helper-43's report): shared_rows.send_signal stores the payload "
-                   "unscrubbed; the run's reason and events, scrubbed at the store's boundary, hide the key")
 def test_a_cancel_reason_holding_a_key_is_not_kept_in_the_signal(tmp_path: Path) -> None:
     store = SqlStore(f"sqlite:///{tmp_path / 'signals.db'}")
     try:

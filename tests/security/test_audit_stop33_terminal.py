@@ -96,8 +96,6 @@ def send(draft: str) -> str:
     return f"call the vendor with Authorization: Bearer {KEY}?"  # an approval's prompt is its output: stored as is
 
 
-@pytest.mark.xfail(strict=True, reason="open (helper-43's report): cli_ops.inbox prints the request's prompt "
-                   "(with --json the whole request, payload included) unscrubbed; the dashboard's inbox hides it")
 def test_the_inbox_shows_a_prompt_scrubbed_as_the_dashboard_does(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'inbox.db'}"
     store = SqlStore(url)
