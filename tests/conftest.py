@@ -109,8 +109,33 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return str(request.getfixturevalue("pg_url"))
 
 
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite store migrated once for the session, closed (no ``-wal`` left): what a new file is
+    after its first open (migrations, then ``VACUUM``), which the ``store`` fixture copies."""
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    SqlStore(f"sqlite:///{path}").close()
+    assert [p.name for p in path.parent.iterdir()] == [path.name], "the template left a -wal or -shm file"
+    return path
+
+
+def copy_sqlite_template(url: str, request: pytest.FixtureRequest) -> None:
+    """Put the session's migrated template at ``url``'s SQLite file if nothing is there yet.
+
+    A fixture that opens a new store before its test starts (``store``) would migrate a new file
+    (alembic, 14 schema versions, ~0.1-0.3 s); the template is that file, byte for byte, so the test
+    sees the same store. Tests of opening, creating or migrating a store name their own files."""
+    prefix = "sqlite:///"
+    if not url.startswith(prefix) or "?" in url:
+        return
+    path = Path(url[len(prefix):])
+    if path.is_absolute() and path.parent.is_dir() and not path.exists():
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+
+
 @pytest.fixture
-def store(store_url: str) -> Iterator[SqlStore]:
+def store(store_url: str, request: pytest.FixtureRequest) -> Iterator[SqlStore]:
+    copy_sqlite_template(store_url, request)
     s = SqlStore(store_url)
     yield s
     s.close()
