@@ -105,7 +105,10 @@ def pg_url(pg_base_url: str) -> Iterator[str]:
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Every store test runs on a SQLite file and, when configured, on PostgreSQL."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'raysaga.db'}"
+        url = f"sqlite:///{tmp_path / 'raysaga.db'}"
+        if _store_file_from_template(request):
+            copy_sqlite_template(url, request)
+        return url
     return str(request.getfixturevalue("pg_url"))
 
 
@@ -119,12 +122,31 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+#: The folders of tests/ whose ``store_url`` and ``sqlite_url`` stay a path with no file behind it
+#: (the store is created and migrated by the code under test): the tests of opening, creating,
+#: migrating and refusing stores (state, cli), and the folders of other owners (security, agents).
+FRESH_FILE_FOLDERS = ("state", "cli", "security", "agents")
+
+
+def _store_file_from_template(request: pytest.FixtureRequest) -> bool:
+    """Whether this test's ``store_url`` / ``sqlite_url`` file starts as the migrated template."""
+    path = Path(request.node.path).resolve()
+    try:
+        folder = path.relative_to(Path(__file__).resolve().parent).parts[0]
+    except ValueError:
+        return False
+    return folder not in FRESH_FILE_FOLDERS and "stop33" not in path.name
+
+
 def copy_sqlite_template(url: str, request: pytest.FixtureRequest) -> None:
     """Put the session's migrated template at ``url``'s SQLite file if nothing is there yet.
 
-    A fixture that opens a new store before its test starts (``store``) would migrate a new file
-    (alembic, 14 schema versions, ~0.1-0.3 s); the template is that file, byte for byte, so the test
-    sees the same store. Tests of opening, creating or migrating a store name their own files."""
+    A new file is migrated by whichever process opens it first (alembic, 14 schema versions:
+    ~0.1-0.3 s in this process, plus ~0.4 s importing alembic in a driver subprocess); the template
+    is that file, byte for byte, so the test sees the same store. ``store`` opens the store before
+    its test starts anyway; ``store_url`` and ``sqlite_url`` do this outside ``FRESH_FILE_FOLDERS``
+    (whose tests see a path with nothing behind it). Opening and migrating new files is tested in
+    tests/state (test_migrations.py, test_store_open.py) and tests/cli."""
     prefix = "sqlite:///"
     if not url.startswith(prefix) or "?" in url:
         return
@@ -158,8 +180,11 @@ def own_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'raysaga.db'}"
+def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    url = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    if _store_file_from_template(request):
+        copy_sqlite_template(url, request)
+    return url
 
 
 @pytest.fixture(scope="session")
