@@ -30,6 +30,7 @@ import pytest
 from raysaga.state import SqlStore
 from tests.support.postgres import drop_pg_database, make_pg_database
 from tests.support.processes import pids_mentioning
+from tests.support.store_template import copy_template
 
 PG_ENV = "RAYSAGA_TEST_PG_URL"
 
@@ -103,23 +104,14 @@ def pg_url(pg_base_url: str) -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Every store test runs on a SQLite file and, when configured, on PostgreSQL."""
+    """Every store test runs on a SQLite file and, when configured, on PostgreSQL. Outside
+    ``FRESH_FILE_FOLDERS`` the SQLite file starts as a copy of the migrated empty template."""
     if request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'raysaga.db'}"
         if _store_file_from_template(request):
-            copy_sqlite_template(url, request)
+            copy_template(url)
         return url
     return str(request.getfixturevalue("pg_url"))
-
-
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite store migrated once for the session, closed (no ``-wal`` left): what a new file is
-    after its first open (migrations, then ``VACUUM``), which the ``store`` fixture copies."""
-    path = tmp_path_factory.mktemp("template") / "template.db"
-    SqlStore(f"sqlite:///{path}").close()
-    assert [p.name for p in path.parent.iterdir()] == [path.name], "the template left a -wal or -shm file"
-    return path
 
 
 #: The folders of tests/ whose ``store_url`` and ``sqlite_url`` stay a path with no file behind it
@@ -129,7 +121,9 @@ FRESH_FILE_FOLDERS = ("state", "cli", "security", "agents")
 
 
 def _store_file_from_template(request: pytest.FixtureRequest) -> bool:
-    """Whether this test's ``store_url`` / ``sqlite_url`` file starts as the migrated template."""
+    """Whether this test's ``store_url`` / ``sqlite_url`` file starts as a copy of the migrated
+    template (``tests.support.store_template``: the same file its first open would make) rather
+    than as a path with nothing behind it."""
     path = Path(request.node.path).resolve()
     try:
         folder = path.relative_to(Path(__file__).resolve().parent).parts[0]
@@ -138,26 +132,9 @@ def _store_file_from_template(request: pytest.FixtureRequest) -> bool:
     return folder not in FRESH_FILE_FOLDERS and "stop33" not in path.name
 
 
-def copy_sqlite_template(url: str, request: pytest.FixtureRequest) -> None:
-    """Put the session's migrated template at ``url``'s SQLite file if nothing is there yet.
-
-    A new file is migrated by whichever process opens it first (alembic, 14 schema versions:
-    ~0.1-0.3 s in this process, plus ~0.4 s importing alembic in a driver subprocess); the template
-    is that file, byte for byte, so the test sees the same store. ``store`` opens the store before
-    its test starts anyway; ``store_url`` and ``sqlite_url`` do this outside ``FRESH_FILE_FOLDERS``
-    (whose tests see a path with nothing behind it). Opening and migrating new files is tested in
-    tests/state (test_migrations.py, test_store_open.py) and tests/cli."""
-    prefix = "sqlite:///"
-    if not url.startswith(prefix) or "?" in url:
-        return
-    path = Path(url[len(prefix):])
-    if path.is_absolute() and path.parent.is_dir() and not path.exists():
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-
-
 @pytest.fixture
-def store(store_url: str, request: pytest.FixtureRequest) -> Iterator[SqlStore]:
-    copy_sqlite_template(store_url, request)
+def store(store_url: str) -> Iterator[SqlStore]:
+    copy_template(store_url)  # it opens the store before its test anyway: the same file, not migrated again
     s = SqlStore(store_url)
     yield s
     s.close()
@@ -183,7 +160,7 @@ def own_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
 def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
     url = f"sqlite:///{tmp_path / 'raysaga.db'}"
     if _store_file_from_template(request):
-        copy_sqlite_template(url, request)
+        copy_template(url)
     return url
 
 
