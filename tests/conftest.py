@@ -30,6 +30,7 @@ import pytest
 from raysaga.state import SqlStore
 from tests.support.postgres import drop_pg_database, make_pg_database
 from tests.support.processes import pids_mentioning
+from tests.support.store_template import copy_template
 
 PG_ENV = "RAYSAGA_TEST_PG_URL"
 
@@ -103,14 +104,37 @@ def pg_url(pg_base_url: str) -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """Every store test runs on a SQLite file and, when configured, on PostgreSQL."""
+    """Every store test runs on a SQLite file and, when configured, on PostgreSQL. Outside
+    ``FRESH_FILE_FOLDERS`` the SQLite file starts as a copy of the migrated empty template."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'raysaga.db'}"
+        url = f"sqlite:///{tmp_path / 'raysaga.db'}"
+        if _store_file_from_template(request):
+            copy_template(url)
+        return url
     return str(request.getfixturevalue("pg_url"))
+
+
+#: The folders of tests/ whose ``store_url`` and ``sqlite_url`` stay a path with no file behind it
+#: (the store is created and migrated by the code under test): the tests of opening, creating,
+#: migrating and refusing stores (state, cli), and the folders of other owners (security, agents).
+FRESH_FILE_FOLDERS = ("state", "cli", "security", "agents")
+
+
+def _store_file_from_template(request: pytest.FixtureRequest) -> bool:
+    """Whether this test's ``store_url`` / ``sqlite_url`` file starts as a copy of the migrated
+    template (``tests.support.store_template``: the same file its first open would make) rather
+    than as a path with nothing behind it."""
+    path = Path(request.node.path).resolve()
+    try:
+        folder = path.relative_to(Path(__file__).resolve().parent).parts[0]
+    except ValueError:
+        return False
+    return folder not in FRESH_FILE_FOLDERS and "stop33" not in path.name
 
 
 @pytest.fixture
 def store(store_url: str) -> Iterator[SqlStore]:
+    copy_template(store_url)  # it opens the store before its test anyway: the same file, not migrated again
     s = SqlStore(store_url)
     yield s
     s.close()
@@ -133,8 +157,11 @@ def own_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[st
 
 
 @pytest.fixture
-def sqlite_url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'raysaga.db'}"
+def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    url = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    if _store_file_from_template(request):
+        copy_template(url)
+    return url
 
 
 @pytest.fixture(scope="session")

@@ -127,35 +127,53 @@ def test_a_label_holding_a_secret_is_refused_and_nothing_is_created(store: SqlSt
         store.get_run("rv-secret")
 
 
-def _create_at_once(url: str, run_id: str, owner: str, barrier: Any, results: Any) -> None:
-    store = SqlStore(url)
-    try:
-        new = new_run(wf, {"log": "x"}, run_id=run_id, options=None, workflow_ref=None)
-        barrier.wait(timeout=60)
+def _create_at_once(url: str, run_ids: list[str], owner: str, barrier: Any, results: Any) -> None:
+    """One racer: for each round (run id), a store of its own, then the barrier, then the create."""
+    for run_id in run_ids:
+        store = SqlStore(url)
         try:
-            store.create_claimed(new, owner, 30.0)
-            results.put((owner, "won"))
-        except RunExistsError:
-            results.put((owner, "exists"))
-        except Exception as exc:
-            results.put((owner, f"{type(exc).__name__}: {exc}"))
+            new = new_run(wf, {"log": "x"}, run_id=run_id, options=None, workflow_ref=None)
+            barrier.wait(timeout=60)
+            try:
+                store.create_claimed(new, owner, 30.0)
+                results.put((run_id, owner, "won"))
+            except RunExistsError:
+                results.put((run_id, owner, "exists"))
+            except Exception as exc:
+                results.put((run_id, owner, f"{type(exc).__name__}: {exc}"))
+        finally:
+            store.close()
+
+
+def _race(target: Any, rounds: list[Any], racers: list[Any]) -> dict[Any, list[Any]]:
+    """Two processes (spawned once: a spawn costs ~1-2 s of imports) race once per round, meeting
+    at a barrier before each; the results of each round, keyed by its first field."""
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(len(racers)), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*racer[:1], rounds, *racer[1:], barrier, results)) for racer in racers]
+    for p in procs:
+        p.start()
+    got: dict[Any, list[Any]] = {}
+    try:
+        for _ in range(len(rounds) * len(procs)):
+            key, *rest = results.get(timeout=120)
+            got.setdefault(key, []).append(rest[0] if len(rest) == 1 else tuple(rest))
     finally:
-        store.close()
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    return got
 
 
 def test_two_processes_create_one_run_id_at_once(store_url: str) -> None:
     SqlStore(store_url).close()  # migrated before the race
-    ctx = multiprocessing.get_context("spawn")
-    for round_ in range(4):
-        run_id = f"rv-race-{round_}-{os.getpid()}"
-        barrier, results = ctx.Barrier(2), ctx.Queue()
-        procs = [ctx.Process(target=_create_at_once, args=(store_url, run_id, f"owner-{i}", barrier, results))
-                 for i in range(2)]
-        for p in procs:
-            p.start()
-        got = dict(results.get(timeout=120) for _ in procs)
-        for p in procs:
-            p.join(timeout=60)
+    # four rounds, each a new run id the two processes create at the same instant
+    run_ids = [f"rv-race-{round_}-{os.getpid()}" for round_ in range(4)]
+    rounds = _race(_create_at_once, run_ids, [(store_url, f"owner-{i}") for i in range(2)])
+    assert sorted(rounds) == sorted(run_ids), rounds
+    for run_id in run_ids:
+        got = dict(rounds[run_id])
         assert sorted(got.values()) == ["exists", "won"], got
         winner = next(owner for owner, what in got.items() if what == "won")
         store = SqlStore(store_url)
@@ -168,34 +186,31 @@ def test_two_processes_create_one_run_id_at_once(store_url: str) -> None:
             store.close()
 
 
-def _run_at_once(url: str, run_id: str, log: str, barrier: Any, results: Any) -> None:
-    barrier.wait(timeout=60)
-    try:
-        record = raysaga.run(wf, {"log": log}, store=url, executor="inline", run_id=run_id)
-        results.put(record.status.value)
-    except LeaseHeldError:
-        results.put("held")
-    except Exception as exc:
-        results.put(f"{type(exc).__name__}: {exc}")
+def _run_at_once(url: str, rounds: list[tuple[str, str]], barrier: Any, results: Any) -> None:
+    """One racer: for each round (run id, log), the barrier, then ``raysaga.run``."""
+    for run_id, log in rounds:
+        barrier.wait(timeout=60)
+        try:
+            record = raysaga.run(wf, {"log": log}, store=url, executor="inline", run_id=run_id)
+            results.put((run_id, record.status.value))
+        except LeaseHeldError:
+            results.put((run_id, "held"))
+        except Exception as exc:
+            results.put((run_id, f"{type(exc).__name__}: {exc}"))
 
 
 def test_two_processes_run_one_new_run_id_at_once(store_url: str, tmp_path: Path) -> None:
     """raysaga.run twice at once with one new run id: one drives it, the other backs off on the
     lease (or finds it completed); the step runs once."""
     SqlStore(store_url).close()
-    ctx = multiprocessing.get_context("spawn")
-    for round_ in range(3):
-        run_id, log = f"rv-run-race-{round_}-{os.getpid()}", tmp_path / f"log-{round_}"
-        barrier, results = ctx.Barrier(2), ctx.Queue()
-        procs = [ctx.Process(target=_run_at_once, args=(store_url, run_id, str(log), barrier, results))
-                 for _ in range(2)]
-        for p in procs:
-            p.start()
-        got = sorted(results.get(timeout=120) for _ in procs)
-        for p in procs:
-            p.join(timeout=60)
+    # three rounds, each a new run id the two processes run at the same instant
+    runs = [(f"rv-run-race-{round_}-{os.getpid()}", str(tmp_path / f"log-{round_}")) for round_ in range(3)]
+    rounds = _race(_run_at_once, runs, [(store_url,), (store_url,)])
+    assert sorted(rounds) == sorted(run_id for run_id, _ in runs), rounds
+    for run_id, log in runs:
+        got = sorted(rounds[run_id])
         assert got in (["completed", "completed"], ["completed", "held"]), got
-        assert len(log.read_text().splitlines()) == 1
+        assert len(Path(log).read_text().splitlines()) == 1
         store = SqlStore(store_url)
         try:
             row = store.get_run(run_id)

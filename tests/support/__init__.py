@@ -16,6 +16,7 @@ and Ray workers get the driver's ``sys.path``). Nothing here is collected as a t
 - ``agent_flows``: an agent workflow on the real ``anthropic`` SDK, and its own driver process;
 - ``messages_server``: a local stand-in for Anthropic's Messages API;
 - ``cli``: invoking the CLI in-process.
+- ``store_template``: a migrated empty SQLite store to copy where a test needs one, not a migration.
 
 The helpers a user needs to test their own workflows (a recording model, a deduping in-memory
 provider, crash points) live in ``raysaga.testing``; these modules build on them.

@@ -53,6 +53,7 @@ from tests.support.chaos_record import undo_order as undo_order
 from tests.support.kill_sweep import LEASE_TTL
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
+from tests.support.store_template import copy_template
 
 FLOWS = "tests.support.chaos_flows"
 RESTING = (RunStatus.RUNNING, RunStatus.COMPENSATING)
@@ -79,6 +80,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
                              executor=executor, resume=resume, faults=faults, go_file=go_file,
                              run_input=None if resume else chaos_flows.sample_input(services.url))
 
+    copy_template(db)  # an empty store (no driver is started yet)
     store = SqlStore(db)
     drivers = Drivers(start, folder, spec, executor)
     try:
@@ -206,6 +208,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
                              run_input=run_input, lease_ttl=LEASE_TTL[golden.executor], executor=golden.executor,
                              go_file=go_file, faults=faults if faults is None or mode == "kill" else f"{faults}={mode}")
 
+    copy_template(db)  # an empty store (no driver is started yet)
     store = SqlStore(db)
     drivers = Drivers(start, folder, golden.spec, golden.executor)
     try:

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from raysaga.state import RunStatus, SqlStore
 from tests.support import crash_driver
+from tests.support.store_template import copy_template
 
 # re-exported: the sweeps import them from here
 from tests.support.sweep import FULL_SWEEP as FULL_SWEEP
@@ -80,6 +81,7 @@ def kill_and_resume(start: Start, db: str, run_id: str, kills: Sequence[Kill], t
         process stopped, on exit).
     """
     assert kills, "a case kills at least once"
+    copy_template(db)  # an empty store, before any driver starts (the first one opens it at once)
     gos = [tmp_path / f"go{i}" for i in range(len(kills))]
     # driver i+1 resumes after kill i; all but the last carry the next crash point
     drivers = [start(fault(kills[i]), True, gos[i - 1]) for i in range(1, len(kills))]
