@@ -1,5 +1,5 @@
 """A fan-out step measured by a recent run of this process sizes the next run's first chunks
-(``ray_lanes.remembered_item_seconds``) instead of a wave of single-item probes; a memory older
+(``ray_lanes.remembered_item_seconds``): its first wave carries chunks, not one item a task; a memory older
 than ``REMEMBER_S``, or of another function, is not used, and the run's own first measure
 replaces it. Checked on the session's local Ray cluster, with the chunks the driver packs recorded.
 """
@@ -107,10 +107,11 @@ def test_the_runs_own_measure_replaces_the_memory() -> None:
     items back (slow) size every later one."""
     spec = wf.steps["quick"]
     lane = Lane(limit=8, chunked=True, spec=spec, probes=2, prior=0.0001)
-    assert lane.room() == 8  # no probe wave
+    assert lane.room() == 2  # the first wave: as many tasks as probes, each a chunk
     assert lane.chunk_size(0.01, 64) == 64
     lane.measured(_outcomes(0.5, 1))
     assert lane.chunk_size(0.01, 64) == 1
+    assert lane.room() == 8
     assert ray_lanes.remembered_item_seconds(spec) == pytest.approx(0.5)
 
 
