@@ -14,12 +14,12 @@ import pytest
 
 import raysaga
 from raysaga import RunStatus, Workflow
-from raysaga.orchestrator import ray_lanes, wire
+from raysaga.orchestrator import ray_lanes
 from raysaga.orchestrator.executor import RayExecutor
-from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.ray_lanes import Lane
 from raysaga.orchestrator.task import NodeOutcome
 from raysaga.state import SqlStore
+from tests.support.chunk_recording import record_chunks
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
 
@@ -55,15 +55,7 @@ def _forget() -> None:
 @pytest.fixture
 def chunks(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     """The fan indexes of each block task the driver packs, in order."""
-    sent: list[list[int]] = []
-    original = wire.SpecPacker.pack_items
-
-    def recording(self: wire.SpecPacker, block: ItemBlock, positions: list[int]) -> bytes:
-        sent.append([block.keys[p].fan_index for p in positions])
-        return original(self, block, positions)
-
-    monkeypatch.setattr(wire.SpecPacker, "pack_items", recording)
-    return sent
+    return record_chunks(monkeypatch)
 
 
 def _run(where: Path, ray_address: str, n: int = 400) -> None:

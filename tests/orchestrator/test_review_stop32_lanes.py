@@ -18,10 +18,10 @@ import pytest
 import raysaga
 from raysaga import BEST_EFFORT, Permanent, RetryPolicy, RunStatus, Workflow
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import wire
 from raysaga.orchestrator.executor import RayExecutor
 from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.state import SqlStore
+from tests.support.chunk_recording import record_chunks
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
 
@@ -65,15 +65,7 @@ def _by_value() -> None:
 @pytest.fixture
 def chunks(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
     """The fan indexes of each block task the driver packs, in order."""
-    sent: list[list[int]] = []
-    original = wire.SpecPacker.pack_items
-
-    def recording(self: wire.SpecPacker, block: ItemBlock, positions: list[int]) -> bytes:
-        sent.append([block.keys[p].fan_index for p in positions])
-        return original(self, block, positions)
-
-    monkeypatch.setattr(wire.SpecPacker, "pack_items", recording)
-    return sent
+    return record_chunks(monkeypatch)
 
 
 @pytest.mark.parametrize("first", ["succeeds", "fails", "worker_dies"])

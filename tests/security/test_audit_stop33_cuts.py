@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 import raysaga
 from raysaga import Permanent, Workflow, on_partial_failure
 from raysaga.sagas import Continue, Decision, Fail
 from raysaga.state import SqlStore
 from raysaga.state.redact import MARKER, register_secret, register_secret_env, scrub, scrub_text
-from raysaga.state.schema import metadata
+from tests.support.store_scan import rows_holding
 
 DECLARED = "audit33-declared-" + "d" * 24
 IN_ENV = "audit33-env-value-" + "e" * 24
@@ -35,24 +34,6 @@ IN_ENV = "audit33-env-value-" + "e" * 24
 
 def pieces(secret: str, size: int = 10) -> list[str]:
     return [secret[i:i + size] for i in range(len(secret) - size + 1)]
-
-
-def rows_holding(url: str, texts: list[str]) -> str:
-    """Every row of every raysaga table, as text, that holds one of ``texts`` (around the first)."""
-    store = SqlStore(url)
-    found = []
-    try:
-        with store.engine.connect() as conn:
-            for table in metadata.sorted_tables:
-                for row in conn.execute(select(table)).all():
-                    shown = " ".join(c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) for c in row)
-                    hits = [t for t in texts if t in shown]
-                    if hits:
-                        at = shown.index(hits[0])
-                        found.append(f"{table.name}: ...{shown[max(0, at - 40):at + 40]!r}")
-    finally:
-        store.close()
-    return "\n".join(found)
 
 
 @pytest.fixture

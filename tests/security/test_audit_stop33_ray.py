@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
 
 import raysaga
 from raysaga import Permanent, RunStatus, Workflow
@@ -29,7 +28,7 @@ from raysaga.agents.tools import ToolError
 from raysaga.orchestrator import RayExecutor
 from raysaga.state import SqlStore
 from raysaga.state.redact import register_secret
-from raysaga.state.schema import metadata
+from tests.support.store_scan import rows_holding
 
 cloudpickle = pytest.importorskip("ray.cloudpickle")
 
@@ -53,23 +52,6 @@ def _pieces(secret: str, size: int = 10) -> list[str]:
     return [secret[i:i + size] for i in range(len(secret) - size + 1)]
 
 
-def _rows_holding(url: str, texts: list[str]) -> list[str]:
-    store = SqlStore(url)
-    found = []
-    try:
-        with store.engine.connect() as conn:
-            for table in metadata.sorted_tables:
-                for row in conn.execute(select(table)).all():
-                    shown = " ".join(c.decode("utf-8", "replace") if isinstance(c, bytes) else str(c) for c in row)
-                    hits = [t for t in texts if t in shown]
-                    if hits:
-                        at = shown.index(hits[0])
-                        found.append(f"{table.name}: ...{shown[max(0, at - 40):at + 40]!r}")
-    finally:
-        store.close()
-    return found
-
-
 cut = Workflow("audit_stop33_cut")
 
 
@@ -90,7 +72,7 @@ def test_a_failure_cut_across_a_driver_only_secret_leaves_no_piece_of_it(tmp_pat
     finally:
         store.close()
     assert record.status == RunStatus.FAILED
-    assert "\n".join(_rows_holding(url, _pieces(DRIVER_SECRET))) == ""
+    assert rows_holding(url, _pieces(DRIVER_SECRET)) == ""
 
 
 @tool
@@ -127,7 +109,7 @@ def test_what_an_agent_and_its_tools_said_holds_no_driver_only_secret(tmp_path: 
     finally:
         store.close()
     assert record.status == RunStatus.COMPLETED, record.status_reason
-    assert "\n".join(_rows_holding(url, [DRIVER_SECRET])) == ""
+    assert rows_holding(url, [DRIVER_SECRET]) == ""
 
 
 @tool
