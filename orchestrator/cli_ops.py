@@ -141,7 +141,8 @@ def inbox(
         waiting = _client(db, writes=False).inbox(approver)
         if as_json:  # scrubbed as the dashboard's inbox is: a prompt is a step's output, stored as it came
             for item in waiting:
-                sys.stdout.write(json.dumps(scrub(item.model_dump(mode="json"))) + "\n")
+                shown = scrub(item.model_dump(mode="json"))  # written compact, as model_dump_json did
+                sys.stdout.write(json.dumps(shown, separators=(",", ":"), ensure_ascii=False) + "\n")
             return
         if not waiting:
             say(out, "nothing waits for a decision" + (f" by {approver}" if approver else ""))
