@@ -79,7 +79,8 @@ class Driver:
 
     def __init__(self, workflow: Workflow, store: Store, executor: Executor, run_id: str, *,
                  options: RunOptions | None = None, clock: Callable[[], float] = time.time,
-                 rng: random.Random | None = None, faults: Faults | None = None, lease: Lease | None = None) -> None:
+                 rng: random.Random | None = None, faults: Faults | None = None, lease: Lease | None = None,
+                 created: RunRecord | None = None) -> None:
         self.wf = workflow.validate()
         self.store = store
         executor = RateGate(executor, store, clock)  # rate-limited attempts wait for the fleet's admission
@@ -91,6 +92,7 @@ class Driver:
         self.faults = faults or Faults()
         self.owner = lease.owner if lease is not None else driver_id()
         self._claimed = lease  # taken already (a worker's claim_next): drive does not claim again
+        self._created = created  # the run as ``create_claimed`` wrote it: no node, effect or signal to read
         self.progress = Progress()
         self.run: RunRecord | None = None
         self.machine: RunMachine | None = None
@@ -136,7 +138,8 @@ class Driver:
 
     def _drive(self) -> RunRecord:
         assert self._hb is not None
-        snapshot = self.store.snapshot(self.run_id)
+        snapshot = self.store.snapshot(self.run_id) if self._created is None else RunSnapshot(
+            run=self._created, nodes=[], effects=[], signals=[])  # a signal sent since: the heartbeat's poll
         run = versions.pin(self.store, self._hb.lease, snapshot.run, self.wf, allow_changed=self.options.allow_changed)
         if run.status in TERMINAL or run.status in PARKED:
             return run
@@ -398,9 +401,8 @@ class Driver:
         return self._end(release=True)
 
     def _pause(self, reason: str | None = None, signal_id: int | None = None) -> RunRecord:
-        assert self.machine is not None
+        assert self.machine is not None and self._hb is not None
         m = self.machine
-        assert self._hb is not None
         self._attempts.drain(m.agents.model_calls_in_flight(), m.absorb, lost=self._hb.lost, clock=self.clock,
                              timeout=self._wait_timeout, run_id=self.run_id)
         m.pause(self.clock(), reason, signal_id)
@@ -489,8 +491,7 @@ class Driver:
     def _commit(self, batch: Batch, labels: list[str] | None = None) -> RunRecord | None:
         assert self._hb is not None
         record = self.store.commit(self._hb.lease, batch)
-        if record is not None:
-            self.run = record
+        self.run = record or self.run
         if self.tracing is not None:
             self.tracing.committed(batch, record)
         self.faults.hit("after_commit", labels or [])

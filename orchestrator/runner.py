@@ -184,8 +184,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             if raced is not None:
                 same_options(raced, options, "run")
             record = st.get_run(run_id, lenient=True)
-        # the record in hand, not a second read: the driver reads the run again under its lease
-        return _drive(workflow, st, record, ex, None, options, on_progress, lease)
+        # the record in hand, not a second read: a run created here is all its driver needs to start
+        return _drive(workflow, st, record, ex, None, options, on_progress, lease, created=lease is not None)
     finally:
         if not isinstance(executor, Executor):
             ex.shutdown()
@@ -222,14 +222,16 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
 
 
 def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: ExecutorArg, address: str | None,
-           options: RunOptions | None, on_progress: ProgressHook | None, lease: Lease | None = None) -> RunRecord:
-    """``resume`` of the run ``current`` (just read, or just created)."""
+           options: RunOptions | None, on_progress: ProgressHook | None, lease: Lease | None = None, *,
+           created: bool = False) -> RunRecord:
+    """``resume`` of the run ``current`` (just read, or just created: ``created``, claimed by
+    ``create_claimed`` in this call, its driver reads nothing more of it)."""
     if current.status in TERMINAL or current.status in PARKED:
         return current
     run_id = current.run_id
     ex = _executor(executor, address)
     try:
-        driver = Driver(workflow, st, ex, run_id, options=options, lease=lease)
+        driver = Driver(workflow, st, ex, run_id, options=options, lease=lease, created=current if created else None)
         if on_progress is not None:
             driver.progress.listeners.append(on_progress)
         return driver.drive()
