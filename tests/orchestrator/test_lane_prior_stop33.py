@@ -99,7 +99,7 @@ def test_the_runs_own_measure_replaces_the_memory() -> None:
     items back (slow) size every later one."""
     spec = wf.steps["quick"]
     lane = Lane(limit=8, chunked=True, spec=spec, probes=2, prior=0.0001)
-    assert lane.room() == 2  # the first wave: as many tasks as probes, each a chunk
+    assert lane.room() == 8  # the first wave: the whole lane, each task a chunk (no probing)
     assert lane.chunk_size(0.01, 64) == 64
     lane.measured(_outcomes(0.5, 1))
     assert lane.chunk_size(0.01, 64) == 1
