@@ -135,7 +135,9 @@ def _kill_local(identity: Any) -> None:
     if process_identity(pid) != identity:
         return  # already gone, or on another host
     with contextlib.suppress(OSError):  # exited meanwhile
-        os.kill(pid, signal.SIGKILL)
+        # a Ray worker leads its own process group: the group, so a step's child processes go too
+        # (as with Ray's own kill), else the process alone
+        (os.killpg if os.getpgid(pid) == pid else os.kill)(pid, signal.SIGKILL)
 
 
 def _reported(index: int, future: Future[bytes]) -> tuple[int, bytes | BaseException]:
