@@ -25,6 +25,13 @@ call *retires* its actor: it gets no new calls, a fresh actor takes its share, a
 (``ray.kill``) as soon as its other calls have ended, after ``CANCEL_GRACE_S`` at the latest,
 or at once when the driver settles its cancellations (``kill_retired``). Calls still running on
 an actor killed that way end as transient failures and are retried.
+
+A kill is also a SIGKILL from the driver when the actor's process runs on its host (``_kill_local``):
+``ray.kill`` returns once the GCS has marked the actor dead, and the driver learns of the death at
+once (its streams fail, so its cancellations settle), but the process is killed by its raylet, which
+relays the kill when it next runs. A raylet starved on a loaded host (nice'd, 2 cores) relayed it
+after ``raysaga.run`` had returned: a cancelled call's thread kept running past the run's end
+(tests/orchestrator/test_io_pool_kill_stalled_raylet.py stops the raylet to show it).
 """
 
 from __future__ import annotations
@@ -35,12 +42,14 @@ import heapq
 import math
 import os
 import pickle  # noqa: TID251 - in transit between the driver and its pool actors, never at rest
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from raysaga.orchestrator.options import InvalidOptionError
@@ -96,6 +105,40 @@ class IoWorker:
     def pid(self) -> int:
         return os.getpid()
 
+    def identity(self) -> ProcessIdentity | None:
+        """This process, as the driver can tell it from any other (``_kill_local``)."""
+        return process_identity(os.getpid())
+
+
+#: A process as /proc names it: (the host's boot id, pid, start time in clock ticks since boot).
+ProcessIdentity = tuple[str, int, int]
+
+
+def process_identity(pid: int) -> ProcessIdentity | None:
+    """``pid``'s identity on this host, or None (no /proc, or no such process). Another host has
+    another boot id; a pid reused, or the same pid in another pid namespace (a container), is a
+    process with another start time."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return boot, pid, int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _kill_local(identity: Any) -> None:
+    """SIGKILL a killed actor's process now if it runs on this host and is still that process
+    (Ray's own kill reaches it through its raylet, later under load: the module's docstring)."""
+    if not (isinstance(identity, tuple) and len(identity) == 3 and isinstance(identity[1], int)):
+        return  # not known: the actor never answered, or (tests) its start was stubbed
+    pid: int = identity[1]
+    if process_identity(pid) != identity:
+        return  # already gone, or on another host
+    with contextlib.suppress(OSError):  # exited meanwhile
+        # a Ray worker leads its own process group: the group, so a step's child processes go too
+        # (as with Ray's own kill), else the process alone
+        (os.killpg if os.getpgid(pid) == pid else os.kill)(pid, signal.SIGKILL)
+
 
 def _reported(index: int, future: Future[bytes]) -> tuple[int, bytes | BaseException]:
     """A call's packed outcomes, or why ``run_packed`` itself raised (a spec the worker cannot
@@ -133,7 +176,8 @@ class PoolActor:
     streams: set[IoStream] = field(default_factory=set)
     """Its ``run_many`` streams not seen to end."""
     ready: Any = None
-    """A ref that resolves once its process is up (``IoWorker.pid``): a call with a timeout waits for it."""
+    """A ref that resolves once its process is up (``IoWorker.identity``): a call with a timeout
+    waits for it; a kill reads it (``_kill_local``)."""
     started: bool = False
 
 
@@ -300,7 +344,7 @@ class IoPool:
         # a stream waits in one of Ray's threads while its calls run in the actor's own pool
         handle = self._cls.options(num_cpus=0, max_concurrency=self._threads + 1, max_restarts=0,
                                    max_task_retries=0, scheduling_strategy=self._strategy).remote(self._threads)
-        return PoolActor(handle=handle, threads=self._threads, ready=handle.pid.remote())
+        return PoolActor(handle=handle, threads=self._threads, ready=handle.identity.remote())
 
     @_locked
     def all_started(self) -> bool:
@@ -357,6 +401,15 @@ class IoPool:
         if kill:
             with contextlib.suppress(Exception):  # already gone
                 self._ray.kill(actor.handle, no_restart=True)
+            _kill_local(self._identity(actor))  # gone now, not when its raylet gets to it
+
+    def _identity(self, actor: PoolActor) -> Any:
+        """What its ``ready`` ref says, if it has said it (never blocks); None if it failed."""
+        try:
+            done, _ = self._ray.wait([actor.ready], num_returns=1, timeout=0)
+            return self._ray.get(done[0]) if done else None
+        except Exception:  # the actor died before it answered
+            return None
 
     @_locked
     def shutdown(self) -> None:

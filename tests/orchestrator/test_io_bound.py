@@ -319,7 +319,10 @@ def test_an_io_bound_timeout_kills_the_actor_running_it(ray_session: str, sqlite
     assert node.error["type"] == "TimeoutError" and node.error["reason"] == "2 attempts exhausted"
     ran = [int(p) for p in pids.read_text().split()]
     assert len(ran) == 2 and os.getpid() not in ran
-    for pid in ran:  # the thread could not be stopped: the actor process hosting it was killed
+    # the thread could not be stopped: the actor process hosting it was killed, by the driver itself
+    # on this host, not only through its raylet, which a loaded host can starve past this wait
+    # (test_io_pool_kill_stalled_raylet.py); the exit is seen a moment after the death is reported
+    for pid in ran:
         harness.wait_until(partial(harness.process_gone, pid), timeout=30, what=f"process {pid} to exit")
 
 
