@@ -144,12 +144,18 @@ def store(store_url: str) -> Iterator[SqlStore]:
 def own_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A store of this test's own: a SQLite file, or a fresh PostgreSQL database dropped after (the
     session's ``pg_url`` is shared: a test that claims every runnable run in it, or leaves many
-    waiting approvals a later test's whole-store inbox would show, needs its own)."""
+    waiting approvals a later test's whole-store inbox would show, needs its own). Outside
+    ``FRESH_FILE_FOLDERS`` it starts migrated, as ``store_url`` does: the SQLite file a copy of the
+    template, the PostgreSQL database a copy of ``tests.support.postgres.migrated_template``."""
+    migrated = _store_file_from_template(request)
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'own.db'}"
+        url = f"sqlite:///{tmp_path / 'own.db'}"
+        if migrated:
+            copy_template(url)
+        yield url
         return
     base = str(request.getfixturevalue("pg_base_url"))
-    url = make_pg_database(base)
+    url = make_pg_database(base, migrated=migrated)
     try:
         yield url
     finally:

@@ -34,8 +34,9 @@ raise (a ``ToolError``, an effect failing for good, a tool whose attempts all fa
 and ``act_lost``, an effect failing transiently *after* its call took effect (its reply lost: the
 retry re-sends the key, the provider dedupes; the oracle's allowance for that planned call is
 ``chaos_record.planned_calls``). CI runs its fixed DAG ``FANNED`` (one of each, then a rejected
-item: a rollback) x 2 faults inline, and ``RAY_FANNED`` (a smaller one, with ``act_lost``) on Ray,
-killed once after the lost reply, before its failure is durable; ``RAYSAGA_FULL_SWEEP=1`` adds 50
+item: a rollback) x 2 faults inline; ``RAYSAGA_FULL_SWEEP=1`` adds ``RAY_FANNED`` (a smaller one,
+with ``act_lost``) on Ray, killed once after the lost reply, before its failure is durable (in CI
+until 2026-11-29: CI's Ray chaos case is ``test_ray_agent_sweep.py``'s ``RAY_AGENTS``), 50
 random DAGs of 5-50 steps inline (``RAYSAGA_CHAOS_FANNED_DAGS``) and 10 on Ray
 (``RAYSAGA_CHAOS_RAY_FANNED_DAGS``).
 
@@ -297,11 +298,17 @@ def test_random_dags_on_ray_faulted_anywhere_end_as_golden(spec: dict[str, Any],
 
 
 @pytest.mark.ray
+@full_sweep_only("CI runs tests/chaos/test_ray_agent_sweep.py::test_agents_on_ray_killed_with_a_turn_answered_"
+                 "end_as_golden (an agent fan-out calling act_lost and a raising tool, SIGKILLed on Ray, rolled "
+                 "back) and FANNED inline (agents and approvals fanned out, act_broken, a rejected item)")
 def test_a_fanned_dag_on_ray_faulted_ends_as_golden(ray_address: str, services: FakeServices, model: MessagesServer,
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
-    """CI's Ray case of the second generator: ``RAY_FANNED`` on the Ray executor, killed once the
+    """The second generator's fixed Ray case: ``RAY_FANNED`` on the Ray executor, killed once the
     ``act_lost`` call of item 0 took effect and raised, its failure not yet durable: the resume
-    sends the planned retry under the same key (deduped), and nothing twice."""
+    sends the planned retry under the same key (deduped), and nothing twice. Full sweep only since
+    2026-11-29 (71 s of CI's time at load 8-11): CI's Ray chaos case is ``test_ray_agent_sweep.py``'s
+    ``RAY_AGENTS`` (its fan-out's agents call ``act_lost`` on Ray workers a SIGKILL takes down), and
+    this DAG's other shapes run inline in ``FANNED``."""
     sweep_dag(RAY_FANNED, FANNED_SEED, 1, "ray", services, model, tmp_path_factory, note=print,
               faults=[RAY_FANNED_FAULT], group="ray_fanned")
     stats = STATS["ray_fanned"]

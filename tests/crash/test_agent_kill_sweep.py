@@ -23,7 +23,7 @@ the store) a new process resumes the run, and the test checks:
 The kill points: ``after_commit`` of every agent node (model turns ``research@N``, tool calls
 ``research@N.k``, the agent node ``research`` itself), ``before_commit`` of every model turn and tool
 call, ``before_pending``/``after_pending`` of the effect tool call, and ``before_transition``.
-Inline, CI runs one case of each kind (``INLINE_CI_CASES``: 10 of 14), with Ray one point (a lost
+Inline, CI runs one case of each kind (``INLINE_CI_CASES``: 9 of 14), with Ray one point (a lost
 middle answer on Ray: ``tests/chaos/test_ray_agent_sweep.py``); all of them, on both executors, with
 ``RAYSAGA_FULL_SWEEP=1``.
 """
@@ -80,12 +80,12 @@ def repeated_turn(point: str, label: str) -> int | None:
 INLINE_CASES = kill_points()
 #: CI's inline cases: a turn boundary, the effect call's and the agent node's, a middle and a final
 #: answer lost at the kill, a plain and an effect tool result lost at the kill, the effect's pending
-#: points, the final transition (the other turns' and calls' boundaries and lost answers with
-#: ``RAYSAGA_FULL_SWEEP=1``).
+#: points (the other turns' and calls' boundaries and lost answers with ``RAYSAGA_FULL_SWEEP=1``, and
+#: since 2026-11-29 the final transition: CI kills there in test_kill_sweep.py, test_fork_kill_sweep.py,
+#: test_rollback_crash_sweep.py and test_approval_kill_sweep.py, after the agent's boundaries here).
 INLINE_CI_CASES = [("after_commit", f"{S}@1"), ("after_commit", EFFECT), ("after_commit", S),
                    ("before_commit", f"{S}@1"), ("before_commit", f"{S}@2"), ("before_commit", f"{S}@0.0"),
-                   ("before_commit", EFFECT), ("before_pending", EFFECT), ("after_pending", EFFECT),
-                   ("before_transition", "*")]
+                   ("before_commit", EFFECT), ("before_pending", EFFECT), ("after_pending", EFFECT)]
 #: CI's Ray case: the effect's pending row. ``before_commit`` of a middle turn on Ray runs in the full
 #: sweep since stop 28: CI checks it inline here (exactly) and on Ray in
 #: ``tests/chaos/test_ray_agent_sweep.py`` (``before_commit:s2@1``, three agents at once).

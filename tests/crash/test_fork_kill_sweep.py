@@ -160,7 +160,7 @@ def test_fork_kill_sweep_inline_on_postgresql(executor: str, point: str, label: 
                                               pg_base_url: str, tmp_path: Path) -> None:
     """The same points with the store on PostgreSQL (a database per case; the golden fork is SQLite's:
     outputs and keys do not depend on the store)."""
-    url = make_pg_database(pg_base_url)
+    url = make_pg_database(pg_base_url, migrated=True)  # an empty store, as copy_template gives SQLite's
     try:
         sweep_case(executor, point, label, golden, services, tmp_path, db=url)
     finally:

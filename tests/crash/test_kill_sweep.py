@@ -96,12 +96,17 @@ PG_CI_CASES = [("order", "before_pending", "charge_card"), ("order", "after_pend
                ("order", "before_commit", "charge_card"), ("order", "after_commit", "ship"),
                ("order", "before_transition", "*")]
 #: CI's inline cases on SQLite: every point of ``order`` that CI does not run on PostgreSQL (so each
-#: point of ``order`` once, on one store or the other; since stop 28); of ``wide``, every kind of
-#: point at the first and last fan-out item and at the effect behind the join, the map step, the
-#: join, the final transition (the other items and plain nodes repeat those: with ``RAYSAGA_FULL_SWEEP=1``).
-INLINE_CI_CASES = [case for case in INLINE_CASES if case not in PG_CI_CASES and (
-    case[0] == "order" or case[2] in ("work[0]", "work[7]", "notify")
-    or case[1:] in (("after_commit", "work"), ("after_commit", "join"), ("before_transition", "*")))]
+#: point of ``order`` once, on one store or the other; since stop 28); of ``wide``, each kind of
+#: effect point once at a fan-out item (first and last item in turn), the map step's and the join's
+#: boundaries, and the effect behind the join with its call returned (since 2026-11-29: the other
+#: points of ``work[0]``, ``work[7]`` and ``notify`` repeat those kinds, and ``order`` runs the final
+#: transition on PostgreSQL; every point with ``RAYSAGA_FULL_SWEEP=1``).
+WIDE_CI_CASES = [("wide", "before_pending", "work[0]"), ("wide", "after_pending", "work[7]"),
+                 ("wide", "before_commit", "work[0]"), ("wide", "after_commit", "work[7]"),
+                 ("wide", "after_commit", "work"), ("wide", "after_commit", "join"),
+                 ("wide", "before_commit", "notify")]
+INLINE_CI_CASES = [case for case in INLINE_CASES
+                   if (case[0] == "order" and case not in PG_CI_CASES) or case in WIDE_CI_CASES]
 
 
 def test_the_sweep_covers_what_it_claims() -> None:
@@ -110,6 +115,11 @@ def test_the_sweep_covers_what_it_claims() -> None:
     # every node boundary, 4 points per effect node (after_commit shared), the final transition
     assert len(kill_points("order")) == 4 + 2 * 3 + 1
     assert len(kill_points("wide")) == len(node_labels("wide")) + len(effect_labels("wide")) * 3 + 1
+    # CI: each point of ``order`` once (SQLite or PostgreSQL), and each kind of point of ``wide``
+    assert sorted(c for c in INLINE_CI_CASES + PG_CI_CASES if c[0] == "order") == sorted(PG_CASES)
+    wide_points = {point for point, _ in kill_points("wide")} - {"before_transition"}
+    assert {c[1] for c in INLINE_CI_CASES if c[0] == "wide"} == wide_points
+    assert set(WIDE_CI_CASES) <= set(INLINE_CASES)
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -245,7 +255,7 @@ def test_kill_sweep_inline_on_postgresql(flow: str, point: str, label: str, serv
     """The order flow's every crash point with the store on PostgreSQL (a database per case): the
     golden run is the SQLite one, since outputs and keys do not depend on the store."""
     golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
-    url = make_pg_database(pg_base_url)
+    url = make_pg_database(pg_base_url, migrated=True)  # an empty store, as copy_template gives SQLite's
     try:
         sweep_case(flow, point, label, "inline", golden, services, tmp_path, db=url)
     finally:

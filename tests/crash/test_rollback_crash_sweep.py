@@ -21,7 +21,7 @@ of each compensation node (``charge_card:compensate``, ``book_flight:compensate`
 first kill at ``after_commit:book_flight:compensate``, at its end (compensating →
 compensated); and around the critical failure (``before_commit``/``after_commit`` of
 ``book_hotel``). The whole sweep runs inline (CI: all but 3 of the second undo's points,
-``FULL_ONLY``, which run with ``RAYSAGA_FULL_SWEEP=1``); two points run on Ray.
+``FULL_ONLY``, which run with ``RAYSAGA_FULL_SWEEP=1``); two points run on Ray (CI: one, ``RAY_CI_CASES``).
 """
 
 from __future__ import annotations
@@ -66,9 +66,13 @@ CASES += [
 ]
 RAY_CASES = [case for case in CASES if case.name in ("before_commit:charge_card:compensate",
                                                      "after_pending:book_flight:compensate")]
+#: CI's Ray case: the first undo's call returned, its result not durable (since 2026-11-29 the second
+#: undo's ``after_pending`` on Ray runs with ``RAYSAGA_FULL_SWEEP=1``: CI has a pending ledger row on
+#: Ray in ``test_agent_kill_sweep.py``'s Ray case, and every point of the first undo inline here).
+RAY_CI_CASES = ("before_commit:charge_card:compensate",)
 #: CI's inline cases: every point of the first undo, both transitions, the critical failure, and of
 #: the second undo its ``before_commit`` (its ``after_commit`` is the rollback end case's first kill;
-#: Ray runs its ``after_pending``); every case with ``RAYSAGA_FULL_SWEEP=1``.
+#: the full sweep runs its ``after_pending`` inline and on Ray); every case with ``RAYSAGA_FULL_SWEEP=1``.
 FULL_ONLY = ("before_pending:book_flight:compensate", "after_pending:book_flight:compensate",
              "after_commit:book_flight:compensate")
 
@@ -218,7 +222,9 @@ def test_rollback_kill_sweep_inline(case: Case, golden: Golden, services: Any, t
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("case", RAY_CASES, ids=[c.name for c in RAY_CASES])
+@pytest.mark.parametrize("case", sweep_params([(c,) for c in RAY_CASES],
+                                              [(c,) for c in RAY_CASES if c.name in RAY_CI_CASES],
+                                              "CI: RAY_CI_CASES", ids=[c.name for c in RAY_CASES]))
 def test_rollback_kill_sweep_ray(case: Case, ray_address: str, golden: Golden, services: Any,
                                  tmp_path: Path) -> None:
     sweep_case(case, "ray", golden, services, tmp_path)
