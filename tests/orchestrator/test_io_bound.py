@@ -40,6 +40,7 @@ from tests.support import agent_flows as af
 from tests.support import crash_driver as harness
 from tests.support import messages_server as ms
 from tests.support import services as fs  # the deduping fake provider
+from tests.support.stuck_io import stuck_io_workflow
 
 pytestmark = pytest.mark.ray
 
@@ -298,14 +299,7 @@ def test_a_killed_pool_actor_is_a_transient_failure_retried_with_the_same_key(
 
 def test_an_io_bound_timeout_kills_the_actor_running_it(ray_session: str, sqlite_url: str, tmp_path: Path) -> None:
     pids = tmp_path / "pids"
-    wf = Workflow("io-slow")
-
-    @wf.step(io_bound=True, timeout=2.0, retry=RetryPolicy(max_attempts=2, base=0.01, cap=0.01))
-    def stuck(ctx: StepContext, input: str) -> int:
-        with open(input, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        time.sleep(60)  # the workload: longer than the node timeout
-        return ctx.attempt
+    wf = stuck_io_workflow("io-slow")
 
     record = raysaga.run(wf, str(pids), store=sqlite_url, executor="ray", address=ray_session)
     assert record.status == RunStatus.FAILED

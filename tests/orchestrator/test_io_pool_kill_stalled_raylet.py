@@ -20,15 +20,15 @@ import os
 import signal
 import sys
 import threading
-import time
 from functools import partial
 from pathlib import Path
 
 import pytest
 
 import raysaga
-from raysaga import RetryPolicy, RunStatus, StepContext, Workflow
+from raysaga import RunStatus
 from tests.support import crash_driver as harness
+from tests.support.stuck_io import stuck_io_workflow
 
 pytestmark = pytest.mark.ray
 
@@ -58,14 +58,7 @@ def test_a_timed_out_calls_process_is_gone_at_the_runs_end_while_its_raylet_is_s
     if not Path("/proc/self/stat").exists():
         pytest.skip("reads processes from /proc (Linux)")
     pids = tmp_path / "pids"
-    wf = Workflow("io-slow-stalled")
-
-    @wf.step(io_bound=True, timeout=2.0, retry=RetryPolicy(max_attempts=2, base=0.01, cap=0.01))
-    def stuck(ctx: StepContext, input: str) -> int:
-        with open(input, "a") as fh:
-            fh.write(f"{os.getpid()}\n")
-        time.sleep(60)  # the workload: longer than the node timeout
-        return ctx.attempt
+    wf = stuck_io_workflow("io-slow-stalled")
 
     stalled: dict[str, int] = {}
     run_over = threading.Event()
