@@ -49,10 +49,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from raysaga.orchestrator.options import InvalidOptionError
+from raysaga.orchestrator.ownership import boot_id, process_start
 from raysaga.orchestrator.wire import run_packed
 
 #: Environment variable: calls the I/O pool of one driver process runs at once.
@@ -102,9 +102,6 @@ class IoWorker:
             done, pending = wait_futures(pending, return_when=FIRST_COMPLETED)
             yield pickle.dumps([_reported(futures[f], f) for f in done], protocol=pickle.HIGHEST_PROTOCOL)
 
-    def pid(self) -> int:
-        return os.getpid()
-
     def identity(self) -> ProcessIdentity | None:
         """This process, as the driver can tell it from any other (``_kill_local``)."""
         return process_identity(os.getpid())
@@ -117,13 +114,9 @@ ProcessIdentity = tuple[str, int, int]
 def process_identity(pid: int) -> ProcessIdentity | None:
     """``pid``'s identity on this host, or None (no /proc, or no such process). Another host has
     another boot id; a pid reused, or the same pid in another pid namespace (a container), is a
-    process with another start time."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return boot, pid, int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime
-    except (OSError, ValueError, IndexError):
-        return None
+    process with another start time. Read as a driver's lease owner is (``ownership``)."""
+    boot, start = boot_id(), process_start(pid)
+    return None if boot is None or start is None else (boot, pid, start)
 
 
 def _kill_local(identity: Any) -> None:
