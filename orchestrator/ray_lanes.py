@@ -51,7 +51,8 @@ class Lane:
         CPU; a slow item loses nothing: no more of them could run anyway). With a ``prior`` there
         is nothing to probe: the first wave is the whole lane, each task a chunk sized from it
         (holding it to ``probes`` tasks until the first came back cost a Ray round trip with the
-        workers idle: 1,000 no-op items 11 % slower, 10,000 2.5 %, interleaved, bench/README)."""
+        workers idle: 1,000 no-op items 7 % slower, quiet and interleaved; 10,000 within noise:
+        bench/README)."""
         probing = self.chunked and self.probes and self.items_done == 0 and self.prior is None
         return self.probes if probing else self.limit
 
