@@ -100,7 +100,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     clear(more);
     if (page.next) {
       const next = page.next;
-      more.append(h("button", { onclick: () => { paged = true; void getJSON<RunList>(query(next)).then((p) => draw(p, true)); } },
+      more.append(h("button", { onclick: () => { paged = true; void getJSON<RunList>(query(next)).then((p) => draw(p, true), failed); } },
         "Older runs"));
     }
   };
@@ -133,16 +133,20 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
   };
   let live = true;
   let paged = false;
+  // a read that failed (the server stopped, restarted, or said no): said in the table, never an
+  // unhandled rejection; the next refresh tries again
+  const failed = (e: Error): void => {
+    clear(table);
+    table.append(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));
+  };
   const refresh = (): void => {
-    void getJSON<RunList>(query(null)).then((p) => { if (live) draw(p, false); }).catch((e: Error) => {
-      clear(table);
-      table.append(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));
-    });
-    // acting as someone: the approvals they may decide; else every waiting approval
+    void getJSON<RunList>(query(null)).then((p) => { if (live) draw(p, false); }, failed);
+    // acting as someone: the approvals they may decide; else every waiting approval; a failed read
+    // of these two leaves them as they were (the runs table says why: its own read failed too)
     const who = actor() === "dashboard" ? "" : actor();
     void getJSON<{ waiting: Waiting[] }>("/api/inbox" + (who ? `?approver=${encodeURIComponent(who)}` : ""))
-      .then((w) => { if (live) drawInbox(w.waiting, who); });
-    void getJSON<Stats>("/api/stats").then((st) => { if (live) drawFigures(st); });
+      .then((w) => { if (live) drawInbox(w.waiting, who); }, () => undefined);
+    void getJSON<Stats>("/api/stats").then((st) => { if (live) drawFigures(st); }, () => undefined);
   };
   refresh();
   // the first page refreshes on a timer; older pages stay as they were read

@@ -163,8 +163,15 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     let after = -1;
     const more = h("button", {}, "more items");
     const page = async (): Promise<void> => {
-      const got = await getJSON<{ items: Row[]; next: number | null }>(
-        `/api/runs/${enc}/items/${encodeURIComponent(step)}?after=${after}&limit=500${status ? "&status=" + status : ""}`);
+      let got: { items: Row[]; next: number | null };
+      try {
+        got = await getJSON<{ items: Row[]; next: number | null }>(
+          `/api/runs/${enc}/items/${encodeURIComponent(step)}?after=${after}&limit=500${status ? "&status=" + status : ""}`);
+      } catch (e) {
+        more.remove();
+        grid.append(h("p", { class: "error" }, (e as Error).message));
+        return;
+      }
       for (const r of got.items) grid.append(itemCell(r));
       more.remove();
       if (got.next !== null) { after = got.next; fanBox.append(more); }
@@ -243,8 +250,13 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   };
 
   const load = async (): Promise<void> => {
+    // both reads, or neither: a server gone between them (restarted, stopped) is said in the
+    // head like a failed first read, never left as an unhandled rejection
+    let events: { events: EventJSON[] };
     try {
       doc = await getJSON<RunDoc>(`/api/runs/${enc}`);
+      events = await getJSON<{ events: EventJSON[] }>(`/api/runs/${enc}/events?after=${Math.max(0,
+        doc.cursor - MAX_EVENTS)}&limit=${MAX_EVENTS}`);
     } catch (e) {
       clear(head);
       head.append(h("p", { class: "error" }, (e as Error).message));
@@ -257,8 +269,6 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     layout();
     drawGanttNow();
     clear(timeline);
-    const events = await getJSON<{ events: EventJSON[] }>(`/api/runs/${enc}/events?after=${Math.max(0,
-      doc.cursor - MAX_EVENTS)}&limit=${MAX_EVENTS}`);
     addEvents(events.events.filter((e) => e.seq <= (doc?.cursor ?? 0)));
     drawGanttNow();
     if (selected) pick(selected);
