@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import textwrap
 import time
 from pathlib import Path
@@ -90,7 +91,8 @@ def test_list_pages_with_before_and_prints_the_next_page_hint(filled: tuple[str,
         if not hint:
             break
         assert hint[0].endswith("--limit 3")
-        argv = ["list", "--db", url, *hint[0].removeprefix("more: raysaga list ").split()]
+        # the hint is a shell command line (a run id is shell-quoted: ``'a]b[/c-1'``): split as a shell would
+        argv = ["list", "--db", url, *shlex.split(hint[0].removeprefix("more: raysaga list "))]
     assert seen == ids
 
 
