@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from fastapi.testclient import TestClient
@@ -12,6 +13,10 @@ from fastapi.testclient import TestClient
 from raysaga.orchestrator.dashboard.server import build
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
+from tests.support.browser import headless_chromium
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Browser
 
 BASE = "http://127.0.0.1:8765"
 
@@ -44,3 +49,10 @@ def api(store_url: str) -> Iterator[tuple[TestClient, SqlStore, str]]:
     app, _ = build(store)
     yield TestClient(app, base_url=BASE, raise_server_exceptions=False), store, uuid.uuid4().hex[:10]
     store.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One headless Chromium per browser test module (which called ``require_chromium()`` first)."""
+    with headless_chromium() as b:
+        yield b

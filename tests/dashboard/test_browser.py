@@ -9,7 +9,6 @@ it these tests skip, unless ``RAYSAGA_REQUIRE_BROWSER=1`` (set by ``.ci/run``) m
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -20,25 +19,12 @@ import pytest
 
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
+from tests.support.browser import TIMEOUT_MS, require_chromium
 from tests.support.dashboard_serving import serving, wait_until
 
-CHROMIUM = "/usr/bin/chromium"
-TIMEOUT_MS = 20_000
+require_chromium()
 
-if not Path(CHROMIUM).exists():
-    if os.environ.get("RAYSAGA_REQUIRE_BROWSER") == "1":
-        raise RuntimeError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
+from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 
 @pytest.fixture

@@ -12,33 +12,18 @@ Chromium is Debian's ``/usr/bin/chromium``, as in ``test_browser.py``.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from raysaga.state import SqlStore
+from tests.support.browser import TIMEOUT_MS, require_chromium
 from tests.support.dashboard_serving import serving
 
-CHROMIUM = "/usr/bin/chromium"
-TIMEOUT_MS = 20_000
+require_chromium()
 
-if not Path(CHROMIUM).exists():
-    if os.environ.get("RAYSAGA_REQUIRE_BROWSER") == "1":
-        raise RuntimeError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
+from playwright.sync_api import Browser, Page, Route, expect  # noqa: E402
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ Chromium is ``/usr/bin/chromium``; without it these tests skip, unless ``RAYSAGA
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,29 +18,18 @@ from raysaga import RunOptions
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
+from tests.support.browser import require_chromium
 from tests.support.dashboard_serving import serving
 
-CHROMIUM = "/usr/bin/chromium"
+require_chromium()
 
-if not Path(CHROMIUM).exists():
-    if os.environ.get("RAYSAGA_REQUIRE_BROWSER") == "1":
-        raise RuntimeError(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    pytest.skip(f"{CHROMIUM} is missing (apt-get install -y chromium)", allow_module_level=True)
-
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 #: The mark of a label filter's "stop filtering by it" link (U+00D7, the multiplication sign).
 DROP = "\u00d7"
 #: A label value that would run script, were it ever put in the page as HTML.
 HOSTILE = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=2\">"
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 @pytest.fixture
