@@ -100,7 +100,9 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     clear(more);
     if (page.next) {
       const next = page.next;
-      more.append(h("button", { onclick: () => { paged = true; void getJSON<RunList>(query(next)).then((p) => draw(p, true), failed); } },
+      more.append(h("button", { onclick: () => { paged = true; void getJSON<RunList>(query(next)).then((p) => draw(p, true), (e: Error) => {
+        table.append(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));  // below the runs already shown
+      }); } },
         "Older runs"));
     }
   };
@@ -133,8 +135,8 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
   };
   let live = true;
   let paged = false;
-  // a read that failed (the server stopped, restarted, or said no): said in the table, never an
-  // unhandled rejection; the next refresh tries again
+  // the first page's read that failed (the server stopped, restarted, or said no): said in the
+  // table, never an unhandled rejection; the next refresh tries again
   const failed = (e: Error): void => {
     clear(table);
     table.append(h("tr", {}, h("td", { colspan: 7, class: "error" }, e.message)));
