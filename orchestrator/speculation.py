@@ -21,8 +21,9 @@ What keeps the guarantees (docs/agents.md, "Speculative tool calls"):
   goes out; a crash discards the offer, and the call runs again like any non-effect call may;
 * the response never waits long: the tools get ``Plan.budget`` seconds at most (and never more
   than a quarter of what is left of the model call's own timeout); one that overruns is
-  abandoned (its thread ends on its own, its result unused), and that tool is not run
-  speculatively in this process for ``SLOW_PAUSE_S``.
+  abandoned (its thread ends on its own, its result unused). A tool that itself ran for most of
+  the wait is not run speculatively in this process for ``SLOW_PAUSE_S``; one that only started
+  late (its thread waited for the GIL of a busy actor) is not paused: that says nothing of it.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def run_offers(plan: Plan, request: dict[str, Any], response: dict[str, Any], al
     by_name = {t.name: t for t in plan.tools if t.name in allowed and _slow_until.get(t.name, 0.0) <= now}
     seen = {fingerprint(str(b.get("name", "")), b.get("input")) for b in _earlier_uses(request)}
     uses = [b for b in response.get("content") or [] if b.get("type") == "tool_use"]
-    started: list[tuple[int, Tool, dict[str, Any], list[NodeOutcome], threading.Thread]] = []
+    started: list[tuple[int, Tool, dict[str, Any], _Box, threading.Thread]] = []
     for k, use in enumerate(uses):
         name, raw = str(use.get("name", "")), use.get("input")
         mark = fingerprint(name, raw)
@@ -143,9 +144,8 @@ def run_offers(plan: Plan, request: dict[str, Any], response: dict[str, Any], al
         sub = StepContext(run_id=ctx.run_id, node_id=f"{ctx.node_id}.{k}", fan_index=ctx.fan_index, attempt=1,
                           trace_id=ctx.trace_id)
         call = NodeCall(ctx=sub, kwargs={"args": args}, max_output_bytes=plan.max_output_bytes)
-        box: list[NodeOutcome] = []
-        spec = tool_spec(plan.step, tool)
-        thread = threading.Thread(target=lambda s=spec, c=call, b=box: b.append(execute(s, c)),
+        box = _Box()
+        thread = threading.Thread(target=box.run, args=(tool_spec(plan.step, tool), call),
                                   name=f"raysaga-speculative-{tool.name}", daemon=True)
         thread.start()
         started.append((k, tool, args, box, thread))
@@ -153,11 +153,32 @@ def run_offers(plan: Plan, request: dict[str, Any], response: dict[str, Any], al
     offers = []
     for k, tool, args, box, thread in started:
         thread.join(max(0.0, deadline - time.monotonic()))
-        if thread.is_alive():  # abandoned: it ends on its own, unused
-            _slow_until[tool.name] = time.monotonic() + SLOW_PAUSE_S
+        if box.outcome is None:  # abandoned: it ends on its own, unused
+            if overran(box.began, time.monotonic(), wait):
+                _slow_until[tool.name] = time.monotonic() + SLOW_PAUSE_S
             continue
-        offers.append(Offer(k, tool.name, args, box[0]))  # a failure too: it is that attempt's outcome
+        offers.append(Offer(k, tool.name, args, box.outcome))  # a failure too: it is that attempt's outcome
     return offers
+
+
+class _Box:
+    """One speculative call's thread: when the tool began running, and its outcome once it has one."""
+
+    def __init__(self) -> None:
+        self.began: float | None = None
+        self.outcome: NodeOutcome | None = None
+
+    def run(self, spec: StepSpec, call: NodeCall) -> None:
+        self.began = time.monotonic()
+        self.outcome = execute(spec, call)
+
+
+def overran(began: float | None, now: float, wait: float) -> bool:
+    """Whether an unfinished speculative call's tool is slow: it had at least half the ``wait`` to
+    itself and did not finish. One whose thread had not started (``began`` None) or started late
+    waited for the process, not on the tool; pausing the tool for that would switch speculation
+    off whenever an actor is busy."""
+    return began is not None and now - began >= wait / 2
 
 
 def _earlier_uses(request: dict[str, Any]) -> list[dict[str, Any]]:

@@ -241,3 +241,38 @@ def test_the_offered_outcome_is_what_a_sent_call_would_return() -> None:
     ctx = StepContext(run_id="r", node_id="solve@1.0", fan_index=-1, attempt=1, trace_id="t")
     sent = execute(spec, NodeCall(ctx=ctx, kwargs={"args": {"q": "a"}}, max_output_bytes=1 << 20))
     assert (offer.outcome.ok, offer.outcome.output_json) == (sent.ok, sent.output_json)
+
+
+def test_only_a_tool_that_ran_is_paused_for_overrunning() -> None:
+    """A call abandoned at the deadline pauses its tool only if the tool itself had the time: a
+    thread that never began, or began late (a busy actor's GIL), says nothing of the tool."""
+    wait = 0.1
+    assert spec_mod.overran(began=0.0, now=wait, wait=wait)  # began at once, still running
+    assert spec_mod.overran(began=0.04, now=wait, wait=wait)  # most of the wait to itself
+    assert not spec_mod.overran(began=None, now=wait, wait=wait)  # its thread never ran
+    assert not spec_mod.overran(began=0.08, now=wait, wait=wait)  # began 80 ms late
+
+
+def test_a_tool_whose_thread_starts_late_is_not_paused(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pause is decided from when the tool began, not from when its thread was asked for: a
+    speculative thread held back past the budget (as a busy actor holds new threads) is abandoned,
+    the call is sent, and the tool stays speculable."""
+    held, run = threading.Event(), spec_mod._Box.run
+
+    def late_run(self: spec_mod._Box, spec: StepSpec, call: NodeCall) -> None:
+        held.wait(10)  # the speculative thread gets to its tool only once the call is sent
+        run(self, spec, call)
+
+    def quick(q: str) -> str:
+        """Answers at once."""
+        if not threading.current_thread().name.startswith(SPECULATIVE):
+            held.set()
+        return f"got {q}"
+
+    monkeypatch.setattr(spec_mod._Box, "run", late_run)
+    agent = Agent(name="eager", model=recording(default=(tool_reply(("quick", {"q": "a"})), text_reply("ok"))),
+                  tools=(tool(quick),), speculative_tools=True)
+    final, nodes, _ = drive(sqlite_url, workflow(agent))
+    assert final.status == RunStatus.COMPLETED, final.error
+    assert nodes["solve@0.0"].output == {"content": "got a", "is_error": False}
+    assert "quick" not in spec_mod._slow_until
