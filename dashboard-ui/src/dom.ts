@@ -41,14 +41,24 @@ export function clear(el: Element): void {
 
 const csrf = (): string => document.querySelector<HTMLMetaElement>('meta[name="raysaga-csrf"]')?.content ?? "";
 
+// fetch() rejects only when no answer came (the server stopped, restarted, or the network
+// dropped the request), with the browser's own terse text ("Failed to fetch", "Load failed")
+async function reach(url: string, init: RequestInit): Promise<Response> {
+  try {
+    return await fetch(url, init);
+  } catch (e) {
+    throw new Error(`Cannot reach the dashboard server (${(e as Error).message}): is \`raysaga dashboard\` still running?`);
+  }
+}
+
 export async function getJSON<T>(url: string): Promise<T> {
-  const r = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+  const r = await reach(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
   if (!r.ok) throw new Error(await errorText(r));
   return (await r.json()) as T;
 }
 
 export async function postJSON<T>(url: string, body: unknown): Promise<T> {
-  const r = await fetch(url, {
+  const r = await reach(url, {
     method: "POST",
     credentials: "same-origin",
     headers: { "Content-Type": "application/json", "X-Raysaga-CSRF": csrf() },

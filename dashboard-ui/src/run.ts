@@ -11,6 +11,8 @@ import { cls, symbol } from "./status";
 import type { Change, EventJSON, Row, RunDoc, RunSummary, StepState } from "./types";
 
 const MAX_EVENTS = 400;
+/** How long a run page whose read failed waits before it reads again. */
+const RETRY_MS = 5000;
 
 function baseStep(nodeId: string): { step: string; turn: boolean; comp: boolean } {
   const comp = nodeId.endsWith(":compensate");
@@ -48,6 +50,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   const rows = new Map<string, Row>();
   let stream: EventSource | null = null;
   let closed = false;
+  let retry = 0;
 
   const depsOf = (label: string): string[] => {
     const { step, turn, comp } = baseStep(label.replace(/\[\d+\]$/, ""));
@@ -253,13 +256,19 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     // both reads, or neither: a server gone between them (restarted, stopped) is said in the
     // head like a failed first read, never left as an unhandled rejection
     let events: { events: EventJSON[] };
+    window.clearTimeout(retry);
     try {
       doc = await getJSON<RunDoc>(`/api/runs/${enc}`);
       events = await getJSON<{ events: EventJSON[] }>(`/api/runs/${enc}/events?after=${Math.max(0,
         doc.cursor - MAX_EVENTS)}&limit=${MAX_EVENTS}`);
     } catch (e) {
+      if (closed) return;
       clear(head);
-      head.append(h("p", { class: "error" }, (e as Error).message));
+      head.append(h("p", { class: "error" }, (e as Error).message),
+        h("p", { class: "muted" }, `Trying again every ${RETRY_MS / 1000} s.`));
+      // the page reads the run again on its own (as the run list refreshes): a restarted
+      // server, or a run submitted after its link was shared, shows without a reload
+      retry = window.setTimeout(() => void load(), RETRY_MS);
       return;
     }
     if (closed) return;
@@ -276,5 +285,5 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   };
   hide.addEventListener("change", layout);
   void load();
-  return () => { closed = true; stream?.close(); };
+  return () => { closed = true; window.clearTimeout(retry); stream?.close(); };
 }

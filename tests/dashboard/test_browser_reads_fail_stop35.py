@@ -101,3 +101,28 @@ def test_the_run_list_says_when_its_own_read_fails(page: tuple[Page, list[str]],
         pg.goto(f"{base}/#/")
         expect(pg.locator("td.error")).to_be_visible()
     assert errors == [], errors
+
+
+def test_a_run_page_whose_first_read_fails_says_why_and_reads_again(
+        page: tuple[Page, list[str]], demo: tuple[SqlStore, dict[str, str]]) -> None:
+    """The failure names the server, not only the browser's "Failed to fetch"; and the page reads
+    again on its own, so a restarted server shows the run without a reload."""
+    pg, errors = page
+    store, runs = demo
+    with serving(store) as base:
+        refused: list[str] = []
+
+        def refuse_once(route: Route) -> None:
+            if refused:
+                route.continue_()
+            else:
+                refused.append(route.request.url)
+                route.abort("connectionrefused")
+
+        pg.route(_path(lambda p: p == f"/api/runs/{runs['shop']}"), refuse_once)
+        pg.goto(f"{base}/#/runs/{runs['shop']}")
+        expect(pg.locator("#run-head .error")).to_contain_text("Cannot reach the dashboard server")
+        expect(pg.locator("#run-head h1")).to_have_text(runs["shop"], timeout=TIMEOUT_MS)  # read again, no reload
+        expect(pg.locator("#run-head .error")).to_have_count(0)
+        assert len(refused) == 1
+    assert errors == [], errors
