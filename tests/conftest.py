@@ -6,6 +6,10 @@ touches PostgreSQL carries the ``postgres`` marker (``pytest -m postgres`` runs 
 
 Shared fakes and harnesses live in ``tests/support`` (import them as ``tests.support.<module>``).
 
+Under pytest-xdist (``.ci/run``: ``-n 2 --dist loadfile``) each worker process is a session of its
+own: its own Ray head (free ports, its own temp dir), PostgreSQL database, templates and
+``RAYSAGA_HOME``; nothing here is shared between workers.
+
 No test writes into the user's home: ``RAYSAGA_HOME`` points at a temporary folder for the
 whole session (subprocesses inherit it), so the default store lands there.
 """

@@ -34,12 +34,15 @@ def services() -> Iterator[FakeServices]:
         yield svc
 
 
-def test_worker_drives_submitted_runs_and_stops_clean(store_url: str, services: FakeServices,
+def test_worker_drives_submitted_runs_and_stops_clean(fleet_url: str, services: FakeServices,
                                                       tmp_path: Path) -> None:
+    """On a store of its own (``fleet_url``): its figures are the whole store's, and runs an earlier
+    test left in the session's shared PostgreSQL database counted there (37 of them under xdist)."""
+    store_url = fleet_url
     trace = tmp_path / "trace.log"
     client = Client(store_url)
     worker = start_worker(store_url, "short")
-    started = time.time()  # PostgreSQL's database is the session's: the figures are read for this test's runs
+    started = time.time()
     try:
         runs = [client.submit(flows.short, fleet_input(n, services, trace)).run_id for n in range(12)]
         assert {client.get_run(r).status for r in runs} <= {RunStatus.PENDING, RunStatus.RUNNING,
