@@ -16,7 +16,7 @@ from raysaga.orchestrator.machine.outbox import AdmitTool, MemoryOp
 from raysaga.orchestrator.speculation import is_peek
 from raysaga.orchestrator.task import NodeOutcome
 from raysaga.state import BreakerRecord, BreakerState, Lease, MemoryEntry, Store, jsoncodec
-from raysaga.state.redact import scrub_secret_values, secret_values_known
+from raysaga.state.redact import json_may_hold_secret_value, scrub_secret_values, secret_values_known
 
 #: Compare-and-set attempts on a breaker row before giving up (a change by another driver each time).
 CAS_TRIES = 5
@@ -73,7 +73,7 @@ def scrubbed_turns(outcomes: list[tuple[NodeKey, NodeOutcome]]) -> list[tuple[No
     out = outcomes
     for i, (key, outcome) in enumerate(outcomes):
         text = outcome.output_json
-        if key.turn is None or not outcome.ok or text is None:
+        if key.turn is None or not outcome.ok or text is None or not json_may_hold_secret_value(text):
             continue
         value = jsoncodec.loads(text)
         clean = scrub_secret_values(value)

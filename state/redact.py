@@ -69,6 +69,11 @@ _HINTS = ("authorization", "api-key", "api_key", "apikey", "auth-token", "bearer
           "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "xox", "akia", "passw", "secret", "token=", "pwd=")
 
 
+#: Printable ASCII but the characters a JSON encoder escapes (``"``, ``\\``, and ``/`` by some):
+#: a value made of these appears verbatim in the JSON text of any string that holds it.
+_VERBATIM = re.compile(r"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]*")
+
+
 class _Registry:
     """The literal secret values, and one compiled regex of them, rebuilt only on change."""
 
@@ -80,6 +85,8 @@ class _Registry:
         self.watched: tuple[str, ...] = ()
         self.values: frozenset[str] = frozenset()
         self.regex: re.Pattern[str] | None = None
+        #: every value is made of characters any JSON encoder writes as themselves (``_VERBATIM``)
+        self.verbatim = True
         self.declared: frozenset[str] = frozenset()
         #: a piece of a declared value where a cut left it: its end at the text's start, its start
         #: at the text's end (``_Pieces``), or None when nothing is declared
@@ -112,6 +119,7 @@ class _Registry:
             # longest first, so a secret containing another is replaced whole
             alternation = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
             self.regex = re.compile(alternation) if alternation else None
+            self.verbatim = all(_VERBATIM.fullmatch(v) for v in values)
 
     def add(self, value: str) -> None:
         if len(value) < MIN_SECRET_LEN or value in self.registered:
@@ -307,6 +315,17 @@ def scrub_secret_values(value: Any) -> Any:
     model echoed into a tool's arguments must not reach the store (DESIGN invariant 7)."""
     literal = _REGISTRY.current()
     return value if literal is None else _replace_values(value, literal)
+
+
+def json_may_hold_secret_value(text: str) -> bool:
+    """Whether the JSON ``text`` may hold a known secret value in one of its strings: False when
+    no secret is known, or when every known value is ``_VERBATIM`` and none occurs in the text
+    itself. So what a model or a tool said is parsed and scrubbed (``scrub_secret_values``) only
+    when it can hold a secret: a conversation's turns were all parsed once a secret was known."""
+    literal = _REGISTRY.current()
+    if literal is None:
+        return False
+    return not _REGISTRY.verbatim or literal.search(text) is not None
 
 
 def _replace_values(value: Any, literal: re.Pattern[str]) -> Any:

@@ -180,3 +180,27 @@ def test_a_step_failure_record_is_scrubbed_before_it_is_cut(monkeypatch: pytest.
     assert outcome.error is not None
     assert value[:12] not in outcome.error["message"] and value[:12] not in outcome.error["traceback"]
     assert outcome.error["message"] == "x" * 1990 + MARKER
+
+
+def test_json_text_is_parsed_for_secret_values_only_when_it_can_hold_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``json_may_hold_secret_value`` lets an agent's turns skip the parse and walk of
+    ``scrub_secret_values`` when no known value occurs in their text; a value a JSON encoder
+    would escape (a quote, a backslash, a slash, non-ASCII) can hide in it, so then every text is parsed."""
+    import os
+
+    from raysaga.state import jsoncodec, redact
+
+    monkeypatch.setattr(redact, "_REGISTRY", redact._Registry())  # this test's secrets only
+    for name in [n for n in os.environ if redact._SECRET_NAME.search(n)]:
+        monkeypatch.delenv(name)
+    value = canary()
+    said = jsoncodec.dumps({"content": [{"type": "text", "text": f"the key is {value}."}]})
+    clean = jsoncodec.dumps({"content": [{"type": "text", "text": "nothing here"}]})
+    assert not redact.json_may_hold_secret_value(said)  # nothing known yet
+    monkeypatch.setenv("MY_SERVICE_TOKEN", value)
+    assert redact.json_may_hold_secret_value(said) and not redact.json_may_hold_secret_value(clean)
+    for odd in ['pa"ss-' + canary(), "back\\slash-" + canary(), "sl/ash-" + canary(), "clé-" + canary()]:
+        monkeypatch.setenv("OTHER_PASSWORD", odd)
+        assert redact.json_may_hold_secret_value(clean)  # it might be there, escaped
+        hidden = jsoncodec.dumps({"text": f"{odd}!"})
+        assert redact.scrub_secret_values(jsoncodec.loads(hidden)) == {"text": f"{MARKER}!"}
