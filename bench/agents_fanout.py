@@ -16,6 +16,9 @@ Rows (medians over ``--reps``, interleaved per rep, one process, one local Ray `
 * ``raysaga``: ``plan -> @wf.agent(map_over="plan") research -> join`` with ``executor="ray"``, a
   fresh migrated SQLite store per run (create_run + lease + drive timed, the migration not); the
   model and tool calls run in raysaga's I/O pool, ``RAYSAGA_IO_CONCURRENCY`` = ``--concurrency``;
+* ``floor`` (``--floor``, ``agents_floor.py``): each conversation's loop in one call on a pool
+  actor, its turns written to SQLite (fenced, group-committed) or not written: what moving the
+  loop out of the run machine into the actor could reach at best;
 * ``LangGraph`` (when importable): ``plan`` sends N branches, each the same tool-use loop on the
   SDK in this process, joined, SqliteSaver on a fresh file, ``max_concurrency`` = ``--concurrency``;
   once with the loop in one node per branch (checkpointed when the branch ends) and once as a
@@ -324,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph")
     parser.add_argument("--speculative-tools", action="store_true",
                         help="Agent(speculative_tools=True): a model call's attempt runs the tools it asks for")
+    parser.add_argument("--floor", action="store_true",
+                        help="add the rows of agents_floor.py: each conversation's loop in one pool-actor call, "
+                             "turns written (fenced, group-committed) and not written")
     parser.add_argument("--fail-on-miss", action="store_true")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # the server subprocess
     args = parser.parse_args(argv)
@@ -366,6 +372,16 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 rows.append((label, runner))
                 peers.append(label)
+        if args.floor:
+            import agents_floor
+
+            agent = make_agent(server.base_url, calls)
+            request = {"model": MODEL, "max_tokens": agent.max_tokens, "system": agent.system,
+                       "tools": agent.tool_definitions()}
+            for label, written in (("floor: loop in a pool actor, turns written", True),
+                                   ("floor: loop in a pool actor, nothing written", False)):
+                rows.append((label, agents_floor.floor_runner(n, calls, server.base_url, tmp, request,
+                                                              written=written)))
         log("warming up (I/O pool actors start, workers import raysaga and anthropic)")
         for _, runner in rows:
             measured(server, runner)
