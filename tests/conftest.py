@@ -175,12 +175,15 @@ def sqlite_url(tmp_path: Path, request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="session")
-def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ray_address() -> Iterator[str]:
     """One local Ray head for the whole session; tests and their subprocess drivers join it."""
     ray_bin = shutil.which("ray", path=str(Path(sys.executable).parent)) or shutil.which("ray")
     assert ray_bin, "the ray CLI is not installed"
     port, client_port = _free_port(), _free_port()
-    temp_dir = tmp_path_factory.mktemp("ray")
+    # a short path of its own, not under pytest's basetemp: Ray's socket paths must fit 107 bytes, and
+    # /tmp/pytest-of-root/pytest-11/popen-gw0/ray0/session_.../sockets/plasma_store.1 (a second node
+    # joining under xdist, once pytest's run counter reached two digits) was 108
+    temp_dir = Path(tempfile.mkdtemp(prefix="rs-ray-", dir="/tmp"))
     # a local test cluster on loopback needs no token; and a token written to ~/.ray by one
     # cluster would break another cluster on the same machine
     os.environ["RAY_AUTH_MODE"] = "disabled"
@@ -200,6 +203,7 @@ def ray_address(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if ray.is_initialized():
             ray.shutdown()
         _kill_processes_mentioning(str(temp_dir))  # only this session's cluster, not `ray stop`'s all
+        shutil.rmtree(temp_dir, ignore_errors=True)
         # its Ray client server names no temp dir (it was left running after every session): its port
         for pid in set(pids_mentioning("ray.util.client.server")) & set(pids_mentioning(f"--port={client_port} ")):
             with contextlib.suppress(OSError):
