@@ -208,13 +208,15 @@ class Worker:
         executor: Executor | None = None
         rng = random.Random()
         down_since: float | None = None  # the store stopped answering this slot's claims then
+        unanswered: str | None = None  # the owner of a claim that raised: it may have committed
         try:
             while not self._stop.is_set():
                 if not self._may_claim():
                     continue
+                owner = unanswered or new_owner()
                 try:
-                    claim = self.store.claim_next(new_owner(), self.options.lease_ttl, self.hashes,
-                                                  limits=self.limits) or self.claim_orphan()
+                    claim = self._claim(owner, answered=unanswered is None)
+                    unanswered = None
                     if down_since is not None:
                         log.warning("worker: the store answers again (after %.1f s)", time.time() - down_since)
                         down_since = None
@@ -224,6 +226,7 @@ class Worker:
                     elif down_since is None:  # unreachable for a moment (a restart): said once, not per poll
                         down_since = time.time()
                         log.warning("worker: claim failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
+                    unanswered = owner  # the next try looks for what this one may have claimed
                     claim = None
                 if claim is None:
                     self._stop.wait(self.poll * (0.5 + rng.random()))  # jittered: slots do not poll in step
@@ -235,6 +238,18 @@ class Worker:
         finally:
             if executor is not None:
                 executor.shutdown()
+
+    def _claim(self, owner: str, *, answered: bool) -> Claim | None:
+        """The next run to drive, under ``owner``. After a claim under it that raised (not
+        ``answered``), first the run that claim took if it committed before its answer was lost:
+        claimed again under a new owner, it sat leased to no driver until its lease ran out."""
+        if not answered:
+            found = self.store.claim_of(owner, self.options.lease_ttl)
+            if found is not None:
+                log.warning("worker: run %s was claimed though the answer was lost: driving it", found.lease.run_id)
+                return found
+        return self.store.claim_next(owner, self.options.lease_ttl, self.hashes, limits=self.limits) \
+            or self.claim_orphan()
 
     def _may_claim(self) -> bool:
         """Whether a slot may claim a run now: not while a suspect waits for its turn or is driven

@@ -116,6 +116,29 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, s
     return None
 
 
+def claim_of(engine: Engine, owner: str, ttl: float, now: float | None = None) -> Claim | None:
+    """The claim ``owner`` holds, if a ``claim_next`` under it committed: what a worker whose claim
+    raised (the connection was lost, maybe after the commit) asks before it claims again under
+    the same owner. Without it the run sat leased to nobody driving it until its lease expired.
+    None when the owner holds no live lease (the claim never committed, or its lease ran out).
+    Read by ``lease_owner`` with no index: asked only after a claim failed, never per poll."""
+    now = time.time() if now is None else now
+    with engine.connect() as conn:
+        row = conn.execute(select(runs.c.run_id, runs.c.status, runs.c.workflow_name, runs.c.fence,
+                                  runs.c.lease_expires_at)
+                           .where(runs.c.lease_owner == owner, runs.c.lease_expires_at >= now)).first()
+        if row is None:
+            return None
+        run_id, status, workflow, fence, expires_at = row
+        claimed = conn.execute(select(events.c.data).where(events.c.run_id == run_id,
+                                                           events.c.kind == "lease_claimed")
+                               .order_by(events.c.seq.desc()).limit(1)).scalar_one_or_none()
+    data = claimed if isinstance(claimed, dict) and claimed.get("owner") == owner else {}
+    return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=expires_at, ttl=ttl),
+                 workflow=workflow, reason=data.get("reason", "new"), latency=float(data.get("latency", 0.0)),
+                 status=RunStatus(status), abandoned_by=data.get("abandoned_by"))
+
+
 def _lease_free(now: float) -> ColumnElement[bool]:
     return or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now)
 

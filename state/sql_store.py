@@ -446,6 +446,9 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
                    limits: Mapping[str, int] | None = None) -> Claim | None:
         return claims.claim_next(self.engine, owner, ttl, workflows, limits=limits)
 
+    def claim_of(self, owner: str, ttl: float) -> Claim | None:
+        return claims.claim_of(self.engine, owner, ttl)
+
     def wake(self, run_id: str, statuses: Iterable[RunStatus], reason: str, kind: str, data: Any = None) -> bool:
         return shared_rows.wake(self.engine, run_id, [RunStatus(s) for s in statuses], reason, kind, data)
 

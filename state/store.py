@@ -149,6 +149,11 @@ class Store(ABC):
         ``raysaga.state.claims``."""
 
     @abstractmethod
+    def claim_of(self, owner: str, ttl: float) -> Claim | None:
+        """The claim ``owner`` holds if its ``claim_next`` committed (its answer may have been lost):
+        ``raysaga.state.claims.claim_of``."""
+
+    @abstractmethod
     def wake(self, run_id: str, statuses: Iterable[RunStatus], reason: str, kind: str,
              data: Any = None) -> bool:
         """Make a run resting without a driver in one of ``statuses`` due now (a worker takes it up),
