@@ -240,16 +240,13 @@ class Worker:
                 executor.shutdown()
 
     def _claim(self, owner: str, *, answered: bool) -> Claim | None:
-        """The next run to drive, under ``owner``. After a claim under it that raised (not
-        ``answered``), first the run that claim took if it committed before its answer was lost:
-        claimed again under a new owner, it sat leased to no driver until its lease ran out."""
-        if not answered:
-            found = self.store.claim_of(owner, self.options.lease_ttl)
-            if found is not None:
-                log.warning("worker: run %s was claimed though the answer was lost: driving it", found.lease.run_id)
-                return found
-        return self.store.claim_next(owner, self.options.lease_ttl, self.hashes, limits=self.limits) \
-            or self.claim_orphan()
+        """The next run to drive, under ``owner``; after a claim under it that raised (not ``answered``),
+        first the run that claim took if it committed before its answer was lost (``Store.claim_of``)."""
+        ttl = self.options.lease_ttl
+        if not answered and (found := self.store.claim_of(owner, ttl)) is not None:
+            log.warning("worker: run %s was claimed though the answer was lost: driving it", found.lease.run_id)
+            return found
+        return self.store.claim_next(owner, ttl, self.hashes, limits=self.limits) or self.claim_orphan()
 
     def _may_claim(self) -> bool:
         """Whether a slot may claim a run now: not while a suspect waits for its turn or is driven
