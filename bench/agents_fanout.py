@@ -123,6 +123,12 @@ def make_agent(base_url: str, calls: int) -> Agent:
                  speculative_tools=os.environ.get(SPECULATIVE_ENV) == "1")
 
 
+def sdk_request(agent: Agent) -> dict[str, Any]:
+    """The agent's Messages API request but its messages: what the rows that call the SDK
+    themselves (LangGraph's, the floor's) send, as raysaga's agent does."""
+    return {"model": MODEL, "max_tokens": agent.max_tokens, "system": agent.system, "tools": agent.tool_definitions()}
+
+
 def build(base_url: str, calls: int) -> Workflow:
     """``plan -> research[0..N-1] (an agent per item) -> join``; input ``{"n": N}``."""
     wf = Workflow("bench-agents-fanout")
@@ -291,9 +297,7 @@ def langgraph_runner(n: int, calls: int, base_url: str, tmp: Path, concurrency: 
 
     client = anthropic.Anthropic(base_url=base_url, api_key=LOCAL_KEY, timeout=30.0)
     agent = make_agent(base_url, calls)
-    request = {"model": MODEL, "max_tokens": agent.max_tokens, "system": agent.system,
-               "tools": agent.tool_definitions()}
-    graph = langgraph_agents_runner([prompt_for(i) for i in range(n)], client, request, {"lookup": lookup},
+    graph = langgraph_agents_runner([prompt_for(i) for i in range(n)], client, sdk_request(agent), {"lookup": lookup},
                                     agent.max_turns, tmp, concurrency, subgraph)
     if graph is None:
         return None
@@ -375,9 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.floor:
             import agents_floor
 
-            agent = make_agent(server.base_url, calls)
-            request = {"model": MODEL, "max_tokens": agent.max_tokens, "system": agent.system,
-                       "tools": agent.tool_definitions()}
+            request = sdk_request(make_agent(server.base_url, calls))
             for label, written in (("floor: loop in a pool actor, turns written", True),
                                    ("floor: loop in a pool actor, nothing written", False)):
                 rows.append((label, agents_floor.floor_runner(n, calls, server.base_url, tmp, request,
