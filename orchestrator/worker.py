@@ -246,7 +246,7 @@ class Worker:
         if not answered and (found := self.store.claim_of(owner, ttl)) is not None:
             log.warning("worker: run %s was claimed though the answer was lost: driving it", found.lease.run_id)
             return found
-        return self.store.claim_next(owner, ttl, self.hashes, limits=self.limits) or self.claim_orphan()
+        return self.store.claim_next(owner, ttl, self.hashes, limits=self.limits) or self.claim_orphan(owner)
 
     def _may_claim(self) -> bool:
         """Whether a slot may claim a run now: not while a suspect waits for its turn or is driven
@@ -257,9 +257,10 @@ class Worker:
             self._turns.wait(self.poll)
             return False
 
-    def claim_orphan(self) -> Claim | None:
+    def claim_orphan(self, owner: str | None = None) -> Claim | None:
         """A run of ours whose driver is provably gone (see the module doc), its lease taken from
-        that driver; None when there is none, or another slot looked less than ``poll`` ago."""
+        that driver under ``owner`` (the slot's: a take-over whose answer is lost is found again
+        by ``_claim``); None when there is none, or another slot looked less than ``poll`` ago."""
         now = time.time()
         with self._lock:
             if now < self._next_scan:
@@ -274,7 +275,7 @@ class Worker:
                 if self.store.get_run(row.run_id, lenient=True).definition_hash != self.hashes[row.workflow_name]:
                     continue  # another definition: a worker that registered that one drives it
                 try:
-                    lease, _ = claim(self.store, row.run_id, new_owner(), self.options.lease_ttl)
+                    lease, _ = claim(self.store, row.run_id, owner or new_owner(), self.options.lease_ttl)
                 except LeaseHeldError:  # another worker took it first, or a resume did
                     continue
                 return Claim(lease=lease, workflow=row.workflow_name, reason="takeover",

@@ -134,9 +134,12 @@ def claim_of(engine: Engine, owner: str, ttl: float, now: float | None = None) -
                                                            events.c.kind == "lease_claimed")
                                .order_by(events.c.seq.desc()).limit(1)).scalar_one_or_none()
     data = claimed if isinstance(claimed, dict) and claimed.get("owner") == owner else {}
+    # a worker's take-over from a driver proven gone (``Store.claim`` taking the lease) names the
+    # owner it took from and no reason: a take-over all the same, driven alone like the one answered
+    taken_from = data.get("abandoned_by") or data.get("taken_from")
     return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=expires_at, ttl=ttl),
-                 workflow=workflow, reason=data.get("reason", "new"), latency=float(data.get("latency", 0.0)),
-                 status=RunStatus(status), abandoned_by=data.get("abandoned_by"))
+                 workflow=workflow, reason=data.get("reason") or ("takeover" if taken_from else "new"),
+                 latency=float(data.get("latency", 0.0)), status=RunStatus(status), abandoned_by=taken_from)
 
 
 def _lease_free(now: float) -> ColumnElement[bool]:

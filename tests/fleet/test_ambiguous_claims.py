@@ -9,7 +9,9 @@ at rest well before it could run out: a claim not found again would hold its run
 Checked on SQLite and PostgreSQL: every run ends with its golden output under ONE claim (one
 ``lease_claimed`` event, fence 1, the owner of the dropped answer when it was dropped), every
 effect takes effect once, the worker counts no failure. CI: 24 runs; ``RAYSAGA_FULL_SWEEP=1``:
-2,000 runs (about 1,000 injections a store).
+2,000 runs (about 1,000 injections a store). ``TakeoverDropper`` does the same to a worker's
+take-over of a run from a driver proven gone (``Worker.claim_orphan``), which claims under the
+slot's owner for the same reason.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import pytest
 from raysaga import Client, RunOptions, Worker
 from raysaga.orchestrator.faults import ConnectionDropped
 from raysaga.orchestrator.ownership import new_owner
-from raysaga.state import EffectStatus, RunStatus, SqlStore
+from raysaga.state import EffectStatus, Lease, RunStatus, SqlStore
 from raysaga.state.claims import Claim
 from tests.support import fleet_flows as flows
 from tests.support.crash_driver import wait_until
 from tests.support.services import FakeServices, get_log
-from tests.support.worker_procs import fleet_input
+from tests.support.worker_procs import dead_owner, fleet_input
 
 RUNS = 2000 if os.environ.get("RAYSAGA_FULL_SWEEP") == "1" else 24
 LEASE_TTL = 120.0
@@ -131,5 +133,67 @@ def test_claim_of_finds_only_the_owners_live_claim(fleet_url: str, tmp_path: Pat
         wait_until(lambda: time.time() > short.lease.expires_at, timeout=5, what="the short lease to expire")
         assert store.claim_of(owner, 0.05) is None  # a lease run out is no claim: claim_next takes the run again
     finally:
+        store.close()
+        client.close()
+
+
+class TakeoverDropper(SqlStore):
+    """A store whose committed take-overs (a lease taken from a driver proven gone: the worker's
+    ``claim_orphan``) are answered by a lost connection, the first time for each run."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.dropped: dict[str, str] = {}  # run id -> the owner whose take-over of it was answered by a drop
+
+    def claim(self, run_id: str, owner: str, ttl: float, *, take_from: str | None = None) -> Lease:
+        lease = super().claim(run_id, owner, ttl, take_from=take_from)  # durable from here on
+        if take_from is not None and run_id not in self.dropped:
+            self.dropped[run_id] = owner
+            raise ConnectionDropped("after_claim", run_id)
+        return lease
+
+
+def test_a_takeover_whose_answer_was_lost_is_found_and_driven_alone(
+        fleet_url: str, tmp_path: Path, services: FakeServices, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker takes a run over from a driver proven gone and the answer is lost: it finds the
+    take-over under the same owner and drives the run alone (a suspect, as any take-over), instead
+    of leaving it leased to no driver until the (long) lease ran out."""
+    client = Client(fleet_url)
+    store = TakeoverDropper(fleet_url)
+    worker: Worker | None = None
+    try:
+        runs = [(client.submit(flows.short, fleet_input(n, services, tmp_path / "trace.log")).run_id, n)
+                for n in range(3)]
+        dead = dead_owner()
+        for run_id, _ in runs:  # each held by a driver that died mid-run, its lease far from running out
+            store.claim(run_id, dead, LEASE_TTL)
+            store.transition(run_id, store.get_run(run_id).version, RunStatus.RUNNING)
+        caplog.set_level(logging.WARNING, logger="raysaga.worker")
+        worker = Worker([flows.short], store, concurrency=1, executor="inline", poll=0.02,
+                        options=RunOptions(lease_ttl=LEASE_TTL))
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        wait_until(lambda: all(store.get_run(r).status == RunStatus.COMPLETED for r, _ in runs),
+                   timeout=LEASE_TTL / 2, what="every run taken over and completed", interval=0.1)
+        worker.stop()
+        thread.join(timeout=60)
+        assert not thread.is_alive()
+
+        assert sorted(store.dropped) == sorted(r for r, _ in runs)
+        assert worker.counts.failed == 0 and worker.counts.by_reason == {"takeover": 3}
+        found = [r for r in caplog.records if "was claimed though the answer was lost" in r.getMessage()]
+        assert len(found) == len(runs)
+        for run_id, n in runs:
+            run = store.get_run(run_id)
+            assert (run.status, run.output, run.lease_owner) == (RunStatus.COMPLETED, flows.golden(n), None)
+            claims = [e.data for e in store.events(run_id) if e.kind == "lease_claimed"]
+            # the dead driver's claim, then the one take-over: found, not taken again under a new owner
+            assert [(c["owner"], c.get("taken_from")) for c in claims] == [(dead, None), (store.dropped[run_id], dead)]
+            assert "abandoned_by" in claims[1]  # counted as the dead driver's death
+        provider = get_log(services.url)
+        assert len(provider["by_subject"]) == 2 * len(runs) and set(provider["effective"].values()) == {1}
+    finally:
+        if worker is not None:
+            worker.stop()
         store.close()
         client.close()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from raysaga import Workflow
-from raysaga.orchestrator.ownership import new_owner, owner_is_gone
+from raysaga.orchestrator.ownership import new_owner
 from raysaga.orchestrator.runner import create_run
 from raysaga.orchestrator.worker import Worker
 from raysaga.state import RunStatus, SqlStore
@@ -27,7 +27,7 @@ from tests.support import REPO
 from tests.support import fleet_flows as flows
 from tests.support.crash_driver import process_gone, wait_until
 from tests.support.services import FakeServices
-from tests.support.worker_procs import assert_effects_once, fleet_input, start_worker, stop
+from tests.support.worker_procs import assert_effects_once, dead_owner, fleet_input, start_worker, stop
 
 LONG_LEASE = 600.0  # far beyond the test's time limits: only a take-over frees the run in time
 
@@ -36,15 +36,6 @@ LONG_LEASE = 600.0  # far beyond the test's time limits: only a take-over frees 
 def services() -> Iterator[FakeServices]:
     with FakeServices() as svc:
         yield svc
-
-
-def _dead_owner() -> str:
-    """The lease owner string of a process that has exited (provably gone from this host)."""
-    code = "from raysaga.orchestrator.ownership import new_owner; print(new_owner())"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    owner = done.stdout.strip()
-    assert owner_is_gone(owner), owner
-    return owner
 
 
 def test_a_worker_takes_over_a_sigkilled_drivers_run_without_waiting_for_its_lease(
@@ -102,7 +93,7 @@ def test_only_runs_of_gone_drivers_and_registered_definitions_are_taken(sqlite_u
         live = create_run(flows.slow, value, store=store, run_id="live")
         changed = create_run(other, None, store=store, run_id="changed")
         orphan = create_run(flows.slow, value, store=store, run_id="orphan")
-        dead = _dead_owner()
+        dead = dead_owner()
         store.claim(live.run_id, new_owner(), LONG_LEASE)  # this process: alive
         store.claim(changed.run_id, dead, LONG_LEASE)
         worker = Worker([flows.slow], store, executor="inline", poll=60.0)

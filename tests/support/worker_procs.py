@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from raysaga.orchestrator.ownership import owner_is_gone
 from tests.support import REPO
 from tests.support.services import FakeServices, get_log
 
@@ -25,6 +26,15 @@ def start_worker(db: str, *flow_names: str, executor: str = "inline", lease_ttl:
     banner = proc.stdout.readline()  # printed once its signal handlers are in place (or '' if it died)
     assert banner.startswith("worker "), f"the worker did not start: {banner!r} {proc.stderr and proc.stderr.read()}"
     return proc
+
+
+def dead_owner() -> str:
+    """The lease owner string of a process that has exited (provably gone from this host)."""
+    code = "from raysaga.orchestrator.ownership import new_owner; print(new_owner())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    owner = done.stdout.strip()
+    assert owner_is_gone(owner), owner
+    return owner
 
 
 def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout: float = 60.0) -> tuple[int, str, str]:
