@@ -46,8 +46,9 @@ a turn the API refuses, a turn the API is overloaded for at every attempt; in fa
 partial-failure policies too), transport faults of the Messages server (429, 500, 529, a
 dropped connection) before some answers, tools failing transiently once then succeeding (a
 plain one and an effect), tools declared ``requires_approval`` (approved or rejected by the
-harness), and ``speculative_tools`` agents. CI runs its three fixed DAGs (``ENDS``,
-``MODEL_FAULTS``, ``GATED``), each faulted at one chosen point (two with
+harness, some of them with edited arguments), ``speculative_tools`` agents, and approvals asking a
+quorum of two approvers and taking an answer. CI runs its four fixed DAGs (``ENDS``,
+``MODEL_FAULTS``, ``GATED``, ``QUORUM``), each faulted at one chosen point (two with
 ``RAYSAGA_FULL_SWEEP=1``); ``RAYSAGA_FULL_SWEEP=1`` adds 50
 random DAGs inline (``RAYSAGA_CHAOS_ENDING_DAGS``) and 10 on Ray (``RAYSAGA_CHAOS_RAY_ENDING_DAGS``).
 """
@@ -173,6 +174,21 @@ GATED: dict[str, Any] = {"name": "chaos_gated", "steps": [
      "turns": [["act_gated"], ["lookup_flaky", "lookup"]], "model_faults": {"1": ["529"]}, "speculative": True},
     {"name": "s3", "kind": "approval", "deps": ["s1", "s2"], "verdict": "reject"},
 ]}
+#: Approvals asking two approvers, with answers; gated calls approved with edited arguments: a
+#: quorum-of-two approval with an answer each (the second's wins) and one per element of a plan,
+#: both feeding a step; an agent whose two gated calls run with edited arguments (beside a
+#: lookup); an effect, then a quorum-of-two approval the first approver rejects: the run rolls
+#: back the edited calls and the effect.
+QUORUM: dict[str, Any] = {"name": "chaos_quorum", "steps": [
+    {"name": "s0", "kind": "plan", "deps": [], "items": 2},
+    {"name": "s1", "kind": "approval", "deps": ["s0"], "verdict": "approve", "quorum": 2, "answer": True},
+    {"name": "s2", "kind": "approval", "over": "s0", "deps": ["s0"], "reject_items": [], "quorum": 2, "answer": True},
+    {"name": "s3", "kind": "step", "deps": ["s1", "s2"]},
+    {"name": "s4", "kind": "agent", "deps": ["s0"], "turns": [["act_gated", "lookup"], ["act_gated"]],
+     "reject_calls": [], "edit_calls": ["0.0", "1.0"]},
+    {"name": "s5", "kind": "step", "deps": ["s3", "s4"], "effect": True, "compensate": True},
+    {"name": "s6", "kind": "approval", "deps": ["s5"], "verdict": "reject", "quorum": 2},
+]}
 #: Each fixed DAG of the third generator with the faults CI gives it (point, label, mode).
 ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
     # the loop's failing turn answered, not durable (asked again); the last turn before MaxTurns
@@ -181,6 +197,8 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
     "model_faults": (MODEL_FAULTS, [(("before_commit", "s1@0[0]"), "kill"), (("before_commit", "s4@1[0]"), "raise")]),
     # the flaky effect's failed first attempt; a gated effect's call sent, its outcome not durable
     "gated": (GATED, [(("before_commit", "s1@0.1"), "raise"), (("after_pending", "s2@0.0[1]"), "kill")]),
+    # both approvals of the quorum consumed with the node's outcome, not durable; an edited call sent
+    "quorum": (QUORUM, [(("before_commit", "s1"), "kill"), (("after_pending", "s4@1.0"), "kill")]),
 }
 @pytest.fixture(scope="module")
 def services() -> Iterator[FakeServices]:
@@ -235,8 +253,11 @@ def test_ending_shapes_faulted_end_as_golden(shape: str, services: FakeServices,
     """CI's cases of the third generator: each fixed DAG faulted at the first of its chosen
     points (CI's time), at both with ``RAYSAGA_FULL_SWEEP=1``."""
     spec, faults = ENDING_CI[shape]
+    edited = STATS["ending"]["edited_calls"]
     sweep_dag(spec, ENDING_SEED, KILLS, "inline", services, model, tmp_path_factory, note=print,
               faults=faults if FULL_SWEEP else faults[:1], group="ending")
+    planned = sum(len(s.get("edit_calls", ())) for s in spec["steps"])
+    assert STATS["ending"]["edited_calls"] - edited == planned  # each ran with its edited arguments
 
 
 @pytest.mark.slow

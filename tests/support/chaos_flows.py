@@ -43,6 +43,11 @@ Every step is deterministic in its inputs and its attempt number:
   ``Approval``'s time and decision ids differ between runs: digests leave them out, and an
   effect never takes an approval as an input (its key would digest them). With ``over``, one
   approval per element of a plan (``map_over``), each approved but those in ``reject_items``.
+  ``quorum: 2``: two approvers (``DECIDER``, ``DECIDER_B``) must both approve (one rejection
+  rejects); ``answer: true``: the approval takes an integer answer, each approver answering
+  its own (``approval_answer``: the last approval's is the node's);
+- an agent's gated tool calls (``act_gated``) in ``edit_calls`` (``<turn>.<call>``) are approved
+  with edited arguments (``edited``): the call runs with them, under their key.
 
 A step's output digests its name, the run's seed and every input it received (canonical JSON,
 fan-out results included), so a resumed run that fed a step anything else than the golden run
@@ -81,6 +86,8 @@ MODEL = "claude-haiku-4-5"
 #: The API key the driver processes and Ray workers run with (``tests.support.agent_flows``'s).
 KEY_ENV, TEST_KEY = "ANTHROPIC_API_KEY", "sk-ant-test-raysaga-agents"
 DECIDER = "chaos"
+#: The second approver of an approval with ``quorum: 2``.
+DECIDER_B = "chaos-b"
 TOOLS = ("lookup", "act", "act_undone")
 #: Tools that raise (``tests.support.chaos_gen`` draws them with ``raising_tools=True``).
 RAISING = ("broken", "act_broken", "unreachable")
@@ -226,7 +233,8 @@ def build(spec: dict[str, Any]) -> Workflow:
                      on_failure=options["on_failure"], **fan_out)(_function(step, prompt))
             continue
         if step["kind"] == "approval":
-            wf.approval(name=step["name"], approvers=[DECIDER], critical=options["critical"],
+            wf.approval(name=step["name"], approvers=deciders(step), quorum=int(step.get("quorum", 1)),
+                        answer=int if step.get("answer") else None, critical=options["critical"],
                         on_failure=options["on_failure"], map_over=step.get("over"))(_function(step, ask))
             continue
         if step["kind"] == "map":
@@ -441,16 +449,44 @@ def tool_verdict(step: dict[str, Any], node: str) -> str:
     return "reject" if node.partition("@")[2] in step.get("reject_calls", []) else "approve"
 
 
+def deciders(step: dict[str, Any]) -> list[str]:
+    """Who may decide an approval step: ``DECIDER``, and ``DECIDER_B`` for a quorum of two."""
+    return [DECIDER, DECIDER_B] if int(step.get("quorum", 1)) > 1 else [DECIDER]
+
+
+def approval_answer(step: dict[str, Any], fan_index: int, by: str) -> int | None:
+    """The integer answer ``by`` approves ``step`` (its item ``fan_index``) with, if it takes one."""
+    if not step.get("answer"):
+        return None
+    return int(digest(step["name"], fan_index, by), 16) % 1000
+
+
+def edited(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a human approves a gated call with instead of the model's (``edit_calls``)."""
+    return {**arguments, "subject": f"{arguments['subject']}:edited", "n": int(arguments["n"]) + 1000}
+
+
 def decide(store: Any, spec: dict[str, Any], run_id: str) -> list[str]:
     """Decide every approval the run waits for as ``spec`` says (``verdict``, ``tool_verdict`` for
-    an agent's gated tool call); return their names."""
+    an agent's gated tool call, approved with ``edited`` arguments when in ``edit_calls``; both
+    approvers of a quorum of two, one after the other, a rejection by the first alone); return
+    their names."""
     steps = {s["name"]: s for s in spec["steps"] if s["kind"] in ("approval", "agent")}
     decided = []
     for waiting in store.waiting_approvals(run_id=run_id):
         step = steps[waiting.node.partition("@")[0]]
-        answer = tool_verdict(step, waiting.node) if step["kind"] == "agent" else verdict(step, waiting.fan_index)
-        store.decide(run_id, waiting.node, answer, by=DECIDER, fan_index=waiting.fan_index,
-                     comment=f"{answer} by the chaos harness")
+        if step["kind"] == "agent":
+            answer = tool_verdict(step, waiting.node)
+            edit = answer == "approve" and waiting.node.partition("@")[2] in step.get("edit_calls", [])
+            store.decide(run_id, waiting.node, answer, by=DECIDER, fan_index=waiting.fan_index,
+                         answer=edited(waiting.request.payload["args"]) if edit else None,
+                         comment=f"{answer} by the chaos harness")
+        else:
+            answer = verdict(step, waiting.fan_index)
+            for by in deciders(step) if answer == "approve" else [DECIDER]:
+                store.decide(run_id, waiting.node, answer, by=by, fan_index=waiting.fan_index,
+                             answer=approval_answer(step, waiting.fan_index, by) if answer == "approve" else None,
+                             comment=f"{answer} by the chaos harness ({by})")
         decided.append(waiting.node)
     return decided
 

@@ -31,7 +31,9 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
   two of 429, 500, 529 and a dropped connection before the answer); agents also call the
   flaky tools (``lookup_flaky``, ``act_flaky``: a transient failure on the first attempt, then
   success) and ``act_gated`` (an effect with ``requires_approval``, its calls in
-  ``reject_calls`` rejected by the harness); a third of the agents are ``speculative``. Off,
+  ``reject_calls`` rejected by the harness, some of the others in ``edit_calls``, approved with
+  edited arguments); a third of the agents are ``speculative``; approvals ask a quorum of two
+  approvers (``quorum``) and take an integer answer (``answer``), a third of them each. Off,
   no draw of this list is made.
 
 ``agent_dag_specs(min_steps, max_steps)`` (the Ray agent sweep, ``tests/chaos/test_ray_agent_sweep.py``)
@@ -108,6 +110,8 @@ def dag_specs(draw: st.DrawFn, min_steps: int = 5, max_steps: int = 50, *, agent
             else:
                 step["verdict"] = draw(st.sampled_from(["approve", "approve", "approve", "reject"]))
                 decided.add(name)
+            if kind == "approval" and ending:
+                draw_approval(draw, step)
             if draw(st.sampled_from([True, True, True, False])) is False:
                 step["critical"] = False
                 step["on_failure"] = draw(st.sampled_from(["skip", "pass"]))
@@ -155,8 +159,20 @@ def draw_ending(draw: st.DrawFn, step: dict[str, Any]) -> None:
     gated = [f"{t}.{k}" for t, calls in enumerate(step["turns"]) for k, tool in enumerate(calls) if tool == "act_gated"]
     if gated:
         step["reject_calls"] = draw(st.lists(st.sampled_from(gated), max_size=1), label="reject_calls")
+        edits = [call for call in gated if call not in step["reject_calls"] and draw(st.booleans(), label="edit")]
+        if edits:
+            step["edit_calls"] = edits
     if draw(st.sampled_from([False, False, True]), label="speculative"):
         step["speculative"] = True
+
+
+def draw_approval(draw: st.DrawFn, step: dict[str, Any]) -> None:
+    """The third generator's draws for an approval ``step``: a quorum of two approvers (one in
+    three), an integer answer each approver gives its own (one in three)."""
+    if draw(st.sampled_from([False, False, True]), label="quorum of two"):
+        step["quorum"] = 2
+    if draw(st.sampled_from([False, False, True]), label="answer"):
+        step["answer"] = True
 
 
 @st.composite
@@ -187,10 +203,11 @@ def describe(spec: dict[str, Any]) -> str:
             flags.append(f"over={s['over']}" + (f" policy={s['policy']}" if "policy" in s else ""))
         if s["kind"] == "agent":
             flags.append(f"turns={s['turns']}")
-            flags += [f"{k}={s[k]}" for k in ("end", "end_items", "model_faults", "reject_calls", "speculative")
-                      if k in s]
+            flags += [f"{k}={s[k]}" for k in ("end", "end_items", "model_faults", "reject_calls", "edit_calls",
+                                              "speculative") if k in s]
         if s["kind"] == "approval":
             flags.append(s["verdict"] if "verdict" in s else f"reject_items={s['reject_items']}")
+            flags += [f"{k}={s[k]}" for k in ("quorum", "answer") if k in s]
         lines.append(f"{s['name']} {s['kind']} <- {','.join(s['deps']) or '-'} {' '.join(flags)}")
     return "\n".join(lines)
 
