@@ -47,8 +47,9 @@ partial-failure policies too), transport faults of the Messages server (429, 500
 dropped connection) before some answers, tools failing transiently once then succeeding (a
 plain one and an effect), tools declared ``requires_approval`` (approved or rejected by the
 harness, some of them with edited arguments), ``speculative_tools`` agents, and approvals asking a
-quorum of two approvers and taking an answer. CI runs its four fixed DAGs (``ENDS``,
-``MODEL_FAULTS``, ``GATED``, ``QUORUM``), each faulted at one chosen point (two with
+quorum of two approvers and taking an answer, and agents whose loop pauses the run
+(``LoopPolicy(then="pause")``; the harness unpauses it). CI runs its five fixed DAGs (``ENDS``,
+``MODEL_FAULTS``, ``GATED``, ``QUORUM``, ``PAUSES``), each faulted at one chosen point (two with
 ``RAYSAGA_FULL_SWEEP=1``); ``RAYSAGA_FULL_SWEEP=1`` adds 50
 random DAGs inline (``RAYSAGA_CHAOS_ENDING_DAGS``) and 10 on Ray (``RAYSAGA_CHAOS_RAY_ENDING_DAGS``).
 """
@@ -189,6 +190,13 @@ QUORUM: dict[str, Any] = {"name": "chaos_quorum", "steps": [
     {"name": "s5", "kind": "step", "deps": ["s3", "s4"], "effect": True, "compensate": True},
     {"name": "s6", "kind": "approval", "deps": ["s5"], "verdict": "reject", "quorum": 2},
 ]}
+#: An agent's loop that pauses the run (``LoopPolicy(then="pause")``): the harness unpauses it as
+#: an operator would, and the model answers; an undone effect before it, an effect after it.
+PAUSES: dict[str, Any] = {"name": "chaos_pauses", "steps": [
+    {"name": "s0", "kind": "step", "deps": [], "effect": True, "compensate": True},
+    {"name": "s1", "kind": "agent", "deps": ["s0"], "turns": [["act_undone"]], "end": "loop_pause"},
+    {"name": "s2", "kind": "step", "deps": ["s1"], "effect": True},
+]}
 #: Each fixed DAG of the third generator with the faults CI gives it (point, label, mode).
 ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
     # the loop's failing turn answered, not durable (asked again); the last turn before MaxTurns
@@ -199,6 +207,7 @@ ENDING_CI: dict[str, tuple[dict[str, Any], list[tuple[Kill, str]]]] = {
     "gated": (GATED, [(("before_commit", "s1@0.1"), "raise"), (("after_pending", "s2@0.0[1]"), "kill")]),
     # both approvals of the quorum consumed with the node's outcome, not durable; an edited call sent
     "quorum": (QUORUM, [(("before_commit", "s1"), "kill"), (("after_pending", "s4@1.0"), "kill")]),
+    "pauses": (PAUSES, [(("before_commit", "s1@4"), "kill"), (("before_commit", "s1@5"), "raise")]),
 }
 @pytest.fixture(scope="module")
 def services() -> Iterator[FakeServices]:
@@ -253,11 +262,13 @@ def test_ending_shapes_faulted_end_as_golden(shape: str, services: FakeServices,
     """CI's cases of the third generator: each fixed DAG faulted at the first of its chosen
     points (CI's time), at both with ``RAYSAGA_FULL_SWEEP=1``."""
     spec, faults = ENDING_CI[shape]
-    edited = STATS["ending"]["edited_calls"]
+    edited, rests = STATS["ending"]["edited_calls"], STATS["ending"]["golden_rests"]
     sweep_dag(spec, ENDING_SEED, KILLS, "inline", services, model, tmp_path_factory, note=print,
               faults=faults if FULL_SWEEP else faults[:1], group="ending")
     planned = sum(len(s.get("edit_calls", ())) for s in spec["steps"])
     assert STATS["ending"]["edited_calls"] - edited == planned  # each ran with its edited arguments
+    if shape == "pauses":
+        assert STATS["ending"]["golden_rests"] - rests == 1  # the loop paused the golden run once
 
 
 @pytest.mark.slow

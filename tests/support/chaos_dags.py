@@ -29,7 +29,7 @@ COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents",
           "model_requests", "model_repeats", "rests", "abandoned", "golden_abandoned", "missed",
           "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
           "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "edited_calls", "quorum_approvals",
-          "answered_approvals", "speculative_agents", "cut_requests",
+          "answered_approvals", "loop_pauses", "golden_rests", "speculative_agents", "cut_requests",
           "lost_calls", "lost_keys", "durable_turns", "lost_turns", "agent_faults", "tool_calls", "effect_calls")
 GROUPS = ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending", "ray_agents")
 STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0) for group in GROUPS}
@@ -115,6 +115,8 @@ def count(stats: dict[str, int], golden: Golden) -> None:
     stats["edited_calls"] += sum(subject.endswith(":edited") for subject in golden.by_subject)  # that ran
     stats["quorum_approvals"] += sum(s["kind"] == "approval" and s.get("quorum", 1) > 1 for s in steps)
     stats["answered_approvals"] += sum(s["kind"] == "approval" and bool(s.get("answer")) for s in steps)
+    stats["loop_pauses"] += sum(s.get("end") == "loop_pause" for s in agents)
+    stats["golden_rests"] += golden.rests  # for a decision, or paused by an agent's loop
     stats["speculative_agents"] += sum(bool(s.get("speculative")) for s in agents)
     stats["golden_abandoned"] += len(pending_rows(golden.nodes, golden.ledger, EffectStatus.ABANDONED))
     stats["tool_calls"] += sum(len(turn) for s in agents for turn in s["turns"])

@@ -67,7 +67,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raysaga import BEST_EFFORT, Approval, Permanent, RetryPolicy, StepContext, Workflow, min_success_ratio, quorum
-from raysaga.agents import Agent, AnthropicModel, ToolError, tool
+from raysaga.agents import Agent, AnthropicModel, LoopPolicy, ToolError, tool
 from raysaga.sagas.policy import ALL, FanOutPolicy, FanOutResult
 from tests.support import services as fake_services
 
@@ -111,10 +111,11 @@ FLAKY_RETRY = RetryPolicy(max_attempts=3, base=0.0, cap=0.0)
 #: How an agent of the third generator ends on its own once its scripted tool turns are done
 #: (``end``): ``max_turns`` (it keeps asking for tools), ``loop`` (the same call again and again:
 #: warned, then ``LoopDetected``), ``invalid`` (answers that are not JSON: ``InvalidOutput``),
-#: ``fixed`` (one answer refused, the next one valid: it completes), ``model_400`` (its last turn
-#: refused by the API: ``ModelCallFailed``), ``model_down`` (its last turn overloaded at every
-#: attempt: ``ModelUnavailable``).
-ENDS = ("max_turns", "loop", "invalid", "fixed", "model_400", "model_down")
+#: ``loop_pause`` (the same loop with ``LoopPolicy(then="pause")``: the run pauses, the harness
+#: unpauses it, and the model answers), ``fixed`` (one answer refused, the next one valid: it
+#: completes), ``model_400`` (its last turn refused by the API: ``ModelCallFailed``),
+#: ``model_down`` (its last turn overloaded at every attempt: ``ModelUnavailable``).
+ENDS = ("max_turns", "loop", "loop_pause", "invalid", "fixed", "model_400", "model_down")
 #: Transport faults the Messages server answers a turn with before its answer (``model_faults``).
 MODEL_FAULTS = ("429", "500", "529", "drop")
 
@@ -392,9 +393,11 @@ def make_agent(step: dict[str, Any], model_url: str) -> Agent:
     tools += (act_lost,) if uses(step, LOST) else ()
     # an agent that ends on its own gets room for it: 2 refused answers and a third (``invalid``),
     # 2 loop calls, the warned one and the one that fails (``loop``); ``max_turns`` uses them all
-    extra = 4 if "end" in step else 2
+    # and the looping turns, then the answer, of ``loop_pause``
+    extra = 6 if step.get("end") == "loop_pause" else 4 if "end" in step else 2
+    loop = LoopPolicy(then="pause") if step.get("end") == "loop_pause" else LoopPolicy()
     return Agent(f"agent_{step['name']}", model, system="You are a chaos-suite agent.", output_type=AgentAnswer,
-                 tools=tools, transport_retry=AGENT_TRANSPORT, max_turns=len(step["turns"]) + extra,
+                 tools=tools, transport_retry=AGENT_TRANSPORT, max_turns=len(step["turns"]) + extra, loop=loop,
                  breaker_threshold=BREAKER_THRESHOLD, speculative_tools=bool(step.get("speculative")))
 
 

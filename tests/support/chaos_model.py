@@ -41,6 +41,10 @@ def _tool_results(request: dict[str, Any]) -> list[Any]:
             if isinstance(block, dict) and block.get("type") == "tool_result"]
 
 
+#: The looping turns of an agent that ends ``loop_pause``: 2 answered, 1 warned, 1 that pauses the run.
+LOOP_PAUSE_TURNS = 4
+
+
 def turn_usage(turn: int) -> tuple[int, int]:
     return (100 + turn, 10 + turn)
 
@@ -74,9 +78,14 @@ def reply_for(request: dict[str, Any]) -> ms.Reply:
     if end == "max_turns":  # never done: one more lookup each turn, until the agent's max_turns
         return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@{turn}.0", "n": turn})],
                         usage=turn_usage(turn))
-    if end == "loop":  # the same call each turn: answered twice, then warned, then the node fails
+    if end == "loop" or (end == "loop_pause" and turn < len(turns) + LOOP_PAUSE_TURNS):
+        # the same call each turn: answered twice, then warned, then the node fails (``loop``) or
+        # the run pauses (``loop_pause``: its turn answered as a loop; unpaused, the model answers)
         return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@loop", "n": 0})],
                         usage=turn_usage(turn))
+    if end == "loop_pause":
+        answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
+        return ms.text(json.dumps(answer), usage=turn_usage(turn))
     if end == "model_400":
         return ms.fault(400, f"{name}: refused on purpose")
     if end == "model_down":

@@ -149,18 +149,18 @@ class Drivers:
 def settle(drivers: Drivers, store: SqlStore, spec: dict[str, Any], first: subprocess.Popen[str]
            ) -> tuple[harness.Finished, int]:
     """Drive the run to its end from the driver ``first``: whenever a driver leaves it
-    ``waiting_human``, decide what it waits for and let another go. Returns the last driver and
-    how often the run so rested."""
+    ``waiting_human``, decide what it waits for, or ``paused`` (an agent's loop), unpause it
+    (``answer_rest``), and let another go. Returns the last driver and how often the run so rested."""
     rests = 0
     proc = first
     while True:
         spare = drivers.early(None) if drivers.approvals else None
         done = harness.finish(proc, drivers.timeout)
         assert done.returncode == 0 and done.result is not None, done.describe()
-        if done.result["status"] != RunStatus.WAITING_HUMAN.value:
+        if done.result["status"] not in REST_ANSWERED:
             return done, rests
         rests += 1
-        assert chaos_flows.decide(store, spec, RUN_ID), f"waiting for a decision, nothing to decide: {done.result}"
+        answer_rest(store, spec, done.result)
         proc = drivers.go(spare, None)
 
 
@@ -181,10 +181,23 @@ def until_fault(drivers: Drivers, store: SqlStore, spec: dict[str, Any], faults:
         assert done.returncode == 0 and done.result is not None, f"{faults} ({mode})\n{done.describe()}"
         if may_miss and done.result["status"] in ("completed", "failed", "compensated"):
             return None
-        assert done.result["status"] == RunStatus.WAITING_HUMAN.value, \
-            f"the run ended before {faults} fired ({mode}): {done.result}"
-        assert chaos_flows.decide(store, spec, RUN_ID), f"waiting for a decision, nothing to decide: {done.result}"
+        assert done.result["status"] in REST_ANSWERED, f"the run ended before {faults} fired ({mode}): {done.result}"
+        answer_rest(store, spec, done.result)
         proc = drivers.go(spare, faults)
+
+
+#: The rests the harness answers, as every run of the DAG is answered: a decision, an unpause.
+REST_ANSWERED = (RunStatus.WAITING_HUMAN.value, RunStatus.PAUSED.value)
+
+
+def answer_rest(store: SqlStore, spec: dict[str, Any], result: dict[str, Any]) -> None:
+    """Decide what a ``waiting_human`` run waits for (``chaos_flows.decide``), or unpause a run an
+    agent's loop paused (``loop_pause``), as an operator's ``raysaga unpause`` does."""
+    if result["status"] == RunStatus.PAUSED.value:
+        store.wake(RUN_ID, [RunStatus.PAUSED], f"unpaused by {chaos_flows.DECIDER}", "unpause_requested",
+                   {"by": chaos_flows.DECIDER})
+        return
+    assert chaos_flows.decide(store, spec, RUN_ID), f"waiting for a decision, nothing to decide: {result}"
 
 
 def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, folder: Path,
@@ -227,7 +240,7 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         check_at_fault(golden, kill, snap, log)
         # a commit may also have set the run resting for a decision (its approval now the only work),
         # or ended it (a node's outcome and the run's last transition in one commit)
-        resting: tuple[RunStatus, ...] = (*RESTING, RunStatus.WAITING_HUMAN)
+        resting: tuple[RunStatus, ...] = (*RESTING, RunStatus.WAITING_HUMAN, RunStatus.PAUSED)
         if kill[0] == "after_commit":
             resting = (*resting, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.COMPENSATED)
         if mode == "kill":
