@@ -73,20 +73,12 @@ def test_a_claim_whose_answer_was_lost_is_found_and_driven(fleet_url: str, tmp_p
     trace = tmp_path / "trace.log"
     client = Client(fleet_url)
     store = ClaimDropper(fleet_url, seed=20261130)
-    worker: Worker | None = None
     try:
         runs = [(client.submit(flows.short, fleet_input(n, services, trace)).run_id, n) for n in range(RUNS)]
         caplog.set_level(logging.WARNING, logger="raysaga.worker")
-        worker = Worker([flows.short], store, concurrency=2, executor="inline", poll=0.02,
-                        options=RunOptions(lease_ttl=LEASE_TTL))
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
         # well within the lease: a dropped claim not found again would hold its run for LEASE_TTL
-        wait_until(lambda: all(store.get_run(r).status == RunStatus.COMPLETED for r, _ in runs),
-                   timeout=LEASE_TTL / 2 if RUNS <= 100 else 600, what="every run completed", interval=0.1)
-        worker.stop()
-        thread.join(timeout=60)
-        assert not thread.is_alive()
+        worker = work_until_completed(store, [r for r, _ in runs], concurrency=2,
+                                      timeout=LEASE_TTL / 2 if RUNS <= 100 else 600)
 
         assert len(store.dropped) >= RUNS // 4, f"only {len(store.dropped)} claims dropped of {RUNS}"
         assert worker.counts.failed == 0
@@ -106,10 +98,25 @@ def test_a_claim_whose_answer_was_lost_is_found_and_driven(fleet_url: str, tmp_p
         print(f"{len(store.dropped)} claims answered by a dropped connection over {RUNS} runs: each found and "
               "driven under its one claim, 0 duplicate effects, 0 failed runs")
     finally:
-        if worker is not None:
-            worker.stop()
         store.close()
         client.close()
+
+
+def work_until_completed(store: SqlStore, run_ids: list[str], *, concurrency: int, timeout: float) -> Worker:
+    """A worker (inline, ``LEASE_TTL`` leases) on ``store`` in a thread until every run in
+    ``run_ids`` completed, then stopped; returned for its counts."""
+    worker = Worker([flows.short], store, concurrency=concurrency, executor="inline", poll=0.02,
+                    options=RunOptions(lease_ttl=LEASE_TTL))
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: all(store.get_run(r).status == RunStatus.COMPLETED for r in run_ids),
+                   timeout=timeout, what="every run completed", interval=0.1)
+    finally:
+        worker.stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    return worker
 
 
 def test_claim_of_finds_only_the_owners_live_claim(fleet_url: str, tmp_path: Path, services: FakeServices) -> None:
@@ -160,7 +167,6 @@ def test_a_takeover_whose_answer_was_lost_is_found_and_driven_alone(
     of leaving it leased to no driver until the (long) lease ran out."""
     client = Client(fleet_url)
     store = TakeoverDropper(fleet_url)
-    worker: Worker | None = None
     try:
         runs = [(client.submit(flows.short, fleet_input(n, services, tmp_path / "trace.log")).run_id, n)
                 for n in range(3)]
@@ -169,15 +175,7 @@ def test_a_takeover_whose_answer_was_lost_is_found_and_driven_alone(
             store.claim(run_id, dead, LEASE_TTL)
             store.transition(run_id, store.get_run(run_id).version, RunStatus.RUNNING)
         caplog.set_level(logging.WARNING, logger="raysaga.worker")
-        worker = Worker([flows.short], store, concurrency=1, executor="inline", poll=0.02,
-                        options=RunOptions(lease_ttl=LEASE_TTL))
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        wait_until(lambda: all(store.get_run(r).status == RunStatus.COMPLETED for r, _ in runs),
-                   timeout=LEASE_TTL / 2, what="every run taken over and completed", interval=0.1)
-        worker.stop()
-        thread.join(timeout=60)
-        assert not thread.is_alive()
+        worker = work_until_completed(store, [r for r, _ in runs], concurrency=1, timeout=LEASE_TTL / 2)
 
         assert sorted(store.dropped) == sorted(r for r, _ in runs)
         assert worker.counts.failed == 0 and worker.counts.by_reason == {"takeover": 3}
@@ -193,7 +191,5 @@ def test_a_takeover_whose_answer_was_lost_is_found_and_driven_alone(
         provider = get_log(services.url)
         assert len(provider["by_subject"]) == 2 * len(runs) and set(provider["effective"].values()) == {1}
     finally:
-        if worker is not None:
-            worker.stop()
         store.close()
         client.close()
