@@ -84,8 +84,7 @@ def reply_for(request: dict[str, Any]) -> ms.Reply:
         return ms.reply([ms.tool_use_block("lookup", {"subject": f"{seed}/{name}@loop", "n": 0})],
                         usage=turn_usage(turn))
     if end == "loop_pause":
-        answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
-        return ms.text(json.dumps(answer), usage=turn_usage(turn))
+        return _answer(name, fields, request, turn)
     if end == "model_400":
         return ms.fault(400, f"{name}: refused on purpose")
     if end == "model_down":
@@ -93,9 +92,14 @@ def reply_for(request: dict[str, Any]) -> ms.Reply:
     if end == "invalid" or (end == "fixed" and turn == len(turns)):
         return ms.text(f"{name} has no JSON to give (turn {turn})", usage=turn_usage(turn))
     if turn == len(turns) + (end == "fixed"):
-        answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
-        return ms.text(json.dumps(answer), usage=turn_usage(turn))
+        return _answer(name, fields, request, turn)
     raise LookupError(f"{name} has {len(turns)} tool turns, asked for turn {turn}")
+
+
+def _answer(name: str, fields: Mapping[str, str], request: dict[str, Any], turn: int) -> ms.Reply:
+    """The agent's final answer (``AgentAnswer`` as JSON): its name and a digest of every tool result."""
+    answer = {"agent": name, "d": digest(fields["deps"], _tool_results(request))}
+    return ms.text(json.dumps(answer), usage=turn_usage(turn))
 
 
 def transport_fault(kind: str) -> ms.Reply:

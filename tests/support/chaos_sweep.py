@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from raysaga import Client
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
 from tests.support import chaos_flows, chaos_model
 from tests.support import crash_driver as harness
@@ -194,8 +195,7 @@ def answer_rest(store: SqlStore, spec: dict[str, Any], result: dict[str, Any]) -
     """Decide what a ``waiting_human`` run waits for (``chaos_flows.decide``), or unpause a run an
     agent's loop paused (``loop_pause``), as an operator's ``raysaga unpause`` does."""
     if result["status"] == RunStatus.PAUSED.value:
-        store.wake(RUN_ID, [RunStatus.PAUSED], f"unpaused by {chaos_flows.DECIDER}", "unpause_requested",
-                   {"by": chaos_flows.DECIDER})
+        Client(store).unpause(RUN_ID, by=chaos_flows.DECIDER)  # (the store stays open: the caller's)
         return
     assert chaos_flows.decide(store, spec, RUN_ID), f"waiting for a decision, nothing to decide: {result}"
 
