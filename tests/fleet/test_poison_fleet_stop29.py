@@ -73,6 +73,8 @@ class Fleet:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+            else:  # died since the last look: a worker may take its run over and end the wait first
+                self.deaths.append(proc.returncode)
         for proc in self.procs:
             try:
                 proc.wait(timeout=60)
