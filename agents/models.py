@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 from raysaga.agents.messages import ModelRequest, ModelResponse, Usage
 from raysaga.errors import Permanent
+from raysaga.state.redact import register_secret_env
 
 #: Set by raysaga's own test suite: a model call that would reach the real API fails at once.
 FORBID_ENV = "RAYSAGA_FORBID_REAL_API"
@@ -67,8 +68,16 @@ class AnthropicModel:
     api_key_env: str = "ANTHROPIC_API_KEY"
     prices: dict[str, tuple[float, float]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # the key's variable is a secret whatever its name (``LLM_GATEWAY_AUTH`` has no KEY in it):
+        # a gateway's 401 echoing the key must be scrubbed in the driver, which records the error
+        register_secret_env(self.api_key_env)
+
     def _client(self) -> Any:
         import anthropic
+
+        # again here: a Ray worker gets this object unpickled, without ``__post_init__``
+        register_secret_env(self.api_key_env)
 
         base_url = self.base_url or os.environ.get("ANTHROPIC_BASE_URL")
         host = urlparse(base_url).hostname if base_url else REAL_API_HOST

@@ -9,9 +9,11 @@ of a secret-named key such as ``authorization``). What counts as a secret:
   every variable named with ``register_secret_env`` (the environment is re-read when it changes);
 - values registered with ``register_secret`` (``raysaga.Secret`` input fields register theirs);
 - an ``Authorization:``/``x-api-key:`` header value, a ``Bearer <token>``, the password of a
-  ``scheme://user:password@host`` URL or in its query (``?password=``, ``&token=``...), a
-  ``password=``/``password: ``/``'password': '...'`` in free text, and token shapes: ``sk-ant-…``, ``sk-…`` (20+),
-  GitHub ``ghp_…``/``github_pat_…``, Slack ``xox?-…``, AWS ``AKIA…``.
+  ``scheme://user:password@host`` URL (empty user, ``/`` or ``@`` in it) or in its query
+  (``?password=``, ``&token=``...), a ``password=``/``PGPASSWORD=``/``'password': '...'`` or
+  ``aws_secret_access_key`` in free text (a quoted value to its closing quote, escapes included),
+  a quoted ``"token"``/``"private_key"`` key's value, a PEM private key's body, and token shapes:
+  ``sk-ant-…``, ``sk-…`` (20+), GitHub ``ghp_…``/``github_pat_…``, Slack ``xox?-…``, AWS ``AKIA…``.
 
 A piece of a declared value (registered, or named with ``register_secret_env``) that a cut left
 at either end of a text is masked too: a worker that cut an error never knew a value declared in
@@ -40,33 +42,77 @@ _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 SECRET_KEYS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "apikey", "x-auth-token",
     "password", "passwd", "client-secret", "secret", "access-token", "refresh-token", "cookie", "set-cookie",
+    "token", "id-token", "auth-token", "api-token", "session-token", "private-key", "api-secret",
+    "secret-access-key", "aws-secret-access-key",
 })
 
-# (pattern, replacement): each keeps what names the secret and replaces only the value
-_PATTERNS: list[tuple[str, str]] = [
+#: A key ending so names a secret too (``DB_PASSWORD``, ``stripe_api_key``, ``webhook_secret``).
+_SECRET_SUFFIXES = ("-password", "-passwd", "-secret", "-api-key", "-apikey", "-private-key")
+
+
+def _secret_key(key: str) -> bool:
+    name = key.lower().replace("_", "-")
+    return name in SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
+
+
+#: A name whose value follows (``name=``, ``name: ``, ``'name': ``): lower-case ``password`` only
+#: as a word (``nopassword`` is not one), upper case also at a variable's end (``PGPASSWORD``), or
+#: camel case (``dbPassword``); AWS's ``aws_secret_access_key``.
+_WORD = (r"(?:(?<![a-z])(?:password|passwd|client[-_]secret|(?:aws[-_])?secret[-_]access[-_]key)"
+         r"|(?-i:(?<=[A-Za-z])(?:PASSWORD|PASSWD|Password|Passwd)))")
+#: A name whose value is a secret only as a quoted key (``"token": "..."``): as a word it is prose.
+_QWORD = r"(?:token|secret|private[-_]key|(?:access|refresh|id|auth|api|session)[-_]token|api[-_]secret)"
+
+#: A character of a URL's password as the scan reads it: not a space, ``?``, ``#``, ``@``, ``://``.
+_PW = r"(?:[^\s?#@:]|:(?!//))"
+
+#: A secret's name in a pattern of ``_WORD`` or ``_QWORD`` holds one of these (a quoted ``token``
+#: only, so the ``input_tokens`` of every usage record costs no scan).
+_NAME_HINTS = ("passw", "secret", "private", "token\"", "token'", "token\\")
+
+# (pattern, replacement, hints): each keeps what names the secret and replaces only the value, and
+# is tried only when the (lower-cased) text holds one of its hints: one substring test, not a scan
+_PATTERNS: list[tuple[str, str, tuple[str, ...]]] = [
     (r"(?P<k>(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?(?!(?:(?:bearer|basic|token|digest)\s+)?\[redacted\])"
      r"(?:(?:bearer|basic|token|digest)\s+)?)[^\s\"',;}\]]+",
-     r"\g<k>" + MARKER),
+     r"\g<k>" + MARKER, ("authorization",)),
     (r"(?P<k>(?:x-api-key|x-auth-token|api[-_]?key)[\"']?\s*[:=]\s*[\"']?)(?!\[redacted\])[^\s\"',;}\]]{8,}",
-     r"\g<k>" + MARKER),
-    (r"(?P<k>\bbearer\s+)(?!\[redacted\])[A-Za-z0-9._~+/=-]{8,}", r"\g<k>" + MARKER),
-    (r"(?P<k>://[^/\s:@]+:)[^/\s@]+(?=@)", r"\g<k>" + MARKER),
+     r"\g<k>" + MARKER, ("api-key", "api_key", "apikey", "auth-token")),
+    (r"(?P<k>\bbearer\s+)(?!\[redacted\])[A-Za-z0-9._~+/=-]{8,}", r"\g<k>" + MARKER, ("bearer",)),
+    # the password of ``scheme://user:password@host``: the user may be empty (``redis://:pw@cache``),
+    # the password may hold ``@`` and ``/`` (SQLAlchemy takes a raw ``/``): it runs to the last ``@``
+    # before a ``?`` or ``#`` (so past what ``urllib`` and SQLAlchemy read as the password), or to the
+    # first ``@`` past one. Not a port (``https://host:8080/users/ada@example.com`` holds no password),
+    # never across a ``://`` (each scan stops there: linear in text of many URLs)
+    (rf"(?P<k>://[^/\s:@\[\]]{{0,256}}:)(?!\[redacted\]@)(?!\d{{1,5}}(?![^\s/?#]))(?!@){_PW}{{0,1024}}+"
+     rf"(?:(?:@{_PW}{{0,1024}}+){{0,8}}(?=@)|[?#][^\s@]{{0,1024}}+(?=@))", r"\g<k>" + MARKER, ("://",)),
     # a URL's query (``?password=``: libpq and SQLAlchemy take the password there too) or a form body
     (r"(?P<k>[?&;](?:ssl)?(?:password|passwd|pwd)=|[?&;](?:client_secret|secret|token|access_token|"
-     r"refresh_token|id_token|auth_token|api_token)=)(?!\[redacted\])[^&\s#\"'<>]+", r"\g<k>" + MARKER),
-    # ``password=...``, ``password: ...``, ``{'password': '...'}`` in free text (a repr, a log line)
-    (r"(?P<k>(?<![a-z])(?:password|passwd|client[-_]secret)[\"']?\s*[:=]\s*[\"']?)(?!\[redacted\])"
-     r"[^\s\"',;}\]&]+", r"\g<k>" + MARKER),
-    (r"\bsk-ant-[A-Za-z0-9_-]{8,}", MARKER),
-    (r"\bsk-[A-Za-z0-9_-]{20,}", MARKER),
-    (r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}", MARKER),
-    (r"\bxox[abprs]-[A-Za-z0-9-]{10,}", MARKER),
-    (r"\bAKIA[0-9A-Z]{16}\b", MARKER),
+     r"refresh_token|id_token|auth_token|api_token)=)(?!\[redacted\])[^&\s#\"'<>]+", r"\g<k>" + MARKER,
+     ("password=", "passwd=", "pwd=", "secret=", "token=")),
+    # a quoted value in JSON text quoted again (``{\"password\": \"...\"}``, a body inside a message)
+    (rf"(?P<k>(?:{_WORD}|(?<=\\[\"']){_QWORD})\\[\"']\s*:\s*)(?P<q>\\[\"'])(?!\[redacted\](?P=q))"
+     r"(?:\\\\\\[\\\"']|\\\\[^\\]|(?!(?P=q))\\[^\\]|[^\\\n])+?(?P=q)", r"\g<k>\g<q>" + MARKER + r"\g<q>",
+     _NAME_HINTS),
+    # a quoted value, escaped quotes and spaces and all: ``{"password": "a\"b"}``, libpq's
+    # ``password='a b'``, ``{'token': '...'}``
+    (rf"(?P<k>(?:{_WORD}[\"']?|(?<=[\"']){_QWORD}[\"'])\s*[:=]\s*)(?P<q>[\"'])(?!\[redacted\](?P=q))"
+     r"(?:\\.|[^\\\n])+?(?P=q)", r"\g<k>\g<q>" + MARKER + r"\g<q>",
+     _NAME_HINTS),
+    # ``password=...``, ``PGPASSWORD=...``, ``password: ...`` in free text (a log line, a command)
+    (rf"(?P<k>{_WORD}[\"']?\s*[:=]\s*[\"']?)(?!\[redacted\])[^\s\"',;}}\]&]+", r"\g<k>" + MARKER, ("passw", "secret")),
+    # a PEM private key's body, to its END line or to the end of a text cut inside it
+    (r"(?P<k>-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----)(?!\[redacted\])[\s\S]*?"
+     r"(?P<e>-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)", r"\g<k>" + MARKER + r"\g<e>", ("private",)),
+    (r"\bsk-ant-[A-Za-z0-9_-]{8,}", MARKER, ("sk-ant-",)),
+    (r"\bsk-[A-Za-z0-9_-]{20,}", MARKER, ("sk-",)),
+    (r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}", MARKER, ("ghp_", "gho_", "ghs_", "ghu_", "github_pat_")),
+    (r"\bxox[abprs]-[A-Za-z0-9-]{10,}", MARKER, ("xox",)),
+    (r"\bAKIA[0-9A-Z]{16}\b", MARKER, ("akia",)),
 ]
-_SUBS = [(re.compile(p, re.IGNORECASE), r) for p, r in _PATTERNS]
-#: Every pattern above needs one of these (lower-cased) in the text: a cheap test before the regexes.
-_HINTS = ("authorization", "api-key", "api_key", "apikey", "auth-token", "bearer", "://", "sk-",
-          "ghp_", "gho_", "ghs_", "ghu_", "github_pat_", "xox", "akia", "passw", "secret", "token=", "pwd=")
+_SUBS = [(re.compile(p, re.IGNORECASE), r, hints) for p, r, hints in _PATTERNS]
+#: Every pattern above needs one of these in the text: a cheap test before the regexes.
+_HINTS = tuple(sorted({hint for _, _, hints in _PATTERNS for hint in hints}))
 
 
 #: Printable ASCII but the characters a JSON encoder escapes (``"``, ``\\``, and ``/`` by some):
@@ -240,8 +286,9 @@ def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
             text = pieces.sub(text)
     low = text.lower()
     if any(hint in low for hint in _HINTS):
-        for regex, replacement in _SUBS:
-            text = regex.sub(replacement, text)
+        for regex, replacement, hints in _SUBS:
+            if any(hint in low for hint in hints):
+                text = regex.sub(replacement, text)
     return text
 
 
@@ -261,7 +308,7 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
             if isinstance(item, str):
                 if not item:
                     continue
-                if isinstance(key, str) and key.lower().replace("_", "-") in SECRET_KEYS:
+                if isinstance(key, str) and _secret_key(key):
                     new: Any = MARKER
                 elif len(item) < MIN_SECRET_LEN:
                     continue

@@ -10,6 +10,7 @@ from raysaga.agents.messages import Usage
 from raysaga.orchestrator.records import merge_run
 from raysaga.orchestrator.retry import message_of
 from raysaga.state import Batch, RunUpdate
+from raysaga.state.redact import scrub_text
 
 
 @dataclass
@@ -42,8 +43,17 @@ def model_cost(model: Any, usage: Usage) -> tuple[float, str | None]:
     try:
         cost = model.cost(usage)
     except Exception as exc:  # any failure of user code: the agent node fails naming it
-        return 0.0, f"its model's cost() raised {type(exc).__name__}: {message_of(exc)}"[:500]
+        # scrubbed before it is cut: a cut key is no longer a value the store's scrub can find
+        return 0.0, scrub_text(f"its model's cost() raised {type(exc).__name__}: {message_of(exc)}")[:500]
     if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
-        return 0.0, (f"its model's cost() returned {cost!r:.80}: it must return the call's cost as a finite "
-                     "number of USD >= 0 (0.0 if unknown)")
+        return 0.0, (f"its model's cost() returned {scrub_text(_repr(cost))[:80]}: it must return the call's "
+                     "cost as a finite number of USD >= 0 (0.0 if unknown)")
     return float(cost), None
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)``, or a note when user code's ``__repr__`` raises (it must not crash the driver)."""
+    try:
+        return repr(value)
+    except Exception as problem:  # any failure of user code
+        return f"<a {type(value).__name__} whose repr() raised {type(problem).__name__}>"
