@@ -96,6 +96,11 @@ class NotJSONableError(RaySagaError):
     """A value (a step output, an input) that cannot be stored as strict JSON."""
 
 
+class OutputTypeError(RaySagaError):
+    """A step returned a value that is not its declared return type (a permanent failure of
+    that step: running it again returns the same)."""
+
+
 class StoreError(RaySagaError):
     """The durable store refused an operation."""
 

@@ -98,5 +98,8 @@ def checked_version(workflow: str, version: Any) -> str:
     """``version`` as the run rows store it: 1 to ``MAX_VERSION`` printable characters. Unchecked, a
     NUL or a longer version ran on SQLite and failed every run on PostgreSQL inside the database
     driver (a lone surrogate failed on both), long after the workflow was declared."""
+    if version is None:
+        raise WorkflowDefinitionError(f"workflow {workflow!r}: version=None: give a version "
+                                      "(e.g. version=\"2\" or version=\"2026-05-01\"), or leave the default \"1\"")
     return check_text(str(version), f"workflow {workflow!r}: version", MAX_VERSION, error=lambda problem:
                       WorkflowDefinitionError(f"{problem} (e.g. version=\"2\" or version=\"2026-05-01\")"))

@@ -9,7 +9,7 @@ from typing import Any
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import ResourceRequest
 from raysaga.sagas.policy import ALL, FanOutPolicy
-from raysaga.types import RateLimit
+from raysaga.types import RateLimit, is_compensation
 
 #: Returned by a ``reconcile`` hook when the downstream shows the effect never happened.
 NOT_APPLIED: Any = type("NotApplied", (), {"__repr__": lambda self: "NOT_APPLIED"})()
@@ -50,9 +50,20 @@ class StepSpec:
     None: the default, True for an agent's model and tool calls, False for a plain step."""
     resources: ResourceRequest | None = None
     """What each attempt asks Ray for (``num_cpus``, ``num_gpus``, ``memory``, custom resources)."""
+    optional_params: dict[str, Any] = field(default_factory=dict)
+    """Parameters with a default named after no step when the step was declared: each becomes a
+    dependency if such a step exists once the workflow is complete (``Workflow.validate``)."""
     rate_limit: RateLimit | None = None
     """A fleet-wide limit each attempt is admitted through before it is sent (an agent's model
     calls, a tool's calls): left out of the hash, like ``resources``."""
+
+    @property
+    def checked_return(self) -> Any:
+        """What a call's return value is checked against (``output_types``): a plain step's
+        declared type; Any for kinds whose function returns something other than the node's
+        output (an approval's ask, an agent's prompt) and for compensations (nothing reads what
+        an undo returns, and a refund answering more than it declares must not park a rollback)."""
+        return self.output_type if self.kind == "step" and not is_compensation(self.name) else Any
 
     def signature_for_hash(self) -> dict[str, Any]:
         """What identifies the step's place and contract in the DAG (not its body).

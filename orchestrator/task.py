@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
+from raysaga.orchestrator.output_types import check_output_type
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
@@ -159,10 +160,13 @@ def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeO
             result = _call(spec.reconcile, kwargs)
         if result is NOT_APPLIED:
             result = _call(spec.fn, kwargs)
-        text, aside = _output(result, call.fields[1], call.fields[2], call.max_output_bytes)
-        return NodeOutcome(True, text, None, False, started, time.time(), aside)  # (positional: per item)
     except BaseException as exc:
         return _failed(spec, exc, call.label, started, on_worker)
+    try:
+        text, aside = _output(result, call.fields[1], call.fields[2], call.max_output_bytes, spec.checked_return)
+    except Exception as exc:
+        return _refused(spec, exc, started)
+    return NodeOutcome(True, text, None, False, started, time.time(), aside)  # (positional: per item)
 
 
 def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], max_output_bytes: int,
@@ -174,21 +178,25 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
     a step that takes a context, no outcome object for an item that succeeded."""
     if spec.ctx_param:
         return [execute(spec, call(*row), on_worker=True) for row in rows]
-    fn, types, now, step = spec.fn, spec.param_types, time.time, spec.name
+    fn, types, now, step, returns = spec.fn, spec.param_types, time.time, spec.name, spec.checked_return
     texts: list[str] = []
     starts: list[float] = []
     ends: list[float] = []
     odd: dict[int, NodeOutcome] = {}  # the items that did not simply succeed, by place
     for place, (index, _, kwargs) in enumerate(rows):
         started = now()
+        text = ""
         try:
             result = _call(fn, {name: coerce(types.get(name, Any), value) for name, value in kwargs.items()})
-            text, aside = _output(result, step, index, max_output_bytes)
-            if aside is not None:
-                odd[place] = NodeOutcome(True, text, None, False, started, now(), aside)
         except BaseException as exc:
-            text, aside = "", None
             odd[place] = _failed(spec, exc, _label(step, index), started, on_worker=True)
+        else:
+            try:
+                text, aside = _output(result, step, index, max_output_bytes, returns)
+                if aside is not None:
+                    odd[place] = NodeOutcome(True, text, None, False, started, now(), aside)
+            except Exception as exc:
+                text, odd[place] = "", _refused(spec, exc, started)
         texts.append(text)
         starts.append(started)
         ends.append(now())
@@ -198,12 +206,15 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
     return [odd.get(place) or outcome for place, outcome in enumerate(done.outcomes())]
 
 
-def _output(result: Any, node_id: str, index: int, max_output_bytes: int) -> tuple[str, Any]:
+def _output(result: Any, node_id: str, index: int, max_output_bytes: int, returns: Any = Any) -> tuple[str, Any]:
     """A step's return value as its output's JSON text, and what it offered aside (``Aside``);
-    raises ``NotJSONableError`` or ``Permanent`` (above the cap) naming the step."""
+    raises ``NotJSONableError``, ``Permanent`` (above the cap) or ``OutputTypeError`` (not the
+    declared type ``returns``) naming the step."""
     aside = None
     if isinstance(result, Aside):
         result, aside = result.value, result.aside
+    if returns is not Any:
+        check_output_type(returns, result, _label(node_id, index))
     if result is None:
         return "null", aside
     try:
@@ -234,6 +245,16 @@ def _failed(spec: StepSpec, exc: BaseException, label: str, started: float, on_w
         return NodeOutcome.failure(_exited(exc, label), transient=False, started_at=started)
     transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
     return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+
+
+def _refused(spec: StepSpec, exc: Exception, started: float) -> NodeOutcome:
+    """A step that returned, its value refused (no JSON form, not its declared type, above the
+    output cap): a permanent failure; an effect step's says ``took_effect``, since its function
+    returned, so a rollback undoes it (with ``output=None``) like one whose outcome is unknown."""
+    outcome = NodeOutcome.failure(exc, transient=False, started_at=started)
+    if spec.effect and outcome.error is not None:
+        outcome.error["took_effect"] = True
+    return outcome
 
 
 def _exited(exc: KeyboardInterrupt | SystemExit, label: str) -> Permanent:

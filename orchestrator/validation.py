@@ -34,9 +34,11 @@ def build_graph(steps: dict[str, StepSpec]) -> nx.DiGraph:
 RESERVED_PARAMS = {"input": "run input", "ctx": "StepContext"}
 
 
-def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict[str, Any]) -> nx.DiGraph:
-    """Raise one ``WorkflowDefinitionError`` listing every problem, each naming its culprit and fix."""
-    problems: list[str] = []
+def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict[str, Any],
+             problems: list[str] | None = None) -> nx.DiGraph:
+    """Raise one ``WorkflowDefinitionError`` listing every problem (``problems``: those found
+    before), each naming its culprit and fix."""
+    problems = list(problems or [])
     if not steps:
         problems.append("it has no steps: decorate at least one function with @workflow.step")
     for name in [*steps, *compensations]:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import inspect
 import json
-import typing
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, ParamSpec, TypeVar, overload
@@ -30,7 +28,6 @@ from pydantic import BaseModel
 
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator import run_input
-from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.dsl_checks import (
     check_common,
     check_flag,
@@ -42,6 +39,7 @@ from raysaga.orchestrator.dsl_checks import (
 )
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import placement
+from raysaga.orchestrator.signatures import bind, late_dependencies
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, validate
@@ -57,8 +55,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: What a non-critical step's dependents get when it fails for good (``on_failure=``).
 OnFailure = Literal["skip", "pass"]
 
-INPUT_PARAM = "input"
-CTX_PARAM = "ctx"
 
 
 class Workflow:
@@ -371,34 +367,16 @@ class Workflow:
         if on_failure not in ("skip", "pass"):
             raise WorkflowDefinitionError(
                 f"step {step_name!r}: on_failure must be 'skip' or 'pass', not {on_failure!r}")
+        if on_failure == "pass" and critical:
+            raise WorkflowDefinitionError(
+                f"step {step_name!r}: on_failure='pass' is what a non-critical step's dependents get when it "
+                "fails; add critical=False (a critical step's failure stops the run)")
+        if effect_name is not None and not effect:
+            raise WorkflowDefinitionError(f"step {step_name!r}: effect_name= names an effect; add effect=True")
         if reconcile is not None and not effect:
             raise WorkflowDefinitionError(f"step {step_name!r}: reconcile= only makes sense with effect=True")
-        try:
-            hints = typing.get_type_hints(func)
-        except Exception as exc:
-            raise WorkflowDefinitionError(f"step {step_name!r}: its annotations cannot be resolved: {exc}") from None
-        sig = inspect.signature(func)
-        param_deps: list[str] = []
-        input_param = ctx_param = None
-        param_types: dict[str, Any] = {}
-        for pname, param in sig.parameters.items():
-            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-                raise WorkflowDefinitionError(
-                    f"step {step_name!r}: *args/**kwargs are not supported; name each input")
-            annotation = hints.get(pname, Any)
-            if annotation is StepContext or pname == CTX_PARAM:
-                ctx_param = pname
-            elif pname == INPUT_PARAM:
-                input_param = pname
-                param_types[pname] = annotation
-            elif pname == step_name:
-                raise WorkflowDefinitionError(
-                    f"step {step_name!r} depends on itself (parameter {pname!r}): rename the parameter")
-            elif param.default is not inspect.Parameter.empty and pname not in self.steps:
-                continue  # an optional knob with a default, not a dependency
-            else:
-                param_deps.append(pname)
-                param_types[pname] = annotation
+        bound = bind(step_name, func, self.steps)
+        param_deps = bound.param_deps
         if map_over is not None and map_over not in param_deps:
             raise WorkflowDefinitionError(
                 f"step {step_name!r} maps over {map_over!r}: add a parameter named {map_over!r} that receives "
@@ -408,8 +386,9 @@ class Workflow:
                 raise WorkflowDefinitionError(f"step {step_name!r} depends on itself (after={dep!r})")
         return StepSpec(
             name=step_name, fn=func, deps=tuple(dict.fromkeys([*param_deps, *after])), param_deps=tuple(param_deps),
-            input_param=input_param, ctx_param=ctx_param, param_types=param_types,
-            output_type=hints.get("return", Any), map_over=map_over, critical=critical, effect=effect,
+            input_param=bound.input_param, ctx_param=bound.ctx_param, param_types=bound.param_types,
+            output_type=bound.hints.get("return", Any), optional_params=bound.optional, map_over=map_over,
+            critical=critical, effect=effect,
             effect_name=effect_name or step_name, retry=retry, timeout=timeout, compensate=compensate,
             reconcile=reconcile, is_async=asyncio.iscoroutinefunction(func),
             fan_out_policy=policy or ALL, on_failure=on_failure,
@@ -443,10 +422,24 @@ class Workflow:
     def validate(self) -> Workflow:
         """Check the DAG; raise ``WorkflowDefinitionError`` naming every culprit."""
         if self._graph is None:
-            self._graph = validate(self.name, self.steps, self.compensations)
+            self.steps = late_dependencies(self.steps)
+            self._graph = validate(self.name, self.steps, self.compensations, self._compensation_problems())
             self.__dict__.pop("order", None)
             self.__dict__.pop("definition_hash", None)
         return self
+
+    def _compensation_problems(self) -> list[str]:
+        """Each compensation bound as the rollback will bind it, now rather than half-way through one."""
+        problems = []
+        for step in self.steps:
+            fn = self.compensation_for(step)
+            if fn is not None and callable(fn):
+                try:
+                    self.make_spec(fn, name=f"{step}:compensate", effect=True)
+                except WorkflowDefinitionError as exc:
+                    what = f"the compensation {getattr(fn, '__name__', fn)!r} of step {step!r}"
+                    problems.append(str(exc).replace(f"step '{step}:compensate'", what, 1))
+        return problems
 
     @property
     def graph(self) -> nx.DiGraph:

@@ -77,6 +77,11 @@ def Continue(reason: str = "") -> Decision:
     return Decision(Verdict.CONTINUE, reason)
 
 
+#: The most rounds a fan-out runs: a policy answering ``RetryFailed`` in round 20 fails the step
+#: instead (each item dispatched again also spends one retry of the run's ``retry_budget``).
+MAX_FANOUT_ROUNDS = 20
+
+
 def RetryFailed(reason: str = "") -> Decision:
     """Dispatch the failed items again (same idempotency keys); decide again afterwards."""
     return Decision(Verdict.RETRY_FAILED, reason)

@@ -39,11 +39,12 @@ UNKNOWN_OUTCOME = frozenset({NodeStatus.RUNNING, NodeStatus.CANCELLED, NodeStatu
 
 def effect_time(row: NodeRecord) -> float | None:
     """When ``row``'s node took effect, to order its undo: its finish time if it completed, ``inf``
-    if it may have (outcome unknown, or failed on a transient error), None if it did not."""
+    if it may have (outcome unknown, or failed on a transient error) or did and its value was
+    refused (``took_effect``), None if it did not."""
     if row.status == NodeStatus.COMPLETED:
         return row.finished_at or 0.0
     if row.status in UNKNOWN_OUTCOME or (row.status == NodeStatus.FAILED and row.error is not None
-                                         and row.error.transient):
+                                         and (row.error.transient or row.error.took_effect)):
         return math.inf
     return None
 

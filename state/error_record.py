@@ -40,6 +40,9 @@ class ErrorRecord(BaseModel, Mapping[str, Any]):
     """What went wrong, scrubbed of secrets and cut to 2,000 characters."""
     transient: bool | None = None
     """The attempt failed on an error classified transient: it may have taken effect."""
+    took_effect: bool | None = None
+    """The step's function returned, so its effect took place, but what it returned was refused
+    (not its declared type, no JSON form, above the output cap): a rollback undoes it."""
     reason: str | None = None
     """Why the node was settled as it was (``3 attempts exhausted``, ``retry budget exhausted``,
     ``upstream step 'x' failed``, ``not sent: the run failed``)."""

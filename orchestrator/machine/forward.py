@@ -18,12 +18,12 @@ from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.outbox import Outbox
-from raysaga.orchestrator.records import cancelled_row, short_error, step_failed_record
+from raysaga.orchestrator.records import cancelled_row, merge_run, short_error, step_failed_record
 from raysaga.orchestrator.scheduler import Scheduler
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.sagas.policy import Decision, Fail, Verdict
-from raysaga.state import NewEvent, NodeRecord, NodeStatus, NodeWrite
+from raysaga.sagas.policy import MAX_FANOUT_ROUNDS, Decision, Fail, Verdict
+from raysaga.state import NewEvent, NodeRecord, NodeStatus, NodeWrite, RunUpdate
 from raysaga.state.jsoncodec import printable
 
 _MISSING: Any = object()
@@ -369,11 +369,29 @@ class Forward:
             decision = spec.fan_out_policy.decide(result)
         except Exception as exc:  # a user's decision function that raises fails the step, visibly
             decision = Fail(f"on_partial_failure raised {type(exc).__name__}: {printable(str(exc))}")
+        if decision.verdict == Verdict.RETRY_FAILED:
+            decision = self._bounded(decision, len(result.failures), result.round)
         self.out.batch.events.append(NewEvent(kind="fanout_decision", node_id=step, data={
             "verdict": decision.verdict.value, "reason": decision.reason, "round": result.round,
             "successes": len(result.successes), "failures": [f.index for f in result.failures],
             "policy": spec.fan_out_policy.describe()}))
         self._obey(step, decision, result.model_dump(mode="json"))
+
+    def _bounded(self, decision: Decision, failed: int, round_: int) -> Decision:
+        """A ``RetryFailed`` as the run's limits allow it: each item it dispatches again is a retry
+        of the run's ``retry_budget``, and a fan-out retries ``MAX_FANOUT_ROUNDS`` rounds at most;
+        past either, the step fails (a policy answering it for ever re-ran its items in a loop)."""
+        why = f"{decision.reason}; " if decision.reason else ""
+        if round_ >= MAX_FANOUT_ROUNDS:
+            return Fail(f"{why}not retried: the policy answered RetryFailed in {round_} rounds, the most a "
+                        "fan-out retries (MAX_FANOUT_ROUNDS)")
+        budget = self.calls.retry_budget
+        if budget is not None and self.calls.retries_used + failed > budget:
+            return Fail(f"{why}not retried: {failed} item(s) to retry and {budget - self.calls.retries_used} "
+                        f"retries left of the run's retry budget ({budget})")
+        self.calls.retries_used += failed
+        self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(retries_delta=failed))
+        return decision
 
     def _obey(self, step: str, decision: Decision, result: dict[str, Any]) -> None:
         batch = self.out.batch

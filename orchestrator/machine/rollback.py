@@ -186,8 +186,9 @@ class Rollback:
                 original = self.wf.steps[step]
                 step_kwargs = self.forward.kwargs(step, index)
                 kwargs: dict[str, Any] = {}
-                for name in spec.param_deps:
-                    kwargs[name] = self._outputs[key] if name == "output" else step_kwargs.get(name)
+                for name in spec.param_deps:  # (one with a default the step does not take keeps it)
+                    if name == "output" or name in step_kwargs:
+                        kwargs[name] = self._outputs[key] if name == "output" else step_kwargs[name]
                 if spec.input_param:
                     kwargs[spec.input_param] = self.forward.run_input
                 step_key = effect_key(self._origins.get(key, self.run_id), step, index, original.effect_name,

@@ -126,6 +126,7 @@ def cases(draw: st.DrawFn, *, max_steps: int = 5, agent: bool = True, backoff: b
         deps = tuple(draw(st.lists(st.sampled_from(earlier), unique=True, max_size=2))) if earlier else ()
         critical = draw(st.sampled_from([True, True, False]))
         on_failure = draw(st.sampled_from(["skip", "pass"]))
+        on_failure = "skip" if critical else on_failure  # ('pass' on a critical step: a definition error)
         if agent_at == i:
             plans.append(StepPlan(name=AGENT, deps=deps, kind="agent", critical=critical, on_failure=on_failure,
                                   memory=draw(st.booleans()), undo=draw(st.booleans()),
