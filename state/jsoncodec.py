@@ -190,6 +190,12 @@ def printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class JSONText(str):
+    """JSON text its producer made canonical and checked already: a JSON column stores it as it
+    is (``statements.json_param``), not dumped again (a run's output, whose sink outputs are each
+    checked as the node outputs they are: ``run_values``)."""
+
+
 def dumps(value: Any, where: str = "value") -> str:
     """Canonical JSON text (sorted keys, no spaces) of a checked value."""
     if _plain(value, 0):  # the common case, checked without building the paths an error would name

@@ -7,6 +7,7 @@ elsewhere (a path, a URL, an id), with the run holding the reference.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -47,21 +48,31 @@ def store_run_value(conn: Connection, value: Any, what: str, *, inline_limit: in
     no-op). ``InputTooLargeError`` for an input above ``max_input_bytes``."""
     if value is None:
         return None, None, None
-    if what == "output" and isinstance(value, dict) and len(value) == 1:
-        ((key, inner),) = value.items()
-        part = jsoncodec.dumps(inner, f"run output[{key!r}]").encode("utf-8")
-        if len(part) > inline_limit and len(key) <= 200:
-            digest = jsoncodec.digest(part)
-            blob_rows.put(conn, [{"digest": digest, "size": len(part), "data": part}])
-            return None, digest, key
-    data = jsoncodec.dumps(value, f"run {what}").encode("utf-8")
+    if what == "output" and isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        parts = {key: jsoncodec.dumps(inner, f"run output[{key!r}]") for key, inner in value.items()}
+        if len(parts) == 1:
+            ((key, text),) = parts.items()
+            part = text.encode("utf-8")
+            if len(part) > inline_limit and len(key) <= 200:
+                digest = jsoncodec.digest(part)
+                blob_rows.put(conn, [{"digest": digest, "size": len(part), "data": part}])
+                return None, digest, key
+        # each sink's output is checked as a value of its own (its node's output was, and
+        # committed): the wrapper's level never makes one at the depth limit a refusal of the
+        # run's end, which left the run 'running' with every resume refused the same way
+        text = "{" + ",".join(f"{json.dumps(key, ensure_ascii=False)}:{parts[key]}" for key in sorted(parts)) + "}"
+        data = text.encode("utf-8")
+        inline: Any = jsoncodec.JSONText(text)
+    else:
+        data = jsoncodec.dumps(value, f"run {what}").encode("utf-8")
+        inline = value
     if what == "input" and len(data) > max_input_bytes:
         raise InputTooLargeError(
             f"run input is {len(data):,} bytes of JSON, above the cap of {max_input_bytes:,} bytes: pass "
             f"a reference (a path, a URL, an id) instead, or raise the cap with {MAX_INPUT_ENV}=BYTES "
             "(or SqlStore(max_input_bytes=...))")
     if len(data) <= inline_limit:
-        return value, None, None
+        return inline, None, None
     digest = jsoncodec.digest(data)
     blob_rows.put(conn, [{"digest": digest, "size": len(data), "data": data}])
     return None, digest, None

@@ -394,6 +394,8 @@ def chunk_items(run_id: str, node_id: str, first_index: int, items: Any) -> list
 
 def json_param(value: Any) -> str | None:
     """A JSON column's parameter: canonical JSON text, or SQL NULL for None (read back as None either way)."""
+    if isinstance(value, jsoncodec.JSONText):
+        return str(value)
     return None if value is None else jsoncodec.dumps(value)
 
 
