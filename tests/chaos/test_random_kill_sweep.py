@@ -150,15 +150,16 @@ ENDS: dict[str, Any] = {"name": "chaos_ends", "steps": [
     {"name": "s5", "kind": "agent", "deps": ["s2", "s4"], "turns": [["act_undone"], ["lookup"]], "end": "max_turns"},
 ]}
 #: Model-side faults: a fan-out of agents meeting a 429, and a 500 then a 529, before answers; an
-#: agent meeting a dropped connection, then overloaded at every attempt of its last turn
+#: agent whose first turn stalls past the client's timeout (then answered), meeting a dropped
+#: connection, then overloaded at every attempt of its last turn
 #: (``ModelUnavailable``, non-critical: its dependent skipped); a fan-out under ``quorum(1)``
 #: whose item 0 the API refuses (400: ``ModelCallFailed``).
 MODEL_FAULTS: dict[str, Any] = {"name": "chaos_model_faults", "steps": [
     {"name": "s0", "kind": "plan", "deps": [], "items": 2},
     {"name": "s1", "kind": "agent", "over": "s0", "deps": ["s0"], "policy": {"kind": "all"},
      "turns": [["lookup"], ["act"]], "model_faults": {"0": ["429"], "2": ["500", "529"]}},
-    {"name": "s2", "kind": "agent", "deps": ["s1"], "turns": [["act_undone"]], "model_faults": {"1": ["drop"]},
-     "end": "model_down", "critical": False, "on_failure": "skip"},
+    {"name": "s2", "kind": "agent", "deps": ["s1"], "turns": [["act_undone"]],
+     "model_faults": {"0": ["stall"], "1": ["drop"]}, "end": "model_down", "critical": False, "on_failure": "skip"},
     {"name": "s3", "kind": "step", "deps": ["s2"], "effect": True},
     {"name": "s4", "kind": "agent", "over": "s0", "deps": ["s0", "s1"], "policy": {"kind": "quorum", "k": 1},
      "turns": [["lookup"]], "end": "model_400", "end_items": [0]},

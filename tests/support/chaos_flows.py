@@ -116,8 +116,15 @@ FLAKY_RETRY = RetryPolicy(max_attempts=3, base=0.0, cap=0.0)
 #: completes), ``model_400`` (its last turn refused by the API: ``ModelCallFailed``),
 #: ``model_down`` (its last turn overloaded at every attempt: ``ModelUnavailable``).
 ENDS = ("max_turns", "loop", "loop_pause", "invalid", "fixed", "model_400", "model_down")
-#: Transport faults the Messages server answers a turn with before its answer (``model_faults``).
-MODEL_FAULTS = ("429", "500", "529", "drop")
+#: Transport faults the Messages server answers a turn with before its answer (``model_faults``):
+#: ``stall`` holds the request past the client's timeout (``STALL_TIMEOUT_S``) and then closes it.
+MODEL_FAULTS = ("429", "500", "529", "drop", "stall")
+#: The client timeout of an agent whose plan has a ``stall`` (every other agent's is 30 s): far
+#: above a scripted answer's time on a loaded 2-core machine, so only the stalls time out (an
+#: answered turn that timed out would be asked again, and the oracle would rightly count it).
+STALL_TIMEOUT_S = 2.0
+#: How long the server holds a stalled request before closing it (past ``STALL_TIMEOUT_S``).
+STALL_HOLD_S = 4.0
 
 
 class ChaosIn(BaseModel):
@@ -387,7 +394,8 @@ BREAKER_THRESHOLD = 10_000
 
 
 def make_agent(step: dict[str, Any], model_url: str) -> Agent:
-    model = AnthropicModel(MODEL, base_url=model_url, timeout=30.0, api_key_env=KEY_ENV)
+    model = AnthropicModel(MODEL, base_url=model_url, timeout=STALL_TIMEOUT_S if stalls(step) else 30.0,
+                           api_key_env=KEY_ENV)
     tools = (lookup, act, act_undone) + ((broken, act_broken, unreachable) if uses_raising(step) else ())
     tools += (lookup_flaky, act_flaky, act_gated) if uses(step, ENDING) else ()
     tools += (act_lost,) if uses(step, LOST) else ()
@@ -399,6 +407,11 @@ def make_agent(step: dict[str, Any], model_url: str) -> Agent:
     return Agent(f"agent_{step['name']}", model, system="You are a chaos-suite agent.", output_type=AgentAnswer,
                  tools=tools, transport_retry=AGENT_TRANSPORT, max_turns=len(step["turns"]) + extra, loop=loop,
                  breaker_threshold=BREAKER_THRESHOLD, speculative_tools=bool(step.get("speculative")))
+
+
+def stalls(step: dict[str, Any]) -> bool:
+    """Whether the server stalls one of ``step``'s turns (a ``stall`` in its ``model_faults``)."""
+    return any("stall" in kinds for kinds in (step.get("model_faults") or {}).values())
 
 
 def uses_raising(step: dict[str, Any]) -> bool:

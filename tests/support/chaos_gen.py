@@ -28,7 +28,8 @@ topological order (``s0``, ``s1``, ...), each depending on up to three earlier o
   once and then valid, the API refusing a turn (400), the API overloaded at every attempt (529);
   in a fan-out only for the items in ``end_items``, so a partial-failure policy sees failed
   agents); about a third of the agents meet transport faults (``model_faults``: per turn up to
-  two of 429, 500, 529 and a dropped connection before the answer); agents also call the
+  two of 429, 500, 529, a dropped connection and a stall past the client's timeout before the
+  answer); agents also call the
   flaky tools (``lookup_flaky``, ``act_flaky``: a transient failure on the first attempt, then
   success) and ``act_gated`` (an effect with ``requires_approval``, its calls in
   ``reject_calls`` rejected by the harness, some of the others in ``edit_calls``, approved with

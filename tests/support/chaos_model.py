@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tests.support import messages_server as ms
-from tests.support.chaos_flows import agent_label, digest
+from tests.support.chaos_flows import STALL_HOLD_S, agent_label, digest
 
 
 def parse_prompt(text: str) -> tuple[dict[str, str], list[list[str]]]:
@@ -103,9 +103,13 @@ def _answer(name: str, fields: Mapping[str, str], request: dict[str, Any], turn:
 
 
 def transport_fault(kind: str) -> ms.Reply:
-    """A transient fault of the Messages API (``MODEL_FAULTS``); a 429 asks for a short wait."""
+    """A transient fault of the Messages API (``MODEL_FAULTS``); a 429 asks for a short wait, a
+    stall is held past the client's timeout and closed unanswered (never an answer: the oracle
+    counts answers)."""
     if kind == "drop":
         return ms.drop()
+    if kind == "stall":
+        return ms.timeout(STALL_HOLD_S)
     return ms.fault(int(kind), retry_after=0.05) if kind == "429" else ms.fault(int(kind))
 
 

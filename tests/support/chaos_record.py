@@ -97,7 +97,7 @@ def check_replies(requests: list[Any], kill: Kill | None = None) -> None:
         n = seen[r.key] = seen.get(r.key, 0) + 1
         planned = chaos_model.planned_faults(r.body)
         if n <= len(planned):
-            want = "drop" if planned[n - 1] == "drop" else "fault"
+            want = {"drop": "drop", "stall": "timeout"}.get(planned[n - 1], "fault")
         else:
             want = "fault" if chaos_model.fails_for_good(r.body) else "ok"
         assert r.kind == want, f"{kill}: {turn_label(r)} arrival {n} got {r.kind}, planned {want} ({planned})"
