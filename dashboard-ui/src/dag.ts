@@ -1,7 +1,9 @@
 // The run's DAG: laid out by dagre (layered, top to bottom), drawn as SVG. A node shows its state
 // by colour AND symbol; a fan-out is one stacked node with its items counted per state; agents show
 // their turns; a compensated step its undo's state. Layout happens once per shape: a live change
-// only rewrites the nodes it touches.
+// only rewrites the nodes it touches. Steps are looked up by name in Maps, and dagre (whose graph is
+// plain objects) is given "n:" + name: a step named `constructor` or `__proto__` (valid names) read
+// Object.prototype's member, and no DAG was drawn.
 import dagre from "@dagrejs/dagre";
 import { h, s, secs } from "./dom";
 import { cls, fanState, symbol } from "./status";
@@ -11,6 +13,12 @@ const W = 196;
 const H = 62;
 
 export interface DagView { svg: SVGSVGElement; update: (id: string) => void; ids: string[] }
+
+/** A step's state by its name: a Map, never an object indexed by a name a user chose. */
+export type Steps = Map<string, StepState>;
+
+// dagre's key for a step: no step name holds ':' (so never one of dagre's own, `_root`, `_d1`...)
+const key = (id: string): string => "n:" + id;
 
 export function stepState(node: GraphNode | undefined, st: StepState | undefined): string {
   if (!st) return "pending";
@@ -41,28 +49,28 @@ function subline(node: GraphNode, st: StepState | undefined): string {
 
 // A step with no row yet whose inputs are all complete, in a running run, is in flight: the engine
 // writes most steps' rows when they end, so this is read from the graph, not from a row.
-export function liveState(graph: Graph, steps: Record<string, StepState>, id: string, running: boolean): string {
+export function liveState(graph: Graph, steps: Steps, id: string, running: boolean): string {
   const node = graph.nodes.find((n) => n.id === id);
-  const state = stepState(node, steps[id]);
+  const state = stepState(node, steps.get(id));
   if (state !== "pending" || !running || !node) return state;
-  const ready = node.deps.every((d) => stepState(graph.nodes.find((n) => n.id === d), steps[d]) === "completed");
+  const ready = node.deps.every((d) => stepState(graph.nodes.find((n) => n.id === d), steps.get(d)) === "completed");
   return ready ? "running" : state;
 }
 
-export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (id: string) => boolean,
+export function drawDag(graph: Graph, steps: Steps, hide: (id: string) => boolean,
   onPick: (id: string) => void, selected: string | null, running: () => boolean, ended: () => boolean): DagView {
   const g = new dagre.graphlib.Graph();
   g.setGraph({ rankdir: "TB", nodesep: 28, ranksep: 44, marginx: 12, marginy: 12 });
   g.setDefaultEdgeLabel(() => ({}));
   const byId = new Map(graph.nodes.map((n) => [n.id, n]));
   const ids = graph.nodes.map((n) => n.id).filter((id) => !hide(id));
-  for (const id of ids) g.setNode(id, { width: W, height: H });
+  for (const id of ids) g.setNode(key(id), { width: W, height: H });
   const kept = new Set(ids);
-  for (const [a, b] of graph.edges) if (kept.has(a) && kept.has(b)) g.setEdge(a, b);
+  for (const [a, b] of graph.edges) if (kept.has(a) && kept.has(b)) g.setEdge(key(a), key(b));
   // a graph known only from rows has no edges: chain its steps (in the order they started) for the
   // layout only, so they read top to bottom; no line is drawn for these
   const chained = graph.source === "rows" && !graph.edges.length;
-  if (chained) ids.forEach((id, i) => { if (i) g.setEdge(ids[i - 1]!, id, { hidden: true }); });
+  if (chained) ids.forEach((id, i) => { if (i) g.setEdge(key(ids[i - 1]!), key(id), { hidden: true }); });
   dagre.layout(g);
   const info = g.graph();
   const width = Math.max(info.width ?? 0, W + 24);
@@ -82,7 +90,7 @@ export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (i
     const grp = groups.get(id);
     const node = byId.get(id);
     if (!grp || !node) return;
-    const st = steps[id];
+    const st = steps.get(id);
     const state = liveState(graph, steps, id, running());
     grp.setAttribute("class", `node ${cls(state)}${node.map_over ? " fan" : ""}${id === selected ? " selected" : ""}`);
     grp.setAttribute("data-state", state);
@@ -94,7 +102,7 @@ export function drawDag(graph: Graph, steps: Record<string, StepState>, hide: (i
     if (sub) sub.textContent = left ? "left so: the run ended" : subline(node, st);
   };
   for (const id of ids) {
-    const n = g.node(id);
+    const n = g.node(key(id));
     const node = byId.get(id)!;
     const x = n.x - W / 2;
     const y = n.y - H / 2;

@@ -57,7 +57,8 @@ function schemaFields(schema: unknown, payload: unknown): Field[] | null {
     const input = h("input", { name, "aria-label": p.title ?? name, class: "field",
       type: type === "boolean" ? "checkbox" : type === "string" ? "text" : "number",
       step: type === "integer" ? "1" : type === "number" ? "any" : undefined }) as HTMLInputElement;
-    const value = given[name];
+    // own keys only: a field named `constructor` was pre-filled with Object's source
+    const value = Object.prototype.hasOwnProperty.call(given, name) ? given[name] : undefined;
     if (type === "boolean") input.checked = value === true;
     else if (value !== undefined && value !== null && typeof value !== "object") input.value = String(value);
     return { name, type, title: p.title ?? name, required: (sc.required ?? []).includes(name), input };
@@ -65,7 +66,8 @@ function schemaFields(schema: unknown, payload: unknown): Field[] | null {
 }
 
 function readFields(fields: Field[]): Record<string, unknown> | string {
-  const out: Record<string, unknown> = {};
+  // no prototype: a field named `__proto__` is the answer's key, not its prototype
+  const out = Object.create(null) as Record<string, unknown>;
   for (const f of fields) {
     if (f.type === "boolean") { out[f.name] = f.input.checked; continue; }
     const raw = f.input.value.trim();

@@ -1,9 +1,11 @@
 // A run's page: its state and budgets, the DAG with live node states, a fan-out's items on demand,
 // the Gantt of attempts, the event timeline, the node panel and the run's actions. Live by
 // server-sent events from the event log: each message is a change (events, the rows they name, the
-// counts of the fan-outs they touch); a reconnect resumes from the last event id.
+// counts of the fan-outs they touch); a reconnect resumes from the last event id. A `gone` message
+// says the run was deleted (the page says so and reads again every 5 s) or another run now has its
+// id (the page reads it afresh). Steps are kept by name in a Map (`steps`), never a plain object.
 import { actor, clear, clock, getJSON, h, postJSON, secs, utc } from "./dom";
-import { drawDag, legend, liveState, type DagView } from "./dag";
+import { drawDag, legend, liveState, type DagView, type Steps } from "./dag";
 import { drawGantt } from "./gantt";
 import { badge, labelChips } from "./list";
 import { renderPanel } from "./panel";
@@ -25,6 +27,23 @@ function emptyStep(): StepState {
   return { row: null, items: [], counts: {}, turns: 0, calls: 0, compensation: null };
 }
 
+/** The actions a run in ``status`` accepts (orchestrator/client.py), each [verb, label, danger]:
+ * a failed run refused *Pause* and took *Cancel* as a no-op; a rollback under way takes neither. */
+export function runActions(status: string): [string, string, boolean][] {
+  switch (status) {
+    case "pending": case "running": case "waiting_human": case "waiting_timer":
+      return [["cancel", "Cancel", true], ["compensate", "Cancel and compensate", true], ["pause", "Pause", false]];
+    case "paused":
+      return [["cancel", "Cancel", true], ["compensate", "Cancel and compensate", true], ["unpause", "Unpause", false]];
+    case "failed": case "compensation_failed":  // parked: revived with the same keys, or rolled back
+      return [["retry", "Retry", false], ["compensate", "Compensate", true]];
+    default:  // completed, cancelled, compensated; compensating (a rollback is not cancelled half-way)
+      return [];
+  }
+}
+
+interface Gone { run_id: string; reason: "deleted" | "replaced"; message: string }
+
 export function renderRun(root: HTMLElement, runId: string, params: URLSearchParams): () => void {
   clear(root);
   const enc = encodeURIComponent(runId);
@@ -44,6 +63,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     panel));
 
   let doc: RunDoc | null = null;
+  let steps: Steps = new Map();
+  let gone: Gone | null = null;
   let view: DagView | null = null;
   let selected: string | null = params.get("node");
   const turnIds = new Map<string, Set<string>>();
@@ -75,11 +96,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
           .then(() => { liveNote.textContent = `${label}: sent`; })
           .catch((e: Error) => window.alert(e.message));
       } }, label);
-    const rest = ["completed", "cancelled", "compensated"].includes(run.status);
-    if (!rest) actions.append(act("cancel", "Cancel", true), act("compensate", "Cancel and compensate", true));
-    if (run.status === "paused") actions.append(act("unpause", "Unpause"));
-    else if (!rest) actions.append(act("pause", "Pause"));
-    if (["failed", "compensation_failed"].includes(run.status)) actions.append(act("retry", "Retry"));
+    for (const [verb, label, danger] of runActions(run.status)) actions.append(act(verb, label, danger));
     head.append(h("div", { class: "title" }, h("h1", {}, run.run_id), badge(run.status),
         h("span", { class: "muted" }, `${run.workflow_name} v${run.workflow_version}`)));
     if (run.status_reason) head.append(h("p", { class: "reason" }, run.status_reason));
@@ -142,10 +159,10 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     clear(dagBox);
     if (d.graph.note) dagBox.append(h("p", { class: "muted note" }, d.graph.note));
     const hidden = (id: string): boolean => hide.checked &&
-      liveState(d.graph, d.steps, id, d.run.status === "running") === "completed";
-    view = drawDag(d.graph, d.steps, hidden, (id) => {
+      liveState(d.graph, steps, id, d.run.status === "running") === "completed";
+    view = drawDag(d.graph, steps, hidden, (id) => {
       const node = d.graph.nodes.find((n) => n.id === id);
-      const st = d.steps[id];
+      const st = steps.get(id);
       if (node?.map_over || Object.keys(st?.counts ?? {}).length) void expand(id);
       pick(id);
     }, selected, () => doc?.run.status === "running",
@@ -156,7 +173,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   const expand = async (step: string, status = ""): Promise<void> => {
     fanBox.hidden = false;
     clear(fanBox);
-    const counts = doc?.steps[step]?.counts ?? {};
+    const counts = steps.get(step)?.counts ?? {};
     const filter = h("select", { "aria-label": "items in state" }, h("option", { value: "" }, "every state"),
       ...Object.keys(counts).map((k) => h("option", { value: k, selected: k === status }, `${k} (${counts[k]})`)));
     filter.addEventListener("change", () => void expand(step, (filter as HTMLSelectElement).value));
@@ -198,13 +215,19 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     timeline.scrollTop = timeline.scrollHeight;
   };
 
+  const stepOf = (name: string): StepState => {
+    let st = steps.get(name);
+    if (!st) steps.set(name, st = emptyStep());
+    return st;
+  };
+
   const apply = (change: Change): void => {
     if (!doc) return;
     let relayout = false;
     const touched = new Set<string>();
     for (const r of change.nodes) {
       const { step, turn, comp } = baseStep(r.node_id);
-      const st = doc.steps[step] ?? (doc.steps[step] = emptyStep());
+      const st = stepOf(step);
       if (!doc.graph.nodes.some((n) => n.id === step)) {
         doc.graph.nodes.push({ id: step, kind: "step", map_over: null, effect: false, critical: true,
           compensated: false, deps: [] });
@@ -225,7 +248,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       touched.add(step);
     }
     for (const [step, counts] of Object.entries(change.counts)) {
-      (doc.steps[step] ?? (doc.steps[step] = emptyStep())).counts = counts;
+      stepOf(step).counts = counts;
       touched.add(step);
     }
     drawHead({ ...doc.run, ...change.run }, Date.now() / 1000);
@@ -250,6 +273,24 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       apply(JSON.parse(msg.data) as Change);
       document.body.setAttribute("data-seq", msg.lastEventId);
     });
+    // the run was deleted, or another run has its id: this stream will not say more (closed before
+    // the browser reconnects to it), and the page reads the run afresh
+    stream.addEventListener("gone", (ev) => {
+      const why = JSON.parse((ev as MessageEvent<string>).data) as Gone;
+      stream?.close();
+      stream = null;
+      document.body.setAttribute("data-gone", why.reason);
+      liveNote.textContent = why.reason === "deleted" ? "✗ run deleted" : "↻ another run: reloading";
+      liveNote.className = "live gone";
+      gone = why.reason === "deleted" ? why : null;
+      if (gone) {
+        doc = null;
+        for (const box of [dagBox, fanBox, ganttBox, timeline]) clear(box);
+        fanBox.hidden = true;
+        panel.hidden = true;
+      }
+      void load();
+    });
   };
 
   const load = async (): Promise<void> => {
@@ -264,6 +305,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     } catch (e) {
       if (closed) return;
       clear(head);
+      if (gone) head.append(h("p", { class: "error gone", id: "run-gone" },
+        `${gone.message} while this page was open.`));
       head.append(h("p", { class: "error" }, (e as Error).message),
         h("p", { class: "muted" }, `Trying again every ${RETRY_MS / 1000} s.`));
       // the page reads the run again on its own (as the run list refreshes): a restarted
@@ -272,7 +315,12 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       return;
     }
     if (closed) return;
+    gone = null;
+    document.body.removeAttribute("data-gone");
+    steps = new Map(Object.entries(doc.steps));  // own keys only, a `__proto__` step's included
     rows.clear();
+    turnIds.clear();
+    claims.length = 0;
     for (const r of doc.rows) rows.set(r.node, r);
     drawHead(doc.run, doc.now);
     layout();

@@ -10,7 +10,8 @@ export const RUN_STATES = ["pending", "running", "waiting_human", "waiting_timer
   "completed", "failed", "compensated", "compensation_failed", "cancelled"];
 
 export function symbol(state: string): string {
-  return SYMBOL[state] ?? "?";
+  // its own keys only: `SYMBOL["constructor"]` is Object's
+  return Object.prototype.hasOwnProperty.call(SYMBOL, state) ? SYMBOL[state]! : "?";
 }
 
 export function cls(state: string): string {

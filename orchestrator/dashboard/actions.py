@@ -4,15 +4,24 @@ Approve, reject, cancel, cancel and compensate, pause and unpause are the client
 the dashboard's store, with the actor (``by``) the page sends: the store records each decision
 and transition as an event naming them. A web request never drives a run: retry makes the parked
 run runnable again (same keys) and a ``raysaga worker`` (or ``raysaga resume RUN``) drives it.
+
+The body's text is checked before anything is done: a control character in ``reason`` or
+``comment`` is a 400 (the CLI's ``status`` and ``list`` print what is recorded: ESC, BEL and CR
+rewrote the operator's terminal), but for the newlines and tabs of a multi-line text, as
+``raysaga approve --comment "$(cat review.txt)"`` and ``cancel --reason`` record them; text over
+the CLI's limit (``MAX_COMMENT``) is refused, never cut short silently.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from raysaga.errors import UserError
 from raysaga.orchestrator.client import Client
+from raysaga.orchestrator.dashboard.params import fits, node_param
 from raysaga.state import Store
+from raysaga.state.decisions import MAX_COMMENT
 
 VERBS = ("approve", "reject", "cancel", "compensate", "pause", "unpause", "retry")
 
@@ -27,17 +36,43 @@ def _has_nul(value: Any) -> bool:
     return False
 
 
-def _text(body: dict[str, Any], key: str) -> str | None:
+#: Control characters (C0, DEL, C1) but newline and tab, which a multi-line text holds.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _text(body: dict[str, Any], key: str, limit: int = MAX_COMMENT) -> str | None:
+    """``body[key]``, text of at most ``limit`` characters without control characters but newlines
+    and tabs, or ``UserError`` naming it; absent or empty is None."""
     value = body.get(key)
-    return None if value is None or value == "" else str(value)[:2000]
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise UserError(f"{key} is text (a JSON string), got {type(value).__name__}")
+    if len(value) > limit:
+        raise UserError(f"{key} is {len(value):,} characters long: at most {limit:,}")
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        raise UserError(f"{key} holds the control character {bad.group()!r} at {bad.start()}: {key} is printable "
+                        "text, its lines split by \\n (tabs too; no CR)")
+    return value
 
 
-def _node(label: str) -> tuple[str, int]:
-    if label.endswith("]") and "[" in label:
-        head, _, index = label[:-1].rpartition("[")
-        if index.isdigit() and len(index) < 11:
-            return head, int(index)
-    return label, -1
+def _node(body: dict[str, Any], verb: str) -> tuple[str, int]:
+    """The waiting node an approve or reject names: ``gate`` or ``gate[3]``, else ``UserError``."""
+    label = body.get("node")
+    if label is None or label == "":
+        raise UserError(f"{verb} needs the waiting node (\"node\")")
+    return node_param(label, "node")
+
+
+def _decision_id(body: dict[str, Any]) -> str | None:
+    """The decision's id when the request names one (a retried request then decides once)."""
+    value = body.get("decision_id")
+    if value is None or value == "":
+        return None
+    if not fits(value, 200):
+        raise UserError("decision_id is an id of 1-200 printable characters (a request id, a UUID)")
+    return value
 
 
 def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -48,25 +83,23 @@ def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, An
     if _has_nul(body):  # PostgreSQL text and JSON cannot hold one: a 500 where a refusal belongs
         raise UserError(f"{verb}: the request holds a NUL character (\\u0000), which no field takes")
     store.get_run(run_id, lenient=True)  # RunNotFoundError first
+    reason, comment = _text(body, "reason"), _text(body, "comment")
     client = Client(store)  # borrows the store: never closed here
     if verb in ("approve", "reject"):
-        label = _text(body, "node")
-        if not label:
-            raise UserError(f"{verb} needs the waiting node (\"node\")")
-        node, index = _node(label)
+        node, index = _node(body, verb)
         if verb == "approve":
-            decision = client.approve(run_id, node, by=by, answer=body.get("answer"), comment=_text(body, "comment"),
-                                      decision_id=_text(body, "decision_id"), fan_index=index)
+            decision = client.approve(run_id, node, by=by, answer=body.get("answer"), comment=comment,
+                                      decision_id=_decision_id(body), fan_index=index)
         else:
-            decision = client.reject(run_id, node, by=by, comment=_text(body, "comment"),
-                                     decision_id=_text(body, "decision_id"), fan_index=index)
+            decision = client.reject(run_id, node, by=by, comment=comment, decision_id=_decision_id(body),
+                                     fan_index=index)
         return {"ok": True, "verb": verb, "by": by, "decision": decision.model_dump(mode="json")}
     if verb == "retry":  # the run is made runnable again; a worker (or `raysaga resume RUN`) drives it
         run = client.retry(run_id, by=by)
     elif verb in ("cancel", "compensate"):
-        run = client.cancel(run_id, compensate=verb == "compensate", by=by, reason=_text(body, "reason"))
+        run = client.cancel(run_id, compensate=verb == "compensate", by=by, reason=reason)
     elif verb == "pause":
-        run = client.pause(run_id, by=by, reason=_text(body, "reason"))
+        run = client.pause(run_id, by=by, reason=reason)
     else:
         run = client.unpause(run_id, by=by)
     return {"ok": True, "verb": verb, "by": by, "status": run.status.value}

@@ -13,7 +13,8 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
 - ``GET /api/runs/RUN/stream?after=SEQ`` server-sent events from the event log: one ``change``
   per page of new events (the events, the rows of the nodes they name, the counts of the
   fan-outs they touch, the run's summary), with ``id: SEQ``; a browser reconnecting sends
-  ``Last-Event-ID`` and catches up from there.
+  ``Last-Event-ID`` and catches up from there. One ``gone`` message ends it when the run is
+  deleted or another run now has its id (its event seq behind the cursor, or another creation).
 - ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
 - ``GET /api/stats`` the store's figures (``Store.stats``); ``GET /metrics`` the same and more as
   Prometheus text.
@@ -22,17 +23,19 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import quote, unquote
 
 import anyio
-from fastapi import Body, FastAPI, HTTPException, Query, Request, Response
+from fastapi import Body, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raysaga.errors import CorruptRecordError, RunNotFoundError, UserError
 from raysaga.orchestrator.dashboard import actions, metrics, params, views
@@ -45,6 +48,8 @@ from raysaga.state.redact import scrub_text
 STATIC = Path(__file__).resolve().parent / "static"
 #: Seconds between two reads of the event log by one live stream.
 POLL_SECONDS = 0.4
+#: Seconds between two checks by an idle live stream that its run is still the one it follows.
+IDENTITY_SECONDS = 1.0
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -93,6 +98,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
         # FastAPI's own answer (422, a list under "detail") showed in the page as "[object Object]"
         return _refusal(params.validation_message(exc.errors()), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # every refusal in one shape, {"error": ...}: routing's 404 and 405 answered {"detail": ...}
+        answer = _refusal(str(exc.detail), exc.status_code)
+        answer.headers.update(exc.headers or {})
+        return answer
 
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
@@ -155,7 +167,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         run_id = _run_id(run_id)
         after = params.bounded(after, "after", 0, params.MAX_SEQ)
         if store.run_row(run_id) is None:
-            _missing(run_id)
+            raise RunNotFoundError(run_id)
         return {"events": views.events_page(store, run_id, after, limit)}
 
     @app.get("/api/runs/{run_id}/stream")
@@ -165,20 +177,38 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         # checked before the stream starts: a number the store cannot hold failed every poll after
         cursor = params.bounded(int(last), "Last-Event-ID", 0, params.MAX_SEQ) if last and last.isascii() \
             and last.isdigit() else params.bounded(after or 0, "after", 0, params.MAX_SEQ)
-        if await anyio.to_thread.run_sync(store.run_row, run_id) is None:
-            _missing(run_id)
+        row = await anyio.to_thread.run_sync(store.run_row, run_id)
+        if row is None:
+            raise RunNotFoundError(run_id)
+        born = row["created_at"]
+        # a cursor past the run's last event was read from another run under this id (since deleted)
+        run = await anyio.to_thread.run_sync(lambda: store.get_run(run_id, lenient=True))
+        first = None if run.event_seq >= cursor else {
+            "run_id": run_id, "reason": "replaced",
+            "message": f"run {run_id!r} is another run now (its events end at {run.event_seq}, before {cursor})"}
 
         async def changes() -> AsyncIterator[dict[str, str]]:
             nonlocal cursor
             state["streams"] += 1
+            checked = time.monotonic()
             try:
-                while not await request.is_disconnected():
+                why = first
+                while why is None and not await request.is_disconnected():
                     seq, change = await anyio.to_thread.run_sync(views.live_change, store, run_id, cursor)
-                    if change is None:
-                        await anyio.sleep(poll)
+                    if change is not None:
+                        why = views.gone(run_id, change["run"], born)
+                        if why is None:
+                            cursor = seq
+                            yield {"id": str(seq), "event": "change", "data": json.dumps(change, default=str)}
                         continue
-                    cursor = seq
-                    yield {"id": str(seq), "event": "change", "data": json.dumps(change, default=str)}
+                    if time.monotonic() - checked >= IDENTITY_SECONDS:
+                        checked = time.monotonic()
+                        why = views.gone(run_id, await anyio.to_thread.run_sync(store.run_row, run_id), born)
+                        if why is not None:
+                            continue
+                    await anyio.sleep(poll)
+                if why is not None:  # the page reloads (another run) or says the run was deleted
+                    yield {"event": "gone", "data": json.dumps(why)}
             finally:
                 state["streams"] -= 1
 
@@ -251,10 +281,6 @@ def _refusal(message: str, code: int) -> JSONResponse:
     quotes the row's text (``CorruptRecordError``), which may be an output holding a key, and
     the CLI's errors, scrubbed, hid it while the page showed it."""
     return JSONResponse({"error": scrub_text(message)}, code)
-
-
-def _missing(run_id: str) -> NoReturn:
-    raise HTTPException(404, f"run {run_id!r} not found")
 
 
 __all__ = ["POLL_SECONDS", "create_app"]

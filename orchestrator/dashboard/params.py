@@ -9,6 +9,7 @@ that does not exist, ``since=nan``); a run id no run can have is simply not foun
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 from urllib.parse import unquote_to_bytes
@@ -65,6 +66,25 @@ def label_param(value: str, name: str) -> str:
     if not fits(value, 300):
         raise UserError(f"{name} {value[:40]!r} is not a node label: write STEP, STEP[ITEM] or AGENT@TURN[ITEM]")
     return value
+
+
+#: A node label as ``node_label`` writes one: a step (no ``@ : [ ]``), an agent's turn and tool call
+#: (``@2``, ``@2.1``), a compensation (``:compensate``), a fan-out item (``[3]``); ASCII digits only.
+_NODE = re.compile(r"(?P<node>[^@:\[\]]+(?:@[0-9]{1,10}(?:\.[0-9]{1,10})?)?(?::compensate)?)"
+                   r"(?:\[(?P<index>[0-9]{1,10})\])?")
+
+
+def node_param(value: object, name: str = "node") -> tuple[str, int]:
+    """A node label (from a path or an action's body) as the store's ``(node_id, fan_index)``, or
+    ``UserError`` (400) naming it: ``x@`` reached ``NodeKey.parse`` (``int('')``) and ``each[³]``
+    ``int('³')`` (``str.isdigit`` takes it), each a 500 with a traceback."""
+    found = _NODE.fullmatch(value) if fits(value, 300) else None
+    index = -1 if found is None or found["index"] is None else int(found["index"])
+    if found is None or index > MAX_INDEX:
+        shown = value[:40] if isinstance(value, str) else value
+        raise UserError(f"{name} {shown!r} is not a node label: write STEP, STEP[ITEM], AGENT@TURN[ITEM] or "
+                        f"STEP:compensate (ITEM a whole number from 0 to {MAX_INDEX} in ASCII digits)")
+    return found["node"], index
 
 
 def label_filter(given: list[str] | None) -> tuple[tuple[str, str], ...]:
@@ -169,5 +189,6 @@ def validation_message(errors: Sequence[Any]) -> str:
     return f"{name}={first.get('input')!r:.60}: {first.get('msg', 'not accepted')}".replace("Input should", "it should")
 
 
-__all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_filter", "label_param", "parse_cursor",
-           "parse_status", "parse_time", "query_problem", "run_id_param", "text_param", "validation_message"]
+__all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_filter", "label_param", "node_param",
+           "parse_cursor", "parse_status", "parse_time", "query_problem", "run_id_param", "text_param",
+           "validation_message"]

@@ -16,7 +16,7 @@ from typing import Any
 from raysaga.errors import RunNotFoundError, UserError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.dashboard.graph import base_step, graph_for
-from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded
+from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded, node_param
 from raysaga.state import Store, node_label
 from raysaga.state.dashboard_reads import RunFilter
 from raysaga.state.item_events import item_indexes
@@ -157,16 +157,15 @@ def fan_items(store: Store, run_id: str, step: str, after: int, limit: int, stat
     # made a full page look like the last one, and the rest of the items were never listed)
     page = min(max(1, limit), MAX_PAGE)
     rows = store.fan_items(run_id, step, bounded(after, "after", -1, MAX_INDEX), page, status or None)
+    if not rows and store.run_row(run_id) is None:  # an unknown run is a 404, as on every route
+        raise RunNotFoundError(run_id)
     return {"items": [_row(r) for r in rows], "next": rows[-1]["fan_index"] if len(rows) == page else None}
 
 
 def parse_node(label: str) -> tuple[str, int]:
-    """``step``, ``step[3]``, ``research@2.1`` to (node_id, fan_index)."""
-    if label.endswith("]") and "[" in label:
-        head, _, index = label[:-1].rpartition("[")
-        if index.isdigit() and len(index) < 11:
-            return head, int(index)
-    return label, -1
+    """``step``, ``step[3]``, ``research@2.1`` to (node_id, fan_index); a label no node can have
+    is a ``UserError`` (400) naming it, never a ``ValueError`` from ``NodeKey.parse`` (a 500)."""
+    return node_param(label)
 
 
 def _event_json(e: Any) -> dict[str, Any]:
@@ -185,12 +184,12 @@ def _turn(row: dict[str, Any]) -> dict[str, Any]:
             out.update(input_tokens=usage.get("input_tokens"), output_tokens=usage.get("output_tokens"))
         content = value.get("content")
         if isinstance(content, str):  # a tool call's result
-            out["text"] = content[:2000]
+            out["text"] = scrub_text(content)[:2000]  # scrubbed before it is cut (a cut secret is not found)
         if isinstance(content, list):
             out["tool_uses"] = [{"name": c.get("name"), "input": shown(c.get("input"), 2000)} for c in content
                                 if isinstance(c, dict) and c.get("type") == "tool_use"]
-            out["text"] = " ".join(str(c.get("text")) for c in content
-                                   if isinstance(c, dict) and c.get("type") == "text")[:2000]
+            out["text"] = scrub_text(" ".join(str(c.get("text")) for c in content
+                                              if isinstance(c, dict) and c.get("type") == "text"))[:2000]
     out["output"] = shown(value, 4000)
     out["error"] = scrub(row.get("error"))
     return out
@@ -230,6 +229,8 @@ def node_output(store: Store, run_id: str, label: str) -> Any:
     """A node's whole output (from its blob when it is kept as one), scrubbed."""
     node_id, index = parse_node(label)
     row = store.node_row(run_id, node_id, index)
+    if row is None and store.run_row(run_id) is None:
+        raise RunNotFoundError(run_id)
     if row is None:
         raise UserError(f"run {run_id!r} has no node {label!r}")
     if row["output_digest"] and row["output"] is None:
@@ -272,5 +273,18 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
     }
 
 
-__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "events_page", "fan_items", "inbox", "live_change", "node_output",
+def gone(run_id: str, row: dict[str, Any] | None, born: float) -> dict[str, str] | None:
+    """Why a live stream's run is no longer the run its page drew (``row``: its summary now, ``born``:
+    its ``created_at`` when the stream started), or None. Deleted (pruned): the page showed it live
+    forever. Another run under the same id: its event seqs restart at 1, so the old cursor waited
+    past events it never sent, and the page kept the old run's states."""
+    if not row:
+        return {"run_id": run_id, "reason": "deleted", "message": f"run {run_id!r} was deleted"}
+    if row.get("created_at") != born:
+        return {"run_id": run_id, "reason": "replaced",
+                "message": f"run {run_id!r} is another run now (created under the same id)"}
+    return None
+
+
+__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "events_page", "fan_items", "gone", "inbox", "live_change", "node_output",
            "node_page", "parse_node", "run_list", "run_page", "shown"]
