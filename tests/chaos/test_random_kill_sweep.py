@@ -264,12 +264,15 @@ def test_ending_shapes_faulted_end_as_golden(shape: str, services: FakeServices,
     points (CI's time), at both with ``RAYSAGA_FULL_SWEEP=1``."""
     spec, faults = ENDING_CI[shape]
     edited, rests = STATS["ending"]["edited_calls"], STATS["ending"]["golden_rests"]
+    stalled = STATS["ending"]["stalled_requests"]
     sweep_dag(spec, ENDING_SEED, KILLS, "inline", services, model, tmp_path_factory, note=print,
               faults=faults if FULL_SWEEP else faults[:1], group="ending")
     planned = sum(len(s.get("edit_calls", ())) for s in spec["steps"])
     assert STATS["ending"]["edited_calls"] - edited == planned  # each ran with its edited arguments
     if shape == "pauses":
         assert STATS["ending"]["golden_rests"] - rests == 1  # the loop paused the golden run once
+    if shape == "model_faults":  # s2's first turn stalled past the client's timeout, and was asked again
+        assert STATS["ending"]["stalled_requests"] - stalled >= 1
 
 
 @pytest.mark.slow

@@ -30,7 +30,8 @@ COUNTS = ("dags", "faults", "kills", "raises", "raced", "rolled_back", "agents",
           "agent_fan_outs", "approval_fan_outs", "raising_calls", "model_faults", "ending_agents",
           "faulty_models", "flaky_calls", "gated_calls", "rejected_calls", "edited_calls", "quorum_approvals",
           "answered_approvals", "loop_pauses", "golden_rests", "speculative_agents", "cut_requests",
-          "lost_calls", "lost_keys", "durable_turns", "lost_turns", "agent_faults", "tool_calls", "effect_calls")
+          "lost_calls", "lost_keys", "durable_turns", "lost_turns", "agent_faults", "tool_calls", "effect_calls",
+          "stalled_requests")
 GROUPS = ("inline", "ray", "fanned", "ray_fanned", "ending", "ray_ending", "ray_agents")
 STATS: dict[str, dict[str, int]] = {group: dict.fromkeys(COUNTS, 0) for group in GROUPS}
 #: Of the faults drawn with ``prefer``, how many in four are drawn among the points it accepts.

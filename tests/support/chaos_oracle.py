@@ -275,6 +275,8 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
             stats["model_requests"] = stats.get("model_requests", 0) + len(model_requests(model, executor))
             stats["model_faults"] = stats.get("model_faults", 0) + sum(
                 r.kind != "ok" for r in model_requests(model, executor))
+            stats["stalled_requests"] = stats.get("stalled_requests", 0) + sum(
+                r.kind == "timeout" for r in model_requests(model, executor))
             stats["cut_requests"] = stats.get("cut_requests", 0) + sum(r.body is None for r in model.requests)
     return race
 
