@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from raysaga.orchestrator.dsl_checks import plain_options
 from raysaga.orchestrator.runner import ExecutorArg, resume, run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, Store
@@ -25,10 +26,12 @@ from raysaga.types import RetryPolicy, RunOptions
 
 
 class Saga:
+    @plain_options("Saga")
     def __init__(self, name: str, *, version: str = "1") -> None:
         self.workflow = Workflow(name, version=version)
         self._last: str | None = None
 
+    @plain_options("Saga.step()")
     def step(self, action: Callable[..., Any], *, name: str | None = None,
              compensate: Callable[..., Any] | None = None, effect: bool = True,
              retry: RetryPolicy | None = None, timeout: float | None = None) -> Saga:

@@ -313,3 +313,11 @@ def test_options_that_mean_nothing_where_given_are_definition_errors() -> None:
         Workflow("no_version", version=None)  # type: ignore[arg-type]
     wf.step(name="c", critical=False, on_failure="pass")(lambda: 1)  # where they mean something: accepted
     wf.step(name="d", effect=True, effect_name="charge")(lambda: 1)
+
+
+def test_a_saga_typo_is_a_definition_error_naming_the_option() -> None:
+    saga = raysaga.Saga("typos")
+    with pytest.raises(WorkflowDefinitionError, match="did you mean 'compensate'"):
+        saga.step(lambda: 1, compensat=None)  # type: ignore[call-arg]
+    with pytest.raises(WorkflowDefinitionError, match="did you mean 'version'"):
+        raysaga.Saga("typos2", versio="2")  # type: ignore[call-arg]
