@@ -14,11 +14,32 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from raysaga.errors import OutputTypeError
+from raysaga.errors import OutputTypeError, Permanent
 from raysaga.orchestrator.type_adapters import type_adapter
 
 #: Types a value of exactly that type already is (nothing to validate).
 _EXACT = frozenset({int, str, float, bool, dict, list, type(None)})
+
+
+class InputTypeError(Permanent):
+    """A step's input is not the type its parameter declares: the value it was given (a step's
+    stored output, the run's input) was made under another contract (the definition changed
+    since, with ``--allow-changed``, or the producer declares another type). Permanent: the
+    same value comes again on every attempt."""
+
+    def __init__(self, step: str, param: str, declared: Any, exc: ValidationError) -> None:
+        source = "the run's input" if param == "input" else f"the output of step {param!r}"
+        super().__init__(f"step {step!r} cannot read {source} as {_name(declared)} ({_problems(exc)}): "
+                         "declare the type that step returns, or resume the run with the definition it "
+                         "started under")
+
+
+def _name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:5])
 
 
 def check_output_type(returns: Any, value: Any, label: str) -> None:
@@ -41,8 +62,6 @@ def check_output_type(returns: Any, value: Any, label: str) -> None:
     except ValidationError as exc:
         shown = repr(value)
         shown = shown if len(shown) <= 200 else shown[:200] + "..."
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:5])
         raise OutputTypeError(
-            f"step {label!r} returned {shown}, which is not its declared return type "
-            f"{getattr(returns, '__name__', None) or str(returns).replace('typing.', '')} ({problems}): "
-            "return a value of that type, or change the annotation") from None
+            f"step {label!r} returned {shown}, which is not its declared return type {_name(returns)} "
+            f"({_problems(exc)}): return a value of that type, or change the annotation") from None

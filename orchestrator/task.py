@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from pydantic import ValidationError
+
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.output_types import check_output_type
+from raysaga.orchestrator.output_types import InputTypeError, check_output_type
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
@@ -152,7 +154,7 @@ def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeO
     ``on_worker``: a Ray task or pool actor, ``wire.run_packed``), which ends it as it would any program."""
     started = time.time()
     try:
-        kwargs = {name: coerce(spec.param_types.get(name, Any), value) for name, value in call.kwargs.items()}
+        kwargs = _inputs(spec, call.kwargs)
         if spec.ctx_param:
             kwargs[spec.ctx_param] = call.ctx
         result: Any = NOT_APPLIED
@@ -187,7 +189,11 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
         started = now()
         text = ""
         try:
-            result = _call(fn, {name: coerce(types.get(name, Any), value) for name, value in kwargs.items()})
+            try:  # (in line: a fan-out's items come through here by the 10,000)
+                args = {name: coerce(types.get(name, Any), value) for name, value in kwargs.items()}
+            except ValidationError:
+                args = _inputs(spec, kwargs)  # raises, naming the parameter
+            result = _call(fn, args)
         except BaseException as exc:
             odd[place] = _failed(spec, exc, _label(step, index), started, on_worker=True)
         else:
@@ -204,6 +210,20 @@ def execute_items(spec: StepSpec, rows: list[tuple[int, int, dict[str, Any]]], m
     if not odd:
         return done
     return [odd.get(place) or outcome for place, outcome in enumerate(done.outcomes())]
+
+
+def _inputs(spec: StepSpec, values: dict[str, Any]) -> dict[str, Any]:
+    """The step's parameters as their declared types; ``InputTypeError`` naming the parameter
+    (and so the step whose output it is) when a stored value is not one: pydantic's own text
+    named neither, and a value recorded under another definition read as the step's own bug."""
+    types = spec.param_types
+    kwargs = {}
+    for name, value in values.items():
+        try:
+            kwargs[name] = coerce(types.get(name, Any), value)
+        except ValidationError as exc:
+            raise InputTypeError(spec.name, name, types.get(name, Any), exc) from None
+    return kwargs
 
 
 def _output(result: Any, node_id: str, index: int, max_output_bytes: int, returns: Any = Any) -> tuple[str, Any]:

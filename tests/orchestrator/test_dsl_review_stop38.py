@@ -321,3 +321,29 @@ def test_a_saga_typo_is_a_definition_error_naming_the_option() -> None:
         saga.step(lambda: 1, compensat=None)  # type: ignore[call-arg]
     with pytest.raises(WorkflowDefinitionError, match="did you mean 'version'"):
         raysaga.Saga("typos2", versio="2")  # type: ignore[call-arg]
+
+
+def test_an_input_that_is_not_the_declared_type_names_the_step_it_came_from(tmp_path: Path) -> None:
+    """The producer declares no type (or declared another one when the run started, resumed with
+    ``--allow-changed``): the reader's failure names the parameter and the producing step,
+    permanently (the same value comes again on every attempt), not as pydantic's bare text."""
+    wf = Workflow("in_type")
+
+    @wf.step()
+    def pay() -> dict[str, Any]:
+        return {"amount": "lots"}
+
+    @wf.step(retry=raysaga.RetryPolicy(max_attempts=3, base=0.0, cap=0.0))
+    def ship(pay: Charge) -> int:
+        return pay.amount
+
+    url = _store(tmp_path)
+    run = raysaga.run(wf, None, store=url, executor="inline", run_id="r")
+    assert run.status == RunStatus.FAILED
+    assert "step 'ship' cannot read the output of step 'pay' as Charge (amount:" in (run.status_reason or "")
+    store = SqlStore(url)
+    try:
+        ship_row = next(n for n in store.nodes("r") if n.node_id == "ship")
+        assert ship_row.error is not None and ship_row.error.type == "InputTypeError" and ship_row.attempt == 1
+    finally:
+        store.close()
