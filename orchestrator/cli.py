@@ -344,6 +344,7 @@ def cancel(
     unless --compensate rolls them back. Exit 1 when there was nothing to cancel."""
     with errors(_Current(run_id)):
         _run_id(run_id)
+        cli_input.check_reason(reason, "--reason")
         _check_address(executor, address)
         store = _stores().open_for_writes(db, run_id)
         # lenient: a run whose input blob was damaged outside raysaga must still be cancellable

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from pydantic import BaseModel, ValidationError
 
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
+from raysaga.orchestrator.run_input import mismatch
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state.jsoncodec import MAX_DEPTH
 from raysaga.types import RunOptions, check_labels
@@ -147,14 +148,17 @@ def check_input(wf: Workflow, value: Any, given: bool) -> None:
     try:
         type_adapter(tp).validate_python(value)
     except ValidationError as exc:
-        problems = []
-        for e in exc.errors(include_url=False)[:20]:
-            where = ".".join(str(p) for p in e.get("loc", ())) or "(the input)"
-            got = e.get("input")
-            shown = json.dumps(got, default=str)[:60] if got is not None and e.get("type") != "missing" else ""
-            problems.append(f"{where}: {e.get('msg', 'invalid')}" + (f" (got {shown})" if shown else ""))
-        raise InvalidInputError(f"input does not match {name} of workflow {wf.name!r}: "
-                                + "; ".join(problems)) from None
+        raise InvalidInputError(mismatch(wf.name, tp, exc)) from None
+
+
+def check_reason(text: str, option: str) -> str:
+    """``cancel --reason`` at most 10,000 characters, as ``approve --comment`` (``MAX_COMMENT``): it
+    is stored in the run's row and its event and shown by every view of the run (it was unbounded)."""
+    from raysaga.state.decisions import MAX_COMMENT
+
+    if len(text) > MAX_COMMENT:
+        raise UserError(f"{option} is {len(text):,} characters: at most {MAX_COMMENT:,}")
+    return text
 
 
 def _article(word: str) -> str:
@@ -242,7 +246,8 @@ def run_limit(deaths: int | None) -> int:
 MAX_DURATION_S = 1000 * 365.25 * 86400
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+#: ASCII digits only: ``\d`` alone also takes '٣' (Arabic-Indic three), which ``float`` reads as 3.
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE | re.ASCII)
 
 
 def parse_duration(option: str, text: str) -> float:

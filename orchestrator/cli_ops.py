@@ -60,11 +60,15 @@ def _actor(by: str | None) -> str | None:
 
 
 def _node(node: str) -> tuple[str, int]:
-    """``review`` or ``review[3]`` (a fan-out's item), as ``inbox`` prints it."""
+    """``review`` or ``review[3]`` (a fan-out's item), as ``inbox`` prints it. The index is ASCII
+    digits: ``str.isdigit`` also takes '²' (``int`` then raised a bare ValueError) and '٣' (read as 3)."""
     if node.endswith("]") and "[" in node:
         name, index = node[:-1].split("[", 1)
-        if index.isdigit():
+        if index.isascii() and index.isdigit() and len(index) <= 10 and int(index) <= cli_input.INT32_MAX:
             return name, int(index)
+        if index.isdigit() or index.isdecimal() or index.isnumeric():
+            raise UserError(f"NODE {node!r}: a fan-out item is NAME[N], N a whole number from 0 to "
+                            f"{cli_input.INT32_MAX} in ASCII digits (as `raysaga inbox` shows it)")
     return node, -1
 
 
@@ -216,6 +220,7 @@ def worker(
         options = RunOptions(lease_ttl=lease_ttl)
         if max_driver_deaths is not None:
             options = RunOptions(lease_ttl=lease_ttl, max_driver_deaths=checked_max_driver_deaths(max_driver_deaths))
+        _one_file_per_name(settings["workflows"])
         workflows = [load_workflow(ref) for ref in settings["workflows"]]
         store = cli_store.open_for_writes(db)
         w = Worker(workflows, store, concurrency=settings["concurrency"], executor=settings["executor"],
@@ -293,14 +298,31 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
     table = dict(loaded.get("limits", {}))
     for item in limits or []:
         name, _, count = item.partition("=")
-        if not name or not count.strip().isdigit():
-            raise UserError(f"--limit {item!r}: write WORKFLOW=N (at most N runs of it driven at once)")
+        count = count.strip()
+        if not name or not (count.isascii() and count.isdigit()):  # '²' passes isdigit, then int() fails
+            raise UserError(f"--limit {item!r}: write WORKFLOW=N, N a whole number in ASCII digits "
+                            "(at most N runs of it driven at once)")
         table[name.strip()] = int(count)
     from raysaga.orchestrator.worker import checked_concurrency, checked_limits  # Worker's own checks
 
     slots = checked_concurrency(concurrency if concurrency is not None else loaded.get("concurrency", 4))
     return {"workflows": refs, "concurrency": slots, "limits": checked_limits(table),
             "executor": loaded.get("executor", executor), "address": address or loaded.get("address")}
+
+
+def _one_file_per_name(refs: list[str]) -> None:
+    """Two workflow files of one name (``a/flows.py``, ``b/flows.py``) are one module to Ray's
+    workers, which import a step by its module's name: the second file replaced the first, and
+    the first workflow's steps were looked up in the second's module."""
+    seen: dict[str, Path] = {}
+    for ref in refs:
+        module = ref.rpartition(":")[0]
+        if module.endswith(".py"):
+            path = Path(module).resolve()
+            other = seen.setdefault(path.stem, path)
+            if other != path:
+                raise UserError(f"workflow files {str(other)!r} and {str(path)!r} would both be imported as module "
+                                f"{path.stem!r}: rename one of them")
 
 
 def _ago(seconds: float, future: bool = False) -> str:

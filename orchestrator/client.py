@@ -21,10 +21,11 @@ from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, re
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
-from raysaga.state.decisions import Decision, WaitingApproval
+from raysaga.state.decisions import MAX_BY, MAX_COMMENT, Decision, WaitingApproval
 from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.stats import Stats
+from raysaga.types import check_text
 
 #: Runs that rest without a driver: an operator's pause takes them at once.
 _RESTING = (RunStatus.PENDING, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER)
@@ -103,6 +104,7 @@ class Client:
     def pause(self, run_id: str, *, by: str | None = None, reason: str | None = None) -> RunRecord:
         """Pause a run: its driver cancels what is in flight and rests ``paused`` (a run without a
         driver is paused at once). Approvals and sleeps keep waiting in their rows."""
+        by, reason = _actor(by), _reason(reason)
         reason = printable(reason or f"paused by {by or 'operator'}")  # a lone surrogate failed its writes
         for _ in range(5):
             run = self.get_run(run_id)
@@ -139,6 +141,7 @@ class Client:
 
     def unpause(self, run_id: str, *, by: str | None = None) -> RunRecord:
         """Let a paused run go on: a worker takes it up at once (or ``raysaga resume RUN``)."""
+        by = _actor(by)
         run = self.get_run(run_id)
         if run.status != RunStatus.PAUSED:
             pending = any(s.kind == "pause" for s in self.store.pending_signals(run_id))
@@ -153,6 +156,7 @@ class Client:
         """Cancel a run; committed effects stand unless ``compensate``. Without a live driver a plain
         cancel is taken at once; a live driver obeys the signal at its next step boundary. With
         ``compensate`` the rollback runs in a driver: a worker takes the run up (or ``raysaga resume``)."""
+        by, reason = _actor(by), _reason(reason)
         reason = printable(reason or f"cancelled by {by or 'operator'}")  # a lone surrogate failed its writes
         if not compensate:
             return cancel_run(run_id, store=self.store, reason=reason, wait=0)
@@ -172,6 +176,7 @@ class Client:
         """An operator's retry of a parked run, with the same idempotency keys: a ``failed`` run's
         failed and skipped nodes go back to pending, a ``compensation_failed`` run's failed
         compensations do; a worker takes the run up (or ``raysaga resume RUN``)."""
+        by = _actor(by)
         current = self.get_run(run_id)
         record = reopen(self.store, run_id, compensations=current.status == RunStatus.COMPENSATION_FAILED)
         self.store.wake(run_id, [record.status], f"retried by {by or 'operator'}", "retry_requested", {"by": by})
@@ -185,3 +190,19 @@ class Client:
 
 def _live(run: RunRecord) -> bool:
     return run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time()
+
+
+def _actor(by: str | None) -> str | None:
+    """``by=`` checked as ``approve`` checks it (1-200 printable characters): it is recorded in the
+    transition's event and shown by ``status``, ``events`` and the dashboard, where a NUL failed the
+    write on PostgreSQL and an ESC reached the terminal of whoever read it."""
+    return None if by is None else check_text(by.strip() if isinstance(by, str) else by, "by (who acts)", MAX_BY)
+
+
+def _reason(reason: str | None) -> str | None:
+    """A pause's or cancel's reason, at most ``MAX_COMMENT`` characters as a decision's comment is
+    (it is stored in the run's row and its event, and shown in every view of the run)."""
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_COMMENT):
+        size = f"{len(reason):,} characters" if isinstance(reason, str) else type(reason).__name__
+        raise UserError(f"reason must be text of at most {MAX_COMMENT:,} characters, got {size}")
+    return reason

@@ -31,6 +31,9 @@ from raysaga.state.redact import scrub_text
 RECORDED_REF = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 #: ``sys.path`` as this process started (``load_workflow`` of a file adds the file's folder later).
 _BASE_PATH = list(sys.path)
+#: The module each file ``load_workflow`` loaded is registered as, by name: a later file of the same
+#: name may replace it (a test process loads many ``flows.py``); a module imported otherwise may not.
+_FROM_FILES: dict[str, object] = {}
 
 
 def load_recorded_workflow(ref: str | None, run_id: str | None = None) -> Workflow:
@@ -134,8 +137,61 @@ def _spec_on(name: str, paths: list[str]) -> ModuleSpec | None:
 
 
 def _add_cwd() -> None:
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    _add_path(os.getcwd())
+
+
+def _add_path(folder: str) -> None:
+    """First, as Python puts a script's folder: a workflow's sibling module (``helpers.py``) is
+    the one it imports even when the environment has a module of that name. The workflow file's
+    own name is what is checked (``_shadowed``): it is registered for the whole process."""
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+
+
+def _shadowed(stem: str, path: Path) -> str | None:
+    """What registering file ``path`` as module ``stem`` would replace, or None. A file is
+    registered under its name so that Ray workers import its steps by that name (the executor puts
+    the file's folder on their ``PYTHONPATH``): a ``json.py`` would otherwise become every later
+    ``import json`` of the process (raysaga's own included), and a name importable from the
+    environment would make the workers import that other module instead."""
+    top = stem.partition(".")[0]
+    if top in sys.stdlib_module_names:
+        return f"a module of the Python standard library ({top!r})"
+    existing = sys.modules.get(stem)
+    if existing is not None and _FROM_FILES.get(stem) is not existing and not _same_file(existing, path):
+        where = getattr(existing, "__file__", None)
+        return f"module {stem!r}, already imported" + (f" from {where!r}" if where else "")
+    if top.isidentifier():
+        spec = _spec_on(top, [os.getcwd(), *(p or os.getcwd() for p in _BASE_PATH)])
+        if spec is not None and not (spec.origin and Path(spec.origin).resolve() == path.resolve()):
+            where = spec.origin or ", ".join(spec.submodule_search_locations or [])
+            return f"module {top!r}, importable from {where!r}"
+    return None
+
+
+def _hidden_local(top: str) -> str | None:
+    """Why the current folder's own module ``top`` is not what ``import top`` finds, or None (the
+    folder is first on ``sys.path``, but a module of that name imported already is what an import
+    returns): the operator typed the one here, and would otherwise run another without a word."""
+    cwd = os.getcwd()
+    if top in sys.modules or not top.isidentifier():  # imported already: the import returns it, as it always did
+        return None
+    local = PathFinder.find_spec(top, [cwd])
+    if local is None:
+        return None
+    found = PathFinder.find_spec(top, [p or cwd for p in sys.path])
+    where = found and (found.origin or next(iter(found.submodule_search_locations or []), None))
+    mine = local.origin or next(iter(local.submodule_search_locations or []), None)
+    if where and mine and Path(where).resolve() == Path(mine).resolve():
+        return None
+    return (f"{mine!r} is named like module {top!r} of the Python environment"
+            + (f" ({where!r})" if where else " (built in)")
+            + ", which every import of that name finds: rename it")
+
+
+def _same_file(module: object, path: Path) -> bool:
+    where = getattr(module, "__file__", None)
+    return bool(where) and Path(str(where)).resolve() == path.resolve()
 
 
 def load_workflow(ref: str) -> Workflow:
@@ -149,7 +205,13 @@ def load_workflow(ref: str) -> Workflow:
             path = Path(module_ref)
             if not path.is_file():
                 raise WorkflowLoadError(f"no such file {module_ref!r}")
-            sys.path.insert(0, str(path.resolve().parent))
+            shadowed = _shadowed(path.stem, path)
+            if shadowed:
+                raise WorkflowLoadError(
+                    f"workflow file {module_ref!r} would be imported as module {path.stem!r}, the name of "
+                    f"{shadowed}: loading it would replace that module for the whole process (a workflow "
+                    f"file is imported under its own name): rename it (e.g. {path.stem}_flow.py)")
+            _add_path(str(path.resolve().parent))
             spec = importlib.util.spec_from_file_location(path.stem, path)
             assert spec is not None and spec.loader is not None
             module = importlib.util.module_from_spec(spec)
@@ -160,7 +222,11 @@ def load_workflow(ref: str) -> Workflow:
                 if sys.modules.get(path.stem) is module:  # no half-imported module left for the next import
                     del sys.modules[path.stem]
                 raise
+            _FROM_FILES[path.stem] = module
         else:
+            hidden = _hidden_local(module_ref.partition(".")[0])
+            if hidden:
+                raise WorkflowLoadError(f"cannot import {module_ref!r} from the current folder: {hidden}")
             module = importlib.import_module(module_ref)
     except WorkflowLoadError:
         raise

@@ -104,7 +104,7 @@ def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer
     schema = None
     if answer is not None:
         try:
-            schema = type_adapter(answer).json_schema()
+            schema = _closed(type_adapter(answer).json_schema())
         except Exception as exc:
             raise WorkflowDefinitionError(f"approval {where!r}: answer={answer!r} has no JSON Schema "
                                           f"({exc}): use a pydantic model or a JSON type") from None
@@ -125,6 +125,35 @@ def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer
     return ApprovalOptions(approvers=names, quorum=quorum, answer_schema=schema, answer_type=answer,
                            timeout=timeout, on_timeout=on_timeout,  # type: ignore[arg-type]  # checked above
                            default=default, escalate_to=escalation)
+
+
+#: Keywords whose value is one subschema, or a list or a map of them (what ``_closed`` walks).
+_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def _closed(schema: Any) -> Any:
+    """``answer=``'s schema with every object of named fields closed (``additionalProperties:
+    false``) unless it says otherwise (a model of ``extra="allow"``). The model drops a key it does
+    not know, so an approver's ``{"amout": 7}`` was accepted and the field kept its old value; the
+    store, holding only the schema, now refuses the unknown key and names it."""
+    if isinstance(schema, dict):
+        schema = {k: _closed_part(k, v) for k, v in schema.items()}
+        if schema.get("type") == "object" and isinstance(schema.get("properties"), dict) \
+                and "additionalProperties" not in schema and "patternProperties" not in schema:
+            schema["additionalProperties"] = False
+    return schema
+
+
+def _closed_part(key: str, value: Any) -> Any:
+    if key in _ONE:
+        return _closed(value)
+    if key in _MANY and isinstance(value, list):
+        return [_closed(v) for v in value]
+    if key in _MAP and isinstance(value, dict):
+        return {k: _closed(v) for k, v in value.items()}
+    return value
 
 
 def _names(where: str, option: str, values: Iterable[str]) -> tuple[str, ...]:

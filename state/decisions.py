@@ -402,11 +402,40 @@ def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, lab
     import jsonschema  # only when an answer is given
 
     try:
-        jsonschema.validate(answer, request.answer_schema)
+        jsonschema.validate(answer, request.answer_schema, cls=_whole_integers(request.answer_schema))
     except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "the answer"
-        raise UserError(f"the answer to {label!r} does not fit its schema at {where}: {exc.message}") from None
+        where = _cut("/".join(str(p) for p in exc.absolute_path), 200) or "the answer"
+        hint = ""
+        if exc.validator == "type" and isinstance(exc.instance, float) and exc.instance.is_integer() \
+                and "integer" in str(exc.validator_value):
+            hint = " (a whole number is written without a fraction: 1, not 1.0)"
+        raise UserError(f"the answer to {label!r} does not fit its schema at {where}: "
+                        f"{_cut(exc.message, 300)}{hint}") from None
     return answer
+
+
+def _whole_integers(schema: dict[str, Any]) -> Any:
+    """The schema's validator class, where "integer" is an int only. JSON Schema counts 1.0 and
+    -0.0 as integers, but the answer reaches the step as written: a model's ``amount: int`` got
+    the float 1.0 (the store holds no model to turn it into 1, so it refuses it instead)."""
+    import jsonschema
+
+    base = jsonschema.validators.validator_for(schema)
+    found = _STRICT.get(base)
+    if found is None:
+        checker = base.TYPE_CHECKER.redefine(
+            "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+        found = _STRICT[base] = jsonschema.validators.extend(base, type_checker=checker)  # type: ignore[no-untyped-call]
+    return found
+
+
+#: ``_whole_integers`` by the jsonschema validator class it extends (one per draft).
+_STRICT: dict[Any, Any] = {}
+
+
+def _cut(text: str, limit: int) -> str:
+    """At most ``limit`` characters: a message repeating a 100 KB answer is not one line to read."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _utc(at: float) -> str:

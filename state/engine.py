@@ -50,9 +50,10 @@ def new_file_page_size() -> int:
     env = os.environ.get(PAGE_SIZE_ENV, "").strip()
     if not env:
         return NEW_FILE_PAGE_SIZE
-    size = int(env) if env.isdigit() else 0
+    size = int(env) if env.isascii() and env.isdigit() and len(env) <= 6 else 0  # not '²' (isdigit, not int)
     if not 512 <= size <= 65536 or size & (size - 1):
-        raise UserError(f"{PAGE_SIZE_ENV}={env!r} is not a SQLite page size: use a power of two from 512 to 65536")
+        raise UserError(f"{PAGE_SIZE_ENV}={env!r} is not a SQLite page size: use a power of two from 512 to 65536 "
+                        "in ASCII digits")
     return size
 #: Seconds a PostgreSQL connection attempt may take (libpq ``connect_timeout``) unless the URL
 #: sets its own: an unreachable server is an error in seconds, not after the TCP timeout.
