@@ -18,7 +18,7 @@ from raysaga.errors import OutputTypeError, Permanent
 from raysaga.orchestrator.type_adapters import type_adapter
 
 #: Types a value of exactly that type already is (nothing to validate).
-_EXACT = frozenset({int, str, float, bool, dict, list, type(None)})
+EXACT = frozenset({int, str, float, bool, dict, list, type(None)})
 
 
 class InputTypeError(Permanent):
@@ -46,8 +46,9 @@ def check_output_type(returns: Any, value: Any, label: str) -> None:
     """Raise ``OutputTypeError`` (``raysaga.errors``) naming step ``label`` if ``value`` is not a ``returns``.
 
     Lax, as reading it back is (``workflow.coerce``): a dict a declared model validates, an int
-    for a float; what passes here is what every reader of the output will accept."""
-    if type(value) is returns and returns in _EXACT:
+    for a float; what passes here is what every reader of the output will accept (the caller lets
+    None through unchecked: every reader takes it, for any declared type)."""
+    if type(value) is returns and returns in EXACT:
         return
     if isinstance(returns, type) and issubclass(returns, BaseModel) and isinstance(value, returns):
         return

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.output_types import InputTypeError, check_output_type
+from raysaga.orchestrator.output_types import EXACT, InputTypeError, check_output_type
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
@@ -233,7 +233,9 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
     aside = None
     if isinstance(result, Aside):
         result, aside = result.value, result.aside
-    if returns is not Any:
+    # (None passes: every reader takes None for any declared type, ``workflow.coerce``; a value
+    # of exactly a plain declared type passes without a call: a fan-out's items come by the 10,000)
+    if returns is not Any and result is not None and not (type(result) is returns and returns in EXACT):
         check_output_type(returns, result, _label(node_id, index))
     if result is None:
         return "null", aside
