@@ -40,10 +40,11 @@ class Binding:
     which the steps were declared; else the function's default."""
 
 
-def bind(step_name: str, func: Any, steps: typing.Container[str]) -> Binding:
+def bind(step_name: str, func: Any, steps: typing.Container[str], what: str | None = None) -> Binding:
     """Read ``func``'s parameters for step ``step_name``; ``steps`` are those declared so far.
-    Raises ``WorkflowDefinitionError`` naming the step, the parameter and the fix."""
-    what = f"step {step_name!r}"
+    Raises ``WorkflowDefinitionError`` naming ``what`` (the step, or a compensation and its step),
+    the parameter and the fix."""
+    what = what or f"step {step_name!r}"
     shape = shape_problem(func)
     if shape:
         raise WorkflowDefinitionError(f"{what} {shape}")

@@ -44,6 +44,7 @@ from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
+from raysaga.types import compensation_node
 
 if TYPE_CHECKING:
     from raysaga.agents.agent import Agent
@@ -435,10 +436,10 @@ class Workflow:
             fn = self.compensation_for(step)
             if fn is not None and callable(fn):
                 try:
-                    self.make_spec(fn, name=f"{step}:compensate", effect=True)
+                    bind(compensation_node(step), fn, self.steps,
+                         what=f"the compensation {getattr(fn, '__name__', fn)!r} of step {step!r}")
                 except WorkflowDefinitionError as exc:
-                    what = f"the compensation {getattr(fn, '__name__', fn)!r} of step {step!r}"
-                    problems.append(str(exc).replace(f"step '{step}:compensate'", what, 1))
+                    problems.append(str(exc))
         return problems
 
     @property
