@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from pydantic import BaseModel, ValidationError
 
 from raysaga.errors import InputTooLargeError, InvalidInputError, UserError
-from raysaga.orchestrator.run_input import mismatch
+from raysaga.orchestrator.input_errors import mismatch
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state.jsoncodec import MAX_DEPTH
 from raysaga.types import RunOptions, check_labels

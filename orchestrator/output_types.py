@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from raysaga.errors import OutputTypeError, Permanent
+from raysaga.orchestrator.input_errors import problems
 from raysaga.orchestrator.type_adapters import type_adapter
 
 #: Types a value of exactly that type already is (nothing to validate).
@@ -29,17 +30,13 @@ class InputTypeError(Permanent):
 
     def __init__(self, step: str, param: str, declared: Any, exc: ValidationError) -> None:
         source = "the run's input" if param == "input" else f"the output of step {param!r}"
-        super().__init__(f"step {step!r} cannot read {source} as {_name(declared)} ({_problems(exc)}): "
+        super().__init__(f"step {step!r} cannot read {source} as {_name(declared)} ({problems(exc)}): "
                          "declare the type that step returns, or resume the run with the definition it "
                          "started under")
 
 
 def _name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _problems(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()[:5])
 
 
 def check_output_type(returns: Any, value: Any, label: str) -> None:
@@ -65,4 +62,4 @@ def check_output_type(returns: Any, value: Any, label: str) -> None:
         shown = shown if len(shown) <= 200 else shown[:200] + "..."
         raise OutputTypeError(
             f"step {label!r} returned {shown}, which is not its declared return type {_name(returns)} "
-            f"({_problems(exc)}): return a value of that type, or change the annotation") from None
+            f"({problems(exc)}): return a value of that type, or change the annotation") from None
