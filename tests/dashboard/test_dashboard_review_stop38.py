@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -204,6 +203,7 @@ class Stream:
 
     def __init__(self, base: str, run_id: str, after: int) -> None:
         self.messages: list[tuple[str, str, dict[str, Any]]] = []
+        self.opened = threading.Event()  # the server answered 200: the run was read, its identity kept
         self.ended = threading.Event()
         self.url = f"{base}/api/runs/{quote(run_id, safe='')}/stream?after={after}"
         threading.Thread(target=self._read, daemon=True).start()
@@ -212,6 +212,7 @@ class Stream:
         try:
             with httpx.stream("GET", self.url, timeout=30) as response:
                 assert response.status_code == 200, response.status_code
+                self.opened.set()
                 fields: dict[str, str] = {}
                 for line in response.iter_lines():
                     if line.startswith(":"):
@@ -248,7 +249,7 @@ def test_the_stream_of_a_deleted_run_says_so_and_ends(tmp_path: Path) -> None:
     try:
         with serving(store) as base:
             stream = Stream(base, "nightly", seq)
-            time.sleep(0.3)
+            assert stream.opened.wait(10), stream.messages
             assert store.prune(older_than=0).runs == 1
             assert stream.ended.wait(10), stream.messages
             assert stream.gone() == {"run_id": "nightly", "reason": "deleted", "message": "run 'nightly' was deleted"}
@@ -266,7 +267,7 @@ def test_a_new_run_under_the_same_id_is_said_not_missed(tmp_path: Path, monkeypa
     try:
         with serving(store) as base:
             stream = Stream(base, "nightly", seq)
-            time.sleep(0.3)
+            assert stream.opened.wait(10), stream.messages
             store.prune(older_than=0)
             assert _completed(url, "nightly", "shop") > seq  # the new run's events pass the old cursor
             assert stream.ended.wait(10), stream.messages
@@ -288,8 +289,8 @@ def test_a_cursor_past_the_run_s_last_event_is_another_run_s(tmp_path: Path) -> 
             gone = stream.gone()
             assert gone is not None and gone["reason"] == "replaced", gone
             live = Stream(base, "nightly", seq)  # the run's own cursor: it stays open, quiet
-            time.sleep(1.5)
-            assert not live.ended.is_set() and live.messages == []
+            assert live.opened.wait(10)
+            assert not live.ended.wait(1.5) and live.messages == []
     finally:
         store.close()
 
