@@ -35,8 +35,12 @@ def _workflow(store: Any, run_id: str, ref: str | None) -> Any:
 
 
 def _patch(text: str | None) -> Any:
+    """The patch ``--input-patch`` gives: ``NO_PATCH`` when left out (``null`` is a patch: it makes
+    the input null, RFC 7396, which the input type check then judges)."""
     if text is None:
-        return None
+        from raysaga.orchestrator.fork import NO_PATCH
+
+        return NO_PATCH
     try:  # strict JSON, as --input: Python's NaN and Infinity would reach the new run's input as null
         return json.loads(text, parse_constant=cli_input.reject_json_constant)
     except json.JSONDecodeError as exc:

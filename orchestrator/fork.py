@@ -17,12 +17,14 @@ there nor by another run of its lineage (``undone_elsewhere``), its step did not
 node forked at a turn (``research@2[1]``: researcher 1's third turn) keeps the turns before it
 (model responses and tool results: no model call is repeated) and asks the model from that turn
 on. An ``input_patch`` (a JSON merge patch of the run's input) is seen by the nodes that run
-afresh; inherited ones keep what they computed, except effect steps and steps with a
-compensation that read the input: those run again, under the new run's keys.
+afresh; inherited ones keep what they computed, except the steps whose effect or undo depends on
+the input (an effect step, an agent with an effect tool, or a step with a compensation, when the
+step or its compensation reads ``input``): those run again, under the new run's keys.
 """
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 import time
@@ -37,6 +39,7 @@ from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.run_identity import own_limit
+from raysaga.orchestrator.signatures import INPUT_PARAM
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
@@ -54,21 +57,28 @@ from raysaga.state import (
 from raysaga.state.models import PRUNABLE, node_label
 from raysaga.types import check_run_id, is_compensation
 
-__all__ = ["fork", "inherited_rows", "merge_patch", "node_list", "parse_node", "undone_elsewhere"]
+__all__ = ["NO_PATCH", "fork", "inherited_rows", "merge_patch", "node_list", "parse_node", "undone_elsewhere"]
 
-_LABEL = re.compile(r"^(?P<node>[^\[\]]+)(?:\[(?P<index>\d+)\])?$")
+#: ``fork(..., input_patch=NO_PATCH)`` (the default): the fork keeps its parent's input. Any other
+#: value, ``None`` included, is a JSON merge patch (RFC 7396: a ``null`` patch makes the input null,
+#: which the input type check then judges).
+NO_PATCH: Any = type("NoPatch", (), {"__repr__": lambda self: "NO_PATCH"})()
+
+# ASCII digits only: ``\d`` also matches Arabic-Indic and mathematical digits (which ``int`` reads),
+# and ``int`` alone takes ' 1', '+2' and '1_0'. Step names never hold '@', '.', ':', '[', ']' or spaces.
+_LABEL = re.compile(r"(?P<step>[^\[\]@.:\s]+)(?:@(?P<turn>[0-9]{1,10})(?:\.(?P<call>[0-9]{1,10}))?)?"
+                    r"(?P<undo>:compensate)?(?:\[(?P<index>[0-9]{1,10})\])?", re.ASCII)
 
 
 def parse_node(label: str) -> NodeKey:
     """A node label as ``raysaga status`` shows it (``writer``, ``research[2]``, ``research@2[1]``)."""
-    found = _LABEL.match(label.strip())
-    try:
-        if found is None:
-            raise ValueError(label)
-        return NodeKey.parse(found["node"], int(found["index"]) if found["index"] is not None else -1)
-    except ValueError:
-        raise ForkError(f"{label!r} is not a node label: write STEP, STEP[ITEM] or AGENT@TURN[ITEM] "
-                        "(as `raysaga status RUN` shows them)") from None
+    found = _LABEL.fullmatch(label.strip())
+    if found is None:
+        raise ForkError(f"{label!r} is not a node label: write STEP, STEP[ITEM] or AGENT@TURN[ITEM], ITEM and TURN "
+                        "in ASCII digits (as `raysaga status RUN` shows them)")
+
+    turn, call, index = (None if text is None else int(text) for text in found.group("turn", "call", "index"))
+    return NodeKey(found["step"], -1 if index is None else index, turn, call, found["undo"] is not None)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -132,13 +142,13 @@ def _settled_call(key: NodeKey, row: NodeRecord) -> bool:
     return row.status == NodeStatus.COMPLETED or (key.call is not None and row.status == NodeStatus.FAILED)
 
 
-def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tuple[str, int]]:
-    """``(step, item)`` of the parent's rows whose execution another run undid: the run that
-    executed it, or any of its forks (every fork of a run undoes an inherited node under that
-    run's key). A node refunded by a sibling fork is no longer in force, however the parent's own
-    rows read: a fork that inherited it would ship an order whose payment was given back."""
+def _lineage_undos(st: Store, run_id: str, rows: list[NodeRecord]
+                   ) -> tuple[set[tuple[str, int]], list[tuple[str, NodeRecord]]]:
+    """``undone_elsewhere``, and the compensations of the parent's nodes, in any run of the lineage
+    (the parent's own included), that did not complete: ``(run, row)``."""
     executed_by = {(r.node_id, r.fan_index): r.origin_run_id or run_id for r in rows
                    if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
+    unsettled = [(run_id, r) for r in rows if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
     queue = sorted(set(executed_by.values()))
     visited = set(queue)
     found: set[tuple[str, int]] = set()
@@ -158,9 +168,64 @@ def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tupl
             target = NodeKey.parse(row.node_id, row.fan_index).undone()
             undone_row = by_key.get((target.node_id, target.fan_index))
             executor = (undone_row.origin_run_id if undone_row is not None else None) or other
-            if executed_by.get((target.node_id, target.fan_index)) == executor:
+            if executed_by.get((target.node_id, target.fan_index)) != executor:
+                continue
+            if row.status == NodeStatus.COMPLETED:
                 found.add((target.step, target.fan_index))
-    return found
+            else:  # its undo failed or never finished: the effect may well stand, and may yet be undone
+                unsettled.append((other, row))
+    return found, unsettled
+
+
+def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tuple[str, int]]:
+    """``(step, item)`` of the parent's rows whose execution another run undid: the run that
+    executed it, or any of its forks (every fork of a run undoes an inherited node under that
+    run's key). A node refunded by a sibling fork is no longer in force, however the parent's own
+    rows read: a fork that inherited it would ship an order whose payment was given back. Only a
+    compensation that completed undid anything (a failed one is refused by ``fork``)."""
+    return _lineage_undos(st, run_id, rows)[0]
+
+
+def _rerun_by_choice(wf: Workflow, at: NodeKey) -> Callable[[NodeKey], bool]:
+    """Whether a fork from ``at`` runs the node again by its own choice: ``at``'s step (or, forked
+    from an item, that item only) and everything downstream of it. An agent forked at a turn keeps
+    the turns before it, so none of its nodes is re-run whole."""
+    below = set(nx.descendants(wf.graph, at.step))
+
+    def chosen(key: NodeKey) -> bool:
+        return key.step in below or (key.step == at.step and at.turn is None
+                                     and (at.fan_index < 0 or key.fan_index == at.fan_index))
+
+    return chosen
+
+
+def _refuse_unsettled(wf: Workflow, st: Store, unsettled: list[tuple[str, NodeRecord]], at: NodeKey,
+                      parent: RunRecord) -> None:
+    """``ForkError`` when a compensation of a node the fork would inherit failed or never finished
+    (a ``compensation_failed`` parent, say): the effect it undoes may still stand, and a retry of
+    that rollback may undo it later. Counted as undone, the fork would make the effect again while
+    the first one stands; inherited, the fork would build on an effect its run is still undoing."""
+    chosen = _rerun_by_choice(wf, at)
+    left = [(run, r) for run, r in unsettled if not chosen(NodeKey.parse(r.node_id, r.fan_index).undone())]
+    if not left:
+        return
+    shown = ", ".join(f"{node_label(r.node_id, r.fan_index)} ({r.status.value}"
+                      + ("" if run == parent.run_id else f" in run {run!r}") + ")" for run, r in left[:5])
+    ways = []
+    for run in sorted({run for run, _ in left}, key=lambda run: (run != parent.run_id, run)):
+        status = (parent if run == parent.run_id else st.get_run(run, lenient=True)).status
+        if status == RunStatus.COMPENSATION_FAILED:  # only such a rollback can be retried
+            ways.append(f"`raysaga retry {shlex.quote(run)} --compensations` finishes its rollback")
+        elif status not in PRUNABLE:
+            ways.append(f"run {run!r} is {status.value}: wait for it")
+        else:  # a run cancelled while it was compensating, say: its undo is the operator's
+            ways.append(f"undo run {run!r}'s with the provider")
+    way = "; ".join(ways)
+    first = min((NodeKey.parse(r.node_id, r.fan_index).step for _, r in left), key=wf.order.index)
+    raise ForkError(f"run {parent.run_id!r} has {len(left)} compensation(s) that did not complete: {shown}. The "
+                    f"effects they undo may still stand, so a fork from {at.label!r} can neither inherit them nor "
+                    f"make them again. {way[0].upper() + way[1:]} (then fork); or fork from {first!r} to run it again "
+                    "on purpose")
 
 
 def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord) -> None:
@@ -189,6 +254,25 @@ def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, par
                     f"{first!r} to run it again on purpose")
 
 
+def _takes_input(fn: Callable[..., Any]) -> bool:
+    try:
+        return INPUT_PARAM in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True  # cannot tell: as if it did (re-running costs less than an undo with the wrong input)
+
+
+def input_bound(wf: Workflow, step: str) -> bool:
+    """Whether ``step``'s effect or undo depends on the run's input, so that a fork with another
+    input must run it again: it makes an effect (``effect=True``, or an agent with an effect tool)
+    or has a compensation, and it or its compensation reads ``input`` (the undo is called with
+    the fork's input: a refund of the parent's charge must not go to the patched account)."""
+    spec = wf.steps[step]
+    undo = wf.compensation_for(step)
+    tools = getattr(spec.options.get("agent"), "tools", ()) if spec.kind == "agent" else ()
+    effect = spec.effect or undo is not None or any(getattr(t, "effect", False) for t in tools)
+    return effect and (spec.input_param is not None or (undo is not None and _takes_input(undo)))
+
+
 def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed: set[str] | None = None,
                    input_changed: bool = False, undone_elsewhere: set[tuple[str, int]] | None = None
                    ) -> list[NodeRecord]:
@@ -201,7 +285,8 @@ def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed
     for row in rows:
         key = NodeKey.parse(row.node_id, row.fan_index)
         if is_compensation(row.node_id):
-            undone.add((key.step, key.fan_index))  # the step, item or agent node one of whose effects was undone
+            if row.status == NodeStatus.COMPLETED:  # one that did not complete undid nothing known (``fork`` refuses)
+                undone.add((key.step, key.fan_index))  # the step, item or agent node one of whose effects was undone
         elif key.is_agent_call:
             calls[(key.step, key.fan_index)].append((key, row))
         else:
@@ -217,15 +302,20 @@ def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed
         spec = wf.steps[step]
         if step in changed or any(dep not in whole for dep in spec.deps):
             continue
-        if input_changed and spec.input_param and (spec.effect or wf.compensation_for(step) is not None):
+        if input_changed and input_bound(wf, step):
             continue  # its effect depends on the input: it runs again under the new run's keys
         items = [i for i in owners[step] if i >= 0]
         # a fan-out one of whose items was undone is expanded again (its parent row is not kept)
         parent_ok = usable(step, -1) is not None and not any((step, i) in undone for i in items)
+        # a partial fan-out that completed accepted its failed items: they are part of its outcome
+        # (its FanOutResult names them), kept like its completed ones, never run again unasked
+        failed_ok = parent_ok and spec.map_over is not None and spec.fan_out_policy.partial
         for index in sorted(owners[step]):
             if step == at.step and (index == at.fan_index or index < 0 or at.fan_index < 0):
                 continue  # NODE itself (and a fan-out's parent, which completes with its items)
             found = usable(step, index) if index >= 0 or parent_ok else None
+            if found is None and failed_ok and index >= 0 and owners[step][index].status == NodeStatus.FAILED:
+                found = owners[step][index]
             if found is not None:
                 kept.append(found)
                 kept += [r for k, r in calls[(step, index)] if _settled_call(k, r)]
@@ -241,6 +331,30 @@ def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed
     return kept
 
 
+def _fork_input(wf: Workflow, parent: RunRecord, patch: Any) -> tuple[Any, bool]:
+    """The fork's input (checked by the code it forks with) and whether it differs from the
+    parent's. Without a patch it is the parent's: a new optional field filled by its default is
+    not a change (the parent's effects were made with that input), but an input the code no longer
+    accepts is refused. With one, it differs when the patched input, checked, differs from the
+    parent's input checked by the same code, or the parent's no longer fits it (the patch made it fit)."""
+    try:
+        before: Any = wf.check_input(parent.input)
+    except InvalidInputError as exc:
+        if patch is NO_PATCH:
+            raise ForkError(f"run {parent.run_id!r}'s input does not fit the input type of the code you fork with "
+                            f"({exc}): give an input patch that makes it fit (--input-patch), or fork with the code "
+                            "the run started with") from None
+        before = NO_PATCH
+    if patch is NO_PATCH:
+        return before, False
+    try:  # strict JSON: the input check would let a NaN through as null for a dict input type
+        jsoncodec.to_jsonable(patch, "input_patch")
+    except (NotJSONableError, RecursionError) as exc:
+        raise InvalidInputError(str(exc)) from None
+    checked = wf.check_input(merge_patch(parent.input, patch))
+    return checked, before is NO_PATCH or jsoncodec.dumps(checked, "input") != jsoncodec.dumps(before, "input")
+
+
 def _fork_limit(given: int | None, opts: RunOptions, parent: RunRecord) -> int | None:
     """The fork's own ``max_driver_deaths``: ``given``, else the options' when not the default,
     else its parent's."""
@@ -251,7 +365,7 @@ def _fork_limit(given: int | None, opts: RunOptions, parent: RunRecord) -> int |
     return parent.max_driver_deaths
 
 
-def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = None,
+def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = NO_PATCH,
          store: Store | str | None = None, new_run_id: str | None = None, executor: Any = "ray",
          address: str | None = None, options: RunOptions | None = None, workflow_ref: str | None = None,
          on_progress: Callable[[Any], None] | None = None, drive: bool = True,
@@ -262,7 +376,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         workflow: The workflow's definition now (steps changed since the parent ran are re-run).
         run_id: The parent run (completed, failed, compensated, compensation_failed or cancelled).
         from_node: ``STEP``, ``STEP[ITEM]`` or ``AGENT@TURN[ITEM]``, as ``raysaga status`` shows it.
-        input_patch: A JSON merge patch of the parent's input (``null`` removes a key).
+        input_patch: A JSON merge patch of the parent's input (``null`` removes a key; ``None``
+            itself makes the input null). Left out (``NO_PATCH``), the fork keeps the input.
         new_run_id: The new run's id (default: ``<workflow>-<random>``).
         options: The new run's options (budgets default to the parent's).
         workflow_ref: ``MODULE:ATTR`` for ``raysaga resume`` (default: the parent's; ``""``: none, so
@@ -296,17 +411,12 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     if diff is not None and not diff.known:
         raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition changed "
                         f"since: fork it with the code it started with ({diff.describe()})")
-    if input_patch is not None:
-        try:  # strict JSON: the input check would let a NaN through as null for a dict input type
-            jsoncodec.to_jsonable(input_patch, "input_patch")
-        except (NotJSONableError, RecursionError) as exc:
-            raise InvalidInputError(str(exc)) from None
-    new_input = parent.input if input_patch is None else merge_patch(parent.input, input_patch)
-    checked = workflow.check_input(new_input)
+    checked, input_changed = _fork_input(workflow, parent, input_patch)
+    undone, unsettled = _lineage_undos(st, run_id, rows)
     inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
-                               input_changed=checked != parent.input,
-                               undone_elsewhere=undone_elsewhere(st, run_id, rows))
+                               input_changed=input_changed, undone_elsewhere=undone)
     _refuse_in_doubt(workflow, st.effects(run_id), at, parent)
+    _refuse_unsettled(workflow, st, unsettled, at, parent)
     if new_run_id is not None:
         check_run_id(new_run_id, "--run-id")
     opts = options or RunOptions()
@@ -320,9 +430,10 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
         cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
         max_driver_deaths=_fork_limit(max_driver_deaths, opts, parent),
-        trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label)
-    data = {"parent": run_id, "from": at.label, "inherited": len(inherited), "input_patched": input_patch is not None,
-            "changed_steps": sorted(diff.steps()) if diff else []}
+        trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label,
+        labels=opts.labels or None)  # None: the parent's
+    data = {"parent": run_id, "from": at.label, "inherited": len(inherited),
+            "input_patched": input_patch is not NO_PATCH, "changed_steps": sorted(diff.steps()) if diff else []}
     keys = [(r.node_id, r.fan_index) for r in inherited]
     if not drive:
         return st.fork_run(new, keys, data)

@@ -35,7 +35,6 @@ from raysaga.agents.turns import (
 from raysaga.errors import ForkError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.fork import parse_node
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.task import NodeCall, execute
 from raysaga.orchestrator.workflow import Workflow
@@ -214,9 +213,10 @@ def replay(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
                         "replay it with its own workflow (--workflow MODULE:WF)")
     steps = list(workflow.order)
     if until is not None:
-        last = parse_node(until).step
-        if last not in workflow.steps:
-            raise ForkError(f"workflow {workflow.name!r} has no step {until!r}: the steps are {', '.join(steps)}")
+        if until not in workflow.steps:  # a step's name, as written: not an item, a turn or a padded name
+            raise ForkError(f"--until {until!r} is not a step of workflow {workflow.name!r}: give a step's name (a "
+                            f"replay replays whole steps), one of {', '.join(steps)}")
+        last = until
         wanted = {last, *workflow.graph.predecessors(last)} | _ancestors(workflow, last)
         steps = [s for s in steps if s in wanted]
     rows = st.nodes(run_id)

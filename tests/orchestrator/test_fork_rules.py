@@ -53,12 +53,13 @@ def _labels(rows: list[NodeRecord]) -> list[str]:
 
 def test_everything_but_the_node_and_what_is_downstream() -> None:
     assert _labels(inherited_rows(_flow(), PARENT, parse_node("join"))) == \
-        ["plan", "side", "work", "work[0]", "work[2]"]  # a partial fan-out is whole with a failed item
-    assert _labels(inherited_rows(_flow(), PARENT, parse_node("side"))) == ["plan", "work", "work[0]", "work[2]"]
+        ["plan", "side", "work", "work[0]", "work[1]", "work[2]"]  # a partial fan-out is whole with its failed item
+    assert _labels(inherited_rows(_flow(), PARENT, parse_node("side"))) == \
+        ["plan", "work", "work[0]", "work[1]", "work[2]"]
 
 
 def test_an_item_keeps_its_siblings_not_its_parent() -> None:
-    assert _labels(inherited_rows(_flow(), PARENT, parse_node("work[2]"))) == ["plan", "side", "work[0]"]
+    assert _labels(inherited_rows(_flow(), PARENT, parse_node("work[2]"))) == ["plan", "side", "work[0]", "work[1]"]
 
 
 def test_an_undone_item_expands_its_fan_out_again() -> None:
@@ -72,7 +73,7 @@ def test_a_changed_step_runs_again_with_what_is_downstream() -> None:
 
 def test_an_input_change_reruns_what_reads_it_only_if_it_has_an_effect_or_an_undo() -> None:
     assert _labels(inherited_rows(_flow(), PARENT, parse_node("join"), input_changed=True)) == \
-        ["plan", "side", "work", "work[0]", "work[2]"]  # plan and side read the input: no effect, kept
+        ["plan", "side", "work", "work[0]", "work[1]", "work[2]"]  # plan and side read the input: no effect, kept
 
 
 def test_labels_and_patches() -> None:
