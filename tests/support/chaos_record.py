@@ -7,6 +7,7 @@ Not a test module; ``tests.support.chaos_sweep`` re-exports what the tests impor
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -204,3 +205,38 @@ def forward_label(label: str) -> str:
     head, _, item = label.partition("[")
     return head.removesuffix(SUFFIX) + (f"[{item}" if item else "")
 
+
+
+def explain(golden_db: str, run_db: str, limit: int = 40) -> str:
+    """What a failed oracle check leaves the next reader: both stores' paths (kept in pytest's
+    tmp folders) and, for each step whose ledger rows or node statuses differ between the golden
+    run and the faulted one, both runs' rows of that step (label, status, error type, reason and
+    message) and events: the Ray sweep's open ``FlakyFailure`` (``chaos_bbb549af2e``) had only the
+    ledgers to go on."""
+    read: dict[str, tuple[dict[str, tuple[str, str]], list[Any], list[Any]]] = {}
+    for name, db in (("golden", golden_db), ("faulted", run_db)):
+        store = SqlStore(db)
+        try:
+            read[name] = (ledger_of(store), store.nodes(RUN_ID), store.events(RUN_ID))
+        finally:
+            store.close()
+    (ledger_g, nodes_g, _), (ledger_f, nodes_f, _) = read["golden"], read["faulted"]
+    states_g, states_f = ({n.label: n.status.value for n in nodes} for nodes in (nodes_g, nodes_f))
+    differ = {_step(label) for label in set(ledger_g) ^ set(ledger_f)}
+    differ |= {_step(label) for label in set(states_g) | set(states_f) if states_g.get(label) != states_f.get(label)}
+    lines = [f"golden store: {golden_db}", f"faulted store: {run_db}", f"steps that differ: {sorted(differ)}"]
+    for name, (_, nodes, events) in read.items():
+        rows = [n for n in nodes if _step(n.label) in differ]
+        lines.append(f"{name}: {len(rows)} rows")
+        for n in rows[:limit]:
+            err = n.error
+            lines.append(f"  {n.label} {n.status.value}" + ("" if err is None else
+                         f" {err.type}: {err.reason or ''} {str(err.message or '')[:160]!r}"))
+        lines += [f"  event {e.seq} {e.kind} {e.node_id}[{e.fan_index}]"
+                  for e in [e for e in events if _step(e.node_id or "") in differ][:limit]]
+    return "\n".join(lines)
+
+
+def _step(label: str) -> str:
+    """The step of a node or ledger label (``s13`` of ``s13@0.1[2]:compensate``)."""
+    return re.split(r"[@\[:]", label, maxsplit=1)[0]

@@ -14,11 +14,12 @@ its fault fires (``until_fault``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from tests.support.chaos_record import Kill as Kill
 from tests.support.chaos_record import agent_of as agent_of
 from tests.support.chaos_record import check_replies as check_replies
 from tests.support.chaos_record import completions as completions
+from tests.support.chaos_record import explain
 from tests.support.chaos_record import ledger_at as ledger_at
 from tests.support.chaos_record import ledger_of as ledger_of
 from tests.support.chaos_record import model_requests as model_requests
@@ -231,7 +233,8 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         if crashed is None:  # the point never came: the run, unfaulted, must still end as golden
             if stats is not None:
                 stats["missed"] = stats.get("missed", 0) + 1
-            return check(golden, store, services.log(), kill, (), (), golden.executor, model, (), (), stats)
+            with explained(golden, db):
+                return check(golden, store, services.log(), kill, (), (), golden.executor, model, (), (), stats)
         snap = store.snapshot(RUN_ID)
         log = services.log()
         pending = {e.idempotency_key for e in snap.effects if e.status == EffectStatus.PENDING}
@@ -262,11 +265,25 @@ def fault_case(golden: Golden, kill: Kill, mode: str, services: FakeServices, fo
         _, rests = settle(drivers, store, golden.spec, drivers.go(resumer, None))
         if stats is not None:
             stats["rests"] = stats.get("rests", 0) + rests
-        return check(golden, store, services.log(), kill, uncertain, returned, golden.executor, model, lost,
-                     durable, stats)
+        with explained(golden, db):
+            return check(golden, store, services.log(), kill, uncertain, returned, golden.executor, model, lost,
+                         durable, stats)
     finally:
         drivers.stop()
         store.close()
+
+
+@contextlib.contextmanager
+def explained(golden: Golden, db: str) -> Iterator[None]:
+    """A failed oracle check, noted with both runs' rows of the steps whose ledgers or nodes differ
+    (``chaos_record.explain``): a flaky failure may not come back when hypothesis reruns it."""
+    try:
+        yield
+    except AssertionError as exc:
+        golden_db = f"sqlite:///{Path(golden.path).parent / 'golden.db'}"
+        with contextlib.suppress(Exception):  # the note must never hide the failure itself
+            exc.add_note(explain(golden_db, db))
+        raise
 
 
 def is_turn(label: str) -> bool:
