@@ -23,25 +23,39 @@ from raysaga.state import jsoncodec
 from raysaga.types import RateLimit, RetryPolicy, check_name, check_number, checked_fields
 
 MEMORY_TOOLS = ("memory_read", "memory_write")
+#: ``max_tokens`` of a model call when neither the agent nor its model sets one.
+DEFAULT_MAX_TOKENS = 1024
+#: What an assistant turn without any non-blank text or other block is sent as: the Messages API
+#: refuses an empty content list and an empty or whitespace-only text block (400).
+EMPTY_REPLY = "(no reply)"
 
 
 @checked_fields
 @dataclass(frozen=True)
 class LoopPolicy:
-    """Break a loop of identical tool calls: the same (tool, args) ``repeats`` times within the
-    last ``window`` calls. The first time the agent is told; the next time ``then`` applies:
-    ``"fail"`` the node or ``"pause"`` the run for a human."""
+    """Break a loop: the same tool call (same tool, same arguments) getting the same result
+    again and again. A call is a repeat when ``repeats - 1`` earlier calls with its tool and
+    arguments lie within the last ``window`` calls and the latest of them (its ``repeats - 1``
+    latest runs) all got one result; a call whose result changes (a poll, a read of shared
+    memory another agent writes) is no loop. The first time the agent is told; a repeat after
+    that warning (one about this very call, within the window) applies ``then``: ``"fail"`` the
+    node or ``"pause"`` the run for a human."""
 
     window: int = 6
-    """How many of the latest tool calls are compared."""
+    """How many of the latest tool calls are compared (at least ``repeats - 1``)."""
     repeats: int = 3
-    """Identical calls within the window that count as a loop."""
+    """Identical calls with one result within the window that count as a loop (at least 2)."""
     then: str = "fail"
     """``"fail"`` the node, or ``"pause"`` the run for a human, when the loop goes on after the warning."""
 
     def __post_init__(self) -> None:
         check_number("LoopPolicy", "window", self.window, minimum=1, integer=True, allowed="a whole number >= 1")
-        check_number("LoopPolicy", "repeats", self.repeats, minimum=1, integer=True, allowed="a whole number >= 1")
+        # 1 made every first call a "repeat" of itself: no tool could ever run
+        check_number("LoopPolicy", "repeats", self.repeats, minimum=2, integer=True,
+                     allowed="a whole number >= 2 (the number of identical calls that make a loop)")
+        if self.window < self.repeats - 1:  # the earlier repeats could never fit: it never fired
+            raise InvalidOptionError(f"LoopPolicy.window must be at least repeats - 1 = {self.repeats - 1} (the "
+                                     f"earlier calls a repeat is compared with), got window={self.window}")
         if self.then not in ("pause", "fail"):
             raise InvalidOptionError(f"LoopPolicy.then must be 'pause' or 'fail', got {self.then!r}")
 
@@ -78,8 +92,9 @@ class Agent:
     """Seconds an open breaker waits before it lets one probe call through."""
     shared_memory: bool = False
     """Give the agent ``memory_read``/``memory_write`` on the run's blackboard (compare-and-set)."""
-    max_tokens: int = 1024
-    """The ``max_tokens`` of each model call."""
+    max_tokens: int | None = None
+    """The ``max_tokens`` of each model call. None (the default): the model's own
+    (``AnthropicModel(max_tokens=...)``), else 1024. Set here, it wins over the model's."""
     rate_limit: RateLimit | None = None
     """The provider's limit its model calls go through, shared by every driver on the store
     (``RateLimit(name="anthropic", requests=50, tokens=40_000)``)."""
@@ -101,6 +116,22 @@ class Agent:
             raise WorkflowDefinitionError(f"agent {self.name!r}: {MEMORY_TOOLS} are reserved for shared memory")
         if self.on_budget not in ("pause", "fail") or self.loop.then not in ("pause", "fail"):
             raise WorkflowDefinitionError(f"agent {self.name!r}: on_budget and loop.then take 'pause' or 'fail'")
+        for t in self.tools:  # a Tool made by hand, not by @tool: its schema is checked here, not at the first call
+            try:
+                t.definition()
+            except Exception as exc:  # pydantic's schema errors are of several kinds
+                raise WorkflowDefinitionError(f"agent {self.name!r}: tool {t.name!r} cannot be described to a "
+                                              f"model as JSON schema: {type(exc).__name__}: {exc}"[:800]) from None
+
+    def request_max_tokens(self) -> int:
+        """The ``max_tokens`` of its model calls: its own, else its model's, else 1024 (so a request
+        where neither is set is what it always was: a resumed run asks the same)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        own = getattr(self.model, "max_tokens", None)
+        if isinstance(own, int) and not isinstance(own, bool) and own >= 1:
+            return own
+        return DEFAULT_MAX_TOKENS
 
     def _check_options(self) -> None:
         """Refuse a field of the wrong type or range; a list of tools becomes a tuple (kept hashable)."""
@@ -128,7 +159,8 @@ class Agent:
         check_number(owner, "max_turns", self.max_turns, minimum=1, integer=True, allowed="a whole number >= 1")
         check_number(owner, "max_output_retries", self.max_output_retries, minimum=0, integer=True,
                      allowed="a whole number >= 0")
-        check_number(owner, "max_tokens", self.max_tokens, minimum=1, integer=True, allowed="a whole number >= 1")
+        check_number(owner, "max_tokens", self.max_tokens, minimum=1, integer=True, optional=True,
+                     allowed="None or a whole number >= 1")
         check_number(owner, "model_timeout", self.model_timeout, minimum=0, strict=True, optional=True,
                      allowed="None or a finite number of seconds > 0")
         check_number(owner, "breaker_threshold", self.breaker_threshold, minimum=1, integer=True,
@@ -189,7 +221,7 @@ def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | 
     for turn in turns:
         if turn.response is None:
             break
-        messages.append({"role": "assistant", "content": turn.response.content or [{"type": "text", "text": ""}]})
+        messages.append({"role": "assistant", "content": sendable(turn.response.content)})
         uses = turn.response.tool_uses()
         if uses:
             blocks: list[dict[str, Any]] = []
@@ -206,6 +238,17 @@ def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | 
             feedback = final_answer_problem(turn.response, output_type)
             messages.append({"role": "user", "content": feedback or "Continue."})
     return messages
+
+
+def sendable(content: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An assistant reply's content as a request may carry it: without its empty or whitespace-only
+    text blocks (the API answers 400 "text content blocks must be non-empty"), and a short
+    placeholder text when nothing is left. A reply that has none is passed on as it is (the same
+    list), so a request built before this rule is built the same."""
+    if content and all(b.get("type") != "text" or str(b.get("text", "")).strip() for b in content):
+        return content
+    kept = [b for b in content if b.get("type") != "text" or str(b.get("text", "")).strip()]
+    return kept or [{"type": "text", "text": EMPTY_REPLY}]
 
 
 #: Stop reasons of a reply that is not a whole answer: the text so far is no output. ``pause_turn``:

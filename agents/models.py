@@ -8,36 +8,74 @@ never an attribute, never serialized, never stored.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from raysaga.agents.messages import ModelRequest, ModelResponse, Usage
-from raysaga.errors import Permanent
+from raysaga.errors import InvalidOptionError, Permanent
 from raysaga.state.redact import register_secret_env
+from raysaga.types import check_number
 
 #: Set by raysaga's own test suite: a model call that would reach the real API fails at once.
 FORBID_ENV = "RAYSAGA_FORBID_REAL_API"
 REAL_API_HOST = "api.anthropic.com"
 
-#: USD per million tokens (input, output); override per model with ``prices=``.
+#: USD per million tokens (input, output), matched by the longest model-name prefix; override or
+#: add a model with ``AnthropicModel(prices=...)``. A model matching no prefix has no price: a run
+#: with a ``cost_budget`` then refuses to call it (its spend could not be counted).
 DEFAULT_PRICES: dict[str, tuple[float, float]] = {
-    "claude-opus-4": (15.0, 75.0),
-    "claude-sonnet-4": (3.0, 15.0),
-    "claude-haiku-4": (1.0, 5.0),
+    "claude-opus-4-6": (5.0, 25.0),
+    "claude-opus-4-5": (5.0, 25.0),
+    "claude-opus-4": (15.0, 75.0),  # claude-opus-4-0, claude-opus-4-1
+    "claude-sonnet-4": (3.0, 15.0),  # claude-sonnet-4-0, 4-5, 4-6
+    "claude-haiku-4": (1.0, 5.0),  # claude-haiku-4-5
+    "claude-3-7-sonnet": (3.0, 15.0),
+    "claude-3-5-sonnet": (3.0, 15.0),
     "claude-3-5-haiku": (0.8, 4.0),
+    "claude-3-opus": (15.0, 75.0),
+    "claude-3-haiku": (0.25, 1.25),
 }
 
 
+def price_for(model: str, prices: dict[str, tuple[float, float]] | None = None) -> tuple[float, float] | None:
+    """USD per million (input, output) tokens of ``model``: the longest prefix of it in ``prices``
+    (the user's table wins over the defaults, whatever the lengths: ``{"claude-opus": ...}`` prices
+    ``claude-opus-4-5`` although the defaults hold a longer prefix), else in ``DEFAULT_PRICES``;
+    None if neither has one."""
+    for table in (prices or {}, DEFAULT_PRICES):
+        match = max((k for k in table if model.startswith(k)), key=len, default=None)
+        if match is not None:
+            return table[match]
+    return None
+
+
 def price_of(model: str, usage: Usage, prices: dict[str, tuple[float, float]] | None = None) -> float:
-    """Cost in USD of one response, by the longest matching model-name prefix (0 if unknown)."""
-    table = {**DEFAULT_PRICES, **(prices or {})}
-    match = max((k for k in table if model.startswith(k)), key=len, default=None)
-    if match is None:
+    """Cost in USD of one response, by ``price_for`` (0 if the model has no price)."""
+    price = price_for(model, prices)
+    if price is None:
         return 0.0
-    per_in, per_out = table[match]
+    per_in, per_out = price
     return (usage.input_tokens * per_in + usage.output_tokens * per_out) / 1_000_000
+
+
+def check_prices(owner: str, prices: Any) -> None:
+    """Refuse a price table that is not ``{model-name prefix: (input USD/MTok, output USD/MTok)}``
+    with finite numbers >= 0: found here, not after the first paid call."""
+    example = '{"claude-sonnet-4-5": (3.0, 15.0)}'
+    if not isinstance(prices, dict):
+        raise InvalidOptionError(f"{owner}.prices must be a dict like {example}, got {prices!r:.200}")
+    for name, pair in prices.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidOptionError(f"{owner}.prices: a key must be a model name (prefix), got {name!r:.80}")
+        ok = isinstance(pair, tuple | list) and len(pair) == 2 and all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in pair)
+        if not ok:
+            raise InvalidOptionError(
+                f"{owner}.prices[{name!r}] must be (input, output) USD per million tokens, two finite numbers "
+                f">= 0 like (3.0, 15.0), got {pair!r:.80}")
 
 
 @runtime_checkable
@@ -63,12 +101,20 @@ class AnthropicModel:
 
     name: str
     max_tokens: int = 1024
+    """The ``max_tokens`` of each call, unless the ``Agent`` sets its own (``Agent.max_tokens`` wins)."""
     base_url: str | None = None
     timeout: float = 60.0
     api_key_env: str = "ANTHROPIC_API_KEY"
     prices: dict[str, tuple[float, float]] = field(default_factory=dict)
+    """USD per million (input, output) tokens by model-name prefix; an entry here wins over
+    ``DEFAULT_PRICES`` (checked when the model is made: two finite numbers >= 0)."""
 
     def __post_init__(self) -> None:
+        owner = f"AnthropicModel({self.name!r})"
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidOptionError(f"AnthropicModel.name must be a model name (a str), got {self.name!r}")
+        check_number(owner, "max_tokens", self.max_tokens, minimum=1, integer=True, allowed="a whole number >= 1")
+        check_prices(owner, self.prices)
         # the key's variable is a secret whatever its name (``LLM_GATEWAY_AUTH`` has no KEY in it):
         # a gateway's 401 echoing the key must be scrubbed in the driver, which records the error
         register_secret_env(self.api_key_env)
@@ -115,6 +161,10 @@ class AnthropicModel:
 
     def cost(self, usage: Usage) -> float:
         return price_of(self.name, usage, self.prices)
+
+    def price(self) -> tuple[float, float] | None:
+        """USD per million (input, output) tokens of this model (``price_for``), None if unknown."""
+        return price_for(self.name, self.prices)
 
     def __repr__(self) -> str:  # never the key: there is none to show
         return f"AnthropicModel({self.name!r}, base_url={self.base_url!r})"

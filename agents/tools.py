@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, TypeGuard, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
@@ -172,7 +172,7 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
             raise WorkflowDefinitionError(f"tool {tool_name!r}: rate_limit= takes a RateLimit, e.g. "
                                           f"RateLimit(name='search-api', requests=60), got {rate_limit!r}")
         fields: dict[str, Any] = {}
-        for pname, param in inspect.signature(func).parameters.items():
+        for pname, param in _signature(tool_name, func).parameters.items():
             if pname == "idempotency_key":
                 continue  # filled in by raysaga for effect tools, never by the model
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -186,7 +186,7 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
                 raise WorkflowDefinitionError(f"tool {tool_name!r}: key= names unknown arguments {sorted(unknown)}")
         if compensate is not None:
             _check_compensation(tool_name, compensate, effect, set(fields))
-        model = create_model(f"{tool_name}_input", **fields)
+        model = _input_model(tool_name, fields)
         doc = description or inspect.getdoc(func) or tool_name
         return Tool(name=tool_name, description=doc, fn=func, input_model=model, effect=effect,
                     key=key_names or None, retry=retry, timeout=timeout, breaker=breaker, rate_limit=rate_limit,
@@ -196,6 +196,64 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
     if fn is not None:
         return build(fn)
     return build
+
+
+_TYPE_HINT = ("use a type JSON can carry (str, int, float, bool, None, a list, dict or Literal of those, a pydantic "
+              "model), or keep the value out of the model's arguments (a closure or functools.partial)")
+
+
+def _signature(tool_name: str, func: Callable[..., Any]) -> inspect.Signature:
+    """``func``'s signature with its annotations resolved (``from __future__ import annotations``
+    makes them strings, which pydantic resolved in raysaga's namespace, not the function's: a
+    model class of the user's module was "not fully defined" at the first model call). A name that
+    does not resolve is refused here, naming the parameter."""
+    try:
+        plain = inspect.signature(func)
+    except (TypeError, ValueError):
+        raise WorkflowDefinitionError(f"tool {tool_name!r}: {func!r} has no signature to describe") from None
+    try:
+        return inspect.signature(func, eval_str=True)
+    except Exception:  # an annotation that does not evaluate: found below, naming its parameter
+        pass
+    target = inspect.unwrap(func.func if isinstance(func, functools.partial) else func)
+    namespace = getattr(target, "__globals__", {})
+    for pname, param in plain.parameters.items():
+        if isinstance(param.annotation, str):
+            try:
+                eval(param.annotation, dict(namespace))  # what eval_str does, for one parameter
+            except Exception as exc:
+                raise WorkflowDefinitionError(
+                    f"tool {tool_name!r}: the type of parameter {pname!r}, {param.annotation!r}, cannot be resolved "
+                    f"({type(exc).__name__}: {exc}): define or import it at module level, where the tool's function "
+                    "can see it") from None
+    return plain
+
+
+def _input_model(tool_name: str, fields: dict[str, Any]) -> type[BaseModel]:
+    """The model of the tool's arguments, its JSON schema built now: a parameter that cannot be
+    described to a model (a Callable, a class pydantic does not know) is refused here, naming it,
+    rather than crashing the driver at the agent's first model call."""
+    try:
+        model: type[BaseModel] = create_model(f"{tool_name}_input", **fields)
+        model.model_json_schema()
+        return model
+    except Exception as exc:  # pydantic raises several kinds: find the parameter at fault
+        problem = exc
+    for pname, field_def in fields.items():
+        try:
+            create_model(f"{tool_name}_{pname}", **{pname: field_def}).model_json_schema()
+        except Exception as exc:
+            raise WorkflowDefinitionError(
+                f"tool {tool_name!r}: parameter {pname!r} of type {_type_name(field_def[0])} cannot be described to "
+                f"a model as JSON schema ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}): {_TYPE_HINT}"
+            ) from None
+    raise WorkflowDefinitionError(f"tool {tool_name!r}: its parameters cannot be described to a model as JSON "
+                                  f"schema ({type(problem).__name__}: {str(problem).splitlines()[0][:200]}): "
+                                  f"{_TYPE_HINT}") from None
+
+
+def _type_name(annotation: Any) -> str:
+    return annotation.__name__ if isinstance(annotation, type) else repr(annotation)
 
 
 def _check_options(tool_name: str, *, description: Any, effect: Any, key: Any, retry: Any, timeout: Any,
@@ -262,6 +320,12 @@ def run_compensation(tool: Tool, args: dict[str, Any], output: Any, ctx: Any) ->
     else:
         kwargs = {name: available[name] for name in params if name in available}
     return tool.compensate(**kwargs)
+
+
+def took_no_effect(result: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether a tool call's recorded result is a ``ToolError``'s answer (``run_tool``): the tool
+    said it did nothing, so an effect tool's key is not committed and may run again."""
+    return isinstance(result, dict) and result.get("is_error") is True
 
 
 def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:

@@ -53,7 +53,7 @@ class Conversation:
         """The Messages API request of turn ``t`` (JSON, as the model call's input)."""
         return ModelRequest(model=agent.model.name, system=agent.system, tools=agent.tool_definitions(),
                             messages=messages_for(self.prompt, self.turns[:t], agent.output_type),
-                            max_tokens=agent.max_tokens).model_dump(mode="json")
+                            max_tokens=agent.request_max_tokens()).model_dump(mode="json")
 
     def put(self, turn: int, call: int | None, value: Any) -> None:
         """A durable answer: the model's response (``call`` None) or a tool call's result."""
@@ -251,30 +251,56 @@ def _loop_answer(agent: Agent, name: str) -> dict[str, Any]:
 
 def _loop_message(agent: Agent, name: str) -> str:
     policy = agent.loop
-    return (f"You are repeating {name} with the same arguments ({policy.repeats} times within your last "
-            f"{policy.window} calls); it will not give a different result. Try something else.")
+    return (f"You are repeating {name} with the same arguments and getting the same result ({policy.repeats} "
+            f"times within your last {policy.window} calls); it will not give a different result. Try something "
+            "else.")
+
+
+#: What stands for the result of a call of the turn being decided: its results come in while the
+#: turn's calls are decided (or, after a crash, before), so they are not read; it matches any result.
+_UNREAD = ""
 
 
 def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, args: Any) -> str | Fail | Pause | None:
-    """A warning for the model, the node's end (Fail or Pause) on a repeat after a warning, or None."""
+    """A warning for the model, the node's end (Fail or Pause) on a repeat after a warning, or None.
+
+    A loop is the same call getting the same result: the last ``repeats - 1`` runs of this call
+    (tool and arguments) within the window got one result. Results of earlier turns are durable
+    before this turn's calls are decided; those of this turn are not read (``_UNREAD``), so a
+    resumed driver, which may know more of them, decides exactly as the crashed one did. A warning
+    counts only if it was about this call and lies within the window."""
     policy = agent.loop
-    history: list[str] = []
-    warned = 0
+    history: list[tuple[str, dict[str, Any] | None]] = []  # (call, its result: None if unanswered)
     for i, turn in enumerate(conv.turns[: t + 1]):
         if turn.response is None:
             break
         for j, use in enumerate(turn.response.tool_uses()):
             if (i, j) == (t, k):
                 break
-            history.append(fingerprint(str(use.get("name", "")), use.get("input")))
-            if (turn.results.get(j) or {}).get("loop"):
-                warned += 1
-    if history[-policy.window:].count(fingerprint(name, args)) < policy.repeats - 1:
+            result = turn.results.get(j)
+            if i == t and not (result or {}).get("loop"):
+                result = None  # a loop warning of this turn is decided by these rules: read
+            history.append((fingerprint(str(use.get("name", "")), use.get("input")), result))
+    mine = fingerprint(name, args)
+    same = [result for call, result in history[-policy.window:] if call == mine]
+    # a call answered with a warning did not run: it stands for the repeated result (else, in a
+    # window of repeats - 1, the warning pushed a run out and the loop went on after it)
+    recent = [_UNREAD if (r or {}).get("loop") else _result_print(r) for r in same][-(policy.repeats - 1):]
+    if len(recent) < policy.repeats - 1 or len({r for r in recent if r != _UNREAD}) > 1:
         return None
-    if warned == 0:
+    if not any((r or {}).get("loop") for r in same):
         return _loop_message(agent, name)
-    reason = f"loop: agent {agent.name!r} keeps calling {name} with the same arguments"
+    reason = f"loop: agent {agent.name!r} keeps calling {name} with the same arguments and getting the same result"
     return Pause(reason) if policy.then == "pause" else Fail("LoopDetected", reason)
+
+
+def _result_print(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return _UNREAD
+    try:
+        return "r:" + jsoncodec.fingerprint(result)
+    except Exception:  # not JSON: never the same as another
+        return f"r:<{id(result)}>"
 
 
 #: A memory key is a row's key column (200 characters of text).

@@ -34,7 +34,7 @@ from raysaga.agents.turns import (
 )
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import effect_key
-from raysaga.orchestrator.machine.budgets import Budgets, model_cost
+from raysaga.orchestrator.machine.budgets import Budgets, model_cost, unpriced
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, MemoryOp, Outbox
@@ -122,6 +122,10 @@ class AgentNodes:
             model_spec = self._model_specs[key.step] = self.speculation.model_spec(key.step, agent)
         node = self.nodes[key] = _Node(key, agent, Conversation(prompt), model_spec)
         self._replay(node, self._rows.pop(key, []))
+        problem = unpriced(agent.model, self.budgets.cost_budget)
+        if problem is not None:  # before its first model call: nothing is spent that cannot be counted
+            self._fail(node, Fail("ModelUnpriced", f"agent {agent.name!r}: {problem}").error())
+            return
         self.due_nodes.add(key)
 
     def _replay(self, node: _Node, rows: list[tuple[NodeRecord, Any]]) -> None:
@@ -273,7 +277,7 @@ class AgentNodes:
         node.calls[sub] = (spec, kwargs, ekey)
         done = self.calls.issue(sub, spec, kwargs, ekey)
         if isinstance(done, Committed):  # already committed in the ledger: settled without a call
-            self.on_success(sub, done.value)
+            self.on_success(sub, done.value, replayed=True)
             return
         node.waiting.add(sub)
 
@@ -356,9 +360,10 @@ class AgentNodes:
 
     # ------------------------------------------------------------------ outcomes
 
-    def on_success(self, sub: NodeKey, value: Any, aside: Any = None) -> None:
+    def on_success(self, sub: NodeKey, value: Any, aside: Any = None, *, replayed: bool = False) -> None:
         """A call's result (recorded by ``Calls``). ``aside``: a model call's offers, the tool calls
-        it ran speculatively (``raysaga.orchestrator.speculation``), taken only if decided."""
+        it ran speculatively (``raysaga.orchestrator.speculation``), taken only if decided.
+        ``replayed``: read from the ledger, no call made (its breaker learns nothing from it)."""
         node = self.nodes[sub.owner]
         node.waiting.discard(sub)
         self.due_nodes.add(node.key)
@@ -374,7 +379,7 @@ class AgentNodes:
                 self._fail(node, Fail("ModelCostFailed", f"agent {node.agent.name!r}: {problem}").error())
             return
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
-        if tool is not None:
+        if tool is not None and not replayed:  # a ledger replay reached no dependency: no success to count
             self._count(node, tool.breaker_name, True)
         self.out.batch.consumed_signals.extend(node.decisions.pop(sub, []))
         edited = node.approved.get(sub)

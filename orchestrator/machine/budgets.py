@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysaga.agents.messages import Usage
+from raysaga.agents.models import AnthropicModel
 from raysaga.orchestrator.records import merge_run
 from raysaga.orchestrator.retry import message_of
 from raysaga.state import Batch, RunUpdate
@@ -49,6 +50,18 @@ def model_cost(model: Any, usage: Usage) -> tuple[float, str | None]:
         return 0.0, (f"its model's cost() returned {scrub_text(_repr(cost))[:80]}: it must return the call's "
                      "cost as a finite number of USD >= 0 (0.0 if unknown)")
     return float(cost), None
+
+
+def unpriced(model: Any, cost_budget: float | None) -> str | None:
+    """Why a run with ``cost_budget`` may not call ``model``: an ``AnthropicModel`` with no price
+    (in ``DEFAULT_PRICES`` or its ``prices=``) would count every call as $0.00, so the budget would
+    never stop it. None when there is no cost budget, or the model is priced (a model of one's own
+    prices itself with ``cost()``)."""
+    if cost_budget is None or not isinstance(model, AnthropicModel) or model.price() is not None:
+        return None
+    return (f"model {model.name!r} has no price, so the run's cost_budget (${cost_budget:.4f}) cannot be enforced: "
+            f"give its USD per million input and output tokens with AnthropicModel({model.name!r}, "
+            f"prices={{{model.name!r}: (input, output)}})")
 
 
 def _repr(value: Any) -> str:

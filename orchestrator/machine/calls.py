@@ -3,8 +3,9 @@
 Every node kind (step, item, model turn, tool call, compensation) goes through here on its way
 out and back: an effect's ledger row is ``pending`` in the batch before its call is handed to
 the shell, ``committed`` with its result after; a key already committed is never called again
-(its result is returned as the node's output); a transient failure is retried after a backoff
-whose timer is durable (``not_before`` on the row).
+(its result is returned as the node's output); a key that failed for good, or whose tool call
+answered a ``ToolError`` (it took no effect), is ``failed`` and may be called again; a transient
+failure is retried after a backoff whose timer is durable (``not_before`` on the row).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
 
+from raysaga.agents.tools import took_no_effect
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.keys import args_digest
@@ -191,7 +193,17 @@ class Calls:
                                 digest, outcome.started_at, outcome.finished_at))
             self._item_completed(key)
             return value
-        if ekey is not None:
+        if ekey is not None and key.is_agent_call and took_no_effect(value):
+            # A ToolError: the tool says it took no effect, and the model decides whether to try
+            # again. Its key stays runnable (``failed``, as for a permanent failure): committed, the
+            # model's retry of the same call got this error back from the ledger for ever. The
+            # answer of *this* call is durable all the same: its node row (below) is completed.
+            error = {"type": "ToolError", "message": value.get("content")}
+            self.ledger[ekey] = (EffectStatus.FAILED, None)
+            batch.effects.append(EffectWrite(
+                idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index, effect_name=flight.spec.effect_name,
+                args_digest="", status=EffectStatus.FAILED, result={"error": error}))
+        elif ekey is not None:
             self.ledger[ekey] = (EffectStatus.COMMITTED, value)
             batch.effects.append(EffectWrite(
                 idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index, effect_name=flight.spec.effect_name,

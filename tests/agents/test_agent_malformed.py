@@ -27,6 +27,7 @@ from pydantic import BaseModel
 import raysaga
 from raysaga import RunStatus, Workflow
 from raysaga.agents import Agent, LoopPolicy, ModelResponse, Usage, text_reply, tool
+from raysaga.agents.agent import EMPTY_REPLY
 from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.state import NodeStatus, RunRecord, SqlStore
 from raysaga.state.jsoncodec import MAX_DEPTH
@@ -307,4 +308,5 @@ def test_stop_reason_max_tokens_with_no_content_is_fed_back(store: SqlStore) -> 
     final, _ = run_script(store, [response(stop_reason="max_tokens"), text_reply('{"total": 3}')], output_type=Total)
     assert final.status == RunStatus.COMPLETED
     assert "cut off (max_tokens)" in SEEN[1][-1]["content"]
-    assert SEEN[1][1] == {"role": "assistant", "content": [{"type": "text", "text": ""}]}
+    # a placeholder, not an empty text block: the Messages API refuses that with a 400
+    assert SEEN[1][1] == {"role": "assistant", "content": [{"type": "text", "text": EMPTY_REPLY}]}
