@@ -31,10 +31,9 @@ def input_cap(given: int | None = None) -> int:
         env = os.environ.get(MAX_INPUT_ENV)
         if not env:
             return MAX_INPUT_BYTES
-        try:
-            given = int(env)
-        except ValueError:
-            raise UserError(f"{MAX_INPUT_ENV}={env!r} is not a whole number of bytes") from None
+        if not (env.isascii() and env.strip().isdigit()):  # int() also reads '٣', '+3' and '1_0'
+            raise UserError(f"{MAX_INPUT_ENV}={env!r} is not a whole number of bytes (ASCII digits)")
+        given = int(env)
     if isinstance(given, bool) or not isinstance(given, int) or given < 1:
         raise UserError(f"max_input_bytes {given!r} must be a positive whole number of bytes")
     return given
