@@ -84,6 +84,9 @@ def resource_request(step: str, *, num_cpus: Any = None, num_gpus: Any = None, m
         if isinstance(memory, bool) or not isinstance(memory, int | float) or not math.isfinite(memory) \
                 or memory < 0:
             raise WorkflowDefinitionError(f"step {step!r}: memory must be a number of bytes >= 0, got {memory!r}")
+        if memory != int(memory):  # a fraction of a byte is a unit slip (GiB meant): int() made 1.5 one byte
+            raise WorkflowDefinitionError(f"step {step!r}: memory is in bytes, got {memory!r}: write a whole number "
+                                          f"of bytes (memory={memory!r} * 1024**3 for {memory!r} GiB)")
         mem = int(memory)
     custom: list[tuple[str, float]] = []
     if resources is not None:

@@ -70,6 +70,7 @@ def test_map_takes_the_same_options() -> None:
     ({"num_gpus": 1.5}, "above 1, Ray only grants whole units"),
     ({"memory": -5}, "memory must be a number of bytes >= 0"),
     ({"memory": "2GB"}, "memory must be a number of bytes >= 0, got '2GB'"),
+    ({"memory": 1.5}, "memory is in bytes, got 1.5"),
     ({"resources": ["special"]}, "resources= must be a dict"),
     ({"resources": {"special": -1}}, "resources['special'] must be a finite number >= 0"),
     ({"resources": {"special": "x"}}, "resources['special'] must be a finite number >= 0"),
