@@ -227,6 +227,10 @@ class RetryPolicy:
         # frozen: normalized in place, so a list or a single class keeps the policy hashable
         object.__setattr__(self, "transient", _exception_classes("RetryPolicy", "transient", self.transient))
         object.__setattr__(self, "permanent", _exception_classes("RetryPolicy", "permanent", self.permanent))
+        both = [c.__name__ for c in self.transient if c in self.permanent]
+        if both:  # permanent would win silently: the transient entry is a slip either way
+            raise InvalidOptionError(f"RetryPolicy: {', '.join(both)} is in both transient= and permanent=: keep it in "
+                                     "the one you mean (permanent wins, so it would never be retried)")
         check_number("RetryPolicy", "max_attempts", self.max_attempts, minimum=1, integer=True,
                      allowed="a whole number >= 1 (1: never retry)")
         check_number("RetryPolicy", "base", self.base, minimum=0, allowed="a finite number of seconds >= 0")

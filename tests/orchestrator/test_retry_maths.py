@@ -23,6 +23,7 @@ import pytest
 
 import raysaga
 from raysaga import Permanent, RetryPolicy, RunOptions, RunStatus, StepContext, Transient, Workflow
+from raysaga.errors import InvalidOptionError
 from raysaga.orchestrator.retry import backoff_delay, http_status, is_transient
 from raysaga.state import NodeStatus, SqlStore
 from tests.support.files import import_file
@@ -192,6 +193,9 @@ def test_policy_overrides_the_rules() -> None:
     # permanent wins over transient when both match
     both = RetryPolicy(transient=(QuotaError,), permanent=(Exception,))
     assert not is_transient(QuotaError(), both)
+    # the same class in both is a slip, refused (permanent would win silently)
+    with pytest.raises(InvalidOptionError, match="QuotaError is in both transient= and permanent="):
+        RetryPolicy(transient=(QuotaError, TimeoutError), permanent=[QuotaError])
     # the user's declaration wins over raysaga's own markers and HTTP rules
     assert not is_transient(Transient("x"), RetryPolicy(permanent=(Transient,)))
     assert is_transient(HTTPFailure(404), RetryPolicy(transient=(HTTPFailure,)))
