@@ -189,6 +189,32 @@ def _hidden_local(top: str) -> str | None:
             + ", which every import of that name finds: rename it")
 
 
+def _shadows_imported(folder: str, own: Path | None = None) -> str | None:
+    """Why ``folder`` (put first on Ray workers' ``PYTHONPATH``, before the environment) cannot
+    be: it holds a module named like one this process imported from elsewhere (a ``raysaga.py``,
+    a ``pydantic/``), which every worker would import in its place, failing every step with Ray's
+    "failed to import on the worker". ``own``: the workflow file itself (``_shadowed`` judges it)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return None
+    for entry in entries:
+        name = entry.name.removesuffix(".py") if entry.name.endswith(".py") else entry.name
+        is_package = entry.is_dir() and os.path.isfile(os.path.join(entry.path, "__init__.py"))
+        if not (entry.name.endswith(".py") or is_package) or not name.isidentifier():
+            continue
+        if own is not None and Path(entry.path).resolve() == own.resolve():
+            continue
+        module = sys.modules.get(name)
+        where = getattr(module, "__file__", None)
+        if module is None or module is _FROM_FILES.get(name) or where is None \
+                or Path(where).resolve().is_relative_to(Path(entry.path).resolve()):
+            continue
+        return (f"{entry.path!r} is named like module {name!r} ({where!r}): Ray's workers put {folder!r} first on "
+                "their import path and would import it in place of that module, failing every step: rename it")
+    return None
+
+
 def _same_file(module: object, path: Path) -> bool:
     where = getattr(module, "__file__", None)
     return bool(where) and Path(str(where)).resolve() == path.resolve()
@@ -211,6 +237,9 @@ def load_workflow(ref: str) -> Workflow:
                     f"workflow file {module_ref!r} would be imported as module {path.stem!r}, the name of "
                     f"{shadowed}: loading it would replace that module for the whole process (a workflow "
                     f"file is imported under its own name): rename it (e.g. {path.stem}_flow.py)")
+            hidden = _shadows_imported(str(path.resolve().parent), path) or _shadows_imported(os.getcwd())
+            if hidden:
+                raise WorkflowLoadError(f"cannot load workflow file {module_ref!r}: {hidden}")
             _add_path(str(path.resolve().parent))
             spec = importlib.util.spec_from_file_location(path.stem, path)
             assert spec is not None and spec.loader is not None
@@ -224,7 +253,7 @@ def load_workflow(ref: str) -> Workflow:
                 raise
             _FROM_FILES[path.stem] = module
         else:
-            hidden = _hidden_local(module_ref.partition(".")[0])
+            hidden = _hidden_local(module_ref.partition(".")[0]) or _shadows_imported(os.getcwd())
             if hidden:
                 raise WorkflowLoadError(f"cannot import {module_ref!r} from the current folder: {hidden}")
             module = importlib.import_module(module_ref)
