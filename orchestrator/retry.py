@@ -8,6 +8,7 @@ what the step's ``RetryPolicy`` declares.
 from __future__ import annotations
 
 import random
+import re
 
 from raysaga.errors import NotJSONableError, StepFailure, UserError
 from raysaga.orchestrator.options import RetryPolicy
@@ -84,10 +85,20 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
     return rng.uniform(0.0, ceiling)
 
 
+#: A terminal colour or cursor code: Ray colours its task errors' ``ray::name()`` prefix, and the
+#: store, ``status`` and the dashboard showed them as ``\x1b[36m``.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def without_colours(text: str) -> str:
+    """``text`` without terminal escape codes."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
 def message_of(exc: BaseException) -> str:
     """``str(exc)``, or a note saying it could not be read: an exception is user code, and one
     whose ``__str__`` raises must still fail its step, not the driver recording the failure."""
     try:
-        return str(exc)
+        return without_colours(str(exc))
     except Exception as problem:  # any failure of user code reading its own message
         return f"<the message of this {type(exc).__name__} could not be read: str() raised {type(problem).__name__}>"

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.output_types import EXACT, InputTypeError, check_output_type
-from raysaga.orchestrator.retry import is_transient, message_of, retry_after
+from raysaga.orchestrator.retry import is_transient, message_of, retry_after, without_colours
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
@@ -113,7 +113,8 @@ class NodeOutcome(NamedTuple):
         if wait is not None:
             error["retry_after"] = wait  # the retry waits this long; a rate limit blocks the fleet as long
         # (``traceback`` reads a message that raises as "<exception str() failed>")
-        error["traceback"] = printable(scrub_text("".join(traceback.format_exception(exc, limit=-8)))[-4000:])
+        frames = without_colours("".join(traceback.format_exception(exc, limit=-8)))
+        error["traceback"] = printable(scrub_text(frames))[-4000:]
         return NodeOutcome(ok=False, error=error, transient=transient, started_at=started_at,
                            finished_at=time.time())
 

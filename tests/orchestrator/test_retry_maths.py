@@ -546,3 +546,12 @@ def test_crash_during_backoff_resumes_the_wait_not_a_new_attempt(tmp_path: Path,
     assert store.get_run(run_id).retries_used == 1
     assert _node(store, run_id, "first").attempt == 1  # restored, not re-run
     store.close()
+
+
+def test_a_messages_terminal_colours_are_not_stored() -> None:
+    """Ray colours its task errors' ``ray::name()`` prefix: ``status`` showed ``\\x1b[36m``."""
+    from raysaga.orchestrator.retry import message_of
+
+    coloured = RuntimeError("\x1b[36mray::w-1:a()\x1b[39m (pid=7, ip=10.0.0.1) RuntimeError: failed to import")
+    assert message_of(coloured) == "ray::w-1:a() (pid=7, ip=10.0.0.1) RuntimeError: failed to import"
+    assert message_of(RuntimeError("plain [36m text")) == "plain [36m text"
