@@ -14,10 +14,12 @@ Two doors, because they are trusted differently (docs/security.md):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import re
+import site
 import sys
 import sysconfig
 from importlib.machinery import ModuleSpec, PathFinder
@@ -207,12 +209,26 @@ def _shadows_imported(folder: str, own: Path | None = None) -> str | None:
             continue
         module = sys.modules.get(name)
         where = getattr(module, "__file__", None)
-        if module is None or module is _FROM_FILES.get(name) or where is None \
-                or Path(where).resolve().is_relative_to(Path(entry.path).resolve()):
-            continue
+        if module is None or where is None or not _of_environment(Path(os.path.abspath(where))):
+            continue  # not imported, or a user's own module (another folder's flows.py, in a test)
         return (f"{entry.path!r} is named like module {name!r} ({where!r}): Ray's workers put {folder!r} first on "
                 "their import path and would import it in place of that module, failing every step: rename it")
     return None
+
+
+@functools.cache
+def _environment_roots() -> tuple[Path, ...]:
+    """Where the environment's modules live: the interpreter's prefixes (the standard library,
+    site-packages) and raysaga's own package (an editable install lives in a checkout)."""
+    import raysaga  # (its folder as imported: an editable install's links are not followed)
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), site.getusersitepackages(),
+             os.path.dirname(os.path.abspath(raysaga.__file__ or ""))}
+    return tuple(Path(os.path.abspath(r)) for r in roots if r)
+
+
+def _of_environment(where: Path) -> bool:
+    return any(where.is_relative_to(root) for root in _environment_roots())
 
 
 def _same_file(module: object, path: Path) -> bool:
