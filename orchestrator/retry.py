@@ -85,20 +85,23 @@ def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> floa
     return rng.uniform(0.0, ceiling)
 
 
-#: A terminal colour or cursor code: Ray colours its task errors' ``ray::name()`` prefix, and the
-#: store, ``status`` and the dashboard showed them as ``\x1b[36m``.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: A terminal colour code: Ray colours its task errors' ``ray::name()`` prefix, and the store,
+#: ``status`` and the dashboard showed them as ``\x1b[36m``.
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def without_colours(text: str) -> str:
-    """``text`` without terminal escape codes."""
-    return _ANSI.sub("", text) if "\x1b" in text else text
+def without_colours(text: str, exc: BaseException) -> str:
+    """``text`` without the colour codes Ray added, when ``exc`` is Ray's: a user's own message
+    is kept as raised (every display shows its escapes escaped, never acted on)."""
+    if "\x1b" not in text or not any(c.__module__.startswith("ray.") for c in type(exc).__mro__):
+        return text
+    return _COLOUR.sub("", text)
 
 
 def message_of(exc: BaseException) -> str:
     """``str(exc)``, or a note saying it could not be read: an exception is user code, and one
     whose ``__str__`` raises must still fail its step, not the driver recording the failure."""
     try:
-        return without_colours(str(exc))
+        return without_colours(str(exc), exc)
     except Exception as problem:  # any failure of user code reading its own message
         return f"<the message of this {type(exc).__name__} could not be read: str() raised {type(problem).__name__}>"

@@ -113,7 +113,7 @@ class NodeOutcome(NamedTuple):
         if wait is not None:
             error["retry_after"] = wait  # the retry waits this long; a rate limit blocks the fleet as long
         # (``traceback`` reads a message that raises as "<exception str() failed>")
-        frames = without_colours("".join(traceback.format_exception(exc, limit=-8)))
+        frames = without_colours("".join(traceback.format_exception(exc, limit=-8)), exc)
         error["traceback"] = printable(scrub_text(frames))[-4000:]
         return NodeOutcome(ok=False, error=error, transient=transient, started_at=started_at,
                            finished_at=time.time())

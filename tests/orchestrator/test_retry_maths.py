@@ -548,10 +548,20 @@ def test_crash_during_backoff_resumes_the_wait_not_a_new_attempt(tmp_path: Path,
     store.close()
 
 
-def test_a_messages_terminal_colours_are_not_stored() -> None:
-    """Ray colours its task errors' ``ray::name()`` prefix: ``status`` showed ``\\x1b[36m``."""
+def test_the_colours_ray_adds_are_not_stored_a_users_own_escapes_are() -> None:
+    """Ray colours its task errors' ``ray::name()`` prefix: ``status`` showed ``\\x1b[36m``. A
+    user's own escapes are kept as raised (shown escaped: tests/security/test_audit_stop33_terminal.py)."""
+    from ray.exceptions import RayTaskError
+
     from raysaga.orchestrator.retry import message_of
 
-    coloured = RuntimeError("\x1b[36mray::w-1:a()\x1b[39m (pid=7, ip=10.0.0.1) RuntimeError: failed to import")
-    assert message_of(coloured) == "ray::w-1:a() (pid=7, ip=10.0.0.1) RuntimeError: failed to import"
-    assert message_of(RuntimeError("plain [36m text")) == "plain [36m text"
+    class Coloured(RayTaskError):
+        def __init__(self, text: str) -> None:
+            Exception.__init__(self, text)
+
+        def __str__(self) -> str:
+            return str(self.args[0])
+
+    text = "\x1b[36mray::w-1:a()\x1b[39m (pid=7, ip=10.0.0.1) RuntimeError: failed to import"
+    assert message_of(Coloured(text)) == "ray::w-1:a() (pid=7, ip=10.0.0.1) RuntimeError: failed to import"
+    assert message_of(RuntimeError(text)) == text
