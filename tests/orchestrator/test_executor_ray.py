@@ -180,7 +180,23 @@ def test_a_node_timeout_counts_from_its_start_not_from_its_wait_for_a_cpu(
         ray_session: str, sqlite_url: str, tmp_path: Path) -> None:
     """Eight 1 s items with a 3 s timeout on a 2-CPU cluster run in four waves: the last starts
     ~3 s after the fan-out is dispatched. Counted from dispatch, it (and only it) timed out while
-    running for less than a second; counted from its start, none does."""
+    running for less than a second; counted from its start, none does.
+
+    Two workers are started first (a warm-up fan-out): a worker's process start is counted in
+    a timeout, which is neither the wait for a CPU nor the run, and on a loaded machine (two
+    pytest processes and their Ray clusters on 2 cores) it alone took item[1] past 3 s."""
+    warm = Workflow("warm")
+
+    @warm.step()
+    def two() -> list[int]:
+        return [0, 1]
+
+    @warm.map("two", timeout=60.0, retry=RetryPolicy(max_attempts=1))
+    def started(two: int) -> int:
+        time.sleep(0.5)  # both at once: two worker processes
+        return two
+
+    assert raysaga.run(warm, None, store=sqlite_url, executor="ray", address=ray_session).status == RunStatus.COMPLETED
     wf = Workflow("queued")
 
     @wf.step()
