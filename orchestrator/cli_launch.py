@@ -60,6 +60,9 @@ def launch(
     with errors():
         cli_input.check_run_id(run_id, "--run-id")
         cli_input.positive_seconds("--lease-ttl", lease_ttl)
+        from raysaga.orchestrator.options import RunOptions
+
+        RunOptions(lease_ttl=lease_ttl)  # the job's `resume --lease-ttl` checks it so: refused here, no job sent
         cli_input.positive_seconds("--deadline", deadline)
         cli_input.int_in_range("--retry-budget", retry_budget, 0, cap=cli_input.INT32_MAX)
         deaths = cli_input.max_driver_deaths(max_driver_deaths)

@@ -19,7 +19,7 @@ import typer
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, stop_signals
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
-from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, ExecutorOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
+from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
 from raysaga.types import check_text
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE",
@@ -72,7 +72,12 @@ def _node(node: str) -> tuple[str, int]:
     return node, -1
 
 
-def _next_step(run_id: str) -> str:
+def _next_step(run_id: str, client: Any = None) -> str:
+    """What happens next; ``client``: a decision's, to tell a run its live driver holds (a timer of
+    the run is near, or other branches run) from one at rest."""
+    run = None if client is None else client.get_run(run_id)
+    if run is not None and run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time():
+        return "the run's live driver takes the decision at its next heartbeat"
     return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {shlex.quote(run_id)}`"
 
 
@@ -91,10 +96,11 @@ def approve(
         cli_input.check_run_id(run_id)
         value = cli_input.parse_input(answer, "--answer") if answer is not None else None
         name, index = _node(node)
-        decision = _client(db, run_id).approve(run_id, name, by=_who(by), answer=value, comment=comment,
-                                               decision_id=decision_id, fan_index=index)
+        client = _client(db, run_id)
+        decision = client.approve(run_id, name, by=_who(by), answer=value, comment=comment,
+                                  decision_id=decision_id, fan_index=index)
         say(out, f"{node} of run {run_id}: approved by {decision.by} (decision {decision.decision_id}); "
-                 f"{_next_step(run_id)}")
+                 f"{_next_step(run_id, client)}")
 
 
 def reject(
@@ -110,10 +116,11 @@ def reject(
     with errors():
         cli_input.check_run_id(run_id)
         name, index = _node(node)
-        decision = _client(db, run_id).reject(run_id, name, by=_who(by), comment=comment, decision_id=decision_id,
-                                              fan_index=index)
+        client = _client(db, run_id)
+        decision = client.reject(run_id, name, by=_who(by), comment=comment, decision_id=decision_id,
+                                 fan_index=index)
         say(out, f"{node} of run {run_id}: rejected by {decision.by} (decision {decision.decision_id}); "
-                 f"{_next_step(run_id)}")
+                 f"{_next_step(run_id, client)}")
 
 
 def pause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
@@ -197,7 +204,8 @@ def worker(
     limit: Annotated[list[str] | None, typer.Option(
         "--limit", help="WORKFLOW=N: at most N runs of it driven at once, fleet-wide (repeatable).")] = None,
     db: DbOpt = None,
-    executor: ExecutorOpt = "ray",
+    executor: Annotated[str | None, typer.Option(
+        "--executor", help="ray (default) or inline (in this process); over executor in --config.")] = None,
     address: AddressOpt = None,
     lease_ttl: LeaseOpt = 15.0,
     poll: Annotated[float, typer.Option("--poll", help="Seconds between looks for work when idle.")] = 0.5,
@@ -215,7 +223,8 @@ def worker(
         from raysaga.orchestrator import cli_store
         from raysaga.orchestrator.loader import load_workflow
         from raysaga.orchestrator.options import RunOptions
-        from raysaga.orchestrator.worker import Worker, checked_max_driver_deaths
+        from raysaga.orchestrator.worker import Worker
+        from raysaga.orchestrator.worker_checks import checked_max_driver_deaths
 
         options = RunOptions(lease_ttl=lease_ttl)
         if max_driver_deaths is not None:
@@ -279,8 +288,17 @@ def stats(
                 say(out, line)
 
 
+#: What each key of a worker's ``--config`` holds: its type, and how a refusal names it
+#: (``concurrency`` and the limits' values: ``Worker``'s own checks, the same message either way).
+_CONFIG_KEYS: dict[str, tuple[type, str]] = {
+    "workflows": (list, 'a list of "MODULE:WF" strings'), "executor": (str, '"ray" or "inline"'),
+    "address": (str, 'a Ray address, a string ("HOST:PORT")'),
+    "limits": (dict, "a table of whole numbers by workflow name ({ wf = N })")}
+
+
 def _worker_settings(config: Path | None, workflows: list[str] | None, concurrency: int | None,
-                     limits: list[str] | None, executor: str, address: str | None) -> dict[str, Any]:
+                     limits: list[str] | None, executor: str | None, address: str | None) -> dict[str, Any]:
+    """The worker's settings: a flag over its key in ``--config`` over the default."""
     loaded: dict[str, Any] = {}
     if config is not None:
         try:
@@ -291,6 +309,11 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
         if extra:
             raise UserError(f"--config {config}: unknown keys {', '.join(extra)} (it takes workflows, concurrency, "
                             "executor, address, limits)")
+        for key, (expected, what) in _CONFIG_KEYS.items():
+            value: Any = loaded.get(key, expected())
+            if not isinstance(value, expected) or isinstance(value, bool) or (
+                    key == "workflows" and not all(isinstance(r, str) for r in loaded.get(key, []))):
+                raise UserError(f"--config {config}: {key} must be {what}, got {type(value).__name__} {value!r:.80}")
     refs = [*loaded.get("workflows", []), *(workflows or [])]
     if not refs or not all(isinstance(r, str) for r in refs):
         raise UserError("name the workflows this worker drives: --workflow MODULE:WF (repeatable) or workflows = "
@@ -303,11 +326,13 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
             raise UserError(f"--limit {item!r}: write WORKFLOW=N, N a whole number in ASCII digits "
                             "(at most N runs of it driven at once)")
         table[name.strip()] = int(count)
-    from raysaga.orchestrator.worker import checked_concurrency, checked_limits  # Worker's own checks
+    from raysaga.orchestrator.worker_checks import checked_concurrency, checked_executor, checked_limits
 
     slots = checked_concurrency(concurrency if concurrency is not None else loaded.get("concurrency", 4))
+    kind = checked_executor(executor) if executor is not None else \
+        checked_executor(loaded.get("executor", "ray"), f"--config {config}: executor")
     return {"workflows": refs, "concurrency": slots, "limits": checked_limits(table),
-            "executor": loaded.get("executor", executor), "address": address or loaded.get("address")}
+            "executor": kind, "address": address or loaded.get("address")}
 
 
 def _one_file_per_name(refs: list[str]) -> None:

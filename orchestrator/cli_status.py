@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
@@ -25,7 +26,8 @@ from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.orchestrator.ownership import describe_lease
-from raysaga.state import EffectStatus, RunRecord, SqlStore, node_label, queries  # status reads the store: SQLAlchemy
+from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
+from raysaga.state.decisions import node_history
 from raysaga.state.redact import scrub, scrub_text
 
 if TYPE_CHECKING:
@@ -382,8 +384,11 @@ def _problem_items(store: SqlStore, run_id: str, step: str) -> Iterable[dict[str
     return queries.unfinished_items(store, run_id, step, ITEMS_SHOWN)
 
 
-def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | None) -> None:
-    """Every failed attempt from the event log, and the latest traceback of each failed node."""
+def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | None, *,
+                 as_json: bool = False) -> None:
+    """Every failed attempt from the event log, and the latest traceback of each failed node; for
+    one node (``node``), also an approval's requests and decisions (who, when, the comment).
+    ``as_json``: one JSON object per node, a line each."""
     if node is not None:
         node_id, index = parse_label(node, "--node")
         found = queries.node_error(store, run.run_id, node_id, index)
@@ -394,11 +399,18 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
     else:
         targets = [(f["node_id"], f["fan_index"], "failed", f["error"])
                    for f in queries.failed_nodes(store, run.run_id)]
-        if not targets:
+        if not targets and not as_json:
             console.print(Text(f"run {run.run_id}: no failed nodes"))
     for node_id, index, state, error in targets:
-        console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state)))
         attempts = queries.attempt_failures(store, run.run_id, node_id, index)
+        history = node_history(store.reader, run.run_id, node_id, index) if node is not None else []
+        if as_json:
+            sys.stdout.write(_dumps(_node_story(run.run_id, node_label(node_id, index), state, error, attempts,
+                                                history)) + "\n")
+            continue
+        console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state)))
+        for event in history:
+            console.print(Text("  " + _history_line(event)))
         for event in attempts:
             data = event.data if isinstance(event.data, dict) else {}
             what = "retried" if event.kind == "retry_scheduled" else "failed for good"
@@ -415,3 +427,39 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
             if trace:
                 console.print(Text("  latest traceback:"))
                 console.print(Text("    " + scrub_text(str(trace)).rstrip().replace("\n", "\n    ")))
+
+
+def _history_line(event: EventRecord) -> str:
+    """An approval's request, escalation or decision, one line (scrubbed, printable)."""
+    data = event.data if isinstance(event.data, dict) else {}
+    if event.kind == "decision":
+        comment = data.get("comment")
+        return flat(scrub_text(f"{data.get('verdict')} by {data.get('by')} at {utc(event.at)} "
+                               f"(decision {data.get('decision_id')})" + (f": {comment}" if comment else "")))
+    who, until = data.get("approvers"), data.get("timeout_at")
+    deciders = f", approvers {', '.join(map(str, who))}" if isinstance(who, list) else ", anyone decides"
+    return flat(scrub_text(f"{'escalated' if event.kind == 'approval_escalated' else 'asked'} at {utc(event.at)}"
+                           + deciders
+                           + (f", quorum {data['quorum']}" if data.get("quorum", 1) != 1 else "")
+                           + (f", times out at {utc(until)}" if isinstance(until, int | float) else "")))
+
+
+def _node_story(run_id: str, label: str, state: str, error: Any, attempts: list[EventRecord],
+                history: list[EventRecord]) -> dict[str, Any]:
+    """``status --node NODE --json`` (and ``--errors --json``, a line per failed node)."""
+    def data(e: EventRecord) -> dict[str, Any]:
+        return e.data if isinstance(e.data, dict) else {}
+
+    story: dict[str, Any] = scrub({
+        "run_id": run_id, "node": label, "status": state,
+        "error": None if error is None else error_line(error, None),
+        "attempts": [{"attempt": data(e).get("attempt"), "at": e.at, "error": error_line(data(e).get("error"), None),
+                      "retried": e.kind == "retry_scheduled", "delay": data(e).get("delay")} for e in attempts],
+        "decisions": [{"verdict": data(e).get("verdict"), "by": data(e).get("by"), "at": e.at,
+                       "comment": data(e).get("comment"), "decision_id": data(e).get("decision_id")}
+                      for e in history if e.kind == "decision"],
+        "requests": [{"kind": e.kind, "at": e.at, "approvers": data(e).get("approvers"),
+                      "quorum": data(e).get("quorum"), "timeout_at": data(e).get("timeout_at")}
+                     for e in history if e.kind != "decision"],
+    })
+    return story

@@ -57,7 +57,7 @@ def status(
     errors_: Annotated[bool, typer.Option(
         "--errors", help="Every failed attempt of every failed node, with the latest traceback.")] = False,
     node: Annotated[str | None, typer.Option(
-        "--node", help="One node's attempts and traceback, e.g. charge or square[3].")] = None,
+        "--node", help="One node's attempts and traceback, an approval's decisions; e.g. charge, square[3].")] = None,
     nodes_limit: Annotated[int | None, typer.Option(
         "--nodes-limit", help="With --json: at most this many nodes (see next_nodes_after).")] = None,
     nodes_after: Annotated[str | None, typer.Option(
@@ -98,7 +98,7 @@ def status(
             raise UserError(f"run {run_id!r} belongs to workflow {record.workflow_name!r}, not {wf.name!r}: "
                             "drop --workflow, or name that run's workflow")
         if errors_ or node is not None:
-            _status().print_errors(out, store, record, node)
+            _status().print_errors(out, store, record, node, as_json=as_json)
         elif as_json:
             _status().stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
                                    nodes_after=nodes_after)

@@ -249,9 +249,10 @@ class Driver:
         return max(0.0, self._attempts.horizon(now, horizon) - now)
 
     def _sleep_until(self, when: float) -> None:
-        delay = min(IDLE_TICK, when - self.clock())
-        if delay > 0:
-            time.sleep(delay)  # a durable backoff timer: nothing else can finish meanwhile
+        """Wait for a durable timer (nothing in flight can finish meanwhile), what waits committed
+        first: a request waiting on it is in the inbox, a crash resumes the sleep to the same time."""
+        self._flush()
+        time.sleep(max(0.0, min(IDLE_TICK, when - self.clock())))
 
     # ------------------------------------------------------------------ carrying decisions out
 
@@ -396,8 +397,7 @@ class Driver:
 
     def _finish(self) -> RunRecord:
         assert self.machine is not None
-        m = self.machine
-        (m.finish_rollback if m.phase == Phase.ROLLBACK else m.finish)(self.clock())
+        (self.machine.finish_rollback if self.machine.phase == Phase.ROLLBACK else self.machine.finish)(self.clock())
         return self._end(release=True)
 
     def _pause(self, reason: str | None = None, signal_id: int | None = None) -> RunRecord:

@@ -118,8 +118,10 @@ def runtime_env(root: Path | None, env: Mapping[str, str], db_url: str) -> dict[
 
 def entrypoint(run_id: str, lease_ttl: float, python: str = "python") -> str:
     """What the job runs: a resume of the recorded run (its workflow found by the module name
-    the run records; the store from ``RAYSAGA_DB``; the cluster from the job's ``RAY_ADDRESS``)."""
-    return f"{python} -m raysaga resume {shlex.quote(run_id)} --quiet --lease-ttl {lease_ttl:g}"
+    the run records; the store from ``RAYSAGA_DB``; the cluster from the job's ``RAY_ADDRESS``).
+    The run id comes last, after ``--``: an id that starts with ``-`` (``--help``) is the run's id,
+    not an option (the job printed the help and exited 0, and the run was never driven)."""
+    return f"{python} -m raysaga resume --quiet --lease-ttl {lease_ttl:g} -- {shlex.quote(run_id)}"
 
 
 def connect(address: str) -> JobSubmissionClient:

@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeGuard
 
 from raysaga.errors import (
     CorruptRecordError,
@@ -54,12 +53,21 @@ from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
 from raysaga.orchestrator.stop_signals import sigint_kept_ignored
+from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and tests import them from here)
+    checked_concurrency,
+    checked_executor,
+    checked_limits,
+    checked_max_driver_deaths,
+)
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, RunUpdate, Store
 from raysaga.state.claims import Claim
 from raysaga.state.engine import is_outage
 from raysaga.state.models import PRUNABLE
 from raysaga.state.redact import scrub_text
+
+__all__ = ["HAND_BACK", "MAX_FAILED_DRIVES", "ORPHAN_SCAN", "Worker", "WorkerCounts", "checked_concurrency",
+           "checked_limits", "checked_max_driver_deaths"]
 
 log = logging.getLogger("raysaga.worker")
 
@@ -72,43 +80,6 @@ MAX_FAILED_DRIVES = 3
 #: What a driver is interrupted with when its worker hands its run back to drive a suspect run
 #: alone (the ``driver_interrupted`` event's ``signal``).
 HAND_BACK = "hand-back"
-
-
-def _count(value: object) -> TypeGuard[int]:
-    """A whole number >= 1, and not a bool: TOML's ``true`` is a Python ``True``, an ``int``."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
-def checked_limits(limits: Mapping[str, object] | None) -> dict[str, int]:
-    """Per-workflow limits (``{workflow: N}``: at most N of its runs driven at once, fleet-wide),
-    checked once for ``Worker(limits=...)`` and ``raysaga worker`` (``--limit``, ``--config``):
-    each a whole number >= 1. Below 1 no run of the workflow was ever claimed (the worker idled,
-    silently); NaN limited nothing; ``true`` was taken as 1 by the CLI and refused by ``Worker``."""
-    table = dict(limits or {})
-    names = [name for name in table if not isinstance(name, str) or not name]
-    if names:
-        raise UserError(f"limits are keyed by workflow name (a str), got {names[0]!r}")
-    bad = {name: n for name, n in table.items() if not _count(n)}
-    if bad:
-        hint = " (true/false is not a count)" if any(isinstance(n, bool) for n in bad.values()) else ""
-        raise UserError("limits are whole numbers >= 1 (at most N runs of the workflow driven at once), got "
-                        + ", ".join(f"{name}={n!r}" for name, n in bad.items()) + hint)
-    return {name: n for name, n in table.items() if _count(n)}
-
-
-def checked_concurrency(value: object) -> int:
-    """``--concurrency`` / ``Worker(concurrency=...)``: runs driven at once, a whole number >= 1."""
-    if not _count(value):
-        raise UserError(f"--concurrency must be a whole number >= 1 (runs driven at once), got {value!r}")
-    return value
-
-
-def checked_max_driver_deaths(value: object) -> int:
-    """``--max-driver-deaths``: the fleet's ``RunOptions.max_driver_deaths``, a whole number >= 1."""
-    if not _count(value):
-        raise UserError(f"--max-driver-deaths must be a whole number >= 1 (drivers of a run that die in a row "
-                        f"before it commits any step's outcome, then the run is parked as a crash loop), got {value!r}")
-    return value
 
 
 @dataclass
@@ -147,7 +118,7 @@ class Worker:
         self.hashes = {name: wf.definition_hash for name, wf in by_name.items()}
         self.store = store
         self.concurrency = concurrency
-        self.executor_kind = executor
+        self.executor_kind = checked_executor(executor)
         self.address = address
         self.options = options or RunOptions()
         self.poll = poll
@@ -165,6 +136,7 @@ class Worker:
         self._running = 0  # drives in progress in this process
         self._alone: str | None = None  # the suspect run driven alone, until its first outcome
         self._queued = 0  # suspects claimed, waiting for their turn to be driven alone
+        self.failure: Exception | None = None  # what killed a slot: the worker stops, and ``run`` raises it
 
     def start_engine(self) -> None:
         """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
@@ -191,6 +163,8 @@ class Worker:
             if self._primary is not None:
                 self._primary.shutdown()
                 self._primary = None
+        if self.failure is not None:
+            raise self.failure
         return self.counts
 
     def stop(self, name: str = "SIGTERM") -> None:
@@ -210,7 +184,8 @@ class Worker:
         down_since: float | None = None  # the store stopped answering this slot's claims then
         unanswered: str | None = None  # the owner of a claim that raised: it may have committed
         try:
-            while not self._stop.is_set():
+            executor = make_executor(self.executor_kind, self.address)  # before any claim: a run is never
+            while not self._stop.is_set():  # left leased to a slot that cannot drive it
                 if not self._may_claim():
                     continue
                 owner = unanswered or new_owner()
@@ -231,10 +206,14 @@ class Worker:
                 if claim is None:
                     self._stop.wait(self.poll * (0.5 + rng.random()))  # jittered: slots do not poll in step
                     continue
-                if executor is None:
-                    executor = make_executor(self.executor_kind, self.address)
                 if not self._drive(claim, executor):
                     self._stop.wait(self.poll * (0.5 + rng.random()))  # failed: not claimed again at once
+        except Exception as exc:  # a slot that dies stops the worker, which fails with why (never a quiet exit 0)
+            log.error("worker: a slot failed, stopping: %s", scrub_text(str(exc).splitlines()[0] if str(exc) else
+                                                                        type(exc).__name__))
+            with self._lock:
+                self.failure = self.failure or exc
+            self.stop("worker-failed")
         finally:
             if executor is not None:
                 executor.shutdown()

@@ -6,7 +6,9 @@ is one of:
   so no worker races the process that created the run);
 - ``takeover``: ``running`` or ``compensating`` (its driver died, or handed the run back);
 - ``due``: resting in ``waiting_human``, ``waiting_timer`` or ``paused`` with ``wake_at`` passed (a
-  timer fired, a decision or an unpause arrived, an approval timed out).
+  timer fired, a decision or an unpause arrived, an approval timed out). A pause clears ``wake_at``
+  (a driver's commit of any new status does, ``Store.transition`` too): a paused run is due only
+  once an unpause (or a cancel that compensates) sets it; its timers keep their times in its rows.
 
 Only runs of the workflows the worker registered, by name and definition hash, are considered:
 a worker never imports code named by the database. On PostgreSQL the candidates are read

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import ColumnElement, Connection, Engine, Select, func, insert, literal, select, update
@@ -24,7 +24,7 @@ from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
 from raysaga.state import jsoncodec
 from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.item_pages import rows_at
-from raysaga.state.models import NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
+from raysaga.state.models import EventRecord, NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.schema import events, node_columns, nodes, runs, signals
 from raysaga.types import check_run_id, check_text
@@ -154,7 +154,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
         if decision_id is not None:
             earlier = _by_id(conn, run_id, decision_id)
             if earlier is not None:
-                return _same_or_refuse(earlier, verdict, by, node, decision_id)
+                return _same_or_refuse(earlier, Mine(verdict, by, node, fan_index, answer), decision_id)
         row = _node_row(conn, run_id, node, fan_index)
         request = _waiting_request(run_id, label, row, status)
         _check_decider(request, by, label)
@@ -184,7 +184,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
         except IntegrityError:  # the same decision id, recorded by a concurrent call a moment ago
             earlier = _by_id(conn, run_id, decision.decision_id)
             assert earlier is not None
-            return _same_or_refuse(earlier, verdict, by, node, decision.decision_id)
+            return _same_or_refuse(earlier, Mine(verdict, by, node, fan_index, answer), decision.decision_id)
         wake = status == RunStatus.WAITING_HUMAN and settles(request, [*so_far, decision]) is not None
         values: dict[str, Any] = {"event_seq": runs.c.event_seq + 1, "updated_at": now}
         if wake:
@@ -265,6 +265,21 @@ def waiting(engine: Engine, approver: str | None = None, run_id: str | None = No
     return sorted(found, key=lambda w: (w.request.asked_at, w.run_id, w.node))
 
 
+#: The events that tell an approval node's story: asked, escalated, each decision (``node_history``).
+HISTORY_KINDS = ("approval_requested", "approval_escalated", "decision")
+
+
+def node_history(engine: Engine, run_id: str, node: str, fan_index: int = -1) -> list[EventRecord]:
+    """One approval node's requests and decisions from the event log, oldest first: who decided,
+    when, the verdict, the comment and the decision id (scrubbed as they were written). Read from
+    the events, not the signals: those are consumed (and pruned) once the node settles."""
+    fan = events.c.fan_index.is_(None) if fan_index < 0 else events.c.fan_index == fan_index
+    query = select(events).where(events.c.run_id == run_id, events.c.node_id == node, fan,
+                                 events.c.kind.in_(HISTORY_KINDS)).order_by(events.c.seq)
+    with engine.connect() as conn, reading(run_id, events.name):
+        return records(EventRecord, conn.execute(query).all())
+
+
 # ---------------------------------------------------------------- helpers
 
 
@@ -298,11 +313,36 @@ def _by_id(conn: Connection, run_id: str, decision_id: str) -> Decision | None:
     return None
 
 
-def _same_or_refuse(earlier: Decision, verdict: Verdict, by: str, node: str, decision_id: str) -> Decision:
-    if (earlier.verdict, earlier.by, earlier.node) == (verdict, by, node):
-        return earlier  # the same decision again (a double click, a retried request): one decision
+class Mine(NamedTuple):
+    """A decision as asked, to compare with one recorded under the same decision id."""
+
+    verdict: Verdict
+    by: str
+    node: str
+    fan_index: int
+    answer: Any
+
+
+def _same_or_refuse(earlier: Decision, mine: Mine, decision_id: str) -> Decision:
+    """The recorded decision when ``mine`` is the same one asked again (a double click, a retried
+    request), else a ``UserError``: a decision id names one decision, of one node or fan-out item
+    with one answer (reused for another item, the second approval was lost while it said done)."""
+    if (earlier.verdict, earlier.by, earlier.node, earlier.fan_index) == mine[:4] \
+            and _same_answer(earlier, mine.answer):
+        return earlier
+    what = earlier.node if earlier.fan_index < 0 else f"{earlier.node}[{earlier.fan_index}]"
     raise UserError(f"decision id {decision_id!r} was already used for another decision "
-                    f"({earlier.verdict} of {earlier.node!r} by {earlier.by}): use a new id")
+                    f"({earlier.verdict} of {what!r} by {earlier.by}): use a new id")
+
+
+def _same_answer(earlier: Decision, answer: Any) -> bool:
+    """Whether ``answer`` is the recorded one, as it was stored (JSON, scrubbed; none on a rejection)."""
+    if earlier.verdict == "reject" or answer is None:
+        return earlier.answer is None
+    try:
+        return bool(scrub(jsoncodec.to_jsonable(answer, "the answer")) == earlier.answer)
+    except (NotJSONableError, RecursionError):
+        return False
 
 
 def _checked_comment(comment: Any) -> str | None:
@@ -353,7 +393,7 @@ def _waiting_request(run_id: str, label: str, row: NodeRecord | None, status: Ru
         return request
     if row is not None and row.status in (NodeStatus.COMPLETED, NodeStatus.FAILED):
         raise UserError(f"the approval {label!r} of run {run_id!r} is already decided ({row.status.value}): "
-                        f"`raysaga status {run_id} --node {label}` shows the decision")
+                        f"`raysaga status {run_id} --node {label}` shows who decided, when, and the comment")
     if row is None:
         raise UserError(f"node {label!r} of run {run_id!r} is not waiting for a decision (it has not been "
                         f"reached, or is not an approval): `raysaga inbox` lists what waits")

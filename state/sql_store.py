@@ -216,7 +216,9 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
             result = conn.execute(
                 update(runs)
                 .where(runs.c.run_id == run_id, runs.c.version == expected_version)
-                .values(status=status.value, status_reason=_reason_text(reason),
+                # ``wake_at`` cleared as a driver's commit of a new status clears it: a resting run's
+                # timer time stays in its node rows, and a run paused at rest is not due until unpaused
+                .values(status=status.value, status_reason=_reason_text(reason), wake_at=None,
                         version=runs.c.version + 1,
                         event_seq=runs.c.event_seq + 1, updated_at=now)
                 .returning(runs.c.event_seq)

@@ -50,7 +50,7 @@ def test_only_the_named_variables_travel_and_the_store_url_stays_off_the_command
     assert shipped["env_vars"] == {"VENDOR_TOKEN": "t0k", "RAYSAGA_DB": "postgresql://u:pw@db/raysaga"}
     assert shipped["working_dir"] == "/src/project" and ".venv" in shipped["excludes"]
     entry = lx.entrypoint("run 1", 15.0)
-    assert entry == "python -m raysaga resume 'run 1' --quiet --lease-ttl 15"
+    assert entry == "python -m raysaga resume --quiet --lease-ttl 15 -- 'run 1'"
     assert "pw" not in entry
     assert "working_dir" not in lx.runtime_env(None, {}, "sqlite:////x.db")
 

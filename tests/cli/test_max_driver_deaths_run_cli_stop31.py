@@ -143,7 +143,7 @@ def test_launch_records_the_limit_for_the_jobs_driver(project: Path, tmp_path: P
                             "--run-id", "launched-7", "--max-driver-deaths", "6")
     assert code == 0, err
     assert out.strip() == "launched-7" and len(cluster.entrypoints) == 1
-    assert "resume launched-7" in cluster.entrypoints[0]
+    assert cluster.entrypoints[0].endswith(" resume --quiet --lease-ttl 15 -- launched-7")
     assert _deaths(url, "launched-7") == 6
 
 

@@ -126,9 +126,16 @@ def _project(tmp_path: Path) -> Path:
 
 
 def _driver_pids(run_id: str) -> list[int]:
-    """The job's entrypoint: ``python -m raysaga resume RUN`` and the shell Ray runs it in (only a
-    Ray Job runs that here)."""
-    return pids_mentioning(f"-m raysaga resume {run_id} ")
+    """The job's entrypoint: ``python -m raysaga resume --quiet --lease-ttl S -- RUN`` and the
+    shell Ray runs it in (only a Ray Job runs that here; a command line ends in a NUL, read as a space)."""
+    return [pid for pid in pids_mentioning(f" -- {run_id} ") if "-m raysaga resume " in _cmdline(pid)]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _node(store: SqlStore, run_id: str, name: str) -> NodeStatus | None:
