@@ -215,18 +215,22 @@ def _signature(tool_name: str, func: Callable[..., Any]) -> inspect.Signature:
         return inspect.signature(func, eval_str=True)
     except Exception:  # an annotation that does not evaluate: found below, naming its parameter
         pass
+    # one annotation did not evaluate (the return type imported under TYPE_CHECKING, say): the
+    # parameters, each resolved on its own, are what the model is told about (the return is not)
     target = inspect.unwrap(func.func if isinstance(func, functools.partial) else func)
     namespace = getattr(target, "__globals__", {})
+    params = []
     for pname, param in plain.parameters.items():
         if isinstance(param.annotation, str):
             try:
-                eval(param.annotation, dict(namespace))  # what eval_str does, for one parameter
+                param = param.replace(annotation=eval(param.annotation, dict(namespace)))  # what eval_str does
             except Exception as exc:
                 raise WorkflowDefinitionError(
                     f"tool {tool_name!r}: the type of parameter {pname!r}, {param.annotation!r}, cannot be resolved "
                     f"({type(exc).__name__}: {exc}): define or import it at module level, where the tool's function "
                     "can see it") from None
-    return plain
+        params.append(param)
+    return plain.replace(parameters=params, return_annotation=inspect.Signature.empty)
 
 
 def _input_model(tool_name: str, fields: dict[str, Any]) -> type[BaseModel]:

@@ -209,8 +209,9 @@ def _shadows_imported(folder: str, own: Path | None = None) -> str | None:
             continue
         module = sys.modules.get(name)
         where = getattr(module, "__file__", None)
-        if module is None or where is None or not _of_environment(Path(os.path.abspath(where))):
-            continue  # not imported, or a user's own module (another folder's flows.py, in a test)
+        if module is None or where is None or not _of_environment(Path(os.path.abspath(where))) \
+                or Path(where).resolve().is_relative_to(Path(entry.path).resolve()):
+            continue  # not imported, a user's own module (another folder's flows.py, in a test), or this one
         return (f"{entry.path!r} is named like module {name!r} ({where!r}): Ray's workers put {folder!r} first on "
                 "their import path and would import it in place of that module, failing every step: rename it")
     return None
@@ -218,11 +219,13 @@ def _shadows_imported(folder: str, own: Path | None = None) -> str | None:
 
 @functools.cache
 def _environment_roots() -> tuple[Path, ...]:
-    """Where the environment's modules live: the interpreter's prefixes (the standard library,
-    site-packages) and raysaga's own package (an editable install lives in a checkout)."""
+    """Where the environment's modules live: the standard library, site-packages and raysaga's
+    own package (an editable install lives in a checkout)."""
     import raysaga  # (its folder as imported: an editable install's links are not followed)
 
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, *site.getsitepackages(), site.getusersitepackages(),
+    paths = sysconfig.get_paths()  # not the prefixes: a project in /usr/src/app, or a venv made in it
+    roots = {*(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths),
+             *site.getsitepackages(), site.getusersitepackages(),
              os.path.dirname(os.path.abspath(raysaga.__file__ or ""))}
     return tuple(Path(os.path.abspath(r)) for r in roots if r)
 

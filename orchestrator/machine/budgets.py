@@ -59,6 +59,8 @@ def unpriced(model: Any, cost_budget: float | None) -> str | None:
     prices itself with ``cost()``)."""
     if cost_budget is None or not isinstance(model, AnthropicModel) or model.price() is not None:
         return None
+    if type(model).cost is not AnthropicModel.cost:  # a subclass pricing itself (a gateway's model names)
+        return None
     return (f"model {model.name!r} has no price, so the run's cost_budget (${cost_budget:.4f}) cannot be enforced: "
             f"give its USD per million input and output tokens with AnthropicModel({model.name!r}, "
             f"prices={{{model.name!r}: (input, output)}})")

@@ -198,7 +198,7 @@ class Calls:
             # again. Its key stays runnable (``failed``, as for a permanent failure): committed, the
             # model's retry of the same call got this error back from the ledger for ever. The
             # answer of *this* call is durable all the same: its node row (below) is completed.
-            error = {"type": "ToolError", "message": value.get("content")}
+            error = {"type": "ToolError", "message": str(value.get("content"))[:2000]}  # rows stay small
             self.ledger[ekey] = (EffectStatus.FAILED, None)
             batch.effects.append(EffectWrite(
                 idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index, effect_name=flight.spec.effect_name,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pydantic import BaseModel, create_model
@@ -24,6 +24,9 @@ from raysaga.agents.turns import Answer, Conversation, Fail, RunTool, next_actio
 from raysaga.errors import InvalidOptionError, Permanent, WorkflowDefinitionError
 from raysaga.state import EffectStatus, NodeRecord, NodeStatus, RunStatus, SqlStore
 from tests.support import messages_server as ms
+
+if TYPE_CHECKING:
+    from decimal import Decimal as Unseen
 
 HAIKU = "claude-haiku-4-5"
 
@@ -172,6 +175,20 @@ def test_a_module_level_model_in_a_string_annotation_is_described() -> None:
     definition = Agent("a", ScriptedModel(), tools=(takes_item,)).tool_definitions()[0]
     assert definition["input_schema"]["properties"]["item"] == {"$ref": "#/$defs/Item"}
     assert takes_item.validate({"item": {"n": 3}}) == {"item": {"n": 3}, "note": ""}
+
+
+@tool
+def takes_item_returns_unseen(item: Item) -> Unseen:
+    """Its return type does not resolve at run time (imported under ``TYPE_CHECKING``)."""
+    return Unseen(item.n)
+
+
+def test_a_return_type_that_does_not_resolve_leaves_the_parameters_described() -> None:
+    """``eval_str`` failed on the return annotation alone, and the fallback handed pydantic the
+    parameters' strings to resolve in raysaga's namespace: ``item: Item`` was refused as a type
+    pydantic does not know (found by the stop-39 read of this change). Parameters only are described."""
+    definition = Agent("a", ScriptedModel(), tools=(takes_item_returns_unseen,)).tool_definitions()[0]
+    assert definition["input_schema"]["properties"]["item"] == {"$ref": "#/$defs/Item"}
 
 
 # ---------------------------------------------------------------------- 3. max_tokens
@@ -360,6 +377,17 @@ def test_a_cost_budget_with_an_unpriced_model_fails_before_any_call(sqlite_url: 
         # without a cost budget, the model is called as before
         free = raysaga.run(wf, "go", store=sqlite_url, run_id="free", executor="inline")
         assert free.status == RunStatus.COMPLETED and len(srv.requests) == 1
+        # a subclass pricing itself (a gateway's names) is priced: the budget counts what it says
+        priced = one_agent(Agent("a", GatewayModel("my-gateway-model", base_url=srv.base_url)))
+        paid = raysaga.run(priced, "go", store=sqlite_url, run_id="gateway", executor="inline",
+                           options=RunOptions(cost_budget=10.0))
+        assert paid.status == RunStatus.COMPLETED and len(srv.requests) == 2, paid.error
+        assert paid.cost_used == pytest.approx(0.22)
+
+
+class GatewayModel(AnthropicModel):
+    def cost(self, usage: Usage) -> float:
+        return (usage.input_tokens + usage.output_tokens) / 1_000_000
 
 
 # ---------------------------------------------------------------------- 8. breakers and ledger replays

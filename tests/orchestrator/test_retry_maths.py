@@ -195,7 +195,7 @@ def test_policy_overrides_the_rules() -> None:
     assert not is_transient(QuotaError(), both)
     # the same class in both is a slip, refused (permanent would win silently)
     with pytest.raises(InvalidOptionError, match="QuotaError is in both transient= and permanent="):
-        RetryPolicy(transient=(QuotaError, TimeoutError), permanent=[QuotaError])
+        RetryPolicy(transient=(QuotaError, TimeoutError), permanent=(QuotaError,))
     # the user's declaration wins over raysaga's own markers and HTTP rules
     assert not is_transient(Transient("x"), RetryPolicy(permanent=(Transient,)))
     assert is_transient(HTTPFailure(404), RetryPolicy(transient=(HTTPFailure,)))
