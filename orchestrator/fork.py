@@ -149,6 +149,7 @@ def _lineage_undos(st: Store, run_id: str, rows: list[NodeRecord]
     executed_by = {(r.node_id, r.fan_index): r.origin_run_id or run_id for r in rows
                    if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
     unsettled = [(run_id, r) for r in rows if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
+    settled = {_undone_target(r) for r in rows if is_compensation(r.node_id) and r.status == NodeStatus.COMPLETED}
     queue = sorted(set(executed_by.values()))
     visited = set(queue)
     found: set[tuple[str, int]] = set()
@@ -172,9 +173,18 @@ def _lineage_undos(st: Store, run_id: str, rows: list[NodeRecord]
                 continue
             if row.status == NodeStatus.COMPLETED:
                 found.add((target.step, target.fan_index))
+                settled.add((target.node_id, target.fan_index))
             else:  # its undo failed or never finished: the effect may well stand, and may yet be undone
                 unsettled.append((other, row))
-    return found, unsettled
+    # an undo that failed in one run and completed in another (the same node, so the same key: the
+    # provider refunded once) is settled: the effect no longer stands, a retry of the failed one is deduped
+    return found, [(run, r) for run, r in unsettled if _undone_target(r) not in settled]
+
+
+def _undone_target(row: NodeRecord) -> tuple[str, int]:
+    """The node a compensation row undoes, exactly (an agent's one tool call, not the agent)."""
+    target = NodeKey.parse(row.node_id, row.fan_index).undone()
+    return target.node_id, target.fan_index
 
 
 def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tuple[str, int]]:
@@ -189,12 +199,13 @@ def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tupl
 def _rerun_by_choice(wf: Workflow, at: NodeKey) -> Callable[[NodeKey], bool]:
     """Whether a fork from ``at`` runs the node again by its own choice: ``at``'s step (or, forked
     from an item, that item only) and everything downstream of it. An agent forked at a turn keeps
-    the turns before it, so none of its nodes is re-run whole."""
+    the turns before it and asks that turn and the later ones again (their tool calls with them)."""
     below = set(nx.descendants(wf.graph, at.step))
 
     def chosen(key: NodeKey) -> bool:
-        return key.step in below or (key.step == at.step and at.turn is None
-                                     and (at.fan_index < 0 or key.fan_index == at.fan_index))
+        same = key.step == at.step and (at.fan_index < 0 or key.fan_index == at.fan_index)
+        # forked at a turn: that turn and the later ones (their tool calls) run again
+        return key.step in below or (same and (at.turn is None or (key.turn is not None and key.turn >= at.turn)))
 
     return chosen
 

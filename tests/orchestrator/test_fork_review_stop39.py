@@ -396,3 +396,24 @@ def test_fork_options_labels_are_the_forks(sqlite_url: str) -> None:
     assert child.status == RunStatus.COMPLETED and child.labels == {"team": "b"}
     kept = raysaga.fork(wf, "p", from_node="total", store=sqlite_url, new_run_id="d", executor="inline")
     assert kept.labels == {"team": "a", "t": tag}
+
+
+def test_a_refund_failed_in_one_sibling_and_done_in_another_is_settled(sqlite_url: str) -> None:
+    """Sibling ``s`` inherited the charge and could not refund it; sibling ``s2`` refunded it under
+    the same key (the parent's). The charge no longer stands: a fork from ``total`` charges again,
+    and ``s``'s failed row no longer refuses it (found by the stop-39 read of this change)."""
+    provider = FakeProvider()
+    fails = {"refund": False, "total": False}
+    wf = _fan(provider, fails)
+    assert raysaga.run(wf, {"n": 1}, store=sqlite_url, run_id="p", executor="inline").status == RunStatus.COMPLETED
+    for sibling in ("s", "s2"):  # both inherit the charge before either runs
+        raysaga.fork(wf, "p", from_node="total", store=sqlite_url, new_run_id=sibling, executor="inline", drive=False)
+    fails.update(refund=True, total=True)
+    assert raysaga.resume(wf, "s", store=sqlite_url, executor="inline").status == RunStatus.COMPENSATION_FAILED
+    fails.update(refund=False)  # the provider answers again; total still fails: s2 rolls back
+    assert raysaga.resume(wf, "s2", store=sqlite_url, executor="inline").status == RunStatus.COMPENSATED
+    assert (len(provider.effects("charge")), len(provider.effects("refund"))) == (1, 1)
+    fails.update(total=False)
+    child = raysaga.fork(wf, "p", from_node="total", store=sqlite_url, new_run_id="c", executor="inline")
+    assert child.status == RunStatus.COMPLETED
+    assert (len(provider.effects("charge")), len(provider.effects("refund"))) == (2, 1)
