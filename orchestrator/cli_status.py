@@ -415,8 +415,8 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
             data = event.data if isinstance(event.data, dict) else {}
             what = "retried" if event.kind == "retry_scheduled" else "failed for good"
             delay = f" after {seconds(data['delay'])}" if isinstance(data.get("delay"), int | float) else ""
-            console.print(Text(f"  attempt {data.get('attempt', '?')} at {utc(event.at)}: "
-                               f"{error_line(data.get('error'), 300)} — {what}{delay}"))
+            which = f"attempt {data['attempt']} " if isinstance(data.get("attempt"), int) else ""  # none: an approval's
+            console.print(Text(f"  {which}at {utc(event.at)}: {error_line(data.get('error'), 300)} — {what}{delay}"))
             trace = data.get("error", {}).get("traceback") if isinstance(data.get("error"), dict) else None
             if trace:
                 console.print(Text("    " + scrub_text(str(trace)).rstrip().replace("\n", "\n    ")))

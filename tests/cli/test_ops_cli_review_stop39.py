@@ -113,6 +113,24 @@ def test_an_unknown_executor_flag_is_refused_before_the_store_is_opened(tmp_path
 # ---------------------------------------------------------------- status --node shows decisions
 
 
+broken = Workflow("ops39_cli_broken_ask")
+
+
+@broken.approval(approvers=["alice"])
+def ask() -> Ask:
+    raise ValueError("no prompt to show")
+
+
+def test_an_approval_that_failed_to_ask_shows_no_attempt_number(sqlite_url: str) -> None:
+    """An approval's failure event carries no attempt: ``status --node`` printed ``attempt ?``."""
+    assert raysaga.run(broken, {}, store=sqlite_url, executor="inline", run_id="b1").status == RunStatus.FAILED
+    code, out, _ = invoke("status", "b1", "--node", "ask", "--db", sqlite_url)
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "ask: failed" and "?" not in lines[1]
+    assert lines[1].startswith("  at ") and lines[1].endswith("ValueError: no prompt to show — failed for good")
+
+
 def test_status_node_shows_who_decided_when_and_the_comment(sqlite_url: str) -> None:
     secret = "sk-ant-api03-" + "Q" * 40
     rested = raysaga.run(gated, {}, store=sqlite_url, executor="inline", run_id="g1")
