@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -179,6 +180,9 @@ class Worker:
     # ------------------------------------------------------------------ a slot
 
     def _slot(self) -> None:
+        # SIGTERM and SIGINT go to the main thread, whose wait they interrupt: delivered to a slot's
+        # thread, they waited for its next 0.5 s join, and a step finishing meanwhile ran the run on
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         executor: Executor | None = None
         rng = random.Random()
         down_since: float | None = None  # the store stopped answering this slot's claims then
