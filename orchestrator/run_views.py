@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from raysaga.node_key import NodeKey, NodeKind
 from raysaga.orchestrator.dag_svg import (
     COLOURS,
     STYLES,
@@ -25,6 +26,7 @@ from raysaga.orchestrator.dag_svg import (
 from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, _steps, fan_counts
 from raysaga.orchestrator.render import _dot_string, _mermaid_ids, _mermaid_label
 from raysaga.state import RunRecord, Store
+from raysaga.state.dashboard_reads import DashboardReads
 
 
 def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False) -> list[StepView]:
@@ -60,10 +62,15 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
 
 
 def _agent_tokens(store: Store, run_id: str, step: str) -> int:
-    total = 0
+    """The tokens the model turns of agent ``step`` used: every turn, of every item of a mapped
+    agent (one aggregate query, ``DashboardReads.agent_tokens``). Through ``sub_rows`` this read
+    400 rows at most, of item -1 only: a long agent showed too few tokens, a mapped one none."""
+    if isinstance(store, DashboardReads):  # the store's one implementation (SqlStore)
+        return store.agent_tokens(run_id, step)
+    total = 0  # another Store: what its rows of the agent node show
     for row in store.sub_rows(run_id, step, -1):
         usage = row["output"].get("usage") if isinstance(row.get("output"), dict) else None
-        if isinstance(usage, dict):
+        if isinstance(usage, dict) and NodeKey.parse(row["node_id"]).kind is NodeKind.TURN:  # not a tool's
             total += sum(int(v) for k, v in usage.items() if k in ("input_tokens", "output_tokens") and
                          isinstance(v, int))
     return total

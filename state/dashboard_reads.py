@@ -8,14 +8,19 @@ methods of the ``Store`` interface; the orchestrator never writes SQL.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Text, and_, cast, func, or_, select
+from sqlalchemy import Connection, Engine, Text, and_, cast, func, literal_column, or_, select
 
+from raysaga.errors import BlobIntegrityError
+from raysaga.node_key import AGENT_SEP
+from raysaga.state import blob_rows, jsoncodec
 from raysaga.state.decoding import reading
+from raysaga.state.fork_rows import run_key_of
 from raysaga.state.item_pages import counts as item_counts
 from raysaga.state.item_pages import first_items, rows_at
 from raysaga.state.item_pages import page as item_page
@@ -24,6 +29,7 @@ from raysaga.state.models import EffectRecord, EventRecord
 from raysaga.state.run_labels import labels_contain, labels_match
 from raysaga.state.schema import effects, events, nodes, runs
 from raysaga.state.schema import node_rows as view  # the view's columns (its rows are read by key)
+from raysaga.state.text_match import folded_contains, has_prefix
 
 #: Event kinds counted by ``metrics`` (one GROUP BY over these kinds).
 COUNTED_EVENTS = ("retry_scheduled", "node_failed", "node_completed", "items_completed", "compensation_completed",
@@ -75,11 +81,10 @@ def _filtered(query: Any, f: RunFilter, dialect: str, *, with_status: bool = Tru
         query = query.where(runs.c.created_at >= f.since)
     if f.until is not None:
         query = query.where(runs.c.created_at < f.until)
-    if f.text:
-        needle = f.text.lower()
-        query = query.where(or_(*(func.lower(c).contains(needle, autoescape=True)
+    if f.text:  # case folded in SQL, the same on both dialects (``text_match``)
+        query = query.where(or_(*(folded_contains(c, f.text)
                                   for c in (runs.c.run_id, runs.c.workflow_name, runs.c.status_reason)),
-                                labels_contain(dialect, needle)))
+                                labels_contain(dialect, f.text)))
     if f.labels:
         query = query.where(*labels_match(dialect, dict(f.labels)))
     return query
@@ -190,9 +195,10 @@ def node_events(engine: Engine, run_id: str, node_id: str, fan_index: int, limit
 def node_effects(engine: Engine, run_id: str, node_id: str, fan_index: int) -> list[EffectRecord]:
     """The ledger rows of a node: its own and, for an agent, its tool calls' (``node@turn.call``)
     and its compensation's (``node:compensate``)."""
+    dialect = engine.dialect.name  # case-sensitive prefixes: ``pay``'s are not ``Pay``'s (LIKE on SQLite)
     query = select(effects).where(effects.c.run_id == run_id, effects.c.fan_index == fan_index, or_(
-        effects.c.node_id == node_id, effects.c.node_id.startswith(node_id + "@", autoescape=True),
-        effects.c.node_id.startswith(node_id + ":", autoescape=True)))
+        effects.c.node_id == node_id, has_prefix(effects.c.node_id, node_id + AGENT_SEP, dialect),
+        has_prefix(effects.c.node_id, node_id + ":", dialect)))
     with reading(run_id, effects.name), engine.connect() as conn:
         rows = conn.execute(query.order_by(effects.c.created_at, effects.c.idempotency_key).limit(1000)).all()
     return [EffectRecord.model_validate(dict(r._mapping)) for r in rows]
@@ -204,6 +210,71 @@ def sub_rows(engine: Engine, run_id: str, node_id: str, fan_index: int, limit: i
     by start: read by key (``item_pages.sub_rows``), not through the view."""
     with reading(run_id, nodes.name), engine.connect() as conn:
         return item_sub_rows(conn, run_id, node_id, fan_index, limit, _ALL_NAMES)
+
+
+def agent_tokens(engine: Engine, run_id: str, step: str) -> int:
+    """The tokens (input + output, as the run's ``tokens_used`` counts them) the model turns of
+    agent step ``step`` used, over every item of a mapped agent: one aggregate over its turn rows
+    (``step@N`` at every ``fan_index``; its tool calls ``step@N.M`` and compensations left out),
+    with no limit, plus the usage of each answer kept as a blob (its row holds only the digest),
+    read by digest. A turn row or blob that holds no usage counts 0."""
+    dialect = engine.dialect.name
+    turns = and_(nodes.c.run_key == run_key_of(run_id), has_prefix(nodes.c.node_id, step + AGENT_SEP, dialect),
+                 nodes.c.node_id.not_like("%.%"), nodes.c.node_id.not_like("%:%"))
+    query = (select(nodes.c.output_digest, func.count(), func.sum(_turn_tokens(dialect)))
+             .where(turns).group_by(nodes.c.output_digest))
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        groups = conn.execute(query).all()
+        blobbed = {str(d): int(n) for d, n, _ in groups if d is not None}  # NULL output: the answer is a blob
+        total = sum(int(t or 0) for d, _, t in groups if d is None)
+        for digest, data in _blobs(conn, list(blobbed)).items():
+            total += blobbed[digest] * _usage_tokens(data)
+    return total
+
+
+def _turn_tokens(dialect: str) -> Any:
+    """SQL: a turn row's ``usage.input_tokens`` + ``usage.output_tokens`` (each 0 unless an integer)."""
+    output = f"{nodes.name}.output"
+    if dialect == "sqlite":
+        def one(name: str) -> str:
+            path = f"'$.usage.{name}'"
+            return f"CASE WHEN json_type({output}, {path}) = 'integer' THEN json_extract({output}, {path}) ELSE 0 END"
+        # an output that is not JSON (changed by hand) counts 0 rather than failing the view
+        return literal_column(f"CASE WHEN json_valid({output}) THEN {one('input_tokens')} + {one('output_tokens')} "
+                              "ELSE 0 END")
+
+    def field(name: str) -> str:  # (json_typeof is NULL for a missing member, and for a non-object)
+        return (f"CASE WHEN json_typeof({output} -> 'usage' -> '{name}') = 'number' "
+                f"THEN CAST({output} -> 'usage' ->> '{name}' AS NUMERIC) ELSE 0 END")
+    return literal_column(f"{field('input_tokens')} + {field('output_tokens')}")
+
+
+def _blobs(conn: Connection, digests: list[str]) -> dict[str, bytes]:
+    """The blobs of ``digests`` that exist and match their digest (a damaged one is left out: a
+    view counts what it can read)."""
+    if not digests:
+        return {}
+    try:
+        return blob_rows.read(conn, digests)
+    except BlobIntegrityError:
+        found: dict[str, bytes] = {}
+        for digest in digests:
+            with contextlib.suppress(BlobIntegrityError):
+                found.update(blob_rows.read(conn, [digest]))
+        return found
+
+
+def _usage_tokens(data: bytes) -> int:
+    """Input + output tokens of a model answer's JSON (a blob), 0 if it holds no usage."""
+    try:
+        value = jsoncodec.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return 0
+    usage = value.get("usage") if isinstance(value, dict) else None
+    if not isinstance(usage, dict):
+        return 0
+    return sum(v for k in ("input_tokens", "output_tokens")
+               if isinstance(v := usage.get(k), int) and not isinstance(v, bool))
 
 
 def metrics(engine: Engine) -> dict[str, Any]:
@@ -261,10 +332,13 @@ class DashboardReads:
     def sub_rows(self, run_id: str, node_id: str, fan_index: int, limit: int = 400) -> list[dict[str, Any]]:
         return sub_rows(self.reader, run_id, node_id, fan_index, limit)
 
+    def agent_tokens(self, run_id: str, step: str) -> int:
+        return agent_tokens(self.reader, run_id, step)
+
     def store_metrics(self) -> dict[str, Any]:
         return metrics(self.reader)
 
 
-__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "fanout_sizes", "items", "metrics", "node_effects",
-           "node_events", "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts", "step_rows",
-           "sub_rows"]
+__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "agent_tokens", "fanout_sizes", "items", "metrics",
+           "node_effects", "node_events", "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts",
+           "step_rows", "sub_rows"]

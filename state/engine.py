@@ -3,7 +3,8 @@
 SQLite: WAL journal, ``synchronous=FULL`` (a commit survives power loss, not only a killed
 process), a busy timeout, and ``BEGIN IMMEDIATE`` for every write transaction so a
 read-then-write never fails midway with "database is locked". Reads use a second engine with
-plain (deferred) ``BEGIN``: under WAL they never wait for, nor block, a writer.
+plain (deferred) ``BEGIN``: under WAL they never wait for, nor block, a writer. Every SQLite
+connection has ``raysaga_lower`` (``text_match``): ``lower()`` folding as PostgreSQL's does.
 PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it, with a short connect
 timeout so an unreachable server fails in seconds.
 
@@ -29,7 +30,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
-from raysaga.state import jsoncodec
+from raysaga.state import jsoncodec, text_match
 
 #: The folder of the default store under the home directory, when ``RAYSAGA_HOME`` is not set.
 DEFAULT_DIR = ".raysaga"
@@ -214,6 +215,8 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
         cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
+        # lower() as PostgreSQL's, for the dashboard's search (SQLite's folds ASCII only)
+        text_match.register(dbapi_conn)
 
     begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 

@@ -17,6 +17,7 @@ from sqlalchemy import String, bindparam, case, column, exists, func, literal, s
 from raysaga.errors import InvalidOptionError
 from raysaga.state.redact import scrub_text
 from raysaga.state.schema import runs
+from raysaga.state.text_match import folded_contains
 from raysaga.types import check_labels
 
 
@@ -52,10 +53,11 @@ def _has(dialect: str, key: str, value: str) -> Any:
 
 
 def labels_contain(dialect: str, needle: str) -> Any:
-    """The WHERE condition of runs one of whose labels holds ``needle`` (already lower-cased) in its
-    key, its value or ``key=value`` as the run list shows it: the dashboard's ``q``, lower-cased and
-    matched as written like the rest of ``q`` (``%`` and ``_`` are no wildcards). A row whose labels
-    are NULL or not a JSON object matches nothing (SQLite: not JSON either)."""
+    """The WHERE condition of runs one of whose labels holds ``needle``, case ignored, in its key,
+    its value or ``key=value`` as the run list shows it: the dashboard's ``q``, folded in SQL as the
+    rest of ``q`` is (``text_match.folded_contains``: non-ASCII letters too, on SQLite as well) and
+    matched as written (``%`` and ``_`` are no wildcards). A row whose labels are NULL or not a JSON
+    object matches nothing (SQLite: not JSON either)."""
     key, value = column("key", String), column("value", String)
     if dialect == "sqlite":
         labels = case((func.json_valid(runs.c.labels) == 1, case((func.json_type(runs.c.labels) == "object",
@@ -64,8 +66,8 @@ def labels_contain(dialect: str, needle: str) -> Any:
     else:
         labels = case((func.json_typeof(runs.c.labels) == "object", runs.c.labels))
         members = func.json_each_text(labels).table_valued(key, value)
-    pair = func.lower(members.c.key + literal("=") + func.coalesce(members.c.value, literal("")))
-    return exists(select(literal(1)).select_from(members).where(pair.contains(needle, autoescape=True)))
+    pair = members.c.key + literal("=") + func.coalesce(members.c.value, literal(""))
+    return exists(select(literal(1)).select_from(members).where(folded_contains(pair, needle)))
 
 
 __all__ = ["labels_contain", "labels_match", "stored_labels"]

@@ -45,6 +45,21 @@ assert tuple(nodes.c.keys()) == NODE_COLUMNS + NODE_FORK_COLUMNS and tuple(event
     "the schema changed: update driver_sql and SqlStore.commit's row tuples"
 
 
+#: The most a run's ``cost_used`` (USD) holds: the counting guard saturates there. A model call's
+#: cost is bounded far below (``machine.budgets.MAX_CALL_COST``), so no run reaches it; it keeps
+#: the sum finite in both databases (PostgreSQL refused an overflowing ``cost_used + ?`` and the
+#: driver's commit with it; SQLite stored inf) and heals a row that holds inf already.
+MAX_COST_USED = 1e300
+
+
+def _saturated_cost(dialect: str, mark: str) -> str:
+    """``cost_used`` plus the parameter ``mark``, at most ``MAX_COST_USED``: each term is bounded
+    before the sum, so the sum cannot overflow (nor raise, on PostgreSQL)."""
+    cap = f"CAST({MAX_COST_USED!r} AS DOUBLE PRECISION)" if dialect != "sqlite" else repr(MAX_COST_USED)
+    least = "LEAST" if dialect != "sqlite" else "min"  # SQLite's scalar min(), PostgreSQL's LEAST
+    return f"{least}({least}(cost_used, {cap}) + {least}({mark}, {cap}), {cap})"
+
+
 def stale_fence(lease: Lease) -> LeaseLostError:
     return LeaseLostError(f"run {lease.run_id!r}: fence {lease.fence} is stale; another driver took the run, "
                           "this one stops without writing")
@@ -139,7 +154,7 @@ def driver_sql(dialect: str) -> DriverSql:
                f"WHERE run_id = {mark} AND fence = {mark} RETURNING event_seq, status, run_key"),
         counting_guard=(f"UPDATE {runs.name} SET event_seq = event_seq + {mark}, updated_at = {mark}, "
                         f"retries_used = retries_used + {mark}, tokens_used = tokens_used + {mark}, "
-                        f"cost_used = cost_used + {mark} WHERE run_id = {mark} AND fence = {mark} "
+                        f"cost_used = {_saturated_cost(dialect, mark)} WHERE run_id = {mark} AND fence = {mark} "
                         "RETURNING event_seq, status, run_key"),
         nodes=f"{insert_sql(nodes, NODE_COLUMNS)} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {updates}",
         chunks=(f"{insert_sql(item_chunks, CHUNK_COLUMNS)} ON CONFLICT (run_key, node_id, first_index) "

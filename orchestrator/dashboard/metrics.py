@@ -4,7 +4,7 @@ prints) and two GROUP BY queries of the dashboard's own (``Store.store_metrics``
 
 from __future__ import annotations
 
-from raysaga.state import Store
+from raysaga.state import EffectStatus, Store
 from raysaga.state.stats import label_value, prometheus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -13,7 +13,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 def render(store: Store, live_streams: int = 0) -> str:
     """The exposition text: the store's figures (``raysaga.state.stats.prometheus``: runs by state,
     waits for humans, claim latency, duplicates prevented, retries, breakers, resumes), then the
-    dashboard's own: counted events, ledger rows by status, live streams."""
+    dashboard's own: counted events, ledger rows by status (each ``EffectStatus``, and any other
+    status a row holds, as ``raysaga_runs`` lists run states), live streams."""
     extra = store.store_metrics()
     lines: list[str] = [prometheus(store.stats()).rstrip("\n")]
 
@@ -25,8 +26,11 @@ def render(store: Store, live_streams: int = 0) -> str:
 
     gauge("raysaga_events_total", "Events of these kinds in the event log.",
           [(f'{{kind="{label_value(k)}"}}', n) for k, n in sorted(extra["events"].items())], "counter")
+    # every status a ledger row can have (0 when none has it), then any other found in the store
+    known = [s.value for s in EffectStatus]
+    ledger = known + sorted(set(extra["effects"]) - set(known))
     gauge("raysaga_effects", "Idempotency ledger rows by status.",
-          [(f'{{status="{s}"}}', extra["effects"].get(s, 0)) for s in ("pending", "committed", "failed")])
+          [(f'{{status="{label_value(s)}"}}', extra["effects"].get(s, 0)) for s in ledger])
     gauge("raysaga_dashboard_streams", "Live streams (server-sent events) this dashboard serves.",
           [("", live_streams)])
     return "\n".join(lines) + "\n"

@@ -12,6 +12,7 @@ from raysaga.orchestrator.records import merge_run
 from raysaga.orchestrator.retry import message_of
 from raysaga.state import Batch, RunUpdate
 from raysaga.state.redact import scrub_text
+from raysaga.state.statements import MAX_COST_USED
 
 
 @dataclass
@@ -22,9 +23,12 @@ class Budgets:
     cost_budget: float | None = None
 
     def charge(self, tokens: int, cost: float, batch: Batch) -> None:
-        """Count a model response's usage against the run (durable with the response itself)."""
+        """Count a model response's usage against the run (durable with the response itself).
+        ``cost`` is one call's, as ``model_cost`` accepted it (at most ``MAX_CALL_COST``); the total
+        stays at most ``MAX_COST_USED``, as the store's counter does (``statements``), so it is
+        finite here and in either database, whatever a row held before."""
         self.tokens += tokens
-        self.cost += cost
+        self.cost = min(self.cost + cost, MAX_COST_USED)
         batch.run = merge_run(batch.run, RunUpdate(tokens_delta=tokens, cost_delta=cost))
 
     def stop(self) -> str | None:
@@ -36,20 +40,44 @@ class Budgets:
         return None
 
 
+#: The most one model call may cost, in USD: far above any real call (a million-token answer of
+#: the dearest model is a few hundred dollars), far below what could overflow the run's total. A
+#: ``cost()`` above it is counting in another unit, or wrong: its agent node fails, naming it.
+MAX_CALL_COST = 1_000_000.0
+
+
 def model_cost(model: Any, usage: Usage) -> tuple[float, str | None]:
     """The USD cost of one model call by ``model.cost`` (user code, for a model of one's own), and
     why it cannot be counted, if so. Unchecked, a ``cost()`` that raised or returned None crashed
     the driver (every resume the same way), and NaN, inf or a negative amount made the run's
-    ``cost_used`` nonsense, so a ``cost_budget`` never stopped it."""
+    ``cost_used`` nonsense, so a ``cost_budget`` never stopped it; a finite but huge one (1e308)
+    added up to inf: SQLite kept it (``status --json`` then printed ``Infinity``, not JSON) and
+    PostgreSQL refused the commit (out of range), leaving the run ``running`` with every resume
+    failing the same way. Above ``MAX_CALL_COST`` the agent node fails instead."""
     try:
         cost = model.cost(usage)
     except Exception as exc:  # any failure of user code: the agent node fails naming it
         # scrubbed before it is cut: a cut key is no longer a value the store's scrub can find
         return 0.0, scrub_text(f"its model's cost() raised {type(exc).__name__}: {message_of(exc)}")[:500]
-    if isinstance(cost, bool) or not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
+    # an int is finite (math.isfinite would raise OverflowError on one beyond a float's range)
+    if isinstance(cost, bool) or not isinstance(cost, int | float) or \
+            (isinstance(cost, float) and not math.isfinite(cost)) or cost < 0:
         return 0.0, (f"its model's cost() returned {scrub_text(_repr(cost))[:80]}: it must return the call's "
                      "cost as a finite number of USD >= 0 (0.0 if unknown)")
+    if cost > MAX_CALL_COST:
+        return 0.0, (f"its model's cost() returned {scrub_text(_repr(cost))[:80]} for one call of model "
+                     f"{scrub_text(_model_name(model))[:100]!r}: more than {MAX_CALL_COST:,.0f} USD, the most one "
+                     "model call may cost: cost() must return the call's cost in USD")
     return float(cost), None
+
+
+def _model_name(model: Any) -> str:
+    """The model's ``name`` (its type's name when it has none, or reading it fails: user code)."""
+    try:
+        name = model.name
+    except Exception:  # any failure of user code
+        name = None
+    return name if isinstance(name, str) and name else type(model).__name__
 
 
 def unpriced(model: Any, cost_budget: float | None) -> str | None:
