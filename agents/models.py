@@ -78,6 +78,21 @@ def check_prices(owner: str, prices: Any) -> None:
                 f">= 0 like (3.0, 15.0), got {pair!r:.80}")
 
 
+def check_base_url(owner: str, base_url: Any) -> None:
+    """Refuse a ``base_url`` that is not None or an ``http(s)://host[...]`` URL (a number, a bare
+    word, an empty string): found when the model is made, not by every call on the worker."""
+    if base_url is None:
+        return
+    parsed = urlparse(base_url) if isinstance(base_url, str) else None
+    try:
+        ok = parsed is not None and parsed.scheme in ("http", "https") and bool(parsed.hostname) and parsed.port != 0
+    except ValueError:  # a port that is not a number, or out of range
+        ok = False
+    if not ok:
+        raise InvalidOptionError(f"{owner}.base_url must be None (the API's own, or ANTHROPIC_BASE_URL) or an "
+                                 f"http(s) URL like 'https://gateway.example.com', got {base_url!r:.200}")
+
+
 @runtime_checkable
 class Model(Protocol):
     """A backend: one request in, one response out; transport errors raised (the driver retries)."""
@@ -114,6 +129,11 @@ class AnthropicModel:
         if not isinstance(self.name, str) or not self.name:
             raise InvalidOptionError(f"AnthropicModel.name must be a model name (a str), got {self.name!r}")
         check_number(owner, "max_tokens", self.max_tokens, minimum=1, integer=True, allowed="a whole number >= 1")
+        # checked here, not on the worker: "abc", -5, nan or True failed every call of the run there
+        check_number(owner, "timeout", self.timeout, minimum=0, strict=True, allowed="a finite number of seconds > 0")
+        check_base_url(owner, self.base_url)
+        if not isinstance(self.api_key_env, str) or not self.api_key_env.strip():
+            raise InvalidOptionError(f"{owner}.api_key_env must name an environment variable, got {self.api_key_env!r}")
         check_prices(owner, self.prices)
         # the key's variable is a secret whatever its name (``LLM_GATEWAY_AUTH`` has no KEY in it):
         # a gateway's 401 echoing the key must be scrubbed in the driver, which records the error

@@ -23,7 +23,8 @@ CAS_TRIES = 5
 
 
 def admit_tool(store: Store, query: AdmitTool, now: float, seen: dict[str, BreakerRecord] | None = None) -> str | None:
-    """None if the call may go out now; else what the model is told.
+    """None if the call may go out now; else what the model is told (also when the breaker's row
+    kept changing under ``CAS_TRIES`` compare-and-sets: refused, never admitted unchecked).
 
     ``seen``: breakers already read in this round of the driver (the tool calls a burst of model
     answers asks for), reused: a round reads each breaker once, not once per call. Only a state
@@ -52,7 +53,11 @@ def admit_tool(store: Store, query: AdmitTool, now: float, seen: dict[str, Break
                     f"breaker is open; try again in about {max(1, round(wait))} s, or continue without it")
         if change is None or store.breaker_cas(change, record.version):
             return None
-    return None
+    # every compare-and-set lost: other drivers changed the row each time (taking the probe, or
+    # counting outcomes). Admitting anyway let a call through an open breaker without being its
+    # probe; the call is refused for now (fail closed), and the model may ask again
+    return (f"the tool is unavailable for a moment: its circuit breaker {name} is being changed by other "
+            "calls (a probe after failures); try again in a moment, or continue without it")
 
 
 def memory(store: Store, lease: Lease, op: MemoryOp) -> MemoryEntry:

@@ -5,13 +5,14 @@ a ``WorkflowDefinitionError`` naming the step and the fix, never a bare ``TypeEr
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
-from raysaga.types import check_text, checked_options, str_tuple, unknown_option_message
+from raysaga.orchestrator.spec import StepSpec
+from raysaga.types import RateLimit, check_text, checked_options, str_tuple, unknown_option_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,3 +104,28 @@ def checked_version(workflow: str, version: Any) -> str:
                                       "(e.g. version=\"2\" or version=\"2026-05-01\"), or leave the default \"1\"")
     return check_text(str(version), f"workflow {workflow!r}: version", MAX_VERSION, error=lambda problem:
                       WorkflowDefinitionError(f"{problem} (e.g. version=\"2\" or version=\"2026-05-01\")"))
+
+
+def rate_limit_problems(steps: Mapping[str, StepSpec]) -> list[str]:
+    """Rate limits that share a name but not a rule: limits with one name are one limit, and the
+    store counts each call by its caller's own rule, so two rules undid each other (a window of
+    1 s pruned the grants a window of 60 s still counted). One problem per name, naming both."""
+    first: dict[str, tuple[RateLimit, str]] = {}
+    problems = []
+    for spec in steps.values():
+        declared = [(f"step {spec.name!r}", spec.rate_limit)]
+        agent = spec.options.get("agent") if spec.kind == "agent" else None
+        if agent is not None:
+            declared.append((f"agent {agent.name!r} (its model calls, step {spec.name!r})", agent.rate_limit))
+            declared += [(f"tool {t.name!r} of agent {agent.name!r} (step {spec.name!r})", t.rate_limit)
+                         for t in agent.tools]
+        for where, limit in declared:
+            if limit is None:
+                continue
+            seen = first.setdefault(limit.name, (limit, where))
+            if seen[0] != limit and seen[1] != "":
+                problems.append(f"rate limit {limit.name!r} has two rules: {seen[0]!r} for {seen[1]} and {limit!r} "
+                                f"for {where}; limits with one name are one limit: declare one RateLimit and share "
+                                "it, or give the other its own name")
+                first[limit.name] = (seen[0], "")  # said once
+    return problems

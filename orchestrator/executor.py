@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Collection
 from typing import Any
 
-from raysaga.errors import InfeasibleResourcesError, UserError
+from raysaga.errors import UserError
 from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, items_task_name, task_name
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
 from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
@@ -32,6 +32,7 @@ from raysaga.orchestrator.ray_lanes import (
     cluster_cpus,
     remembered_item_seconds,
     remote_run_packed,
+    task_results,
     uncancelled,
 )
 from raysaga.orchestrator.resources import Feasibility
@@ -140,14 +141,11 @@ class RayExecutor(Executor):
 
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
         handle = Handle(key=(call.node_id, call.fan_index))
-        if spec.resources is not None:
-            problem = self._feasible.problem(spec.name, spec.resources)
-            if problem is not None:  # it would wait in Ray's queue forever: fail it, permanently
-                handle.outcome = NodeOutcome.failure(InfeasibleResourcesError(problem), transient=False,
-                                                     started_at=time.time())
-                handle.sent = True
-                self._finished[handle] = None
-                return handle
+        if spec.resources is not None and (refused := self._tasks.refusal(spec, self._feasible)) is not None:
+            # it would wait in Ray's queue forever, or Ray refuses it: fail it, permanently
+            handle.outcome, handle.sent = NodeOutcome.failure(refused, transient=False, started_at=time.time()), True
+            self._finished[handle] = None
+            return handle
         lane = self._lane_for(spec, call)
         if lane is None:
             self._send(spec, [(handle, call)], None)
@@ -183,8 +181,7 @@ class RayExecutor(Executor):
     def submit_block(self, block: ItemBlock) -> bool:
         spec = block.spec
         lane = self._lane_for(spec, block.call(0)) if len(block) else None
-        if lane is None or not lane.chunked or (spec.resources is not None and self._feasible.problem(
-                spec.name, spec.resources) is not None):
+        if lane is None or not lane.chunked or self._tasks.refusal(spec, self._feasible) is not None:
             return False  # another lane, or failed one by one
         lane.blocks.append([block, 0])  # sent by _pump, at the next wait
         return True
@@ -230,7 +227,7 @@ class RayExecutor(Executor):
             untimed = queue[0][2].timeout is None
             if live >= (pool.concurrency * self.IO_AHEAD if untimed else pool.concurrency):
                 break
-            if not untimed and not pool.all_started():
+            if not untimed and not pool.all_started(live + 1):
                 self._io_held = True  # its timeout starts when it runs, not while an actor starts
                 break
             ready.append(queue.popleft())
@@ -333,8 +330,8 @@ class RayExecutor(Executor):
         self._pump()
         if self._io_held:  # a call with a timeout waits for a pool actor to start: look again soon
             timeout = min(timeout, self.STARTING_POLL)
-        if self._cancelled and time.monotonic() >= self._recancel_at:
-            self._recancel()
+        if (self._cancelled or (self._pool and self._pool.retiring())) and time.monotonic() >= self._recancel_at:
+            self._recancel()  # (and a retired actor past its grace is killed, its stream not cancelled)
         wanted = None if handles is None else set(handles)
         done = self._take(wanted)
         if done or (wanted is None and self._items_done):
@@ -362,7 +359,7 @@ class RayExecutor(Executor):
             self._collect(gen)
         if streams:
             ready = [ref for ref in ready if not self._is_stream(ref) and ref in self._inflight]
-        for ref, result in zip(ready, self._results(ready), strict=True):
+        for ref, result in zip(ready, task_results(self._ray, ready), strict=True):
             carried, lane = self._inflight.pop(ref)
             if isinstance(carried, Chunk):
                 back = unpack_items(result) if isinstance(result, bytes) else [result] * len(carried.positions)
@@ -394,21 +391,11 @@ class RayExecutor(Executor):
                 del self._finished[handle]
         return done
 
-    def _results(self, refs: list[Any]) -> list[Any]:
-        """Each task's value: packed outcomes (``bytes``), or one failure for every call it carried."""
-        started = time.time()
-        try:
-            values: list[Any] = self._ray.get(refs)
-            return values
-        except Exception:  # some task failed: take them one by one
-            pass
-        out: list[Any] = []
-        for ref in refs:
-            try:
-                out.append(self._ray.get(ref))
-            except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
-                out.append(NodeOutcome.failure(exc, transient=True, started_at=started))
-        return out
+    def stopped(self, handle: Handle) -> bool:
+        ref, pool = handle.ref, self._pool
+        if pool is not None and ref is not None and pool.stream_of(ref) is not None:
+            return not pool.carries(ref, handle)  # its call seen to end (or its actor dead)
+        return ref is None or (ref not in self._inflight and ref not in self._cancelled)
 
     def cancel(self, handle: Handle) -> None:
         self._finished.pop(handle, None)

@@ -78,6 +78,14 @@ class Executor(ABC):
     @abstractmethod
     def cancel(self, handle: Handle) -> None: ...
 
+    def stopped(self, handle: Handle) -> bool:
+        """Whether an attempt (a cancelled one, typically) can no longer be running: it was never
+        sent, or it has been seen to end or its process to die. A cancel does not stop a call at
+        once (an I/O pool thread runs on until its actor is killed): what it holds, a rate limit's
+        concurrency slot, is freed only once this says so (``RateGate``). True by default: an
+        inline attempt never runs past its ``submit``."""
+        return True
+
     def settle_cancelled(self, timeout: float) -> int:
         """Block until every cancelled attempt has stopped, up to ``timeout``; return how many have not.
 

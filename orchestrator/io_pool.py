@@ -58,14 +58,19 @@ from raysaga.orchestrator.wire import run_packed
 #: Environment variable: calls the I/O pool of one driver process runs at once.
 IO_CONCURRENCY_ENV = "RAYSAGA_IO_CONCURRENCY"
 DEFAULT_IO_CONCURRENCY = 64
+#: The largest pool (128 actors of 32 threads): 100000 asked for 3,125 actor processes.
+MAX_IO_CONCURRENCY = 4096
 #: Threads per pool actor: 64 calls run in 2 processes (a killed actor fails half of them, not all).
 THREADS_PER_ACTOR = 32
+#: Actors a pool starts with (fewer if it is smaller): more are spawned as calls need their threads.
+MIN_ACTORS = 2
 #: Seconds a retired actor (one of its calls was cancelled) may keep running its other calls.
 CANCEL_GRACE_S = 10.0
 
 
 def io_concurrency_limit(value: int | None = None) -> int:
-    """The pool's size: ``value``, else ``RAYSAGA_IO_CONCURRENCY``, else 64. ``InvalidOptionError`` if bad."""
+    """The pool's size: ``value``, else ``RAYSAGA_IO_CONCURRENCY``, else 64; ``InvalidOptionError``
+    unless a whole number from 1 to ``MAX_IO_CONCURRENCY`` (the variable: ASCII digits only)."""
     source = "io_concurrency"
     raw: Any = value
     if raw is None:
@@ -73,10 +78,11 @@ def io_concurrency_limit(value: int | None = None) -> int:
         if env is None or not env.strip():
             return DEFAULT_IO_CONCURRENCY
         source, raw = IO_CONCURRENCY_ENV, env.strip()
-        with contextlib.suppress(ValueError):
+        if raw.isascii() and raw.isdigit():  # int() also took "+8", "1_000", Arabic-Indic digits
             raw = int(raw)
-    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
-        raise InvalidOptionError(f"{source} must be a whole number of concurrent calls >= 1, got {raw!r}")
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= MAX_IO_CONCURRENCY:
+        raise InvalidOptionError(f"{source} must be a whole number of concurrent calls from 1 to "
+                                 f"{MAX_IO_CONCURRENCY}, got {raw!r:.40}")
     return raw
 
 
@@ -193,7 +199,9 @@ Ended = tuple[Any, "bytes | BaseException", bool]
 
 
 class IoPool:
-    """``concurrency`` threads over ``ceil(concurrency / THREADS_PER_ACTOR)`` actors, created lazily.
+    """``concurrency`` threads over up to ``ceil(concurrency / THREADS_PER_ACTOR)`` actors, spawned
+    as calls need them: ``MIN_ACTORS`` at the first call, another when the calls sent outgrow the
+    threads of those up (``_spawn_for``), so a large limit costs processes only when it is used.
 
     One pool per driver process and Ray job (``shared_pool``), shared by every executor of the
     process, so a run does not pay the actors' start-up (~0.5 s each on 2 cores); its methods
@@ -225,8 +233,7 @@ class IoPool:
         """Start calls (packed payload, the caller's tag), ONE actor call per actor that gets some:
         each call to the least busy actor; those beyond its free threads wait in its queue, in order.
         The returned streams' ``gen`` are what to ``ray.wait`` on; ``collect`` reads them."""
-        while len(self._active) < self._count:
-            self._active.append(self._spawn())
+        self._spawn_for(self._live + len(calls))
         heap = [(a.live, i) for i, a in enumerate(self._active)]
         heapq.heapify(heap)
         shares: dict[int, list[tuple[bytes, Any]]] = {}
@@ -320,10 +327,28 @@ class IoPool:
         self._reap()
 
     @_locked
+    def carries(self, gen: Any, tag: Any) -> bool:
+        """Whether the call ``tag`` of stream ``gen`` (cancelled or not) may still be running: it
+        has not been seen to end, nor its actor to die. A cancelled call runs on until then."""
+        stream = self._streams.get(gen)
+        return stream is not None and stream.index_of(tag) is not None
+
+    def retiring(self) -> bool:
+        """Whether an actor is retired and not killed yet (``tick`` kills it once its grace is over)."""
+        return bool(self._retired)
+
+    @_locked
     def unsettled(self) -> list[Any]:
         """Streams (their ``gen``) with a cancelled call not seen to end. Once ``kill_retired`` ran,
         each ends (its actor is dead) as soon as Ray has seen that; ``collect`` then reads it."""
         return [s.gen for s in self._streams.values() if s.cancelled]
+
+    def _spawn_for(self, calls: int) -> None:
+        """Spawn actors until those taking calls have a thread for each of ``calls`` (at least
+        ``MIN_ACTORS``, at most the pool's count): the default pool's 2 at the first call."""
+        want = min(self._count, max(MIN_ACTORS, math.ceil(calls / self._threads)))
+        while len(self._active) < want:
+            self._active.append(self._spawn())
 
     def _spawn(self) -> PoolActor:
         if self._cls is None:
@@ -340,14 +365,14 @@ class IoPool:
         return PoolActor(handle=handle, threads=self._threads, ready=handle.identity.remote())
 
     @_locked
-    def all_started(self) -> bool:
-        """Whether every actor taking calls has its process up (the missing ones are spawned
-        first); never blocks. A call with a timeout is sent only then: an actor starts in ~0.5 s
-        on 2 idle cores and several seconds under load, and a timeout counted from the send would
-        spend that on the start (a 1 s timeout could expire, attempt after attempt, on a call that
-        never ran: each timeout kills its actor, and the next attempt waits for a new one)."""
-        while len(self._active) < self._count:
-            self._active.append(self._spawn())
+    def all_started(self, calls: int | None = None) -> bool:
+        """Whether every actor taking calls has its process up (those missing for ``calls`` calls
+        at once, by default one more than now, are spawned first: ``_spawn_for``); never blocks.
+        A call with a timeout is sent only then: an actor starts in ~0.5 s on 2 idle cores and
+        several seconds under load, and a timeout counted from the send would spend that on the
+        start (a 1 s timeout could expire, attempt after attempt, on a call that never ran: each
+        timeout kills its actor, and the next attempt waits for a new one)."""
+        self._spawn_for(self._live + 1 if calls is None else calls)
         waiting = [a for a in self._active if not a.started]
         if waiting:
             done, _ = self._ray.wait([a.ready for a in waiting], num_returns=len(waiting), timeout=0)

@@ -13,6 +13,16 @@ same key after a resume; a grant whose call never ended frees its slot when its 
 While the driver waits for an admitted call, it renews the call's hold once half of it has gone
 (``Store.rate_extend``): a live call longer than its hold (a tool without a timeout taking more
 than ``UNTIMED_HOLD``) keeps its concurrency slot, where a second call was admitted beside it.
+
+A cancelled call (a timeout is a cancel, as are a pause and a run's cancel) keeps its grant, renewed
+the same way, until the executor says it has stopped (``Executor.stopped``): a thread of the I/O
+pool cannot be killed, only its actor, up to ``CANCEL_GRACE_S`` later. Released at the cancel, the
+slot went to the timed-out call's retry, which ran beside the call it replaced (2 calls at once
+under ``concurrent=1``).
+
+An attempt that comes back from ``submit`` already finished (the inline executor runs it there)
+is settled at once, before the next of its queue is admitted: its 429's ``retry-after`` then holds
+the rest of the queue, which used to be sent whole before any outcome was read.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ class _Held:
     hold: float = 0.0
     """Seconds the grant is held at a time (renewed while the call is under way)."""
     held_until: float = 0.0
+    settled: bool = False
+    """Its grant released: its call ended (a 429's retry-after recorded), or was cancelled and stopped."""
 
 
 def rule_of(limit: RateLimit) -> RateRule:
@@ -82,6 +94,7 @@ class RateGate(Executor):
         self._retry_at: dict[str, float] = {}  # per limit: when asking again may succeed
         self._sent: dict[Handle, _Held] = {}  # the inner handle of an admitted attempt -> its entry
         self._held: dict[Handle, _Held] = {}  # the driver's handle of a rate-limited attempt -> its entry
+        self._stopping: list[_Held] = []  # cancelled after admission, not seen to stop: their grants held
 
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
         if spec.rate_limit is None:
@@ -129,15 +142,19 @@ class RateGate(Executor):
                 held.inner = self.inner.submit(held.spec, held.call)
                 held.handle.sent = held.inner.sent
                 self._sent[held.inner] = held
+                if held.inner.outcome is not None:  # it ran in ``submit`` (inline): its 429 blocks the next
+                    self._settle(held, held.inner.outcome)
 
     def _next_admission(self) -> float | None:
         waiting = [self._retry_at.get(name, 0.0) for name, queue in self._queues.items() if queue]
         return min(waiting) if waiting else None
 
     def _renew(self) -> None:
-        """Renew the holds of admitted calls still under way that have used half of theirs."""
+        """Renew the holds of admitted calls still under way (cancelled ones too, until they stop)
+        that have used half of theirs."""
         now = self.clock()
-        due = [held for held in self._sent.values() if held.held_until - now < held.hold / 2]
+        due = [held for held in (*self._sent.values(), *self._stopping)
+               if not held.settled and held.held_until - now < held.hold / 2]
         if not due:
             return
         for hold in {held.hold for held in due}:
@@ -147,8 +164,10 @@ class RateGate(Executor):
             held.held_until = now + held.hold
 
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
+        if self._stopping:
+            self._release_stopped()  # before admitting: a slot they held is free for the next
         self._admit()
-        if self._sent:
+        if self._sent or self._stopping:
             self._renew()
         wake = self._next_admission()
         if wake is not None:
@@ -175,17 +194,39 @@ class RateGate(Executor):
         if held is None:
             return inner
         del self._held[held.handle]
-        assert held.grant is not None and held.spec.rate_limit is not None and inner.outcome is not None
+        assert inner.outcome is not None
         held.handle.outcome = inner.outcome
         held.handle.sent = True
+        self._settle(held, inner.outcome)
+        return held.handle
+
+    def _settle(self, held: _Held, outcome: NodeOutcome | None) -> None:
+        """Release an admitted call's grant, once: with the tokens its ``outcome`` used, and its
+        provider's ``retry-after`` blocking the limit; ``outcome`` None: cancelled, seen to stop."""
+        if held.settled:
+            return
+        held.settled = True
+        assert held.grant is not None and held.spec.rate_limit is not None
         limit = held.spec.rate_limit
-        tokens = tokens_used(inner.outcome) if limit.tokens is not None else 0  # parsed only when counted
+        tokens = tokens_used(outcome) if outcome is not None and limit.tokens is not None else 0  # parsed if counted
         self.store.rate_release(held.grant, tokens, self.clock())
-        retry_after = (inner.outcome.error or {}).get("retry_after")
+        if limit.concurrent is not None:  # a slot is free: the next in the queue asks now, not after its poll
+            self._retry_at.pop(limit.name, None)
+        retry_after = (outcome.error or {}).get("retry_after") if outcome is not None else None
         if isinstance(retry_after, int | float) and retry_after > 0:
             now = self.clock()
             self.store.rate_block(limit.name, now + retry_after, now)
-        return held.handle
+
+    def _release_stopped(self) -> None:
+        """Release the grants of the cancelled calls the executor has seen stop since."""
+        running = []
+        for held in self._stopping:
+            assert held.inner is not None
+            if self.inner.stopped(held.inner):
+                self._settle(held, None)
+            else:
+                running.append(held)
+        self._stopping = running
 
     def cancel(self, handle: Handle) -> None:
         held = self._held.pop(handle, None)
@@ -197,12 +238,26 @@ class RateGate(Executor):
             self._queues[held.spec.rate_limit.name].remove(held)
             return
         del self._sent[held.inner]
+        ended = held.inner.outcome  # it finished before the cancel (not returned yet): counted as such
         self.inner.cancel(held.inner)
-        assert held.grant is not None
-        self.store.rate_release(held.grant, 0, self.clock())
+        if ended is not None:
+            self._settle(held, ended)
+        elif self.inner.stopped(held.inner):
+            self._settle(held, None)
+        else:  # still running (an I/O pool thread runs on until its actor is killed): its slot stays held
+            self._stopping.append(held)
 
     def settle_cancelled(self, timeout: float) -> int:
-        return self.inner.settle_cancelled(timeout)
+        left = self.inner.settle_cancelled(timeout)
+        if self._stopping:
+            self._release_stopped()
+        return left
+
+    def stopped(self, handle: Handle) -> bool:
+        held = self._held.get(handle) or next((h for h in self._stopping if h.handle is handle), None)
+        if held is None:  # not rate-limited (the inner executor's own handle), or long settled
+            return self.inner.stopped(handle)
+        return held.inner is None or self.inner.stopped(held.inner)
 
     def shutdown(self) -> None:
         self.inner.shutdown()

@@ -17,10 +17,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from raysaga.errors import InfeasibleResourcesError, InvalidOptionError, RaySagaError
 from raysaga.orchestrator.executor_base import Handle
 from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
+from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.task import AllSucceeded, NodeCall
+from raysaga.orchestrator.task import AllSucceeded, NodeCall, NodeOutcome
 from raysaga.orchestrator.wire import CACHE_LIMIT, run_packed
 
 
@@ -168,6 +170,23 @@ def cluster_cpus(ray: Any) -> int:
     return cpus
 
 
+def task_results(ray: Any, refs: list[Any]) -> list[Any]:
+    """Each task's value: packed outcomes (``bytes``), or one failure for every call it carried."""
+    started = time.time()
+    try:
+        values: list[Any] = ray.get(refs)
+        return values
+    except Exception:  # some task failed: take them one by one
+        pass
+    out: list[Any] = []
+    for ref in refs:
+        try:
+            out.append(ray.get(ref))
+        except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
+            out.append(NodeOutcome.failure(exc, transient=True, started_at=started))
+    return out
+
+
 @functools.cache
 def remote_run_packed() -> Any:
     """One Ray remote function per process, exported to the cluster once per Ray job (3.4 ms at
@@ -186,13 +205,31 @@ class TaskSubmitter:
         self._runtime_env: str | None = None
         self._options: dict[int, tuple[StepSpec, dict[str, Any] | None]] = {}  # id(spec) -> (spec, options)
 
-    def submit(self, spec: StepSpec, name: str, payload: bytes) -> Any:
+    def _entry(self, spec: StepSpec) -> tuple[StepSpec, dict[str, Any] | None]:
         entry = self._options.get(id(spec))
         if entry is None or entry[0] is not spec:
             if len(self._options) >= CACHE_LIMIT:  # a tool call's spec is new at every call
                 self._options.clear()
             entry = self._options[id(spec)] = (spec, self._validated(spec))
-        options = entry[1]
+        return entry
+
+    def refusal(self, spec: StepSpec, feasible: Feasibility) -> RaySagaError | None:
+        """Why the step's resource request can never run, or None: Ray's own checks of its task
+        options refuse it, or no node of the cluster can ever hold it (``Feasibility``). Asked before
+        an attempt is queued, to fail it permanently: raised at submit, Ray's ``ValueError`` crashed
+        the driver once the run's row was made, and every resume crashed the same way."""
+        if spec.resources is None:
+            return None
+        try:
+            self._entry(spec)
+        except (ValueError, TypeError) as exc:
+            asked = spec.resources.describe()
+            return InvalidOptionError(f"step {spec.name!r}: Ray refuses its resource request ({asked}): {exc}")
+        problem = feasible.problem(spec.name, spec.resources)
+        return None if problem is None else InfeasibleResourcesError(problem)
+
+    def submit(self, spec: StepSpec, name: str, payload: bytes) -> Any:
+        options = self._entry(spec)[1]
         if options is None:  # a Ray without the internals below: the public way, every time
             extra = spec.resources.ray_options() if spec.resources is not None else {}
             return self.remote.options(name=name, **extra).remote(payload)
@@ -201,6 +238,7 @@ class TaskSubmitter:
 
     def _validated(self, spec: StepSpec) -> dict[str, Any] | None:
         """The step's task options as ``.options`` merges and checks them (None: not reachable)."""
+        defaults: dict[str, Any] | None
         try:
             import ray.remote_function
 
@@ -210,10 +248,12 @@ class TaskSubmitter:
             self._runtime_env = self.remote._serialized_base_runtime_env_info
             self.remote._remote  # noqa: B018 - present
         except (ImportError, AttributeError):
+            defaults = None
+        extra = spec.resources.ray_options() if spec.resources is not None else {}
+        self.remote.options(name=spec.name, **extra)  # Ray's own checks, once per step (ValueError: ``refusal``)
+        if defaults is None:
             return None
         defaults.pop("max_calls", None)
-        extra = spec.resources.ray_options() if spec.resources is not None else {}
-        self.remote.options(name=spec.name, **extra)  # Ray's own checks, once per step
         options: dict[str, Any] = update_options(defaults, extra)
         options.pop("name", None)
         return options

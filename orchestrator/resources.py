@@ -1,10 +1,11 @@
 """Per-step resource requests (``@wf.step(num_cpus=..., num_gpus=..., memory=..., resources={...})``).
 
 A request is checked when the step is declared (``resource_request``: numbers >= 0, known names,
-Ray's "above 1 only whole units" rule) and again when an attempt is submitted, against the
-nodes of the cluster (``Feasibility``): a request no single alive node can ever hold (``num_gpus=1``
-on a cluster without GPUs) fails the node permanently with ``InfeasibleResourcesError`` naming the
-step, the request and what the cluster has, instead of waiting forever in Ray's queue.
+Ray's "above 1 only whole units" and "no fraction below 0.0001" rules) and again when an attempt is
+submitted, against the nodes of the cluster (``Feasibility``): a request no single alive node can
+ever hold (``num_gpus=1`` on a cluster without GPUs) fails the node permanently with
+``InfeasibleResourcesError`` naming the step, the request and what the cluster has, instead of
+waiting forever in Ray's queue; one Ray's own option checks refuse fails it permanently too.
 
 Requests are placement, not contract: they are left out of the workflow's definition hash, so
 moving a step to a GPU node, or giving it more memory, does not stop a run started before from
@@ -64,9 +65,17 @@ class ResourceRequest:
         return ", ".join(parts) or "nothing"
 
 
+#: Ray keeps resource amounts in units of 1/10,000: a fraction below one unit it refuses.
+RAY_UNITS = 10_000
+
+
 def _quantity(step: str, name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise WorkflowDefinitionError(f"step {step!r}: {name} must be a finite number >= 0, got {value!r}")
+    if value > 0 and value * RAY_UNITS < 1:  # Ray's own test; it refused it at the first submit, after the run began
+        raise WorkflowDefinitionError(
+            f"step {step!r}: {name}={value!r} is finer than Ray counts resources (units of {1 / RAY_UNITS:g}): "
+            f"use 0 to ask for none, or at least {1 / RAY_UNITS:g}")
     if value > 1 and value != int(value):
         raise WorkflowDefinitionError(
             f"step {step!r}: {name}={value!r}: above 1, Ray only grants whole units (use {math.ceil(value)} "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Any
 
 from raysaga.errors import NotJSONableError, StepFailure, UserError
 from raysaga.orchestrator.options import RetryPolicy
@@ -36,27 +37,42 @@ def http_status(exc: BaseException) -> int | None:
 #: The longest ``retry-after`` honoured (an hour): a larger or malformed value is ignored.
 MAX_RETRY_AFTER = 3600.0
 
+#: A header's number of seconds (or milliseconds): ASCII digits, an optional fraction. ``float``
+#: took more: "1_000" (1000 s), "nan", "-5", "1e3", Arabic-Indic digits.
+_HEADER_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+def _header_seconds(headers: Any, name: str, scale: float) -> float | None:
+    """The header ``name`` in seconds (its value divided by ``scale``) if it is a plain number
+    in (0, ``MAX_RETRY_AFTER``], else None."""
+    try:
+        raw = headers.get(name)
+    except Exception:  # a headers object that is not a mapping
+        return None
+    if not isinstance(raw, str | bytes):
+        return None
+    text = (raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw).strip()
+    if not _HEADER_NUMBER.fullmatch(text):
+        return None  # an HTTP date, or garbage: the other header, or the backoff, decides
+    seconds = float(text) / scale
+    return seconds if 0 < seconds <= MAX_RETRY_AFTER else None
+
 
 def retry_after(exc: BaseException) -> float | None:
     """Seconds a provider asked us to wait before trying again (``retry-after-ms`` or
-    ``retry-after`` in seconds on the error's HTTP response, or a ``retry_after`` attribute)."""
+    ``retry-after`` in seconds on the error's HTTP response, or a ``retry_after`` attribute).
+
+    A header counts only if it is a plain number of (milli)seconds in range: a malformed or
+    out-of-range ``retry-after-ms`` leaves the decision to ``retry-after``, not to nothing."""
     value = getattr(exc, "retry_after", None)
     if isinstance(value, int | float) and not isinstance(value, bool):
-        seconds: float | None = float(value)
-    else:
-        headers = getattr(getattr(exc, "response", None), "headers", None)
-        seconds = None
-        if headers is not None:
-            try:
-                if headers.get("retry-after-ms") is not None:
-                    seconds = float(headers.get("retry-after-ms")) / 1000
-                elif headers.get("retry-after") is not None:
-                    seconds = float(headers.get("retry-after"))
-            except (TypeError, ValueError, AttributeError):
-                seconds = None  # an HTTP date, or garbage: the backoff decides
-    if seconds is None or not 0 < seconds <= MAX_RETRY_AFTER:
+        seconds = float(value)
+        return seconds if 0 < seconds <= MAX_RETRY_AFTER else None
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
         return None
-    return seconds
+    ms = _header_seconds(headers, "retry-after-ms", 1000.0)
+    return ms if ms is not None else _header_seconds(headers, "retry-after", 1.0)
 
 
 def is_transient(exc: BaseException, policy: RetryPolicy | None = None) -> bool:

@@ -15,7 +15,8 @@ first call). So a grant counts from the moment it is made until ``per`` seconds 
 latency: a limit of 60 per minute on calls of 3 s paces at most 60 per 63 s. A call that never
 ends (its driver died) counts until its hold expires; a driver still waiting for its call renews
 the hold (``extend``), so a live call longer than its hold keeps its slot. ``margin`` (up to 1 s)
-absorbs the clocks of different machines.
+absorbs the clocks of different machines. Grants are deleted once no window can count them any
+more (``KEEP_ENDED_S``), not as soon as the window of the rule asking has passed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, Connection, Engine, case, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Select, case, delete, func, insert, select, union_all, update
 
 from raysaga.state.schema import rate_grants, rate_limits
 from raysaga.state.statements import insert_for
@@ -31,6 +32,13 @@ from raysaga.state.statements import insert_for
 #: Longest a caller is told to wait for a concurrency slot before asking again (a call that ends
 #: frees its slot before its hold expires).
 SLOT_POLL = 0.25
+#: Seconds a grant is kept after it stopped counting for the rule that prunes it. Limits with one
+#: name are one limit, but two declarations of it may differ (two workflows on one store; within a
+#: workflow it is refused): a rule with a short window deleted the grants a longer one still
+#: counted (2 per minute became 2 per second). Kept at least this long, and as long as the widest
+#: window this process has used for the name, a grant outlives any window up to an hour.
+KEEP_ENDED_S = 3600.0
+_widest: dict[str, float] = {}  # a limit's name -> the widest window (per + margin) acquired with here
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,9 @@ class Admission:
 def acquire(engine: Engine, rule: RateRule, now: float, hold: float) -> Admission:
     """Admit one call through ``rule`` at ``now`` (counting as under way for at most ``hold``
     seconds if it is never released), or say how long to wait."""
-    since = now - (rule.per + rule.margin)  # a call that ended before this counts no more
+    window = rule.per + rule.margin
+    since = now - window  # a call that ended before this counts no more
+    widest = _widest[rule.name] = max(window, _widest.get(rule.name, 0.0))
     with engine.begin() as conn:
         blocked = conn.execute(
             insert_for(conn, rate_limits).values(name=rule.name, blocked_until=0.0, version=1, updated_at=now)
@@ -69,35 +79,40 @@ def acquire(engine: Engine, rule: RateRule, now: float, hold: float) -> Admissio
         g = rate_grants.c
         mine = g.name == rule.name
         under_way = g.ended_at.is_(None) & (g.expires_at > now)
-        counting = mine & (under_way | (g.ended_at > since) | (g.ended_at.is_(None) & (g.expires_at > since)))
+        # counted: ended within the window, or not ended and held within it (``under_way`` among them);
+        # two index ranges of (name, ended_at), as grants older than the window stay (``KEEP_ENDED_S``)
+        ended = select(g.tokens, g.ended_at).where(mine, g.ended_at > since)
+        counted = union_all(ended, select(g.tokens, g.ended_at).where(mine, g.ended_at.is_(None),
+                                                                       g.expires_at > since)).subquery()
         waits: list[float] = []
         poll = min(SLOT_POLL, rule.per / 4)  # a call under way frees its place when it ends: ask again soon
         if rule.requests is not None or rule.tokens is not None:
             count, used, busy = conn.execute(
-                select(func.count(), func.coalesce(func.sum(g.tokens), 0),
-                       func.count().filter(g.ended_at.is_(None))).where(counting)).one()
+                select(func.count(), func.coalesce(func.sum(counted.c.tokens), 0),
+                       func.count().filter(counted.c.ended_at.is_(None)))).one()
             if rule.requests is not None and count >= rule.requests:
-                waits.append(poll if busy else _ends_leaving(conn, counting, count - rule.requests) - since)
+                waits.append(poll if busy else _ends_leaving(conn, ended, count - rule.requests) - since)
             if rule.tokens is not None and used >= rule.tokens:
-                waits.append(poll if busy else _ends_leaving(conn, counting, 0) - since)
+                waits.append(poll if busy else _ends_leaving(conn, ended, 0) - since)
         if rule.concurrent is not None:
             held = conn.execute(select(func.count()).where(mine, under_way)).scalar_one()
             if held >= rule.concurrent:
                 waits.append(poll)
         if waits:
             return Admission(None, max(max(waits), 0.001))
-        # grants that count for nothing any more
-        conn.execute(delete(rate_grants).where(mine, or_(g.ended_at <= since,
-                                                          g.ended_at.is_(None) & (g.expires_at <= since))))
+        # grants that count for nothing any more, under any window a rule of this name may have
+        gone = now - max(widest, KEEP_ENDED_S)
+        conn.execute(delete(rate_grants).where(mine, g.ended_at <= gone))
+        conn.execute(delete(rate_grants).where(mine, g.ended_at.is_(None), g.expires_at <= gone))
         grant = conn.execute(insert(rate_grants).values(name=rule.name, granted_at=now, expires_at=now + hold,
                                                         tokens=0).returning(g.id)).scalar_one()
         return Admission(int(grant))
 
 
-def _ends_leaving(conn: Connection, counting: ColumnElement[bool], offset: int) -> float:
-    """When the ``offset``-th earliest-ended counted call ended (all have ended)."""
-    return float(conn.execute(select(rate_grants.c.ended_at).where(counting)
-                              .order_by(rate_grants.c.ended_at).offset(offset).limit(1)).scalar_one())
+def _ends_leaving(conn: Connection, ended: Select[tuple[int, float]], offset: int) -> float:
+    """When the ``offset``-th earliest-ended counted call ended (all counted calls have ended)."""
+    column = ended.selected_columns.ended_at
+    return float(conn.execute(ended.with_only_columns(column).order_by(column).offset(offset).limit(1)).scalar_one())
 
 
 def release(engine: Engine, grant: int, tokens: int, now: float) -> None:
