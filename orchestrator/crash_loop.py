@@ -35,6 +35,7 @@ counted at most the one death that made it a suspect, and the culprit's next dea
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Iterable, Sequence
 
 from raysaga.orchestrator.blob_parking import parked
@@ -115,13 +116,23 @@ def recent_deaths(store: Store, run: RunRecord, limit: int) -> int:
         newest = oldest
 
 
-def suspects(nodes: Iterable[NodeRecord], wf: Workflow) -> list[str]:
+#: A step's own row in one of these states is settled: it is not ready to start.
+SETTLED = frozenset({NodeStatus.COMPLETED, NodeStatus.FAILED, NodeStatus.SKIPPED, NodeStatus.CANCELLED})
+
+
+def suspects(nodes: Iterable[NodeRecord], wf: Workflow, *, rolling_back: bool = False) -> list[str]:
     """What the dying drivers were running: the nodes recorded in flight, and the steps ready to
-    start (a quick step is sent before its row is written, so it may have no row at all)."""
+    start (a quick step is sent before its row is written, so it may have no row at all): not one
+    whose row is settled (a step that failed for good is not started again), and none at all in a
+    rollback (``rolling_back``: no forward step starts; a compensation is an effect, recorded
+    ``running`` before its call)."""
     rows = list(nodes)
-    done = {n.node_id for n in rows if n.fan_index < 0 and n.status == NodeStatus.COMPLETED}
     found = set(in_flight(rows))
-    found |= {name for name, spec in wf.steps.items() if name not in done and all(d in done for d in spec.deps)}
+    if rolling_back:
+        return sorted(found)
+    done = {n.node_id for n in rows if n.fan_index < 0 and n.status == NodeStatus.COMPLETED}
+    settled = {n.node_id for n in rows if n.fan_index < 0 and n.status in SETTLED}
+    found |= {name for name, spec in wf.steps.items() if name not in settled and all(d in done for d in spec.deps)}
     return sorted(found)
 
 
@@ -135,7 +146,7 @@ def _names(found: list[str]) -> str:
 
 
 def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *,
-            running: list[str] | None = None, started: bool = True) -> tuple[bool, Batch]:
+            running: list[str] | None = None, started: bool = True, cause: object = None) -> tuple[bool, Batch]:
     """``blob_parking.parked`` for a crash loop: the reason names the steps and the way out.
 
     ``running`` (of ``suspected``) were recorded in flight; the others were ready to start (one may
@@ -143,13 +154,16 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *
     ``pending``, and a driver commits ``running`` before it starts any step, so no step ran under
     any of the dead drivers: the reason says so and blames none, and the error says
     ``"started": False`` (its ``suspects`` stay the steps that were to start, as the field always
-    listed in-flight-or-ready steps, for the readers of it)."""
+    listed in-flight-or-ready steps, for the readers of it). In a rollback (``compensating``) the
+    way out is ``retry --compensations``, and the error keeps the run's forward failure as its
+    ``cause`` (``sagas.rollback.forward_cause``: a compensated run ends with it)."""
     drivers = "its last driver" if deaths == 1 else f"the last {deaths} drivers of this run"
+    retry = f"raysaga retry {shlex.quote(run_id)}" + (" --compensations" if status == RunStatus.COMPENSATING else "")
     if not started:
         reason = (f"crash loop: {drivers} died before the run's first commit: no step had started (the run was "
                   f"still pending; its first steps, {_names(suspected)}, never ran), so no step is to blame: "
                   f"the process was killed before any step (out of memory, a deploy, a lost host) or died "
-                  f"reading the run. Find what killed it, then `raysaga retry {run_id}`")[:1000]
+                  f"reading the run. Find what killed it, then `{retry}`")[:1000]
         error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50],
                  "started": False}
         return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
@@ -160,8 +174,10 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *
                        *([f"ready to start, perhaps started: {_names(ready)}"] if ready else [])])
     reason = (f"crash loop: {drivers} died before committing any step's outcome "
               f"({where or 'no step was in flight'}); a step may be killing its process. Fix it (or run it on "
-              f"Ray, where its death is a failed attempt), then `raysaga retry {run_id}`")[:1000]
+              f"Ray, where its death is a failed attempt), then `{retry}`")[:1000]
     error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50]}
+    if cause is not None and status == RunStatus.COMPENSATING:
+        error["cause"] = cause
     return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
                                                                           "suspects": suspected[:50]}))
 
@@ -172,7 +188,7 @@ def failing_parking(status: RunStatus, failures: int, error: str, run_id: str) -
     time, so no death is counted, and without this a worker claimed it again at once, for ever."""
     error = scrub_text(error)  # before it is cut: a cut secret is a piece no scrub finds whole
     reason = (f"parked after {failures} drives in a row failed: {error}; fix what it names, then "
-              f"`raysaga retry {run_id}`")[:1000]
+              f"`raysaga retry {shlex.quote(run_id)}`")[:1000]
     return parked(status, reason, {"type": "DriveFailed", "message": reason, "failures": failures},
                   NewEvent(kind="drive_failed", data={"failures": failures, "error": error[:500]}))
 
@@ -193,8 +209,10 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
     if deaths < limit:
         return None
     rows = list(nodes)
-    resume_first, batch = parking(run.status, deaths, suspects(rows, wf), run.run_id, running=in_flight(rows),
-                                  started=run.status != RunStatus.PENDING)
+    rolling_back = run.status == RunStatus.COMPENSATING
+    resume_first, batch = parking(run.status, deaths, suspects(rows, wf, rolling_back=rolling_back), run.run_id,
+                                  running=in_flight(rows), started=run.status != RunStatus.PENDING,
+                                  cause=run.error.as_dict() if rolling_back and run.error is not None else None)
     if resume_first:
         store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
     log.error("run %s: %s", run.run_id, batch.run.status_reason if batch.run else "parked")

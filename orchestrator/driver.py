@@ -23,7 +23,7 @@ from typing import Any
 
 from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import agent_io, crash_loop, tracing, versions
+from raysaga.orchestrator import agent_io, crash_loop, driver_io, tracing, versions
 from raysaga.orchestrator.blob_parking import park_on_blob
 from raysaga.orchestrator.commit_pacing import CommitPacer
 from raysaga.orchestrator.executor import Executor, Handle
@@ -45,7 +45,6 @@ from raysaga.orchestrator.tracing import RunTracing
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
-    EffectStatus,
     Lease,
     NewEvent,
     NodeStatus,
@@ -53,6 +52,7 @@ from raysaga.state import (
     RunSnapshot,
     RunStatus,
     RunUpdate,
+    SignalRecord,
     Store,
     node_label,
 )
@@ -154,28 +154,20 @@ class Driver:
         if budgets is not None:
             self.run = self._commit(Batch(run=budgets)) or run
             m.set_budgets(self.run.token_budget, self.run.cost_budget)
-        if run.status == RunStatus.PAUSED:
-            if m.budgets.stop() is not None:  # still over budget: it stays paused until the budget is raised
-                return self.run
-            self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-        elif run.status in (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
+        if run.status == RunStatus.PAUSED and m.budgets.stop() is not None:  # still over budget: paused until
+            cancel = next((s for s in self._hb.take_signals() if s.kind == "cancel"), None)  # it is raised, but
+            return self.run if cancel is None else self._obey_cancel(cancel) or self._loop()  # a cancel comes first
+        if run.status in (RunStatus.PAUSED, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
         if run.status == RunStatus.PENDING:
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING)))
         elif m.phase == Phase.ROLLBACK:  # a rollback was under way: finish it
-            m.begin_rollback(*self._rows_and_blobs(), self.clock())
+            self._roll_back()
         return self._loop()
 
     def _restore(self, snap: RunSnapshot) -> RunMachine:
         assert self._hb is not None
-        outputs = self.blobs({n.output_digest: f"node {n.label}" for n in snap.nodes if n.output_digest})
-        completed = {(n.node_id, n.fan_index) for n in snap.nodes if n.status == NodeStatus.COMPLETED}
-        ledger = self.blobs({  # results a resume may hand out from the ledger instead of a call
-            e.result["blob"]: f"node {e.node_id}" for e in snap.effects
-            if e.status == EffectStatus.COMMITTED and isinstance(e.result, dict) and set(e.result) == {"blob"}
-            and (e.node_id, e.fan_index) not in completed})
-        m = RunMachine(self.wf, snap.run, self.options, self.rng)
-        m.restore(snap, outputs, ledger)
+        m, outputs = driver_io.restored(self.wf, snap, self.options, self.rng, self.blobs)
         self.tracing = tracing.for_run(self.wf, snap, outputs, self.owner)  # None: nobody receives spans
         self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)
@@ -270,7 +262,7 @@ class Driver:
             breakers: dict[str, Any] = {}  # one read of a breaker per round (agent_io.admit_tool)
             for query in queries:
                 self._answer(query, breakers)
-        self._attempts.cancel(m.out.take_cancel())
+        self._cancel()
         if m.failure is not None:
             return self._stop_forward_on_failure()
         self._send(m.out.take_dispatch() if self.executor.runs_at_submit else m.out.take_sends())
@@ -329,8 +321,15 @@ class Driver:
         m.absorb(agent_io.scrubbed_turns(outcomes), self.clock())
         for back in items or ():
             m.absorb_items(back.keys(), back.outcomes, self.clock())
-        self._attempts.cancel(m.out.take_cancel())
+        self._cancel()
         return [key for key, _ in outcomes]
+
+    def _cancel(self) -> None:
+        """Cancel what the machine decided (those that never left the driver say so: ``driver_io``)."""
+        assert self.machine is not None
+        keys = self.machine.out.take_cancel()
+        self.machine.not_sent(driver_io.never_sent(self._attempts, self.executor, self.wf, keys))
+        self._attempts.cancel(keys)
 
     def _settle_cancelled(self, then: str, timeout: float) -> None:
         """Wait for cancelled attempts to stop: one still running could land an effect after its
@@ -357,19 +356,22 @@ class Driver:
             elif signal.kind == "unpause":  # this run is not paused: nothing to undo
                 m.out.batch.consumed_signals.append(signal.id)
             elif signal.kind == "cancel":
-                reason = str(payload.get("reason") or "cancelled by operator")
-                if payload.get("compensate"):
-                    m.stop_forward(reason, None, self.clock(), final=RunStatus.COMPENSATING, signal_id=signal.id)
-                    return self._begin_rollback()
-                m.cancel(reason, signal.id, self.clock())
-                self._attempts.cancel(m.out.take_cancel())
-                self._settle_cancelled("the run is cancelled", SETTLE_SECONDS)
-                return self._flush()
+                return self._obey_cancel(signal)
         if m.past_deadline(self.clock()):
             m.stop_forward("deadline", {"type": "DeadlineExceeded", "message": "the run passed its deadline"},
                            self.clock())
             return self._begin_rollback()
         return None
+
+    def _obey_cancel(self, signal: SignalRecord) -> RunRecord | None:
+        """An operator's cancel: the run ends ``cancelled``, or rolls back (None: on in the loop)."""
+        assert self.machine is not None
+        self._handled_signals.add(signal.id)
+        if self.machine.cancel_signal(signal, self.clock()):
+            return self._begin_rollback()
+        self._cancel()
+        self._settle_cancelled("the run is cancelled", SETTLE_SECONDS)
+        return self._flush()
 
     def _stop_forward_on_failure(self) -> RunRecord | None:
         assert self.machine is not None
@@ -379,19 +381,17 @@ class Driver:
     def _begin_rollback(self) -> RunRecord | None:
         """The forward DAG stopped: settle what was cancelled, make it durable, then let the
         machine read the rows and roll back (or end the run when nothing needs undoing)."""
-        assert self.machine is not None
-        m = self.machine
-        self._attempts.cancel(m.out.take_cancel())
+        self._cancel()
         self._settle_cancelled("rolling back or failing the run", SETTLE_SECONDS)
         self._flush()  # the failure and the cancellations are durable before the rollback reads them
-        rolling_back = m.begin_rollback(*self._rows_and_blobs(), self.clock())
-        record = self._flush()
+        rolling_back, record = self._roll_back(), self._flush()
         return None if rolling_back else record
 
-    def _rows_and_blobs(self) -> tuple[list[Any], dict[str, Any]]:
-        rows = self.store.nodes(self.run_id)
-        # verified and parsed by the store: a missing, altered or non-JSON blob parks the run
-        return rows, self.blobs({r.output_digest: f"node {r.label}" for r in rows if r.output_digest})
+    def _roll_back(self) -> bool:
+        """Hand the machine the run's rows as durable now and what else a rollback reads (``driver_io``)."""
+        assert self.machine is not None and self.run is not None
+        rows, blobs, reads = driver_io.rollback_inputs(self.store, self.run, self.blobs)
+        return self.machine.begin_rollback(rows, blobs, self.clock(), reads)
 
     # ------------------------------------------------------------------ resting states
 
@@ -406,7 +406,7 @@ class Driver:
         self._attempts.drain(m.agents.model_calls_in_flight(), m.absorb, lost=self._hb.lost, clock=self.clock,
                              timeout=self._wait_timeout, run_id=self.run_id)
         m.pause(self.clock(), reason, signal_id)
-        self._attempts.cancel(m.out.take_cancel())
+        self._cancel()
         self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
         return self._end(release=False)
 

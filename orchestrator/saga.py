@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.dsl_checks import plain_options
 from raysaga.orchestrator.runner import ExecutorArg, resume, run
 from raysaga.orchestrator.workflow import Workflow
@@ -36,6 +37,12 @@ class Saga:
              compensate: Callable[..., Any] | None = None, effect: bool = True,
              retry: RetryPolicy | None = None, timeout: float | None = None) -> Saga:
         """Append an action (and its undo). Returns the saga, so calls can chain."""
+        step_name = name or getattr(action, "__name__", None)
+        if step_name is not None and step_name in self.workflow.steps:
+            # before the chain's ``after=``: the same action again would read "depends on itself"
+            raise WorkflowDefinitionError(
+                f"saga {self.workflow.name!r} already has a step named {step_name!r}: give one of them another "
+                "name (saga.step(fn, name=...))")
         after = (self._last,) if self._last else ()
         self.workflow.step(name=name, after=after, effect=effect, retry=retry, timeout=timeout,
                            compensate=compensate)(action)

@@ -17,13 +17,14 @@ from pydantic import ValidationError
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.output_types import EXACT, InputTypeError, check_output_type
+from raysaga.orchestrator.output_types import EXACT, check_output_type, input_type_error
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after, without_colours
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
 from raysaga.state.jsoncodec import printable
 from raysaga.state.redact import scrub_text
+from raysaga.types import is_compensation
 
 #: A ``StepContext``'s fields in order: run_id, node_id, fan_index, attempt, trace_id,
 #: idempotency_key, reconciling.
@@ -168,7 +169,9 @@ def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeO
     try:
         text, aside = _output(result, call.fields[1], call.fields[2], call.max_output_bytes, spec.checked_return)
     except Exception as exc:
-        return _refused(spec, exc, started)
+        if not is_compensation(spec.name):
+            return _refused(spec, exc, started)
+        text, aside = undo_note(result, exc), None  # an undo that returned did its work: never refused
     return NodeOutcome(True, text, None, False, started, time.time(), aside)  # (positional: per item)
 
 
@@ -223,7 +226,7 @@ def _inputs(spec: StepSpec, values: dict[str, Any]) -> dict[str, Any]:
         try:
             kwargs[name] = coerce(types.get(name, Any), value)
         except ValidationError as exc:
-            raise InputTypeError(spec.name, name, types.get(name, Any), exc) from None
+            raise input_type_error(spec.name, name, types.get(name, Any), exc) from None
     return kwargs
 
 
@@ -252,6 +255,28 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
                 "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
             )
     return text, aside
+
+
+#: How much of an undo's unstorable return value its note keeps (``undo_note``).
+UNDO_REPR_CHARS = 200
+
+
+def undo_note(result: Any, exc: Exception) -> str:
+    """The stored output of a compensation whose return value raysaga cannot keep (no JSON form,
+    above the output cap): a short note, as JSON text, instead of a failure.
+
+    What an undo returns is not its contract: nothing reads it, and its effect is done once it
+    returns (an HTTP client's ``Response`` from a refund, say). Refused like a step's output, the
+    refund was recorded as failed, the run parked in ``compensation_failed``, and each operator
+    retry refunded again and failed the same way. The note says what came back (its type, and
+    its ``repr`` scrubbed of secrets and cut to ``UNDO_REPR_CHARS``) and why it was not stored."""
+    try:
+        shown = repr(result)
+    except Exception:  # user code: a __repr__ that raises
+        shown = f"<{type(result).__name__} object (its repr failed)>"
+    note = {"not_stored": type(exc).__name__, "type": type(result).__name__,
+            "repr": printable(scrub_text(shown[:4 * UNDO_REPR_CHARS]))[:UNDO_REPR_CHARS]}
+    return jsoncodec.dumps(note, "compensation note")
 
 
 def _label(node_id: str, index: int) -> str:

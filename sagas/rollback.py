@@ -6,7 +6,8 @@ the rows, loads the outputs these functions ask for, and dispatches the compensa
 
 - a node is undone if it completed, or if its outcome is unknown (it was in flight, cancelled
   mid-attempt, waiting to retry, or its retries ran out on transient errors): it may have taken
-  effect, so it is undone as the most recent (``finished_at = inf``);
+  effect, so it is undone as the most recent (``finished_at = inf``); not one whose only attempt
+  was provably never sent (``not_sent``: ``took_effect: False`` in its row);
 - a fan-out's items are undone one by one, never its parent;
 - a compensation row already written says where a resumed rollback stands: completed (settled),
   failed for good (blocks everything upstream), or waiting out a durable backoff.
@@ -24,10 +25,13 @@ from raysaga.state import NodeRecord, NodeStatus, RunStatus, RunUpdate, node_lab
 from raysaga.types import COMPENSATE_SUFFIX, is_compensation
 
 __all__ = [
+    "PARKING_ERRORS",
     "UNKNOWN_OUTCOME",
     "RestoredRollback",
     "compensation_rows",
     "effect_time",
+    "forward_cause",
+    "not_sent",
     "restore_rollback",
     "rollback_outcome",
     "step_targets",
@@ -37,12 +41,30 @@ __all__ = [
 UNKNOWN_OUTCOME = frozenset({NodeStatus.RUNNING, NodeStatus.CANCELLED, NodeStatus.RETRYING})
 
 
+def not_sent(why: str, *, first: bool) -> dict[str, Any]:
+    """The error of a node whose attempt was prepared and never sent: the run failed in the round
+    that prepared it, or it was cancelled while it still waited in the driver (a Ray lane's queue).
+
+    ``first``: no earlier attempt of the node was ever sent either (this was its first, and no
+    ledger row said a call under its key may have happened), so the node took no effect, and
+    ``took_effect: False`` says so durably: a rollback, resumed or not, leaves it alone
+    (``effect_time``). Of a later attempt, only this one is known unsent: an earlier one may have
+    taken effect, and the node is undone as any whose outcome is unknown."""
+    error: dict[str, Any] = {"reason": f"not sent: {why}"}
+    if first:
+        error["took_effect"] = False
+    return error
+
+
 def effect_time(row: NodeRecord) -> float | None:
     """When ``row``'s node took effect, to order its undo: its finish time if it completed, ``inf``
     if it may have (outcome unknown, or failed on a transient error) or did and its value was
-    refused (``took_effect``), None if it did not."""
+    refused (``took_effect``), None if it did not (or provably never ran: ``took_effect: False``,
+    ``not_sent``)."""
     if row.status == NodeStatus.COMPLETED:
         return row.finished_at or 0.0
+    if row.error is not None and row.error.took_effect is False:
+        return None  # never sent: nothing to undo
     if row.status in UNKNOWN_OUTCOME or (row.status == NodeStatus.FAILED and row.error is not None
                                          and (row.error.transient or row.error.took_effect)):
         return math.inf
@@ -106,6 +128,20 @@ def restore_rollback(comp_rows: Mapping[NodeKey, NodeRecord], wanted: Iterable[N
     return restored
 
 
+#: Errors a run parked by raysaga holds (``crash_loop``, ``blob_parking``), not a failure of its
+#: own: once its rollback is retried, they say nothing about why it rolled back.
+PARKING_ERRORS = frozenset({"CrashLoop", "BlobIntegrityError", "DriveFailed"})
+
+
+def forward_cause(cause: Any) -> tuple[bool, Any]:
+    """(whether ``cause`` is a report raysaga wrote over the run's error — an earlier rollback's,
+    or a parking's — and the cause it stands for), unwrapped to the forward failure."""
+    replaced = False
+    while isinstance(cause, Mapping) and ("failed_compensations" in cause or cause.get("type") in PARKING_ERRORS):
+        replaced, cause = True, cause.get("cause")
+    return replaced, cause
+
+
 def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, Any], cause: Any) -> RunUpdate:
     """Compensated, or parked for an operator with every failing and blocked compensation named.
 
@@ -119,10 +155,10 @@ def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, A
     blocked = plan.blocked()
     # After `retry --compensations` the run's error is the earlier attempt's report: take its
     # cause, so a compensated run does not keep naming failures that were fixed, and a second
-    # failure does not nest the first report inside its "cause".
-    retried = False
-    if isinstance(cause, Mapping) and "failed_compensations" in cause:
-        retried, cause = True, cause.get("cause")
+    # failure does not nest the first report inside its "cause". A run parked mid-rollback (a
+    # crash loop, a damaged blob) holds the parking's record instead: the same, the forward cause
+    # being the one it kept (``cause``), if any (the driver reads the ``rollback_cause`` event's).
+    retried, cause = forward_cause(cause)
     if not failed and not blocked:
         return RunUpdate(status=RunStatus.COMPENSATED, status_reason=f"{reason}; rolled back"[:500],
                          error=cause, set_error=retried)

@@ -2,16 +2,28 @@
 
 A ``pending`` row is inserted once, before the call: an existing row keeps its key and status,
 except that a failed or abandoned effect an operator retries becomes pending again (same key).
-A settled row (``committed``, ``failed``) is upserted, keeping when it was first written.
+A settled row (``committed``, ``failed``, ``abandoned``) is upserted, keeping when it was first
+written and the run that wrote it first.
+
+A key may be another run's: a fork undoes a node it inherited under the key of the run that
+executed it, so the parent and its forks share that compensation key. The driver answers a key
+committed elsewhere from that row and never calls it (``orchestrator.machine.rollback.Elsewhere``);
+here, the row stays with the run that wrote it first (the run a later ``retry --compensations``
+of it reads the ledger of), and a committed row is never overwritten by another run's write.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from sqlalchemy import Connection, or_
 
 from raysaga.state.models import Batch, EffectStatus
 from raysaga.state.schema import effects
-from raysaga.state.statements import insert_for, upsert
+from raysaga.state.statements import insert_for
+
+#: The settling upserts, by dialect and updated columns (built once each).
+_SETTLES: dict[tuple[str, tuple[str, ...]], Any] = {}
 
 
 def write_effects(conn: Connection, run_id: str, batch: Batch, now: float) -> None:
@@ -30,7 +42,25 @@ def write_effects(conn: Connection, run_id: str, batch: Batch, now: float) -> No
         conn.execute(stmt, rows)
     if final:
         rows = [{"run_id": run_id, "created_at": now, "updated_at": now, **e.model_dump()} for e in final]
-        upsert(conn, effects, rows, ["idempotency_key"], keep=("created_at",))
+        _settle(conn, rows)
+
+
+def _settle(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    """Insert settled rows, or update the row of the same key: every column but when it was first
+    written and by which run; and a committed row only by the run that owns it."""
+    # one row per key, the last one written wins: PostgreSQL refuses an INSERT ... ON CONFLICT
+    # that would touch the same row twice
+    rows = list({r["idempotency_key"]: r for r in rows}.values())
+    cols = tuple(c for c in rows[0] if c not in ("idempotency_key", "created_at", "run_id"))
+    cache_key = (conn.dialect.name, cols)
+    stmt = _SETTLES.get(cache_key)
+    if stmt is None:
+        base = insert_for(conn, effects)
+        stmt = _SETTLES[cache_key] = base.on_conflict_do_update(
+            index_elements=["idempotency_key"], set_={c: base.excluded[c] for c in cols},
+            where=or_(effects.c.run_id == base.excluded.run_id,
+                      effects.c.status != EffectStatus.COMMITTED.value))
+    conn.execute(stmt, rows)
 
 
 __all__ = ["write_effects"]

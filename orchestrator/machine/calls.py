@@ -4,8 +4,11 @@ Every node kind (step, item, model turn, tool call, compensation) goes through h
 out and back: an effect's ledger row is ``pending`` in the batch before its call is handed to
 the shell, ``committed`` with its result after; a key already committed is never called again
 (its result is returned as the node's output); a key that failed for good, or whose tool call
-answered a ``ToolError`` (it took no effect), is ``failed`` and may be called again; a transient
-failure is retried after a backoff whose timer is durable (``not_before`` on the row).
+answered a ``ToolError`` (it took no effect), is ``failed`` and may be called again; one whose
+retries ran out on transient errors is ``abandoned`` (the last call may have taken effect); a
+transient failure is retried after a backoff whose timer is durable (``not_before`` on the row).
+A key re-issued while its row says the call may have happened (``may_have_happened``) goes out
+``reconciling``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,18 @@ from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, NodeCall, NodeOutcome
-from raysaga.state import EffectStatus, EffectWrite, NewEvent, NodeStatus, NodeWrite, RunUpdate, item_events, jsoncodec
+from raysaga.sagas.rollback import not_sent
+from raysaga.state import (
+    EffectStatus,
+    EffectWrite,
+    ErrorRecord,
+    NewEvent,
+    NodeStatus,
+    NodeWrite,
+    RunUpdate,
+    item_events,
+    jsoncodec,
+)
 
 #: An item of ``items_succeeded`` that was no longer in flight (nothing to settle).
 GONE = object()
@@ -49,6 +63,18 @@ class Committed:
     """The effect's key is committed in the ledger: this is its result, and there is no call."""
 
     value: Any
+
+
+def may_have_happened(status: EffectStatus | None, result: Any) -> bool:
+    """Whether a call under a key whose ledger row reads ``status``/``result`` may have taken
+    effect, so that its re-issue goes out ``reconciling``: ``pending`` (a driver died after the
+    call, perhaps), ``abandoned`` (in flight when its run stopped, or its retries ran out on
+    transient errors), or ``failed`` with an error saying ``took_effect`` (the function returned
+    and its value was refused: the effect is there)."""
+    if status in (EffectStatus.PENDING, EffectStatus.ABANDONED):
+        return True
+    error = result.get("error") if status == EffectStatus.FAILED and isinstance(result, dict) else None
+    return isinstance(error, dict) and error.get("took_effect") is True
 
 
 def recorded(flight: Attempt) -> Attempt:
@@ -74,6 +100,12 @@ class Calls:
         self.timers: list[tuple[float, NodeKey]] = []
         self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
         self.draining: set[NodeKey] = set()  # effects let land after their step failed (see ``drain``)
+        # Nodes recorded before their call (effects, steps with an undo) one of whose attempts may
+        # have left the driver (issued here, or rows restored saying so); and those in flight whose
+        # attempt is the first that may leave, under a key no ledger row doubts (``unsent_error``).
+        self.maybe_ran: set[NodeKey] = set()
+        self.first_out: set[NodeKey] = set()
+        self._cancelled_effects: dict[NodeKey, str] = {}  # effect attempts cancelled -> their effect's name
         self._items_events: list[NewEvent] | None = None  # the batch's events list the next two are for
         self._items_of: dict[str, list[list[int]]] = {}  # step -> its items completed in that batch (ranges)
         self.retries_used = 0
@@ -100,13 +132,18 @@ class Calls:
                 batch.events.append(NewEvent(kind="node_completed", node_id=key.node_id, fan_index=key.fan_index,
                                              data={"attempt": attempt, "from": "ledger"}))
                 return Committed(result)
-            reconciling = status in (EffectStatus.PENDING, EffectStatus.ABANDONED)  # it may have happened
+            reconciling = may_have_happened(status, result)
             self.ledger[ekey] = (EffectStatus.PENDING, None)
             batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index,
                                              effect_name=spec.effect_name, args_digest=args_digest(kwargs),
                                              status=EffectStatus.PENDING))
         recorded = self._records_first(spec)
         if recorded:
+            if reconciling or key in self.maybe_ran:
+                self.first_out.discard(key)
+            else:
+                self.first_out.add(key)
+            self.maybe_ran.add(key)
             batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.RUNNING,
                                          attempt=attempt, started_at=now))
         call = NodeCall(fields=(self.run_id, key.node_id, key.fan_index, attempt, self.trace_id, ekey, reconciling),
@@ -331,10 +368,15 @@ class Calls:
             error["reason"] = f"{flight.attempt} attempts exhausted"
         ekey = self.keys.get(key)
         if ekey is not None:
-            self.ledger[ekey] = (EffectStatus.FAILED, None)
+            # Its retries ran out on transient errors (or the budget did): whether the last call took
+            # effect is unknown, as a rollback assumes (``sagas.rollback.effect_time``), so the row
+            # says ``abandoned``, not ``failed``: a re-issue (an operator's retry) reconciles it.
+            status = EffectStatus.ABANDONED if outcome.transient else EffectStatus.FAILED
+            result = {"error": short_error(error)}
+            self.ledger[ekey] = (status, result)
             batch.effects.append(EffectWrite(idempotency_key=ekey, node_id=node_id, fan_index=index,
                                              effect_name=flight.spec.effect_name, args_digest="",
-                                             status=EffectStatus.FAILED, result={"error": short_error(error)}))
+                                             status=status, result=result))
         batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.FAILED,
                                      attempt=flight.attempt, error=error, started_at=outcome.started_at,
                                      finished_at=outcome.finished_at))
@@ -361,9 +403,49 @@ class Calls:
             if flight is None:
                 continue
             self.out.cancel.append(key)
+            if key in self.keys:  # an effect's: its ledger row is rewritten if it proves never sent (``not_sent``)
+                self._cancelled_effects[key] = flight.spec.effect_name
             if write:
                 self.out.batch.nodes.append(cancelled_row(key.node_id, key.fan_index, flight.attempt, reason,
                                                           self.out.now, flight.started_at))
+
+    def unsent_error(self, key: NodeKey, why: str) -> dict[str, Any]:
+        """The error of ``key``'s attempt in flight, which never left the driver: ``not sent``, and,
+        when no attempt of the node may have left before it (``first_out``), ``took_effect: False``
+        (``sagas.rollback.not_sent``: no rollback undoes it; the node counts as never run again)."""
+        first = key in self.first_out
+        if first:
+            self.first_out.discard(key)
+            self.maybe_ran.discard(key)
+        return not_sent(why, first=first)
+
+    def not_sent(self, keys: Iterable[NodeKey]) -> None:
+        """Attempts cancelled (``cancel``, their rows in this batch) that the shell shows never left
+        it: their rows say ``not sent`` (``unsent_error``); one that took no effect says so, and its
+        ledger row, ``pending`` since before the send, ends ``failed`` with that error (a retry
+        calls it afresh, not reconciling). Of a node an earlier attempt of which may have left,
+        only the reason changes: that one may have taken effect."""
+        keys = list(keys)
+        if not keys:
+            return
+        nodes = self.out.batch.nodes
+        where = {(n.node_id, n.fan_index): i for i, n in enumerate(nodes) if n.status == NodeStatus.CANCELLED}
+        for key in keys:
+            i = where.get((key.node_id, key.fan_index))
+            if i is None:
+                continue
+            row = nodes[i]
+            error = self.unsent_error(key, str((row.error or {}).get("reason") or "cancelled"))
+            nodes[i] = row.model_copy(update={"error": ErrorRecord.model_validate(error)})
+            ekey = self.keys.get(key)
+            if error.get("took_effect") is False and ekey is not None \
+                    and self.ledger.get(ekey, (None, None))[0] == EffectStatus.PENDING:
+                result = {"error": {"type": "Cancelled", **error}}
+                self.ledger[ekey] = (EffectStatus.FAILED, result)
+                self.out.batch.effects.append(EffectWrite(
+                    idempotency_key=ekey, node_id=key.node_id, fan_index=key.fan_index,
+                    effect_name=self._cancelled_effects.pop(key, ""), args_digest="", status=EffectStatus.FAILED,
+                    result=result))
 
     def stop_retries(self, reason: str, plain: Callable[[NodeKey], bool]) -> None:
         """The forward DAG stops for good: a ``plain`` node waiting out a retry backoff will not be

@@ -15,6 +15,8 @@ latest first and before anything upstream of the agent, under the call's key + `
 from __future__ import annotations
 
 import functools
+import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,9 +40,59 @@ from raysaga.sagas.rollback import (
     rollback_outcome,
     step_targets,
 )
-from raysaga.state import NodeRecord, NodeStatus, NodeWrite, RunUpdate
+from raysaga.state import EffectRecord, EffectStatus, NewEvent, NodeRecord, NodeStatus, NodeWrite, RunUpdate
 
 PlanKey = tuple[str, int]  # the plan's key of a target: (node_id, fan_index) of the node undone
+
+
+@dataclass(frozen=True)
+class RollbackReads:
+    """What the shell reads for a rollback besides the run's rows (``driver_io.rollback_inputs``)."""
+
+    elsewhere: tuple[EffectRecord, ...] = ()
+    """Ledger rows of compensations written by other runs of the lineage (``Elsewhere``)."""
+    cause: Any = None
+    """The forward cause, read back from the ``rollback_cause`` event, of a run whose error a
+    parking (``sagas.rollback.PARKING_ERRORS``) overwrote; None: the run's error says it."""
+
+
+class Elsewhere:
+    """Ledger rows of compensations written by other runs of the run's lineage, by key.
+
+    A fork undoes a node it inherited under the key of the run that executed it, so the parent and
+    every fork that inherited the node share one compensation key: two forks rolling back both
+    undo it, and the run that executed it may too. The run's own ledger (read by run) holds only
+    the rows it wrote; the shell also hands in those its lineage wrote (the runs each key derives
+    from and their forks: ``raysaga.orchestrator.driver_io``). Before a compensation is
+    issued, its key is looked up here: committed elsewhere, it is answered from that row (never
+    called again, the row left as it is); pending elsewhere, another run is undoing it now, and
+    this one's undo fails for good, naming that run, rather than call it a second time under the
+    same key (once that run settles it, ``raysaga retry RUN --compensations`` answers it from the
+    ledger); failed or abandoned elsewhere, this run takes it up, ``reconciling`` when the row
+    says the call may have happened (``calls.may_have_happened``). A row keeps the run that wrote
+    it first (``state.ledger_rows``): a taken-up key is settled in place, and its first writer
+    finds it settled when its own rollback is retried."""
+
+    def __init__(self, run_id: str, rows: Iterable[EffectRecord]) -> None:
+        self.run_id = run_id
+        self.rows = {row.idempotency_key: row for row in rows if row.run_id != run_id}
+
+    def take_up(self, ekey: str, ledger: dict[str, tuple[EffectStatus, Any]]) -> dict[str, Any] | None:
+        """Put another run's row of ``ekey`` into ``ledger`` (the run's own, which ``Calls.issue``
+        reads), or return the error of a key another run has under way."""
+        row = self.rows.get(ekey)
+        if row is None or ekey in ledger:
+            return None  # none elsewhere, or the run's own row (it wrote it first)
+        if row.status == EffectStatus.PENDING:
+            return {"type": "CompensationElsewhere", "transient": False, "run": row.run_id,
+                    "message": f"its undo under key {ekey} is under way in run {row.run_id!r} (ledger row pending): "
+                               f"not called a second time; once that run settles it, `raysaga retry "
+                               f"{shlex.quote(self.run_id)} --compensations` answers it from the ledger"}
+        result = row.result
+        if row.status == EffectStatus.COMMITTED and isinstance(result, dict) and set(result) == {"blob"}:
+            result = None  # (nothing reads an undo's output: its blob is not loaded for it)
+        ledger[ekey] = (row.status, result)
+        return None
 
 
 @dataclass(frozen=True)
@@ -60,15 +112,17 @@ UNDONE_UNKNOWN = {"type": "Compensated", "transient": False,
 
 class Rollback:
     def __init__(self, wf: Workflow, run_id: str, reason: str, rows: list[NodeRecord], blobs: dict[str, Any],
-                 calls: Calls, forward: Forward, cause: Any) -> None:
+                 calls: Calls, forward: Forward, cause: Any, elsewhere: Iterable[EffectRecord] = ()) -> None:
         """``rows``: every node row of the run, as the store holds them now; ``blobs``: the
-        verified values of their output blobs; ``cause``: the run's error when it started."""
+        verified values of their output blobs; ``cause``: the run's error when it started;
+        ``elsewhere``: ledger rows of compensations other runs of its lineage wrote (``Elsewhere``)."""
         self.wf = wf
         self.run_id = run_id
         self.reason = reason
         self.calls = calls
         self.forward = forward
         self.cause = cause
+        self._elsewhere = Elsewhere(run_id, elsewhere)
         undoable = {name: spec.map_over is not None for name, spec in wf.steps.items()
                     if wf.compensation_for(name) is not None}
         targets: list[CompensationTarget] = []
@@ -178,23 +232,26 @@ class Rollback:
             if key in self._tool_calls:
                 call = self._tool_calls[key]
                 spec = self._tool_spec(comp, call.tool)
-                done = self.calls.issue(comp, spec, {"args": call.args, "output": self._outputs[key]},
-                                        call.key + COMPENSATE_SUFFIX)
+                kwargs: dict[str, Any] = {"args": call.args, "output": self._outputs[key]}
+                ekey = call.key + COMPENSATE_SUFFIX
             else:
                 step, index = key
                 spec = self._step_spec(step)
                 original = self.wf.steps[step]
                 step_kwargs = self.forward.kwargs(step, index)
-                kwargs: dict[str, Any] = {}
+                kwargs = {}
                 for name in spec.param_deps:  # (one with a default the step does not take keeps it)
                     if name == "output" or name in step_kwargs:
                         kwargs[name] = self._outputs[key] if name == "output" else step_kwargs[name]
                 if spec.input_param:
                     kwargs[spec.input_param] = self.forward.run_input
-                step_key = effect_key(self._origins.get(key, self.run_id), step, index, original.effect_name,
-                                      step_kwargs)
-                done = self.calls.issue(comp, spec, kwargs, step_key + COMPENSATE_SUFFIX)
-            if isinstance(done, Committed):
+                ekey = effect_key(self._origins.get(key, self.run_id), step, index, original.effect_name,
+                                  step_kwargs) + COMPENSATE_SUFFIX
+            busy = self._elsewhere.take_up(ekey, self.calls.ledger)
+            if busy is not None:  # another run of the lineage is undoing it now: never a second call
+                self._refuse(comp, busy)
+                continue
+            if isinstance(self.calls.issue(comp, spec, kwargs, ekey), Committed):
                 self.completed(comp)
 
     def _tool_spec(self, comp: NodeKey, tool: Tool) -> StepSpec:
@@ -251,6 +308,15 @@ class Rollback:
             batch.nodes.append(NodeWrite(
                 node_id=row.node_id, fan_index=row.fan_index, status=final, attempt=row.attempt,
                 error=UNDONE_UNKNOWN, started_at=row.started_at, finished_at=self.calls.out.now))
+
+    def _refuse(self, comp: NodeKey, error: dict[str, Any]) -> None:
+        """Fail ``comp`` for good without calling it (its key is another run's, under way there)."""
+        batch, attempt = self.calls.out.batch, self.calls.attempts.get(comp, 0)
+        batch.nodes.append(NodeWrite(node_id=comp.node_id, fan_index=comp.fan_index, status=NodeStatus.FAILED,
+                                     attempt=attempt, error=error, finished_at=self.calls.out.now))
+        batch.events.append(NewEvent(kind="node_failed", node_id=comp.node_id, fan_index=comp.fan_index,
+                                     data={"attempt": attempt, "error": error}))
+        self.failed(comp, error)
 
     def failed(self, comp: NodeKey, error: Any) -> None:
         key = self._target(comp)

@@ -28,13 +28,14 @@ from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import GONE, Calls
 from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart
 from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
-from raysaga.orchestrator.machine.rollback import Rollback
+from raysaga.orchestrator.machine.rollback import Rollback, RollbackReads
 from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
+from raysaga.sagas.policy import Verdict
 from raysaga.state import (
     MemoryEntry,
     NewEvent,
@@ -47,6 +48,9 @@ from raysaga.state import (
     RunUpdate,
     SignalRecord,
 )
+
+#: The event, beside ``rollback_started``, that keeps why the run rolls back (its forward cause).
+CAUSE_EVENT = "rollback_cause"
 
 
 class Phase(StrEnum):
@@ -106,6 +110,11 @@ class RunMachine:
                     self._restored_calls[key] = row  # (settled by a cancel if its agent never starts again)
             elif not key.compensates and row.node_id in self.wf.steps:
                 self.forward.restore(row, output)
+                # an attempt may have left (a 'pending' row too: written only by a reset, a fan-out's
+                # retry round or an operator's retry, of a node that ran): a later one is not its first
+                if row.status != NodeStatus.SKIPPED and not (row.error is not None and row.error.took_effect is False) \
+                        and self._records_first(self.wf.steps[row.node_id]):
+                    self.calls.maybe_ran.add(key)
             # a compensation's row: the rollback reads those itself
         for effect in snap.effects:
             self.calls.ledger[effect.idempotency_key] = (effect.status, effect.result)
@@ -156,7 +165,13 @@ class RunMachine:
                 self.calls.inflight.pop(sent.key, None)
                 self.out.batch.nodes.append(NodeWrite(
                     node_id=sent.key.node_id, fan_index=sent.key.fan_index, status=NodeStatus.CANCELLED,
-                    attempt=sent.call.attempt, error={"reason": "not sent: the run failed"}, finished_at=now))
+                    attempt=sent.call.attempt, error=self.calls.unsent_error(sent.key, "the run failed"),
+                    finished_at=now))
+
+    def not_sent(self, keys: Iterable[NodeKey]) -> None:
+        """Attempts the shell cancelled while they still waited in it, never sent (a Ray lane's
+        queue): their rows say so, and a first attempt's says it took no effect (``Calls.not_sent``)."""
+        self.calls.not_sent(keys)
 
     # answers to the shell's queries (see outbox.Query)
 
@@ -367,23 +382,29 @@ class RunMachine:
         the run when nothing needs undoing)."""
         assert self.forward.failure is not None
         label, error = self.forward.failure
-        reason = f"critical step {label!r} failed: {error.get('message') or error.get('reason') or ''}"[:500]
-        self.stop_forward(reason, {"node": label, **short_error(error)}, now)
+        self.stop_forward(failure_reason(label, error), {"node": label, **short_error(error)}, now)
 
-    def begin_rollback(self, rows: list[NodeRecord], blobs: dict[str, Any], now: float) -> bool:
+    def begin_rollback(self, rows: list[NodeRecord], blobs: dict[str, Any], now: float,
+                       reads: RollbackReads | None = None) -> bool:
         """The run's rows as now durable: start compensating (True), or end the run when nothing
-        needs undoing (False: the batch holds the final transition)."""
+        needs undoing (False: the batch holds the final transition). ``reads``: what else the
+        shell read for it (other runs' compensation rows; a parked run's forward cause)."""
         self.out.now = now
         batch = self.out.batch
+        reads = reads or RollbackReads()
         if self._stopping is None:  # a rollback resumed after a crash
+            cause = self.run_error  # a parking's record stands for the forward cause it overwrote:
+            if reads.cause is not None and isinstance(cause, dict):
+                cause = {**cause, "cause": reads.cause}  # (``sagas.rollback.forward_cause``)
             self.rollback = Rollback(self.wf, self.run_id, self._resume_reason, rows, blobs, self.calls,
-                                     self.forward, self.run_error)
+                                     self.forward, cause, reads.elsewhere)
             self.phase = Phase.ROLLBACK
             return True
         reason, error, final, signal_id = self._stopping
         self._stopping = None
         cause = error if error is not None else self.run_error
-        rollback = Rollback(self.wf, self.run_id, reason, rows, blobs, self.calls, self.forward, cause)
+        rollback = Rollback(self.wf, self.run_id, reason, rows, blobs, self.calls, self.forward, cause,
+                            reads.elsewhere)
         if signal_id is not None:  # consumed with the transition, so a crash in between re-reads it
             batch.consumed_signals.append(signal_id)
         if final == RunStatus.COMPENSATING or rollback.plan.targets:
@@ -391,6 +412,9 @@ class RunMachine:
                                                         error=error, set_error=error is not None))
             batch.events.append(NewEvent(kind="rollback_started",
                                          data={"reason": reason, "targets": len(rollback.plan.targets)}))
+            if cause is not None:  # a parking (crash loop, damaged blob) may overwrite the run's error: a
+                # retried rollback reads the forward cause back from here (``driver_io.started_cause``)
+                batch.events.append(NewEvent(kind=CAUSE_EVENT, data={"cause": cause}))
             self.rollback = rollback
             self.phase = Phase.ROLLBACK
             return True
@@ -426,6 +450,17 @@ class RunMachine:
         batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
         self.phase = Phase.ENDED
 
+    def cancel_signal(self, signal: SignalRecord, now: float) -> bool:
+        """An operator's cancel signal: stop the forward DAG to roll back (True: the shell settles
+        what was in flight and hands the rows to ``begin_rollback``), or end the run ``cancelled``."""
+        payload = signal.payload if isinstance(signal.payload, dict) else {}
+        reason = str(payload.get("reason") or "cancelled by operator")
+        if payload.get("compensate"):
+            self.stop_forward(reason, None, now, final=RunStatus.COMPENSATING, signal_id=signal.id)
+            return True
+        self.cancel(reason, signal.id, now)
+        return False
+
     def pause(self, now: float, reason: str | None = None, signal_id: int | None = None) -> None:
         """Release all compute: cancel what is in flight and rest paused (model answers already
         absorbed are kept; approvals and sleeps keep waiting in their rows). ``signal_id``: an
@@ -437,3 +472,13 @@ class RunMachine:
             self.out.batch.consumed_signals.append(signal_id)
         self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
         self.phase = Phase.ENDED
+
+
+def failure_reason(label: str, error: dict[str, Any]) -> str:
+    """Why the forward DAG stopped, in the words of what stopped it: a critical step that failed,
+    or a fan-out whose partial-failure policy decided ``Compensate`` (critical or not: that verdict
+    rolls the run back whatever the step's ``critical``, so "critical step failed" misread it)."""
+    text = error.get("message") or error.get("reason") or ""
+    if error.get("type") == "FanOutPolicy" and error.get("verdict") == Verdict.COMPENSATE.value:
+        return f"fan-out {label!r}: its partial-failure policy decided Compensate: {text}"[:500]
+    return f"critical step {label!r} failed: {text}"[:500]

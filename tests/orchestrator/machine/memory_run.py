@@ -114,7 +114,7 @@ class MemoryRun:
                 self.effects[e.idempotency_key] = EffectRecord(
                     run_id=self.run.run_id, created_at=now, updated_at=now,
                     **{**e.model_dump(), "result": json_roundtrip(e.result)})
-            elif row.status == EffectStatus.FAILED:  # an operator's (or a policy's) retry: same key
+            elif row.status in (EffectStatus.FAILED, EffectStatus.ABANDONED):  # a retry: same key
                 self.effects[e.idempotency_key] = row.model_copy(update={"status": EffectStatus.PENDING,
                                                                          "updated_at": now})
         for e in batch.effects:

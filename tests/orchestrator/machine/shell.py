@@ -510,10 +510,14 @@ class RollbackOracle:
         """Each target: (its DAG step, when it took effect, (turn, call) for an agent's tool call)."""
         found: dict[PlanKey, tuple[str, float, tuple[int, int] | None]] = {}
         rows = self.fold.nodes
+        sent = {label for _, label, _ in self.journal.dispatched}
         for (node_id, index), row in rows.items():
             key = NodeKey.parse(node_id, index)
             if key.compensates:
                 continue
+            if row.error is not None and row.error.took_effect is False and key.label in sent:
+                raise InvariantViolation(f"{key.label} says it never left the driver (took_effect: false), yet an "
+                                         "attempt of it was sent")
             when = _took_effect(row)
             if when is None:
                 continue
@@ -651,6 +655,8 @@ class RollbackOracle:
 def _took_effect(row: NodeRecord) -> float | None:
     if row.status == NodeStatus.COMPLETED:
         return row.finished_at or 0.0
+    if row.error is not None and row.error.took_effect is False:
+        return None  # never sent (checked against what was sent: ``RollbackOracle.targets``)
     if row.status in UNKNOWN or (row.status == NodeStatus.FAILED and row.error is not None and row.error.transient):
         return float("inf")
     return None

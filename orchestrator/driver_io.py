@@ -1,0 +1,127 @@
+"""What a driver reads to build its machine and to roll a run back, and which of the attempts it
+cancels provably never left it.
+
+The shell's I/O for the machine (``orchestrator.machine``); each function reads or inspects and
+returns, the machine decides:
+
+- ``restored``: the run's machine from its snapshot, with the blobs its rows and ledger need;
+- ``rollback_inputs``: the run's rows as durable now and their blobs, the compensation ledger rows
+  other runs of the lineage wrote (a fork undoes an inherited node under the key of the run that
+  executed it, so parent and forks share the key: ``machine.rollback.Elsewhere``), and, for a run
+  parked mid-rollback (a crash loop, a damaged blob: its error overwritten by the parking's), the
+  forward cause its rollback kept (``rollback_cause``, beside ``rollback_started``);
+- ``never_sent``: of the attempts about to be cancelled, those still queued in the driver (a Ray
+  lane, never handed to Ray), so the machine can say they took no effect (``Calls.not_sent``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.executor import Executor, RayExecutor
+from raysaga.orchestrator.in_flight import InFlight
+from raysaga.orchestrator.machine.rollback import RollbackReads
+from raysaga.orchestrator.machine.run import CAUSE_EVENT, RunMachine
+from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.sagas.rollback import PARKING_ERRORS
+from raysaga.state import EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunSnapshot, Store
+from raysaga.types import is_compensation
+
+__all__ = ["EVENTS_WINDOW", "lineage_undos", "never_sent", "read", "restored", "rollback_inputs", "started_cause"]
+
+#: Reads blobs by digest, each mapped to what reads it (``Driver.blobs``: verified, or it parks).
+BlobReader = Callable[[dict[str, str]], dict[str, Any]]
+
+#: Events read at a time, newest first, looking for the last rollback's cause (``started_cause``).
+EVENTS_WINDOW = 200
+
+
+def restored(wf: Workflow, snap: RunSnapshot, options: RunOptions, rng: random.Random,
+             blobs: BlobReader) -> tuple[RunMachine, dict[str, Any]]:
+    """The run's machine restored from ``snap``, and its rows' output blobs (by digest)."""
+    outputs = blobs({n.output_digest: f"node {n.label}" for n in snap.nodes if n.output_digest})
+    completed = {(n.node_id, n.fan_index) for n in snap.nodes if n.status == NodeStatus.COMPLETED}
+    ledger = blobs({  # results a resume may hand out from the ledger instead of a call
+        e.result["blob"]: f"node {e.node_id}" for e in snap.effects
+        if e.status == EffectStatus.COMMITTED and isinstance(e.result, dict) and set(e.result) == {"blob"}
+        and (e.node_id, e.fan_index) not in completed})
+    m = RunMachine(wf, snap.run, options, rng)
+    m.restore(snap, outputs, ledger)
+    return m, outputs
+
+
+def rollback_inputs(store: Store, run: RunRecord, blobs: BlobReader
+                    ) -> tuple[list[NodeRecord], dict[str, Any], RollbackReads]:
+    """What ``RunMachine.begin_rollback`` takes: the run's rows as durable now, their output blobs
+    (verified and parsed: a missing, altered or non-JSON one parks the run), and ``read``'s."""
+    rows = store.nodes(run.run_id)
+    return rows, blobs({r.output_digest: f"node {r.label}" for r in rows if r.output_digest}), read(store, run, rows)
+
+
+def read(store: Store, run: RunRecord, rows: list[NodeRecord]) -> RollbackReads:
+    """What the rollback of ``run`` (its node rows ``rows``) needs from the store besides them."""
+    cause = None
+    error = run.error
+    if error is not None and error.get("type") in PARKING_ERRORS:
+        cause = started_cause(store, run)
+    return RollbackReads(elsewhere=tuple(lineage_undos(store, run.run_id, rows)), cause=cause)
+
+
+def lineage_undos(store: Store, run_id: str, rows: Iterable[NodeRecord]) -> list[EffectRecord]:
+    """Ledger rows of compensations written by the other runs that may share a key with this
+    run's: every run of the trees rooted at this run and at the runs its nodes were inherited from
+    (``origin_run_id``), their forks included. A run with no fork and no inherited node costs one
+    query (its children: none)."""
+    roots = {run_id} | {row.origin_run_id for row in rows if row.origin_run_id}
+    queue, seen = sorted(roots), set(roots)
+    found: list[EffectRecord] = []
+    while queue:
+        other = queue.pop()
+        for child in store.children(other):
+            if child["run_id"] not in seen:
+                seen.add(child["run_id"])
+                queue.append(child["run_id"])
+        if other != run_id:
+            found += [e for e in store.effects(other) if is_compensation(e.node_id)]
+    return found
+
+
+def started_cause(store: Store, run: RunRecord) -> Any:
+    """The forward cause the run's last rollback kept (its ``rollback_cause`` event, written with
+    ``rollback_started``; None if it kept none), read back a window at a time from the newest
+    event: a parked run's rollback started near its end."""
+    newest = run.event_seq
+    while newest > 0:
+        oldest = max(0, newest - EVENTS_WINDOW)
+        for event in reversed(store.events(run.run_id, after_seq=oldest, limit=newest - oldest)):
+            if event.kind == CAUSE_EVENT:
+                return event.data.get("cause") if isinstance(event.data, dict) else None
+            if event.kind == "rollback_started":
+                return None  # a rollback that kept no cause (a cancel's, or one before causes were kept)
+        newest = oldest
+    return None
+
+
+def never_sent(attempts: InFlight, executor: Executor, wf: Workflow, keys: Iterable[NodeKey]) -> list[NodeKey]:
+    """Of ``keys`` (attempts about to be cancelled), those provably never sent: still queued in a
+    Ray executor's lane (its handle neither ``sent`` nor holding a task), so the cancel drops them
+    before they leave the driver. Only a step's or item's own attempt, without a rate limit (a
+    limited one's handle is the gate's, whose ``sent`` may lag its inner attempt's), and only on
+    the Ray executor, which keeps ``sent`` exact; anything else may have started, and stays
+    undone by a rollback as an attempt whose outcome is unknown."""
+    keys = list(keys)
+    if not keys or not isinstance(getattr(executor, "inner", executor), RayExecutor):
+        return []
+    found = []
+    for key in keys:
+        sent = attempts.sent.get(key)
+        spec = wf.steps.get(key.node_id)
+        if (sent is None or spec is None or key.is_agent_call or key.compensates or spec.rate_limit is not None
+                or sent.handle.sent or sent.handle.ref is not None or sent.handle.outcome is not None):
+            continue
+        found.append(key)
+    return found
