@@ -27,6 +27,7 @@
     ├── NotJSONableError          a value that cannot be stored as JSON
     └── StepFailure               raised by user step code to classify its own failure
         ├── Permanent                 never retried
+        │   └── InputTypeError            a step's input is not the type its parameter declares
         └── Transient                 retried with backoff
 
 ``InvalidOptionError`` is also a ``ValueError``, and ``UnknownOptionError`` also a ``TypeError``:
@@ -200,6 +201,14 @@ class Permanent(StepFailure):
     """A failure that retrying cannot fix (bad input, refused, not found)."""
 
     transient = False
+
+
+class InputTypeError(Permanent):
+    """A step's input is not the type its parameter declares: the value it was given (a step's
+    stored output, the run's input) was made under another contract (the definition changed
+    since, with ``--allow-changed``, or the producer declares another type). Permanent: the
+    same value comes again on every attempt. The message names the step, the parameter and the
+    step the value came from."""
 
 
 class Transient(StepFailure):

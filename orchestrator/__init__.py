@@ -1,6 +1,8 @@
 """raysaga.orchestrator: the workflow DSL, DAG validation, the driver loop and its executors.
 
-Never talks SQL: it hands ``raysaga.state`` batches to commit under a lease.
+Never talks SQL: it hands ``raysaga.state`` batches to commit under a lease. ``retry`` is
+``raysaga.retry`` (``runner.retry``): here the name is the submodule ``retry``, which an import of it
+would bind over a lazy export.
 """
 
 from typing import TYPE_CHECKING
@@ -12,7 +14,7 @@ if TYPE_CHECKING:  # imported on first use: `raysaga status` must not load the d
     from raysaga.orchestrator.driver import Driver
     from raysaga.orchestrator.executor import Executor, InlineExecutor, RayExecutor, make_executor
     from raysaga.orchestrator.options import NO_RETRY, RetryPolicy, RunOptions
-    from raysaga.orchestrator.runner import cancel, create_run, resume, retry, run
+    from raysaga.orchestrator.runner import cancel, create_run, resume, run
     from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
     from raysaga.orchestrator.workflow import Workflow
 
@@ -21,7 +23,7 @@ _LAZY = {
     "Driver": "raysaga.orchestrator.driver",
     **dict.fromkeys(("Executor", "InlineExecutor", "RayExecutor", "make_executor"), "raysaga.orchestrator.executor"),
     **dict.fromkeys(("NO_RETRY", "RetryPolicy", "RunOptions"), "raysaga.orchestrator.options"),
-    **dict.fromkeys(("cancel", "create_run", "resume", "retry", "run"), "raysaga.orchestrator.runner"),
+    **dict.fromkeys(("cancel", "create_run", "resume", "run"), "raysaga.orchestrator.runner"),
     **dict.fromkeys(("NOT_APPLIED", "StepSpec"), "raysaga.orchestrator.spec"),
     "Workflow": "raysaga.orchestrator.workflow",
 }
@@ -43,6 +45,5 @@ __all__ = [
     "create_run",
     "make_executor",
     "resume",
-    "retry",
     "run",
 ]

@@ -5,6 +5,7 @@ the blob and ``raysaga retry``s it. ``parking`` is pure; ``park_on_blob`` commit
 from __future__ import annotations
 
 import logging
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,7 @@ def parking(status: RunStatus, exc: BlobIntegrityError, where: str | None, run_i
     """``parked`` for a blob that is missing or altered."""
     reason = (f"blob {exc.digest} of {where or 'this run'} {exc.problem}: the store was changed outside "
               "raysaga, so the run is parked and the data not used; restore the blob (or the node) and "
-              f"`raysaga retry {run_id}`")[:1000]
+              f"`raysaga retry {shlex.quote(run_id)}`")[:1000]
     error = {"type": "BlobIntegrityError", "digest": exc.digest, "problem": exc.problem, "node": where,
              "message": str(exc)}
     return parked(status, reason, error, NewEvent(kind="blob_integrity_error", node_id=None, data={

@@ -31,6 +31,8 @@ from raysaga.orchestrator.cli_options import (
     AddressOpt,
     DbOpt,
     ExecutorOpt,
+    LabelFilterOpt,
+    LabelOpt,
     LeaseOpt,
     MaxDeathsOpt,
     RunIdArg,
@@ -201,7 +203,7 @@ def run(
     lease_ttl: LeaseOpt = 15.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final status as JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
+    label: LabelOpt = None,
     max_driver_deaths: MaxDeathsOpt = None,
 ) -> None:
     """Start a run of WORKFLOW and drive it to the end (Ctrl-C or a kill: `raysaga resume RUN` continues it)."""
@@ -289,6 +291,7 @@ def resume(
             _report(store, before, as_json)
             _exit_for(before)
             return
+        _runner().check_resumable(before)  # a paused run is held: refused before any code is imported
         with _runner().executor_started(executor, address) as started:  # Ray joins while the code loads
             wf = _workflow_for(store, run_id, workflow)
             ex = started()
@@ -381,7 +384,7 @@ def list_runs(
         "--before", help="The next page: runs created before this run (the last one listed).")] = None,
     db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
-    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
+    label: LabelFilterOpt = None,
 ) -> None:
     """The runs in the store, newest first (times in UTC)."""
     with errors():

@@ -4,6 +4,8 @@ It imports FastAPI and uvicorn only when it runs (the ``dashboard`` extra)."""
 
 from __future__ import annotations
 
+import errno
+import socket
 from typing import Annotated
 
 import typer
@@ -34,18 +36,40 @@ def dashboard(
         from raysaga.orchestrator import cli_store
         from raysaga.orchestrator.dashboard.server import build
 
-        if port == 0:  # any free port, named in the line below (uvicorn would not say which)
-            import socket
-
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-                probe.bind((host, 0))
-                port = int(probe.getsockname()[1])
         store = cli_store.open_for_reads(db)
         app, guard = build(store, host=host, token=token, allow_hosts=allow_host or ())
+        listener = _listen(host, port)  # a port in use is a one-line error, before any URL is announced
+        port = int(listener.getsockname()[1])  # port 0: the one the system picked
         shown = f"[{host}]" if ":" in host else host
         say(err, f"raysaga dashboard on http://{shown}:{port}/ over {cli_store.describe(cli_store.store_url(db))}"
             + (" (token required: open /?token=TOKEN once)" if guard.token else ""))
         import uvicorn
 
-        uvicorn.run(app, host=host, port=port, log_level="warning", proxy_headers=False,
-                    server_header=False)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", proxy_headers=False,
+                                server_header=False)
+        with listener:
+            uvicorn.Server(config).run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (0: any free port), so the URL printed is one that answers.
+
+    uvicorn binding the port itself would log its own error and exit 3, which here means "another
+    driver owns the run"; a busy or forbidden address is a caller's mistake (exit 2)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host!r} is not an address of this machine ({exc.strerror})") from None
+    listener = socket.socket(family, kind, proto)
+    try:
+        # as uvicorn does: a restart right after a stop may rebind; a port another server listens on stays refused
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(2048)
+    except OSError as exc:
+        listener.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"port {port} is in use: pick another --port (0: any free port)") from None
+        raise UserError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    return listener

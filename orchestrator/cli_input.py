@@ -170,10 +170,6 @@ def check_run_id(value: str | None, what: str = "run id") -> str | None:
     return None if value is None else check_types_run_id(value, what)
 
 
-#: ``--label``'s help, on ``run``, ``submit`` and ``list``.
-LABEL_HELP = "KEY=VALUE: a label of the run (repeatable; `list`: only runs with every one)."
-
-
 def labels(option: str, given: list[str] | None) -> dict[str, str]:
     """``--label KEY=VALUE`` options as a run's labels (``raysaga.types.check_labels``: bounded,
     printable); a pair without ``=`` or a key given twice is refused, naming it."""

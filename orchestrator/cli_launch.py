@@ -17,7 +17,7 @@ import typer
 from raysaga.errors import LeaseHeldError, RunExistsError, UserError, WorkflowLoadError
 from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
-from raysaga.orchestrator.cli_options import DbOpt, LeaseOpt, MaxDeathsOpt
+from raysaga.orchestrator.cli_options import DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def launch(
     python: Annotated[str, typer.Option(
         "--python", help="The cluster's Python with raysaga installed (the job's entrypoint).")] = "python",
     max_driver_deaths: MaxDeathsOpt = None,
-    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
+    label: LabelOpt = None,
 ) -> None:
     """Record a run of WORKFLOW and start it on a Ray cluster as a Ray Job; print the run id and return."""
     started = time.monotonic()
@@ -233,8 +233,8 @@ def _follow(store: SqlStore, client: JobSubmissionClient, run_id: str, sid: str)
                 say(err, f"  {line}")
             if run.status == RunStatus.PENDING:  # its driver never started: no worker claims a launched run
                 raise UserError(f"Ray job {sid} ended ({state[1]}) before it started run {run_id} (its log above): "
-                                f"fix that and launch it again with --run-id {run_id}")
+                                f"fix that and launch it again with --run-id {shlex.quote(run_id)}")
             raise UserError(f"Ray job {sid} ended ({state[1]}) with run {run_id} still {run.status.value}: once "
                             "its lease expires, a `raysaga worker`, `raysaga resume` or another `raysaga launch "
-                            f"--run-id {run_id}` takes it over")
+                            f"--run-id {shlex.quote(run_id)}` takes it over")
         time.sleep(FOLLOW_EVERY)  # polling the store and the cluster for another process's progress

@@ -46,7 +46,7 @@ def prune(
             if not statuses:
                 raise UserError(f"--status names no state; prunable: {', '.join(_PRUNABLE)}")
         from raysaga.orchestrator import cli_status, cli_store
-        from raysaga.state.prune import prune as prune_runs
+        from raysaga.state.pruning import prune as prune_runs
 
         store = cli_store.open_for_writes(db, must_exist=True)
         report = prune_runs(store, seconds, statuses=statuses, batch_size=batch_size, dry_run=dry_run)

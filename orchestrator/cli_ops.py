@@ -19,7 +19,7 @@ import typer
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, stop_signals
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
-from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
+from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
 from raysaga.types import check_text
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE",
@@ -78,6 +78,15 @@ def _next_step(run_id: str, client: Any = None) -> str:
     run = None if client is None else client.get_run(run_id)
     if run is not None and run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time():
         return "the run's live driver takes the decision at its next heartbeat"
+    if run is not None and run.status.value == "paused" and run.wake_at is None:  # held: no worker takes it up
+        from raysaga.orchestrator.runner import held_by_operator  # loaded with the Client already
+
+        why, quoted = run.status_reason or "paused", shlex.quote(run_id)
+        if held_by_operator(run):
+            return (f"the run is paused ({why}): it goes on with the decision once `raysaga unpause {quoted}` "
+                    "lets a worker take it up")
+        return (f"the run paused itself ({why}): it goes on with the decision once `raysaga resume {quoted}` "
+                "takes it up (a spent budget: resumed with a larger one)")
     return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {shlex.quote(run_id)}`"
 
 
@@ -175,7 +184,7 @@ def submit(
     input: Annotated[str | None, typer.Option("--input", "-i", help="JSON text, @file.json or @- for stdin.")] = None,
     run_id: Annotated[str | None, typer.Option("--run-id", help="Id for the run.")] = None,
     db: DbOpt = None,
-    label: Annotated[list[str] | None, typer.Option("--label", help=cli_input.LABEL_HELP)] = None,
+    label: LabelOpt = None,
     max_driver_deaths: MaxDeathsOpt = None,
 ) -> None:
     """Record a run for the worker fleet and return at once; prints the run id."""

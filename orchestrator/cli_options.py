@@ -18,3 +18,8 @@ WorkflowOpt = Annotated[str | None, typer.Option("--workflow", help="MODULE:WORK
 MaxDeathsOpt = Annotated[int | None, typer.Option(
     "--max-driver-deaths", help="The run's own crash-loop limit: drivers of it that die in a row before it commits "
     "any step's outcome, then it is parked (default 3, or the limit of whoever drives it); recorded with the run.")]
+LabelOpt = Annotated[list[str] | None, typer.Option(
+    "--label", help="KEY=VALUE: a label of the new run (repeatable): `status` shows it, `list --label` finds the run "
+    "by it.")]
+LabelFilterOpt = Annotated[list[str] | None, typer.Option(
+    "--label", help="KEY=VALUE: only runs with this label (repeatable: runs with every one).")]

@@ -15,6 +15,7 @@ next_nodes_after (and steps/failures with ``--summary``, which leaves nodes out)
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import sys
 import time
@@ -266,6 +267,22 @@ def flat(text: str) -> str:
                    for c in text)
 
 
+#: The end of a text cut inside an escape: an odd run of backslashes, then part of ``\uXXXX`` or ``\xXX``.
+_HALF_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*(\\(?:u[0-9a-fA-F]{0,3}|x[0-9a-fA-F]?)?)$")
+
+
+def output_line(output: Any, limit: int) -> str:
+    """A run's output as one line of JSON: text as written (``日本``, not ``\\u65e5\\u672c``), with what
+    a terminal would act on shown escaped (JSON escapes C0 controls, ``flat`` the rest), and cut
+    at ``limit`` characters, never inside an escape."""
+    text = flat(json.dumps(scrub(output), default=str, ensure_ascii=False))
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    half = _HALF_ESCAPE.search(cut)
+    return (cut[:half.start(1)] if half else cut) + " …"
+
+
 def _styled(status: str) -> Text:
     return Text(status, style=STATUS_COLOURS.get(status, ""))
 
@@ -331,8 +348,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     for note in fan_notes:
         console.print(Text("fan-out " + flat(note)))
     if run.output is not None:
-        text = json.dumps(scrub(run.output), default=str)
-        console.print(Text("output: " + (text if len(text) < 600 else text[:600] + " …")))
+        console.print(Text("output: " + output_line(run.output, 600)))
     if run.error:
         console.print(Text("error: " + error_line(scrub(run.error.as_dict()), 600)))
     failed = sum(s.counts.get("failed", 0) for s in infos)

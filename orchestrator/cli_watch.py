@@ -77,6 +77,11 @@ def status(
     with errors():
         _run_id(run_id)
         cli_input.int_in_range("--nodes-limit", nodes_limit, 1, cap=cli_input.INT64_MAX)
+        shaping = [name for name, given in (("--summary", summary), ("--nodes-limit", nodes_limit is not None),
+                                            ("--nodes-after", nodes_after is not None)) if given]
+        if shaping and not as_json:  # the human view lists every node and counts each fan-out's items itself
+            raise UserError(f"{' and '.join(shaping)} shape{'s' if len(shaping) == 1 else ''} the JSON document: "
+                            "add --json, or leave it out for the human view")
         if format not in FORMATS:
             raise UserError(f"--format {format!r} is not known: use {', '.join(FORMATS)}")
         if watch and (as_json or format != "text" or errors_ or node is not None):

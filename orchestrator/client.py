@@ -17,7 +17,7 @@ from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
 from raysaga.orchestrator.run_identity import same_deaths, same_labels, same_options
-from raysaga.orchestrator.runner import CANCEL_TTL, create_run, existing_run, reopen
+from raysaga.orchestrator.runner import CANCEL_TTL, SELF_PAUSED, create_run, existing_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import RunRecord, RunStatus, Store, open_store
@@ -106,6 +106,8 @@ class Client:
         driver is paused at once). Approvals and sleeps keep waiting in their rows."""
         by, reason = _actor(by), _reason(reason)
         reason = printable(reason or f"paused by {by or 'operator'}")  # a lone surrogate failed its writes
+        if reason.startswith(SELF_PAUSED):  # read as a run's own pause, a resume would drive it on
+            reason = f"paused: {reason}"
         for _ in range(5):
             run = self.get_run(run_id)
             if run.status in TERMINAL or run.status in PARKED or run.status == RunStatus.COMPENSATING:

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from raysaga.errors import OutputTypeError, Permanent
+from raysaga.errors import InputTypeError, OutputTypeError
 from raysaga.orchestrator.input_errors import problems
 from raysaga.orchestrator.type_adapters import type_adapter
 
@@ -22,17 +22,13 @@ from raysaga.orchestrator.type_adapters import type_adapter
 EXACT = frozenset({int, str, float, bool, dict, list, type(None)})
 
 
-class InputTypeError(Permanent):
-    """A step's input is not the type its parameter declares: the value it was given (a step's
-    stored output, the run's input) was made under another contract (the definition changed
-    since, with ``--allow-changed``, or the producer declares another type). Permanent: the
-    same value comes again on every attempt."""
-
-    def __init__(self, step: str, param: str, declared: Any, exc: ValidationError) -> None:
-        source = "the run's input" if param == "input" else f"the output of step {param!r}"
-        super().__init__(f"step {step!r} cannot read {source} as {_name(declared)} ({problems(exc)}): "
-                         "declare the type that step returns, or resume the run with the definition it "
-                         "started under")
+def input_type_error(step: str, param: str, declared: Any, exc: ValidationError) -> InputTypeError:
+    """``InputTypeError`` (``raysaga.errors``) for step ``step``, whose parameter ``param`` could
+    not read its value as ``declared``: it names where the value came from and the fix."""
+    source = "the run's input" if param == "input" else f"the output of step {param!r}"
+    return InputTypeError(f"step {step!r} cannot read {source} as {_name(declared)} ({problems(exc)}): "
+                          "declare the type that step returns, or resume the run with the definition it "
+                          "started under")
 
 
 def _name(tp: Any) -> str:

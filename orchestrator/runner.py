@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -218,7 +219,29 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
     revives those) is returned as it stands: nothing is claimed or written."""
     st = _store(store)
     current = st.get_run(run_id, lenient=True)  # RunNotFoundError before starting Ray
+    check_resumable(current)
     return _drive(workflow, st, current, executor, address, options, on_progress)
+
+
+#: How a run that paused itself words its reason: an agent's spent budget (``budget: ...``), a loop
+#: with ``LoopPolicy(then="pause")`` (``loop: ...``). Its operator goes on with ``resume`` (a
+#: budget's with a larger budget), not ``unpause``; any other pause is an operator's.
+SELF_PAUSED = ("budget:", "loop:")
+
+
+def held_by_operator(run: RunRecord) -> bool:
+    """Whether an operator's pause holds ``run``: paused, not by itself, and not unpaused since (an
+    unpause sets ``wake_at``: the run is then due for a worker, or a resume)."""
+    return (run.status == RunStatus.PAUSED and run.wake_at is None
+            and not (run.status_reason or "").startswith(SELF_PAUSED))
+
+
+def check_resumable(run: RunRecord) -> None:
+    """A run an operator paused is held until unpaused (docs/operations.md: a pause holds a run; no
+    timer or decision wakes it): a resume refuses it rather than quietly drive it on."""
+    if held_by_operator(run):
+        raise UserError(f"run {run.run_id!r} is paused ({run.status_reason or 'by an operator'}): "
+                        f"`raysaga unpause {shlex.quote(run.run_id)}` lets it go on (Client.unpause in Python)")
 
 
 def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: ExecutorArg, address: str | None,
@@ -262,9 +285,9 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     if run.status == RunStatus.COMPENSATING:  # a rollback is under way: cancelling it would half-undo
         if not compensate:
             raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled half-way; "
-                            f"let the rollback finish (`raysaga resume {run_id}`)")
+                            f"let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
         assert workflow is not None
-        return resume(workflow, run_id, store=st, executor=executor, address=address)
+        return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
     payload = {"reason": reason, "compensate": compensate}
     owner = driver_id()
     try:
@@ -283,7 +306,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
         if current.status == RunStatus.COMPENSATING:  # its driver started rolling back, then stopped
             if not compensate:
                 raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled "
-                                f"half-way; let the rollback finish (`raysaga resume {run_id}`)")
+                                f"half-way; let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
         elif compensate and current.status in PARKED:
             st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason),
                                    consumed_signals=[s.id for s in signals]))
@@ -299,9 +322,9 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
                                    run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
     finally:
         st.release(lease)
-    if compensate:
+    if compensate:  # driven here, paused or not: the cancel is the operator's word
         assert workflow is not None
-        return resume(workflow, run_id, store=st, executor=executor, address=address)
+        return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
     return st.get_run(run_id, lenient=True)
 
 
@@ -332,7 +355,7 @@ def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord
                 return lease
         time.sleep(0.1)  # polling the store for another process's progress
     raise UserError(f"run {run_id!r}: the cancel signal is queued; its driver has not finished acting on it "
-                    f"within {wait:.0f}s (`raysaga status {run_id}` shows where it is)")
+                    f"within {wait:.0f}s (`raysaga status {shlex.quote(run_id)}` shows where it is)")
 
 
 def check_retryable(run: RunRecord, compensations: bool) -> None:
@@ -393,4 +416,5 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
                   on_progress=on_progress)
 
 
-__all__ = ["NO_INPUT", "SqlStore", "cancel", "create_run", "executor_started", "new_run_id", "resume", "retry", "run"]
+__all__ = ["NO_INPUT", "SELF_PAUSED", "SqlStore", "cancel", "check_resumable", "create_run", "executor_started",
+           "held_by_operator", "new_run_id", "resume", "retry", "run"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal as posix_signal
 import threading
 from collections.abc import Iterator
@@ -99,6 +100,6 @@ class StopSignals:
         name = posix_signal.Signals(signum).name
         with contextlib.suppress(OSError):  # os.write: a handler must not re-enter sys.stderr's buffer
             os.write(2, f"interrupted by {name} again: stopped at once, inside the step in flight; "
-                        f"`raysaga resume {self.run_id}` continues it (on this host it takes the lease "
+                        f"`raysaga resume {shlex.quote(self.run_id)}` continues it (on this host it takes the lease "
                         f"over at once)\n".encode("utf-8", "replace"))
         os._exit(128 + signum)

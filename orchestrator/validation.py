@@ -17,7 +17,8 @@ from raysaga.types import NAME_RE, NAME_RULE, WORKFLOW_NAME_RE, check_name
 
 _SCALARS = (str, int, float, bool, type(None))
 
-__all__ = ["NAME_RE", "NAME_RULE", "WORKFLOW_NAME_RE", "build_graph", "check_name", "json_type_problem", "validate"]
+__all__ = ["NAME_RE", "NAME_RULE", "WORKFLOW_NAME_RE", "build_graph", "check_name", "compensation_target_problem",
+           "json_type_problem", "validate"]
 
 def build_graph(steps: dict[str, StepSpec]) -> nx.DiGraph:
     graph = nx.DiGraph()
@@ -52,10 +53,7 @@ def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict
             if dep == spec.name:
                 problems.append(f"step {spec.name!r} depends on itself: remove {dep!r} from its parameters/after=")
             elif dep not in steps:
-                problems.append(
-                    f"step {spec.name!r} depends on unknown step {dep!r}: define a step named {dep!r} "
-                    "or rename the parameter (use 'input' for the run input, 'ctx' for the context)"
-                )
+                problems.append(_unknown_dep(spec, dep, [n for n in steps if n != spec.name]))
         if spec.map_over is not None and spec.map_over not in spec.param_deps:
             problems.append(f"step {spec.name!r} maps over {spec.map_over!r}, which is not one of its parameters")
         bad = json_type_problem(spec.output_type)
@@ -89,6 +87,35 @@ def validate(workflow_name: str, steps: dict[str, StepSpec], compensations: dict
             f"workflow {workflow_name!r} is invalid:\n" + "\n".join(f"  - {p}" for p in problems)
         )
     return graph
+
+
+def _unknown_dep(spec: StepSpec, dep: str, known: list[str]) -> str:
+    """What is wrong with a dependency on no step: where it was declared (a parameter, or
+    ``after=``), the fix that fits, and the step it may have meant."""
+    import difflib  # only on this error path
+
+    close = difflib.get_close_matches(dep, known, n=1)
+    guess = f"; did you mean {close[0]!r}?" if close else ""
+    if dep in spec.param_deps:
+        return (f"step {spec.name!r} depends on unknown step {dep!r} (its parameter {dep!r}{guess}): define a step "
+                f"named {dep!r} or rename the parameter (use 'input' for the run input, 'ctx' for the context)")
+    after = [d for d in spec.deps if d not in spec.param_deps]
+    return (f"step {spec.name!r} depends on unknown step {dep!r} (from after={after}{guess}): "
+            f"define a step named {dep!r} or fix after= (the steps are {sorted(known)})")
+
+
+def compensation_target_problem(workflow_name: str, given: Any, steps: dict[str, StepSpec]) -> str:
+    """Why ``@wf.compensation(given)`` is wrong when ``given`` is not a step's name: used bare, it
+    got the compensation itself; given the step's function, it wants that step's name."""
+    fn_name = getattr(given, "__name__", None)
+    named = [n for n, spec in steps.items() if spec.fn is given or n == fn_name] if callable(given) else []
+    usage = f"@{workflow_name}.compensation takes the name of the step it undoes"
+    if named:
+        return f"{usage}, not the step's function: @{workflow_name}.compensation({named[0]!r})"
+    if callable(given) and isinstance(fn_name, str):
+        return (f"{usage}, e.g. @{workflow_name}.compensation('charge') above def {fn_name}(...): used bare, "
+                f"it was given the function {fn_name!r} itself")
+    return f"{usage}, e.g. @{workflow_name}.compensation('charge'), got {given!r}"
 
 
 #: What a compensation may ask for by parameter name, besides the step's own parameters.

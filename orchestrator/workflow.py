@@ -35,6 +35,7 @@ from raysaga.orchestrator.dsl_checks import (
     checked_version,
     decorator_options,
     plain_options,
+    rate_limit_problems,
     step_where,
 )
 from raysaga.orchestrator.options import RetryPolicy
@@ -42,7 +43,7 @@ from raysaga.orchestrator.resources import placement
 from raysaga.orchestrator.signatures import bind, late_dependencies
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
-from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, validate
+from raysaga.orchestrator.validation import WORKFLOW_NAME_RE, check_name, compensation_target_problem, validate
 from raysaga.sagas.policy import ALL, FanOutPolicy
 from raysaga.types import compensation_node
 
@@ -329,9 +330,10 @@ class Workflow:
 
         ``retry`` bounds its retries; by default a compensation retries transient failures with
         the step's backoff (or base 0.5 s, cap 60 s) until it succeeds or is refused permanently."""
+        if not isinstance(step_name, str):  # used bare (@wf.compensation), or given the step's function
+            raise WorkflowDefinitionError(compensation_target_problem(self.name, step_name, self.steps))
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise WorkflowDefinitionError(f"compensation of {step_name!r}: retry= must be a RetryPolicy")
-
         check_name("compensation target (step)", step_name)
 
         def decorate(func: Callable[P, R]) -> Callable[P, R]:
@@ -424,7 +426,8 @@ class Workflow:
         """Check the DAG; raise ``WorkflowDefinitionError`` naming every culprit."""
         if self._graph is None:
             self.steps = late_dependencies(self.steps)
-            self._graph = validate(self.name, self.steps, self.compensations, self._compensation_problems())
+            self._graph = validate(self.name, self.steps, self.compensations,
+                                   [*self._compensation_problems(), *rate_limit_problems(self.steps)])
             self.__dict__.pop("order", None)
             self.__dict__.pop("definition_hash", None)
         return self

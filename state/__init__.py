@@ -36,7 +36,7 @@ if _typing.TYPE_CHECKING:  # imported on first use (see _LAZY)
         SignalRecord,
         node_label,
     )
-    from raysaga.state.prune import PruneReport, prune
+    from raysaga.state.pruning import PruneReport, prune
     from raysaga.state.sql_store import SqlStore
     from raysaga.state.store import Store
 
@@ -49,7 +49,7 @@ _LAZY = {
                     "EffectWrite", "EventRecord", "Lease", "MemoryEntry", "NewEvent", "NewRun", "NodeRecord",
                     "NodeStatus", "NodeWrite", "RunRecord", "RunSnapshot", "RunStatus", "RunSummary", "RunUpdate",
                     "SignalKind", "SignalRecord", "node_label"), "raysaga.state.models"),
-    **dict.fromkeys(("PruneReport", "prune"), "raysaga.state.prune"),
+    **dict.fromkeys(("PruneReport", "prune"), "raysaga.state.pruning"),
     **dict.fromkeys(("SqlStore",), "raysaga.state.sql_store"),
     **dict.fromkeys(("Store",), "raysaga.state.store"),
 }

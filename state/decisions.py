@@ -7,11 +7,13 @@ run's row, so it needs no workflow code: any process (the CLI, the dashboard, a 
 decide, and it is told at once when it may not. An accepted decision is a signal row (its
 ``dedup_key`` is the decision id: a double click is one decision) and a ``decision`` event naming
 the actor; when it settles the node and the run rests in ``waiting_human``, the run's ``wake_at``
-becomes now, so a worker takes it up. The driver consumes the signal with the node's outcome.
+becomes now and its ``status_reason`` names the decision, so a worker takes it up (``status`` says
+so meanwhile); the driver consumes the signal with the node's outcome.
 """
 
 from __future__ import annotations
 
+import shlex
 import time
 import uuid
 from typing import Any, Literal, NamedTuple
@@ -156,7 +158,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
             if earlier is not None:
                 return _same_or_refuse(earlier, Mine(verdict, by, node, fan_index, answer), decision_id)
         row = _node_row(conn, run_id, node, fan_index)
-        request = _waiting_request(run_id, label, row, status)
+        request = _waiting_request(conn, run_id, label, row, status)
         _check_decider(request, by, label)
         if request.timeout_at is not None and now >= request.timeout_at:
             raise UserError(f"the approval {label!r} of run {run_id!r} timed out at {_utc(request.timeout_at)}: "
@@ -185,10 +187,13 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
             earlier = _by_id(conn, run_id, decision.decision_id)
             assert earlier is not None
             return _same_or_refuse(earlier, Mine(verdict, by, node, fan_index, answer), decision.decision_id)
-        wake = status == RunStatus.WAITING_HUMAN and settles(request, [*so_far, decision]) is not None
+        settled = settles(request, [*so_far, decision])
         values: dict[str, Any] = {"event_seq": runs.c.event_seq + 1, "updated_at": now}
-        if wake:
-            values["wake_at"] = now  # a worker takes the run up at once
+        if status == RunStatus.WAITING_HUMAN and settled is not None:
+            values["wake_at"] = now  # a worker takes the run up at once; `status` says why it waits meanwhile
+            values["status_reason"] = scrub_text(f"{label} {'approved' if settled == 'approve' else 'rejected'} by "
+                                                 f"{by}: waiting for a driver (a `raysaga worker`, or `raysaga "
+                                                 f"resume {shlex.quote(run_id)}`)")
         seq = conn.execute(update(runs).where(runs.c.run_id == run_id).values(**values)
                            .returning(runs.c.event_seq)).scalar_one()
         conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="decision", node_id=node,
@@ -210,8 +215,8 @@ _WAITING_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(
 #: match it to the index's own predicate, which a bound parameter does not.
 _IS_WAITING = nodes.c.status == literal(NodeStatus.WAITING.value, literal_execute=True)
 #: Runs whose waiting approvals can be decided (a run at rest keeps its rows, undecidable).
-_DECIDABLE = (RunStatus.RUNNING.value, RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value,
-              RunStatus.PAUSED.value)
+_DECIDABLE_STATES = (RunStatus.RUNNING, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED)
+_DECIDABLE = tuple(s.value for s in _DECIDABLE_STATES)
 
 
 def waiting(engine: Engine, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
@@ -384,21 +389,33 @@ def _node_row(conn: Connection, run_id: str, node: str, fan_index: int) -> NodeR
 _NODE_NAMES = tuple(c.name for c in node_columns)
 
 
-def _waiting_request(run_id: str, label: str, row: NodeRecord | None, status: RunStatus) -> ApprovalRequest:
+def _waiting_request(conn: Connection, run_id: str, label: str, row: NodeRecord | None,
+                     status: RunStatus) -> ApprovalRequest:
     request = None if row is None else request_of(row)
     if row is not None and row.status == NodeStatus.WAITING and request is not None:
-        if status in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATING,
-                      RunStatus.COMPENSATED, RunStatus.COMPENSATION_FAILED):
+        if status not in _DECIDABLE_STATES:
             raise UserError(f"run {run_id!r} is {status.value}: its approval {label!r} can no longer be decided")
         return request
+    asked = _approvals_asked(conn, run_id, None if row is None else row.origin_run_id)
+    listed = f"the approvals of this run so far: {', '.join(sorted(asked))}" if asked else "it has asked for none yet"
+    if row is not None and row.node_id not in asked and not (isinstance(row.output, dict)
+                                                             and "decision_ids" in row.output):  # not an Approval
+        raise UserError(f"node {label!r} of run {run_id!r} is a step, not an approval ({listed})")
     if row is not None and row.status in (NodeStatus.COMPLETED, NodeStatus.FAILED):
         raise UserError(f"the approval {label!r} of run {run_id!r} is already decided ({row.status.value}): "
-                        f"`raysaga status {run_id} --node {label}` shows who decided, when, and the comment")
+                        f"`raysaga status {shlex.quote(run_id)} --node {shlex.quote(label)}` shows who decided, "
+                        "when, and the comment")
     if row is None:
         raise UserError(f"node {label!r} of run {run_id!r} is not waiting for a decision (it has not been "
-                        f"reached, or is not an approval): `raysaga inbox` lists what waits")
+                        f"reached, or is not an approval; {listed}): `raysaga inbox` lists what waits")
     raise UserError(f"node {label!r} of run {run_id!r} is {row.status.value}, not waiting for a decision: "
                     "`raysaga inbox` lists what waits")
+
+
+def _approvals_asked(conn: Connection, *run_ids: str | None) -> set[str]:
+    """The nodes that asked for a decision: their ``approval_requested`` events (an inherited row's: its parent's)."""
+    return set(conn.execute(select(events.c.node_id).distinct().where(
+        events.c.run_id.in_([r for r in run_ids if r is not None]), events.c.kind == "approval_requested")).scalars())
 
 
 def _check_decider(request: ApprovalRequest, by: str, label: str) -> None:

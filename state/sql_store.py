@@ -68,8 +68,8 @@ from raysaga.state.models import (
     can_transition,
 )
 from raysaga.state.node_reads import by_start, node_records
-from raysaga.state.prune import PruneReport
-from raysaga.state.prune import prune as prune_runs
+from raysaga.state.pruning import PruneReport
+from raysaga.state.pruning import prune as prune_runs
 from raysaga.state.rate_limits import RateRows
 from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.run_creation import RunCreation
@@ -424,7 +424,7 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
     def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,
               dry_run: bool = False) -> PruneReport:
         """Delete finished runs older than ``older_than`` seconds, with their rows and unshared blobs
-        (see ``raysaga.state.prune``)."""
+        (see ``raysaga.state.pruning``)."""
         return prune_runs(self, older_than, statuses, batch_size, dry_run)
 
     # ---------------------------------------------------------------- signals, shared memory, breakers

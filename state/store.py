@@ -30,7 +30,7 @@ from raysaga.state.models import (
     SignalKind,
     SignalRecord,
 )
-from raysaga.state.prune import PruneReport
+from raysaga.state.pruning import PruneReport
 from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.stats import Stats
 

@@ -177,6 +177,31 @@ def test_raysaga_status_loads_neither_the_dsl_nor_the_driver(tmp_path: Path) -> 
     assert "raysaga.orchestrator.workflow" not in modules
 
 
+def test_prune_stays_the_function_once_the_store_is_loaded() -> None:
+    """``raysaga.prune`` resolves through ``raysaga.state``; a submodule of that name would replace
+    the function with the module as soon as the driver or the store imported it."""
+    code = textwrap.dedent("""
+        import inspect, raysaga
+        raysaga.run, raysaga.open_store  # loads the runner and the store, and every module they import
+        import raysaga.state.sql_store, raysaga.state.store
+        for name, value in (("raysaga.prune", raysaga.prune), ("raysaga.state.prune", raysaga.state.prune)):
+            assert inspect.isfunction(value), f"{name} is {value!r}"
+        assert raysaga.prune is raysaga.state.prune
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("package", ["raysaga", "raysaga.state", "raysaga.orchestrator"])
+def test_no_submodule_shares_a_lazily_exported_name(package: str) -> None:
+    """Importing ``package.x`` sets the attribute ``x`` to the module: a lazy name must never be one."""
+    import importlib
+    import pkgutil
+
+    module = importlib.import_module(package)
+    submodules = {info.name for info in pkgutil.iter_modules(module.__path__)}
+    assert not submodules & set(module._LAZY), "rename the module: it shadows the export of the same name"
+
+
 #: What users may import; everything else is implementation (api/__init__.py, docs/api.md).
 PUBLIC_MODULES = {"raysaga", "raysaga.agents", "raysaga.testing", "raysaga.errors", "raysaga.types", "raysaga.state",
                   "raysaga.cli"}

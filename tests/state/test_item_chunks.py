@@ -21,7 +21,7 @@ from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore, querie
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.jsoncodec import loads
 from raysaga.state.models import ItemRow
-from raysaga.state.prune import prune
+from raysaga.state.pruning import prune
 from raysaga.state.schema import item_chunks, nodes, runs
 from raysaga.state.statements import MAX_CHUNK_ITEMS, TICKS_PER_SECOND, HotSql, item_writes
 

@@ -40,8 +40,8 @@ from raysaga.state.statements import (
 )
 from tests.support.old_schema import store_at
 
-#: the module (``raysaga.state.prune`` names the function too): its batch cap and its batches
-prune_module = importlib.import_module("raysaga.state.prune")
+#: the module (``raysaga.state.pruning``; ``raysaga.state.prune`` is the function): its batch cap and its batches
+prune_module = importlib.import_module("raysaga.state.pruning")
 STEPS = ("a", "b")
 #: item outputs as a worker's canonical JSON text could hold them, beyond what a value
 #: strategy draws: escapes of a lone surrogate and of a NUL, numbers a re-rendering would change

@@ -19,11 +19,11 @@ from sqlalchemy import select, update
 import raysaga
 from raysaga import Workflow
 from raysaga.state import RunStatus, SqlStore
-from raysaga.state.prune import PruneReport, prune
+from raysaga.state.pruning import PruneReport, prune
 from raysaga.state.schema import runs
 
-#: the module itself (``raysaga.state.prune`` names the function too): its batch cap and its batches
-prune_module = importlib.import_module("raysaga.state.prune")
+#: the module itself (``raysaga.state.prune`` is the function): its batch cap and its batches
+prune_module = importlib.import_module("raysaga.state.pruning")
 
 
 def _wide(name: str) -> Workflow:

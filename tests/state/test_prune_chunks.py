@@ -15,8 +15,8 @@ from sqlalchemy import Connection, select, text, update
 from raysaga.state import Batch, NewRun, NodeStatus, NodeWrite, SqlStore
 from raysaga.state.schema import runs
 
-#: the module (``raysaga.state.prune`` is also the function's name there)
-prune_module = importlib.import_module("raysaga.state.prune")
+#: the module that defines ``raysaga.state.prune``
+prune_module = importlib.import_module("raysaga.state.pruning")
 T0 = 1_795_697_407.042_308_6
 
 

@@ -30,7 +30,7 @@ from raysaga.state import (
     SqlStore,
     jsoncodec,
 )
-from raysaga.state.prune import prune
+from raysaga.state.pruning import prune
 from raysaga.state.schema import blobs, effects, events, memory, nodes, runs, signals
 from tests.support.postgres import drop_pg_database, make_pg_database
 
