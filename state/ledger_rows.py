@@ -1,15 +1,18 @@
 """The effect ledger's rows as a driver's commit writes them (``SqlStore.commit``).
 
 A ``pending`` row is inserted once, before the call: an existing row keeps its key and status,
-except that a failed or abandoned effect an operator retries becomes pending again (same key).
+except that a failed or abandoned effect taken up again becomes pending again (same key), the
+row of the run that took it up.
 A settled row (``committed``, ``failed``, ``abandoned``) is upserted, keeping when it was first
 written and the run that wrote it first.
 
 A key may be another run's: a fork undoes a node it inherited under the key of the run that
 executed it, so the parent and its forks share that compensation key. The driver answers a key
 committed elsewhere from that row and never calls it (``orchestrator.machine.rollback.Elsewhere``);
-here, the row stays with the run that wrote it first (the run a later ``retry --compensations``
-of it reads the ledger of), and a committed row is never overwritten by another run's write.
+here, a committed row is never overwritten by another run's write, and a failed or abandoned row
+another run takes up again (its ``pending`` write) becomes that run's: a fork killed during the
+call then resumes to its own pending row (reconciling), not to one filed under a sibling that has
+stopped, which nothing would ever settle.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ def write_effects(conn: Connection, run_id: str, batch: Batch, now: float) -> No
         stmt = insert_for(conn, effects)
         stmt = stmt.on_conflict_do_update(
             index_elements=["idempotency_key"],
-            set_={"status": EffectStatus.PENDING.value, "updated_at": now},
+            # taken up again (a retry, or a fork taking up a sibling's undo): the row is the taker's
+            # now, so its resume finds its own pending call and its end-of-run marking reaches it
+            set_={"status": EffectStatus.PENDING.value, "updated_at": now, "run_id": stmt.excluded.run_id},
             where=or_(effects.c.status == EffectStatus.FAILED.value,
                       effects.c.status == EffectStatus.ABANDONED.value),  # no IN: executemany
         )

@@ -8,6 +8,8 @@
 - A fork's undo of an inherited node is under way (ledger ``pending``) in the fork whose driver
   died mid-refund: a second fork of the same parent does not call the same undo key a second
   time; it parks naming the first, and once that one settled it, its retry answers from the ledger.
+- A fork takes up the undo key a sibling's refund failed on and dies mid-refund: its resume finds
+  its own pending row (the row became the taker's) and reconciles it, never blaming the sibling.
 
 Each driver is a ``python -m raysaga`` process running a workflow module written to the test's
 directory, with the inline executor: a step's ``os.kill(os.getpid(), SIGKILL)`` kills the driver.
@@ -110,6 +112,8 @@ FLOW = textwrap.dedent('''
 
     def refund(ctx: StepContext, output: str) -> None:
         log("refund", ctx.run_id, ctx.idempotency_key, ctx.reconciling)
+        if (HERE / f"refuse.{ctx.run_id}").exists():
+            raise Permanent("refund refused")
         poisoned(ctx)
 
 
@@ -237,5 +241,39 @@ def test_a_fork_never_calls_an_undo_key_another_fork_has_under_way(flow_dir: Pat
         assert refunds == [["F1", key, False], ["F1", key, True]]  # F1's, then its reconciling re-issue
         assert [(e.run_id, e.status) for run in ("P", "F1", "F2") for e in store.effects(run)
                 if e.idempotency_key == key] == [("F1", EffectStatus.COMMITTED)]
+    finally:
+        store.close()
+
+
+def test_a_fork_killed_in_an_undo_it_took_up_from_a_sibling_resumes_its_own_call(flow_dir: Path) -> None:
+    """F1's refund fails for good (its ledger row ``failed``); F2 takes the key up and dies during
+    the call. The pending row is F2's: F2's resume reconciles it and ends ``compensated``. Filed
+    under F1 (stopped, ``compensation_failed``), F2 took its own call for F1's and parked for good."""
+    db = f"sqlite:///{flow_dir / 'forks.db'}"
+    shop = _module(flow_dir).shop
+    done = _raysaga(flow_dir, "run", "stop40_flows:shop", "--db", db, "--run-id", "P")
+    assert done.returncode == 0, done.stderr
+    for child in ("F1", "F2"):
+        raysaga.fork(shop, "P", from_node="ship", store=db, new_run_id=child, drive=False)
+    (flow_dir / "no_stock").touch()
+    (flow_dir / "refuse.F1").touch()
+    refused = _raysaga(flow_dir, "resume", "F1", "--db", db)
+    assert refused.returncode == 1, refused.stderr
+    store = SqlStore(db)
+    try:
+        assert store.get_run("F1").status == RunStatus.COMPENSATION_FAILED
+        (flow_dir / "poison.F2").touch()
+        dead = _raysaga(flow_dir, "resume", "F2", "--db", db)  # takes the failed key up, dies in the call
+        assert dead.returncode == -9, dead.stderr
+        [(key, status, owner)] = [(e.idempotency_key, e.status, e.run_id) for run in ("F1", "F2")
+                                  for e in store.effects(run) if e.node_id == "charge:compensate"]
+        assert (status, owner) == (EffectStatus.PENDING, "F2")
+        (flow_dir / "poison.F2").unlink()
+        resumed = raysaga.resume(shop, "F2", store=db, executor="inline")
+        assert resumed.status == RunStatus.COMPENSATED, (resumed.status_reason, resumed.error)
+        refunds = [line[1:] for line in _log(flow_dir) if line[0] == "refund"]
+        assert refunds == [["F1", key, False], ["F2", key, False], ["F2", key, True]]
+        assert [(e.run_id, e.status) for run in ("P", "F1", "F2") for e in store.effects(run)
+                if e.idempotency_key == key] == [("F2", EffectStatus.COMMITTED)]
     finally:
         store.close()
