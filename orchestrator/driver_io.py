@@ -77,17 +77,8 @@ def lineage_undos(store: Store, run_id: str, rows: Iterable[NodeRecord]) -> list
     (``origin_run_id``), their forks included. A run with no fork and no inherited node costs one
     query (its children: none)."""
     roots = {run_id} | {row.origin_run_id for row in rows if row.origin_run_id}
-    queue, seen = sorted(roots), set(roots)
-    found: list[EffectRecord] = []
-    while queue:
-        other = queue.pop()
-        for child in store.children(other):
-            if child["run_id"] not in seen:
-                seen.add(child["run_id"])
-                queue.append(child["run_id"])
-        if other != run_id:
-            found += [e for e in store.effects(other) if is_compensation(e.node_id)]
-    return found
+    return [e for other in store.lineage(roots) if other != run_id
+            for e in store.effects(other) if is_compensation(e.node_id)]
 
 
 def started_cause(store: Store, run: RunRecord) -> Any:

@@ -150,15 +150,8 @@ def _lineage_undos(st: Store, run_id: str, rows: list[NodeRecord]
                    if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
     unsettled = [(run_id, r) for r in rows if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
     settled = {_undone_target(r) for r in rows if is_compensation(r.node_id) and r.status == NodeStatus.COMPLETED}
-    queue = sorted(set(executed_by.values()))
-    visited = set(queue)
     found: set[tuple[str, int]] = set()
-    while queue:
-        other = queue.pop()
-        for child in st.children(other):
-            if child["run_id"] not in visited:
-                visited.add(child["run_id"])
-                queue.append(child["run_id"])
+    for other in st.lineage(set(executed_by.values())):
         if other == run_id:
             continue  # the parent's own compensations are in ``rows``
         theirs = st.node_states(other)

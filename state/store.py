@@ -224,6 +224,20 @@ class Store(ABC):
     def children(self, run_id: str) -> list[dict[str, Any]]:
         """The runs forked from ``run_id``, oldest first (``run_id``, ``status``, ``forked_from``, ``created_at``)."""
 
+    def lineage(self, roots: set[str]) -> list[str]:
+        """Every run of the trees rooted at ``roots`` (the roots, their forks, the forks' forks...):
+        the runs that may share a compensation key with a fork of them. One ``children`` read a run."""
+        queue, seen = sorted(roots), set(roots)
+        found: list[str] = []
+        while queue:
+            other = queue.pop()
+            found.append(other)
+            for child in self.children(other):
+                if child["run_id"] not in seen:
+                    seen.add(child["run_id"])
+                    queue.append(child["run_id"])
+        return found
+
     @abstractmethod
     def repin_definition(self, lease: Lease, definition_hash: str, step_hashes: dict[str, str],
                          data: dict[str, Any]) -> RunRecord:
