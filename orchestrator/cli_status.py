@@ -27,6 +27,7 @@ from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.orchestrator.ownership import describe_lease
+from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
 from raysaga.state.decisions import node_history
 from raysaga.state.redact import scrub, scrub_text
@@ -312,12 +313,15 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
             console.print(Text("effects inherited (not executed again): " + ", ".join(
                 f"{node_label(e.node_id, e.fan_index)} ({e.status.value}, {e.run_id})" for e in inherited[:20])))
     infos, order = step_order(store, run.run_id, wf)
+    order, agent_calls = fold_agent_calls(infos, order, by_start=wf is None)
     by_step = {s.node_id: s for s in infos}
     table = [["node", "status", "attempts", "started", "took", "note"]]
     fan_notes: list[str] = []
 
     def add(label: str, row: dict[str, Any]) -> None:
         note = f"inherited from {row['origin_run_id']}" if row.get("origin_run_id") else error_line(row["error"], 120)
+        if row["fan_index"] < 0 and row["node_id"] in agent_calls and not note:
+            note = agent_calls[row["node_id"]].note()
         table.append([flat(label), row["status"], str(row["attempt"]), clock(row["started_at"]),
                       seconds(row["duration"]), flat(note)])
 

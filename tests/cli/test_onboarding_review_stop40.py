@@ -330,3 +330,65 @@ def test_the_cli_doc_lists_resume_and_retry_options() -> None:
     for option in ("--workflow", "--db", "--executor", "--address", "--lease-ttl", "--json", "--quiet",
                    "--allow-changed", "--compensations", "raysaga unpause RUN"):
         assert option in section, option
+
+
+# ------------------------------------------------------------------ 9: an agent's calls on its own line
+
+AGENT_FLOW = textwrap.dedent('''
+    from raysaga import Workflow
+    from raysaga.agents import Agent, tool
+    from raysaga.testing import ScriptedModel, text_reply, tool_reply
+
+
+    @tool
+    def search(query: str) -> str:
+        """Search the corpus."""
+        return f"about {query}"
+
+
+    model = ScriptedModel({
+        "Question: heat pumps?": [text_reply("costs|carbon")],
+        "Sub: costs": [tool_reply(("search", {"query": "costs"})), text_reply("cheap")],
+        "Sub: carbon": [text_reply("less")],
+    })
+    planner = Agent("planner", model)
+    researcher = Agent("researcher", model, tools=(search,))
+    wf = Workflow("onb40_agents")
+
+
+    @wf.agent(planner)
+    def plan_it(input: str) -> str:
+        return f"Question: {input}"
+
+
+    @wf.step()
+    def plan(plan_it: str) -> list[str]:
+        return plan_it.split("|")
+
+
+    @wf.agent(researcher, map_over="plan")
+    def research(plan: str) -> str:
+        return f"Sub: {plan}"
+''')
+
+
+def test_an_agents_turns_and_tool_calls_are_counted_on_its_line_in_run_order(tmp_path: Path,
+                                                                              sqlite_url: str) -> None:
+    """``plan_it`` (an agent) ran before ``plan``: it is listed first, its turn is counted on its
+    line, and a mapped agent's turns by item are not fan-outs of their own."""
+    (tmp_path / "onb40_agents.py").write_text(AGENT_FLOW)
+    flow = f"{tmp_path / 'onb40_agents.py'}:wf"
+    code, _, err = invoke("run", flow, "--input", '"heat pumps?"', "--run-id", "ag40", "--db", sqlite_url,
+                          "--executor", "inline", "--quiet")
+    assert code == 0, err
+    for extra in ((), ("--workflow", flow)):
+        code, out, err = invoke("status", "ag40", "--db", sqlite_url, *extra)
+        assert code == 0, err
+        lines = out.splitlines()
+        table = [line.split()[0] for line in lines[lines.index(next(x for x in lines if x.startswith("node"))) + 1:]
+                 if line and not line.startswith(("fan-out", "output"))]
+        assert table == ["plan_it", "plan", "research"], out
+        assert re.search(r"^plan_it\s+completed\s+1\s+1 turn$", out, re.M), out
+        assert re.search(r"^research\s+completed\s+1\s+3 turns, 1 tool call$", out, re.M), out
+        assert [x for x in lines if x.startswith("fan-out")] == ["fan-out research: 2 items — 2 completed"], out
+        assert "@" not in out, out
