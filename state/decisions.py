@@ -397,7 +397,8 @@ def _waiting_request(conn: Connection, run_id: str, label: str, row: NodeRecord 
             raise UserError(f"run {run_id!r} is {status.value}: its approval {label!r} can no longer be decided")
         return request
     asked = _approvals_asked(conn, run_id, None if row is None else row.origin_run_id)
-    listed = f"the approvals of this run so far: {', '.join(sorted(asked))}" if asked else "it has asked for none yet"
+    listed = (f"the approvals of this run so far: {', '.join(sorted(asked))}" if asked
+              else "the run has asked for no approval so far")
     if row is not None and row.node_id not in asked and not (isinstance(row.output, dict)
                                                              and "decision_ids" in row.output):  # not an Approval
         raise UserError(f"node {label!r} of run {run_id!r} is a step, not an approval ({listed})")
