@@ -367,16 +367,17 @@ UNKNOWN_SHOWN = 10
 
 
 def print_unknown_effects(console: Console, store: SqlStore, run: RunRecord) -> None:
-    """The effects whose outcome nobody knows: in flight (or waiting out a retry) when the run
-    stopped, their ledger rows ``abandoned``. Each may or may not have taken effect; an operator
-    checks the service under its idempotency key (or ``raysaga retry`` re-sends it under that key
-    for the service to dedupe). The one thing a finished run cannot say for itself."""
+    """The effects whose outcome nobody knows, their ledger rows ``abandoned``: in flight (or
+    waiting out a retry) when the run stopped, or out of retries on transient errors. Each may or
+    may not have taken effect; an operator checks the service under its idempotency key (or
+    ``raysaga retry`` re-sends it under that key, reconciling, for the service to dedupe). The one
+    thing a finished run cannot say for itself."""
     unknown = [e for e in store.effects(run.run_id) if e.status == EffectStatus.ABANDONED]
     if not unknown:
         return
     console.print(Text(f"{len(unknown)} effect(s) with an unknown outcome (abandoned: in flight when the run "
-                       "stopped; each may or may not have taken effect: check the service under its key):",
-                       style="yellow"))
+                       "stopped, or out of retries on transient errors; each may or may not have taken effect: "
+                       "check the service under its key):", style="yellow"))
     for e in unknown[:UNKNOWN_SHOWN]:
         console.print(Text(f"  {flat(node_label(e.node_id, e.fan_index))}: effect {flat(e.effect_name)}, "
                            f"key {e.idempotency_key}"))
