@@ -1,16 +1,15 @@
 """The driver: the I/O shell around one run's machine, and the run's single writer.
 
-It claims the run's lease, reads the run (a constant number of queries) into a ``RunMachine``,
-and loops: hand the machine the time, finished attempts and signals; carry out what it decides
-(send attempts to the executor, cancel others, answer its queries); commit its writes as one
-fenced transaction. Every write carries the lease's fence; a stale fence stops the driver before
-it makes another call. The decisions themselves (what is ready, retries, fan-out policies,
-agent turns, the rollback) are the machine's: ``raysaga.orchestrator.machine``.
+It claims the run's lease, reads the run (a constant number of queries) into a ``RunMachine``, and loops: hand the
+machine the time, finished attempts and signals; carry out what it decides (send attempts to the executor, cancel
+others, answer its queries); commit its writes as one fenced transaction. Every write carries the lease's fence; a
+stale fence stops the driver before it makes another call. The decisions themselves (what is ready, retries, fan-out
+policies, agent turns, the rollback) are the machine's: ``raysaga.orchestrator.machine``.
 
-Delivery guarantees: an ``effect=True`` step runs through the ledger (``pending`` is durable
-before the call, ``committed`` with the result after), so it takes effect at most once per
-idempotency key. Other steps are at-least-once: a crash while one is in flight (or, for a
-fan-out's plain item, before its completion's commit: ``commit_pacing``) re-runs it.
+Delivery guarantees: an ``effect=True`` step runs through the ledger (``pending`` is durable before the call,
+``committed`` with the result after), so it takes effect at most once per idempotency key. Other steps are
+at-least-once: a crash while one is in flight (or, for a fan-out's plain item, before its completion's commit:
+``commit_pacing``) re-runs it.
 """
 
 from __future__ import annotations
@@ -227,6 +226,9 @@ class Driver:
                         continue  # the run ends now: these outcomes are committed with its end, one write
                 if self.executor.runs_at_submit or not self._pacer.may_wait(m.out.batch, self._pending, self.clock()):
                     self._flush()
+            elif m.rest_at_gate(self.clock(), self.executor.held_at_gate(), self.options.release_after):
+                self._cancel()  # never sent: nothing to settle
+                return self._end(release=True)
             elif m.calls.has_unrecorded() and self._pacer.deadline() is None:
                 m.calls.record_running()  # a quiet tick: attempts still in flight become durable as 'running'
                 self._flush()
@@ -236,13 +238,11 @@ class Driver:
     def _wait_timeout(self) -> float:
         assert self.machine is not None
         now = self.clock()
-        horizon = now + IDLE_TICK
-        horizon = min([horizon, *(w for w in (self.machine.next_timer(), self._pacer.deadline()) if w is not None)])
-        return max(0.0, self._attempts.horizon(now, horizon) - now)
+        timers = (w for w in (self.machine.next_timer(), self._pacer.deadline()) if w is not None)
+        return max(0.0, self._attempts.horizon(now, min([now + IDLE_TICK, *timers])) - now)
 
     def _sleep_until(self, when: float) -> None:
-        """Wait for a durable timer (nothing in flight can finish meanwhile), what waits committed
-        first: a request waiting on it is in the inbox, a crash resumes the sleep to the same time."""
+        """Wait for a durable timer, what waits committed first (in the inbox; a crash resumes the sleep)."""
         self._flush()
         time.sleep(max(0.0, min(IDLE_TICK, when - self.clock())))
 

@@ -30,6 +30,15 @@ class Handle:
     """Handed to the engine. A queued attempt has not started: its timeout does not run yet."""
 
 
+@dataclass(frozen=True)
+class GateHold:
+    """What waits at a rate gate: how many attempts, the earliest they may be admitted, whose limits."""
+
+    attempts: int
+    until: float
+    limits: tuple[str, ...]
+
+
 class Executor(ABC):
     """Runs attempts, and tracks what it has in flight itself."""
 
@@ -85,6 +94,12 @@ class Executor(ABC):
         concurrency slot, is freed only once this says so (``RateGate``). True by default: an
         inline attempt never runs past its ``submit``."""
         return True
+
+    def held_at_gate(self) -> GateHold | None:
+        """Attempts this executor holds unsent, waiting for a rate limit's gate to open, and when
+        it may: the driver lets go of a run whose every attempt in flight waits there, far off
+        (``RunMachine.rest_at_gate``). None: none held (no gate, by default)."""
+        return None
 
     def settle_cancelled(self, timeout: float) -> int:
         """Block until every cancelled attempt has stopped, up to ``timeout``; return how many have not.

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from raysaga.agents.messages import ModelResponse
 from raysaga.orchestrator.executor import Executor, Handle
+from raysaga.orchestrator.executor_base import GateHold
 from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
@@ -246,6 +247,15 @@ class RateGate(Executor):
             self._settle(held, None)
         else:  # still running (an I/O pool thread runs on until its actor is killed): its slot stays held
             self._stopping.append(held)
+
+    def held_at_gate(self) -> GateHold | None:
+        """The attempts queued here, none yet admitted (every limit of theirs refused its last ask),
+        with nothing admitted still under way: the run then waits on the gate alone."""
+        waiting = {name: queue for name, queue in self._queues.items() if queue}
+        if not waiting or self._sent or self._stopping:
+            return None
+        return GateHold(attempts=sum(len(q) for q in waiting.values()),
+                        until=min(self._retry_at.get(name, 0.0) for name in waiting), limits=tuple(sorted(waiting)))
 
     def settle_cancelled(self, timeout: float) -> int:
         left = self.inner.settle_cancelled(timeout)

@@ -442,3 +442,13 @@ def _failure_of(row: NodeRecord) -> tuple[int, dict[str, Any], bool]:
     if isinstance(error.get("item"), int) and isinstance(cause, dict):
         return error["item"], cause, False
     return -1, error, error.get("type") == "FanOutPolicy" and error.get("verdict") == Verdict.COMPENSATE.value
+
+
+def failure_reason(label: str, error: dict[str, Any]) -> str:
+    """Why the forward DAG stopped, in the words of what stopped it: a critical step that failed,
+    or a fan-out whose partial-failure policy decided ``Compensate`` (critical or not: that verdict
+    rolls the run back whatever the step's ``critical``, so "critical step failed" misread it)."""
+    text = error.get("message") or error.get("reason") or ""
+    if error.get("type") == "FanOutPolicy" and error.get("verdict") == Verdict.COMPENSATE.value:
+        return f"fan-out {label!r}: its partial-failure policy decided Compensate: {text}"[:500]
+    return f"critical step {label!r} failed: {text}"[:500]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysaga.errors import RaySagaError
 from raysaga.node_key import NodeKey
@@ -26,7 +26,7 @@ from raysaga.orchestrator.item_block import ItemOutcomes
 from raysaga.orchestrator.machine.agent_nodes import AgentNodes
 from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import GONE, Calls
-from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart
+from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart, failure_reason
 from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
 from raysaga.orchestrator.machine.rollback import Rollback, RollbackReads
 from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
@@ -35,7 +35,6 @@ from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.sagas.policy import Verdict
 from raysaga.state import (
     MemoryEntry,
     NewEvent,
@@ -51,6 +50,9 @@ from raysaga.state import (
 
 #: The event, beside ``rollback_started``, that keeps why the run rolls back (its forward cause).
 CAUSE_EVENT = "rollback_cause"
+
+if TYPE_CHECKING:  # the shell's report, passed in: the machine imports no executor
+    from raysaga.orchestrator.executor_base import GateHold
 
 
 class Phase(StrEnum):
@@ -303,8 +305,7 @@ class RunMachine:
         """Whether the run should rest without a driver: nothing in flight or ready, and what is
         left waits for a human, or for a timer further away than ``release_after`` seconds.
         Returns (``waiting_human`` or ``waiting_timer``, when it is due again, why)."""
-        if (self.phase != Phase.FORWARD or self.rollback is not None or not self.idle() or self.has_work()
-                or self.waits.busy() or self.forward.failure is not None or self.done()):
+        if not self._may_rest() or not self.idle() or self.done():
             return None
         when = self.next_timer()
         far = when is None or when - now > release_after
@@ -317,6 +318,27 @@ class RunMachine:
             what = f"sleep {', '.join(sleeping)}" if sleeping else "a retry's backoff"
             return RunStatus.WAITING_TIMER, when, f"waiting for {what}"
         return None
+
+    def _may_rest(self) -> bool:
+        """Forward, nothing failed, nothing ready to issue or being asked: only waiting is left."""
+        return (self.phase == Phase.FORWARD and self.rollback is None and self.forward.failure is None
+                and not self.has_work() and not self.waits.busy())
+
+    def rest_at_gate(self, now: float, held: GateHold | None, release_after: float) -> bool:
+        """Rest ``waiting_timer`` when every attempt in flight waits unsent at a blocked rate limit
+        (a provider's ``retry-after``) for longer than ``release_after``: a driver (a worker's slot)
+        held for the block does nothing. They are cancelled, never sent, and issued again (same
+        keys) when the run is taken up at the gate's time, or a timer's sooner."""
+        if held is None or held.attempts != len(self.calls.inflight) or not self._may_rest():
+            return False
+        wake = min(held.until, self.next_timer() or held.until)
+        if wake - now <= release_after:
+            return False
+        reason = f"waiting for rate limit {', '.join(held.limits)} (blocked: a provider's retry-after)"
+        self.out.now = now
+        self.calls.cancel_all(reason)
+        self.rest(RunStatus.WAITING_TIMER, wake, reason, now)
+        return True
 
     def rest(self, status: RunStatus, wake_at: float | None, reason: str, now: float,
              signals_seen: int | None = None) -> None:
@@ -472,13 +494,3 @@ class RunMachine:
             self.out.batch.consumed_signals.append(signal_id)
         self.out.batch.run = merge_run(self.out.batch.run, RunUpdate(status=RunStatus.PAUSED, status_reason=reason))
         self.phase = Phase.ENDED
-
-
-def failure_reason(label: str, error: dict[str, Any]) -> str:
-    """Why the forward DAG stopped, in the words of what stopped it: a critical step that failed,
-    or a fan-out whose partial-failure policy decided ``Compensate`` (critical or not: that verdict
-    rolls the run back whatever the step's ``critical``, so "critical step failed" misread it)."""
-    text = error.get("message") or error.get("reason") or ""
-    if error.get("type") == "FanOutPolicy" and error.get("verdict") == Verdict.COMPENSATE.value:
-        return f"fan-out {label!r}: its partial-failure policy decided Compensate: {text}"[:500]
-    return f"critical step {label!r} failed: {text}"[:500]

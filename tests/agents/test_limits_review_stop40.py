@@ -121,7 +121,9 @@ def test_a_timed_out_call_keeps_its_concurrency_slot_until_it_has_stopped(ray_se
     calls = HeldCalls("A", "B")
     with ms.MessagesServer(calls) as server:
         model = AnthropicModel(HAIKU, base_url=server.base_url, timeout=LIMIT_S)
-        limited = Agent("limited", model, model_timeout=3.0, rate_limit=RateLimit(name=name, concurrent=1),
+        # 8 s: the retry goes to a fresh actor (the old one is killed), which a loaded machine may take
+        # seconds to start; that time counts against the retry's timeout (a second timeout, a third grant)
+        limited = Agent("limited", model, model_timeout=8.0, rate_limit=RateLimit(name=name, concurrent=1),
                         transport_retry=FAST)
         wf = Workflow("stop40-slot", version="1")
 
@@ -302,6 +304,44 @@ def test_an_inline_429_blocks_the_limit_before_the_next_call_is_admitted(sqlite_
     refused, *rest = log
     assert refused.status == 429 and len(rest) == 5  # each agent answered once; the refused one retried
     assert all(r.arrived >= refused.arrived + hold for r in rest), [round(r.arrived - refused.arrived, 3) for r in rest]
+
+
+
+def test_a_run_whose_calls_all_wait_on_a_blocked_limit_rests_and_lets_go_of_its_driver(sqlite_url: str) -> None:
+    """A 429 with ``retry-after`` longer than ``release_after`` blocks the limit: every other call
+    waits at the gate, unsent, and the driver used to hold the run (its lease, a worker's slot)
+    for the whole block. The run now rests ``waiting_timer`` until the block ends, having sent
+    nothing more; taken up again, each call is sent once and the run completes."""
+    hold = 3
+    first = [ms.fault(429, retry_after=hold)]
+    with ms.MessagesServer(lambda body: first.pop() if first else ms.text("ok")) as server:
+        agent = Agent("asker", AnthropicModel(HAIKU, base_url=server.base_url, timeout=10.0),
+                      rate_limit=RateLimit(name=f"stop40-rest-{uuid.uuid4().hex[:8]}", requests=100),
+                      transport_retry=FAST)
+        wf = Workflow("stop40-gate-rest", version="1")
+
+        @wf.step()
+        def plan(input: int) -> list[int]:
+            return list(range(input))
+
+        @wf.agent(agent, map_over="plan")
+        def ask(plan: int) -> str:
+            return f"q{plan}"
+
+        options = raysaga.RunOptions(release_after=0.5)
+        record = raysaga.run(wf, 3, store=sqlite_url, run_id="gate-rest", executor="inline", options=options)
+        assert record.status == RunStatus.WAITING_TIMER, record.status_reason
+        assert record.status_reason is not None and "rate limit" in record.status_reason
+        assert record.wake_at is not None and record.wake_at >= server.requests[0].arrived + hold - 0.5
+        assert [r.status for r in server.requests] == [429]  # nothing else was sent while blocked
+        record = wait_until(lambda: (r := raysaga.resume(wf, "gate-rest", store=sqlite_url, executor="inline",
+                                                         options=options)).status == RunStatus.COMPLETED and r,
+                            "the run to complete once the block ended")
+        log = server.requests
+    refused, *rest = log
+    assert len(rest) == 3 and all(r.status == 200 for r in rest)  # each agent asked once; the refused one again
+    assert all(r.arrived >= refused.arrived + hold for r in rest), [round(r.arrived - refused.arrived, 3) for r in rest]
+    assert record.output == {"ask": ["ok", "ok", "ok"]}
 
 
 # ------------------------------------------------------------ 4. one name, one rule
