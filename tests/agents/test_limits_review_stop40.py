@@ -25,6 +25,7 @@ from raysaga.agents import Agent, AnthropicModel, tool
 from raysaga.agents.messages import ModelRequest
 from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator import io_pool
 from raysaga.orchestrator.agent_io import admit_tool
 from raysaga.orchestrator.executor import RayExecutor
 from raysaga.orchestrator.executor_base import Executor, Handle
@@ -111,7 +112,8 @@ class HeldCalls:
             event.set()
 
 
-def test_a_timed_out_call_keeps_its_concurrency_slot_until_it_has_stopped(ray_session: str, sqlite_url: str) -> None:
+def test_a_timed_out_call_keeps_its_concurrency_slot_until_it_has_stopped(ray_session: str, sqlite_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """``concurrent=1``: the limited agent's call (A) times out while its I/O pool actor runs
     another call (B), so the actor is only retired and A's thread runs on. Its grant stays held
     (the retry is issued but not admitted) until A has really stopped; once B ends the actor is
@@ -135,7 +137,10 @@ def test_a_timed_out_call_keeps_its_concurrency_slot_until_it_has_stopped(ray_se
         def b(input: int) -> str:
             return "B"
 
-        # one actor of 2 threads: A and B, sent together, share it (a cancel retires, not kills, it)
+        # one actor of 2 threads: A and B, sent together, share it (a cancel retires, not kills, it);
+        # B's end kills it, not the grace (10 s after the retirement, which a loaded machine reached
+        # before the check below: the slot was then rightly free, and the test failed)
+        monkeypatch.setattr(io_pool, "CANCEL_GRACE_S", 10 * LIMIT_S)
         executor = RayExecutor(address=ray_session, io_concurrency=2)
         box: dict[str, Any] = {}
         runner = threading.Thread(target=lambda: box.update(record=raysaga.run(
