@@ -283,6 +283,24 @@ def test_a_request_ray_refuses_at_submit_fails_the_node_not_the_driver(ray_sessi
 # ------------------------------------------------------------ 3. inline: a 429 holds the rest of the queue
 
 
+def _limited_askers(base_url: str, name: str) -> Workflow:
+    """``plan`` (``input`` items) -> an agent mapped over them, each asking once under one limit of
+    its own (100 requests a minute), which a provider's 429 blocks."""
+    agent = Agent("asker", AnthropicModel(HAIKU, base_url=base_url, timeout=10.0),
+                  rate_limit=RateLimit(name=f"{name}-{uuid.uuid4().hex[:8]}", requests=100), transport_retry=FAST)
+    wf = Workflow(name, version="1")
+
+    @wf.step()
+    def plan(input: int) -> list[int]:
+        return list(range(input))
+
+    @wf.agent(agent, map_over="plan")
+    def ask(plan: int) -> str:
+        return f"q{plan}"
+
+    return wf
+
+
 def test_an_inline_429_blocks_the_limit_before_the_next_call_is_admitted(sqlite_url: str) -> None:
     """Inline, each call runs as it is admitted. The first answer is a 429 with ``retry-after: 2``:
     no other call of the limit reaches the provider in those 2 seconds. The whole queue used to be
@@ -290,26 +308,13 @@ def test_an_inline_429_blocks_the_limit_before_the_next_call_is_admitted(sqlite_
     hold = 2
     first = [ms.fault(429, retry_after=hold)]
     with ms.MessagesServer(lambda body: first.pop() if first else ms.text("ok")) as server:
-        agent = Agent("asker", AnthropicModel(HAIKU, base_url=server.base_url, timeout=10.0),
-                      rate_limit=RateLimit(name=f"stop40-429-{uuid.uuid4().hex[:8]}", requests=100),
-                      transport_retry=FAST)
-        wf = Workflow("stop40-inline-429", version="1")
-
-        @wf.step()
-        def plan(input: int) -> list[int]:
-            return list(range(input))
-
-        @wf.agent(agent, map_over="plan")
-        def ask(plan: int) -> str:
-            return f"q{plan}"
-
+        wf = _limited_askers(server.base_url, "stop40-inline-429")
         record = raysaga.run(wf, 5, store=sqlite_url, run_id="inline-429", executor="inline")
         log = server.requests
     assert record.status == RunStatus.COMPLETED, record.status_reason
     refused, *rest = log
     assert refused.status == 429 and len(rest) == 5  # each agent answered once; the refused one retried
     assert all(r.arrived >= refused.arrived + hold for r in rest), [round(r.arrived - refused.arrived, 3) for r in rest]
-
 
 
 def test_a_run_whose_calls_all_wait_on_a_blocked_limit_rests_and_lets_go_of_its_driver(sqlite_url: str) -> None:
@@ -320,19 +325,7 @@ def test_a_run_whose_calls_all_wait_on_a_blocked_limit_rests_and_lets_go_of_its_
     hold = 3
     first = [ms.fault(429, retry_after=hold)]
     with ms.MessagesServer(lambda body: first.pop() if first else ms.text("ok")) as server:
-        agent = Agent("asker", AnthropicModel(HAIKU, base_url=server.base_url, timeout=10.0),
-                      rate_limit=RateLimit(name=f"stop40-rest-{uuid.uuid4().hex[:8]}", requests=100),
-                      transport_retry=FAST)
-        wf = Workflow("stop40-gate-rest", version="1")
-
-        @wf.step()
-        def plan(input: int) -> list[int]:
-            return list(range(input))
-
-        @wf.agent(agent, map_over="plan")
-        def ask(plan: int) -> str:
-            return f"q{plan}"
-
+        wf = _limited_askers(server.base_url, "stop40-gate-rest")
         options = raysaga.RunOptions(release_after=0.5)
         record = raysaga.run(wf, 3, store=sqlite_url, run_id="gate-rest", executor="inline", options=options)
         assert record.status == RunStatus.WAITING_TIMER, record.status_reason
