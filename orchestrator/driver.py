@@ -46,7 +46,6 @@ from raysaga.state import (
     Batch,
     Lease,
     NewEvent,
-    NodeStatus,
     RunRecord,
     RunSnapshot,
     RunStatus,
@@ -196,8 +195,10 @@ class Driver:
                     self._flush()  # nothing in flight: no completion to wait for
                 resting = m.resting(self.clock(), self.options.release_after)
                 if resting is not None:
-                    return self._rest(*resting)
-                when = m.next_timer()
+                    if not self._hb.poll_decisions(self._handled_signals):  # one came since the last beat: take it
+                        return self._rest(*resting)
+                    continue
+                when = m.next_wake()  # (a deadline nearer than release_after, a human awaited: sleep to it)
                 if when is not None:
                     self._sleep_until(when)
                     continue
@@ -287,9 +288,7 @@ class Driver:
         if not dispatches:
             return
         batch = self.machine.out.batch
-        if batch.effects or any(n.status == NodeStatus.RUNNING for n in batch.nodes):
-            # ledger 'pending' rows, and the 'running' rows of compensated steps, are durable before
-            # the call: a rollback after a crash must know the call may have happened
+        if driver_io.commits_first(batch, dispatches):
             labels = [node_label(e.node_id, e.fan_index) for e in batch.effects]
             self.faults.hit("before_pending", labels)
             self._flush()
@@ -444,15 +443,13 @@ class Driver:
     # ------------------------------------------------------------------ blob integrity
 
     def blobs(self, wanted: dict[str, str]) -> dict[str, Any]:
-        """Blobs' JSON values by digest (``wanted`` maps each to what reads it, for the error), each
-        verified and parsed by the store (``load_blobs``): a missing, altered or non-JSON blob raises
-        ``BlobIntegrityError``, which parks the run."""
+        """Blobs' JSON values by digest (``wanted``: each to what reads it), verified and parsed by
+        ``Store.load_blobs``: a missing, altered or non-JSON blob raises ``BlobIntegrityError`` (parks the run)."""
         self._blob_refs.update(wanted)
         return self.store.load_blobs(wanted) if wanted else {}
 
     def _park_on_blob(self, exc: BlobIntegrityError) -> RunRecord:
-        """A blob the run needs is missing or altered: park the run (``failed``, or
-        ``compensation_failed`` mid-rollback) naming the node and digest; never use the data."""
+        """A blob the run needs is missing or altered: park it naming the node and digest; never use the data."""
         self._attempts.cancel_all()
         self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
         self.machine = None  # its pending writes may have been computed from the data: dropped

@@ -17,21 +17,23 @@ returns, the machine decides:
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.executor import Executor, RayExecutor
 from raysaga.orchestrator.in_flight import InFlight
+from raysaga.orchestrator.machine.outbox import Dispatch, Send
 from raysaga.orchestrator.machine.rollback import RollbackReads
 from raysaga.orchestrator.machine.run import CAUSE_EVENT, RunMachine
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.rollback import PARKING_ERRORS
-from raysaga.state import EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunSnapshot, Store
+from raysaga.state import Batch, EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunSnapshot, Store
 from raysaga.types import is_compensation
 
-__all__ = ["EVENTS_WINDOW", "lineage_undos", "never_sent", "read", "restored", "rollback_inputs", "started_cause"]
+__all__ = ["EVENTS_WINDOW", "commits_first", "lineage_undos", "never_sent", "read", "restored", "rollback_inputs",
+           "started_cause"]
 
 #: Reads blobs by digest, each mapped to what reads it (``Driver.blobs``: verified, or it parks).
 BlobReader = Callable[[dict[str, str]], dict[str, Any]]
@@ -116,3 +118,15 @@ def never_sent(attempts: InFlight, executor: Executor, wf: Workflow, keys: Itera
             continue
         found.append(key)
     return found
+
+
+def commits_first(batch: Batch, sends: Sequence[Send]) -> bool:
+    """Whether ``batch`` must be durable before ``sends`` leave: its ledger 'pending' rows and
+    compensated steps' 'running' rows (a rollback after a crash must know the call may have
+    happened), and other nodes' 'waiting' rows (an approval asked in this round is decidable while
+    an inline sibling runs at submit, not only once that returned, its timeout maybe passed)."""
+    if batch.effects:
+        return True
+    sent = {(d.key.node_id, d.key.fan_index) for d in sends if isinstance(d, Dispatch)}
+    return any(n.status == NodeStatus.RUNNING
+               or (n.status == NodeStatus.WAITING and (n.node_id, n.fan_index) not in sent) for n in batch.nodes)

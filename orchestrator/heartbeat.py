@@ -65,6 +65,19 @@ class Heartbeat:
         with self._lock:
             return any(s.kind in kinds for s in self.signals)
 
+    def poll_decisions(self, handled: set[int]) -> bool:
+        """Poll the signals now (its driver is about to let the run rest): whether a decision it has
+        not handled came since the last beat. The run would rest with it, due at once, for a worker
+        or a resume to take up; ``raysaga run`` returned ``waiting_human`` on an approved run."""
+        try:
+            signals = self._store.pending_signals(self.lease.run_id)
+        except Exception as exc:  # a database hiccup: rest as without this look (a worker takes it up)
+            log.warning("run %s: could not look for decisions before resting: %s", self.lease.run_id, exc)
+            return False
+        with self._lock:
+            self.signals = signals
+        return any(s.kind in ("approve", "reject") and s.id not in handled for s in signals)
+
     def take_signals(self) -> list[SignalRecord]:
         with self._lock:
             signals, self.signals = self.signals, []

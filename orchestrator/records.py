@@ -56,3 +56,11 @@ def new_budgets(options: RunOptions, run: RunRecord) -> RunUpdate | None:
     if (tokens, cost) == (run.token_budget, run.cost_budget):
         return None
     return RunUpdate(token_budget=tokens, cost_budget=cost, set_budgets=True)
+
+
+def sooner(when: float | None, deadline: float | None) -> float | None:
+    """When a resting run is due again: ``when``, or its deadline if sooner (it is woken then to roll
+    back: an approval without a timeout, or an hour's sleep, outlived a 2 s deadline)."""
+    if deadline is None:
+        return when
+    return deadline if when is None else min(when, deadline)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.agents.agent import Agent
-from raysaga.agents.tools import ToolError
+from raysaga.agents.tools import Tool, ToolError
 from raysaga.agents.turns import (
     Answer,
     CallModel,
@@ -29,6 +29,7 @@ from raysaga.agents.turns import (
     memory_result,
     model_failure,
     next_actions,
+    ran_unstored,
     record_tool_failure,
     tool_of,
 )
@@ -113,6 +114,14 @@ class AgentNodes:
                                       f"returned {type(prompt).__name__}, not a str"}
             self.forward.settle_failed(key, {**error, "transient": False}, write=True, attempts=1)
             return
+        if not prompt.strip():  # the Messages API refuses an empty user message (400): said here, naming it
+            item = f" (item {key.fan_index})" if key.fan_index >= 0 else ""
+            self.forward.settle_failed(key, {
+                "type": "PromptError", "transient": False,
+                "message": f"the prompt builder of agent step {key.step!r}{item} returned an empty "
+                           f"{'or whitespace-only ' if prompt else ''}prompt: a model call needs a user message "
+                           "with text (the Messages API refuses an empty one)"}, write=True, attempts=1)
+            return
         if start.row is None:
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
                                                   status=NodeStatus.RUNNING, attempt=1, started_at=self.out.now))
@@ -191,6 +200,11 @@ class AgentNodes:
                 self.speculation.issued_model_call(sub)
             elif isinstance(action, RunTool):
                 sub = node.key.with_turn(action.turn, action.call)
+                ran = self._ran_unstored(sub, action.tool, node.approved.get(sub, action.args))
+                if ran is not None:  # answered before a human is asked about it, or its breaker
+                    self._answered(node, sub, ran)
+                    self.due_nodes.add(node.key)
+                    continue
                 node.waiting.add(sub)
                 if action.tool.requires_approval and sub not in node.approved:
                     self._ask(node, sub, action)
@@ -315,10 +329,23 @@ class AgentNodes:
             assert offer is not None
             self._take_offer(node, sub, spec, action.args, offer)
             return
-        ekey = None
-        if tool.effect:
-            ekey = effect_key(self.run_id, sub.step, sub.fan_index, f"tool:{tool.name}", tool.key_args(action.args))
-        self._issue(node, sub, spec, {"args": action.args}, ekey)
+        ran = self._ran_unstored(sub, tool, action.args)  # (arguments a human edited to an earlier call's)
+        if ran is not None:
+            self._answered(node, sub, ran)
+            return
+        self._issue(node, sub, spec, {"args": action.args}, self._effect_key(sub, tool, action.args))
+
+    def _effect_key(self, sub: NodeKey, tool: Tool, args: dict[str, Any]) -> str | None:
+        """The idempotency key of a call of ``tool`` (None: it is no effect)."""
+        if not tool.effect:
+            return None
+        return effect_key(self.run_id, sub.step, sub.fan_index, f"tool:{tool.name}", tool.key_args(args))
+
+    def _ran_unstored(self, sub: NodeKey, tool: Tool, args: dict[str, Any]) -> dict[str, Any] | None:
+        """``ran_unstored`` of the call's key in the ledger: issued, such a call went out
+        ``reconciling`` and, with nothing to reconcile it, the function ran a second time."""
+        ekey = self._effect_key(sub, tool, args)
+        return None if ekey is None else ran_unstored(tool, *self.calls.ledger.get(ekey, (None, None)))
 
     def _take_offer(self, node: _Node, sub: NodeKey, spec: StepSpec, args: dict[str, Any], offer: Offer) -> None:
         """The call just decided ran already, speculatively, in its response's model call: its

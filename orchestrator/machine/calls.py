@@ -362,10 +362,9 @@ class Calls:
                                          node_id=node_id, fan_index=index, data=data))
             self.schedule(not_before, key)
             return None
-        if outcome.transient and not budget_left:
-            error["reason"] = "retry budget exhausted"
-        elif outcome.transient:
-            error["reason"] = f"{flight.attempt} attempts exhausted"
+        if outcome.transient:
+            error["reason"] = "not retried: its step failed" if draining else "retry budget exhausted" \
+                if not budget_left else f"{flight.attempt} attempts exhausted"
         ekey = self.keys.get(key)
         if ekey is not None:
             # Its retries ran out on transient errors (or the budget did): whether the last call took
@@ -457,6 +456,21 @@ class Calls:
                     node_id=key.node_id, fan_index=key.fan_index, status=NodeStatus.CANCELLED,
                     attempt=self.attempts.get(key, 0), error={"reason": f"not retried: {reason}"},
                     finished_at=self.out.now))
+
+    def drop_timers(self, which: Callable[[NodeKey], bool], reason: str, effect_name: Callable[[NodeKey], str]) -> None:
+        """Retries not to be made (``which`` of the keys waiting out a backoff): rows ``cancelled``
+        (``stop_retries``), timers gone, and an effect's ledger row, ``pending`` since the attempt that
+        failed, ``abandoned`` (as when its retries run out: settled, and undone by a rollback)."""
+        dropped = [k for _, k in self.timers if which(k) and k not in self.inflight and k in self.keys]
+        self.stop_retries(reason, which)
+        self.timers = [(t, k) for t, k in self.timers if not which(k)]
+        heapq.heapify(self.timers)
+        result = {"error": {"type": "NotRetried", "message": f"not retried: {reason}", "transient": True}}
+        for key in (k for k in dropped if self.ledger.get(self.keys[k], (None,))[0] != EffectStatus.COMMITTED):
+            self.ledger[self.keys[key]] = (EffectStatus.ABANDONED, result)
+            self.out.batch.effects.append(EffectWrite(idempotency_key=self.keys[key], node_id=key.node_id,
+                                                      fan_index=key.fan_index, effect_name=effect_name(key),
+                                                      args_digest="", status=EffectStatus.ABANDONED, result=result))
 
     def cancel_all(self, reason: str, *, write: bool = True, keep_compensation_timers: bool = True) -> None:
         self.cancel(list(self.inflight), reason, write=write)

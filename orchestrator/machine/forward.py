@@ -67,6 +67,8 @@ class Forward:
         self.fanout = FanOutBook()
         self.outputs: dict[NodeKey, Any] = {}
         self.restored: dict[NodeKey, NodeRecord] = {}
+        self.on_closed: Callable[[set[str], str], None] = lambda steps, reason: None  # (``Waits.stop_steps``)
+        self.out_of_reach: set[str] = set()  # partial fan-outs whose policy can only fail now (``decide_early``)
         self.parents_done: set[str] = set()  # fan-out parents already durable as completed
         self.running_parents: set[str] = set()  # fan-out parents durable as 'running' (a retry round)
         self.failure: tuple[str, dict[str, Any]] | None = None  # a critical node failed: (label, error)
@@ -301,6 +303,8 @@ class Forward:
             self.fanout.record_failure(step, index, error, attempts)
             if self.sched.fail_item((step, index)):
                 self._decide(step)
+            elif spec.fan_out_policy.unreachable(self.fan_total(step), len(self.fanout.failures(step))):
+                self.out_of_reach.add(step)  # decided once the outcomes that came back with it are in
             return
         self._step_failed(step, index, error)
 
@@ -339,8 +343,17 @@ class Forward:
             batch.events.append(NewEvent(kind="node_skipped", node_id=skipped, data={"because": step}))
 
     def _cancel_steps(self, steps: set[str]) -> None:
-        self.calls.drain([k for k in self.calls.inflight if k.step in steps and not k.is_agent_call
-                          and not k.compensates], "its step failed")
+        """Stop the attempts of failed (or skipped) steps: those in flight drain, a plain step's
+        waiting out a retry's backoff are not retried (an effect's item charged after its step had
+        failed and its dependents were skipped: nothing would compensate it). An agent item goes on
+        to its end (its calls are the agent's)."""
+        def plain(k: NodeKey) -> bool:
+            return k.step in steps and not k.is_agent_call and not k.compensates
+        self.calls.drain([k for k in self.calls.inflight if plain(k)], "its step failed")
+        # (a plain step's or item's own retries: an agent's calls and a wait's timeout are theirs)
+        self.calls.drop_timers(lambda k: plain(k) and self.wf.steps[k.step].kind == "step", "its step failed",
+                               lambda k: self.wf.steps[k.step].effect_name)
+        self.on_closed(steps, "its step failed")  # its approvals and sleeps wait no more
 
     def _drain_restored(self, step: str) -> None:
         """Items of ``step`` that a driver which died had in flight: their rows still say
@@ -361,14 +374,29 @@ class Forward:
             if key in self.calls.inflight:
                 self.calls.draining.add(key)
 
-    def _decide(self, step: str) -> None:
-        """Every item of a partial fan-out settled: ask its policy, record the decision, obey it."""
+    def decide_early(self) -> None:
+        """Fail the quorum and ratio fan-outs that failures put out of reach, without waiting for
+        their other items (``FanOutPolicy.unreachable``): those are stopped, not paid for."""
+        while self.out_of_reach:
+            step = self.out_of_reach.pop()
+            if self.failure is None and step not in self.sched.closed and step not in self.sched.completed:
+                self._decide(step, early=True)
+
+    def _decide(self, step: str, *, early: bool = False) -> None:
+        """Every item of a partial fan-out settled: ask its policy, record the decision, obey it.
+        ``early``: a quorum or ratio that enough failures put out of reach fails now, before the
+        rest settle (they are stopped: paying for items whose outcome changes nothing)."""
         spec = self.wf.steps[step]
-        result = self.fanout.result(step, self.outputs, self.fan_total(step))
+        total = self.fan_total(step)
+        result = self.fanout.result(step, self.outputs, total)
         try:
             decision = spec.fan_out_policy.decide(result)
         except Exception as exc:  # a user's decision function that raises fails the step, visibly
             decision = Fail(f"on_partial_failure raised {type(exc).__name__}: {printable(str(exc))}")
+        if early:
+            decision = Fail(f"{decision.reason}: out of reach with {len(result.failures)} of {total} items "
+                            f"failed; the {total - len(result.failures) - len(result.successes)} unsettled "
+                            "were stopped")
         if decision.verdict == Verdict.RETRY_FAILED:
             decision = self._bounded(decision, len(result.failures), result.round)
         self.out.batch.events.append(NewEvent(kind="fanout_decision", node_id=step, data={

@@ -31,7 +31,7 @@ from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
 from raysaga.orchestrator.machine.rollback import Rollback, RollbackReads
 from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
+from raysaga.orchestrator.records import cancelled_row, merge_run, short_error, sooner
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
@@ -149,6 +149,7 @@ class RunMachine:
             return
         if self.phase != Phase.FORWARD:
             return
+        self.forward.decide_early()  # (an agent item's failure, settled outside ``absorb``)
         while True:
             while ready := self.forward.sched.pop_ready():  # settling a node can make more ready
                 for start in self.forward.prepare_all(ready):
@@ -206,11 +207,11 @@ class RunMachine:
             if key not in self.calls.inflight:
                 continue  # cancelled while this round was absorbed (a closed fan-out's sibling)
             if key in self.calls.draining:  # an effect let land after its step failed: recorded, no more
-                self.calls.draining.discard(key)
                 if outcome.ok:
                     self.calls.succeeded(key, outcome)
                 else:
-                    self.calls.failed(key, outcome)
+                    self.calls.failed(key, outcome)  # still draining there: never retried
+                self.calls.draining.discard(key)
                 continue
             if outcome.ok:
                 value = self.calls.succeeded(key, outcome)
@@ -234,6 +235,7 @@ class RunMachine:
                 self.agents.on_failure(key, error)
             else:
                 self.forward.settle_failed(key, error, write=False, attempts=attempts)
+        self.forward.decide_early()
 
     def absorb_items(self, keys: list[NodeKey], outcomes: ItemOutcomes, now: float) -> None:
         """Plain items of one fan-out step that came back together (``item_block.ItemsDone``):
@@ -307,7 +309,7 @@ class RunMachine:
         Returns (``waiting_human`` or ``waiting_timer``, when it is due again, why)."""
         if not self._may_rest() or not self.idle() or self.done():
             return None
-        when = self.next_timer()
+        when = self.next_wake()
         far = when is None or when - now > release_after
         humans = self.waits.waiting_humans()
         if humans and far:
@@ -318,6 +320,12 @@ class RunMachine:
             what = f"sleep {', '.join(sleeping)}" if sleeping else "a retry's backoff"
             return RunStatus.WAITING_TIMER, when, f"waiting for {what}"
         return None
+
+    def next_wake(self) -> float | None:
+        """The next timer, or the run's deadline if sooner while something waits (a human, a timer):
+        it is woken then, to roll back. None: nothing waits on time."""
+        timer = self.next_timer()
+        return sooner(timer, self.deadline_at) if timer is not None or self.waits.waiting_humans() else None
 
     def _may_rest(self) -> bool:
         """Forward, nothing failed, nothing ready to issue or being asked: only waiting is left."""
@@ -331,7 +339,7 @@ class RunMachine:
         keys) when the run is taken up at the gate's time, or a timer's sooner."""
         if held is None or held.attempts != len(self.calls.inflight) or not self._may_rest():
             return False
-        wake = min(held.until, self.next_timer() or held.until)
+        wake = min(held.until, self.next_timer() or held.until, self.deadline_at or held.until)
         if wake - now <= release_after:
             return False
         reason = f"waiting for rate limit {', '.join(held.limits)} (blocked: a provider's retry-after)"
@@ -372,13 +380,10 @@ class RunMachine:
         self._stopping = (reason, error, final, signal_id)
 
     def _cancel_unsettled(self, reason: str) -> None:
-        """The run is cancelled: nodes whose rows say 'running' but that no attempt stands for
-        say 'cancelled', as attempts in flight do (``cancel_all``): agents under way (their row is
-        written when they start; their calls are what is in flight), and rows a driver that died
-        left 'running' and that this one never took up again (a step's or item's, or an agent's
-        call whose agent did not start again), and fan-out parents in a retry round. Left so, a
-        run that is over would show them under way for ever. (A failure's rollback settles such
-        rows itself: ``Rollback``.)"""
+        """The run is cancelled: nodes whose rows say 'running' with no attempt standing for them say
+        'cancelled', as attempts in flight do (``cancel_all``): agents under way, rows a dead driver left
+        'running' and this one never took up again, fan-out parents in a retry round; left so, an ended
+        run would show them under way for ever. (A failure's rollback settles such rows: ``Rollback``.)"""
         batch = self.out.batch
         written = {(n.node_id, n.fan_index) for n in batch.nodes}
         stale: list[tuple[NodeKey, int, float | None]] = [
@@ -400,8 +405,7 @@ class RunMachine:
         return spec is not None and spec.kind == "step"
 
     def stop_on_failure(self, now: float) -> None:
-        """A critical node failed for good: stop dispatching and roll back what was done (or fail
-        the run when nothing needs undoing)."""
+        """A critical node failed for good: stop dispatching and roll back what was done (or fail the run)."""
         assert self.forward.failure is not None
         label, error = self.forward.failure
         self.stop_forward(failure_reason(label, error), {"node": label, **short_error(error)}, now)

@@ -58,11 +58,18 @@ class Waits:
         #: rows restored ``waiting`` (approvals, sleeps, gated tool calls): a run stopped (a cancel,
         #: a failure) before they wait again in this process still closes them
         self.restored_waiting: set[NodeKey] = set()
+        self._stopped: set[NodeKey] = set()  # closed with their step (``stop_steps``): their row says so
+        forward.on_closed = self.stop_steps
 
     # ------------------------------------------------------------------ starting
 
     def start(self, start: WaitStart) -> None:
         key, spec, row = start.key, start.spec, start.row
+        if self._closed(key):  # its fan-out failed in this round (an item decided at once): not waited for
+            if row is not None and row.status == NodeStatus.WAITING and key not in self._stopped:
+                self.restored_waiting.add(key)
+                self.stop_steps({key.step}, "its step failed")
+            return
         if spec.kind == "sleep":
             until = row.not_before if row is not None and row.not_before is not None else \
                 self.out.now + float(spec.options["seconds"])
@@ -89,6 +96,8 @@ class Waits:
     def request_built(self, key: NodeKey, spec: StepSpec, outcome: NodeOutcome) -> None:
         """The approval's function ran: write the node waiting with its request."""
         self._building.discard(key)
+        if self._closed(key):
+            return  # its fan-out failed while its request was built: nobody is asked
         asked = jsoncodec.loads(outcome.output_json) if outcome.ok and outcome.output_json else None
         if isinstance(asked, str):
             asked = {"prompt": asked}
@@ -234,6 +243,26 @@ class Waits:
         self.sleeping.clear()
         self.restored_waiting.clear()
         self._gates.clear()
+
+    def stop_steps(self, steps: set[str], reason: str) -> None:
+        """Steps failed or skipped without stopping the run: their items' approvals and sleeps no
+        longer wait (an approval item of a failed fan-out held the driver, the run otherwise done,
+        until its timeout), and their rows say so."""
+        for key in sorted({*self.requests, *self.sleeping, *self.restored_waiting}):
+            if key.step in steps and key not in self._gates and key.turn is None:
+                self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
+                                                      status=NodeStatus.CANCELLED, attempt=1,
+                                                      error={"reason": reason}, finished_at=self.out.now))
+                self.requests.pop(key, None)
+                self.sleeping.pop(key, None)
+                self.restored_waiting.discard(key)
+                self.calls.unschedule(key)
+                self._stopped.add(key)
+
+    def _closed(self, key: NodeKey) -> bool:
+        """An item of a step settled (failed, skipped, or passed on as failed) before it waits."""
+        sched = self.forward.sched
+        return key.fan_index >= 0 and (key.step in sched.closed or key.step in sched.completed)
 
     # ------------------------------------------------------------------ where it stands
 

@@ -47,7 +47,7 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.machine.outbox import Dispatch
 from raysaga.orchestrator.task import NodeOutcome
 from raysaga.sagas.policy import Decision
-from raysaga.state import NodeStatus, RunRecord, jsoncodec
+from raysaga.state import EffectStatus, NodeStatus, RunRecord, jsoncodec, node_label
 from raysaga.state.decisions import request_of
 from raysaga.testing import text_reply, tool_reply
 from tests.orchestrator.machine.memory_run import MemoryRun
@@ -378,13 +378,31 @@ def normalise(value: Any) -> Any:
     return value
 
 
+def drained_items(fold: MemoryRun) -> set[tuple[str, int]]:
+    """The items of a fan-out that settled after it failed: drained, an effect's attempt in flight
+    let land and recorded, never retried (``Calls.drain``). What that one call did (ok, or a
+    transient failure) is the world's answer to it, and a crash changes which call that is: the
+    attempt a crash cut off is sent again as another (a world that answers by attempt number
+    answers it otherwise). So their outcomes are not compared (``projection``: only that none is
+    left pending), nor counted as progress (a schedule's signal waits on forward nodes done).
+    Items settled before their step failed are compared as any node."""
+    failed_at = {r.node_id: r.finished_at for r in fold.nodes.values()
+                 if r.fan_index < 0 and r.status == NodeStatus.FAILED and r.finished_at is not None}
+    return {(r.node_id, r.fan_index) for r in fold.nodes.values()
+            if r.fan_index >= 0 and r.node_id in failed_at
+            and (r.finished_at is None or r.finished_at > failed_at[r.node_id])}
+
+
 def projection(fold: MemoryRun) -> dict[str, Any]:
     """What a run ends with that no crash may change: its status, reason, output and error; the
     nodes that completed (with their outputs), failed or were skipped; the ledger; the tokens."""
     run = fold.run
-    done = {r.label: normalise(r.output) for r in fold.nodes.values() if r.status == NodeStatus.COMPLETED}
+    drained = drained_items(fold)
+
+    done = {r.label: normalise(r.output) for r in fold.nodes.values()
+            if r.status == NodeStatus.COMPLETED and (r.node_id, r.fan_index) not in drained}
     ended = {r.label: r.status.value for r in fold.nodes.values()
-             if r.status in (NodeStatus.FAILED, NodeStatus.SKIPPED)}
+             if r.status in (NodeStatus.FAILED, NodeStatus.SKIPPED) and (r.node_id, r.fan_index) not in drained}
     return {
         "status": run.status.value,
         "reason": normalise(run.status_reason),
@@ -396,6 +414,8 @@ def projection(fold: MemoryRun) -> dict[str, Any]:
         # by node, not by key: an effect's key covers its inputs, and a partial fan-out's result
         # upstream counts its failed items' attempts (see ``normalise``)
         "ledger": sorted((e.node_id, e.fan_index, e.effect_name, e.status.value, jsoncodec.dumps(normalise(e.result)))
-                         for e in fold.effects.values()),
+                         for e in fold.effects.values() if (e.node_id, e.fan_index) not in drained),
+        "drained_pending": sorted(node_label(e.node_id, e.fan_index) for e in fold.effects.values()
+                                  if (e.node_id, e.fan_index) in drained and e.status == EffectStatus.PENDING),
         "memory": {k: (v.value, v.version) for k, v in fold.memory.items()},
     }

@@ -219,9 +219,9 @@ class MachineShell:
                     record = self._flush()
                     assert record is not None
                     return self._rested(record)
-                when = m.next_timer()
+                when = m.next_wake()
                 if when is not None:
-                    self.now = max(self.now, when)  # a durable backoff: the fake clock jumps to it
+                    self.now = max(self.now, when)  # a durable backoff (or the deadline): the fake clock jumps to it
                     continue
                 if not m.done():
                     m.check_stuck()
@@ -323,6 +323,7 @@ class MachineShell:
         self.rollback.on_send([d for d in dispatches if d.key.compensates])
         for d in dispatches:
             self._check_effect_key(d)
+            self._check_step_open(d)
             outcome = self.world.outcome(d, self.now)
             self.sent[d.key] = Sent(d, self.now, outcome)
             self.journal.dispatched.append((self.incarnation, d.key.label, d.call.idempotency_key))
@@ -352,6 +353,24 @@ class MachineShell:
                     f"effect {d.key.label} was sent with a fresh key {ekey} while its earlier key {earlier} is "
                     f"{old.status.value}: the call may take effect twice")
         keys.add(ekey)
+
+    def _check_step_open(self, d: Dispatch) -> None:
+        """Invariant: once a step is durable as failed or skipped, none of its items is sent again,
+        but an attempt a dead driver had in flight (its row says 'running'), sent again under its
+        key by the driver that took over (once) so its ledger row settles: a retry then could take
+        effect after the rollback's plan, or with nothing left to compensate it."""
+        key = d.key
+        if key.compensates or key.is_agent_call or key.fan_index < 0:
+            return
+        step = self.fold.nodes.get((key.step, -1))
+        if step is None or step.status not in (NodeStatus.FAILED, NodeStatus.SKIPPED):
+            return
+        row = self.fold.nodes.get((key.node_id, key.fan_index))
+        here = any(n == self.incarnation and label == key.label for n, label, _ in self.journal.dispatched)
+        if row is None or row.status != NodeStatus.RUNNING or d.call.idempotency_key is None or here:
+            raise InvariantViolation(
+                f"{key.label} (attempt {d.call.attempt}) was sent after its step {key.step} was durable as "
+                f"{step.status.value} (its row: {'absent' if row is None else row.status.value})")
 
     def _cancel(self, keys: Iterable[NodeKey]) -> None:
         for key in keys:

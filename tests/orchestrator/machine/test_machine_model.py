@@ -56,6 +56,7 @@ from tests.orchestrator.machine.model_world import (
     StepPlan,
     build_workflow,
     cases,
+    drained_items,
     human,
     new_fold,
     projection,
@@ -113,8 +114,10 @@ class PrioritySchedule:
 
 def forward_done(fold: MemoryRun) -> set[str]:
     """The steps and items durable as completed (not model turns, tool calls or compensations)."""
+    drained = drained_items(fold)
     return {r.label for r in fold.nodes.values() if r.status == NodeStatus.COMPLETED
-            and not NodeKey.parse(r.node_id).compensates and NodeKey.parse(r.node_id).turn is None}
+            and not NodeKey.parse(r.node_id).compensates and NodeKey.parse(r.node_id).turn is None
+            and (r.node_id, r.fan_index) not in drained}
 
 
 class RandomSchedule:
