@@ -187,6 +187,7 @@ def _drive_on_cluster(client: JobSubmissionClient, store: SqlStore, record: RunR
     why) when the run needs no driver: it is at rest."""
     from raysaga.orchestrator import launch as lx
     from raysaga.orchestrator.ownership import owner_is_gone
+    from raysaga.orchestrator.runner import check_resumable
 
     if record.status in TERMINAL or record.status in PARKED:
         say(err, f"run {record.run_id} is already {record.status.value}: nothing to launch")
@@ -194,6 +195,8 @@ def _drive_on_cluster(client: JobSubmissionClient, store: SqlStore, record: RunR
         if record.status != RunStatus.COMPLETED:
             raise typer.Exit(EXIT_NOT_COMPLETED)
         return None
+    # refused as `resume` refuses it: the job's driver would (after its id was used up), and exit 0 said "launched"
+    check_resumable(record)
     jobs = lx.jobs_of(client, record.run_id)
     live = next((j for j in jobs if j.live and j.drives(record.run_id)), None)
     if live is not None:

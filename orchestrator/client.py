@@ -29,6 +29,9 @@ from raysaga.types import check_text
 
 #: Runs that rest without a driver: an operator's pause takes them at once.
 _RESTING = (RunStatus.PENDING, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER)
+#: What ``pause`` takes at once when no driver holds it: a ``running`` run whose driver died (its
+#: lease expired) has none to obey a signal; ``unpause`` then said "not paused".
+_PAUSABLE = (*_RESTING, RunStatus.RUNNING)
 
 
 class Client:
@@ -114,7 +117,7 @@ class Client:
                 raise UserError(f"run {run_id!r} is {run.status.value}: only a running or waiting run can be paused")
             if run.status == RunStatus.PAUSED:
                 return run
-            if run.status in _RESTING and not _live(run):
+            if run.status in _PAUSABLE and not _live(run):
                 paused = self._pause_at_rest(run_id, reason, by)
                 if paused is not None:
                     return paused
@@ -133,7 +136,7 @@ class Client:
             return None
         try:
             run = self.store.get_run(run_id, lenient=True)
-            if run.status not in _RESTING:
+            if run.status not in _PAUSABLE:
                 return None
             # holding the lease, no driver can move the run: the transition's event names the actor
             self.store.transition(run_id, run.version, RunStatus.PAUSED, reason=reason, data={"by": by})

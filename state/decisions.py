@@ -27,7 +27,7 @@ from raysaga.state import jsoncodec
 from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import EventRecord, NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
-from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.redact import refuse_secret_values, scrub, scrub_text
 from raysaga.state.schema import events, node_columns, nodes, runs, signals
 from raysaga.types import check_run_id, check_text
 
@@ -160,16 +160,16 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
         row = _node_row(conn, run_id, node, fan_index)
         request = _waiting_request(conn, run_id, label, row, status)
         _check_decider(request, by, label)
-        if request.timeout_at is not None and now >= request.timeout_at:
-            raise UserError(f"the approval {label!r} of run {run_id!r} timed out at {_utc(request.timeout_at)}: "
-                            f"a late decision is refused (its declared outcome, {request.on_timeout}, applies)")
         so_far = _decisions(conn, run_id, node, fan_index)
         settled = settles(request, so_far)
-        if settled is not None:
+        if settled is not None:  # before the timeout: decided in time, its driver not back yet, it is not "timed out"
             deciders = [d for d in so_far if d.verdict == settled]
             done = "approved" if settled == "approve" else "rejected"
             raise UserError(f"the approval {label!r} of run {run_id!r} is already decided: {done} by "
                             f"{', '.join(d.by for d in deciders)} at {_utc(deciders[-1].at)}")
+        if request.timeout_at is not None and now >= request.timeout_at:
+            raise UserError(f"the approval {label!r} of run {run_id!r} timed out at {_utc(request.timeout_at)}: "
+                            f"a late decision is refused (its declared outcome, {request.on_timeout}, applies)")
         if verdict == "approve" and any(d.by == by for d in so_far):
             raise UserError(f"{by} already approved {label!r} of run {run_id!r}: a quorum of {request.quorum} "
                             "needs other approvers")
@@ -177,7 +177,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
         decision = Decision(decision_id=decision_id or uuid.uuid4().hex, verdict=verdict, by=by, answer=answer,
                             comment=None if comment is None else scrub_text(comment), at=now, node=node,
                             fan_index=fan_index)
-        payload = scrub(decision.model_dump(mode="json"))
+        payload = {**scrub(dumped := decision.model_dump(mode="json")), "answer": dumped["answer"]}  # as given
         try:
             with conn.begin_nested():
                 conn.execute(insert(signals).values(
@@ -341,11 +341,11 @@ def _same_or_refuse(earlier: Decision, mine: Mine, decision_id: str) -> Decision
 
 
 def _same_answer(earlier: Decision, answer: Any) -> bool:
-    """Whether ``answer`` is the recorded one, as it was stored (JSON, scrubbed; none on a rejection)."""
+    """Whether ``answer`` is the recorded one (JSON as given; scrubbed in older rows; none on a rejection)."""
     if earlier.verdict == "reject" or answer is None:
         return earlier.answer is None
     try:
-        return bool(scrub(jsoncodec.to_jsonable(answer, "the answer")) == earlier.answer)
+        return earlier.answer in (given := jsoncodec.to_jsonable(answer, "the answer"), scrub(given))
     except (NotJSONableError, RecursionError):
         return False
 
@@ -454,11 +454,11 @@ def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, lab
     if request.answer_schema is None:
         raise UserError(f"the approval {label!r} takes no answer: approve it without --answer")
     try:  # NaN passes a schema's "number", then the decision's dump wrote it as null: "as proposed"
-        jsoncodec.to_jsonable(answer, "the answer")
+        jsonable = jsoncodec.to_jsonable(answer, "the answer")
     except (NotJSONableError, RecursionError) as exc:
         raise UserError(f"the answer to {label!r} is not JSON: {exc}") from None
+    refuse_secret_values(jsonable, f"the answer to {label!r}")  # handed to the next step as given: never scrubbed
     import jsonschema  # only when an answer is given
-
     try:
         jsonschema.validate(answer, request.answer_schema, cls=_whole_integers(request.answer_schema))
     except jsonschema.ValidationError as exc:
