@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from raysaga.agents.messages import ModelResponse
 from raysaga.agents.models import Model
-from raysaga.agents.tools import Tool
+from raysaga.agents.tools import Tool, empty_error
 from raysaga.errors import InvalidOptionError, NotJSONableError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.types import RateLimit, RetryPolicy, check_name, check_number, checked_fields
@@ -141,6 +141,11 @@ class Agent:
                                      f"or your own raysaga.agents.Model), got {self.model!r}")
         if not isinstance(self.system, str):
             raise InvalidOptionError(f"{owner}.system must be a str, got {self.system!r}")
+        try:  # sent with every model call: refused there, the run failed at its first one
+            self.system.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidOptionError(f"{owner}.system holds a lone surrogate at index {exc.start}: it is not valid "
+                                     "UTF-8 text, and no model call could carry it") from None
         given: Any = (self.tools,) if isinstance(self.tools, Tool) else self.tools
         try:
             tools = tuple(given)
@@ -229,8 +234,13 @@ def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | 
                 result = turn.results.get(k)
                 if result is None:
                     break
+                content, is_error = result.get("content", ""), bool(result.get("is_error"))
+                if is_error and (content is None or (isinstance(content, str) and not content.strip())):
+                    # the API refuses an error with no content (400); a run stored before
+                    # ``run_tool`` filled it in has such a result in its turns
+                    content = empty_error(str(use.get("name", "")) or "the tool")
                 blocks.append({"type": "tool_result", "tool_use_id": use.get("id", f"toolu_{k}"),
-                               "content": result.get("content", ""), "is_error": bool(result.get("is_error"))})
+                               "content": content, "is_error": is_error})
             messages.append({"role": "user", "content": blocks})
         else:
             # the agent's output_type, not None: with None an answer failing validation was fed

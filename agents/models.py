@@ -15,8 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlparse
 
 from raysaga.agents.messages import ModelRequest, ModelResponse, Usage
-from raysaga.errors import InvalidOptionError, Permanent
-from raysaga.state.redact import register_secret_env
+from raysaga.errors import InvalidOptionError, Permanent, Transient
+from raysaga.state.redact import register_secret_env, scrub_text
 from raysaga.types import check_number
 
 #: Set by raysaga's own test suite: a model call that would reach the real API fails at once.
@@ -174,9 +174,15 @@ class AnthropicModel:
         # error status, but returns the body as it came: building a pydantic ``Message`` only to
         # dump it again cost ~1 ms of the pool actor's CPU per call, a third of the call's CPU (on
         # 2 cores a turn of 50 agents is bound by CPU: bench/agents_fanout.py).
-        data = json.loads(client.post("/v1/messages", body=kwargs, cast_to=bytes))
+        body = client.post("/v1/messages", body=kwargs, cast_to=bytes)
+        try:
+            data = json.loads(body)
+        except ValueError:  # (UnicodeDecodeError too) a proxy's or gateway's error page, answered 200
+            raise Transient(f"the Messages API answered 200 with a body that is not JSON ({len(body)} bytes, "
+                            f"starting {body_start(body)!r}): a proxy or gateway in between?") from None
         if not isinstance(data, dict):
-            raise ValueError(f"the Messages API answered with a JSON {type(data).__name__}, not a message")
+            raise Transient(f"the Messages API answered 200 with a JSON {type(data).__name__}, not a message "
+                            f"(starting {body_start(body)!r})")
         return response_of(data)
 
     def cost(self, usage: Usage) -> float:
@@ -188,6 +194,17 @@ class AnthropicModel:
 
     def __repr__(self) -> str:  # never the key: there is none to show
         return f"AnthropicModel({self.name!r}, base_url={self.base_url!r})"
+
+
+#: How much of an answer that is no message its error quotes.
+BODY_SHOWN = 100
+
+
+def body_start(body: bytes | str) -> str:
+    """The first ``BODY_SHOWN`` characters of an answer, for an error message: decoded (bytes that
+    are not UTF-8 replaced), on one line, scrubbed of secret values (a page echoing the key)."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes | bytearray) else str(body)
+    return scrub_text(" ".join(text[: 4 * BODY_SHOWN].split()))[:BODY_SHOWN]
 
 
 def response_of(data: dict[str, Any]) -> ModelResponse:

@@ -5,6 +5,10 @@ NaN...) is kept, with that input replaced by a marker, so the agent can be told 
 malformed instead of the whole node dying. Elsewhere in a response (its text, a block's fields)
 a lone surrogate, which no UTF-8 text and so no store can hold, is replaced with U+FFFD: the
 model's answer is not the user's fault, and it must not fail the node for good.
+
+A tool is never called with arguments a scrub changed: a call whose input holds a known secret
+value is kept with that input replaced by the same marker (stored and replayed so), and the model
+told the call was not run (``scrubbed_response``).
 """
 
 from __future__ import annotations
@@ -47,9 +51,29 @@ def model_turn(model: Model, request: dict[str, Any]) -> dict[str, Any]:
     except NotJSONableError:
         data = mended(data)  # a lone surrogate in its text: the one thing in it JSON cannot carry
         jsoncodec.to_jsonable(data, "model response")
-    # before the driver persists it and runs the tools it asks for: every reader (the store, the
-    # tools, the next request, a resume) sees the same response, with no secret value in it
-    return scrub_secret_values(data)  # type: ignore[no-any-return]
+    return scrubbed_response(data)
+
+
+#: Why a call whose input held a secret value was not run (the model reads it after "your input
+#: for NAME was not valid JSON: ").
+SECRET_INPUT = ("it held the value of a secret (an API key or a password), which is never stored nor passed "
+                "to a tool through a model: the call was not run; call it without the secret")
+
+
+def scrubbed_response(data: dict[str, Any]) -> dict[str, Any]:
+    """A model's response as it is stored and acted on, with no known secret value in it (DESIGN
+    invariant 7): in its text, replaced by the marker; in a tool call's input, the whole input
+    replaced by ``INVALID_INPUT`` (the call is answered, never run). So every reader (the store,
+    the tools, the next request, a resume replaying the row) sees the same response, and no tool
+    runs with arguments the scrub rewrote (``database="[redacted]_analytics"``)."""
+    clean: dict[str, Any] = scrub_secret_values(data)
+    if clean is data or clean == data:
+        return data
+    content = [
+        {**new, "input": {INVALID_INPUT: SECRET_INPUT}}
+        if isinstance(new, dict) and new.get("type") == "tool_use" and new.get("input") != old.get("input") else new
+        for old, new in zip(data.get("content") or [], clean.get("content") or [], strict=True)]
+    return {**clean, "content": content}
 
 
 #: Half of a UTF-16 surrogate pair, alone: ``json.loads`` makes one of ``"\\ud800"``; UTF-8 has none.

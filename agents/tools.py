@@ -77,11 +77,23 @@ class Tool:
         return {"name": self.name, "description": self.description, "input_schema": schema}
 
     def validate(self, args: Any) -> dict[str, Any]:
-        """Check the model's arguments; ``ToolError`` (shown to the model) if they do not fit."""
+        """Check the model's arguments; ``ToolError`` (shown to the model) if they do not fit.
+
+        Returns their JSON form (what keys, the store and the model see); the function itself is
+        called with ``typed`` values."""
+        return self._instance(args).model_dump(mode="json")
+
+    def typed(self, args: Any) -> dict[str, Any]:
+        """The arguments as the function's parameters declare them: a pydantic model, a ``date``,
+        an ``Enum`` as such, not their JSON form (a tool taking ``order: Order`` got a dict)."""
+        instance = self._instance(args)
+        return {name: getattr(instance, name) for name in self.input_model.model_fields}
+
+    def _instance(self, args: Any) -> BaseModel:
         if not isinstance(args, dict):
             raise ToolError(f"the input of {self.name} must be a JSON object, got {type(args).__name__}")
         try:
-            return self.input_model.model_validate(args).model_dump(mode="json")
+            return self.input_model.model_validate(args)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}"
                                  for e in exc.errors(include_url=False))
@@ -317,7 +329,7 @@ def tool_output(result: dict[str, Any]) -> Any:
 def run_compensation(tool: Tool, args: dict[str, Any], output: Any, ctx: Any) -> Any:
     """Inside the Ray task: undo one call of ``tool``; its parameters are bound by name."""
     assert tool.compensate is not None
-    available = {**tool.validate(args), "output": output, "ctx": ctx}
+    available = {**tool.typed(args), "output": output, "ctx": ctx}
     params = inspect.signature(tool.compensate).parameters
     if any(p.kind == p.VAR_KEYWORD for p in params.values()):
         kwargs = available
@@ -333,15 +345,34 @@ def took_no_effect(result: Any) -> TypeGuard[dict[str, Any]]:
 
 
 def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> dict[str, Any]:
-    """Inside the Ray task: call the tool. Semantic errors come back as data, others raise."""
+    """Inside the Ray task: call the tool. Semantic errors come back as data, others raise.
+
+    ``args`` are the JSON form ``Tool.validate`` gave; the function gets them ``typed``. A result
+    with no JSON form is returned as it is, for the task to refuse as the output it cannot store
+    (``task._refused``): the function *returned*, so an effect tool's error says ``took_effect``
+    and its key is not run again. (Raised here, it read as a failure of the call itself.)"""
     try:
-        valid = tool.validate(args)
+        valid = tool.typed(args)
         fn_params = inspect.signature(tool.fn).parameters
         if "idempotency_key" in fn_params and "idempotency_key" not in valid:
             valid["idempotency_key"] = idempotency_key
         result = tool.fn(**valid)
     except ToolError as exc:
-        return {"content": scrub_text(exc.message), "is_error": True}  # an error: shown to the model, stored
-    content = result if isinstance(result, str) else jsoncodec.dumps(result, f"result of tool {tool.name!r}")
+        # an error: shown to the model, stored; never blank (the Messages API refuses an is_error
+        # tool_result with empty content: 400, failing the agent's next model call for good)
+        message = scrub_text(exc.message) if isinstance(exc.message, str) else ""
+        return {"content": message if message.strip() else empty_error(tool.name), "is_error": True}
+    if isinstance(result, str):
+        content = result
+    else:
+        try:
+            content = jsoncodec.dumps(result, f"result of tool {tool.name!r}")
+        except NotJSONableError:
+            return {"content": result, "is_error": False}  # refused by the task, which stores none of it
     # a secret value the tool read (a config file, an environment dump) stays out of the store and the model
     return {"content": scrub_secret_values(content), "is_error": False}
+
+
+def empty_error(tool_name: str) -> str:
+    """What an ``is_error`` tool result without a message says instead (``ToolError("")``)."""
+    return f"{tool_name} returned an error with no message"

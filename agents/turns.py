@@ -7,7 +7,8 @@ model calls, tool calls, writes and a node outcome.
 
     model turn t unanswered   → CallModel(t)       (or Fail: max turns; or BudgetStop)
     t answered with tool uses → per unanswered use: RunTool, UseMemory, or Answer (a refusal
-                                the engine records itself: unknown tool, invalid input, a loop)
+                                the engine records itself: unknown tool, invalid input, a loop,
+                                a reply cut off by max_tokens: none of its calls runs)
     every use answered        → turn t+1
     t answered without tools  → Finish(output), or feedback and turn t+1, or Fail (no valid answer)
 """
@@ -32,13 +33,13 @@ from raysaga.agents.messages import ModelRequest, ModelResponse
 from raysaga.agents.runtime import INVALID_INPUT
 from raysaga.agents.tools import Tool, ToolError
 from raysaga.errors import UserError
-from raysaga.state import jsoncodec
+from raysaga.state import EffectStatus, jsoncodec
 from raysaga.state.redact import scrub_text
 from raysaga.types import check_text
 
 __all__ = [
     "Action", "Answer", "CallModel", "Conversation", "Fail", "Feedback", "Finish", "Pause", "RunTool",
-    "UseMemory", "memory_result", "model_failure", "next_actions", "record_tool_failure", "tool_of",
+    "UseMemory", "memory_result", "model_failure", "next_actions", "ran_unstored", "record_tool_failure", "tool_of",
 ]
 
 
@@ -158,10 +159,12 @@ def next_actions(agent: Agent, conv: Conversation, *, waiting: set[int], budget_
             conv.turns.append(Turn())
             continue
         issued = False
+        cut = turn.response.stop_reason in CUT_OFF
         for k, use in enumerate(uses):
             if k in turn.results or k in waiting:
                 continue
-            decided = _tool_use(agent, conv, t, k, use, waiting, actions)
+            decided = _cut_off(agent, t, k, use, turn.response.stop_reason) if cut \
+                else _tool_use(agent, conv, t, k, use, waiting, actions)
             if isinstance(decided, Fail | Pause):
                 return [*actions, decided]
             actions.append(decided)
@@ -172,6 +175,46 @@ def next_actions(agent: Agent, conv: Conversation, *, waiting: set[int], budget_
         if issued or waiting:
             return actions
         conv.turns.append(Turn())  # every tool answered: the next turn
+
+
+#: Stop reasons of a reply cut off before its end: a ``tool_use`` block in it may hold a truncated
+#: input (the Messages API sends what was written so far), so none of its calls is run.
+CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
+
+
+def _cut_off(agent: Agent, t: int, k: int, use: dict[str, Any], stop_reason: str | None) -> Answer:
+    """A call of a reply that was cut off: answered, never run (an effect tool sent the half-written
+    email), with what is wrong with its input if anything. The answer is the call's result,
+    durable like any, so a resume decides the same."""
+    name = str(use.get("name", "")) or "the tool"
+    text = (f"not run: your reply was cut off (stop_reason {stop_reason!r}) before this {name} call was complete, "
+            "so its input may be truncated. Ask again with a shorter call (less text before it, smaller arguments).")
+    problem = _input_problem(agent, name, use.get("input"))
+    return Answer(t, k, {"content": text if problem is None else f"{text} Its input: {problem}", "is_error": True})
+
+
+def _input_problem(agent: Agent, name: str, args: Any) -> str | None:
+    """What is wrong with a call's input (not JSON, an unknown tool, failing the tool's schema), or None."""
+    if isinstance(args, dict) and INVALID_INPUT in args:
+        return _not_json(name, args)
+    if agent.shared_memory and name in MEMORY_TOOLS:
+        return _memory_problem(name, args)
+    tool = agent.tool(name)
+    if tool is None:
+        return _unknown_tool(agent, name)
+    try:
+        tool.validate(args)
+    except ToolError as exc:
+        return exc.message
+    return None
+
+
+def _not_json(name: str, args: dict[str, Any]) -> str:
+    return f"your input for {name} was not valid JSON: {args[INVALID_INPUT]}"
+
+
+def _unknown_tool(agent: Agent, name: str) -> str:
+    return f"there is no tool named {name!r}; the tools are {[d['name'] for d in agent.tool_definitions()]}"
 
 
 def _tool_use(agent: Agent, conv: Conversation, t: int, k: int, use: dict[str, Any], waiting: set[int],
@@ -191,8 +234,7 @@ def _tool_use(agent: Agent, conv: Conversation, t: int, k: int, use: dict[str, A
     if loop is not None:
         return Answer(t, k, {"content": loop, "is_error": True, "loop": True})
     if isinstance(args, dict) and INVALID_INPUT in args:
-        return Answer(t, k, {"content": f"your input for {name} was not valid JSON: {args[INVALID_INPUT]}",
-                             "is_error": True})
+        return Answer(t, k, {"content": _not_json(name, args), "is_error": True})
     if agent.shared_memory and name in MEMORY_TOOLS:
         problem = _memory_problem(name, args)
         if problem is not None:
@@ -206,8 +248,7 @@ def _tool_use(agent: Agent, conv: Conversation, t: int, k: int, use: dict[str, A
         return UseMemory(t, k, name, args)
     tool = agent.tool(name)
     if tool is None:
-        known = [d["name"] for d in agent.tool_definitions()]
-        return Answer(t, k, {"content": f"there is no tool named {name!r}; the tools are {known}", "is_error": True})
+        return Answer(t, k, {"content": _unknown_tool(agent, name), "is_error": True})
     try:
         valid = tool.validate(args)
     except ToolError as exc:
@@ -362,17 +403,40 @@ def tool_of(agent: Agent, conv: Conversation, t: int, k: int) -> Tool | None:
 
 
 def record_tool_failure(agent: Agent, conv: Conversation, t: int, k: int, error: dict[str, Any]) -> dict[str, Any]:
-    """A tool call failed for good: the model is told, as that call's result (and it is kept)."""
+    """A tool call failed for good: the model is told, as that call's result (and it is kept).
+
+    An effect tool whose function returned a value raysaga could not store (no JSON form, above
+    the output cap: ``took_effect`` in its error) did not fail: the model is told it ran, so it
+    does not ask for it again as if nothing happened (``ran_unstored`` answers it if it does)."""
     tool = tool_of(agent, conv, t, k)
     name = tool.name if tool is not None else "the tool"
     detail = error.get("reason") or "it failed"
+    what = f"{error.get('type')}: {error.get('message', '')}"
     # scrubbed here, in the driver, before it is cut: the worker that ran the tool scrubbed the
     # message of what it knew, not of a value declared secret in the driver (a Secret input's);
     # the model must not be told it, and a resume (which reads the store's scrubbed row) tells the same
-    text = scrub_text(f"{name} failed ({detail}): {error.get('type')}: {error.get('message', '')}")
+    if error.get("took_effect") is True:
+        text = scrub_text(f"{name} ran and took effect, but its result could not be stored: do not call it again "
+                          f"for the same thing (a call with the same arguments is not run again). Why: {what}")
+    else:
+        text = scrub_text(f"{name} failed ({detail}): {what}")
     result = {"content": text[:1000], "is_error": True}
     conv.put(t, k, result)
     return result
+
+
+def ran_unstored(tool: Tool, status: str | None, result: Any) -> dict[str, Any] | None:
+    """The answer to a call of effect ``tool`` whose key's ledger row reads ``status``/``result``
+    when that key already ran in this agent node and its function returned a value raysaga could
+    not store (``took_effect`` in the row's error): it is not run again. None otherwise.
+    (``failed``: such a row written before it said ``abandoned``.)"""
+    error = result.get("error") if isinstance(result, dict) else None
+    if status not in (EffectStatus.ABANDONED, EffectStatus.FAILED) or not isinstance(error, dict) \
+            or error.get("took_effect") is not True:
+        return None
+    what = "/".join(tool.key) if tool.key else "arguments"
+    return {"content": f"not run: {tool.name} already ran with the same {what} in this conversation and took "
+                       "effect; its result could not be stored. It is not run again.", "is_error": True, "ran": True}
 
 
 def model_failure(t: int, error: dict[str, Any]) -> Fail:

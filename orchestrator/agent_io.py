@@ -11,6 +11,7 @@ compare-and-set here, while call outcomes are counted in the run's fenced batch
 from __future__ import annotations
 
 from raysaga.agents.breaker import BreakerPolicy, admit
+from raysaga.agents.runtime import scrubbed_response
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.machine.outbox import AdmitTool, MemoryOp
 from raysaga.orchestrator.speculation import is_peek
@@ -81,7 +82,9 @@ def scrubbed_turns(outcomes: list[tuple[NodeKey, NodeOutcome]]) -> list[tuple[No
         if key.turn is None or not outcome.ok or text is None or not json_may_hold_secret_value(text):
             continue
         value = jsoncodec.loads(text)
-        clean = scrub_secret_values(value)
+        # a model's response as ``scrubbed_response`` has it on the worker: a tool call whose input
+        # held a secret is answered, never run with the input the scrub rewrote
+        clean = scrubbed_response(value) if key.call is None and isinstance(value, dict) else scrub_secret_values(value)
         if clean != value:
             if out is outcomes:
                 out = list(outcomes)

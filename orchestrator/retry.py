@@ -1,14 +1,17 @@
 """Failure classification and backoff maths (pure; durable timers live in the driver).
 
-Transient: timeouts, connection errors, HTTP 408/425/429/5xx (incl. Anthropic's 529
-overloaded), a lost Ray worker, ``Transient``. Permanent: everything else, ``Permanent``, or
-what the step's ``RetryPolicy`` declares.
+Transient: timeouts, connection errors, DNS failures, HTTP clients' transport errors (httpx,
+requests, urllib3, aiohttp: read by name and package, never imported), HTTP 408/425/429/5xx
+(incl. Anthropic's 529 overloaded), a lost Ray worker, ``Transient``; an error wrapping one of
+these (``__cause__``, ``__context__``, ``reason``) too. Permanent: everything else,
+``Permanent``, or what the step's ``RetryPolicy`` declares.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import socket
 from typing import Any
 
 from raysaga.errors import NotJSONableError, StepFailure, UserError
@@ -16,12 +19,33 @@ from raysaga.orchestrator.options import RetryPolicy
 
 TRANSIENT_HTTP = frozenset({408, 425, 429})
 
-#: Exception class names (from libraries we do not import here) that mean "try again".
+#: Exception class names (from libraries we do not import here) that mean "try again", wherever
+#: the class is defined: names no library uses for anything else (the SDKs' connection errors, Ray's).
 _TRANSIENT_NAMES = frozenset({
     "APIConnectionError", "APITimeoutError", "ConnectTimeout", "ReadTimeout", "ConnectError",
     "RemoteProtocolError", "WorkerCrashedError", "NodeDiedError", "RaySystemError", "LocalRayletDiedError",
     "TaskCancelledError", "GetTimeoutError", "ObjectLostError", "OwnerDiedError", "ActorDiedError",
 })
+
+#: HTTP clients' transport errors (never imported: they may not be installed), by the package that
+#: defines them and the class's name. Names as plain as ``Timeout`` or ``ConnectionError`` count
+#: only from these packages: a user's own ``Timeout`` (a business rule's) is not retried by accident.
+#: (requests' ``ConnectionError`` and ``Timeout`` derive from ``OSError``, not from the builtins.)
+_TRANSIENT_BY_PACKAGE: dict[str, frozenset[str]] = {
+    **dict.fromkeys(("httpx", "httpx2", "httpcore"), frozenset({
+        "NetworkError", "ReadError", "WriteError", "ConnectError", "CloseError", "TimeoutException",
+        "ReadTimeout", "WriteTimeout", "PoolTimeout", "ConnectTimeout", "RemoteProtocolError"})),
+    "requests": frozenset({"ConnectionError", "Timeout", "ChunkedEncodingError"}),
+    "urllib3": frozenset({"ProtocolError", "TimeoutError", "NewConnectionError", "NameResolutionError",
+                          "IncompleteRead"}),
+    "aiohttp": frozenset({"ClientConnectionError", "ServerTimeoutError", "ClientPayloadError"}),
+}
+
+#: Connection errors that are no transport failure: TLS refused (a certificate, a protocol).
+_NOT_TRANSPORT = frozenset({"SSLError", "SSLCertVerificationError", "CertificateError", "InvalidCertificate"})
+
+#: How many links of an exception's chain (``__cause__``, ``__context__``, a ``reason``) are read.
+_CHAIN_LIMIT = 16
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -89,9 +113,59 @@ def is_transient(exc: BaseException, policy: RetryPolicy | None = None) -> bool:
     status = http_status(exc)
     if status is not None:
         return status in TRANSIENT_HTTP or status >= 500
+    return any(_transport_failure(link) for link in _chain(exc))
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it wraps: its ``__cause__`` (``raise ... from``), else its ``__context__``
+    (raised while handling it: requests wraps urllib3's error so, a tool its library's), and a
+    ``reason`` an error carries (``urllib.error.URLError``, urllib3's ``MaxRetryError``).
+
+    A connection reset inside ``requests`` reaches a tool as ``requests.ConnectionError``, an
+    ``OSError``; a tool wrapping it (``raise RuntimeError("fetch failed") from exc``) hid it
+    further. Read to its root, the chain says what happened. (A permanent error raised while
+    handling a connection error is then retried too, within its bounded attempts: the lesser harm
+    than a call failed for good on one dropped connection.)"""
+    links: list[BaseException] = []
+    todo: list[BaseException] = [exc]
+    while todo and len(links) < _CHAIN_LIMIT:
+        link = todo.pop()
+        if any(link is seen for seen in links):
+            continue
+        links.append(link)
+        try:
+            reason = getattr(link, "reason", None)
+        except Exception:  # a property of user code that raises: nothing more to read there
+            reason = None
+        if isinstance(reason, BaseException):
+            todo.append(reason)
+        wrapped = link.__cause__ if link.__cause__ is not None else (
+            None if link.__suppress_context__ else link.__context__)
+        if wrapped is not None:
+            todo.append(wrapped)
+    return links
+
+
+def _transport_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` itself (not what it wraps) says the call could not get through: a timeout,
+    a refused or reset connection, a name that did not resolve, an HTTP client's transport error."""
+    mro = type(exc).__mro__
+    if any(cls.__name__ in _NOT_TRANSPORT for cls in mro):
+        return False  # requests' SSLError is a ConnectionError: a certificate refused stays refused
     if isinstance(exc, TimeoutError | ConnectionError):
         return True
-    return any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__)
+    # a DNS failure: EAI_AGAIN is transient by definition, and a name not (yet) known is, more
+    # often than not, a resolver or a service discovery catching up (a typo fails after the retries)
+    if isinstance(exc, socket.gaierror):
+        return True
+    for cls in mro:
+        if cls.__name__ in _TRANSIENT_NAMES:
+            return True
+        module = getattr(cls, "__module__", None)
+        package = module.partition(".")[0] if isinstance(module, str) else ""
+        if cls.__name__ in _TRANSIENT_BY_PACKAGE.get(package, ()):
+            return True
+    return False
 
 
 def backoff_delay(attempt: int, policy: RetryPolicy, rng: random.Random) -> float:

@@ -38,6 +38,7 @@ from raysaga.agents.agent import fingerprint
 from raysaga.agents.models import Model
 from raysaga.agents.runtime import INVALID_INPUT, model_turn, tool_call
 from raysaga.agents.tools import Tool, ToolError
+from raysaga.agents.turns import CUT_OFF
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.spec import StepSpec
@@ -123,7 +124,10 @@ def run_offers(plan: Plan, request: dict[str, Any], response: dict[str, Any], al
     """Run the response's calls of allowed tools, each in a thread; their outcomes within ``wait``.
 
     A call that repeats an earlier one of the conversation (same tool, same input) is left alone:
-    the machine's loop detection may refuse it, and a refused call must not have run."""
+    the machine's loop detection may refuse it, and a refused call must not have run; so are the
+    calls of a reply cut off (``max_tokens``): the machine runs none of them (``turns.CUT_OFF``)."""
+    if response.get("stop_reason") in CUT_OFF:
+        return []
     now = time.monotonic()
     by_name = {t.name: t for t in plan.tools if t.name in allowed and _slow_until.get(t.name, 0.0) <= now}
     seen = {fingerprint(str(b.get("name", "")), b.get("input")) for b in _earlier_uses(request)}

@@ -276,3 +276,13 @@ def test_a_tool_whose_thread_starts_late_is_not_paused(sqlite_url: str, monkeypa
     assert final.status == RunStatus.COMPLETED, final.error
     assert nodes["solve@0.0"].output == {"content": "got a", "is_error": False}
     assert "quick" not in spec_mod._slow_until
+
+
+def test_no_call_of_a_reply_cut_off_by_max_tokens_is_run() -> None:
+    """The machine runs no tool of a reply cut off by ``max_tokens`` (its input may be cut too): a
+    speculative run of one would be a call made for nothing, or with the cut arguments."""
+    cut = tool_reply(("lookup", {"q": "a"})).model_copy(update={"stop_reason": "max_tokens"})
+    ctx = StepContext(run_id="r", node_id="solve@1", fan_index=-1, attempt=1, trace_id="t")
+    result = model_turn_speculating(ScriptedModel(default=(cut,)), _plan(), REQUEST, ["lookup"], ctx)
+    assert not isinstance(result, Aside) and result["stop_reason"] == "max_tokens"
+    assert RAN == []
