@@ -34,8 +34,11 @@ function subline(node: GraphNode, st: StepState | undefined): string {
   const counts = st?.counts ?? {};
   const total = Object.values(counts).reduce((a, b) => a + b, 0);
   if (node.map_over || total) {
-    const order = ["completed", "running", "retrying", "waiting", "failed", "skipped", "cancelled"];
-    const shown = order.filter((k) => counts[k]).map((k) => `${symbol(k)}${counts[k]}`);
+    // every state the counts hold, pending too (items a retry reset, or not started yet), as
+    // `raysaga status --dag` and RunView count them: "30 items ✓27 ○3" adds up
+    const order = ["completed", "running", "retrying", "waiting", "failed", "pending", "skipped", "cancelled"];
+    const keys = [...order, ...Object.keys(counts).filter((k) => !order.includes(k)).sort()];
+    const shown = keys.filter((k) => counts[k]).map((k) => `${symbol(k)}${counts[k]}`);
     parts.push(total ? `${total} items ${shown.join(" ")}` : "fan-out");
   } else if (st?.row) {
     if (st.row.attempt > 1) parts.push(`attempt ${st.row.attempt}`);

@@ -39,7 +39,8 @@ export function clear(el: Element): void {
   while (el.firstChild) el.removeChild(el.firstChild);
 }
 
-const csrf = (): string => document.querySelector<HTMLMetaElement>('meta[name="raysaga-csrf"]')?.content ?? "";
+const csrfMeta = (): HTMLMetaElement | null => document.querySelector<HTMLMetaElement>('meta[name="raysaga-csrf"]');
+const csrf = (): string => csrfMeta()?.content ?? "";
 
 // fetch() rejects only when no answer came (the server stopped, restarted, or the network
 // dropped the request), with the browser's own terse text ("Failed to fetch", "Load failed")
@@ -57,13 +58,22 @@ export async function getJSON<T>(url: string): Promise<T> {
   return (await r.json()) as T;
 }
 
+// The CSRF value is the serving process's: a page left open while `raysaga dashboard` restarted
+// holds the old one, and its every action was a 403. On that refusal (and only on it: the server
+// names it), the page reads the current value (a GET guarded as the page is) and sends once more.
 export async function postJSON<T>(url: string, body: unknown): Promise<T> {
-  const r = await reach(url, {
+  const send = (): Promise<Response> => reach(url, {
     method: "POST",
     credentials: "same-origin",
     headers: { "Content-Type": "application/json", "X-Raysaga-CSRF": csrf() },
     body: JSON.stringify(body),
   });
+  let r = await send();
+  if (r.status === 403 && r.headers.get("X-Raysaga-Refused") === "csrf") {
+    const fresh = await getJSON<{ csrf: string }>("/api/csrf");
+    csrfMeta()?.setAttribute("content", fresh.csrf);
+    r = await send();
+  }
   if (!r.ok) throw new Error(await errorText(r));
   return (await r.json()) as T;
 }

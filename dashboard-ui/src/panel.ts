@@ -2,9 +2,10 @@
 // the event log, its ledger rows, its compensation, an agent's turns, and an approval's form.
 import { actor, clear, getJSON, h, postJSON, pretty, secs, utc } from "./dom";
 import { badge } from "./list";
-import type { NodeDoc, Shown } from "./types";
+import type { ApprovalDoc, NodeDoc, Shown } from "./types";
 
-function value(shown: Shown | null, fetchUrl: string | null): HTMLElement {
+// `part` picks what is shown of the value fetched whole (an approval's payload of its output)
+function value(shown: Shown | null, fetchUrl: string | null, part: (v: unknown) => unknown = (v) => v): HTMLElement {
   if (!shown) return h("p", { class: "muted" }, "none");
   if ("value" in shown) return h("pre", { class: "value" }, pretty(shown.value));
   const box = h("div", { class: "value" });
@@ -17,7 +18,7 @@ function value(shown: Shown | null, fetchUrl: string | null): HTMLElement {
       button.setAttribute("disabled", "");
       void getJSON<{ value: unknown }>(fetchUrl).then((v) => {
         clear(box);
-        box.append(h("pre", {}, pretty(v.value)));
+        box.append(h("pre", {}, pretty(part(v.value))));
       }).catch((e: Error) => box.append(h("p", { class: "error" }, e.message)));
     });
     box.append(button);
@@ -82,8 +83,11 @@ function readFields(fields: Field[]): Record<string, unknown> | string {
   return out;
 }
 
-function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unknown>, done: () => void): HTMLElement {
-  const fields = request.answer_schema ? schemaFields(request.answer_schema, request.payload) : null;
+// Built from the node's `approval` (the request whole, in its own key): an output above the
+// preview size came as a preview, and a large payload left no Approve/Reject at all.
+function approvalForm(runId: string, doc: NodeDoc, request: ApprovalDoc, outputUrl: string,
+  done: () => void): HTMLElement {
+  const fields = request.answer_schema ? schemaFields(request.answer_schema, request.prefill) : null;
   const answer = h("textarea", { rows: 4, class: "answer", "aria-label": "answer (JSON)" }) as HTMLTextAreaElement;
   const comment = h("input", { class: "comment", placeholder: "comment", "aria-label": "comment" }) as HTMLInputElement;
   const note = h("p", { class: "muted" });
@@ -93,7 +97,7 @@ function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unkno
       const read = readFields(fields);
       if (typeof read === "string") { note.textContent = read; return; }
       parsed = read;
-    } else if (verb === "approve" && request.answer_schema && answer.value.trim()) {
+    } else if (verb === "approve" && request.takes_answer && answer.value.trim()) {
       try { parsed = JSON.parse(answer.value); } catch { note.textContent = "the answer is not JSON"; return; }
     }
     if (!window.confirm(`${verb} ${doc.node} of run ${runId} as ${actor()}?`)) return;
@@ -104,13 +108,21 @@ function approvalForm(runId: string, doc: NodeDoc, request: Record<string, unkno
   };
   const answerBox = fields ? h("fieldset", { class: "answer-form" }, h("legend", {}, "answer (edit before approving)"),
     ...fields.map((f) => h("label", {}, `${f.title}${f.required ? " *" : ""}`, f.input)))
-    : request.answer_schema ? h("label", {}, "answer (JSON)", answer) : null;
+    : request.takes_answer ? h("label", {}, "answer (JSON)", answer) : null;
+  const held = (v: unknown): unknown => {
+    const approval = v && typeof v === "object" ? (v as Record<string, unknown>).approval : undefined;
+    return approval && typeof approval === "object" ? (approval as Record<string, unknown>).payload : v;
+  };
+  const more = (request.approvers_count ?? 0) - (request.approvers?.length ?? 0);
   return section("Waiting for a decision",
-    request.prompt !== undefined ? h("p", { class: "prompt" }, String(request.prompt)) : null,
-    request.payload !== undefined ? h("pre", { class: "value" }, pretty(request.payload)) : null,
+    h("p", { class: "prompt" }, request.prompt, request.prompt_size ? ` … (${request.prompt_size} characters)` : ""),
+    "value" in request.payload && request.payload.value === null ? null : value(request.payload,
+      "value" in request.payload ? null : outputUrl, held),
     request.answer_schema ? h("details", { open: !fields }, h("summary", {}, "the answer's JSON Schema"),
-      h("pre", {}, pretty(request.answer_schema))) : null,
-    request.approvers ? h("p", { class: "muted" }, `may decide: ${(request.approvers as string[]).join(", ")}`) : null,
+      h("pre", {}, pretty(request.answer_schema))) : request.takes_answer ? h("p", { class: "muted" },
+      `the answer's JSON Schema (${request.answer_schema_size} bytes) is too large to show: the store checks the answer against it`) : null,
+    request.approvers ? h("p", { class: "muted" }, `may decide: ${request.approvers.join(", ")}`,
+      more > 0 ? ` and ${more} more` : "") : null,
     typeof request.timeout_at === "number" ? h("p", { class: "muted" }, `times out ${utc(request.timeout_at)}`) : null,
     answerBox, comment,
     h("div", { class: "buttons" }, h("button", { class: "approve", onclick: () => act("approve") }, "Approve"),
@@ -145,11 +157,8 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
       row.inherited_from ? h("dt", {}, "inherited from") : null,
       row.inherited_from ? h("dd", {}, h("a", { href: `#/runs/${encodeURIComponent(row.inherited_from)}` },
         row.inherited_from), " (forked: not run again here)") : null));
-    const held = doc.output && "value" in doc.output && typeof doc.output.value === "object" && doc.output.value !== null
-      ? (doc.output.value as Record<string, unknown>).approval : null;
-    const request = row.status === "waiting" && typeof held === "object" && held !== null ?
-      held as Record<string, unknown> : null;
-    if (request) box.append(approvalForm(runId, doc, request, reload));
+    if (row.status === "waiting" && doc.approval) box.append(approvalForm(runId, doc, doc.approval, base + "/output",
+      reload));
   }
   if (inputs.length) {
     // a node's input is its upstream steps' outputs (and the run's input): each a click away

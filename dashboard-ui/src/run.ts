@@ -67,7 +67,15 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   let gone: Gone | null = null;
   let view: DagView | null = null;
   let selected: string | null = params.get("node");
+  // an agent step's turns by label (`research@1[2]`: a mapped agent's items each have theirs),
+  // seeded from the rows the page loaded, so the count goes on from the loaded one
   const turnIds = new Map<string, Set<string>>();
+  const countTurn = (step: string, r: Row): number => {
+    const seen = turnIds.get(step) ?? new Set<string>();
+    if (!r.node_id.includes(".")) seen.add(r.node);  // a tool call (`research@1.2`) is no turn
+    turnIds.set(step, seen);
+    return seen.size;
+  };
   const rows = new Map<string, Row>();
   let stream: EventSource | null = null;
   let closed = false;
@@ -234,12 +242,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
         relayout = true;
       }
       if (comp) st.compensation = r.status;
-      else if (turn) {
-        const seen = turnIds.get(step) ?? new Set<string>();
-        seen.add(r.node_id);
-        turnIds.set(step, seen);
-        st.turns = [...seen].filter((id) => !id.includes(".")).length;
-      } else if (r.index === null) st.row = r;
+      else if (turn) st.turns = Math.max(st.turns, countTurn(step, r));
+      else if (r.index === null) st.row = r;
       else {
         const cell = fanBox.querySelector(`[data-node="${CSS.escape(r.node)}"]`);
         if (cell) cell.replaceWith(itemCell(r));
@@ -321,7 +325,11 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     rows.clear();
     turnIds.clear();
     claims.length = 0;
-    for (const r of doc.rows) rows.set(r.node, r);
+    for (const r of doc.rows) {
+      rows.set(r.node, r);
+      const { step, turn, comp } = baseStep(r.node_id);
+      if (turn && !comp) countTurn(step, r);
+    }
     drawHead(doc.run, doc.now);
     layout();
     drawGanttNow();

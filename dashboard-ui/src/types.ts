@@ -46,6 +46,8 @@ export interface EventJSON { seq: number; at: number; kind: string; node: string
 
 export interface Change {
   events: EventJSON[]; nodes: Row[]; counts: Record<string, Record<string, number>>; run: RunSummary;
+  /** The run's step rows and every fan-out's counts, read again after a run-level event. */
+  full?: boolean;
 }
 
 export interface Turn extends Row {
@@ -53,8 +55,18 @@ export interface Turn extends Row {
   tool_uses?: { name: string; input: Shown }[]; text?: string; output: Shown; error: unknown;
 }
 
+/** A waiting approval's request as its form needs it (views.approval_form): whole but for a
+ * prompt or schema above 64 KB (cut, its size said) and the payload (a preview when large). */
+export interface ApprovalDoc {
+  prompt: string; prompt_size: number | null; approvers: string[] | null; approvers_count: number | null;
+  quorum: number; timeout_at: number | null; on_timeout: string; tool: string | null; takes_answer: boolean;
+  answer_schema: Record<string, unknown> | null; answer_schema_size: number; payload: Shown;
+  prefill: Record<string, unknown>;
+}
+
 export interface NodeDoc {
-  node: string; step: string; row: Row | null; output: Shown | null; error: Record<string, unknown> | null;
+  node: string; step: string; row: Row | null; output: Shown | null; approval?: ApprovalDoc | null;
+  error: Record<string, unknown> | null;
   attempts: EventJSON[];
   effects: { key: string; node: string; effect: string; status: string; result: Shown; external_id: string | null;
     created_at: number; updated_at: number }[];

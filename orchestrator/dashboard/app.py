@@ -16,6 +16,7 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
   ``Last-Event-ID`` and catches up from there. One ``gone`` message ends it when the run is
   deleted or another run now has its id (its event seq behind the cursor, or another creation).
 - ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
+- ``GET /api/csrf`` the CSRF value this process expects (a page open across a restart asks it again).
 - ``GET /api/stats`` the store's figures (``Store.stats``); ``GET /metrics`` the same and more as
   Prometheus text.
 """
@@ -50,6 +51,8 @@ STATIC = Path(__file__).resolve().parent / "static"
 POLL_SECONDS = 0.4
 #: Seconds between two checks by an idle live stream that its run is still the one it follows.
 IDENTITY_SECONDS = 1.0
+#: The header of a 403 that says why a state-changing request was refused: ``csrf`` or ``origin``.
+REFUSED_HEADER = "X-Raysaga-Refused"
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
                                "frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -75,9 +78,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         if not guard.token_ok(request.headers.get("authorization"), request.cookies.get(COOKIE), query_token):
             return PlainTextResponse("a token is needed: open /?token=TOKEN once, or send Authorization: "
                                      "Bearer TOKEN", 401, headers={"WWW-Authenticate": "Bearer"})
-        if request.method not in SAFE_METHODS and not guard.csrf_ok(
-                request.headers.get(CSRF_HEADER), request.headers.get("origin"), host):
-            return PlainTextResponse("refused: a state-changing request needs the page's CSRF header", 403)
+        refused = None if request.method in SAFE_METHODS else guard.csrf_problem(
+            request.headers.get(CSRF_HEADER), request.headers.get("origin"), host)
+        if refused is not None:  # the page tells a stale value ("csrf") by this header, and asks anew
+            answer = _refusal("refused: a state-changing request needs the page's CSRF header"
+                              if refused == "csrf" else "refused: a request from another origin", 403)
+            answer.headers[REFUSED_HEADER] = refused
+            return answer
         problem = params.query_problem(request.scope.get("query_string", b""))
         if problem is not None:
             return _refusal(problem, 400)
@@ -119,6 +126,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
             return redirect
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         return HTMLResponse(page.replace("__RAYSAGA_CSRF__", guard.csrf))
+
+    @app.get("/api/csrf")
+    def csrf() -> dict[str, str]:
+        # the value the page's actions send: a page served by an earlier process (the dashboard
+        # restarted) reads it again here. As readable as the page itself (same Host and token
+        # checks, no CORS): a page of another origin cannot read either
+        return {"csrf": guard.csrf}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 

@@ -11,7 +11,10 @@
 - **CSRF.** A state-changing request (anything but GET/HEAD/OPTIONS) needs the header
   ``X-Raysaga-CSRF`` equal to the per-process value the page is served with (a page of another
   origin can neither read it nor send a custom header without a CORS preflight, which the
-  dashboard never answers), and an ``Origin``, when sent, of this server; else 403.
+  dashboard never answers), and an ``Origin``, when sent, of this server; else 403. The value is
+  random per process; a page left open across a restart reads the current one from
+  ``GET /api/csrf``, which is guarded as the page itself is (Host, token): another origin can
+  read neither (no CORS), so the header still proves the request came from a page of this server.
 """
 
 from __future__ import annotations
@@ -104,12 +107,19 @@ class Guard:
         return any(hmac.compare_digest(g.encode(), self.token.encode()) for g in given)
 
     def csrf_ok(self, header: str | None, origin: str | None, host_header: str | None) -> bool:
-        if header is None or not hmac.compare_digest(header.encode(), self.csrf.encode()):
-            return False
+        return self.csrf_problem(header, origin, host_header) is None
+
+    def csrf_problem(self, header: str | None, origin: str | None, host_header: str | None) -> str | None:
+        """Why a state-changing request is refused, or None: ``"origin"`` (another site sent it),
+        ``"csrf"`` (no header, or not this process's value: a page served by an earlier process
+        asks ``/api/csrf`` for the current one and sends it again, once)."""
         if origin is not None:
             netloc = origin.split("://", 1)[-1].rstrip("/").lower()
-            return host_header is not None and netloc == host_header.strip().lower()
-        return True
+            if host_header is None or netloc != host_header.strip().lower():
+                return "origin"
+        if header is None or not hmac.compare_digest(header.encode(), self.csrf.encode()):
+            return "csrf"
+        return None
 
 
 def _local_addresses() -> set[str]:

@@ -19,6 +19,7 @@ from raysaga.orchestrator.dashboard.graph import base_step, graph_for
 from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded, node_param
 from raysaga.state import Store, node_label
 from raysaga.state.dashboard_reads import RunFilter
+from raysaga.state.decisions import request_of
 from raysaga.state.item_events import item_indexes
 from raysaga.state.redact import scrub, scrub_text
 
@@ -28,6 +29,11 @@ PREVIEW_BYTES = 16_384
 ITEMS_SHOWN = 24
 #: Largest page of runs or items.
 MAX_PAGE = 500
+#: A waiting approval's prompt and answer schema are sent whole up to this many bytes of JSON each
+#: (the form needs them; the payload is a value like any other, a preview when large).
+REQUEST_BYTES = 65_536
+#: Names of who may decide an approval sent with it, at most.
+MAX_APPROVERS = 200
 
 
 def _json(value: Any) -> str:
@@ -128,14 +134,19 @@ def fan_counts(store: Store, run_id: str, steps: Iterable[str]) -> dict[str, dic
     return counts
 
 
+def _every_step(store: Store, run_id: str) -> tuple[list[dict[str, Any]], dict[str, dict[str, int]]]:
+    """The run's step rows (of each fan-out its first ``ITEMS_SHOWN`` items) and every fan-out's counts."""
+    rows = store.step_rows(run_id, ITEMS_SHOWN)
+    fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
+    return rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id)))
+
+
 def run_page(store: Store, run_id: str) -> dict[str, Any]:
     """Everything a run page first draws. ``cursor`` is the event seq read *before* the rows, so
     the live stream from it replays whatever changed while they were read (updates are idempotent)."""
     run = store.get_run(run_id, lenient=True)
     cursor = run.event_seq
-    rows = store.step_rows(run_id, ITEMS_SHOWN)
-    fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
-    counts = fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id)))
+    rows, counts = _every_step(store, run_id)
     summary = store.run_row(run_id) or {}
     return {
         "run": {**_run_json(summary), "trace_id": run.trace_id, "workflow_ref": run.workflow_ref,
@@ -195,6 +206,42 @@ def _turn(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _prefill(schema: Any, payload: Any) -> dict[str, Any]:
+    """The payload's values of the answer schema's plain top-level fields (a string, number or
+    boolean each): what the form is pre-filled with, so an approve with edits is a change of a field."""
+    props = schema.get("properties") if isinstance(schema, dict) else None
+    if not isinstance(props, dict) or not isinstance(payload, dict):
+        return {}
+    return {k: v for k, v in payload.items() if k in props and isinstance(v, (str, int, float, bool))
+            and len(_json(v)) <= REQUEST_BYTES}
+
+
+def approval_form(output: Any) -> dict[str, Any] | None:
+    """What the Approve/Reject form of a waiting approval needs, from its row's output (or None:
+    not a waiting approval): its prompt, who may decide, the answer's schema (each whole up to
+    ``REQUEST_BYTES``: a larger one is cut, and its size said), the payload as a shown value and
+    the form's pre-filled fields. Sent in its own key: the output itself, above ``PREVIEW_BYTES``,
+    is a preview, from which the page could build no form."""
+    request = request_of(output)
+    if request is None:
+        return None
+    prompt = scrub_text(request.prompt)
+    schema = scrub(request.answer_schema)
+    schema_size = len(_json(schema).encode()) if schema is not None else 0
+    deciders = request.deciders()
+    return {
+        "prompt": prompt[:REQUEST_BYTES], "prompt_size": len(prompt) if len(prompt) > REQUEST_BYTES else None,
+        "approvers": None if deciders is None else deciders[:MAX_APPROVERS],
+        "approvers_count": None if deciders is None else len(deciders),
+        "quorum": request.quorum, "timeout_at": request.timeout_at, "on_timeout": request.on_timeout,
+        "tool": request.tool, "takes_answer": request.answer_schema is not None,
+        "answer_schema": schema if schema_size <= REQUEST_BYTES else None,
+        "answer_schema_size": schema_size,
+        "payload": shown(request.payload),
+        "prefill": _prefill(schema, scrub(request.payload)) if schema_size <= REQUEST_BYTES else {},
+    }
+
+
 def node_page(store: Store, run_id: str, label: str) -> dict[str, Any]:
     """A node's panel: its row, output (or digest), error, attempts from the event log, ledger rows,
     its compensation and, for an agent, its turns and tool calls."""
@@ -207,13 +254,19 @@ def node_page(store: Store, run_id: str, label: str) -> dict[str, Any]:
     comp = [r for r in subs if r["node_id"].endswith(":compensate") and "@" not in r["node_id"]]
     turns = [r for r in subs if "@" in r["node_id"]]
     output: dict[str, Any] | None = None
+    approval = None
     if row is not None:
-        output = {"digest": row["output_digest"]} if row["output_digest"] and row["output"] is None \
-            else shown(row["output"])
+        blob = bool(row["output_digest"]) and row["output"] is None
+        output = {"digest": row["output_digest"]} if blob else shown(row["output"])
+        if str(row["status"]) == "waiting":  # an approval's request, read from its blob if kept as one
+            held = store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]] if blob \
+                else row["output"]
+            approval = approval_form(held)
     return {
         "node": label, "step": base_step(node_id),
         "row": None if row is None else _row(row),
         "output": output,
+        "approval": approval,
         "error": None if row is None else scrub(row["error"]),
         "attempts": [_event_json(e) for e in events],
         "effects": [{"key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
@@ -246,10 +299,25 @@ def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[
 def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tuple[int, dict[str, Any] | None]:
     """What changed after event ``after``: the events, the rows of the nodes they name (of a
     fan-out's items, ``ITEMS_SHOWN`` at most: its new counts say the rest), the new counts of the
-    fan-outs they touch, the run's summary. Never the whole DAG."""
+    fan-outs they touch, the run's summary. Never the whole DAG.
+
+    An event that names no node (a transition of the run, a retry, a cancel, a rollback) may come
+    with node rows changed in the same commit that no event names: a retry resets the failed and
+    skipped nodes to pending, a cancel marks the waiting and running ones cancelled. With one, the
+    change holds the run's step rows and every fan-out's counts, as the run page first reads them
+    (``full``): the page kept showing the old states until it was reloaded."""
     page = store.events(run_id, after_seq=after, limit=limit)
     if not page:
         return after, None
+    if any(e.node_id is None for e in page):
+        rows, counts = _every_step(store, run_id)
+        return page[-1].seq, {
+            "events": [_event_json(e) for e in page],
+            "nodes": [_row(r) for r in rows],
+            "counts": counts,
+            "run": _run_json(store.run_row(run_id) or {}),
+            "full": True,
+        }
     keys = sorted({(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id}
                   | {(e.node_id, i) for e in page if e.kind == "items_completed" and e.node_id
                      for i in item_indexes(e.data)[:ITEMS_SHOWN]})
@@ -286,5 +354,5 @@ def gone(run_id: str, row: dict[str, Any] | None, born: float) -> dict[str, str]
     return None
 
 
-__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "events_page", "fan_items", "gone", "inbox", "live_change", "node_output",
-           "node_page", "parse_node", "run_list", "run_page", "shown"]
+__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "REQUEST_BYTES", "approval_form", "events_page", "fan_items", "gone",
+           "inbox", "live_change", "node_output", "node_page", "parse_node", "run_list", "run_page", "shown"]
