@@ -52,7 +52,6 @@ from raysaga.state import (
     RunStatus,
     Store,
     jsoncodec,
-    open_store,
 )
 from raysaga.state.models import PRUNABLE, node_label
 from raysaga.types import check_run_id, is_compensation
@@ -398,55 +397,56 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
     from raysaga.orchestrator import runner  # the driver and the executors, only when a fork is made
     from raysaga.orchestrator.executor import Executor, make_executor
 
-    st = store if isinstance(store, Store) else open_store(store)
-    workflow.validate()
-    parent = st.get_run(run_id)
-    if parent.status not in PRUNABLE:
-        raise ForkError(f"run {run_id!r} is {parent.status.value}: only a run at rest (completed, failed, compensated, "
-                        "compensation_failed, cancelled) can be forked; wait for it, or "
-                        f"`raysaga cancel {shlex.quote(run_id)}`")
-    if parent.workflow_name != workflow.name:
-        raise ForkError(f"run {run_id!r} is a run of workflow {parent.workflow_name!r}, not {workflow.name!r}: "
-                        "fork it with its own workflow (--workflow MODULE:WF)")
-    rows = st.node_states(run_id)  # no outputs: they are copied inside the store
-    at = parse_node(from_node)
-    _check_node(workflow, rows, at, from_node, run_id)
-    diff = changes(parent, workflow)
-    if diff is not None and not diff.known:
-        raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition changed "
-                        f"since: fork it with the code it started with ({diff.describe()})")
-    checked, input_changed = _fork_input(workflow, parent, input_patch)
-    undone, unsettled = _lineage_undos(st, run_id, rows)
-    inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
-                               input_changed=input_changed, undone_elsewhere=undone)
-    _refuse_in_doubt(workflow, st.effects(run_id), at, parent)
-    _refuse_unsettled(workflow, st, unsettled, at, parent)
-    if new_run_id is not None:
-        check_run_id(new_run_id, "--run-id")
-    opts = options or RunOptions()
-    new = NewRun(
-        run_id=new_run_id or f"{workflow.name}-{uuid.uuid4().hex[:12]}", workflow_name=workflow.name,
-        workflow_version=workflow.version, definition_hash=workflow.definition_hash,
-        step_hashes=step_hashes(workflow), input=checked,
-        workflow_ref=parent.workflow_ref if workflow_ref is None else (workflow_ref or None),
-        deadline_at=time.time() + opts.deadline if opts.deadline else None,
-        retry_budget=opts.retry_budget if opts.retry_budget is not None else parent.retry_budget,
-        token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
-        cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
-        max_driver_deaths=_fork_limit(max_driver_deaths, opts, parent),
-        trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label,
-        labels=opts.labels or None)  # None: the parent's
-    data = {"parent": run_id, "from": at.label, "inherited": len(inherited),
-            "input_patched": input_patch is not NO_PATCH, "changed_steps": sorted(diff.steps()) if diff else []}
-    keys = [(r.node_id, r.fan_index) for r in inherited]
-    if not drive:
-        return st.fork_run(new, keys, data)
-    # the executor first (as `run` does): a cluster that cannot be reached leaves no pending fork behind
-    ex = executor if isinstance(executor, Executor) else make_executor(executor, address=address)
-    try:
-        record = st.fork_run(new, keys, data)
-        return runner.resume(workflow, record.run_id, store=st, executor=ex, options=options, on_progress=on_progress)
-    finally:
-        if ex is not executor:
-            ex.shutdown()
+    with runner.using_store(store) as st:  # a store opened here (a URL, None) is closed on the way out
+        workflow.validate()
+        parent = st.get_run(run_id)
+        if parent.status not in PRUNABLE:
+            raise ForkError(f"run {run_id!r} is {parent.status.value}: only a run at rest (completed, failed, "
+                            "compensated, compensation_failed, cancelled) can be forked; wait for it, or "
+                            f"`raysaga cancel {shlex.quote(run_id)}`")
+        if parent.workflow_name != workflow.name:
+            raise ForkError(f"run {run_id!r} is a run of workflow {parent.workflow_name!r}, not {workflow.name!r}: "
+                            "fork it with its own workflow (--workflow MODULE:WF)")
+        rows = st.node_states(run_id)  # no outputs: they are copied inside the store
+        at = parse_node(from_node)
+        _check_node(workflow, rows, at, from_node, run_id)
+        diff = changes(parent, workflow)
+        if diff is not None and not diff.known:
+            raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition "
+                            f"changed since: fork it with the code it started with ({diff.describe()})")
+        checked, input_changed = _fork_input(workflow, parent, input_patch)
+        undone, unsettled = _lineage_undos(st, run_id, rows)
+        inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
+                                   input_changed=input_changed, undone_elsewhere=undone)
+        _refuse_in_doubt(workflow, st.effects(run_id), at, parent)
+        _refuse_unsettled(workflow, st, unsettled, at, parent)
+        if new_run_id is not None:
+            check_run_id(new_run_id, "--run-id")
+        opts = options or RunOptions()
+        new = NewRun(
+            run_id=new_run_id or f"{workflow.name}-{uuid.uuid4().hex[:12]}", workflow_name=workflow.name,
+            workflow_version=workflow.version, definition_hash=workflow.definition_hash,
+            step_hashes=step_hashes(workflow), input=checked,
+            workflow_ref=parent.workflow_ref if workflow_ref is None else (workflow_ref or None),
+            deadline_at=time.time() + opts.deadline if opts.deadline else None,
+            retry_budget=opts.retry_budget if opts.retry_budget is not None else parent.retry_budget,
+            token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
+            cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
+            max_driver_deaths=_fork_limit(max_driver_deaths, opts, parent),
+            trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label,
+            labels=opts.labels or None)  # None: the parent's
+        data = {"parent": run_id, "from": at.label, "inherited": len(inherited),
+                "input_patched": input_patch is not NO_PATCH, "changed_steps": sorted(diff.steps()) if diff else []}
+        keys = [(r.node_id, r.fan_index) for r in inherited]
+        if not drive:
+            return st.fork_run(new, keys, data)
+        # the executor first (as `run` does): a cluster that cannot be reached leaves no pending fork behind
+        ex = executor if isinstance(executor, Executor) else make_executor(executor, address=address)
+        try:
+            record = st.fork_run(new, keys, data)
+            return runner.resume(workflow, record.run_id, store=st, executor=ex, options=options,
+                                 on_progress=on_progress)
+        finally:
+            if ex is not executor:
+                ex.shutdown()
 

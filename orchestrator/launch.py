@@ -297,10 +297,10 @@ def job_log_tail(client: JobSubmissionClient, sid: str, lines: int = 3) -> list[
 def cluster_db_url(url: str) -> str:
     """The store's URL as the job must see it: a SQLite file by its absolute path (a relative
     one, or the default store, would name another file on the cluster)."""
-    from raysaga.state.engine import normalize_url, sqlite_path
+    from raysaga.state.engine import normalize_url, sqlite_path, sqlite_url
 
     path = sqlite_path(url)
-    return f"sqlite:///{path}" if path is not None else normalize_url(url)
+    return sqlite_url(path) if path is not None else normalize_url(url)  # (a ``?`` or ``%`` in it, escaped)
 
 
 def is_local_file_store(url: str) -> bool:

@@ -203,7 +203,13 @@ def replay(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
            until: str | None = None) -> ReplayReport:
     """Re-execute the finished run ``run_id`` in this process against its recorded inputs and
     report each node's verdict (module docstring). ``until``: only that step and its upstream."""
-    st = store if isinstance(store, Store) else open_store(store, create=False)
+    if not isinstance(store, Store):  # opened here: closed here (left open, it kept its connections)
+        opened = open_store(store, create=False)
+        try:
+            return replay(workflow, run_id, store=opened, until=until)
+        finally:
+            opened.close()
+    st = store
     workflow.validate()
     run = st.get_run(run_id)
     if run.status not in PRUNABLE:

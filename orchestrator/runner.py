@@ -45,10 +45,20 @@ ExecutorArg = str | Executor
 ProgressHook = Callable[[Any], None]
 
 
-def _store(store: Store | str | None) -> Store:
+@contextlib.contextmanager
+def using_store(store: Store | str | None) -> Iterator[Store]:
+    """The store to use: ``store`` itself when it is a ``Store`` (the caller's: it stays open), else
+    the store at that URL (None: the default store), opened here and closed on the way out. Left
+    open, each call kept its connections (a PostgreSQL backend, a SQLite file's descriptors) until a
+    full garbage collection: SQLAlchemy's engines sit in reference cycles of their own."""
     if isinstance(store, Store):
-        return store
-    return open_store(store)
+        yield store
+        return
+    opened = open_store(store)
+    try:
+        yield opened
+    finally:
+        opened.close()
 
 
 def _executor(executor: ExecutorArg, address: str | None) -> Executor:
@@ -103,8 +113,9 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
     ``raysaga resume RUN`` find the definition again; ``queue`` submits it to the worker fleet
     (a ``raysaga worker`` that registered the workflow starts it). A ``max_driver_deaths`` other
     than the default is recorded with the run, so a worker of another limit keeps it."""
-    return _store(store).create_run(new_run(workflow, input, run_id=run_id, options=options,
-                                            workflow_ref=workflow_ref, queue=queue))
+    with using_store(store) as st:
+        return st.create_run(new_run(workflow, input, run_id=run_id, options=options,
+                                     workflow_ref=workflow_ref, queue=queue))
 
 
 def new_run(workflow: Workflow, input: Any, *, run_id: str | None, options: RunOptions | None,
@@ -155,41 +166,41 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
     own: ``same_options``, which lists what may change on a resume). ``on_progress(progress)``
     is called as steps finish (``Progress``: total, done, failed); one that raises is logged once
     and dropped, and the run goes on."""
-    st = _store(store)
-    workflow.validate()
-    if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
-        check_run_id(run_id, "--run-id")
-    if run_id is not None and (existing := existing_run(workflow, st, run_id, input)) is not None:
-        same_options(existing, options, "run")  # left out, the run resumes as it was recorded
-        return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
-                      on_progress=on_progress)
-    given = input
-    if input is NO_INPUT:
-        input = None
-    workflow.check_input(input)  # a bad input is refused before Ray starts
-    # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
-    ex = _executor(executor, address)
-    try:
-        lease: Lease | None = None
-        try:  # created already claimed and running by this process's driver: one transaction
-            record, lease = st.create_claimed(new_run(workflow, input, run_id=run_id, options=options,
-                                                      workflow_ref=workflow_ref),
-                                              driver_id(), (options or RunOptions()).lease_ttl)
-        except RunExistsError:
-            # Another process created this run between the look-up above and this insert (two
-            # drivers started together with one run id). It is an existing run now: take the resume
-            # path, so the loser backs off on the lease (LeaseHeldError) like any second driver,
-            # instead of failing with "already exists" (a different input is still refused).
-            assert run_id is not None
-            raced = existing_run(workflow, st, run_id, given)
-            if raced is not None:
-                same_options(raced, options, "run")
-            record = st.get_run(run_id, lenient=True)
-        # the record in hand, not a second read: a run created here is all its driver needs to start
-        return _drive(workflow, st, record, ex, None, options, on_progress, lease, created=lease is not None)
-    finally:
-        if not isinstance(executor, Executor):
-            ex.shutdown()
+    with using_store(store) as st:
+        workflow.validate()
+        if run_id is not None:  # before the look-up: a NUL or a lone surrogate failed inside the database driver
+            check_run_id(run_id, "--run-id")
+        if run_id is not None and (existing := existing_run(workflow, st, run_id, input)) is not None:
+            same_options(existing, options, "run")  # left out, the run resumes as it was recorded
+            return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
+                          on_progress=on_progress)
+        given = input
+        if input is NO_INPUT:
+            input = None
+        workflow.check_input(input)  # a bad input is refused before Ray starts
+        # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
+        ex = _executor(executor, address)
+        try:
+            lease: Lease | None = None
+            try:  # created already claimed and running by this process's driver: one transaction
+                record, lease = st.create_claimed(new_run(workflow, input, run_id=run_id, options=options,
+                                                          workflow_ref=workflow_ref),
+                                                  driver_id(), (options or RunOptions()).lease_ttl)
+            except RunExistsError:
+                # Another process created this run between the look-up above and this insert (two
+                # drivers started together with one run id). It is an existing run now: take the resume
+                # path, so the loser backs off on the lease (LeaseHeldError) like any second driver,
+                # instead of failing with "already exists" (a different input is still refused).
+                assert run_id is not None
+                raced = existing_run(workflow, st, run_id, given)
+                if raced is not None:
+                    same_options(raced, options, "run")
+                record = st.get_run(run_id, lenient=True)
+            # the record in hand, not a second read: a run created here is all its driver needs to start
+            return _drive(workflow, st, record, ex, None, options, on_progress, lease, created=lease is not None)
+        finally:
+            if not isinstance(executor, Executor):
+                ex.shutdown()
 
 
 def existing_run(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunRecord | None:
@@ -217,10 +228,10 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
     """Continue a run from the store: completed nodes are never re-run. Raises ``LeaseHeldError``
     if another live driver owns it. A run at rest (terminal, or parked for an operator: ``retry``
     revives those) is returned as it stands: nothing is claimed or written."""
-    st = _store(store)
-    current = st.get_run(run_id, lenient=True)  # RunNotFoundError before starting Ray
-    check_resumable(current)
-    return _drive(workflow, st, current, executor, address, options, on_progress)
+    with using_store(store) as st:
+        current = st.get_run(run_id, lenient=True)  # RunNotFoundError before starting Ray
+        check_resumable(current)
+        return _drive(workflow, st, current, executor, address, options, on_progress)
 
 
 #: How a run that paused itself words its reason: an agent's spent budget (``budget: ...``), a loop
@@ -274,58 +285,58 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     driver is sent a signal and acts on it within a heartbeat; this call waits for that (up to
     ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile; with
     ``wait=0`` the signal is queued and the run is returned as it stands."""
-    st = _store(store)
-    reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
-    run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
-    if run.status in TERMINAL or (run.status in PARKED and not compensate):
-        return run
-    if compensate and workflow is None:
-        raise UserError("cancel with compensation runs the workflow's compensations: pass the workflow "
-                        "(CLI: the run's recorded workflow, or --workflow MODULE:WORKFLOW)")
-    if run.status == RunStatus.COMPENSATING:  # a rollback is under way: cancelling it would half-undo
-        if not compensate:
-            raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled half-way; "
-                            f"let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
-        assert workflow is not None
-        return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
-    payload = {"reason": reason, "compensate": compensate}
-    owner = driver_id()
-    try:
-        lease, _ = claim(st, run_id, owner, CANCEL_TTL)
-    except LeaseHeldError:  # a live driver: it acts on the signal at its next heartbeat
-        st.send_signal(run_id, "cancel", payload=payload)
-        found = _wait_for_rest(st, run_id, wait, owner)
-        if isinstance(found, RunRecord):
-            return found
-        lease = found  # its driver's lease lapsed: this call finishes the job; the signal is queued
-    try:
-        current = st.get_run(run_id, lenient=True)
-        if current.status in TERMINAL or (current.status in PARKED and not compensate):
-            return current
-        signals = [s for s in st.pending_signals(run_id) if s.kind == "cancel"]
-        if current.status == RunStatus.COMPENSATING:  # its driver started rolling back, then stopped
+    with using_store(store) as st:
+        reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
+        run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
+        if run.status in TERMINAL or (run.status in PARKED and not compensate):
+            return run
+        if compensate and workflow is None:
+            raise UserError("cancel with compensation runs the workflow's compensations: pass the workflow "
+                            "(CLI: the run's recorded workflow, or --workflow MODULE:WORKFLOW)")
+        if run.status == RunStatus.COMPENSATING:  # a rollback is under way: cancelling it would half-undo
             if not compensate:
-                raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled "
-                                f"half-way; let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
-        elif compensate and current.status in PARKED:
-            st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason),
-                                   consumed_signals=[s.id for s in signals]))
-        elif compensate:
-            if not signals:  # the driver below acts on it first thing, consuming it with the transition
-                st.send_signal(run_id, "cancel", payload=payload)
-        else:
-            nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
-                               attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
-                     for n in st.nodes(run_id)
-                     if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING, NodeStatus.WAITING)]
-            st.commit(lease, Batch(nodes=nodes, consumed_signals=[s.id for s in signals],
-                                   run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
-    finally:
-        st.release(lease)
-    if compensate:  # driven here, paused or not: the cancel is the operator's word
-        assert workflow is not None
-        return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
-    return st.get_run(run_id, lenient=True)
+                raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled half-way; "
+                                f"let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
+            assert workflow is not None
+            return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
+        payload = {"reason": reason, "compensate": compensate}
+        owner = driver_id()
+        try:
+            lease, _ = claim(st, run_id, owner, CANCEL_TTL)
+        except LeaseHeldError:  # a live driver: it acts on the signal at its next heartbeat
+            st.send_signal(run_id, "cancel", payload=payload)
+            found = _wait_for_rest(st, run_id, wait, owner)
+            if isinstance(found, RunRecord):
+                return found
+            lease = found  # its driver's lease lapsed: this call finishes the job; the signal is queued
+        try:
+            current = st.get_run(run_id, lenient=True)
+            if current.status in TERMINAL or (current.status in PARKED and not compensate):
+                return current
+            signals = [s for s in st.pending_signals(run_id) if s.kind == "cancel"]
+            if current.status == RunStatus.COMPENSATING:  # its driver started rolling back, then stopped
+                if not compensate:
+                    raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled "
+                                    f"half-way; let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
+            elif compensate and current.status in PARKED:
+                st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason),
+                                       consumed_signals=[s.id for s in signals]))
+            elif compensate:
+                if not signals:  # the driver below acts on it first thing, consuming it with the transition
+                    st.send_signal(run_id, "cancel", payload=payload)
+            else:
+                nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
+                                   attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
+                         for n in st.nodes(run_id)
+                         if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING, NodeStatus.WAITING)]
+                st.commit(lease, Batch(nodes=nodes, consumed_signals=[s.id for s in signals],
+                                       run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
+        finally:
+            st.release(lease)
+        if compensate:  # driven here, paused or not: the cancel is the operator's word
+            assert workflow is not None
+            return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
+        return st.get_run(run_id, lenient=True)
 
 
 #: The lease a ``cancel`` takes while it records the cancellation (it renews nothing: it is quick).
@@ -410,10 +421,10 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
     effects stand. With ``compensations``, a ``compensation_failed`` run: its failed
     compensations run again and the rollback completes.
     """
-    st = _store(store)
-    reopen(st, run_id, compensations)
-    return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
-                  on_progress=on_progress)
+    with using_store(store) as st:
+        reopen(st, run_id, compensations)
+        return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
+                      on_progress=on_progress)
 
 
 __all__ = ["NO_INPUT", "SELF_PAUSED", "SqlStore", "cancel", "check_resumable", "create_run", "executor_started",

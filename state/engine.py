@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
 from raysaga.state import jsoncodec, text_match
@@ -84,7 +84,7 @@ def default_url() -> str:
     env = os.environ.get("RAYSAGA_DB")
     if env:
         return normalize_url(env)
-    return f"sqlite:///{store_home() / DEFAULT_FILE}"
+    return sqlite_url(store_home() / DEFAULT_FILE)
 
 
 def describe_store(url: str | None = None) -> str:
@@ -112,14 +112,22 @@ def sqlite_path(url: str) -> Path | None:
 
 def normalize_url(url: str) -> str:
     """Accept ``postgresql://``/``postgres://`` for psycopg 3 and plain file paths for SQLite
-    (a plain path may start with ``~``; it is made absolute)."""
+    (a plain path may start with ``~``; it is made absolute, and names that file whatever it holds:
+    ``run?1.db`` and ``a%20b.db`` are file names, not a query or an escape). A URL is kept as its
+    user wrote it: ``sqlite:///...`` is URL syntax (``%20`` is a space there)."""
     if "://" not in url:
-        return f"sqlite:///{os.path.abspath(Path(url).expanduser())}"
+        return sqlite_url(os.path.abspath(Path(url).expanduser()))
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url[len("postgresql://"):]
     return url
+
+
+def sqlite_url(path: str | Path) -> str:
+    """The ``sqlite:///`` URL of the file at ``path``, its characters escaped where a URL would
+    read them otherwise (``?`` starts a query, ``%`` an escape, ``#`` a fragment)."""
+    return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
 
 
 #: Query parameters of a database URL that hold a secret (libpq and SQLAlchemy take a password
@@ -167,12 +175,26 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
                 hide_parameters=True,
                 connect_args=connect_args,
             )
-        except ImportError:
-            raise StoreUnavailableError(
-                f"cannot open the PostgreSQL store {describe_store(url)}: its driver (psycopg) is not installed: "
-                "pip install 'raysaga[postgres]'") from None
+        except (ImportError, sa_exc.NoSuchModuleError):
+            raise StoreUnavailableError(_missing_driver(url, parsed.get_driver_name())) from None
         return _unwrap_json_errors(engine)
     raise UserError(f"database {redact(url)} is not supported: use a sqlite:/// file or postgresql:// URL")
+
+
+def _missing_driver(url: str, driver: str) -> str:
+    """What to do when the PostgreSQL driver ``driver`` that ``url`` asks for cannot be loaded."""
+    if driver == "psycopg":
+        return (f"cannot open the PostgreSQL store {describe_store(url)}: its driver (psycopg) is not installed: "
+                "pip install 'raysaga[postgres]'")
+    return (f"cannot open the PostgreSQL store {describe_store(url)}: the URL asks for the driver {driver!r}, which "
+            "is not installed here; raysaga uses psycopg 3: write postgresql://... (or postgresql+psycopg://...) "
+            "and pip install 'raysaga[postgres]'")
+
+
+#: An execution option (``engine.execution_options(**{DEFERRED_BEGIN: True})``): on SQLite, that
+#: engine's transactions begin deferred even on a write engine, so a read (the schema version)
+#: never waits for another connection's write lock; under WAL it reads the last commit.
+DEFERRED_BEGIN = "raysaga_deferred_begin"
 
 
 def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: bool) -> Engine:
@@ -183,7 +205,7 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
         raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
                                     f"give a file path, such as {path / DEFAULT_FILE}")
     if not create and not path.is_file():
-        raise StoreUnavailableError(f"no raysaga store at {path}: nothing has run with this --db yet "
+        raise StoreUnavailableError(f"no raysaga store at {_shown(path)}: nothing has run with this --db yet "
                                     f"({WHERE_ADVICE})")
     if create:
         try:
@@ -218,12 +240,13 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
         # lower() as PostgreSQL's, for the dashboard's search (SQLite's folds ASCII only)
         text_match.register(dbapi_conn)
 
-    begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    write_begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         # on the DBAPI connection: every transaction pays this, and SQLAlchemy's execution
         # context costs more CPU than SQLite's BEGIN (an error is raised as SQLAlchemy's)
+        begin = "BEGIN" if conn.get_execution_options().get(DEFERRED_BEGIN) else write_begin
         try:
             conn.connection.driver_connection.execute(begin)
         except sqlite3.Error as exc:
@@ -359,12 +382,12 @@ def probe_sqlite_store(url: str) -> None:
         raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
                                     f"give a file path, such as {path / DEFAULT_FILE}")
     if not path.is_file():
-        raise StoreUnavailableError(f"no raysaga store at {path}: nothing has run with this --db yet "
+        raise StoreUnavailableError(f"no raysaga store at {_shown(path)}: nothing has run with this --db yet "
                                     f"({WHERE_ADVICE})")
     if not os.access(path, os.R_OK):
         raise StoreUnavailableError(f"cannot read the store {path}: permission denied")
     if path.stat().st_size == 0:
-        raise StoreUnavailableError(f"no raysaga store at {path}: the file is empty ({WHERE_ADVICE})")
+        raise StoreUnavailableError(f"no raysaga store at {_shown(path)}: the file is empty ({WHERE_ADVICE})")
     names = _table_names(path)
     if names == NOT_A_DATABASE:
         raise StoreUnavailableError(_explain_sqlite(path, "file is not a database"))
@@ -433,3 +456,11 @@ def is_outage(exc: BaseException) -> bool:
     again once it answers; not a constraint, a type or a programming error."""
     return isinstance(exc, (StoreUnavailableError, sa_exc.OperationalError, sa_exc.InterfaceError,
                             sqlite3.OperationalError))
+
+
+def _shown(path: object) -> str:
+    """A store's path in an error: a mistyped URL read as a path (``postgresql:/app:PW@db/x``) keeps
+    no password (``scrub_text``: the CLI scrubs its errors, the Python API's are raised as built)."""
+    from raysaga.state.redact import scrub_text
+
+    return scrub_text(str(path))

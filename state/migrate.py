@@ -11,12 +11,14 @@ import functools
 import re
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, inspect, select, text
+from sqlalchemy import exc as sa_exc
 
 from raysaga.errors import SchemaVersionError, StoreUnavailableError
-from raysaga.state.engine import WHERE_ADVICE, check_writable, describe_store, opening
+from raysaga.state.engine import DEFERRED_BEGIN, WHERE_ADVICE, check_writable, describe_store, opening
 from raysaga.state.schema import SCHEMA_VERSION, schema_info
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -28,8 +30,16 @@ def _url(engine: Engine) -> str:
     return engine.url.render_as_string(hide_password=True)
 
 
+def _reads(engine: Engine) -> Engine:
+    """``engine`` for reading only: on SQLite a write engine's transactions begin IMMEDIATE, which
+    waits for another process's write lock (a migration holds it for as long as it runs); a deferred
+    read under WAL never waits."""
+    return engine.execution_options(**{DEFERRED_BEGIN: True})
+
+
 def current_version(engine: Engine) -> int | None:
     """The schema version recorded in the database, or None for an empty database."""
+    engine = _reads(engine)
     with opening(_url(engine)):
         if not inspect(engine).has_table(schema_info.name):
             return None
@@ -49,6 +59,7 @@ def known_revisions() -> frozenset[str]:
 def check_revisions(engine: Engine) -> None:
     """Refuse a database whose alembic revision this raysaga does not know (a newer raysaga
     migrated it): alembic itself would fail with "Can't locate revision"."""
+    engine = _reads(engine)
     with opening(_url(engine)):
         if not inspect(engine).has_table(ALEMBIC_TABLE):
             return
@@ -110,12 +121,45 @@ def upgrade(engine: Engine) -> int:
     return found or 0
 
 
+#: Seconds opening a SQLite store waits for another process that is migrating it (holding its write
+#: lock: a big store's migration rebuilds tables) before giving up with ``StoreUnavailableError``.
+MIGRATION_WAIT_S = 600.0
+
+
 def _migrate(engine: Engine) -> None:
-    with opening(_url(engine)), engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            # two processes migrating one database at once: the second waits, then finds it done
-            conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
-        upgrade_to(conn, "head")
+    """Migrate to head in one transaction. Two processes migrating one database at once: the
+    second waits, then finds it done (PostgreSQL: an advisory lock; SQLite: the write lock, waited
+    for past the busy timeout while another process migrates, up to ``MIGRATION_WAIT_S``)."""
+    deadline = time.monotonic() + MIGRATION_WAIT_S
+    while True:
+        try:
+            with opening(_url(engine)), engine.begin() as conn:
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
+                upgrade_to(conn, "head")
+            return
+        except sa_exc.OperationalError as exc:
+            # SQLite's busy timeout ran out (the transaction rolled back: trying again is safe)
+            if engine.dialect.name != "sqlite" or "locked" not in str(exc.orig):
+                raise
+        if _migrated_meanwhile(engine, deadline):
+            return
+
+
+def _migrated_meanwhile(engine: Engine, deadline: float) -> bool:
+    """After a wait for SQLite's write lock ran out: whether another process brought the store to
+    this schema (or a newer one: ``upgrade`` refuses that) meanwhile; past ``deadline``, a
+    ``StoreUnavailableError`` saying who holds it up."""
+    found = current_version(engine)
+    if found is not None and found >= SCHEMA_VERSION:
+        return True
+    if time.monotonic() >= deadline:
+        where = describe_store(_url(engine))
+        raise StoreUnavailableError(
+            f"another process is migrating the store {where} (or holds its write lock): waited "
+            f"{MIGRATION_WAIT_S:.0f} s for it to finish; try again once it has (`raysaga db upgrade --db {where}` "
+            f"migrates it to schema version {SCHEMA_VERSION})")
+    return False
 
 
 def _compact_new_file(engine: Engine) -> None:

@@ -5,9 +5,11 @@
 of a secret-named key such as ``authorization``). What counts as a secret:
 
 - the value (8+ characters) of every environment variable whose *name* contains KEY, SECRET,
-  TOKEN, PASSWORD, PASSWD or CREDENTIAL (so ``ANTHROPIC_API_KEY``, ``OPENAI_API_KEY``), and of
-  every variable named with ``register_secret_env`` (the environment is re-read when it changes);
+  TOKEN, PASSWORD, PASSWD or CREDENTIAL (``ANTHROPIC_API_KEY``) but a placeholder (``_plain``:
+  ``POSTGRES_PASSWORD=postgres``, skipped with a warning naming the variable), and of every
+  variable named with ``register_secret_env`` (the environment is re-read when it changes);
 - values registered with ``register_secret`` (``raysaga.Secret`` input fields register theirs);
+- each such value also as a URL's query writes it (percent-encoded) and as JSON escapes it;
 - an ``Authorization:``/``x-api-key:`` header value, a ``Bearer <token>``, the password of a
   ``scheme://user:password@host`` URL (empty user, ``/`` or ``@`` in it) or in its query
   (``?password=``, ``&token=``...), a ``password=``/``PGPASSWORD=``/``'password': '...'`` or
@@ -15,27 +17,27 @@ of a secret-named key such as ``authorization``). What counts as a secret:
   a quoted ``"token"``/``"private_key"`` key's value, a PEM private key's body, and token shapes:
   ``sk-ant-…``, ``sk-…`` (20+), GitHub ``ghp_…``/``github_pat_…``, Slack ``xox?-…``, AWS ``AKIA…``.
 
-A piece of a declared value (registered, or named with ``register_secret_env``) that a cut left
-at either end of a text is masked too: a worker that cut an error never knew a value declared in
-the driver (see ``_Pieces``).
-
-It is applied where failures become records (step errors and tracebacks, agent errors, tool
-errors), again at the store's write boundary (node errors, event data, run reasons and
-errors — never step outputs: changing a user's output would be a wrong result), and to the
-``raysaga`` loggers through ``RedactingFilter``. Clean text costs one precompiled regex search.
+A piece of a known value that a cut left is masked too (``_Pieces``): at either end of a text, or
+beside a cut's mark inside it (pydantic shows ``input_value='first25...last24'``). It is applied
+where failures become records (step errors, tracebacks, agent and tool errors), at the store's
+write boundary (node errors, event data, run reasons — never step outputs: a wrong result), and
+to the ``raysaga`` loggers (``RedactingFilter``). Clean text costs one precompiled regex search.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import threading
 from typing import Any
+from urllib.parse import quote, quote_plus
+
+from raysaga.errors import UserError
 
 MARKER = "[redacted]"
-#: Values shorter than this are never treated as secrets (they would redact common words).
-MIN_SECRET_LEN = 8
+MIN_SECRET_LEN = 8  # shorter values are never secrets (they would redact common words)
 
 _SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 #: Dict keys whose string value is a secret as a whole (compared lower-cased, '_' as '-').
@@ -46,8 +48,7 @@ SECRET_KEYS = frozenset({
     "secret-access-key", "aws-secret-access-key",
 })
 
-#: A key ending so names a secret too (``DB_PASSWORD``, ``stripe_api_key``, ``webhook_secret``).
-_SECRET_SUFFIXES = ("-password", "-passwd", "-secret", "-api-key", "-apikey", "-private-key")
+_SECRET_SUFFIXES = ("-password", "-passwd", "-secret", "-api-key", "-apikey", "-private-key")  # DB_PASSWORD
 
 
 def _secret_key(key: str) -> bool:
@@ -79,17 +80,19 @@ _PATTERNS: list[tuple[str, str, tuple[str, ...]]] = [
     (r"(?P<k>(?:x-api-key|x-auth-token|api[-_]?key)[\"']?\s*[:=]\s*[\"']?)(?!\[redacted\])[^\s\"',;}\]]{8,}",
      r"\g<k>" + MARKER, ("api-key", "api_key", "apikey", "auth-token")),
     (r"(?P<k>\bbearer\s+)(?!\[redacted\])[A-Za-z0-9._~+/=-]{8,}", r"\g<k>" + MARKER, ("bearer",)),
-    # the password of ``scheme://user:password@host``: the user may be empty (``redis://:pw@cache``),
-    # the password may hold ``@`` and ``/`` (SQLAlchemy takes a raw ``/``): it runs to the last ``@``
-    # before a ``?`` or ``#`` (so past what ``urllib`` and SQLAlchemy read as the password), or to the
-    # first ``@`` past one. Not a port (``https://host:8080/users/ada@example.com`` holds no password),
-    # never across a ``://`` (each scan stops there: linear in text of many URLs)
+    # the password of ``scheme://user:password@host`` (user maybe empty: ``redis://:pw@cache``), ``@`` and
+    # ``/`` in it: to the last ``@`` before a ``?``/``#`` (past what urllib and SQLAlchemy read), or the
+    # first past one. Not a port (``https://host:8080/u/ada@x.com``); never across a ``://`` (linear)
     (rf"(?P<k>://[^/\s:@\[\]]{{0,256}}:)(?!\[redacted\]@)(?!\d{{1,5}}(?![^\s/?#]))(?!@){_PW}{{0,1024}}+"
      rf"(?:(?:@{_PW}{{0,1024}}+){{0,8}}(?=@)|[?#][^\s@]{{0,1024}}+(?=@))", r"\g<k>" + MARKER, ("://",)),
     # a URL's query (``?password=``: libpq and SQLAlchemy take the password there too) or a form body
     (r"(?P<k>[?&;](?:ssl)?(?:password|passwd|pwd)=|[?&;](?:client_secret|secret|token|access_token|"
-     r"refresh_token|id_token|auth_token|api_token)=)(?!\[redacted\])[^&\s#\"'<>]+", r"\g<k>" + MARKER,
-     ("password=", "passwd=", "pwd=", "secret=", "token=")),
+     r"refresh_token|id_token|auth_token|api_token|key|api_?key|sig|signature)=)(?!\[redacted\])[^&\s#\"'<>]+",
+     r"\g<k>" + MARKER, ("password=", "passwd=", "pwd=", "secret=", "token=", "key=", "sig=", "signature=")),
+    # the password of a database URL whose ``://`` lost a character (``--db postgresql:/app:pw@db``)
+    (r"(?P<k>\b(?:postgres(?:ql)?|mysql|mariadb|redis|rediss|mongodb|amqps?|mssql)(?:\+\w+)?(?::/?|/{1,2}|:///)"
+     r"[^/\s:@\[\]]{0,256}:)(?!\[redacted\]@)[^\s/?#@:]{1,1024}(?=@)", r"\g<k>" + MARKER,
+     ("postgres", "mysql", "mariadb", "redis", "mongodb", "amqp", "mssql")),
     # a quoted value in JSON text quoted again (``{\"password\": \"...\"}``, a body inside a message)
     (rf"(?P<k>(?:{_WORD}|(?<=\\[\"']){_QWORD})\\[\"']\s*:\s*)(?P<q>\\[\"'])(?!\[redacted\](?P=q))"
      r"(?:\\\\\\[\\\"']|\\\\[^\\]|(?!(?P=q))\\[^\\]|[^\\\n])+?(?P=q)", r"\g<k>\g<q>" + MARKER + r"\g<q>",
@@ -104,10 +107,12 @@ _PATTERNS: list[tuple[str, str, tuple[str, ...]]] = [
     # a PEM private key's body, to its END line or to the end of a text cut inside it
     (r"(?P<k>-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----)(?!\[redacted\])[\s\S]*?"
      r"(?P<e>-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|\Z)", r"\g<k>" + MARKER + r"\g<e>", ("private",)),
-    (r"\bsk-ant-[A-Za-z0-9_-]{8,}", MARKER, ("sk-ant-",)),
-    (r"\bsk-[A-Za-z0-9_-]{20,}", MARKER, ("sk-",)),
-    (r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}", MARKER, ("ghp_", "gho_", "ghs_", "ghu_", "github_pat_")),
-    (r"\bxox[abprs]-[A-Za-z0-9-]{10,}", MARKER, ("xox",)),
+    # token shapes, and the tail a cut left after its mark (pydantic's ``'sk-ant-api03-Xy...-AbCdEfAA'``)
+    (r"\bsk-ant-[A-Za-z0-9_-]{8,}(?:(?:\.{3}|…)[A-Za-z0-9_-]+)?", MARKER, ("sk-ant-",)),
+    (r"\bsk-[A-Za-z0-9_-]{20,}(?:(?:\.{3}|…)[A-Za-z0-9_-]+)?", MARKER, ("sk-",)),
+    (r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}(?:(?:\.{3}|…)[A-Za-z0-9_]+)?", MARKER,
+     ("ghp_", "gho_", "ghs_", "ghu_", "github_pat_")),
+    (r"\bxox[abprs]-[A-Za-z0-9-]{10,}(?:(?:\.{3}|…)[A-Za-z0-9-]+)?", MARKER, ("xox",)),
     (r"\bAKIA[0-9A-Z]{16}\b", MARKER, ("akia",)),
 ]
 _SUBS = [(re.compile(p, re.IGNORECASE), r, hints) for p, r, hints in _PATTERNS]
@@ -115,9 +120,35 @@ _SUBS = [(re.compile(p, re.IGNORECASE), r, hints) for p, r, hints in _PATTERNS]
 _HINTS = tuple(sorted({hint for _, _, hints in _PATTERNS for hint in hints}))
 
 
-#: Printable ASCII but the characters a JSON encoder escapes (``"``, ``\\``, and ``/`` by some):
-#: a value made of these appears verbatim in the JSON text of any string that holds it.
+#: Printable ASCII but what a JSON encoder escapes (``"``, ``\\``, ``/`` by some): verbatim in JSON text.
 _VERBATIM = re.compile(r"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]*")
+
+#: Values no secret-named variable holds as a secret (docker compose's ``POSTGRES_PASSWORD=postgres``).
+_PLACEHOLDERS = frozenset({"postgres", "password", "changeme", "localhost", "secret", "default", "undefined",
+                           "not-set", "notset", "placeholder", "development", "xxxxxxxx", "********"})
+_NOT_A_SECRET = re.compile(r"changeme|placeholder|not-a-real|dummy|example|replace-?me|your[-_]", re.IGNORECASE)
+_LIMIT = re.compile(r"MAX|MIN|LIMIT|SIZE|COUNT|TIMEOUT|TTL|PORT|TOKENS\b")
+
+
+def _plain(value: str, name: str = "") -> bool:
+    """No secret, though its variable's name says so (narrow: a weak real password is masked): a placeholder, a
+    word of the name itself, a number in a limit's variable (``MAX_TOKENS``), a path in a ``*_FILE`` one."""
+    low, up, words = value.lower(), name.upper(), re.split(r"[^a-z0-9]+", name.lower()) if name else []
+    if low in _PLACEHOLDERS or low in words or (name and _NOT_A_SECRET.search(value)):
+        return True
+    return bool(value.isdigit() and _LIMIT.search(up)) or (up.endswith(("_FILE", "_PATH", "_DIR")) and value[0] in "/~")
+
+
+def _forms(value: str) -> set[str]:
+    """``value`` as text quotes it: itself, percent-encoded (``%2F``, ``+``), JSON-escaped (``\\/`` too)."""
+    escaped = json.dumps(value)[1:-1]
+    return {value, quote(value, safe=""), quote(value), quote_plus(value), escaped, escaped.replace("/", "\\/")}
+
+
+def _pattern(form: str) -> str:
+    # a percent escape's hex digits in either case (``%2f`` as ``%2F``)
+    return re.sub(r"%([0-9A-F])([0-9A-F])", lambda m: f"%[{m[1]}{m[1].lower()}][{m[2]}{m[2].lower()}]",
+                  re.escape(form))
 
 
 class _Registry:
@@ -131,12 +162,12 @@ class _Registry:
         self.watched: tuple[str, ...] = ()
         self.values: frozenset[str] = frozenset()
         self.regex: re.Pattern[str] | None = None
-        #: every value is made of characters any JSON encoder writes as themselves (``_VERBATIM``)
-        self.verbatim = True
+        self.verbatim = True  # every value is ``_VERBATIM``: written as itself by any JSON encoder
         self.declared: frozenset[str] = frozenset()
-        #: a piece of a declared value where a cut left it: its end at the text's start, its start
-        #: at the text's end (``_Pieces``), or None when nothing is declared
-        self.pieces: _Pieces | None = None
+        #: a piece of a known value where a cut left it (``_Pieces``): declared, then named ones
+        self.pieces: tuple[_Pieces, ...] = ()
+        self.skipped: set[str] = set()  # secret-named variables whose plain value was skipped
+        self.to_warn: list[str] = []  # ... and not yet warned of (once each, by name)
 
     def _env_changed(self) -> bool:
         environ = os.environ
@@ -146,26 +177,43 @@ class _Registry:
         if self._env_changed():
             with self.lock:
                 self._rebuild()
+            self._warn()
         return self.regex
 
     def _rebuild(self) -> None:
         environ = dict(os.environ)
         watched = tuple(sorted(n for n in environ if _SECRET_NAME.search(n) or n in self.env_names)
                         + sorted(n for n in self.env_names if n not in environ))
-        values = {v for n in watched if (v := environ.get(n)) and len(v) >= MIN_SECRET_LEN}
-        values |= self.registered
+        # declared (registered, or a variable named so): a secret whatever it looks like
         declared = self.registered | {v for n in self.env_names if (v := environ.get(n)) and len(v) >= MIN_SECRET_LEN}
-        if declared != self.declared:
-            self.declared = frozenset(declared)
-            self.pieces = _pieces(self.declared)
+        values = set(declared)
+        for name in watched:
+            value = environ.get(name)
+            if not value or len(value) < MIN_SECRET_LEN or value in values or name in self.env_names:
+                continue
+            if not _plain(value, name):
+                values.add(value)
+            elif name not in self.skipped:
+                self.skipped.add(name)
+                self.to_warn.append(name)
         self.watched = watched
         self.env_seen = (len(os.environ), tuple(os.environ.get(n) for n in watched))
-        if values != self.values:
-            self.values = frozenset(values)
+        if values != self.values or declared != self.declared:
+            self.values, self.declared = frozenset(values), frozenset(declared)
+            self.pieces = tuple(p for p in (_pieces(frozenset(declared)), _pieces(self.values - declared, named=True))
+                                if p is not None)
             # longest first, so a secret containing another is replaced whole
-            alternation = "|".join(re.escape(v) for v in sorted(values, key=len, reverse=True))
-            self.regex = re.compile(alternation) if alternation else None
+            forms = sorted({f for v in values for f in _forms(v)}, key=len, reverse=True)
+            self.regex = re.compile("|".join(map(_pattern, forms))) if forms else None
             self.verbatim = all(_VERBATIM.fullmatch(v) for v in values)
+
+    def _warn(self) -> None:
+        """Name each skipped variable once, never its value; outside the lock (the record's scrub reads it)."""
+        names, self.to_warn = self.to_warn, []
+        for name in names:
+            logging.getLogger("raysaga.redact").warning(
+                "environment variable %s is named like a secret, but its value is a plain word, number or "
+                "path: it is not masked (register_secret_env(%r) makes it a secret)", name, name)
 
     def add(self, value: str) -> None:
         if len(value) < MIN_SECRET_LEN or value in self.registered:
@@ -173,6 +221,7 @@ class _Registry:
         with self.lock:
             self.registered.add(value)
             self._rebuild()
+        self._warn()
 
     def add_env(self, name: str) -> None:
         if name in self.env_names:
@@ -181,58 +230,59 @@ class _Registry:
             self.env_names.add(name)
             self.env_seen = (-1, ())
             self._rebuild()
+        self._warn()
+
+
+#: Where a text was cut and the cut marked: ``...``, ``…``, ``***`` (a key shown as ``sk-abc12***``).
+_CUT = re.compile(r"\.{3,}|…+|\*{3,}")
+_CLOSERS = "'\")]}"
 
 
 class _Pieces:
-    """Where a text was cut across a declared secret (a ``Secret`` input's value, ``register_secret``,
-    ``register_secret_env``), the piece left: its first 8+ characters at the end of a text cut
-    after them (``text[:n]``, maybe quoted: ``f"{text[:n]!r}"``), or before a cut's mark (``...``,
-    ``…``) inside one, and its last 8+ at the start of one cut before them (a traceback's
-    ``[-n:]``). Text is scrubbed before it is cut, but only of what the cutting process knows: a
-    value declared in the driver is unknown to the Ray worker that cut an error holding it, and
-    the whole-value search at the store could not find the piece. Declared values only: the
-    environment's secret-named variables are known to every process started from it."""
+    """Where a text was cut across a known secret, the piece left: its first 8+ characters at the
+    text's end (``text[:n]``, maybe quoted: ``f"{text[:n]!r}"``) or before a cut's mark, its last
+    8+ at its start (``[-n:]``) or after a mark (pydantic's ``input_value='first25...last24'``).
+    raysaga scrubs before it cuts, but only of what the cutting process knows (a Ray worker never
+    knew a value declared in the driver), and a library cuts first. A placeholder piece (``_plain``:
+    "...password") of a value known by its variable's name only is left."""
 
-    def __init__(self, values: list[str]) -> None:
+    def __init__(self, values: list[str], named: bool) -> None:
+        self.named = named
         self.longest = max(map(len, values))
-        self.starts = _Starts(values)  # v[:k] ending the text (or a cut inside it)
-        self.ends = _Starts([v[::-1] for v in values])  # v[-k:] starting it, read reversed
+        self.heads, self.tails = _Starts(values), _Starts([v[::-1] for v in values])  # v[:k]; v[-k:] reversed
 
     def sub(self, text: str) -> str:
-        # a piece ends the text, or where a cut is marked inside it (a damaged row's value quoted
-        # as ``repr(value)[:77] + "..."`` in an error message); right to left, so the ends stay put
-        ends = [len(text)]
+        n = len(text)
+        marks = [m.span() for m in _CUT.finditer(text)] if "..." in text or "…" in text or "***" in text else []
+        ends = {n, *(a for a, _ in marks)}
         closed = len(text.rstrip(_CLOSERS))  # a piece quoted, cut: f"{value[:n]!r}", f"({value[:n]})"
-        if len(text) - 3 <= closed < len(text):
-            ends.append(closed)
-        if "..." in text or "…" in text or len(ends) > 1:
-            for mark in _CUT_MARKS:
-                found = text.find(mark)
-                while found >= 0:
-                    ends.append(found)
-                    found = text.find(mark, found + len(mark))
-            ends = sorted(set(ends), reverse=True)
-        upto = len(text)
+        if n - 3 <= closed < n:
+            ends.add(closed)
+        spans: list[tuple[int, int]] = []
         for end in ends:
-            at = self.starts.at_end(text, end, self.longest) if end <= upto else None
-            if at is not None:
-                text, upto = text[:at] + MARKER + text[end:], at
-        window = text[:self.longest][::-1]
-        at = self.ends.at_end(window, len(window), self.longest)
-        if at is not None:
-            text = MARKER + text[len(window) - at:]
+            at = self.heads.at_end(text, end, self.longest)
+            if at is not None and not (self.named and _plain(text[at:end])):
+                spans.append((at, end))
+        for start in {0, *(b for _, b in marks)}:
+            window = text[start:start + self.longest][::-1]
+            at = self.tails.at_end(window, len(window), self.longest)
+            if at is not None and not (self.named and _plain(text[start:start + len(window) - at])):
+                spans.append((start, start + len(window) - at))
+        merged: list[tuple[int, int]] = []
+        for at, end in sorted(spans):  # overlapping pieces are masked once
+            if merged and at <= merged[-1][1]:
+                first, last = merged.pop()
+                at, end = first, max(end, last)
+            merged.append((at, end))
+        for at, end in reversed(merged):  # right to left, so the spans to come stay put
+            text = text[:at] + MARKER + text[end:]
         return text
-
-
-_CUT_MARKS = ("...", "…")
-_CLOSERS = "'\")]}"
 
 
 class _Starts:
     """Finds ``v[:k]`` (``MIN_SECRET_LEN <= k < len(v)``) of any of ``values`` ending at a point: a
-    search for their first characters (one precompiled regex; again after each hit, as hits may
-    overlap) in the ``len(v)`` characters before it, each hit checked against its values (no
-    pattern of a value's prefixes: a 4 KB key's nest too deep for ``re``)."""
+    search for their first characters before it (again after each hit: hits may overlap), each hit
+    checked against its values (a pattern of a 4 KB key's prefixes nests too deep for ``re``)."""
 
     def __init__(self, values: list[str]) -> None:
         self.by_start: dict[str, list[str]] = {}
@@ -252,9 +302,9 @@ class _Starts:
         return None
 
 
-def _pieces(values: frozenset[str]) -> _Pieces | None:
+def _pieces(values: frozenset[str], named: bool = False) -> _Pieces | None:
     cut = [v for v in values if len(v) > MIN_SECRET_LEN]  # a piece is shorter than its value
-    return _Pieces(cut) if cut else None
+    return _Pieces(cut, named) if cut else None
 
 
 _REGISTRY = _Registry()
@@ -281,8 +331,7 @@ def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
     if literal is not None:
         if literal.search(text):
             text = literal.sub(MARKER, text)
-        pieces = _REGISTRY.pieces
-        if pieces is not None:
+        for pieces in _REGISTRY.pieces:
             text = pieces.sub(text)
     low = text.lower()
     if any(hint in low for hint in _HINTS):
@@ -324,8 +373,7 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
                 out[key] = new
         return value if out is None else out
     if isinstance(value, list | tuple):
-        # one pass that calls out only for strings worth a look and containers: a wide fan-out's
-        # lists (10,000 item indexes in its events, its plan's output) are mostly numbers
+        # one pass, calling out only for long strings and containers: a fan-out's lists are mostly numbers
         changed: list[Any] | None = None
         for i, item in enumerate(value):
             kind = type(item)
@@ -355,33 +403,40 @@ def secret_values_known() -> bool:
 
 
 def scrub_secret_values(value: Any) -> Any:
-    """A JSON value with every known secret *value* (the secret-named environment variables', the
-    registered ones) replaced by the marker in its strings, and nothing else changed: no pattern,
-    no secret-named key. For what a model or a tool said (an agent's turns and tool results): the
-    text is the conversation, so a word that merely looks like a token stays, but the API key a
-    model echoed into a tool's arguments must not reach the store (DESIGN invariant 7)."""
+    """A JSON value with every known secret *value* replaced by the marker in its strings, and
+    nothing else changed (no pattern, no secret-named key): for what a model or a tool said, where
+    a word that merely looks like a token stays, but an API key it echoed must not be stored."""
     literal = _REGISTRY.current()
     return value if literal is None else _replace_values(value, literal)
 
 
 def json_may_hold_secret_value(text: str) -> bool:
     """Whether the JSON ``text`` may hold a known secret value in one of its strings: False when
-    no secret is known, or when every known value is ``_VERBATIM`` and none occurs in the text
-    itself. So what a model or a tool said is parsed and scrubbed (``scrub_secret_values``) only
-    when it can hold a secret: a conversation's turns were all parsed once a secret was known."""
+    none is known, or every known value is ``_VERBATIM`` and none occurs in the text itself (so
+    what a model or tool said is parsed and scrubbed only when it can hold one)."""
     literal = _REGISTRY.current()
     if literal is None:
         return False
     return not _REGISTRY.verbatim or literal.search(text) is not None
 
 
-def _replace_values(value: Any, literal: re.Pattern[str]) -> Any:
+def refuse_secret_values(value: Any, what: str) -> None:
+    """A ``UserError`` if a string (or key) of the JSON ``value`` holds a known secret value:
+    for data kept and handed on as given (an approver's answer), which a scrub would change."""
+    literal = _REGISTRY.current()
+    if literal is not None and _replace_values(value, literal, keys=True) != value:
+        raise UserError(f"{what} holds the value of a secret (an API key or a password this process knows): "
+                        "it is stored and handed on as written; keep secrets out of it (pass a reference)")
+
+
+def _replace_values(value: Any, literal: re.Pattern[str], *, keys: bool = False) -> Any:
     if isinstance(value, str):
         return literal.sub(MARKER, value) if len(value) >= MIN_SECRET_LEN and literal.search(value) else value
     if isinstance(value, dict):
-        return {key: _replace_values(item, literal) for key, item in value.items()}
+        return {_replace_values(k, literal) if keys else k: _replace_values(v, literal, keys=keys)
+                for k, v in value.items()}
     if isinstance(value, list):
-        return [_replace_values(item, literal) for item in value]
+        return [_replace_values(item, literal, keys=keys) for item in value]
     return value
 
 
@@ -398,8 +453,10 @@ class RedactingFilter(logging.Filter):
             record.msg, record.args = clean, None
         if record.exc_info and not record.exc_text:
             record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = scrub_text(record.exc_text)
+        if record.exc_text and (text := scrub_text(record.exc_text)) != record.exc_text:
+            # the live exception goes when it held a secret: a handler formatting it itself
+            # (OpenTelemetry's, a JSON formatter, Sentry's) read it unscrubbed; Formatter prints exc_text
+            record.exc_text, record.exc_info = text, None
         if record.stack_info:
             record.stack_info = scrub_text(record.stack_info)
         return True

@@ -116,10 +116,14 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
             else self.engine
         # commits of plain SQL only skip SQLAlchemy's Connection on SQLite (statements.sqlite_write)
         self._plain_commits = self.dialect_of(self.url) == "sqlite"
-        if migrate_schema:
-            migrate.upgrade(self.engine)
-        else:
-            migrate.check_version(migrate.current_version(self.engine))
+        try:
+            if migrate_schema:
+                migrate.upgrade(self.engine)
+            else:
+                migrate.check_version(migrate.current_version(self.engine))
+        except BaseException:  # (a store too new, another process migrating it): its connections go
+            self.close()
+            raise
 
     def __repr__(self) -> str:
         return f"SqlStore({redact(self.url)!r})"

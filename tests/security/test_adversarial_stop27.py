@@ -103,7 +103,9 @@ def test_a_key_a_model_echoes_into_tool_arguments_and_its_answer_is_never_stored
     final = _drive(store_url, script)
     assert final.status == RunStatus.COMPLETED
     assert _rows_holding(store_url, api_key) == []
-    assert received_queries == [f"account with key {MARKER}"], "the tool gets the arguments as stored"
+    # stop 41: a tool never runs with arguments the scrub rewrote ("account with key [redacted]"):
+    # the call is stored with its input replaced and answered as not run (resumed: the same)
+    assert received_queries == [], "the tool is not called with arguments a scrub changed"
     assert final.output == {"answer": f"Done. By the way the key is {MARKER}."}
 
 
