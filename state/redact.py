@@ -193,9 +193,9 @@ class _Registry:
                 continue
             if not _plain(value, name):
                 values.add(value)
-            elif name not in self.skipped:
+            elif name not in self.skipped:  # (a path in a ``*_PATH`` variable needs no word)
                 self.skipped.add(name)
-                self.to_warn.append(name)
+                self.to_warn += [] if name.upper().endswith(("_FILE", "_PATH", "_DIR")) else [name]
         self.watched = watched
         self.env_seen = (len(os.environ), tuple(os.environ.get(n) for n in watched))
         if values != self.values or declared != self.declared:
@@ -212,8 +212,8 @@ class _Registry:
         names, self.to_warn = self.to_warn, []
         for name in names:
             logging.getLogger("raysaga.redact").warning(
-                "environment variable %s is named like a secret, but its value is a plain word, number or "
-                "path: it is not masked (register_secret_env(%r) makes it a secret)", name, name)
+                "environment variable %s is named like a secret, but its value is a placeholder (a word of "
+                "its name, a default): it is not masked (register_secret_env(%r) makes it a secret)", name, name)
 
     def add(self, value: str) -> None:
         if len(value) < MIN_SECRET_LEN or value in self.registered:

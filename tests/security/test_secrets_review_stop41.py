@@ -269,7 +269,7 @@ def test_a_plain_word_in_a_secret_named_variable_changes_no_tool_argument(
     assert CALLS == ["postgres_analytics"]
     assert scrub_text("could not connect to postgres_analytics") == "could not connect to postgres_analytics"
     warned = [r.getMessage() for r in caplog.records if "POSTGRES_PASSWORD" in r.getMessage()]
-    assert len(warned) == 1 and "plain word" in warned[0]  # once, naming the variable
+    assert len(warned) == 1 and "placeholder" in warned[0]  # once, naming the variable
     assert "'postgres'" not in warned[0]  # never the value
 
 
