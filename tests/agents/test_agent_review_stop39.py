@@ -22,8 +22,9 @@ from raysaga.agents.messages import ModelResponse, Usage
 from raysaga.agents.models import DEFAULT_PRICES, text_reply, tool_reply
 from raysaga.agents.turns import Answer, Conversation, Fail, RunTool, next_actions
 from raysaga.errors import InvalidOptionError, Permanent, WorkflowDefinitionError
-from raysaga.state import EffectStatus, NodeRecord, NodeStatus, RunStatus, SqlStore
+from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
 from tests.support import messages_server as ms
+from tests.support.store_rows import nodes_of
 
 if TYPE_CHECKING:
     from decimal import Decimal as Unseen
@@ -44,14 +45,6 @@ def one_agent(agent: Agent, name: str = "wf") -> Workflow:
         return input
 
     return wf
-
-
-def nodes_of(url: str, run_id: str) -> dict[str, NodeRecord]:
-    store = SqlStore(url)
-    try:
-        return {n.label: n for n in store.nodes(run_id)}
-    finally:
-        store.close()
 
 
 def calls_of(*responses: ModelResponse) -> ScriptedModel:

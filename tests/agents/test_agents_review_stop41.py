@@ -33,8 +33,9 @@ from raysaga.agents.messages import ModelResponse
 from raysaga.agents.turns import Answer, Conversation, next_actions
 from raysaga.errors import InvalidOptionError
 from raysaga.orchestrator.retry import is_transient
-from raysaga.state import EffectStatus, NodeRecord, NodeStatus, RunStatus, SqlStore
+from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
 from tests.support import messages_server as ms
+from tests.support.store_rows import nodes_of
 
 HAIKU = "claude-haiku-4-5"
 KEY = "sk-ant-test-key-stop41-0123456789"
@@ -57,14 +58,6 @@ def agent_flow(base_url: str, tools: tuple[Any, ...], *, name: str = "wf", **opt
         return input
 
     return wf
-
-
-def nodes_of(url: str, run_id: str) -> dict[str, NodeRecord]:
-    store = SqlStore(url)
-    try:
-        return {n.label: n for n in store.nodes(run_id)}
-    finally:
-        store.close()
 
 
 def tool_results(request: ms.LoggedRequest) -> list[dict[str, Any]]:

@@ -36,9 +36,10 @@ from raysaga.orchestrator.resources import ResourceRequest
 from raysaga.orchestrator.retry import retry_after
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
-from raysaga.state import BreakerRecord, BreakerState, NodeRecord, RunStatus, SqlStore
+from raysaga.state import BreakerRecord, BreakerState, RunStatus, SqlStore
 from tests.support import agent_flows as af
 from tests.support import messages_server as ms
+from tests.support.store_rows import nodes_of
 
 af.use_test_key()  # Ray workers read the key from the raylet's environment (agent_flows.use_test_key)
 
@@ -58,14 +59,6 @@ def wait_until(check: Callable[[], Any], what: str) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {LIMIT_S} s for {what}")
         time.sleep(0.02)
-
-
-def nodes_of(url: str, run_id: str) -> dict[str, NodeRecord]:
-    store = SqlStore(url)
-    try:
-        return {n.label: n for n in store.nodes(run_id)}
-    finally:
-        store.close()
 
 
 def grants_of(url: str, name: str) -> list[tuple[int, float | None]]:

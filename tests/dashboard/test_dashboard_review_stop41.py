@@ -10,14 +10,11 @@ The browser tests use Debian's ``/usr/bin/chromium`` (skipped without it, unless
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
 
@@ -31,7 +28,7 @@ from raysaga.orchestrator.runner import create_run
 from raysaga.state import Batch, NodeStatus, NodeWrite, SqlStore, jsoncodec
 from tests.support import dashboard_flows as flows
 from tests.support.browser import TIMEOUT_MS, require_chromium
-from tests.support.dashboard_serving import free_port, serving, wait_until
+from tests.support.dashboard_serving import free_port, serving
 
 if TYPE_CHECKING:
     from playwright.sync_api import Browser, Dialog, Page
@@ -371,22 +368,6 @@ def test_a_mapped_agent_s_turns_count_every_item_from_the_loaded_count(page: Pag
         store.close()
 
 
-@contextmanager
-def _dashboard(store: SqlStore, port: int) -> Iterator[str]:
-    """A dashboard process's twin on ``port``: a new ``build`` (a new CSRF value) each time."""
-    app, _ = build(store, poll=0.05)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, "the dashboard to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 def test_an_open_page_acts_after_the_dashboard_restarts(page: Page, tmp_path: Path) -> None:
     """The CSRF value is the process's, written into the page: after a restart the page's stream
     reconnected and said live, and every action was a 403."""
@@ -398,12 +379,12 @@ def test_an_open_page_acts_after_the_dashboard_restarts(page: Page, tmp_path: Pa
     store = SqlStore(url)
     port = free_port()
     try:
-        with _dashboard(store, port) as base:
+        with serving(store, port=port) as base:
             page.goto(f"{base}/#/runs/{run_id}")
             expect(page.locator("#live")).to_have_text("● live")
             before = page.locator('meta[name="raysaga-csrf"]').get_attribute("content")
         expect(page.locator("#live")).to_have_text("reconnecting…")
-        with _dashboard(store, port):
+        with serving(store, port=port):
             expect(page.locator("#live")).to_have_text("● live")  # the same page, its stream back
             assert page.locator('meta[name="raysaga-csrf"]').get_attribute("content") == before
             page.locator("button[data-verb=pause]").click()

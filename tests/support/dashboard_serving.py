@@ -34,10 +34,11 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 20.0, every
 
 
 @contextmanager
-def serving(store: Store, *, token: str | None = None, poll: float = 0.05) -> Iterator[str]:
-    """Serve the dashboard over ``store`` on 127.0.0.1; yields its base URL."""
+def serving(store: Store, *, token: str | None = None, poll: float = 0.05, port: int | None = None) -> Iterator[str]:
+    """Serve the dashboard over ``store`` on 127.0.0.1 (on ``port``: a restart's twin), a new
+    ``build`` each time (a new CSRF value); yields its base URL."""
     app, _ = build(store, token=token, poll=poll)
-    port = free_port()
+    port = free_port() if port is None else port
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
                                            timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
