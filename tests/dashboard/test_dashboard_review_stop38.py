@@ -28,11 +28,11 @@ from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
-from tests.support.browser import TIMEOUT_MS, require_chromium
+from tests.support.browser import checked_page, require_chromium
 from tests.support.dashboard_serving import serving
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser, Page
+    from playwright.sync_api import Page
 
 BASE = "http://127.0.0.1:8765"
 MODULE = "tests.dashboard.test_dashboard_review_stop38"
@@ -302,15 +302,8 @@ def test_a_cursor_past_the_run_s_last_event_is_another_run_s(tmp_path: Path) -> 
 def page(request: pytest.FixtureRequest) -> Iterator[Page]:
     """A page of the module's Chromium (``browser``, asked for only once Chromium is known there)."""
     require_chromium()
-    browser: Browser = request.getfixturevalue("browser")
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    yield pg
-    context.close()
-    assert errors == [], errors
+    with checked_page(request.getfixturevalue("browser")) as pg:
+        yield pg
 
 
 def test_steps_named_like_object_members_draw_and_go_live(page: Page, tmp_path: Path) -> None:

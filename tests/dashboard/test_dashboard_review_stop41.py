@@ -27,7 +27,7 @@ from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import Batch, NodeStatus, NodeWrite, SqlStore, jsoncodec
 from tests.support import dashboard_flows as flows
-from tests.support.browser import TIMEOUT_MS, require_chromium
+from tests.support.browser import TIMEOUT_MS, checked_page, require_chromium
 from tests.support.dashboard_serving import free_port, serving
 
 if TYPE_CHECKING:
@@ -219,21 +219,14 @@ def test_the_csrf_value_is_read_as_the_page_is_and_a_stale_one_is_named(tmp_path
 def page(request: pytest.FixtureRequest) -> Iterator[Page]:
     """A page of the module's Chromium that accepts every confirmation and records every dialog."""
     require_chromium()
-    browser: Browser = request.getfixturevalue("browser")
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
+
     def answer(dialog: Dialog) -> None:
         DIALOGS.append((dialog.type, dialog.message))
         dialog.accept()
 
-    pg.on("dialog", answer)
     DIALOGS.clear()
-    yield pg
-    context.close()
-    assert errors == [], errors
+    with checked_page(request.getfixturevalue("browser"), answer) as pg:
+        yield pg
 
 
 DIALOGS: list[tuple[str, str]] = []

@@ -10,7 +10,7 @@ a failure.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    from playwright.sync_api import Browser, Dialog, Page
 
 CHROMIUM = "/usr/bin/chromium"
 #: Milliseconds a page waits for what a test expects of it.
@@ -44,3 +44,19 @@ def headless_chromium() -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def checked_page(browser: Browser, on_dialog: Callable[[Dialog], None] | None = None) -> Iterator[Page]:
+    """A page of ``browser`` (1400x900, ``TIMEOUT_MS``) whose script errors fail the test when it
+    ends; ``on_dialog`` answers its dialogs."""
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    if on_dialog is not None:
+        page.on("dialog", on_dialog)
+    yield page
+    context.close()
+    assert errors == [], errors
