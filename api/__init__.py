@@ -53,6 +53,7 @@ from raysaga.errors import (
     SecretUnavailableError,
     StepFailure,
     StoreError,
+    StoreOutageError,
     StoreUnavailableError,
     Transient,
     UserError,
@@ -168,6 +169,7 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     "LeaseLostError",
     "RunExistsError",
     "RunNotFoundError",
+    "StoreOutageError",
     "StoreUnavailableError",
     "DriverInterrupted",
 ]

@@ -20,6 +20,7 @@
     │   ├── LeaseLostError            this driver's fence is stale: stop at once
     │   ├── SchemaVersionError        a schema this raysaga cannot use: newer, or older when read-only
     │   ├── StoreUnavailableError     the store cannot be opened or reached
+    │   │   └── StoreOutageError          it stopped answering under a driver: resume the run later
     │   ├── CorruptRecordError        a stored row cannot be read back (only its run is affected)
     │   └── BlobIntegrityError        a blob is missing or does not match its content address
     ├── DriverInterrupted         SIGINT/SIGTERM: the driver settled and released its lease
@@ -148,6 +149,22 @@ class SchemaVersionError(StoreError):
 class StoreUnavailableError(StoreError):
     """The store cannot be opened or reached: a bad URL, a file that is not a database, a
     directory, a read-only location, a server that refuses, a missing database driver."""
+
+
+class StoreOutageError(StoreUnavailableError):
+    """The store stopped answering (a server restarting, a dropped connection) while a driver ran
+    ``run_id``: the driver stopped as after a crash. What was committed is intact, and resuming the
+    run once the store answers continues it (its lease, unrenewed, lets the next driver in)."""
+
+    def __init__(self, run_id: str, cause: str) -> None:
+        self.run_id = run_id
+        self.cause = cause
+        super().__init__(f"the store stopped answering while run {run_id!r} was driven ({cause}); what was "
+                         f"committed is intact: `raysaga resume {shlex.quote(run_id)}` (raysaga.resume in "
+                         "Python) continues the run once the store answers")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (StoreOutageError, (self.run_id, self.cause))
 
 
 class CorruptRecordError(StoreError):

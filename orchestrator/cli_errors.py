@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.text import Text
 
-from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError
+from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError, StoreOutageError
 from raysaga.state.redact import scrub_text
 
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_USAGE, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 0, 1, 2, 3, 4
@@ -147,6 +147,8 @@ def errors(current: object = None) -> Iterator[None]:
     except BrokenPipeError:  # `raysaga status --json | head`: the reader left; stop quietly
         _silence_stdout()
         raise typer.Exit(EXIT_BROKEN_PIPE) from None
+    except StoreOutageError as exc:  # the store dropped out under a driver, which stopped as after a crash
+        raise _fail("store unreachable:", "red", _outage_advice(exc.cause, exc.run_id), EXIT_USAGE) from None
     except RaySagaError as exc:
         raise _fail("error:", "red", str(exc), EXIT_USAGE) from None
     except RecursionError:
@@ -155,11 +157,14 @@ def errors(current: object = None) -> Iterator[None]:
     except Exception as exc:  # anything else: one line, the type named, the traceback behind --debug
         message = _one_line(str(exc), MAX_FOREIGN_MESSAGE)
         run_id = getattr(current, "run_id", None)
-        from raysaga.state.engine import is_outage  # sqlalchemy: only once something failed
+        from raysaga.state.engine import is_outage, outage_cause  # sqlalchemy: only once something failed
 
-        if run_id and is_outage(exc):  # the store dropped out under a driver, which stopped as after a crash
-            raise _fail("store unreachable:", "red", f"{_one_line(str(getattr(exc, 'orig', None) or exc), 200)}; "
-                        f"what was committed is intact: `raysaga resume {shlex.quote(run_id)}` continues the run "
-                        "once the store answers", EXIT_USAGE) from None
+        if run_id and is_outage(exc):  # as above, from a path that raised the driver's own error
+            raise _fail("store unreachable:", "red", _outage_advice(outage_cause(exc), run_id), EXIT_USAGE) from None
         raise _fail("error:", "red", f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
                     EXIT_USAGE, hint=True) from None
+
+
+def _outage_advice(cause: str, run_id: str) -> str:
+    return (f"{cause}; what was committed is intact: `raysaga resume {shlex.quote(run_id)}` continues the run "
+            "once the store answers")

@@ -34,7 +34,7 @@ from raysaga.orchestrator.item_block import ItemsDone
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, CheckDecisions, ItemsDispatch, MemoryOp, Send
 from raysaga.orchestrator.machine.run import Phase, RunMachine
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.ownership import claim, new_owner
+from raysaga.orchestrator.ownership import claim, let_go, new_owner
 from raysaga.orchestrator.progress import Progress
 from raysaga.orchestrator.rate_gate import RateGate
 from raysaga.orchestrator.records import merge_run, new_budgets
@@ -132,7 +132,7 @@ class Driver:
                 self._stops.restore()
                 self._hb.stop()
                 if not lost and not self._hb.lost.is_set() and not self._let_go:
-                    self.store.release(self._hb.lease)
+                    let_go(self.store, self._hb.lease)
 
     def _drive(self) -> RunRecord:
         assert self._hb is not None

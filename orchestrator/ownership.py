@@ -135,8 +135,8 @@ def gone_because(owner: str) -> str | None:
         return None
     if parsed.host != _host() or parsed.boot != boot_id() or parsed.pidns != pid_namespace():
         return None
-    if parsed.pid == os.getpid():
-        return None  # this process: alive by definition
+    if parsed.pid == os.getpid():  # this process: alive, unless that driver stopped holding it
+        return "its driver in this process stopped" if owner in _STOPPED else None
     found = _stat(parsed.pid)
     if found is None:
         # no readable /proc/<pid>/stat: gone, or only hidden from us (/proc mounted hidepid=1|2 hides
@@ -148,6 +148,21 @@ def gone_because(owner: str) -> str | None:
     if start != parsed.start:
         return "its pid now belongs to a newer process"
     return None
+
+
+#: Owners of this process's drivers that stopped without letting go of their lease (``let_go``).
+_STOPPED: set[str] = set()
+
+
+def let_go(store: Store, lease: Lease) -> None:
+    """Release a stopping driver's lease. When the store cannot take the release (it stopped
+    answering), the lease stands until it expires, but its owner is known stopped: a driver of this
+    process (``raysaga.resume`` after ``StoreOutageError``) takes the run over at once, not at expiry."""
+    try:
+        store.release(lease)
+    except BaseException:
+        _STOPPED.add(lease.owner)
+        raise
 
 
 def owner_is_gone(owner: str) -> bool:

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from threading import Thread
 from typing import Any
 
-from raysaga.errors import LeaseHeldError, RunExistsError, RunNotFoundError, UserError
+from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotFoundError, StoreOutageError, UserError
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
@@ -37,6 +37,7 @@ from raysaga.state import (
     jsoncodec,
     open_store,
 )
+from raysaga.state.engine import is_outage, outage_cause
 from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.types import check_run_id, check_text
@@ -269,6 +270,12 @@ def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: Executor
         if on_progress is not None:
             driver.progress.listeners.append(on_progress)
         return driver.drive()
+    except RaySagaError:
+        raise
+    except Exception as exc:
+        if is_outage(exc):  # not the run's failure: it rests as after a crash, its commits intact
+            raise StoreOutageError(run_id, outage_cause(exc)) from exc
+        raise
     finally:
         if not isinstance(executor, Executor):
             ex.shutdown()

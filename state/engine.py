@@ -458,6 +458,13 @@ def is_outage(exc: BaseException) -> bool:
                             sqlite3.OperationalError))
 
 
+def outage_cause(exc: BaseException, limit: int = 200) -> str:
+    """What an outage error (``is_outage``) says, on one line, its driver's own message first and
+    any password scrubbed: the cause shown beside "resume once the store answers"."""
+    text = " ".join(str(getattr(exc, "orig", None) or exc).split()) or type(exc).__name__
+    return _shown(text if len(text) <= limit else text[:limit - 1] + "…")
+
+
 def _shown(path: object) -> str:
     """A store's path in an error: a mistyped URL read as a path (``postgresql:/app:PW@db/x``) keeps
     no password (``scrub_text``: the CLI scrubs its errors, the Python API's are raised as built)."""

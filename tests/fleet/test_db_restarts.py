@@ -174,3 +174,39 @@ def test_a_foreground_run_whose_store_drops_says_how_to_go_on(tmp_path: Path) ->
             store.close()
     finally:
         pg.close()
+
+
+def test_the_python_api_says_the_store_dropped_and_names_the_run(tmp_path: Path) -> None:
+    """``raysaga.run`` from Python: the store crashes under the driver. The call raises
+    ``StoreOutageError`` (a ``StoreUnavailableError``) naming the run and how to continue, not
+    SQLAlchemy's raw ``OperationalError``; ``raysaga.resume`` then finishes the run."""
+    from tests.support import slow_flow
+
+    pg = private_postgres.PrivatePostgres()
+    pg.start()
+    try:
+        outcome: dict[str, BaseException] = {}
+
+        def drive() -> None:
+            try:
+                raysaga.run(slow_flow.wf, {"dir": str(tmp_path)}, store=pg.url, run_id="slow-py", executor="inline")
+            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=drive)
+        thread.start()
+        wait_until((tmp_path / "started").exists, timeout=120, what="the step to start")
+        pg.crash()
+        (tmp_path / "go").touch()
+        thread.join(timeout=120)
+        assert not thread.is_alive()
+        error = outcome.get("error")
+        assert isinstance(error, raysaga.StoreOutageError), repr(error)
+        assert isinstance(error, raysaga.StoreUnavailableError)
+        assert error.run_id == "slow-py"
+        assert "`raysaga resume slow-py`" in str(error) and error.cause in str(error)
+        pg.start()
+        done = raysaga.resume(slow_flow.wf, "slow-py", store=pg.url, executor="inline")
+        assert done.status == RunStatus.COMPLETED and done.output == {"after": "held then after"}
+    finally:
+        pg.close()
