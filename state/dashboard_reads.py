@@ -232,6 +232,29 @@ def agent_tokens(engine: Engine, run_id: str, step: str) -> int:
     return total
 
 
+def agent_counts(engine: Engine, run_id: str, steps: Iterable[str] | None = None) -> dict[str, dict[str, int]]:
+    """Of each agent step (of ``steps``, or every one), its model turns (``step@N``) and tool calls
+    (``step@N.M``) over every item of a mapped agent: one GROUP BY over their rows, compensations
+    left out. The page's first rows hold only the first items of each, so counting those
+    undercounted a mapped agent of more than ``ITEMS_SHOWN`` items."""
+    wanted = None if steps is None else sorted(set(steps))
+    if wanted == []:
+        return {}
+    dialect = engine.dialect.name
+    where = [nodes.c.run_key == run_key_of(run_id), nodes.c.node_id.like("%" + AGENT_SEP + "%"),
+             nodes.c.node_id.not_like("%:%")]
+    if wanted is not None:
+        where.append(or_(*(has_prefix(nodes.c.node_id, step + AGENT_SEP, dialect) for step in wanted)))
+    out: dict[str, dict[str, int]] = {}
+    with reading(run_id, nodes.name), engine.connect() as conn:
+        for node_id, count in conn.execute(select(nodes.c.node_id, func.count()).where(*where)
+                                           .group_by(nodes.c.node_id)).all():
+            step, _, rest = str(node_id).partition(AGENT_SEP)
+            entry = out.setdefault(step, {"turns": 0, "calls": 0})
+            entry["calls" if "." in rest else "turns"] += int(count)
+    return out
+
+
 def _turn_tokens(dialect: str) -> Any:
     """SQL: a turn row's ``usage.input_tokens`` + ``usage.output_tokens`` (each 0 unless an integer)."""
     output = f"{nodes.name}.output"
@@ -335,10 +358,13 @@ class DashboardReads:
     def agent_tokens(self, run_id: str, step: str) -> int:
         return agent_tokens(self.reader, run_id, step)
 
+    def agent_counts(self, run_id: str, steps: Iterable[str] | None = None) -> dict[str, dict[str, int]]:
+        return agent_counts(self.reader, run_id, steps)
+
     def store_metrics(self) -> dict[str, Any]:
         return metrics(self.reader)
 
 
-__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "agent_tokens", "fanout_sizes", "items", "metrics",
-           "node_effects", "node_events", "node_row", "node_rows", "run_counts", "run_page", "run_row", "step_counts",
-           "step_rows", "sub_rows"]
+__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "agent_counts", "agent_tokens", "fanout_sizes", "items",
+           "metrics", "node_effects", "node_events", "node_row", "node_rows", "run_counts", "run_page", "run_row",
+           "step_counts", "step_rows", "sub_rows"]

@@ -159,6 +159,7 @@ export async function renderPanel(box: HTMLElement, runId: string, label: string
         row.inherited_from), " (forked: not run again here)") : null));
     if (row.status === "waiting" && doc.approval) box.append(approvalForm(runId, doc, doc.approval, base + "/output",
       reload));
+    else if (row.status === "waiting" && doc.approval_error) box.append(h("p", { class: "error" }, doc.approval_error));
   }
   if (inputs.length) {
     // a node's input is its upstream steps' outputs (and the run's input): each a click away

@@ -67,15 +67,6 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   let gone: Gone | null = null;
   let view: DagView | null = null;
   let selected: string | null = params.get("node");
-  // an agent step's turns by label (`research@1[2]`: a mapped agent's items each have theirs),
-  // seeded from the rows the page loaded, so the count goes on from the loaded one
-  const turnIds = new Map<string, Set<string>>();
-  const countTurn = (step: string, r: Row): number => {
-    const seen = turnIds.get(step) ?? new Set<string>();
-    if (!r.node_id.includes(".")) seen.add(r.node);  // a tool call (`research@1.2`) is no turn
-    turnIds.set(step, seen);
-    return seen.size;
-  };
   const rows = new Map<string, Row>();
   let stream: EventSource | null = null;
   let closed = false;
@@ -242,7 +233,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
         relayout = true;
       }
       if (comp) st.compensation = r.status;
-      else if (turn) st.turns = Math.max(st.turns, countTurn(step, r));
+      else if (turn) { /* counted by the server, every item's: `change.agents` below */ }
       else if (r.index === null) st.row = r;
       else {
         const cell = fanBox.querySelector(`[data-node="${CSS.escape(r.node)}"]`);
@@ -253,6 +244,12 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     }
     for (const [step, counts] of Object.entries(change.counts)) {
       stepOf(step).counts = counts;
+      touched.add(step);
+    }
+    for (const [step, c] of Object.entries(change.agents ?? {})) {  // turns and tool calls, every item's
+      const st = stepOf(step);
+      st.turns = c.turns;
+      st.calls = c.calls;
       touched.add(step);
     }
     drawHead({ ...doc.run, ...change.run }, Date.now() / 1000);
@@ -323,13 +320,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     document.body.removeAttribute("data-gone");
     steps = new Map(Object.entries(doc.steps));  // own keys only, a `__proto__` step's included
     rows.clear();
-    turnIds.clear();
     claims.length = 0;
-    for (const r of doc.rows) {
-      rows.set(r.node, r);
-      const { step, turn, comp } = baseStep(r.node_id);
-      if (turn && !comp) countTurn(step, r);
-    }
+    for (const r of doc.rows) rows.set(r.node, r);
     drawHead(doc.run, doc.now);
     layout();
     drawGanttNow();

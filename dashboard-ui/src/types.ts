@@ -48,6 +48,8 @@ export interface Change {
   events: EventJSON[]; nodes: Row[]; counts: Record<string, Record<string, number>>; run: RunSummary;
   /** The run's step rows and every fan-out's counts, read again after a run-level event. */
   full?: boolean;
+  /** Turns and tool calls of the agent steps the change touched, every item counted. */
+  agents?: Record<string, { turns: number; calls: number }>;
 }
 
 export interface Turn extends Row {
@@ -66,6 +68,8 @@ export interface ApprovalDoc {
 
 export interface NodeDoc {
   node: string; step: string; row: Row | null; output: Shown | null; approval?: ApprovalDoc | null;
+  /** why a waiting approval has no form: its request could not be read (a missing blob) */
+  approval_error?: string | null;
   error: Record<string, unknown> | null;
   attempts: EventJSON[];
   effects: { key: string; node: string; effect: string; status: string; result: Shown; external_id: string | null;

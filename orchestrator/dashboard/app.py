@@ -38,7 +38,7 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from raysaga.errors import CorruptRecordError, RunNotFoundError, UserError
+from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError, UserError
 from raysaga.orchestrator.dashboard import actions, metrics, params, views
 from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, SAFE_METHODS, Guard
 from raysaga.state import Store
@@ -116,6 +116,10 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
         return _refusal(str(exc), 500)
+
+    @app.exception_handler(BlobIntegrityError)
+    async def blob_unreadable(request: Request, exc: BlobIntegrityError) -> JSONResponse:
+        return _refusal(str(exc), 500)  # a missing or altered blob, said: not a bare "Internal Server Error"
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, token: str | None = None) -> Response:

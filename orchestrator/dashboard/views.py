@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from raysaga.errors import RunNotFoundError, UserError
-from raysaga.node_key import NodeKey
+from raysaga.errors import BlobIntegrityError, RunNotFoundError, UserError
+from raysaga.node_key import AGENT_SEP, NodeKey
 from raysaga.orchestrator.dashboard.graph import base_step, graph_for
 from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded, node_param
 from raysaga.state import Store, node_label
-from raysaga.state.dashboard_reads import RunFilter
+from raysaga.state.dashboard_reads import DashboardReads, RunFilter
 from raysaga.state.decisions import request_of
 from raysaga.state.item_events import item_indexes
 from raysaga.state.redact import scrub, scrub_text
@@ -110,6 +110,20 @@ def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dic
     return steps
 
 
+def _agent_counts(store: Store, run_id: str, steps: Iterable[str] | None) -> dict[str, dict[str, int]]:
+    """Turns and tool calls of each agent step, every item counted (``DashboardReads.agent_counts``);
+    another ``Store``: none (the counts of the rows read stand)."""
+    return store.agent_counts(run_id, steps) if isinstance(store, DashboardReads) else {}
+
+
+def _with_agent_counts(steps: dict[str, dict[str, Any]],
+                       agents: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
+    for step, c in agents.items():
+        if step in steps:
+            steps[step].update(c)
+    return steps
+
+
 def started_order(rows: list[dict[str, Any]]) -> list[str]:
     """Node ids by when their step first started (never-started last): the order a graph drawn
     from rows alone lists its steps in."""
@@ -156,7 +170,7 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
                 "children": [{"run_id": c["run_id"], "status": str(c["status"]), "forked_from": c["forked_from"]}
                              for c in store.children(run_id)]},
         "graph": graph_for(run, started_order(rows)),
-        "steps": _steps(rows, counts),
+        "steps": _with_agent_counts(_steps(rows, counts), _agent_counts(store, run_id, None)),
         "rows": [_row(r) for r in rows],
         "cursor": cursor,
         "now": time.time(),
@@ -254,19 +268,23 @@ def node_page(store: Store, run_id: str, label: str) -> dict[str, Any]:
     comp = [r for r in subs if r["node_id"].endswith(":compensate") and "@" not in r["node_id"]]
     turns = [r for r in subs if "@" in r["node_id"]]
     output: dict[str, Any] | None = None
-    approval = None
+    approval = approval_error = None
     if row is not None:
         blob = bool(row["output_digest"]) and row["output"] is None
         output = {"digest": row["output_digest"]} if blob else shown(row["output"])
         if str(row["status"]) == "waiting":  # an approval's request, read from its blob if kept as one
-            held = store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]] if blob \
-                else row["output"]
-            approval = approval_form(held)
+            try:
+                held = store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]] \
+                    if blob else row["output"]
+                approval = approval_form(held)
+            except BlobIntegrityError as exc:  # the rest of the panel still shows; the form cannot
+                approval_error = f"no form: the approval's request cannot be read ({exc})"
     return {
         "node": label, "step": base_step(node_id),
         "row": None if row is None else _row(row),
         "output": output,
         "approval": approval,
+        "approval_error": approval_error,
         "error": None if row is None else scrub(row["error"]),
         "attempts": [_event_json(e) for e in events],
         "effects": [{"key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
@@ -315,6 +333,7 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
             "events": [_event_json(e) for e in page],
             "nodes": [_row(r) for r in rows],
             "counts": counts,
+            "agents": _agent_counts(store, run_id, None),
             "run": _run_json(store.run_row(run_id) or {}),
             "full": True,
         }
@@ -337,6 +356,8 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
         "events": [_event_json(e) for e in page],
         "nodes": [_row(r) for r in rows],
         "counts": fan_counts(store, run_id, fanned),
+        "agents": _agent_counts(store, run_id, {e.node_id.partition(AGENT_SEP)[0] for e in page
+                                                if e.node_id and AGENT_SEP in e.node_id}),
         "run": _run_json(store.run_row(run_id) or {}),
     }
 
