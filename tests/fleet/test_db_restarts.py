@@ -190,7 +190,7 @@ def test_the_python_api_says_the_store_dropped_and_names_the_run(tmp_path: Path)
         def drive() -> None:
             try:
                 raysaga.run(slow_flow.wf, {"dir": str(tmp_path)}, store=pg.url, run_id="slow-py", executor="inline")
-            except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            except BaseException as exc:  # handed to the test thread
                 outcome["error"] = exc
 
         thread = threading.Thread(target=drive)
