@@ -19,7 +19,7 @@ import pytest
 
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
-from tests.support.browser import TIMEOUT_MS, require_chromium
+from tests.support.browser import checked_page, require_chromium
 from tests.support.dashboard_serving import serving, wait_until
 
 require_chromium()
@@ -29,15 +29,8 @@ from playwright.sync_api import Browser, Page, expect  # noqa: E402
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(TIMEOUT_MS)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.on("dialog", lambda d: d.accept())  # every action is confirmed: the test says yes
-    yield pg
-    context.close()
-    assert errors == [], errors
+    with checked_page(browser, on_dialog=lambda d: d.accept()) as pg:  # every action is confirmed: the test says yes
+        yield pg
 
 
 class Worker:

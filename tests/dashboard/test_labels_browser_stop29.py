@@ -18,7 +18,7 @@ from raysaga import RunOptions
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
-from tests.support.browser import require_chromium
+from tests.support.browser import checked_page, require_chromium
 from tests.support.dashboard_serving import serving
 
 require_chromium()
@@ -34,14 +34,8 @@ HOSTILE = "<script>window.__pwned=1</script><img src=x onerror=\"window.__pwned=
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
-    pg = context.new_page()
-    pg.set_default_timeout(20_000)
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    yield pg
-    context.close()
-    assert errors == [], errors
+    with checked_page(browser) as pg:
+        yield pg
 
 
 def _run(url: str, labels: dict[str, str], wf_name: str = "wide") -> str:
