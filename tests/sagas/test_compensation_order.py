@@ -107,6 +107,18 @@ def check_rollback(wf: raysaga.Workflow, store: SqlStore, run_id: str, log: dict
                     f"{label(x)} was undone before {label(y)}, which depends on it: {list(map(label, order))}")
     assert pairs > 0, "the flow gave the order nothing to prove"
 
+    # reverse completion order where the DAG leaves it open: of two nodes with no path between
+    # them, both completed, the later-completed one was undone first (DESIGN, invariant 5)
+    done = {n: rows[n].finished_at for n in order if n not in unknown and rows[n].status == NodeStatus.COMPLETED
+            and rows[n].finished_at is not None}
+    for x in done:
+        for y in done:
+            apart = x[0] != y[0] and y[0] not in nx.descendants(wf.graph, x[0]) and \
+                x[0] not in nx.descendants(wf.graph, y[0])
+            if (apart or x[0] == y[0]) and x != y and done[x] < done[y]:  # (items of one fan-out too)
+                assert position[y] < position[x], (
+                    f"{label(x)} completed before {label(y)} but was undone first: {list(map(label, order))}")
+
     # each compensation got the step's committed output, or None when its outcome was unknown
     for node, comp in comp_rows.items():
         if node in unknown:
