@@ -109,8 +109,8 @@ def check_rollback(wf: raysaga.Workflow, store: SqlStore, run_id: str, log: dict
 
     # reverse completion order where the DAG leaves it open: of two nodes with no path between
     # them, both completed, the later-completed one was undone first (DESIGN, invariant 5)
-    done = {n: rows[n].finished_at for n in order if n not in unknown and rows[n].status == NodeStatus.COMPLETED
-            and rows[n].finished_at is not None}
+    done: dict[Node, float] = {n: at for n in order if n not in unknown and rows[n].status == NodeStatus.COMPLETED
+                               and (at := rows[n].finished_at) is not None}
     for x in done:
         for y in done:
             apart = x[0] != y[0] and y[0] not in nx.descendants(wf.graph, x[0]) and \
