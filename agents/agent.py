@@ -20,6 +20,7 @@ from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool, empty_error
 from raysaga.errors import InvalidOptionError, NotJSONableError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
+from raysaga.state.json_form import model_json, read_back_problem
 from raysaga.types import RateLimit, RetryPolicy, check_name, check_number, checked_fields
 
 MEMORY_TOOLS = ("memory_read", "memory_write")
@@ -288,7 +289,10 @@ def final_answer_problem(response: ModelResponse, output_type: type[BaseModel] |
     if output_type is None:
         return None
     try:
-        output_type.model_validate(extract_json(text))
+        made = output_type.model_validate(extract_json(text))
+        kept = read_back_problem(output_type, made, model_json(made), "answer")
+        if kept:  # (the next step reads the stored form: a validator that does not give it back)
+            raise ValueError(kept)
     # NaN or nesting deeper than JSON allows in the answer: a model's words, fed back like any bad
     # answer (they raised out of the driver, and every resume read the same persisted answer again)
     except (ValueError, ValidationError, NotJSONableError, RecursionError) as exc:
@@ -301,7 +305,8 @@ def final_output(response: ModelResponse, output_type: type[BaseModel] | None) -
     text = response.text().strip()
     if output_type is None:
         return text
-    return output_type.model_validate(extract_json(text)).model_dump(mode="json")
+    # by alias (``json_form.model_json``): the next step reads the output_type by alias
+    return model_json(output_type.model_validate(extract_json(text)))
 
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.S)

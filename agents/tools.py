@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError, create_model
 
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
+from raysaga.state.json_form import model_json
 from raysaga.state.redact import scrub_secret_values, scrub_text
 from raysaga.types import RateLimit, RetryPolicy, checked_options, str_tuple, unknown_option_message
 
@@ -80,8 +81,10 @@ class Tool:
         """Check the model's arguments; ``ToolError`` (shown to the model) if they do not fit.
 
         Returns their JSON form (what keys, the store and the model see); the function itself is
-        called with ``typed`` values."""
-        return self._instance(args).model_dump(mode="json")
+        called with ``typed`` values). By alias (``json_form.model_json``): the input model reads
+        its fields by alias, as the schema the model is shown names them."""
+        form: dict[str, Any] = model_json(self._instance(args))
+        return form
 
     def typed(self, args: Any) -> dict[str, Any]:
         """The arguments as the function's parameters declare them: a pydantic model, a ``date``,

@@ -7,8 +7,8 @@ The public API, by group (one line each in docs/api.md):
 
 - **Declaring a workflow**: ``Workflow`` (``@wf.step``, ``@wf.map``, ``@wf.agent``,
   ``@wf.approval``, ``wf.sleep``, ``@wf.compensation``), ``Ask`` and ``Approval`` (what an approval
-  asks and answers), ``StepContext``, ``RetryPolicy``, ``RateLimit``, ``NOT_APPLIED``, ``Secret``,
-  ``Saga``.
+  asks and answers), ``StepContext``, ``StepFailed`` (what an ``on_failure="pass"`` step hands its
+  dependents), ``RetryPolicy``, ``RateLimit``, ``NOT_APPLIED``, ``Secret``, ``Saga``.
 - **Fan-out policies**: ``ALL``, ``BEST_EFFORT``, ``quorum``, ``min_success_ratio``,
   ``on_partial_failure``, and what a policy sees and answers: ``FanOutResult``, ``Continue``,
   ``RetryFailed``, ``Fail``, ``Compensate``.
@@ -22,7 +22,7 @@ The public API, by group (one line each in docs/api.md):
 - **Errors**: every one descends from ``RaySagaError`` (the tree is drawn in ``raysaga.errors``):
   a caller's mistakes are ``UserError``s (``WorkflowDefinitionError``, ``InvalidInputError``,
   ``InvalidOptionError``, ``SecretUnavailableError``); ``NotJSONableError``; the store's are
-  ``StoreError``s (``StoreUnavailableError``, ``RunNotFoundError``, ``RunExistsError``,
+  ``StoreError``s (``StoreUnavailableError`` and its ``StoreOutageError``, ``RunNotFoundError``, ``RunExistsError``,
   ``LeaseHeldError``, ``LeaseLostError``); ``DriverInterrupted`` after SIGINT/SIGTERM.
 
 Also public: ``raysaga.agents`` (LLM sub-agents: ``Agent``, ``tool``, model backends),
@@ -85,12 +85,13 @@ if _typing.TYPE_CHECKING:  # the names below are imported on first use (see _LAZ
         quorum,
     )
     from raysaga.state import RunRecord, RunStatus, Store, open_store, prune
-    from raysaga.types import Approval, Ask, RateLimit, RetryPolicy, RunOptions, StepContext
+    from raysaga.types import Approval, Ask, RateLimit, RetryPolicy, RunOptions, StepContext, StepFailed
 
 #: Where each lazily exported name lives: ``import raysaga`` stays cheap (no driver, no Ray)
 #: until a name that needs them is used.
 _LAZY = {
-    **dict.fromkeys(("Approval", "Ask", "RateLimit", "RetryPolicy", "RunOptions", "StepContext"), "raysaga.types"),
+    **dict.fromkeys(("Approval", "Ask", "RateLimit", "RetryPolicy", "RunOptions", "StepContext", "StepFailed"),
+                    "raysaga.types"),
     **dict.fromkeys(("Client",), "raysaga.orchestrator.client"),
     **dict.fromkeys(("Worker",), "raysaga.orchestrator.worker"),
     **dict.fromkeys(("RunView",), "raysaga.orchestrator.run_views"),
@@ -121,6 +122,7 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     "Saga",
     "Secret",
     "StepContext",
+    "StepFailed",
     "Workflow",
     # fan-out policies, and what a policy sees and answers
     "ALL",
@@ -169,7 +171,7 @@ __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)
     "LeaseLostError",
     "RunExistsError",
     "RunNotFoundError",
-    "StoreOutageError",
     "StoreUnavailableError",
+    "StoreOutageError",
     "DriverInterrupted",
 ]

@@ -15,7 +15,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar, cast
+from typing import Any, Literal, NoReturn, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,7 @@ __all__ = [
     "RetryPolicy",
     "RunOptions",
     "StepContext",
+    "StepFailed",
     "check_labels",
     "check_name",
     "check_number",
@@ -392,6 +393,10 @@ class Ask(BaseModel):
     payload: Any = None
     """What the approver reviews (JSON): an order, a plan, a draft."""
 
+    def __init__(self, prompt: str, payload: Any = None) -> None:
+        # positional too, as docs/api.md writes it: ``Ask("Refund 500 cents?", order)``
+        super().__init__(prompt=prompt, payload=payload)
+
 
 class Approval(BaseModel):
     """An approval node's output: who approved, when, and the answer (an approve "with edits")."""
@@ -407,6 +412,22 @@ class Approval(BaseModel):
     at: float = 0.0
     timed_out: bool = False
     decision_ids: list[str] = Field(default_factory=list)
+
+
+class StepFailed(BaseModel):
+    """What the dependents of a non-critical ``on_failure="pass"`` step receive in place of its
+    output when it fails. A dependent reading it annotates its parameter ``Output | StepFailed``
+    (or ``dict``, or leaves it unannotated): annotated ``Output`` alone, it could not read the
+    record, and the workflow is refused where it is defined."""
+
+    model_config = ConfigDict(frozen=True)
+
+    failed: Literal[True] = True
+    step: str
+    """The step that failed."""
+    error_type: str
+    message: str
+    """Its error's message, scrubbed of secrets."""
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
+from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import agent_io, crash_loop, driver_io, tracing, versions
-from raysaga.orchestrator.blob_parking import park_on_blob
 from raysaga.orchestrator.commit_pacing import CommitPacer
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults, commit_labels
@@ -41,6 +40,7 @@ from raysaga.orchestrator.records import merge_run, new_budgets
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.tracing import RunTracing
+from raysaga.orchestrator.unstorable import committed, park
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -119,7 +119,7 @@ class Driver:
             try:
                 with paced_gc():  # few young collections while driving (see gc_pacing)
                     return self._drive()
-            except BlobIntegrityError as exc:
+            except (BlobIntegrityError, NotJSONableError) as exc:  # a damaged blob, an unstorable write
                 return self._park_on_blob(exc)
         except LeaseLostError:
             lost = True
@@ -166,7 +166,7 @@ class Driver:
     def _restore(self, snap: RunSnapshot) -> RunMachine:
         assert self._hb is not None
         m, outputs = driver_io.restored(self.wf, snap, self.options, self.rng, self.blobs)
-        self.tracing = tracing.for_run(self.wf, snap, outputs, self.owner)  # None: nobody receives spans
+        self.tracing = tracing.for_run(self.wf, snap, outputs, self.owner, self.store)  # None: no receiver
         self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)
         return m
@@ -448,13 +448,14 @@ class Driver:
         self._blob_refs.update(wanted)
         return self.store.load_blobs(wanted) if wanted else {}
 
-    def _park_on_blob(self, exc: BlobIntegrityError) -> RunRecord:
-        """A blob the run needs is missing or altered: park it naming the node and digest; never use the data."""
+    def _park_on_blob(self, exc: BlobIntegrityError | NotJSONableError) -> RunRecord:
+        """A blob the run needs is missing or altered: park it naming the node and digest; never use the data.
+        A write the store cannot keep (``unstorable``): park it naming the node, not raise on every drive."""
         self._attempts.cancel_all()
         self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
         self.machine = None  # its pending writes may have been computed from the data: dropped
         self._pending = Batch()
-        return park_on_blob(self.store, self.run_id, exc, self._blob_refs.get(exc.digest) or exc.where, self._commit)
+        return park(self.store, self.run_id, exc, self._blob_refs, self._commit)
 
     # ------------------------------------------------------------------ writes
 
@@ -487,7 +488,7 @@ class Driver:
 
     def _commit(self, batch: Batch, labels: list[str] | None = None) -> RunRecord | None:
         assert self._hb is not None
-        record = self.store.commit(self._hb.lease, batch)
+        record = committed(self.store, self._hb.lease, batch)  # (a value it cannot keep: raised naming the node)
         self.run = record or self.run
         if self.tracing is not None:
             self.tracing.committed(batch, record)

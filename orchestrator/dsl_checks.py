@@ -12,7 +12,8 @@ from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.types import RateLimit, check_text, checked_options, str_tuple, unknown_option_message
+from raysaga.orchestrator.type_adapters import type_adapter
+from raysaga.types import RateLimit, StepFailed, check_text, checked_options, str_tuple, unknown_option_message
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,3 +130,27 @@ def rate_limit_problems(steps: Mapping[str, StepSpec]) -> list[str]:
                                 "it, or give the other its own name")
                 first[limit.name] = (seen[0], "")  # said once
     return problems
+
+
+def pass_problems(steps: Mapping[str, StepSpec]) -> list[str]:
+    """A step reading a non-critical ``on_failure="pass"`` step with a type that cannot read the
+    ``StepFailed`` record it receives when that step fails: it failed then, for good, with an
+    ``InputTypeError`` telling the user to "declare the type that step returns" (they had)."""
+    found = []
+    for spec in steps.values():
+        for dep in spec.param_deps:
+            source = steps.get(dep)
+            tp = spec.param_types.get(dep, Any)
+            if source is None or source.on_failure != "pass" or tp is Any or spec.map_over == dep:
+                continue
+            record = StepFailed(step=dep, error_type="Permanent", message="")
+            try:
+                read = type_adapter(tp).validate_python(record.model_dump())
+            except Exception:  # ValidationError, or an annotation pydantic cannot read with
+                read = None
+            if not isinstance(read, StepFailed | dict):
+                name = getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+                found.append(f"step {spec.name!r} reads {dep!r} as {name}, but {dep!r} has on_failure='pass': when "
+                             f"it fails, {spec.name!r} receives a raysaga.types.StepFailed record instead; annotate "
+                             f"the parameter {name} | StepFailed (from raysaga.types import StepFailed)")
+    return found

@@ -12,6 +12,7 @@ from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import json_type_problem
 from raysaga.state import jsoncodec
+from raysaga.state.json_form import adapter_json, needs_read_back, read_back_problem
 
 
 class Workflow(Protocol):
@@ -44,15 +45,32 @@ def check_input(wf: Workflow, value: Any) -> Any:
         except ValidationError as exc:
             raise InvalidInputError(mismatch(wf.name, tp, exc)) from None
     try:
-        return jsoncodec.to_jsonable(value, "input")
+        form = jsoncodec.to_jsonable(value, "input")
     except NotJSONableError as exc:
-        if tp is not Any:
-            try:  # a type with its own JSON form (a bare ``Secret``, ``list[Secret]``...), which
-                jsoncodec.refuse_non_finite(value, "input")  # would write a NaN as null
-            except NotJSONableError as non_finite:
-                raise InvalidInputError(str(non_finite)) from None
-            try:
-                return jsoncodec.to_jsonable(type_adapter(tp).dump_python(value, mode="json"), "input")
-            except Exception:
-                pass
+        if tp is Any:
+            raise InvalidInputError(str(exc)) from None
+        return _own_form(tp, value, exc)
+    if tp is not Any and needs_read_back(tp):  # read back as the steps will: an alias, a union, an Any field
+        problem = read_back_problem(tp, value, form, "input")
+        if problem:
+            raise InvalidInputError(f"workflow {wf.name!r}: the run input is not kept by its JSON form: {problem}")
+    return form
+
+
+def _own_form(tp: Any, value: Any, exc: NotJSONableError) -> Any:
+    """The JSON form of an input whose declared type makes one (a bare ``Secret``, ``list[Secret]``...),
+    if it reads back as the value; else ``InvalidInputError`` with ``exc``'s words. Pydantic's JSON
+    dump of ``dict[str, Any]`` made ``{1: 'one'}`` ``{'1': 'one'}``, a set a list, bytes a str, a
+    datetime a str: each accepted, where the same value untyped was refused."""
+    try:  # (pydantic's JSON mode would write a NaN as null)
+        jsoncodec.refuse_non_finite(value, "input")
+    except NotJSONableError as non_finite:
+        raise InvalidInputError(str(non_finite)) from None
+    try:
+        form = jsoncodec.to_jsonable(adapter_json(tp, value), "input")
+        kept = read_back_problem(tp, value, form, "input") is None
+    except Exception:
+        kept = False
+    if not kept:
         raise InvalidInputError(str(exc)) from None
+    return form

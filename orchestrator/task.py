@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from raysaga.errors import NotJSONableError, Permanent
 from raysaga.orchestrator.context import StepContext
-from raysaga.orchestrator.output_types import EXACT, check_output_type, input_type_error
+from raysaga.orchestrator.output_types import EXACT, check_json_form, check_output_type, input_type_error
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after, without_colours
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.workflow import coerce
@@ -233,20 +233,29 @@ def _inputs(spec: StepSpec, values: dict[str, Any]) -> dict[str, Any]:
 def _output(result: Any, node_id: str, index: int, max_output_bytes: int, returns: Any = Any) -> tuple[str, Any]:
     """A step's return value as its output's JSON text, and what it offered aside (``Aside``);
     raises ``NotJSONableError``, ``Permanent`` (above the cap) or ``OutputTypeError`` (not the
-    declared type ``returns``) naming the step."""
+    declared type ``returns``, or a JSON form that reads back as another value) naming the step."""
     aside = None
     if isinstance(result, Aside):
         result, aside = result.value, result.aside
     # (None passes: every reader takes None for any declared type, ``workflow.coerce``; a value
     # of exactly a plain declared type passes without a call: a fan-out's items come by the 10,000)
-    if returns is not Any and result is not None and not (type(result) is returns and returns in EXACT):
-        check_output_type(returns, result, _label(node_id, index))
     if result is None:
         return "null", aside
+    exact = type(result) is returns and returns in EXACT
+    made = result if returns is Any or exact else check_output_type(returns, result, _label(node_id, index))
+    nested = ITEM_NESTING if index >= 0 else 0
     try:
-        text = jsoncodec.dumps(result, "output")
+        text = jsoncodec.dumps(result, "output", nested)
     except NotJSONableError:  # again, naming the step (not built for every item that succeeds)
-        text = jsoncodec.dumps(result, f"output of step {_label(node_id, index)!r}")
+        try:
+            text = jsoncodec.dumps(result, f"output of step {_label(node_id, index)!r}", nested)
+        except NotJSONableError as exc:
+            if not nested or "nested deeper" not in str(exc):
+                raise
+            raise NotJSONableError(f"{exc}, counting the {nested} levels its fan-out's result (FanOutResult: "
+                                   "successes[i].output) adds around each item's output") from None
+    if not exact and (returns is not Any or isinstance(result, BaseModel)):  # (undeclared: as its own type)
+        check_json_form(returns if returns is not Any else type(result), made, text, _label(node_id, index))
     if len(text) * 4 > max_output_bytes:  # (else it fits: a character is at most 4 bytes)
         size = len(text.encode("utf-8"))
         if size > max_output_bytes:
@@ -256,6 +265,11 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
             )
     return text, aside
 
+
+#: How deep a fan-out item's output sits in its step's result (``FanOutResult``:
+#: ``{"successes": [{"output": ...}]}``): an item's output must leave room for it (``jsoncodec.MAX_DEPTH``),
+#: or the item was accepted and the result, holding it, failed the driver's commit on every drive.
+ITEM_NESTING = 3
 
 #: How much of an undo's unstorable return value its note keeps (``undo_note``).
 UNDO_REPR_CHARS = 200

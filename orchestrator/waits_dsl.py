@@ -20,6 +20,7 @@ from raysaga.orchestrator.dsl_checks import check_common, step_where
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state import jsoncodec
+from raysaga.state.json_form import adapter_json
 from raysaga.types import Approval, check_number, str_tuple
 
 R = TypeVar("R")
@@ -114,8 +115,8 @@ def _options(where: str, *, approvers: Iterable[str] | None, quorum: int, answer
                                           "a timeout approves with)")
         if answer is not None:
             try:
-                default = type_adapter(answer).dump_python(type_adapter(answer).validate_python(default),
-                                                           mode="json")
+                # by alias (``json_form.adapter_json``), as approvers answer and the next step reads it
+                default = adapter_json(answer, type_adapter(answer).validate_python(default))
             except Exception as exc:
                 raise WorkflowDefinitionError(f"approval {where!r}: default= does not fit answer= ({exc})") from None
         try:  # it becomes the node's output when the timeout answers: a set, NaN... failed then, or became null

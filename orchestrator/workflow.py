@@ -34,6 +34,7 @@ from raysaga.orchestrator.dsl_checks import (
     check_optional_name,
     checked_version,
     decorator_options,
+    pass_problems,
     plain_options,
     rate_limit_problems,
     step_where,
@@ -427,7 +428,8 @@ class Workflow:
         if self._graph is None:
             self.steps = late_dependencies(self.steps)
             self._graph = validate(self.name, self.steps, self.compensations,
-                                   [*self._compensation_problems(), *rate_limit_problems(self.steps)])
+                                   [*self._compensation_problems(), *rate_limit_problems(self.steps),
+                                    *pass_problems(self.steps)])
             self.__dict__.pop("order", None)
             self.__dict__.pop("definition_hash", None)
         return self

@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
 from raysaga.state import jsoncodec
+from raysaga.state.answer_schema import validate_answer
 from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import EventRecord, NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
@@ -460,7 +461,7 @@ def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, lab
     refuse_secret_values(jsonable, f"the answer to {label!r}")  # handed to the next step as given: never scrubbed
     import jsonschema  # only when an answer is given
     try:
-        jsonschema.validate(answer, request.answer_schema, cls=_whole_integers(request.answer_schema))
+        validate_answer(answer, request.answer_schema)  # formats too: a "date" as pydantic reads one
     except jsonschema.ValidationError as exc:
         where = _cut("/".join(str(p) for p in exc.absolute_path), 200) or "the answer"
         hint = ""
@@ -470,25 +471,6 @@ def _checked_answer(request: ApprovalRequest, verdict: Verdict, answer: Any, lab
         raise UserError(f"the answer to {label!r} does not fit its schema at {where}: "
                         f"{_cut(exc.message, 300)}{hint}") from None
     return answer
-
-
-def _whole_integers(schema: dict[str, Any]) -> Any:
-    """The schema's validator class, where "integer" is an int only. JSON Schema counts 1.0 and
-    -0.0 as integers, but the answer reaches the step as written: a model's ``amount: int`` got
-    the float 1.0 (the store holds no model to turn it into 1, so it refuses it instead)."""
-    import jsonschema
-
-    base = jsonschema.validators.validator_for(schema)
-    found = _STRICT.get(base)
-    if found is None:
-        checker = base.TYPE_CHECKER.redefine(
-            "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
-        found = _STRICT[base] = jsonschema.validators.extend(base, type_checker=checker)  # type: ignore[no-untyped-call]
-    return found
-
-
-#: ``_whole_integers`` by the jsonschema validator class it extends (one per draft).
-_STRICT: dict[Any, Any] = {}
 
 
 def _cut(text: str, limit: int) -> str:

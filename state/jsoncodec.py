@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raysaga.errors import NotJSONableError
+from raysaga.state.json_form import model_json
 
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
 
@@ -23,26 +24,28 @@ JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str,
 MAX_DEPTH = 100
 
 
-def to_jsonable(value: Any, where: str = "value") -> JSONValue:
+def to_jsonable(value: Any, where: str = "value", nested: int = 0) -> JSONValue:
     """Return ``value`` as plain JSON data, or raise naming the offending path.
 
     Pydantic models are dumped in JSON mode (their declared types decide); everything else
     must already be JSON: no sets, bytes, arbitrary objects, NaN/inf or lone surrogates.
+    ``nested``: how deep the value will sit in what is stored (its depth counts from there).
     """
     if isinstance(value, BaseModel):
         value = _model_json(value, where)
-    return _check(value, where, 0)
+    return _check(value, where, nested)
 
 
 def _model_json(model: BaseModel, where: str) -> JSONValue:
-    """``model_dump(mode="json")``, refusing the NaN and infinities it would quietly turn into null.
+    """``model_dump(mode="json")`` by alias, computed fields left out (``json_form.model_json``: the
+    form that reads back as the model), refusing the NaN and infinities it would quietly turn into null.
 
     Pydantic writes a non-finite float held by an ``Any`` field (``dict[str, Any]``, ``list[Any]``...)
     as ``None`` (its ``ser_json_inf_nan="null"`` default), where a typed ``float`` field keeps it:
     a step returning ``Report(data={"mean": nan})`` stored ``null`` with no error, downstream saw a
     missing value, while a bare NaN was refused. A model that sets ``ser_json_inf_nan`` itself asked
     for what it gets; otherwise a dump holding a null is looked at again in Python mode."""
-    dumped = model.model_dump(mode="json")
+    dumped = model_json(model)
     if "ser_json_inf_nan" not in model.model_config and _holds_null(dumped, 0):
         try:
             python = model.model_dump(mode="python")
@@ -196,14 +199,16 @@ class JSONText(str):
     checked as the node outputs they are: ``run_values``)."""
 
 
-def dumps(value: Any, where: str = "value") -> str:
-    """Canonical JSON text (sorted keys, no spaces) of a checked value."""
-    if _plain(value, 0):  # the common case, checked without building the paths an error would name
+def dumps(value: Any, where: str = "value", nested: int = 0) -> str:
+    """Canonical JSON text (sorted keys, no spaces) of a checked value; ``nested``: how many levels
+    deep it will also sit in another stored value (a fan-out item's output in its step's result),
+    which its own depth must leave room for."""
+    if _plain(value, nested):  # the common case, checked without building the paths an error would name
         try:
             return _ENCODER.encode(value)
         except ValueError:  # an int too long to write as text: to_jsonable names it
             pass
-    return _ENCODER.encode(to_jsonable(value, where))
+    return _ENCODER.encode(to_jsonable(value, where, nested))
 
 
 def encode_plain(value: Any) -> str:

@@ -161,6 +161,10 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
         if status is not None:
             query = query.where(runs.c.status == RunStatus(status).value)
         if workflow is not None:
+            try:  # a name no row can hold (NUL on PostgreSQL: a raw DataError; a lone surrogate): no runs
+                no_such_id(self.dialect, workflow)
+            except RunNotFoundError:
+                return []
             query = query.where(runs.c.workflow_name == workflow)
         if labels:
             query = query.where(*labels_match(self.dialect, labels))

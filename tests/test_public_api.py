@@ -52,7 +52,7 @@ REPO = next(d for d in HERE.parents if (d / "pyproject.toml").is_file())
 #: deliberate API change: it shows up here, in the root docstring and in docs/api.md.
 GROUPS: dict[str, list[str]] = {
     "declaring a workflow": ["NOT_APPLIED", "Approval", "Ask", "RateLimit", "RetryPolicy", "Saga", "Secret",
-                             "StepContext", "Workflow"],
+                             "StepContext", "StepFailed", "Workflow"],
     "fan-out policies": ["ALL", "BEST_EFFORT", "Compensate", "Continue", "Fail", "FanOutResult", "RetryFailed",
                          "min_success_ratio", "on_partial_failure", "quorum"],
     "running": ["Client", "RunOptions", "Worker", "cancel", "configure_tracing", "create_run", "fork", "replay",
@@ -62,7 +62,7 @@ GROUPS: dict[str, list[str]] = {
     "errors": ["RaySagaError", "UserError", "InvalidInputError", "InvalidOptionError", "NotJSONableError",
                "SecretUnavailableError", "WorkflowDefinitionError", "StoreError", "LeaseHeldError",
                "LeaseLostError", "RunExistsError", "RunNotFoundError", "StoreUnavailableError",
-               "DriverInterrupted"],
+               "StoreOutageError", "DriverInterrupted"],
 }
 
 

@@ -90,7 +90,10 @@ class Waits:
         self._building.add(key)
         ctx = StepContext(run_id=self.run_id, node_id=key.node_id, fan_index=key.fan_index, attempt=1,
                           trace_id=self.trace_id)
-        call = NodeCall(ctx=ctx, kwargs=self.forward.kwargs(key.step, key.fan_index), max_output_bytes=1 << 20)
+        # the run's cap (``RunOptions.max_output_bytes``), as its refusal advises: a fixed 1 MiB
+        # refused a 2 MiB payload under a 64 MiB cap, saying to raise the cap
+        call = NodeCall(ctx=ctx, kwargs=self.forward.kwargs(key.step, key.fan_index),
+                        max_output_bytes=self.calls.max_output_bytes)
         self.out.queries.append(BuildPrompt(key, spec, call))
 
     def request_built(self, key: NodeKey, spec: StepSpec, outcome: NodeOutcome) -> None:
@@ -104,6 +107,9 @@ class Waits:
         if not isinstance(asked, dict) or not isinstance(asked.get("prompt"), str):
             error = outcome.error or {"type": "ApprovalError", "message": f"the approval {key.label!r} asked "
                                       f"{type(asked).__name__}: return a str prompt or Ask(prompt, payload)"}
+            if isinstance(error.get("message"), str):  # its refusal (above the cap...) says what it refused
+                error = {**error, "message": error["message"].replace(f"output of step {key.label!r}", (
+                    f"request (the Ask: prompt and payload) of approval {key.label!r}"))}
             self.forward.settle_failed(key, {**error, "transient": False}, write=True, attempts=1)
             return
         options: ApprovalOptions = spec.options["approval"]
