@@ -19,7 +19,7 @@ import re
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -28,8 +28,13 @@ from rich.text import Text
 from raysaga.errors import UserError
 from raysaga.orchestrator.ownership import describe_lease
 from raysaga.orchestrator.status_agents import fold_agent_calls
+from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
+from raysaga.orchestrator.status_text import error_line as error_line
+from raysaga.orchestrator.status_text import seconds as seconds
+from raysaga.orchestrator.status_text import utc as utc
 from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
 from raysaga.state.decisions import node_history
+from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.redact import scrub, scrub_text
 
 if TYPE_CHECKING:
@@ -41,57 +46,6 @@ ITEMS_SHOWN = 20
 STATUS_COLOURS = {"completed": "green", "failed": "red", "cancelled": "yellow", "compensated": "yellow",
                   "compensation_failed": "red", "running": "cyan", "retrying": "yellow", "skipped": "dim",
                   "pending": "dim"}
-
-
-def utc(at: float | None) -> str:
-    """A store timestamp as people read it (UTC, to the second)."""
-    if at is None:
-        return ""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
-    except (OverflowError, ValueError, OSError):
-        return "(bad time)"
-
-
-def clock(at: float | None) -> str:
-    """Time of day (UTC) for a node's start."""
-    if at is None:
-        return ""
-    try:
-        return time.strftime("%H:%M:%S", time.gmtime(at))
-    except (OverflowError, ValueError, OSError):
-        return "?"
-
-
-def seconds(value: float | None) -> str:
-    if value is None:
-        return ""
-    if value < 1:
-        return f"{value * 1000:.0f}ms"
-    if value < 120:
-        return f"{value:.1f}s"
-    if value < 7200:
-        return f"{value / 60:.1f}m"
-    return f"{value / 3600:.1f}h"
-
-
-def error_line(error: Any, limit: int | None = 200) -> str:
-    """A stored error as one readable line: ``Type: message (reason)``, never a dict."""
-    if error is None:
-        return ""
-    if isinstance(error, dict):
-        kind, message, reason = error.get("type"), error.get("message"), error.get("reason")
-        text = f"{kind}: {message}" if kind and message else str(message or kind or "")
-        if reason and str(reason) not in text:
-            text = f"{text} ({reason})" if text else str(reason)
-        if not text:
-            text = ", ".join(f"{k}={v}" for k, v in error.items() if k != "traceback")
-    else:
-        text = str(error)
-    text = " ".join(scrub_text(text).split())  # scrubbed on read too: a store written before a shape was known
-    if limit is not None and len(text) > limit:
-        text = text[:limit] + " …"
-    return text
 
 
 #: Largest fan-out index a node row can hold (a 32-bit column).
@@ -153,9 +107,10 @@ def lineage(store: SqlStore, run: RunRecord) -> dict[str, Any]:
 CHILDREN_SHOWN = 50
 
 
-def _pending_json(step: str) -> dict[str, Any]:
-    return {"node": step, "step": step, "index": None, "status": "pending", "attempts": 0, "started_at": None,
-            "finished_at": None, "duration": None, "not_before": None, "error": None, "output_digest": None}
+def _pending_json(step: str, status: str = "pending") -> dict[str, Any]:
+    return {"node": step, "step": step, "index": None, "status": status, "attempts": 0, "started_at": None,
+            "finished_at": None, "duration": None, "not_before": None, "error": None, "output_digest": None,
+            "inherited_from": None}
 
 
 def _dumps(value: Any) -> str:
@@ -202,7 +157,8 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         first = True
         last: str | None = None
         shown = 0
-        for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, after_key, nodes_limit):
+        flying = _flying(store, run, wf)
+        for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, after_key, nodes_limit, flying):
             stream.write(("\n" if first else ",\n") + _dumps(item))
             first, last, shown = False, item["node"], shown + 1
         stream.write("]")
@@ -232,10 +188,20 @@ def _after_key(after: str | None, order: list[str]) -> tuple[str, int] | None:
     return key
 
 
+def _flying(store: SqlStore, run: RunRecord, wf: Workflow | None) -> set[str]:
+    """The steps of ``wf`` a running run has in flight with no row yet (``run_views.in_flight``,
+    as ``--dag`` and the dashboard infer them)."""
+    if wf is None or run.status.value != "running":
+        return set()
+    from raysaga.orchestrator import run_views
+
+    return run_views.running_without_rows(store, run, wf)
+
+
 def _nodes(store: SqlStore, run_id: str, order: list[str], with_rows: set[str], after_key: tuple[str, int] | None,
-           limit: int | None) -> Iterator[dict[str, Any]]:
-    """Node JSON in listing order: rows from the store, pending entries for steps without any;
-    ``after_key`` as checked by ``_after_key``."""
+           limit: int | None, flying: set[str] | frozenset[str] = frozenset()) -> Iterator[dict[str, Any]]:
+    """Node JSON in listing order: rows from the store, entries for steps without any (``running``
+    for those in ``flying``, else ``pending``); ``after_key`` as checked by ``_after_key``."""
     start = 0
     if after_key is not None:
         start = order.index(after_key[0])
@@ -248,7 +214,7 @@ def _nodes(store: SqlStore, run_id: str, order: list[str], with_rows: set[str], 
             if after_key is not None and position == start:
                 continue
             left = None if left is None else left - 1
-            yield _pending_json(step)
+            yield _pending_json(step, "running" if step in flying else "pending")
             continue
         resume_from = after_key if after_key is not None and position == start else None
         for row in queries.iter_nodes(store, run_id, [step], after=resume_from, limit=left):
@@ -289,17 +255,20 @@ def _styled(status: str) -> Text:
 
 
 def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_text: str,
-                 wf: Workflow | None = None) -> None:
-    """The human view: header, store, driver, one row per step, fan-outs counted, output, error."""
+                 wf: Workflow | None = None, now: Callable[[], float] = time.time) -> None:
+    """The human view: header, store, driver, one row per step, fan-outs counted, output, error.
+    The header's length is the run's whole life once it rests (ended or parked), else its age."""
     colour = STATUS_COLOURS.get(run.status.value, "cyan")
     line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
                          (run.status.value, colour))
     if run.status_reason:
         line.append(" — " + scrub_text(run.status_reason))
     console.print(line)
-    console.print(Text(f"created {utc(run.created_at)}, updated {utc(run.updated_at)} "
-                       f"({seconds(max(0.0, run.updated_at - run.created_at))} in all)"))
-    console.print(Text(f"driver: {describe_lease(run, time.time())}"))
+    at = now()
+    life = (f"{seconds(max(0.0, run.updated_at - run.created_at))} in all" if run.status in TERMINAL | PARKED
+            else f"{seconds(max(0.0, at - run.created_at))} so far")  # waiting, running: not over
+    console.print(Text(f"created {utc(run.created_at)}, updated {utc(run.updated_at)} ({life})"))
+    console.print(Text(f"driver: {describe_lease(run, at)}"))
     console.print(Text(f"store: {store_text}"))
     if run.labels:
         console.print(Text("labels: " + ", ".join(flat(f"{k}={v}") for k, v in sorted(run.labels.items()))))
@@ -315,6 +284,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     infos, order = step_order(store, run.run_id, wf)
     order, agent_calls = fold_agent_calls(infos, order, by_start=wf is None)
     by_step = {s.node_id: s for s in infos}
+    flying = _flying(store, run, wf)
     table = [["node", "status", "attempts", "started", "took", "note"]]
     fan_notes: list[str] = []
 
@@ -328,7 +298,8 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     for step in order:
         info = by_step.get(step)
         if info is None:
-            table.append([flat(step), "pending", "0", "", "", "not started"])
+            table.append([flat(step), "running", "0", "", "", "inputs complete, no row yet"] if step in flying
+                         else [flat(step), "pending", "0", "", "", "not started"])
             continue
         plain = [r for r in queries.iter_nodes(store, run.run_id, [step], limit=1) if r["fan_index"] < 0]
         for row in plain:

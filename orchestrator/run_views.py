@@ -9,6 +9,7 @@ state has a colour and a symbol, as on the dashboard.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from raysaga.node_key import NodeKey, NodeKind
@@ -28,6 +29,9 @@ from raysaga.orchestrator.render import _dot_string, _mermaid_ids, _mermaid_labe
 from raysaga.state import RunRecord, Store
 from raysaga.state.dashboard_reads import DashboardReads
 
+#: A fan-out's states from its items that say more than its completed row: items still at work.
+IN_FLIGHT = frozenset({"running", "waiting"})
+
 
 def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False) -> list[StepView]:
     """The graph's steps in topological order, each with its state from the run's rows. In a
@@ -46,7 +50,9 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
                         compensation=st.get("compensation"), deps=list(node.get("deps", [])))
         if row is not None:
             view.state, view.attempts, view.duration = row["status"], row["attempt"], row["duration"]
-            if counts and row["status"] == "completed" and fan_state(counts) != "completed":
+            # its own row wins; only items still in flight (a retried item, say) say more: a
+            # best-effort fan-out that completed with failed items is completed, they are counted
+            if counts and row["status"] == "completed" and fan_state(counts) in IN_FLIGHT:
                 view.state = fan_state(counts)
         elif counts or node.get("map_over"):
             view.state = fan_state(counts)
@@ -54,11 +60,29 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
             view.tokens = _agent_tokens(store, run_id, node["id"])
         out.append(view)
     if running:
-        state = {v.step: v.state for v in out}
+        flying = in_flight({v.step: v.deps for v in out}, {v.step: v.state for v in out})
         for v in out:
-            if v.state == "pending" and all(state.get(d) == "completed" for d in v.deps):
+            if v.step in flying:
                 v.state = "running"
     return out
+
+
+def in_flight(deps: Mapping[str, Iterable[str]], state: Mapping[str, str]) -> set[str]:
+    """The steps of a running run in flight without a row yet: ``pending`` (no row), every input
+    ``completed``. The engine writes a step's row when it ends, a running row only when the driver
+    has a quiet moment (the inline executor none while a step runs): every view of a running run
+    (``status``, ``--json``, ``--dag``, the notebook view) says these are running."""
+    return {s for s, d in deps.items() if state.get(s, "pending") == "pending"
+            and all(state.get(x) == "completed" for x in d)}
+
+
+def running_without_rows(store: Store, run: RunRecord, wf: Any) -> set[str]:
+    """``in_flight`` for the views that list rows (``status``, ``status --json``): the steps of
+    ``wf`` that a running run has in flight with no row yet; empty unless the run is running."""
+    if run.status.value != "running" or wf is None:
+        return set()
+    return {v.step for v in step_views(store, run.run_id, workflow_graph(wf), running=True)
+            if v.state == "running" and v.attempts == 0 and not v.counts}
 
 
 def _agent_tokens(store: Store, run_id: str, step: str) -> int:
@@ -171,5 +195,5 @@ _RESTING = frozenset({"completed", "failed", "compensated", "compensation_failed
                       "waiting_human", "waiting_timer"})
 
 
-__all__ = ["COLOURS", "STYLES", "SYMBOL", "RunView", "StepView", "dot", "fan_state", "generations", "layered_lines",
-           "mermaid", "run_graph", "step_views", "svg"]
+__all__ = ["COLOURS", "STYLES", "SYMBOL", "RunView", "StepView", "dot", "fan_state", "generations", "in_flight",
+           "layered_lines", "mermaid", "run_graph", "running_without_rows", "step_views", "svg"]

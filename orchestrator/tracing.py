@@ -14,6 +14,12 @@ replays a model turn answered before the crash from the store, and marks that as
 
 A span starts and ends at the times the rows hold; a node's span starts at the first attempt this
 driver saw begin (after a resume: the attempt in flight when it took over).
+
+An operator's retry of a parked run (``failed``, ``compensation_failed``) starts a new *drive
+epoch*: the run's spans from then on get ids of their own (the epoch is folded into every id) under
+a new ``run`` span, a child of the one the park wrote, so attempt 1 of a node retried by the
+operator is not a second span with the id of the attempt 1 that failed. The epoch is the number of
+times the run parked before, counted from its events.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from raysaga.agents.messages import Usage
 from raysaga.errors import InvalidOptionError
@@ -32,16 +38,20 @@ from raysaga.orchestrator import tracing_attrs as attrs_of
 from raysaga.orchestrator.retry import message_of
 from raysaga.orchestrator.tracing_ids import DeterministicIds, deterministic, span_id, trace_id_of
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import Batch, NodeStatus, NodeWrite, RunRecord, RunSnapshot
+from raysaga.state import Batch, EventRecord, NodeStatus, NodeWrite, RunRecord, RunSnapshot
 from raysaga.state.models import PARKED, TERMINAL
 
-__all__ = ["RunTracing", "configure_tracing", "for_run"]
+if TYPE_CHECKING:
+    from raysaga.state import Store
+
+__all__ = ["RunTracing", "configure_tracing", "drive_epoch", "for_commit", "for_run"]
 
 log = logging.getLogger("raysaga.driver")
 _provider: Any = None
 _ENDED = frozenset({NodeStatus.COMPLETED, NodeStatus.FAILED, NodeStatus.CANCELLED})
 _OUTCOMES = _ENDED | {NodeStatus.RETRYING}
 _RUN_ENDS = TERMINAL | PARKED
+_PARKS = frozenset("run_" + s.value for s in PARKED)  # the events of a run parking
 
 
 def configure_tracing(tracer_provider: Any | None = None) -> None:
@@ -55,9 +65,7 @@ def configure_tracing(tracer_provider: Any | None = None) -> None:
     _provider = tracer_provider
 
 
-def for_run(workflow: Workflow, snap: RunSnapshot, outputs: Mapping[str, Any], owner: str) -> RunTracing | None:
-    """The tracer of the run a driver restored from ``snap`` (node outputs by digest in
-    ``outputs``), or None when nothing would receive its spans."""
+def _provider_in_use() -> Any | None:
     provider = _provider
     if provider is None:
         api = sys.modules.get("opentelemetry.trace")
@@ -66,20 +74,59 @@ def for_run(workflow: Workflow, snap: RunSnapshot, outputs: Mapping[str, Any], o
         provider = api.get_tracer_provider()
         if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
             return None
+    return provider
+
+
+def drive_epoch(events: Iterable[EventRecord]) -> tuple[int, float | None]:
+    """The drive epoch of a run from its events (how many times it parked, ``failed`` or
+    ``compensation_failed``, before), and when the current epoch began (None: at the run's start)."""
+    epoch, since, parked = 0, None, False
+    for e in events:
+        if e.kind in _PARKS:
+            epoch, parked = epoch + 1, True
+        elif parked and e.kind.startswith("run_"):  # the first move out of the park: an operator's
+            since, parked = e.at, False
+    return epoch, since
+
+
+def for_run(workflow: Workflow | None, snap: RunSnapshot, outputs: Mapping[str, Any], owner: str,
+            store: Store | None = None, *, replay: bool = True) -> RunTracing | None:
+    """The tracer of the run a driver restored from ``snap`` (node outputs by digest in
+    ``outputs``), or None when nothing would receive its spans. ``store``: the run's store, read
+    for the run's drive epoch (without it the run is taken as never retried by an operator)."""
+    provider = _provider_in_use()
+    if provider is None:
+        return None
     try:  # a provider of the application's that fails must not fail the run: it goes untraced
-        tracer = RunTracing(workflow, snap.run, owner, provider)
+        epoch, since = (0, None) if store is None else drive_epoch(store.events(snap.run.run_id))
+        tracer = RunTracing(workflow, snap.run, owner, provider, epoch=epoch, since=since)
     except Exception as exc:
         log.warning("run %s is not traced: the tracer provider failed (%s: %s)", snap.run.run_id,
                     type(exc).__name__, message_of(exc))
         return None
-    tracer.restored(snap, outputs)
+    tracer.restored(snap, outputs, replay=replay)
     return tracer
+
+
+def for_commit(store: Store, run_id: str, owner: str, workflow: Workflow | None = None) -> RunTracing | None:
+    """A tracer for one commit made without a driver (a cancel taken at once, ``raysaga cancel`` or
+    ``Client.cancel``), read from the store before that commit: pass it the commit's batch and the
+    record it returned (``committed``). None when tracing is off."""
+    if _provider_in_use() is None:
+        return None
+    try:
+        snap = store.snapshot(run_id)
+    except Exception as exc:  # tracing must not stop the cancel
+        log.warning("run %s: the cancel is not traced (%s: %s)", run_id, type(exc).__name__, message_of(exc))
+        return None
+    return for_run(workflow, snap, {}, owner, store, replay=False)
 
 
 class RunTracing:
     """Turns one driver's committed batches into spans (used from the driver's thread)."""
 
-    def __init__(self, workflow: Workflow, run: RunRecord, owner: str, provider: Any) -> None:
+    def __init__(self, workflow: Workflow | None, run: RunRecord, owner: str, provider: Any, *, epoch: int = 0,
+                 since: float | None = None) -> None:
         from opentelemetry import context, trace
 
         self._api, self._empty = trace, context.Context()
@@ -93,11 +140,14 @@ class RunTracing:
         self._attempt: dict[str, int] = {}  # label -> its latest attempt (agent nodes, turns)
         self._tool_uses: dict[str, list[tuple[str, str]]] = {}  # turn label -> (tool, call id)s
         self._failed = False  # a span failed to record (said once in the log)
+        self.epoch, self._since = epoch, since  # the drive epoch (operator retries) and when it began
+        self._fanned: set[str] = set()  # steps with item rows (fan-outs, when there is no workflow)
 
     # ------------------------------------------------------------------ what the driver tells
 
-    def restored(self, snap: RunSnapshot, outputs: Mapping[str, Any]) -> None:
-        """Learn the rows a resume starts from; mark the model turns it replays from the store."""
+    def restored(self, snap: RunSnapshot, outputs: Mapping[str, Any], replay: bool = True) -> None:
+        """Learn the rows a resume starts from; mark the model turns it replays from the store
+        (``replay=False``: none, nothing will replay them)."""
         status = {NodeKey.parse(n.node_id, n.fan_index): n.status for n in snap.nodes}
         now = time.time()
         for n in snap.nodes:
@@ -107,8 +157,8 @@ class RunTracing:
                 continue
             output = outputs.get(n.output_digest) if n.output_digest else n.output
             self._tool_uses[key.label] = attrs_of.tool_uses(output)
-            if status.get(key.owner) not in _ENDED:  # its agent goes on: this answer is replayed
-                self._emit(self._turn_name(key), span_id(self.run.run_id, "replay", key.label, self.owner),
+            if replay and status.get(key.owner) not in _ENDED:  # its agent goes on: this answer is replayed
+                self._emit(self._turn_name(key), self._sid("replay", key.label, self.owner),
                            self._owner_attempt(key), now, now,
                            {**self._where(key, n.attempt), **attrs_of.model_turn(output, self._model(key), None,
                                                                                  replayed=True)})
@@ -130,10 +180,12 @@ class RunTracing:
         label = key.label
         if attempt:
             self._attempt[label] = attempt
+        if key.kind == NodeKind.ITEM:
+            self._fanned.add(key.step)
+            if started is not None:  # a fan-out's span starts with its first item, whatever rows it had
+                self._first.setdefault(key.step, started)  # (inline: an item's first row is its outcome)
         if status in (NodeStatus.RUNNING, NodeStatus.WAITING, NodeStatus.RETRYING) and started is not None:
             self._first.setdefault(label, started)
-            if key.kind == NodeKind.ITEM:  # a fan-out's span starts with its first item
-                self._first.setdefault(key.step, started)
             if status != NodeStatus.RETRYING:
                 self._started[label] = started
         if status == NodeStatus.WAITING:
@@ -150,9 +202,10 @@ class RunTracing:
         start = row.started_at or self._started.pop(label, None) or end
         self._started.pop(label, None)
         waited = self._waiting.pop(label, None)
-        if waited is not None:
-            self._emit(f"wait {key.step}", span_id(self.run.run_id, "wait", label, row.attempt),
-                       self._node_span(key.owner), waited[0], max(waited[0], start if row.started_at else end),
+        if waited is not None:  # it ends when the work after it began, else with its row (a decision, a timer)
+            over = start if row.started_at is not None and row.started_at > waited[0] else end
+            self._emit(f"wait {key.step}", self._sid("wait", label, row.attempt),
+                       self._node_span(key.owner), waited[0], max(waited[0], over),
                        {**self._where(key, row.attempt), "raysaga.wait.kind": waited[1]})
         attrs = self._where(key, row.attempt)
         error = attrs_of.error_type(row.error) if status not in (NodeStatus.COMPLETED, NodeStatus.SKIPPED) else None
@@ -165,7 +218,7 @@ class RunTracing:
             if status == NodeStatus.COMPLETED:
                 self._tool_uses[label] = attrs_of.tool_uses(output)
             attrs.update(attrs_of.model_turn(output, self._model(key), self._cost(key, output)))
-            self._emit(self._turn_name(key), span_id(self.run.run_id, "turn", label, row.attempt or 1),
+            self._emit(self._turn_name(key), self._sid("turn", label, row.attempt or 1),
                        self._owner_attempt(key), start, end, attrs, error)
         elif kind == NodeKind.TOOL_CALL:
             turn = NodeKey(key.step, key.fan_index, key.turn).label
@@ -173,28 +226,28 @@ class RunTracing:
             name, call_id = asked[key.call] if key.call is not None and key.call < len(asked) else ("", "")
             result = self._value(row, blobs)
             attrs.update(attrs_of.tool_call(name, call_id, result))
-            self._emit(f"execute_tool {name}".rstrip(), span_id(self.run.run_id, "tool", label, row.attempt),
-                       span_id(self.run.run_id, "turn", turn, self._attempt.get(turn, 1)), start, end, attrs,
+            self._emit(f"execute_tool {name}".rstrip(), self._sid("tool", label, row.attempt),
+                       self._sid("turn", turn, self._attempt.get(turn, 1)), start, end, attrs,
                        error or attrs.get("error.type"))
         elif kind == NodeKind.COMPENSATION:
-            self._emit(f"compensate {key.step}", span_id(self.run.run_id, "compensate", label, row.attempt),
+            self._emit(f"compensate {key.step}", self._sid("compensate", label, row.attempt),
                        self._node_span(key.owner), start, end, attrs, error)
         else:
             self._step_row(key, row, start, end, attrs, error)
 
     def _step_row(self, key: NodeKey, row: NodeWrite, start: float, end: float, attrs: dict[str, Any],
                   error: str | None) -> None:
-        label, status, run_id = key.label, row.status, self.run.run_id
-        spec = self.wf.steps.get(key.step)
-        fan_out_parent = key.fan_index < 0 and spec is not None and spec.map_over is not None
+        label, status = key.label, row.status
+        spec = self.wf.steps.get(key.step) if self.wf is not None else None
+        fan_out_parent = key.fan_index < 0 and (key.step in self._fanned if spec is None else spec.map_over is not None)
         if status != NodeStatus.SKIPPED and not fan_out_parent:
-            self._emit(f"attempt {key.step}", span_id(run_id, "attempt", label, row.attempt), self._node_span(key),
+            self._emit(f"attempt {key.step}", self._sid("attempt", label, row.attempt), self._node_span(key),
                        start, end, attrs, error)
         if status == NodeStatus.RETRYING and row.not_before:
-            self._emit(f"backoff {key.step}", span_id(run_id, "backoff", label, row.attempt), self._node_span(key),
+            self._emit(f"backoff {key.step}", self._sid("backoff", label, row.attempt), self._node_span(key),
                        end, max(end, row.not_before), {**attrs, "raysaga.wait.kind": "backoff"})
         if status in _ENDED or status == NodeStatus.SKIPPED:
-            parent = span_id(run_id, "node", key.step) if key.fan_index >= 0 else span_id(run_id, "run")
+            parent = self._sid("node", key.step) if key.fan_index >= 0 else self._run_id_of(self.epoch)
             node_attrs = {**attrs, "raysaga.node.status": str(status)}
             node_attrs.pop("raysaga.attempt", None)
             self._emit(f"node {key.step}", self._node_span(key), parent, min(self._first.pop(label, start), start),
@@ -207,8 +260,14 @@ class RunTracing:
                  "raysaga.run.tokens_used": run.tokens_used, "raysaga.run.cost_usd": run.cost_used}
         if run.parent_run_id:
             attrs["raysaga.run.parent_run_id"] = run.parent_run_id
+        parent = None
+        if self.epoch:  # an operator's retry: under the run span its park wrote
+            attrs["raysaga.run.retry"] = self.epoch
+            parent = self._run_id_of(self.epoch - 1)
         failed = None if run.status == "completed" else (run.status_reason or str(run.status))
-        self._emit(f"run {run.workflow_name}", span_id(run.run_id, "run"), None, run.created_at, now, attrs, failed)
+        start = run.created_at if self._since is None else self._since
+        self._emit(f"run {run.workflow_name}", self._run_id_of(self.epoch), parent, start, max(start, now), attrs,
+                   failed)
 
     # ------------------------------------------------------------------ helpers
 
@@ -236,15 +295,23 @@ class RunTracing:
         return {"raysaga.run.id": self.run.run_id, "raysaga.node": key.label, "raysaga.step": key.step,
                 "raysaga.fan_index": key.fan_index, "raysaga.attempt": attempt}
 
+    def _sid(self, *parts: object) -> int:
+        """The id of the span of ``parts`` in this drive epoch (epoch 0: the ids a run never
+        retried has always had)."""
+        return span_id(self.run.run_id, *parts, *((f"epoch {self.epoch}",) if self.epoch else ()))
+
+    def _run_id_of(self, epoch: int) -> int:
+        return span_id(self.run.run_id, "run", *((f"epoch {epoch}",) if epoch else ()))
+
     def _node_span(self, key: NodeKey) -> int:
-        return span_id(self.run.run_id, "node", key.label)
+        return self._sid("node", key.label)
 
     def _owner_attempt(self, key: NodeKey) -> int:
         owner = key.owner.label
-        return span_id(self.run.run_id, "attempt", owner, self._attempt.get(owner, 1))
+        return self._sid("attempt", owner, self._attempt.get(owner, 1))
 
     def _agent(self, key: NodeKey) -> Any:
-        spec = self.wf.steps.get(key.step)
+        spec = self.wf.steps.get(key.step) if self.wf is not None else None
         return None if spec is None else spec.options.get("agent")
 
     def _model(self, key: NodeKey) -> str | None:

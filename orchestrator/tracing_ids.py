@@ -34,12 +34,14 @@ def span_id(run_id: str, *parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") or 1
 
 
-def step_span_context(run_id: str, run_trace_id: str, node_label: str, attempt: int) -> Any:
+def step_span_context(run_id: str, run_trace_id: str, node_label: str, attempt: int, epoch: int = 0) -> Any:
     """The attempt span of a step as an OTel ``SpanContext``, so a step's own spans can nest
-    under the attempt that runs them (``trace.set_span_in_context(NonRecordingSpan(...))``)."""
+    under the attempt that runs them (``trace.set_span_in_context(NonRecordingSpan(...))``);
+    ``epoch``: the run's drive epoch (``raysaga.orchestrator.tracing.drive_epoch``)."""
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    return SpanContext(trace_id_of(run_trace_id), span_id(run_id, "attempt", node_label, attempt),
+    parts: tuple[object, ...] = ("attempt", node_label, attempt, *((f"epoch {epoch}",) if epoch else ()))
+    return SpanContext(trace_id_of(run_trace_id), span_id(run_id, *parts),
                        is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 

@@ -16,6 +16,7 @@ the rows, loads the outputs these functions ask for, and dispatches the compensa
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +143,8 @@ def forward_cause(cause: Any) -> tuple[bool, Any]:
     return replaced, cause
 
 
-def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, Any], cause: Any) -> RunUpdate:
+def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, Any], cause: Any,
+                     run_id: str | None = None) -> RunUpdate:
     """Compensated, or parked for an operator with every failing and blocked compensation named.
 
     Args:
@@ -150,6 +152,7 @@ def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, A
         plan: the settled plan.
         errors: the error of each compensation that failed for good.
         cause: the run's error when the rollback started.
+        run_id: the run, named (shell-quoted) in the reason's ``raysaga retry`` hint.
     """
     failed = sorted(plan.failed)
     blocked = plan.blocked()
@@ -168,7 +171,8 @@ def rollback_outcome(reason: str, plan: RollbackPlan, errors: Mapping[NodeKey, A
         text += f"; not compensated (waiting on those): {', '.join(node_label(*k) for k in blocked)}"
     return RunUpdate(
         status=RunStatus.COMPENSATION_FAILED,
-        status_reason=(text + "; fix and run `raysaga retry RUN --compensations`")[:1000],
+        status_reason=(text + f"; fix and run `raysaga retry {shlex.quote(run_id) if run_id else 'RUN'} "
+                              "--compensations`")[:1000],
         error={"failed_compensations": [{"node": node_label(*k), **(errors.get(k) or {})} for k in failed],
                "blocked_compensations": [node_label(*k) for k in blocked], "cause": cause},
         set_error=True,

@@ -35,7 +35,8 @@ class Stats(BaseModel):
     waiting_human_seconds: Quantiles = Quantiles()
     """How long runs rested in ``waiting_human`` (finished waits; a wait under way counts up to now)."""
     resumes: int = 0
-    """Claims of a run after its first (a crash, a hand-back, a wake-up)."""
+    """Claims of a run after its first by a driver that goes on with it (a crash, a hand-back, a
+    wake-up); not an operator's cancel, pause or retry, which claim the run for one transition."""
     resumed_runs: int = 0
     resumed_completed: int = 0
     resume_success_rate: float | None = None
@@ -43,6 +44,8 @@ class Stats(BaseModel):
     duplicates_prevented: int = 0
     """Effects served from the ledger instead of being called again (a committed key)."""
     retries: int = 0
+    """Retries scheduled after a failed attempt (``retry_scheduled`` events: an operator's retry of
+    the run does not take back those already made)."""
     breaker_trips: int = 0
     """Circuit breakers open now (the store keeps their state, not a history of trips)."""
     claim_latency_seconds: Quantiles = Quantiles()
@@ -61,19 +64,18 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
     in_scope = events.c.run_id.in_(scope.scalar_subquery())
     with engine.connect() as conn:
         by_state_query = select(runs.c.status, func.count()).group_by(runs.c.status)
-        retries_query = select(func.coalesce(func.sum(runs.c.retries_used), 0))
         if since is not None:
             by_state_query = by_state_query.where(runs.c.created_at >= since)
-            retries_query = retries_query.where(runs.c.created_at >= since)
         by_state = {str(s): int(n) for s, n in conn.execute(by_state_query).all()}
-        retries = int(conn.execute(retries_query).scalar_one())
+        retries = int(conn.execute(select(func.count()).select_from(events)
+                                   .where(in_scope, events.c.kind == "retry_scheduled")).scalar_one())
         status_of = dict(conn.execute(select(runs.c.run_id, runs.c.status)
                                       .where(runs.c.run_id.in_(scope.scalar_subquery()))).all())
         trail = conn.execute(
             select(events.c.run_id, events.c.at, events.c.kind, cast(events.c.data, Text))
             .where(in_scope, events.c.kind.in_(["lease_claimed", "run_waiting_human", "run_running",
                                                 "run_cancelled", "run_compensating", "run_failed",
-                                                "run_completed"]))
+                                                "run_completed", "run_paused"]))
             .order_by(events.c.run_id, events.c.seq)).all()
         ledger_hits = int(conn.execute(
             select(func.count()).select_from(events)
@@ -81,30 +83,49 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
                    cast(events.c.data, Text).like('%"from"%"ledger"%'))).scalar_one())
         trips = int(conn.execute(select(func.count()).select_from(breakers)
                                  .where(breakers.c.state != "closed")).scalar_one())
-    claims: dict[str, int] = defaultdict(int)
+    claims: dict[str, int] = defaultdict(int)  # run -> its claims
+    resumes: dict[str, int] = defaultdict(int)  # run -> its claims after the first by a driver
+    unsure: set[str] = set()  # runs whose last claim is not known yet to be a driver's or an operator's
     waits: list[float] = []
     latencies: list[float] = []
     waiting_since: dict[str, float] = {}
     for run_id, at, kind, data in trail:
         if kind == "lease_claimed":
+            if run_id in unsure:  # claimed again before any transition: a driver's (it crashed)
+                resumes[run_id] += 1
             claims[run_id] += 1
+            if claims[run_id] > 1:
+                unsure.add(run_id)
             if data and '"worker"' in data:
                 latencies.append(_latency(data))
-        elif kind == "run_waiting_human":
+            continue
+        if run_id in unsure:  # the claim's first transition says whose it was
+            unsure.discard(run_id)
+            if not _operators(kind, data):
+                resumes[run_id] += 1
+        if kind == "run_waiting_human":
             waiting_since[run_id] = at
         elif run_id in waiting_since:
             waits.append(at - waiting_since.pop(run_id))
+    for run_id in unsure:
+        resumes[run_id] += 1
     waits.extend(now - at for at in waiting_since.values())
-    resumed = [r for r, n in claims.items() if n > 1]
+    resumed = [r for r, n in resumes.items() if n]
     resumed_at_rest = [r for r in resumed if status_of.get(r) in _AT_REST]
     completed = sum(1 for r in resumed_at_rest if status_of.get(r) == RunStatus.COMPLETED.value)
     return Stats(
         at=now, since=since, runs_by_state=by_state, waiting_human_seconds=_quantiles(waits),
-        resumes=sum(n - 1 for n in claims.values() if n > 1), resumed_runs=len(resumed),
+        resumes=sum(resumes.values()), resumed_runs=len(resumed),
         resumed_completed=completed,
         resume_success_rate=completed / len(resumed_at_rest) if resumed_at_rest else None,
         duplicates_prevented=ledger_hits, retries=retries, breaker_trips=trips,
         claim_latency_seconds=_quantiles(latencies))
+
+
+def _operators(kind: str, data: str | None) -> bool:
+    """Whether the first transition after a claim is an operator's act, taken under a lease of its
+    own (``raysaga cancel``, ``pause``, ``retry``), not a driver's resume."""
+    return kind in ("run_cancelled", "run_paused") or (data is not None and "operator retry" in data)
 
 
 def _latency(data: str) -> float:
@@ -150,9 +171,9 @@ def prometheus(stats: Stats) -> str:
         lines.append(f"{name}_count {q.count}")
     metric("raysaga_duplicates_prevented_total", "Effects served from the ledger instead of called again.",
            [("", stats.duplicates_prevented)], "counter")
-    metric("raysaga_retries_total", "Attempts retried after a transient failure.", [("", stats.retries)], "counter")
+    metric("raysaga_retries_total", "Retries scheduled after a failed attempt.", [("", stats.retries)], "counter")
     metric("raysaga_breakers_open", "Circuit breakers open now.", [("", stats.breaker_trips)])
-    metric("raysaga_resumes_total", "Claims of a run after its first (crash, hand-back, wake-up).",
+    metric("raysaga_resumes_total", "Claims of a run after its first by a driver (crash, hand-back, wake-up).",
            [("", stats.resumes)], "counter")
     metric("raysaga_resume_success_ratio", "Of the runs resumed and now at rest, the share that completed.",
            [("", stats.resume_success_rate)])

@@ -20,10 +20,14 @@ export type Steps = Map<string, StepState>;
 // dagre's key for a step: no step name holds ':' (so never one of dagre's own, `_root`, `_d1`...)
 const key = (id: string): string => "n:" + id;
 
+const IN_FLIGHT = new Set(["running", "waiting"]);
+
 export function stepState(node: GraphNode | undefined, st: StepState | undefined): string {
   if (!st) return "pending";
   const counts = st.counts ?? {};
-  if (st.row && !(Object.keys(counts).length && st.row.status === "completed" && fanState(counts) !== "completed"))
+  // its own row wins; only items still in flight say more (a best-effort fan-out that completed
+  // with failed items is completed: the items' counts show the failures)
+  if (st.row && !(Object.keys(counts).length && st.row.status === "completed" && IN_FLIGHT.has(fanState(counts))))
     return st.row.status;
   if (Object.keys(counts).length || node?.map_over) return fanState(counts);
   return "pending";
