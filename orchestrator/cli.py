@@ -266,6 +266,10 @@ def _workflow_for(store: SqlStore, run_id: str, ref: str | None) -> Workflow:
     return load_recorded_workflow(store.get_run(run_id).workflow_ref, run_id)
 
 
+AllowChangedOpt = Annotated[bool, typer.Option(
+    "--allow-changed", help="Go on with a changed workflow definition (what changed is listed).")]
+
+
 @app.command()
 def resume(
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run to continue.")],
@@ -276,8 +280,7 @@ def resume(
     lease_ttl: LeaseOpt = 15.0,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
-    allow_changed: Annotated[bool, typer.Option(
-        "--allow-changed", help="Go on with a changed workflow definition (what changed is listed).")] = False,
+    allow_changed: AllowChangedOpt = False,
 ) -> None:
     """Continue a run from the store: completed nodes are not re-run, committed effects not repeated."""
     with errors(_Current(run_id)):
@@ -314,12 +317,14 @@ def retry(
         "--compensations", help="Retry the failed compensations of a compensation_failed run.")] = False,
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    allow_changed: AllowChangedOpt = False,
 ) -> None:
     """Operator retry of a parked run (same idempotency keys): a failed run's failed and skipped
-    nodes run again; with --compensations, a compensation_failed run's rollback is completed."""
+    nodes run again; with --compensations, a compensation_failed run's rollback is completed.
+    A run started by another definition is refused before anything changes, unless --allow-changed."""
     with errors(_Current(run_id)):
         _run_id(run_id)
-        options = _options(lease_ttl)
+        options = _options(lease_ttl, allow_changed=allow_changed)
         _check_address(executor, address)
         store = _stores().open_for_writes(db, run_id)
         _runner().check_retryable(store.get_run(run_id), compensations)  # before any workflow code is imported
@@ -342,9 +347,11 @@ def cancel(
     db: DbOpt = None,
     executor: ExecutorOpt = "ray",
     address: AddressOpt = None,
+    allow_changed: AllowChangedOpt = False,
 ) -> None:
     """Stop a run: no more dispatching, in-flight tasks cancelled. Committed effects stand,
-    unless --compensate rolls them back. Exit 1 when there was nothing to cancel."""
+    unless --compensate rolls them back (refused before anything changes when the run was started
+    by another definition, unless --allow-changed). Exit 1 when there was nothing to cancel."""
     with errors(_Current(run_id)):
         _run_id(run_id)
         cli_input.check_reason(reason, "--reason")
@@ -357,7 +364,7 @@ def cancel(
             raise typer.Exit(EXIT_NOT_COMPLETED)
         wf = _workflow_for(store, run_id, workflow) if compensate else None
         result = _runner().cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
-                               executor=executor, address=address)
+                               executor=executor, address=address, allow_changed=allow_changed)
         say(out, f"run {run_id}: {result.status.value}"
             + (f" — {scrub_text(result.status_reason)}" if result.status_reason else ""))
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):

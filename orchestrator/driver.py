@@ -138,6 +138,8 @@ class Driver:
         assert self._hb is not None
         snapshot = self.store.snapshot(self.run_id) if self._created is None else RunSnapshot(
             run=self._created, nodes=[], effects=[], signals=[])  # a signal sent since: the heartbeat's poll
+        if versions.types_may_differ(snapshot.run, self.wf):  # do the stored outputs read as the types now?
+            driver_io.types_fit(self.wf, snapshot, self.blobs)
         run = versions.pin(self.store, self._hb.lease, snapshot.run, self.wf, allow_changed=self.options.allow_changed)
         if run.status in TERMINAL or run.status in PARKED:
             return run

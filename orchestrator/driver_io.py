@@ -26,6 +26,7 @@ from raysaga.orchestrator.in_flight import InFlight
 from raysaga.orchestrator.machine.outbox import Dispatch, Send
 from raysaga.orchestrator.machine.rollback import RollbackReads
 from raysaga.orchestrator.machine.run import CAUSE_EVENT, RunMachine
+from raysaga.orchestrator.machine.type_fit import check_types
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.rollback import PARKING_ERRORS
@@ -33,7 +34,7 @@ from raysaga.state import Batch, EffectRecord, EffectStatus, NodeRecord, NodeSta
 from raysaga.types import is_compensation
 
 __all__ = ["EVENTS_WINDOW", "commits_first", "lineage_undos", "never_sent", "read", "restored", "rollback_inputs",
-           "started_cause"]
+           "started_cause", "types_fit"]
 
 #: Reads blobs by digest, each mapped to what reads it (``Driver.blobs``: verified, or it parks).
 BlobReader = Callable[[dict[str, str]], dict[str, Any]]
@@ -54,6 +55,17 @@ def restored(wf: Workflow, snap: RunSnapshot, options: RunOptions, rng: random.R
     m = RunMachine(wf, snap.run, options, rng)
     m.restore(snap, outputs, ledger)
     return m, outputs
+
+
+def types_fit(wf: Workflow, snap: RunSnapshot, blobs: BlobReader) -> None:
+    """``DefinitionChangedError`` when what the run's completed nodes stored does not read as the
+    types ``wf`` declares now (``machine.type_fit``). Asked before ``versions.pin`` writes anything,
+    and only for a run recorded under other types (``versions.types_may_differ``): under its own, a
+    reader that cannot read its input fails as it would have uninterrupted (invariant 1)."""
+    done = [n for n in snap.nodes if n.status == NodeStatus.COMPLETED and n.node_id in wf.steps]
+    values = blobs({n.output_digest: f"node {n.label}" for n in done if n.output_digest})
+    check_types(wf, snap.run.run_id, {NodeKey.parse(n.node_id, n.fan_index): values[n.output_digest]
+                                      if n.output_digest else n.output for n in done})
 
 
 def rollback_inputs(store: Store, run: RunRecord, blobs: BlobReader

@@ -13,6 +13,7 @@ from threading import Thread
 from typing import Any
 
 from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotFoundError, StoreOutageError, UserError
+from raysaga.orchestrator import versions
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
@@ -283,7 +284,7 @@ def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: Executor
 
 def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "cancelled by operator",
            compensate: bool = False, workflow: Workflow | None = None, executor: ExecutorArg = "ray",
-           address: str | None = None, wait: float = 60.0) -> RunRecord:
+           address: str | None = None, wait: float = 60.0, allow_changed: bool = False) -> RunRecord:
     """Cancel a run. Committed effects stand, unless ``compensate``: then the run is rolled back
     (compensations in reverse) and ends ``compensated`` (rolling back needs its ``workflow``).
 
@@ -291,7 +292,9 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     provably gone (``raysaga.orchestrator.ownership``) — is cancelled here at once. A live
     driver is sent a signal and acts on it within a heartbeat; this call waits for that (up to
     ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile; with
-    ``wait=0`` the signal is queued and the run is returned as it stands."""
+    ``wait=0`` the signal is queued and the run is returned as it stands. A compensating cancel
+    under another definition of the workflow is refused before anything is written
+    (``DefinitionChangedError``) unless ``allow_changed``: the rollback runs the new code."""
     with using_store(store) as st:
         reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
         run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
@@ -300,12 +303,16 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
         if compensate and workflow is None:
             raise UserError("cancel with compensation runs the workflow's compensations: pass the workflow "
                             "(CLI: the run's recorded workflow, or --workflow MODULE:WORKFLOW)")
+        changed = RunOptions(allow_changed=True) if allow_changed else None
+        if compensate:
+            assert workflow is not None
+            versions.check(st, run, workflow, allow_changed=allow_changed)
         if run.status == RunStatus.COMPENSATING:  # a rollback is under way: cancelling it would half-undo
             if not compensate:
                 raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled half-way; "
                                 f"let the rollback finish (`raysaga resume {shlex.quote(run_id)}`)")
             assert workflow is not None
-            return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
+            return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, changed, None)
         payload = {"reason": reason, "compensate": compensate}
         owner = driver_id()
         try:
@@ -342,7 +349,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
             st.release(lease)
         if compensate:  # driven here, paused or not: the cancel is the operator's word
             assert workflow is not None
-            return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, None, None)
+            return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, changed, None)
         return st.get_run(run_id, lenient=True)
 
 
@@ -429,6 +436,11 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
     compensations run again and the rollback completes.
     """
     with using_store(store) as st:
+        # a definition change is refused before the run is reopened: refused after, it was left
+        # running with no driver (or compensating); allowed, the resume's driver pins it
+        current = st.get_run(run_id, lenient=True)
+        check_retryable(current, compensations)
+        versions.check(st, current, workflow, allow_changed=options is not None and options.allow_changed)
         reopen(st, run_id, compensations)
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)

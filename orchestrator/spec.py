@@ -65,14 +65,21 @@ class StepSpec:
         an undo returns, and a refund answering more than it declares must not park a rollback)."""
         return self.output_type if self.kind == "step" and not is_compensation(self.name) else Any
 
-    def signature_for_hash(self) -> dict[str, Any]:
+    def signature_for_hash(self, *, legacy: bool = False) -> dict[str, Any]:
         """What identifies the step's place and contract in the DAG (not its body).
 
         ``io_bound`` and ``resources`` are left out on purpose: they say where an attempt runs, not
         what the step means or what its checkpoints hold, so a run resumes after they change (a
-        step moved to a GPU node, given more memory, or to the I/O pool). See docs/execution.md."""
+        step moved to a GPU node, given more memory, or to the I/O pool). See docs/execution.md.
+
+        Since hash scheme 2 it also holds, each only when it is not the default (a step without it
+        keeps the hash it had): whether the step reads the run's ``input``, a fan-out policy's
+        threshold, an agent's tool contracts (``tool_contracts``). ``legacy``: the scheme-1 shape
+        without them, by which a run recorded by an earlier raysaga is known to be of this very code
+        (``versions.changes``). Types are not hashed: a resume checks that the stored outputs fit
+        the types declared now (``machine.type_fit``)."""
         retry = self.retry
-        return {
+        shape = {
             "name": self.name,
             "deps": sorted(self.deps),
             "params": sorted(self.param_deps),
@@ -87,3 +94,24 @@ class StepSpec:
             "policy": self.fan_out_policy.kind,
             "on_failure": self.on_failure,
         }
+        return shape if legacy else {**shape, **self._contract_extras()}
+
+    def _contract_extras(self) -> dict[str, Any]:
+        """The scheme-2 fields of ``signature_for_hash`` that differ from their defaults."""
+        extras: dict[str, Any] = {}
+        if self.input_param is not None:  # what it receives, and (for an effect) what its key is made of
+            extras["input"] = True
+        policy = self.fan_out_policy
+        if policy.quorum is not None or policy.min_ratio is not None:
+            extras["policy_args"] = [policy.quorum, policy.min_ratio]
+        tools = tool_contracts(self.options.get("agent")) if self.kind == "agent" else []
+        if tools:
+            extras["tools"] = tools
+        return extras
+
+
+def tool_contracts(agent: Any) -> list[list[Any]]:
+    """What each tool of an agent promises the ledger and a rollback: its name, whether it is an
+    effect, the arguments its key is made of, whether it has an undo, whether a human approves it."""
+    return sorted([tool.name, tool.effect, list(tool.key) if tool.key else None, tool.compensate is not None,
+                   tool.requires_approval] for tool in getattr(agent, "tools", ()) or ())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, Row, Text, func, insert, literal, select, tuple_, type_coerce, update
@@ -20,11 +21,13 @@ from sqlalchemy.exc import IntegrityError
 from raysaga.errors import ForkError, RunExistsError
 from raysaga.state.chunk_codec import as_stored, elements
 from raysaga.state.decoding import reading, records
-from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, RunRecord, RunStatus
+from raysaga.state.error_record import ErrorRecord
+from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, NodeWrite, RunRecord, RunStatus
 from raysaga.state.node_reads import node_records
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
 from raysaga.state.schema import effects, events, item_chunks, nodes, runs
+from raysaga.state.schema import nodes as node_rows
 from raysaga.state.statements import fence_guard
 
 #: Rows copied per statement (two parameters each: well under SQLite's limit on parameters).
@@ -187,14 +190,28 @@ class ForkRows:
             return [r._asdict() for r in conn.execute(query).all()]
 
     def repin_definition(self, lease: Lease, definition_hash: str, step_hashes: dict[str, str],
-                         data: dict[str, Any]) -> RunRecord:
+                         data: dict[str, Any], *, workflow: tuple[str, str, str | None] | None = None,
+                         nodes: Sequence[NodeWrite] = ()) -> RunRecord:
         """Pin the run to another definition (a resume allowed to use changed code), fenced by the
-        lease, with a ``definition_changed`` event holding ``data`` (what changed)."""
+        lease, with a ``definition_changed`` event holding ``data`` (what changed). ``workflow``:
+        the (name, version, module ref) the run now records; ``nodes``: rows of steps the new
+        definition removed, closed in the same transaction (their status, error and end)."""
         now = time.time()
+        values: dict[str, Any] = {"definition_hash": definition_hash, "step_hashes": step_hashes}
+        if workflow is not None:
+            values.update(workflow_name=workflow[0], workflow_version=workflow[1], workflow_ref=workflow[2])
         with self.engine.begin() as conn:
             seq = fence_guard(conn, lease, 1, now)
             conn.execute(update(runs).where(runs.c.run_id == lease.run_id, runs.c.fence == lease.fence)
-                         .values(definition_hash=definition_hash, step_hashes=step_hashes))
+                         .values(**values))
+            if nodes:
+                run_key = conn.execute(select(runs.c.run_key).where(runs.c.run_id == lease.run_id)).scalar_one()
+                for n in nodes:  # (a few rows: those of removed steps still open)
+                    error = n.error.as_dict() if isinstance(n.error, ErrorRecord) else n.error
+                    conn.execute(update(node_rows).where(node_rows.c.run_key == run_key,
+                                                         node_rows.c.node_id == n.node_id,
+                                                         node_rows.c.fan_index == n.fan_index)
+                                 .values(status=n.status.value, error=error, finished_at=now))
             conn.execute(insert(events).values(run_id=lease.run_id, seq=seq, at=now, kind="definition_changed",
                                                data=scrub(data)))
         return self.get_run(lease.run_id, lenient=True)

@@ -8,7 +8,7 @@ one transaction guarded by the lease's fence.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from raysaga.state.claims import Claim
@@ -23,6 +23,7 @@ from raysaga.state.models import (
     MemoryEntry,
     NewRun,
     NodeRecord,
+    NodeWrite,
     RunRecord,
     RunSnapshot,
     RunStatus,
@@ -240,8 +241,11 @@ class Store(ABC):
 
     @abstractmethod
     def repin_definition(self, lease: Lease, definition_hash: str, step_hashes: dict[str, str],
-                         data: dict[str, Any]) -> RunRecord:
-        """Pin the run to another workflow definition (fenced), with a ``definition_changed`` event."""
+                         data: dict[str, Any], *, workflow: tuple[str, str, str | None] | None = None,
+                         nodes: Sequence[NodeWrite] = ()) -> RunRecord:
+        """Pin the run to another workflow definition (fenced), with a ``definition_changed`` event;
+        ``workflow``: the (name, version, module ref) it now records; ``nodes``: rows of removed
+        steps closed in the same transaction."""
 
     # The dashboard's reads (raysaga.state.dashboard_reads; rows as dicts of their columns).
     @abstractmethod

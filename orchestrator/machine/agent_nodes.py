@@ -345,7 +345,10 @@ class AgentNodes:
         """``ran_unstored`` of the call's key in the ledger: issued, such a call went out
         ``reconciling`` and, with nothing to reconcile it, the function ran a second time."""
         ekey = self._effect_key(sub, tool, args)
-        return None if ekey is None else ran_unstored(tool, *self.calls.ledger.get(ekey, (None, None)))
+        if ekey is None:
+            return None
+        ekey = self.calls.in_doubt.key_for(sub.node_id, sub.fan_index, f"tool:{tool.name}", ekey, self.calls.ledger)
+        return ran_unstored(tool, *self.calls.ledger.get(ekey, (None, None)))
 
     def _take_offer(self, node: _Node, sub: NodeKey, spec: StepSpec, args: dict[str, Any], offer: Offer) -> None:
         """The call just decided ran already, speculatively, in its response's model call: its

@@ -8,7 +8,8 @@ answered a ``ToolError`` (it took no effect), is ``failed`` and may be called ag
 retries ran out on transient errors is ``abandoned`` (the last call may have taken effect); a
 transient failure is retried after a backoff whose timer is durable (``not_before`` on the row).
 A key re-issued while its row says the call may have happened (``may_have_happened``) goes out
-``reconciling``.
+``reconciling``; a node whose attempt is in doubt under another key than the code derives now (a
+deploy) is issued under that key (``machine.doubt``: invariant 2).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from raysaga.agents.tools import took_no_effect
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.keys import args_digest
+from raysaga.orchestrator.machine.doubt import InDoubt, may_have_happened
 from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch, Outbox
 from raysaga.orchestrator.options import DEFAULT_RETRY
 from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
@@ -65,18 +67,6 @@ class Committed:
     value: Any
 
 
-def may_have_happened(status: EffectStatus | None, result: Any) -> bool:
-    """Whether a call under a key whose ledger row reads ``status``/``result`` may have taken
-    effect, so that its re-issue goes out ``reconciling``: ``pending`` (a driver died after the
-    call, perhaps), ``abandoned`` (in flight when its run stopped, or its retries ran out on
-    transient errors), or ``failed`` with an error saying ``took_effect`` (the function returned
-    and its value was refused: the effect is there)."""
-    if status in (EffectStatus.PENDING, EffectStatus.ABANDONED):
-        return True
-    error = result.get("error") if status == EffectStatus.FAILED and isinstance(result, dict) else None
-    return isinstance(error, dict) and error.get("took_effect") is True
-
-
 def recorded(flight: Attempt) -> Attempt:
     """``flight`` once its 'running' row is in the batch (a new record: one may be shared)."""
     return Attempt(flight.spec, flight.attempt, flight.started_at, True)
@@ -96,6 +86,7 @@ class Calls:
         self.ledger: dict[str, tuple[EffectStatus, Any]] = {}
         self.ledger_blobs: dict[str, Any] = {}  # committed results kept as blobs, read by the shell
         self.keys: dict[NodeKey, str] = {}  # idempotency key of each effect node issued
+        self.in_doubt = InDoubt()  # attempts that may have happened keep their keys (``doubt``)
         self.inflight: dict[NodeKey, Attempt] = {}
         self.timers: list[tuple[float, NodeKey]] = []
         self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
@@ -122,6 +113,11 @@ class Calls:
         batch = self.out.batch
         reconciling = False
         if ekey is not None:
+            held = self.in_doubt.key_for(key.node_id, key.fan_index, spec.effect_name, ekey, self.ledger)
+            if held != ekey:  # derived otherwise by the code now (a deploy): the attempt in doubt keeps its key
+                batch.events.append(NewEvent(kind="effect_key_kept", node_id=key.node_id, fan_index=key.fan_index,
+                                             data={"key": held, "derived": ekey}))
+                ekey = held
             self.keys[key] = ekey
             status, result = self.ledger.get(ekey, (None, None))
             if status == EffectStatus.COMMITTED:  # its result is durable: never call it again

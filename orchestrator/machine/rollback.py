@@ -104,6 +104,15 @@ class _ToolCall:
     key: str  # the call's idempotency key
 
 
+def missing_tool(call: NodeKey, name: str, key: str) -> dict[str, Any]:
+    """The error of a rollback target: an effect call (ledger key ``key``) of tool ``name``, which
+    the code the run is resumed with no longer has (its undo, if it had one, cannot run)."""
+    return {"type": "CompensationMissing", "transient": False,
+            "message": f"tool call {call.label} of tool {name!r} took effect (ledger key {key}), but the agent "
+                       f"of step {call.step!r} no longer has a tool {name!r}: its undo cannot run; restore the "
+                       "tool (with its compensate=) and `raysaga retry RUN --compensations`, or undo it by hand"}
+
+
 #: What a node whose outcome was unknown says once its compensation undid it.
 UNDONE_UNKNOWN = {"type": "Compensated", "transient": False,
                   "reason": "rolled back while its outcome was unknown (in flight, cancelled or waiting to "
@@ -143,6 +152,7 @@ class Rollback:
             self._outputs[target.key] = (blobs[row.output_digest] if row.output_digest
                                          else row.output) if completed else None
         self._tool_calls: dict[PlanKey, _ToolCall] = {}
+        self._missing: dict[PlanKey, dict[str, Any]] = {}  # effect calls whose tool the code lost
         targets += self._tool_targets(rows, blobs)
         self._settle_stale(rows, reason)
         restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
@@ -152,7 +162,8 @@ class Rollback:
         self._specs: dict[str, StepSpec] = {}
         for key, attempt in restored.attempts.items():
             calls.attempts[NodeKey.parse(*key).undo()] = attempt
-        for key in restored.failed:
+        self.errors.update(self._missing)
+        for key in [*restored.failed, *self._missing]:
             self.plan.fail(key)
 
     def _settle_stale(self, rows: list[NodeRecord], reason: str) -> None:
@@ -188,6 +199,14 @@ class Rollback:
                 continue
             use = uses[sub.call] if sub.call < len(uses) else {}
             tool = spec.options["agent"].tool(str(use.get("name", "")))
+            if tool is None and (finished := effect_time(row)) is not None \
+                    and (took := self.calls.in_doubt.took.get((row.node_id, row.fan_index))) is not None:
+                # an effect the code no longer has the tool of: whether it had an undo is unknown,
+                # so the rollback stops on it (compensation_failed, naming it), never skips it
+                self._missing[(row.node_id, row.fan_index)] = missing_tool(sub, str(use.get("name", "")), took)
+                found.append((sub.owner, sub.turn, sub.call, CompensationTarget((row.node_id, row.fan_index),
+                                                                                finished, step=sub.step)))
+                continue
             if tool is None or tool.compensate is None:
                 continue
             try:

@@ -4,8 +4,7 @@ Given the run's restored state, each operation takes an input — the time, atte
 finished, a signal, rows the shell read — and leaves its decisions in the ``Outbox``: the writes
 of one fenced batch and the commands for the shell (send these attempts, cancel those, answer
 these queries). It never touches the store, the executor, the clock or a thread; the driver
-(``raysaga.orchestrator.driver``) is its shell and carries the decisions out
-(docs/architecture.md).
+(``raysaga.orchestrator.driver``) is its shell and carries the decisions out (docs/architecture.md).
 
 Concerns live in their own parts, each with its own state: ``Calls`` (attempts, ledger, retry
 timers), ``Forward`` (ready steps, settling, fan-out policies), ``AgentNodes`` (agent turns),
@@ -118,8 +117,8 @@ class RunMachine:
                         and self._records_first(self.wf.steps[row.node_id]):
                     self.calls.maybe_ran.add(key)
             # a compensation's row: the rollback reads those itself
-        for effect in snap.effects:
-            self.calls.ledger[effect.idempotency_key] = (effect.status, effect.result)
+        self.calls.ledger.update({e.idempotency_key: (e.status, e.result) for e in snap.effects})
+        self.calls.in_doubt.restore(snap.effects)  # an attempt in doubt keeps its key (``machine.doubt``)
         self.calls.ledger_blobs.update(ledger_blobs)
 
     def set_budgets(self, token_budget: int | None, cost_budget: float | None) -> None:
@@ -284,8 +283,7 @@ class RunMachine:
         rollback resumed from the failure's commit replays agents too, and must not pause."""
         return self.agents.pause_reason if self.phase == Phase.FORWARD else None
 
-    def idle(self) -> bool:
-        """Nothing in flight."""
+    def idle(self) -> bool:  # nothing in flight
         return not self.calls.inflight
 
     def next_timer(self) -> float | None:

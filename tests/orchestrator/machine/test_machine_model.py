@@ -41,6 +41,7 @@ from hypothesis import strategies as st
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import keys
 from raysaga.orchestrator.machine.calls import Attempt, Calls
+from raysaga.orchestrator.machine.doubt import InDoubt
 from raysaga.orchestrator.machine.forward import Forward
 from raysaga.orchestrator.machine.run import RunMachine
 from raysaga.sagas import rollback as sagas_rollback
@@ -386,6 +387,9 @@ def test_oracle_bites_a_fresh_key_after_a_crash(monkeypatch: pytest.MonkeyPatch)
                             lambda *parts: keys.effect_key(*parts) + salt)
 
     monkeypatch.setattr(RunMachine, "__init__", salted)
+    # and no in-doubt attempt keeps its recorded key (machine/doubt.py): the oracle faces a machine
+    # that sends fresh keys
+    monkeypatch.setattr(InDoubt, "key_for", lambda self, node_id, fan_index, effect_name, derived, ledger: derived)
 
     def while_s0_runs(moment: str, batch: Batch) -> bool:
         return moment == "before" and any(n.node_id == "s0" and n.status == NodeStatus.COMPLETED
