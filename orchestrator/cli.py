@@ -378,6 +378,9 @@ def _finished_note(run: RunRecord) -> str:
     if run.status in (RunStatus.COMPENSATED, RunStatus.CANCELLED):
         return f"(a {run.status.value} run never changes again)"
     quoted = shlex.quote(run.run_id)
+    if run.status == RunStatus.COMPENSATION_FAILED:  # (a plain retry is refused: its forward part is over)
+        return (f"(a compensation_failed run is parked for an operator: once what its failed compensations need "
+                f"is fixed, `raysaga retry {quoted} --compensations` finishes its rollback)")
     return (f"(a {run.status.value} run is parked for an operator: `raysaga retry {quoted}` revives it, "
             f"`raysaga cancel {quoted} --compensate` rolls it back)")
 

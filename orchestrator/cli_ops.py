@@ -90,6 +90,18 @@ def _next_step(run_id: str, client: Any = None) -> str:
     return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {shlex.quote(run_id)}`"
 
 
+def _still_waiting(client: Any, run_id: str, name: str, index: int) -> str | None:
+    """What a quorum still needs after this approval ("1 of 2 approvals so far (alice): waits for 1
+    more of bob, carol"), or None when the approval is settled and the run goes on."""
+    for w in client.store.waiting_approvals(run_id=run_id):
+        if w.node == name and w.fan_index == index and len(w.approvals) < w.request.quorum:
+            deciders = [d for d in (w.request.deciders() or []) if d not in w.approvals]
+            among = f" of {', '.join(deciders)}" if deciders else ""
+            return (f"{len(w.approvals)} of {w.request.quorum} approvals so far ({', '.join(w.approvals)}): "
+                    f"it waits for {w.request.quorum - len(w.approvals)} more{among}")
+    return None
+
+
 def approve(
     run_id: RunIdArg,
     node: NodeArg,
@@ -109,7 +121,7 @@ def approve(
         decision = client.approve(run_id, name, by=_who(by), answer=value, comment=comment,
                                   decision_id=decision_id, fan_index=index)
         say(out, f"{node} of run {run_id}: approved by {decision.by} (decision {decision.decision_id}); "
-                 f"{_next_step(run_id, client)}")
+                 f"{_still_waiting(client, run_id, name, index) or _next_step(run_id, client)}")
 
 
 def reject(

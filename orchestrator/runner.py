@@ -13,7 +13,7 @@ from threading import Thread
 from typing import Any
 
 from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotFoundError, StoreOutageError, UserError
-from raysaga.orchestrator import versions
+from raysaga.orchestrator import tracing, versions
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
@@ -343,8 +343,12 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
                                    attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
                          for n in st.nodes(run_id)
                          if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING, NodeStatus.WAITING)]
-                st.commit(lease, Batch(nodes=nodes, consumed_signals=[s.id for s in signals],
-                                       run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason)))
+                batch = Batch(nodes=nodes, consumed_signals=[s.id for s in signals],
+                              run=RunUpdate(status=RunStatus.CANCELLED, status_reason=reason))
+                traced = tracing.for_commit(st, run_id, owner, workflow)  # None unless tracing is on
+                record = st.commit(lease, batch)
+                if traced is not None:  # its cancelled nodes' spans and the run's root span
+                    traced.committed(batch, record)
         finally:
             st.release(lease)
         if compensate:  # driven here, paused or not: the cancel is the operator's word

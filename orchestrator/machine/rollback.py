@@ -344,4 +344,4 @@ class Rollback:
 
     def outcome(self) -> RunUpdate:
         """Compensated, or parked for an operator with every failing and blocked compensation named."""
-        return rollback_outcome(self.reason, self.plan, self.errors, self.cause)
+        return rollback_outcome(self.reason, self.plan, self.errors, self.cause, run_id=self.run_id)

@@ -39,10 +39,9 @@ import raysaga
 from raysaga import BEST_EFFORT, Ask, Permanent, RetryPolicy, Transient, Workflow
 from raysaga.orchestrator import cli_status, run_views, tracing
 from raysaga.orchestrator.dag_svg import workflow_graph
-from raysaga.orchestrator.ownership import claim
 from raysaga.sagas.plan import RollbackPlan
 from raysaga.sagas.rollback import rollback_outcome
-from raysaga.state import Batch, NodeStatus, NodeWrite, RunStatus, RunUpdate, SqlStore, open_store
+from raysaga.state import RunStatus, RunUpdate, SqlStore, open_store
 
 # ---------------------------------------------------------------- workflows
 
@@ -271,29 +270,14 @@ def test_a_sleep_s_wait_span_lasts_the_sleep(exported: InMemorySpanExporter, db:
 # ---------------------------------------------------------------- 3. a cancel without a driver
 
 
-def _cancel_as_runner_does(db: str, run_id: str) -> None:
-    """What ``runner.cancel`` commits for a run no driver holds, traced as it is to trace it
-    (``tracing.for_commit`` before the commit, ``committed`` after)."""
-    store = open_store(db, create=False)
-    try:
-        tracer = tracing.for_commit(store, run_id, "operator-42")
-        lease, _ = claim(store, run_id, "operator-42", 10.0)
-        nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED, attempt=n.attempt,
-                           error={"reason": "no"}, started_at=n.started_at)
-                 for n in store.nodes(run_id) if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING,
-                                                              NodeStatus.WAITING)]
-        batch = Batch(nodes=nodes, run=RunUpdate(status=RunStatus.CANCELLED, status_reason="no"))
-        record = store.commit(lease, batch)
-        store.release(lease)
-        assert tracer is not None
-        tracer.committed(batch, record)
-    finally:
-        store.close()
-
-
-def test_a_cancel_without_a_driver_writes_the_run_span(exported: InMemorySpanExporter, db: str) -> None:
+@pytest.mark.parametrize("through", ["raysaga.cancel", "Client.cancel"])
+def test_a_cancel_without_a_driver_writes_the_run_span(exported: InMemorySpanExporter, db: str, through: str) -> None:
     raysaga.run(appr, {}, store=db, run_id="cx", executor="inline")
-    _cancel_as_runner_does(db, "cx")
+    if through == "raysaga.cancel":
+        assert raysaga.cancel("cx", store=db, reason="no").status == RunStatus.CANCELLED
+    else:
+        with raysaga.Client(db) as client:
+            assert client.cancel("cx", reason="no").status == RunStatus.CANCELLED
     spans = _spans(exported, "cx")
     _no_duplicate_and_no_orphan(spans)
     (run,) = _named(spans, "run appr42")

@@ -78,7 +78,7 @@ def test_failed_compensation_blocks_upstream_then_operator_retry_finishes(
     assert "compensation_failed" in text.stdout
     assert "compensation failed for charge_card" in text.stdout
     assert "not compensated (waiting on those): book_flight" in text.stdout
-    assert "raysaga retry RUN --compensations" in text.stdout
+    assert f"raysaga retry {RUN_ID} --compensations" in text.stdout  # the run named, not RUN
 
     status = cli("status", RUN_ID, "--db", db, "--json")
     assert status.returncode == 0, status.stderr
