@@ -149,7 +149,7 @@ class Driver:
             return looping  # its last drivers all died without progress: a poison pill, parked
         self.run = run
         self._hb.start()
-        m = self.machine = self._restore(snapshot)
+        m = self.machine = self._restore(snapshot.model_copy(update={"run": run}))  # (as pinned: ``versions``)
         budgets = new_budgets(self.options, run)
         if budgets is not None:
             self.run = self._commit(Batch(run=budgets)) or run

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import time
@@ -348,7 +349,11 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
                 traced = tracing.for_commit(st, run_id, owner, workflow)  # None unless tracing is on
                 record = st.commit(lease, batch)
                 if traced is not None:  # its cancelled nodes' spans and the run's root span
-                    traced.committed(batch, record)
+                    try:
+                        traced.committed(batch, record)
+                    except Exception as exc:  # the cancel is done: tracing must not say otherwise
+                        logging.getLogger("raysaga.tracing").warning("run %s: the cancel's spans were not written "
+                                                                     "(%s: %s)", run_id, type(exc).__name__, exc)
         finally:
             st.release(lease)
         if compensate:  # driven here, paused or not: the cancel is the operator's word

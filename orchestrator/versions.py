@@ -23,13 +23,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.errors import DefinitionChangedError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator.machine.doubt import may_have_happened
+from raysaga.orchestrator.machine.doubt import REPINNED_KEY, may_have_happened
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import EffectStatus, Lease, NodeStatus, NodeWrite, RunRecord, Store
 
@@ -58,7 +59,11 @@ def types_digest(wf: Workflow) -> str:
     shape = {name: [repr(spec.output_type), sorted((k, repr(v)) for k, v in spec.param_types.items()),
                     repr(getattr(wf.compensation_for(name), "__annotations__", None))]
              for name, spec in wf.steps.items()}
-    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
+    text = _ADDRESS.sub("", json.dumps(shape, sort_keys=True))  # (a validator's repr: where it sits in memory)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def types_may_differ(run: RunRecord, wf: Workflow) -> bool:
@@ -80,7 +85,7 @@ TYPES_KEY = ":types"
 
 def _recorded_steps(run: RunRecord) -> dict[str, str] | None:
     return None if run.step_hashes is None else {k: v for k, v in run.step_hashes.items()
-                                                 if k not in (SCHEME_KEY, TYPES_KEY)}
+                                                 if not k.startswith(":")}  # (SCHEME_KEY, TYPES_KEY...)
 
 
 def _legacy_run(run: RunRecord, wf: Workflow) -> bool:
@@ -187,8 +192,10 @@ def changes(run: RunRecord, wf: Workflow, store: Store | None = None) -> Changes
     removed = sorted(s for s in before if s not in now)
     changed = [s for s in now if s in before and before[s] not in (now[s], legacy[s])]
     undone = {*removed, *(s for s in changed if _undo_removed(wf, s, before[s]))}  # rollbacks skip these now
+    agents = {s: wf.steps[s].options["agent"] for s in changed if wf.steps[s].kind == "agent"}  # (their tools')
     return Changes(changed=changed, added=[s for s in now if s not in before], removed=removed, version=version,
-                   renamed=renamed, standing=effects_left(store, run.run_id, undone) if store and undone else [])
+                   renamed=renamed, standing=effects_left(store, run.run_id, undone, agents)
+                   if store and (undone or agents) else [])
 
 
 def _undo_removed(wf: Workflow, name: str, recorded: str) -> bool:
@@ -206,14 +213,22 @@ def _undo_removed(wf: Workflow, name: str, recorded: str) -> bool:
     return False
 
 
-def effects_left(store: Store, run_id: str, removed: set[str]) -> list[str]:
-    """The nodes of ``removed`` steps whose ledger rows say their effect took place (or may have)."""
+def effects_left(store: Store, run_id: str, removed: set[str], agents: dict[str, Any] | None = None) -> list[str]:
+    """The nodes of ``removed`` steps whose ledger rows say their effect took place (or may have);
+    and of the tool calls of changed agent steps (``agents``: step -> its ``Agent`` now) whose tool
+    is gone or has no ``compensate=`` now, which a rollback leaves standing."""
     found = []
     for row in store.effects(run_id):
         key = NodeKey.parse(row.node_id, row.fan_index)
-        if key.step in removed and not key.compensates and (
-                row.status == EffectStatus.COMMITTED or may_have_happened(row.status, row.result)):
+        if key.compensates or not (row.status == EffectStatus.COMMITTED or may_have_happened(row.status, row.result)):
+            continue
+        agent = (agents or {}).get(key.step)
+        if key.step in removed:
             found.append(key.label)
+        elif agent is not None and key.call is not None and row.effect_name.startswith("tool:"):
+            tool = agent.tool(row.effect_name.removeprefix("tool:"))
+            if tool is None or tool.compensate is None:
+                found.append(key.label)
     return sorted(set(found))
 
 
@@ -257,7 +272,7 @@ def pin(store: Store, lease: Lease, run: RunRecord, wf: Workflow, *, allow_chang
     what = found.describe()
     log.warning("run %s: resuming with a changed definition of %s: %s", run.run_id, run.workflow_name, what)
     closed = _removed_rows(store, run.run_id, set(found.removed))
-    return store.repin_definition(lease, wf.definition_hash, step_hashes(wf), {
+    return store.repin_definition(lease, wf.definition_hash, {**step_hashes(wf), REPINNED_KEY: "1"}, {
         "from": run.definition_hash, "to": wf.definition_hash, **found.as_data(),
         "closed": sorted({NodeKey.parse(n.node_id, n.fan_index).label for n in closed})},
         workflow=(wf.name, wf.version, ref_of(wf, run.workflow_ref)), nodes=closed)

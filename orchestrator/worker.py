@@ -48,6 +48,7 @@ from raysaga.errors import (
     RaySagaError,
     UserError,
 )
+from raysaga.orchestrator import versions
 from raysaga.orchestrator.crash_loop import ALONE, WAITS, failing_parking
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
@@ -116,7 +117,8 @@ class Worker:
                             f"(it drives {', '.join(sorted(by_name))})")
         concurrency = checked_concurrency(concurrency)
         self.workflows = by_name
-        self.hashes = {name: wf.definition_hash for name, wf in by_name.items()}
+        # its own definitions, and runs an earlier raysaga recorded of this code (``versions.legacy_hash``)
+        self.hashes = {name: (wf.definition_hash, versions.legacy_hash(wf)) for name, wf in by_name.items()}
         self.store = store
         self.concurrency = concurrency
         self.executor_kind = checked_executor(executor)
@@ -255,7 +257,8 @@ class Worker:
                         or (row.lease_expires_at or 0.0) < now  # expired: claim_next takes it
                         or not owner_is_gone(row.lease_owner)):
                     continue
-                if self.store.get_run(row.run_id, lenient=True).definition_hash != self.hashes[row.workflow_name]:
+                if not versions.definition_known(self.store.get_run(row.run_id, lenient=True),
+                                                 self.workflows[row.workflow_name]):
                     continue  # another definition: a worker that registered that one drives it
                 try:
                     lease, _ = claim(self.store, row.run_id, owner or new_owner(), self.options.lease_ttl)

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import ColumnElement, Connection, Engine, and_, func, insert, or_, select, text, update
+from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, cast, func, insert, or_, select, text, update
 
 from raysaga.state.models import Lease, RunStatus
 from raysaga.state.schema import events, runs
@@ -64,7 +64,7 @@ class Claim(BaseModel):
     suspect of a crash loop, which a worker drives alone (``raysaga.orchestrator.crash_loop``)."""
 
 
-def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, str], *,
+def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, Digests], *,
                limits: Mapping[str, int] | None = None, now: float | None = None) -> Claim | None:
     """Take the lease of the next runnable run of ``workflows`` (name -> definition hash), oldest
     first, leaving out the workflows at their limit; None when there is none."""
@@ -148,14 +148,28 @@ def _lease_free(now: float) -> ColumnElement[bool]:
     return or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now)
 
 
-def _runnable(workflows: Mapping[str, str], now: float) -> ColumnElement[bool]:
-    mine = or_(*(and_(runs.c.workflow_name == name, runs.c.definition_hash == digest)
-                 for name, digest in workflows.items()))
+#: Digests a worker drives a workflow's runs under: its definition hash, or (hash, earlier scheme's
+#: hash of the same code): a run an earlier raysaga recorded (no ``:scheme`` among its step hashes)
+#: under the latter is this code's too (``versions.legacy_hash``), and the driver repins it.
+Digests = str | tuple[str, str]
+
+
+def _runnable(workflows: Mapping[str, Digests], now: float) -> ColumnElement[bool]:
+    mine = or_(*(_of(name, digests) for name, digests in workflows.items()))
     return and_(mine, _lease_free(now), or_(
         and_(runs.c.status == RunStatus.PENDING.value, runs.c.queue.is_not(None)),
         runs.c.status.in_(_ACTIVE),
         and_(runs.c.status.in_(_RESTING), runs.c.wake_at.is_not(None), runs.c.wake_at <= now),
     ))
+
+
+def _of(name: str, digests: Digests) -> ColumnElement[bool]:
+    current, legacy = (digests, None) if isinstance(digests, str) else digests
+    hashed = runs.c.definition_hash == current
+    if legacy is not None and legacy != current:  # (a scheme-2 hash of other code may equal it: the mark tells)
+        unmarked = or_(runs.c.step_hashes.is_(None), cast(runs.c.step_hashes, Text).not_like('%":scheme"%'))
+        hashed = or_(hashed, and_(runs.c.definition_hash == legacy, unmarked))
+    return and_(runs.c.workflow_name == name, hashed)
 
 
 def _live_counts(conn: Connection, names: list[str], now: float) -> dict[str, int]:

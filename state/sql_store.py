@@ -452,7 +452,7 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
     def waiting_approvals(self, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
         return decisions.waiting(self.reader, approver, run_id)
 
-    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str], *,
+    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str | tuple[str, str]], *,
                    limits: Mapping[str, int] | None = None) -> Claim | None:
         return claims.claim_next(self.engine, owner, ttl, workflows, limits=limits)
 

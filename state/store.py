@@ -144,7 +144,7 @@ class Store(ABC):
         """Approval nodes waiting for a decision (``raysaga inbox``)."""
 
     @abstractmethod
-    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str], *,
+    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str | tuple[str, str]], *,
                    limits: Mapping[str, int] | None = None) -> Claim | None:
         """A worker's claim of the next runnable run of ``workflows`` (name -> definition hash):
         ``raysaga.state.claims``."""

@@ -14,6 +14,12 @@ index, effect name) has an attempt in doubt under another key (``may_have_happen
 call took no effect (``failed``) or a committed row under another key is not reused: the first may
 be called afresh, and a completed node is never issued again.
 
+Only a run pinned to changed code (``versions.pin`` with ``allow_changed`` marks its step hashes
+with ``REPINNED_KEY``) keeps keys this way: under the code it started with, the derivation is the
+same as when the attempt was made, so a key that differs means other arguments (an operator's retry
+after an upstream step now answers otherwise) and a call of its own. The node (id, fan-out index)
+is what is matched, not the effect's name: a deploy may rename that too.
+
 The index is built from the ledger rows the run's snapshot holds (no query per call).
 """
 
@@ -24,9 +30,11 @@ from typing import Any
 
 from raysaga.state import EffectRecord, EffectStatus
 
-__all__ = ["InDoubt", "may_have_happened"]
+__all__ = ["REPINNED_KEY", "InDoubt", "may_have_happened"]
 
-NodeEffect = tuple[str, int, str]  # (node_id, fan_index, effect_name) of a ledger row
+NodeEffect = tuple[str, int]  # (node_id, fan_index) of a ledger row
+#: Kept among a run's ``step_hashes`` (no step's name) once it was pinned to changed code.
+REPINNED_KEY = ":repinned"
 
 
 def may_have_happened(status: EffectStatus | None, result: Any) -> bool:
@@ -50,15 +58,18 @@ class InDoubt:
         """Nodes with a ledger row that took effect or may have: (node_id, fan_index) -> its key
         (a rollback that cannot find the tool of such a call must say so: ``Rollback``)."""
 
-    def restore(self, rows: Iterable[EffectRecord]) -> None:
-        """Index the run's ledger rows in doubt (the latest of a node's, should there be several)."""
+    def restore(self, rows: Iterable[EffectRecord], *, repinned: bool = False) -> None:
+        """Index the run's ledger rows in doubt (the latest of a node's, should there be several);
+        their keys are kept only for a run ``repinned`` to changed code."""
         for row in rows:
             if row.status == EffectStatus.COMMITTED:
                 self.took[row.node_id, row.fan_index] = row.idempotency_key
             if not may_have_happened(row.status, row.result):
                 continue
             self.took[row.node_id, row.fan_index] = row.idempotency_key
-            where = (row.node_id, row.fan_index, row.effect_name)
+            if not repinned:
+                continue
+            where = (row.node_id, row.fan_index)
             found = self._keys.get(where)
             if found is None or found[0] <= row.updated_at:
                 self._keys[where] = (row.updated_at, row.idempotency_key)
@@ -69,7 +80,7 @@ class InDoubt:
         the key of an attempt of the same node still in doubt in ``ledger`` under another one."""
         if not self._keys:
             return derived
-        found = self._keys.get((node_id, fan_index, effect_name))
+        found = self._keys.get((node_id, fan_index))  # (whatever its effect is named now)
         if found is None or found[1] == derived:
             return derived
         held = found[1]

@@ -25,6 +25,7 @@ from raysaga.orchestrator.item_block import ItemOutcomes
 from raysaga.orchestrator.machine.agent_nodes import AgentNodes
 from raysaga.orchestrator.machine.budgets import Budgets
 from raysaga.orchestrator.machine.calls import GONE, Calls
+from raysaga.orchestrator.machine.doubt import REPINNED_KEY
 from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart, failure_reason
 from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
 from raysaga.orchestrator.machine.rollback import Rollback, RollbackReads
@@ -118,7 +119,7 @@ class RunMachine:
                     self.calls.maybe_ran.add(key)
             # a compensation's row: the rollback reads those itself
         self.calls.ledger.update({e.idempotency_key: (e.status, e.result) for e in snap.effects})
-        self.calls.in_doubt.restore(snap.effects)  # an attempt in doubt keeps its key (``machine.doubt``)
+        self.calls.in_doubt.restore(snap.effects, repinned=REPINNED_KEY in (snap.run.step_hashes or {}))  # (doubt)
         self.calls.ledger_blobs.update(ledger_blobs)
 
     def set_budgets(self, token_budget: int | None, cost_budget: float | None) -> None:

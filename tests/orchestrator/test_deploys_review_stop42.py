@@ -29,14 +29,14 @@ import importlib
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel
 from sqlalchemy import create_engine, update
 
 import raysaga
-from raysaga import RunOptions, StepContext, Workflow
+from raysaga import Permanent, RetryPolicy, RunOptions, StepContext, Transient, Workflow
 from raysaga.agents import Agent, ScriptedModel, text_reply, tool, tool_reply
 from raysaga.errors import DefinitionChangedError
 from raysaga.orchestrator import versions
@@ -160,9 +160,11 @@ def _buyer(tools: str) -> Workflow:
     def refund(ctx: StepContext, output: str, card: str) -> None:
         return None
 
-    @tool(effect=True, compensate=refund)
     def charge(card: str) -> str:
+        """Charge the card."""
         return "ch-9"
+
+    charge_tool = tool(effect=True, compensate=None if tools == "no-undo" else refund)(charge)
 
     @tool
     def lookup(q: str) -> str:
@@ -171,7 +173,7 @@ def _buyer(tools: str) -> Workflow:
     model = ScriptedModel(default=(tool_reply(("charge", {"card": "4242"})), text_reply("done")))
     wf = Workflow("buyer")
 
-    @wf.agent(Agent("buyer", model, tools=(charge, lookup) if tools == "both" else (lookup,)))
+    @wf.agent(Agent("buyer", model, tools=(lookup,) if tools == "lookup" else (charge_tool, lookup)))
     def buy(input: Any) -> str:
         return "buy"
 
@@ -183,6 +185,17 @@ def _buyer(tools: str) -> Workflow:
     def ship(ok: raysaga.Approval) -> str:
         return "shipped"
     return wf
+
+
+def test_a_tool_that_lost_its_undo_names_the_charge_a_rollback_leaves_standing(tmp_path: Path) -> None:
+    """A tool kept under its name but without ``compensate=`` now: the refusal (and, allowed, the
+    ``definition_changed`` event) names the committed call a rollback will not undo."""
+    url = _store(tmp_path)
+    first = raysaga.run(_buyer("both"), {}, store=url, run_id="b", executor="inline",
+                        options=RunOptions(release_after=0))
+    assert first.status == RunStatus.WAITING_HUMAN
+    with pytest.raises(DefinitionChangedError, match=r"completed effects that will not be compensated: buy@0\.0"):
+        raysaga.resume(_buyer("no-undo"), "b", store=url, executor="inline")
 
 
 def test_a_rollback_parks_on_a_committed_tool_call_whose_tool_is_gone(tmp_path: Path) -> None:
@@ -412,3 +425,109 @@ def test_a_fan_out_whose_items_no_longer_fit_their_reader_is_refused(tmp_path: P
         raysaga.resume(_fanned(list[Quote]), "f", store=url, executor="inline")
     done = raysaga.resume(_fanned(list[float]), "f", store=url, executor="inline")
     assert done.status == RunStatus.COMPLETED and done.output == {"total": 2}
+
+
+# ---------------------------------------------------------------- a second review of these fixes
+
+BOOK: dict[str, str] = {}  # the provider's book: key -> what it charged (it dedupes by key)
+
+
+def _billing(priced: bool, effect_name: str = "pay") -> Workflow:
+    wf = Workflow("billing42")
+
+    @wf.step(critical=False, on_failure="pass")
+    def amount() -> int:
+        if not priced:
+            raise Permanent("the pricing service is down")
+        return 30
+
+    @wf.step(effect=True, effect_name=effect_name, retry=RetryPolicy(max_attempts=1))
+    def charge(ctx: StepContext, amount: Any) -> str:
+        cents = amount if isinstance(amount, int) else 0  # no price: the minimum
+        key = ctx.idempotency_key
+        assert key is not None  # (an effect's)
+        if key not in BOOK:
+            BOOK[key] = f"charged {cents}"
+            if cents == 0:
+                raise Transient("a gateway timeout after the charge")  # it took effect; the reply was lost
+        return BOOK[key]
+
+    return wf
+
+
+def test_an_operator_retry_under_the_same_code_calls_with_its_own_key(tmp_path: Path) -> None:
+    """Under the code a run started with, a key that differs from the one in doubt means other
+    arguments: the call is another effect. The in-doubt key was reused (the provider answered the
+    first charge of 0, and the 30 was never charged)."""
+    BOOK.clear()
+    url = _store(tmp_path)
+    assert raysaga.run(_billing(False), None, store=url, run_id="r", executor="inline").status == RunStatus.FAILED
+    done = raysaga.retry(_billing(True), "r", store=url, executor="inline")
+    assert done.status == RunStatus.COMPLETED and done.output == {"charge": "charged 30"}, done.output
+    assert sorted(BOOK.values()) == ["charged 0", "charged 30"]
+
+
+def test_an_effect_renamed_while_its_attempt_is_in_doubt_keeps_its_key(tmp_path: Path) -> None:
+    """The in-doubt attempt is found by its node, whatever its effect is named now: a deploy
+    renaming the effect (allowed) charged twice."""
+    BOOK.clear()
+    url = _store(tmp_path)
+    assert raysaga.run(_billing(False), None, store=url, run_id="r", executor="inline").status == RunStatus.FAILED
+    with pytest.raises(DefinitionChangedError, match="steps changed: charge"):
+        raysaga.retry(_billing(False, "payment"), "r", store=url, executor="inline")
+    done = raysaga.retry(_billing(False, "payment"), "r", store=url, executor="inline",
+                         options=RunOptions(allow_changed=True))
+    assert done.status == RunStatus.COMPLETED, (done.status, done.status_reason)
+    assert list(BOOK.values()) == ["charged 0"], BOOK  # one charge: the same key went out again
+
+
+def test_a_worker_claims_its_code_s_runs_an_earlier_raysaga_recorded_and_no_other_code_s(tmp_path: Path) -> None:
+    """Runs recorded under the earlier hash scheme of a worker's code are claimed (the driver repins
+    them); a scheme-2 run of other code whose hash equals that earlier-scheme hash is not."""
+    url = _store(tmp_path)
+    new = _plain(True)  # reads the input: its scheme-1 hash is the scheme-2 hash of _plain(False)
+    raysaga.create_run(new, 3, store=url, run_id="old")
+    raysaga.create_run(_plain(False), None, store=url, run_id="other")
+    legacy_steps = {name: versions._step_hashes(new, legacy=True)[name] for name in new.steps}
+    engine = create_engine(url)
+    with engine.begin() as conn:  # "old" as an earlier raysaga recorded it, and both queued for workers
+        conn.execute(update(runs).where(runs.c.run_id == "old").values(
+            definition_hash=versions.legacy_hash(new), step_hashes=legacy_steps))
+        conn.execute(update(runs).values(queue="default"))
+    engine.dispose()
+    store = SqlStore(url)
+    try:
+        digests = {new.name: (new.definition_hash, versions.legacy_hash(new))}
+        first = store.claim_next("worker-42", 30, digests)
+        assert first is not None and first.lease.run_id == "old"
+        assert store.claim_next("worker-42", 30, digests) is None  # "other" is not this code's
+        assert versions.definition_known(store.get_run("old"), new)
+        assert not versions.definition_known(store.get_run("other"), new)
+    finally:
+        store.close()
+
+
+def _stripped_undo() -> Workflow:
+    def strip(value: str) -> str:  # a new function object (another address) each time
+        return value.strip()
+
+    def release(ctx: StepContext, output: str) -> None:
+        return None
+
+    # evaluated, as in a module without ``from __future__ import annotations``: the validator's
+    # repr (its address) is in the annotation
+    release.__annotations__ = {"ctx": StepContext, "output": Annotated[str, AfterValidator(strip)], "return": None}
+
+    wf = Workflow("stripped42")
+    wf.step(compensate=release)(_hold)
+    return wf
+
+
+def _hold() -> str:
+    return " held "
+
+
+def test_the_types_digest_is_the_same_for_the_same_code_in_another_process() -> None:
+    """A validator's repr holds its address: every resume took the types for changed and checked
+    (and could refuse) the stored outputs of a run under its own code."""
+    assert versions.types_digest(_stripped_undo()) == versions.types_digest(_stripped_undo())
