@@ -40,10 +40,17 @@ def parking(status: RunStatus, exc: BlobIntegrityError, where: str | None, run_i
 def park_on_blob(store: Store, run_id: str, exc: BlobIntegrityError, where: str | None,
                  commit: Callable[[Batch], RunRecord | None]) -> RunRecord:
     """Park the run (the driver's ``commit``, under its lease) unless it is at rest already."""
-    current = store.get_run(run_id, lenient=True)  # its own input may be the damaged blob
+    return commit_parking(store, run_id, lambda status: parking(status, exc, where, run_id), commit)
+
+
+def commit_parking(store: Store, run_id: str, parks: Callable[[RunStatus], tuple[bool, Batch]],
+                   commit: Callable[[Batch], RunRecord | None]) -> RunRecord:
+    """Commit what ``parks`` (a ``parked``) returns for the run's status, through the driver's
+    ``commit`` (under its lease), unless the run is at rest already; logged as an error."""
+    current = store.get_run(run_id, lenient=True)  # (lenient: its own input may be what is damaged)
     if current.status in TERMINAL or current.status in PARKED:
         return current
-    resume_first, batch = parking(current.status, exc, where, run_id)
+    resume_first, batch = parks(current.status)
     if resume_first:
         commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
     record = commit(batch)

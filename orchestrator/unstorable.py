@@ -11,16 +11,12 @@ node, as a damaged blob parks it (``blob_parking.parked``); an operator fixes th
 
 from __future__ import annotations
 
-import logging
 import shlex
 from collections.abc import Callable
 
 from raysaga.errors import BlobIntegrityError, NotJSONableError
-from raysaga.orchestrator.blob_parking import park_on_blob, parked
-from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, RunUpdate, Store, jsoncodec
-from raysaga.state.models import PARKED, TERMINAL
-
-log = logging.getLogger("raysaga.driver")
+from raysaga.orchestrator.blob_parking import commit_parking, park_on_blob, parked
+from raysaga.state import Batch, Lease, NewEvent, RunRecord, Store, jsoncodec
 
 
 class UnstorableCommit(NotJSONableError):
@@ -63,18 +59,9 @@ def unstorable(batch: Batch, exc: NotJSONableError) -> UnstorableCommit:
 def park_unstorable(store: Store, run_id: str, exc: NotJSONableError,
                     commit: Callable[[Batch], RunRecord | None]) -> RunRecord:
     """Park the run (the driver's ``commit``, under its lease) unless it is at rest already."""
-    current = store.get_run(run_id, lenient=True)
-    if current.status in TERMINAL or current.status in PARKED:
-        return current
     node = exc.node if isinstance(exc, UnstorableCommit) else None
     reason = (f"{jsoncodec.printable(str(exc))[:700]}: the run is parked; change the step so its value can be "
               f"stored, then `raysaga retry {shlex.quote(run_id)}`")
     error = {"type": "NotJSONableError", "node": node, "message": jsoncodec.printable(str(exc))[:2000]}
-    resume_first, batch = parked(current.status, reason[:1000], error,
-                                 NewEvent(kind="unstorable_write", node_id=node, data={"node": node}))
-    if resume_first:
-        commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-    record = commit(batch)
-    assert batch.run is not None
-    log.error("run %s: %s", run_id, batch.run.status_reason)
-    return record or store.get_run(run_id, lenient=True)
+    event = NewEvent(kind="unstorable_write", node_id=node, data={"node": node})
+    return commit_parking(store, run_id, lambda status: parked(status, reason[:1000], error, event), commit)

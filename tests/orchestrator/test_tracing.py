@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import raysaga
@@ -37,22 +35,15 @@ from tests.support import crash_driver as harness
 from tests.support import messages_server as ms
 from tests.support.kill_sweep import LEASE_TTL
 from tests.support.services import FakeServices
-from tests.support.spans import ENV, Span, from_memory, read_file
+from tests.support.spans import ENV, Span, from_memory, in_memory_spans, read_file
 
 af.use_test_key()
 
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    raysaga.configure_tracing(provider)
-    try:
+    with in_memory_spans() as exporter:
         yield exporter
-    finally:
-        raysaga.configure_tracing(None)
-        provider.shutdown()
 
 
 def by_id(spans: list[Span]) -> dict[int, Span]:

@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from rich.console import Console
 
@@ -42,6 +41,7 @@ from raysaga.orchestrator.dag_svg import workflow_graph
 from raysaga.sagas.plan import RollbackPlan
 from raysaga.sagas.rollback import rollback_outcome
 from raysaga.state import RunStatus, RunUpdate, SqlStore, open_store
+from tests.support.spans import in_memory_spans
 
 # ---------------------------------------------------------------- workflows
 
@@ -159,15 +159,8 @@ def look(first: int, input: dict[str, Any]) -> int:
 
 @pytest.fixture
 def exported() -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    raysaga.configure_tracing(provider)
-    try:
+    with in_memory_spans() as exporter:
         yield exporter
-    finally:
-        raysaga.configure_tracing(None)
-        provider.shutdown()
 
 
 @pytest.fixture

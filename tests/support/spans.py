@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 ENV = "RAYSAGA_TEST_SPANS"
 
@@ -27,6 +32,26 @@ class Span:
     start_ns: int
     end_ns: int
     source: str  # "memory", or the file it was read from
+
+
+@contextmanager
+def in_memory_spans() -> Iterator[InMemorySpanExporter]:
+    """raysaga's spans, for the ``with`` block, to an in-memory exporter (its provider shut down after)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import raysaga
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    raysaga.configure_tracing(provider)
+    try:
+        yield exporter
+    finally:
+        raysaga.configure_tracing(None)
+        provider.shutdown()
 
 
 def install_from_env() -> None:
