@@ -55,7 +55,7 @@ class ClaimDropper(SqlStore):
         self.lock = threading.Lock()
         self.dropped: dict[str, str] = {}  # run id -> the owner whose claim of it was answered by a drop
 
-    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str], *,
+    def claim_next(self, owner: str, ttl: float, workflows: Mapping[str, str | tuple[str, str]], *,
                    limits: Mapping[str, int] | None = None) -> Claim | None:
         claim = super().claim_next(owner, ttl, workflows, limits=limits)  # durable from here on
         if claim is not None:
