@@ -13,12 +13,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from raysaga.agents.messages import ModelResponse
 from raysaga.agents.models import Model
 from raysaga.agents.tools import Tool, empty_error
-from raysaga.errors import InvalidOptionError, NotJSONableError, WorkflowDefinitionError
+from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.state.json_form import model_json, read_back_problem
 from raysaga.types import RateLimit, RetryPolicy, check_name, check_number, checked_fields
@@ -293,9 +293,10 @@ def final_answer_problem(response: ModelResponse, output_type: type[BaseModel] |
         kept = read_back_problem(output_type, made, model_json(made), "answer")
         if kept:  # (the next step reads the stored form: a validator that does not give it back)
             raise ValueError(kept)
-    # NaN or nesting deeper than JSON allows in the answer: a model's words, fed back like any bad
-    # answer (they raised out of the driver, and every resume read the same persisted answer again)
-    except (ValueError, ValidationError, NotJSONableError, RecursionError) as exc:
+    # NaN or nesting deeper than JSON allows in the answer, or a validator raising on it (a TypeError
+    # of user code): a model's words, fed back like any bad answer (they raised out of the driver,
+    # the run stayed running, and every resume read the same persisted answer again)
+    except Exception as exc:
         schema = json.dumps(output_type.model_json_schema())[:1500]
         return f"Your final answer must be only JSON matching this schema: {schema}. Problem: {str(exc)[:800]}"
     return None
@@ -305,7 +306,7 @@ def final_output(response: ModelResponse, output_type: type[BaseModel] | None) -
     text = response.text().strip()
     if output_type is None:
         return text
-    # by alias (``json_form.model_json``): the next step reads the output_type by alias
+    # the form the next step reads the output_type from (``json_form.model_json``: keys it reads back)
     return model_json(output_type.model_validate(extract_json(text)))
 
 

@@ -81,8 +81,10 @@ class Tool:
         """Check the model's arguments; ``ToolError`` (shown to the model) if they do not fit.
 
         Returns their JSON form (what keys, the store and the model see); the function itself is
-        called with ``typed`` values). By alias (``json_form.model_json``): the input model reads
-        its fields by alias, as the schema the model is shown names them."""
+        called with ``typed`` values). Keyed as the input model reads them back (``json_form.model_json``:
+        by alias for a ``Field(alias=...)``, by name for a ``serialization_alias``); for a model read by
+        name it is the form stored before 2c5638e, so an effect tool's idempotency key (``keys.effect_key``
+        of this form) is the same for the same arguments across that upgrade."""
         form: dict[str, Any] = model_json(self._instance(args))
         return form
 
@@ -95,8 +97,8 @@ class Tool:
     def _instance(self, args: Any) -> BaseModel:
         if not isinstance(args, dict):
             raise ToolError(f"the input of {self.name} must be a JSON object, got {type(args).__name__}")
-        try:
-            return self.input_model.model_validate(args)
+        try:  # by name too: a field with only a validation_alias has no dump its model reads by alias
+            return self.input_model.model_validate(args, by_alias=True, by_name=True)  # (json_form.dump_options)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'input'}: {e['msg']}"
                                  for e in exc.errors(include_url=False))

@@ -391,7 +391,8 @@ class Ask(BaseModel):
 
     prompt: str
     payload: Any = None
-    """What the approver reviews (JSON): an order, a plan, a draft."""
+    """What the approver reviews (JSON): an order, a plan, a draft; a pydantic model (or models in
+    it) is stored, and read, as the dict it dumps to."""
 
     def __init__(self, prompt: str, payload: Any = None) -> None:
         # positional too, as docs/api.md writes it: ``Ask("Refund 500 cents?", order)``

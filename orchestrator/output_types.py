@@ -70,17 +70,19 @@ def check_output_type(returns: Any, value: Any, label: str) -> Any:
             f"({problems(exc)}): return a value of that type, or change the annotation") from None
 
 
-def check_json_form(returns: Any, made: Any, text: str, label: str) -> None:
+def check_json_form(returns: Any, made: Any, text: str, label: str, declared: bool = True) -> None:
     """Raise ``OutputTypeError`` naming step ``label`` if ``text``, the JSON form of its output
     ``made`` (a ``returns``), reads back as ``returns`` as another value: a union of models read as
     another member, an ``Any`` field's set or datetime as a list or a str, a ``SecretStr`` as its
     mask. Downstream steps (and the step's compensation) read that form, not the object returned;
     failing here blames the step that made it, before anything reads it. Only for types whose
-    form can differ (``json_form.needs_read_back``, cached per type): plain JSON types pay nothing."""
+    form can differ (``json_form.needs_read_back``, cached per type): plain JSON types pay nothing.
+    ``declared=False``: ``returns`` is the type of an undeclared output, which its reader reads as a
+    dict unless it declares the type: a form that type cannot read at all is not refused here."""
     if not needs_read_back(returns):
         return
     try:
-        problem = read_back_problem(returns, made, jsoncodec.loads(text), "output")
+        problem = read_back_problem(returns, made, jsoncodec.loads(text), "output", unreadable=declared)
     except Exception:  # an annotation pydantic cannot build a validator for: nothing to read back with
         return
     if problem:

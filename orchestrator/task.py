@@ -255,7 +255,8 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
             raise NotJSONableError(f"{exc}, counting the {nested} levels its fan-out's result (FanOutResult: "
                                    "successes[i].output) adds around each item's output") from None
     if not exact and (returns is not Any or isinstance(result, BaseModel)):  # (undeclared: as its own type)
-        check_json_form(returns if returns is not Any else type(result), made, text, _label(node_id, index))
+        check_json_form(returns if returns is not Any else type(result), made, text, _label(node_id, index),
+                        declared=returns is not Any)
     if len(text) * 4 > max_output_bytes:  # (else it fits: a character is at most 4 bytes)
         size = len(text.encode("utf-8"))
         if size > max_output_bytes:

@@ -11,9 +11,12 @@ a compensation, a tool or a resume reads. Three ways those parted, silently:
   a list, a str, a str-keyed dict (a bare value of these is refused); a pydantic ``SecretStr`` became
   its mask, ``'**********'``, which the next step then used as the credential.
 
-``model_json`` is the one dump of a pydantic value (``by_alias=True``, computed fields left out, so
-the form reads back under ``extra="forbid"``); ``read_back_problem`` reads a JSON form back with the
-declared type, once, and says where it differs from the value made, for the producer to fail with.
+``model_json`` is the one dump of a pydantic value (``dump_options``, per type): its keys are the
+ones the model reads (the model's own choice where it reads back, the way raysaga always dumped,
+else by alias, else by name: pydantic never reads a ``serialization_alias``), computed fields left
+out where the model would refuse or keep them on the way back (``extra="forbid"``/``"allow"``);
+``read_back_problem`` reads a JSON form back with the declared type, once, and says where it
+differs from the value made, for the producer to fail with.
 ``needs_read_back`` is cached per type: plain JSON types (``int``, ``dict[str, int]``, ``list[str]``,
 ``Any``...) cannot differ, and pay nothing.
 """
@@ -26,7 +29,8 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
+from pydantic import AliasChoices, AliasPath, BaseModel, SecretBytes, SecretStr, ValidationError
+from pydantic.fields import FieldInfo
 
 from raysaga.state.type_adapters import type_adapter
 
@@ -36,19 +40,133 @@ _PLAIN: frozenset[Any] = frozenset({int, float, str, bool, type(None), None, Any
 #: Containers whose JSON form is a JSON array or object of the members' forms.
 _CONTAINERS: frozenset[Any] = frozenset({list, dict, tuple, typing.Union, types.UnionType})
 
-#: The one set of options every pydantic value is dumped with (``model_json``, ``adapter_json``).
-DUMP_OPTIONS: dict[str, Any] = {"mode": "json", "by_alias": True, "exclude_computed_fields": True}
-
-
 def model_json(model: BaseModel) -> Any:
-    """The JSON form of ``model`` that reads back as it: by alias (pydantic validates by alias),
-    computed fields left out (``extra="forbid"`` refuses them on the way back)."""
-    return model.model_dump(**DUMP_OPTIONS)
+    """The JSON form of ``model`` that reads back as it (``dump_options``)."""
+    return model.model_dump(**dump_options(type(model)))
 
 
 def adapter_json(tp: Any, value: Any) -> Any:
     """The JSON form of ``value`` as type ``tp`` dumps it, with ``model_json``'s options."""
-    return type_adapter(tp).dump_python(value, **DUMP_OPTIONS)
+    return type_adapter(tp).dump_python(value, **dump_options(tp))
+
+
+def dump_options(tp: Any) -> dict[str, Any]:
+    """How a value of type ``tp`` is dumped, cached per type: JSON mode; keyed as its models read
+    their fields (``dump_by_alias``); computed fields kept, as raysaga always dumped them, unless a
+    model in ``tp`` with one does not ignore extra keys (``extra="forbid"`` refuses them on the way
+    back, ``"allow"`` keeps them as extras). Where a form reads back, it is the form raysaga made
+    before 2c5638e: a tool call's arguments, and the idempotency key made of them, stay the same."""
+    try:
+        return _options(tp)
+    except TypeError:  # unhashable annotation
+        return _options.__wrapped__(tp)
+
+
+@functools.lru_cache(maxsize=1024)
+def _options(tp: Any) -> dict[str, Any]:
+    models = _models_in(tp, {}).values()
+    computed_out = any(cls.model_computed_fields and cls.model_config.get("extra") in ("forbid", "allow")
+                       for cls in models)
+    return {"mode": "json", "by_alias": dump_by_alias(tp), "exclude_computed_fields": computed_out}
+
+
+def dump_by_alias(tp: Any) -> bool | None:
+    """The ``by_alias`` that dumps every model in type ``tp`` with keys those models read back, cached
+    per type: None (each model's own ``serialize_by_alias``, by name by default: how raysaga dumped
+    before), else True, else False. pydantic reads a field by its validation alias (and by name under
+    ``validate_by_name``/``populate_by_name``), never by a ``serialization_alias``: a model with one
+    (camelCase output) is dumped by name. None when no choice reads back (a ``validation_alias``
+    without ``validate_by_name``): its read-back then fails, naming the fix (``alias_hint``)."""
+    try:
+        return _by_alias(tp)
+    except TypeError:  # unhashable annotation
+        return _by_alias.__wrapped__(tp)
+
+
+@functools.lru_cache(maxsize=1024)
+def _by_alias(tp: Any) -> bool | None:
+    models = _models_in(tp, {})
+    for choice in (None, True, False):
+        if all(_keys_read_back(cls, choice) for cls in models.values()):
+            return choice
+    return None
+
+
+def alias_hint(tp: Any) -> str:
+    """Why the JSON form of a ``tp`` has keys it does not read, in words ("" if it has none)."""
+    try:
+        if _by_alias(tp) is not None or all(_keys_read_back(c, None) for c in _models_in(tp, {}).values()):
+            return ""
+    except TypeError:
+        return ""
+    return (": a field with a validation_alias (or alias) that differs from the key it is dumped with reads "
+            "neither; give it alias= (read and written), or set validate_by_name=True")
+
+
+def serializer_hint(tp: Any) -> str:
+    """The serializers of the models in ``tp``, in words for a form that does not read back ("" if none)."""
+    try:
+        named = [f"{cls.__name__}.{field} ({fn})" for cls in _models_in(tp, {}).values()
+                 for field, fn in _serialized_fields(cls).items()]
+        named += [f"{cls.__name__} (@model_serializer)" for cls in _models_in(tp, {}).values()
+                  if cls.__pydantic_decorators__.model_serializers]
+    except Exception:  # (a model pydantic has not finished building: no hint)
+        return ""
+    if not named:
+        return ""
+    return (f"; written by a serializer: {', '.join(named[:5])}, whose form must read back as the value: "
+            "store the value, and format it where it is shown")
+
+
+def _serialized_fields(cls: type[BaseModel]) -> dict[str, str]:
+    """Field name -> the name of the ``@field_serializer`` that writes it."""
+    return {field: deco.cls_var_name for deco in cls.__pydantic_decorators__.field_serializers.values()
+            for field in deco.info.fields}
+
+
+def _models_in(tp: Any, found: dict[int, type[BaseModel]]) -> dict[int, type[BaseModel]]:
+    """The model classes in annotation ``tp``, its fields' annotations included (by id: a recursive model ends)."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        if id(tp) in found:
+            return found
+        found[id(tp)] = tp
+        for field in tp.model_fields.values():
+            _models_in(field.annotation, found)
+        return found
+    for arg in typing.get_args(tp):
+        if not isinstance(arg, list | tuple):  # (Callable's parameter list)
+            _models_in(arg, found)
+    return found
+
+
+def _keys_read_back(cls: type[BaseModel], by_alias: bool | None) -> bool:
+    """Whether ``cls``, dumped with ``by_alias``, has only keys its validation reads."""
+    config = cls.model_config
+    own = bool(config.get("serialize_by_alias")) if by_alias is None else by_alias
+    by_name = bool(config.get("validate_by_name") or config.get("populate_by_name"))
+    aliases_read = config.get("validate_by_alias", True) is not False
+    for name, field in cls.model_fields.items():
+        if field.exclude is True:
+            continue
+        written = (field.serialization_alias or field.alias or name) if own else name
+        if written not in _read_keys(name, field, by_name, aliases_read):
+            return False
+    return True
+
+
+def _read_keys(name: str, field: FieldInfo, by_name: bool, aliases_read: bool) -> set[str]:
+    alias = field.validation_alias if field.validation_alias is not None else field.alias
+    if alias is None:
+        return {name}
+    keys = {name} if by_name or not aliases_read else set()
+    if aliases_read:
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        for choice in choices:
+            if isinstance(choice, str):
+                keys.add(choice)
+            elif isinstance(choice, AliasPath) and len(choice.path) == 1 and isinstance(choice.path[0], str):
+                keys.add(choice.path[0])
+    return keys
 
 
 def needs_read_back(tp: Any) -> bool:
@@ -84,15 +202,32 @@ def read_back(tp: Any, form: Any) -> Any:
     return type_adapter(tp).validate_python(form)
 
 
-def read_back_problem(tp: Any, value: Any, form: Any, where: str) -> str | None:
+def read_back_problem(tp: Any, value: Any, form: Any, where: str, unreadable: bool = True) -> str | None:
     """Where ``form``, the JSON form of ``value`` (a value of type ``tp``), reads back as ``tp``
-    as another value, in words (None: it reads back as ``value``)."""
+    as another value, in words (None: it reads back as ``value``). A validator raising any error on
+    the form (a ``TypeError`` on a str where it expected a datetime) is a form that cannot be read
+    back, said so, not raised. ``unreadable=False``: a form that cannot be read back at all is no
+    problem (nothing says its reader reads it as ``tp``: a model in an ``Any`` field, or returned
+    undeclared, is read as a dict unless the reader declares it, which then says why it cannot).
+    Raises what building ``tp``'s validator raises (an annotation pydantic has no validator for)."""
+    if not (isinstance(tp, type) and issubclass(tp, BaseModel)):
+        type_adapter(tp)  # (built outside the guard below: a type with no validator is no value's fault)
     try:
         back = read_back(tp, form)
     except ValidationError as exc:
+        if not unreadable:
+            return None
         errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
                            for e in exc.errors(include_url=False)[:3])
-        return f"its JSON form cannot be read back as {_name(tp)} ({errors})"
+        return f"its JSON form cannot be read back as {_name(tp)} ({errors}){alias_hint(tp)}{serializer_hint(tp)}"
+    except RecursionError:
+        return f"its JSON form cannot be read back as {_name(tp)} (nested too deep)" if unreadable else None
+    except Exception as exc:  # a validator's own error (user code): the form cannot be read back either
+        if not unreadable:
+            return None
+        return (f"its JSON form cannot be read back as {_name(tp)} ({type(exc).__name__} in a validator: "
+                f"{_shown(str(exc))}): a validator must accept the JSON form (a str for a datetime, a dict "
+                "for a model) as well as the value")
     return difference(value, back, where)
 
 
@@ -112,16 +247,32 @@ def _differs(made: Any, back: Any, where: str, depth: int) -> str | None:
     if depth > 120:
         return None
     if isinstance(made, BaseModel):
-        if type(back) is not type(made):
-            hint = ("a union of models has no type in its JSON form: give it a discriminator, "
-                    "Field(discriminator=...), or members with distinct fields" if isinstance(back, BaseModel)
-                    else f"declare the field as {type(made).__name__}, not Any")
-            return (f"{where} is a {type(made).__name__} but its JSON form reads back as a "
-                    f"{type(back).__name__} ({hint})")
-        for name in type(made).model_fields:
+        if not isinstance(back, BaseModel):  # an ``Any`` field's model: its reader gets the dict stored;
+            try:  # what must hold is the model's own fields' forms in it (a set in its Any field...)
+                return read_back_problem(type(made), made, back, where, unreadable=False)
+            except Exception:  # no validator for the model (cannot happen for a model): nothing to add
+                return None
+        if type(back) is not type(made) and not isinstance(made, type(back)):
+            return (f"{where} is a {type(made).__name__} but its JSON form reads back as a {type(back).__name__} "
+                    "(a union of models has no type in its JSON form: give it a discriminator, "
+                    "Field(discriminator=...), or members with distinct fields)")
+        # (a subclass of the declared model reads back as the declared model: its reader gets that)
+        fields = type(back).model_fields
+        serialized = _serialized_fields(type(back))
+        for name, info in fields.items():
             found = _differs(getattr(made, name, None), getattr(back, name, None), f"{where}.{name}", depth + 1)
+            if found and name in serialized:
+                return (f"{where}.{name} is written by its @field_serializer {serialized[name]!r} as a form it does "
+                        f"not read back ({_shown(getattr(made, name, None))} reads back as "
+                        f"{_shown(getattr(back, name, None))}): store the value, and format it where it is shown")
+            if found and info.exclude is True:
+                return (f"{where}.{name} is excluded from the dump (Field(exclude=True)): the next step reads "
+                        f"its default, not {_shown(getattr(made, name, None))}; keep it out of what is returned, "
+                        "or include the field")
             if found:
                 return found
+        if type(back) is not type(made):
+            return None
         return _differs(made.__pydantic_extra__ or {}, back.__pydantic_extra__ or {}, where, depth + 1)
     if isinstance(made, dict) and isinstance(back, dict):
         if made.keys() != back.keys():

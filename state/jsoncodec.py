@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from raysaga.errors import NotJSONableError
-from raysaga.state.json_form import model_json
+from raysaga.state.json_form import model_json, read_back_problem
 
 JSONValue = Any  # None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]
 
@@ -127,8 +127,12 @@ def _check(value: Any, where: str, depth: int) -> JSONValue:
             _check(key, f"{where} key", depth + 1)
             out[key] = _check(item, f"{where}[{key!r}]", depth + 1)
         return out
-    if isinstance(value, BaseModel):
-        return _check(_model_json(value, where), where, depth)
+    if isinstance(value, BaseModel):  # in a list or a dict: read back as its own type, where it is made
+        form = _check(_model_json(value, where), where, depth)
+        problem = read_back_problem(type(value), value, form, _bounded(where), unreadable=False)
+        if problem:  # (a set in its Any field became a list, an int key a str: silently, to its reader)
+            raise NotJSONableError(problem)
+        return form
     raise NotJSONableError(
         f"{_bounded(where)} is a {type(value).__name__}, which is not JSON: return a pydantic model, "
         "a dict, a list, a str, a number, a bool or None"
