@@ -104,13 +104,14 @@ class _ToolCall:
     key: str  # the call's idempotency key
 
 
-def missing_tool(call: NodeKey, name: str, key: str) -> dict[str, Any]:
+def missing_tool(call: NodeKey, name: str, key: str, run_id: str) -> dict[str, Any]:
     """The error of a rollback target: an effect call (ledger key ``key``) of tool ``name``, which
     the code the run is resumed with no longer has (its undo, if it had one, cannot run)."""
     return {"type": "CompensationMissing", "transient": False,
             "message": f"tool call {call.label} of tool {name!r} took effect (ledger key {key}), but the agent "
                        f"of step {call.step!r} no longer has a tool {name!r}: its undo cannot run; restore the "
-                       "tool (with its compensate=) and `raysaga retry RUN --compensations`, or undo it by hand"}
+                       f"tool (with its compensate=) and `raysaga retry {shlex.quote(run_id)} --compensations`, "
+                       "or undo it by hand"}
 
 
 #: What a node whose outcome was unknown says once its compensation undid it.
@@ -203,7 +204,8 @@ class Rollback:
                     and (took := self.calls.in_doubt.took.get((row.node_id, row.fan_index))) is not None:
                 # an effect the code no longer has the tool of: whether it had an undo is unknown,
                 # so the rollback stops on it (compensation_failed, naming it), never skips it
-                self._missing[(row.node_id, row.fan_index)] = missing_tool(sub, str(use.get("name", "")), took)
+                self._missing[(row.node_id, row.fan_index)] = missing_tool(sub, str(use.get("name", "")), took,
+                                                                           self.run_id)
                 found.append((sub.owner, sub.turn, sub.call, CompensationTarget((row.node_id, row.fan_index),
                                                                                 finished, step=sub.step)))
                 continue

@@ -210,6 +210,7 @@ def test_a_rollback_parks_on_a_committed_tool_call_whose_tool_is_gone(tmp_path: 
                           options=RunOptions(allow_changed=True))
     assert done.status == RunStatus.COMPENSATION_FAILED, (done.status, done.status_reason)
     assert "buy@0.0" in str(done.error) and "no longer has a tool 'charge'" in str(done.error)
+    assert "`raysaga retry b --compensations`" in str(done.error)  # the run named, not RUN
 
 
 def _two(v2: bool) -> Workflow:
