@@ -22,7 +22,6 @@ from pydantic import BaseModel, ValidationError, create_model
 
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
-from raysaga.state.json_form import model_json
 from raysaga.state.redact import scrub_secret_values, scrub_text
 from raysaga.types import RateLimit, RetryPolicy, checked_options, str_tuple, unknown_option_message
 
@@ -80,12 +79,12 @@ class Tool:
     def validate(self, args: Any) -> dict[str, Any]:
         """Check the model's arguments; ``ToolError`` (shown to the model) if they do not fit.
 
-        Returns their JSON form (what keys, the store and the model see); the function itself is
-        called with ``typed`` values). Keyed as the input model reads them back (``json_form.model_json``:
-        by alias for a ``Field(alias=...)``, by name for a ``serialization_alias``); for a model read by
-        name it is the form stored before 2c5638e, so an effect tool's idempotency key (``keys.effect_key``
-        of this form) is the same for the same arguments across that upgrade."""
-        form: dict[str, Any] = model_json(self._instance(args))
+        Returns their JSON form (what keys, the store and the model see): ``model_dump(mode="json")``,
+        keyed by parameter name as raysaga always made it, so an effect tool's idempotency key
+        (``keys.effect_key``, ``key_args`` by parameter name) is the same for the same arguments across
+        upgrades; read back by name and by alias (``_instance``). The function itself is called with
+        ``typed`` values."""
+        form: dict[str, Any] = self._instance(args).model_dump(mode="json")  # (what keys were always made of)
         return form
 
     def typed(self, args: Any) -> dict[str, Any]:

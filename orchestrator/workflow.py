@@ -494,6 +494,6 @@ def coerce(tp: Any, value: Any) -> Any:
     """Turn stored JSON back into the type a step's parameter declares (pydantic models etc.)."""
     if tp is Any or tp is None or value is None or (type(value) is tp and tp in _SCALARS):
         return value
-    if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp.model_validate(value)
-    return type_adapter(tp).validate_python(value)
+    if isinstance(tp, type) and issubclass(tp, BaseModel):  # (stored by name: read by name and by alias)
+        return tp.model_validate(value, by_alias=True, by_name=True)
+    return type_adapter(tp).validate_python(value, by_alias=True, by_name=True)

@@ -4,17 +4,17 @@ A value is checked as a Python object where it is made, but its JSON form is wha
 a compensation, a tool or a resume reads. Three ways those parted, silently:
 
 * a model with field aliases (or a ``computed_field`` under ``extra="forbid"``) was dumped by field
-  name and read back by alias: the next step, and the step's own compensation, could not read it;
+  name and read back by alias only: the next step, and the step's own compensation, could not read it;
 * a union of models (``Refund | Charge``) has no type in its JSON form: the reader's union picked
   the first member that fit, another type than the one returned;
 * a field typed ``Any`` holding a set, bytes, a datetime, a ``Decimal`` or an int-keyed dict became
   a list, a str, a str-keyed dict (a bare value of these is refused); a pydantic ``SecretStr`` became
   its mask, ``'**********'``, which the next step then used as the credential.
 
-``model_json`` is the one dump of a pydantic value (``dump_options``, per type): its keys are the
-ones the model reads (the model's own choice where it reads back, the way raysaga always dumped,
-else by alias, else by name: pydantic never reads a ``serialization_alias``), computed fields left
-out where the model would refuse or keep them on the way back (``extra="forbid"``/``"allow"``);
+``model_json`` is the one dump of a pydantic value (``dump_options``, per type): keyed as the model
+dumps itself (by field name unless ``serialize_by_alias``), the way raysaga always stored it, and
+read back by name and by alias (``read_back``, ``workflow.coerce``), whatever aliases the model has;
+computed fields left out only where the model would refuse them on the way back (``extra="forbid"``);
 ``read_back_problem`` reads a JSON form back with the declared type, once, and says where it
 differs from the value made, for the producer to fail with.
 ``needs_read_back`` is cached per type: plain JSON types (``int``, ``dict[str, int]``, ``list[str]``,
@@ -29,8 +29,7 @@ import types
 import typing
 from typing import Any
 
-from pydantic import AliasChoices, AliasPath, BaseModel, SecretBytes, SecretStr, ValidationError
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, SecretBytes, SecretStr, ValidationError
 
 from raysaga.state.type_adapters import type_adapter
 
@@ -51,11 +50,10 @@ def adapter_json(tp: Any, value: Any) -> Any:
 
 
 def dump_options(tp: Any) -> dict[str, Any]:
-    """How a value of type ``tp`` is dumped, cached per type: JSON mode; keyed as its models read
-    their fields (``dump_by_alias``); computed fields kept, as raysaga always dumped them, unless a
-    model in ``tp`` with one does not ignore extra keys (``extra="forbid"`` refuses them on the way
-    back, ``"allow"`` keeps them as extras). Where a form reads back, it is the form raysaga made
-    before 2c5638e: a tool call's arguments, and the idempotency key made of them, stay the same."""
+    """How a value of type ``tp`` is dumped, cached per type: JSON mode, keyed as each model dumps
+    itself (by field name unless ``serialize_by_alias``: the form raysaga always stored, read back
+    by name and by alias), computed fields kept unless a model in ``tp`` with one refuses extra keys
+    (``extra="forbid"`` would refuse them on the way back)."""
     try:
         return _options(tp)
     except TypeError:  # unhashable annotation
@@ -65,42 +63,10 @@ def dump_options(tp: Any) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1024)
 def _options(tp: Any) -> dict[str, Any]:
     models = _models_in(tp, {}).values()
-    computed_out = any(cls.model_computed_fields and cls.model_config.get("extra") in ("forbid", "allow")
-                       for cls in models)
-    return {"mode": "json", "by_alias": dump_by_alias(tp), "exclude_computed_fields": computed_out}
-
-
-def dump_by_alias(tp: Any) -> bool | None:
-    """The ``by_alias`` that dumps every model in type ``tp`` with keys those models read back, cached
-    per type: None (each model's own ``serialize_by_alias``, by name by default: how raysaga dumped
-    before), else True, else False. pydantic reads a field by its validation alias (and by name under
-    ``validate_by_name``/``populate_by_name``), never by a ``serialization_alias``: a model with one
-    (camelCase output) is dumped by name. None when no choice reads back (a ``validation_alias``
-    without ``validate_by_name``): its read-back then fails, naming the fix (``alias_hint``)."""
-    try:
-        return _by_alias(tp)
-    except TypeError:  # unhashable annotation
-        return _by_alias.__wrapped__(tp)
-
-
-@functools.lru_cache(maxsize=1024)
-def _by_alias(tp: Any) -> bool | None:
-    models = _models_in(tp, {})
-    for choice in (None, True, False):
-        if all(_keys_read_back(cls, choice) for cls in models.values()):
-            return choice
-    return None
-
-
-def alias_hint(tp: Any) -> str:
-    """Why the JSON form of a ``tp`` has keys it does not read, in words ("" if it has none)."""
-    try:
-        if _by_alias(tp) is not None or all(_keys_read_back(c, None) for c in _models_in(tp, {}).values()):
-            return ""
-    except TypeError:
-        return ""
-    return (": a field with a validation_alias (or alias) that differs from the key it is dumped with reads "
-            "neither; give it alias= (read and written), or set validate_by_name=True")
+    computed_out = any(cls.model_computed_fields and cls.model_config.get("extra") == "forbid" for cls in models)
+    # keyed as each model dumps itself (by name unless ``serialize_by_alias``): the form raysaga
+    # always stored, read back by name and by alias (``read_back``, ``workflow.coerce``)
+    return {"mode": "json", "by_alias": None, "exclude_computed_fields": computed_out}
 
 
 def serializer_hint(tp: Any) -> str:
@@ -139,36 +105,6 @@ def _models_in(tp: Any, found: dict[int, type[BaseModel]]) -> dict[int, type[Bas
     return found
 
 
-def _keys_read_back(cls: type[BaseModel], by_alias: bool | None) -> bool:
-    """Whether ``cls``, dumped with ``by_alias``, has only keys its validation reads."""
-    config = cls.model_config
-    own = bool(config.get("serialize_by_alias")) if by_alias is None else by_alias
-    by_name = bool(config.get("validate_by_name") or config.get("populate_by_name"))
-    aliases_read = config.get("validate_by_alias", True) is not False
-    for name, field in cls.model_fields.items():
-        if field.exclude is True:
-            continue
-        written = (field.serialization_alias or field.alias or name) if own else name
-        if written not in _read_keys(name, field, by_name, aliases_read):
-            return False
-    return True
-
-
-def _read_keys(name: str, field: FieldInfo, by_name: bool, aliases_read: bool) -> set[str]:
-    alias = field.validation_alias if field.validation_alias is not None else field.alias
-    if alias is None:
-        return {name}
-    keys = {name} if by_name or not aliases_read else set()
-    if aliases_read:
-        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
-        for choice in choices:
-            if isinstance(choice, str):
-                keys.add(choice)
-            elif isinstance(choice, AliasPath) and len(choice.path) == 1 and isinstance(choice.path[0], str):
-                keys.add(choice.path[0])
-    return keys
-
-
 def needs_read_back(tp: Any) -> bool:
     """Whether a value declared ``tp`` can have a JSON form that reads back as another value
     (a model, a dataclass, a union of several, a datetime...): cached per type."""
@@ -196,10 +132,11 @@ def _needs(tp: Any) -> bool:
 
 
 def read_back(tp: Any, form: Any) -> Any:
-    """``form`` (JSON data) read as ``tp``, the way a step's parameter reads it (``workflow.coerce``)."""
+    """``form`` (JSON data) read as ``tp``, the way a step's parameter reads it (``workflow.coerce``:
+    by field name and by alias, so the form stored by name reads back whatever aliases a model has)."""
     if isinstance(tp, type) and issubclass(tp, BaseModel):
-        return tp.model_validate(form)
-    return type_adapter(tp).validate_python(form)
+        return tp.model_validate(form, by_alias=True, by_name=True)
+    return type_adapter(tp).validate_python(form, by_alias=True, by_name=True)
 
 
 def read_back_problem(tp: Any, value: Any, form: Any, where: str, unreadable: bool = True) -> str | None:
@@ -219,7 +156,7 @@ def read_back_problem(tp: Any, value: Any, form: Any, where: str, unreadable: bo
             return None
         errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}"
                            for e in exc.errors(include_url=False)[:3])
-        return f"its JSON form cannot be read back as {_name(tp)} ({errors}){alias_hint(tp)}{serializer_hint(tp)}"
+        return f"its JSON form cannot be read back as {_name(tp)} ({errors}){serializer_hint(tp)}"
     except RecursionError:
         return f"its JSON form cannot be read back as {_name(tp)} (nested too deep)" if unreadable else None
     except Exception as exc:  # a validator's own error (user code): the form cannot be read back either
@@ -273,7 +210,9 @@ def _differs(made: Any, back: Any, where: str, depth: int) -> str | None:
                 return found
         if type(back) is not type(made):
             return None
-        return _differs(made.__pydantic_extra__ or {}, back.__pydantic_extra__ or {}, where, depth + 1)
+        computed = type(back).model_computed_fields  # (stored with the fields, read back as extras)
+        extra_back = {k: v for k, v in (back.__pydantic_extra__ or {}).items() if k not in computed}
+        return _differs(made.__pydantic_extra__ or {}, extra_back, where, depth + 1)
     if isinstance(made, dict) and isinstance(back, dict):
         if made.keys() != back.keys():
             odd = next((k for k in made if k not in back), None)

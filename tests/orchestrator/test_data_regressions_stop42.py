@@ -19,7 +19,7 @@ and read declared types' JSON forms back where they were made. What went wrong:
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_serializer, field_validator
@@ -369,3 +369,90 @@ def test_a_tool_taking_a_model_with_only_a_validation_alias_is_called(sqlite_url
     record = raysaga.run(wf, {}, store=sqlite_url, executor="inline")
     assert record.status == RunStatus.COMPLETED, record.status_reason
     assert called == ["o1"]  # (its stored arguments, by name, did not validate: "invalid arguments for fetch")
+
+
+# ---------------------------------------------------------------- a third review (72562ff): one stored form, by name
+
+SENT: list[tuple[str, str, str]] = []
+
+
+@tool(effect=True, key=("from_",))
+def send42(from_: Annotated[str, Field(alias="from")], body: str, idempotency_key: str = "") -> str:
+    """Send a message from someone."""
+    SENT.append((from_, body, idempotency_key))
+    return "sent"
+
+
+def test_an_effect_tool_keyed_by_an_aliased_parameter_sends_each_call(tmp_path: Any) -> None:
+    """Dumped by alias, the arguments had no ``from_`` for ``key_args`` to read: every call got the
+    key of ``None``, and bob's message was answered "sent" from alice's ledger row without a call."""
+    SENT.clear()
+    model = ScriptedModel({"go": [tool_reply(("send42", {"from": "alice", "body": "1"})),
+                                  tool_reply(("send42", {"from": "bob", "body": "2"})), text_reply("done")]})
+    wf = Workflow("send42")
+
+    @wf.agent(Agent("mailer", model, tools=(send42,)))
+    def ask(input: dict[str, Any]) -> str:
+        return "go"
+
+    record = raysaga.run(wf, {}, store=f"sqlite:///{tmp_path / 's.db'}", executor="inline")
+    assert record.status == RunStatus.COMPLETED, record.status_reason
+    assert [(who, body) for who, body, _ in SENT] == [("alice", "1"), ("bob", "2")]
+    assert SENT[0][2] != SENT[1][2]  # two calls, two keys
+
+
+class CamelGen(BaseModel):
+    model_config = ConfigDict(alias_generator=lambda name: "".join(
+        part if i == 0 else part.title() for i, part in enumerate(name.split("_"))))
+    order_id: str
+
+
+class Doubled(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    a: int
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def double(self) -> int:
+        return 2 * self.a
+
+
+def test_models_are_stored_by_name_with_their_computed_fields_as_raysaga_always_stored_them(tmp_path: Any) -> None:
+    """Stored by alias, a camelCase-parsing model reached untyped readers and the run's output
+    under other keys than before (a reader's ``.get("order_id")`` silently None), and an
+    ``extra="allow"`` model lost its computed field; one holding an aliased and a
+    serialization-aliased model was refused. Stored by name, read by name and by alias."""
+    wf = Workflow("by_name42")
+
+    @wf.step()
+    def parsed() -> CamelGen:
+        return CamelGen.model_validate({"orderId": "o1"})
+
+    @wf.step()
+    def doubled() -> Doubled:
+        return Doubled(a=1)
+
+    @wf.step()
+    def untyped(parsed: Any, doubled: Any) -> list[Any]:
+        return [parsed.get("order_id"), doubled]
+
+    @wf.step()
+    def typed(parsed: CamelGen, doubled: Doubled) -> list[Any]:
+        return [parsed.order_id, doubled.double]
+
+    record = raysaga.run(wf, None, store=f"sqlite:///{tmp_path / 'n.db'}", executor="inline")
+    assert record.status == RunStatus.COMPLETED, record.status_reason
+    assert record.output == {"untyped": ["o1", {"a": 1, "double": 2}], "typed": ["o1", 2]}
+
+
+def test_an_effect_tools_key_keeps_its_form_for_a_model_with_a_computed_field_and_extra_allow() -> None:
+    """Computed fields left out of an ``extra="allow"`` model changed the key of a call in flight
+    across the upgrade: a second charge under a new key."""
+    @tool(effect=True)
+    def charge(order: Doubled) -> str:
+        """Charge for an order."""
+        return "charged"
+
+    sent = {"order": {"a": 250}}
+    before = charge.input_model.model_validate(sent).model_dump(mode="json")  # the form raysaga always keyed
+    assert charge.validate(sent) == before == {"order": {"a": 250, "double": 500}}
