@@ -118,6 +118,21 @@ def _client(store: SqlStore) -> tuple[TestClient, str]:
 # ---------------------------------------------------------------- 1. an approval's form, whatever its payload
 
 
+def request_as_blob(store: SqlStore, run_id: str) -> str:
+    """Keep the waiting approval ``gate``'s request as a blob (its row: only the digest), as a large
+    output is kept; returns the digest."""
+    row = store.node_row(run_id, "gate", -1)
+    assert row is not None and str(row["status"]) == "waiting"
+    data = jsoncodec.dumps(row["output"]).encode()
+    digest = jsoncodec.digest(data)
+    lease = store.claim(run_id, "test-blob", 10)
+    store.commit(lease, Batch(blobs={digest: data}, nodes=[NodeWrite(
+        node_id="gate", fan_index=-1, status=NodeStatus.WAITING, attempt=0, output=None, output_digest=digest,
+        started_at=row["started_at"])]))
+    store.release(lease)
+    return digest
+
+
 def test_a_waiting_approval_kept_as_a_blob_sends_its_request_for_the_form(tmp_path: Path) -> None:
     """The page built its form from the output's value: a blob (only its digest sent) or an output
     above the preview size (a preview) left no Approve/Reject. The request comes in its own key."""
@@ -125,15 +140,7 @@ def test_a_waiting_approval_kept_as_a_blob_sends_its_request_for_the_form(tmp_pa
     run_id = _run(bigask, "bigask", url, "blobbed")
     store = SqlStore(url)
     try:
-        row = store.node_row(run_id, "gate", -1)
-        assert row is not None and str(row["status"]) == "waiting"
-        data = jsoncodec.dumps(row["output"]).encode()
-        digest = jsoncodec.digest(data)
-        lease = store.claim(run_id, "test-41", 10)  # the same request, kept as a blob
-        store.commit(lease, Batch(blobs={digest: data}, nodes=[NodeWrite(
-            node_id="gate", fan_index=-1, status=NodeStatus.WAITING, attempt=0, output=None, output_digest=digest,
-            started_at=row["started_at"])]))
-        store.release(lease)
+        digest = request_as_blob(store, run_id)
         client, _ = _client(store)
         doc = client.get(f"/api/runs/{run_id}/nodes/gate").json()
         assert doc["output"] == {"digest": digest}

@@ -16,8 +16,8 @@ from raysaga.agents import Agent, tool
 from raysaga.agents.models import ScriptedModel, text_reply, tool_reply
 from raysaga.orchestrator.dashboard import views
 from raysaga.orchestrator.dashboard.server import build
-from raysaga.state import Batch, NodeStatus, NodeWrite, SqlStore, jsoncodec
-from tests.dashboard.test_dashboard_review_stop41 import BASE, _run, bigask
+from raysaga.state import SqlStore
+from tests.dashboard.test_dashboard_review_stop41 import BASE, _run, bigask, request_as_blob
 
 
 def test_a_waiting_approval_whose_request_blob_is_gone_still_shows_its_panel(tmp_path: Path) -> None:
@@ -25,15 +25,7 @@ def test_a_waiting_approval_whose_request_blob_is_gone_still_shows_its_panel(tmp
     run_id = _run(bigask, "bigask", url, "noblob")
     store = SqlStore(url)
     try:
-        row = store.node_row(run_id, "gate", -1)
-        assert row is not None and str(row["status"]) == "waiting"
-        data = jsoncodec.dumps(row["output"]).encode()
-        digest = jsoncodec.digest(data)
-        lease = store.claim(run_id, "test-42", 10)  # the request kept as a blob...
-        store.commit(lease, Batch(blobs={digest: data}, nodes=[NodeWrite(
-            node_id="gate", fan_index=-1, status=NodeStatus.WAITING, attempt=0, output=None, output_digest=digest,
-            started_at=row["started_at"])]))
-        store.release(lease)
+        digest = request_as_blob(store, run_id)  # the request kept as a blob...
         with sqlite3.connect(tmp_path / "raysaga.db") as db:  # ...and that blob lost
             assert db.execute("DELETE FROM raysaga_blobs WHERE digest = ?", (digest,)).rowcount == 1
         app, _ = build(store)
