@@ -96,7 +96,8 @@ def parse_input(raw: str | None, option: str = "--input") -> Any:
         if size > cap:
             raise _too_large(source, size, cap)
     try:
-        value = json.loads(text, parse_constant=reject_json_constant)
+        value = json.loads(text, parse_constant=reject_json_constant, parse_float=_finite_float,
+                           object_pairs_hook=_unique_keys)
     except RecursionError:
         raise InvalidInputError(f"{source} is not valid JSON: nested deeper than this parser allows "
                                 f"(at most {MAX_INPUT_DEPTH} levels are accepted)") from None
@@ -112,6 +113,29 @@ def parse_input(raw: str | None, option: str = "--input") -> Any:
 def reject_json_constant(name: str) -> Any:
     """``json.loads``' ``parse_constant`` for strict JSON: NaN and Infinity are Python's, not JSON."""
     raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    """``parse_float``: a number too large for a float (``1e400``) is refused as written, not
+    stored as infinity nor named as "inf", which the user never typed."""
+    value = float(text)
+    if math.isinf(value):
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise ValueError(f"the number {shown} is too large for a 64-bit float (at most ~1.8e308): "
+                         "pass it as a string")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a key given twice in one object is refused, naming it. JSON parsers
+    disagree on which value wins; Python's keeps the last silently (``{"qty": 1, "qty": 100}``)."""
+    value: dict[str, Any] = {}
+    for key, item in pairs:
+        if key in value:
+            shown = key if len(key) <= 60 else key[:57] + "..."
+            raise ValueError(f"the key {shown!r} is given twice in one object: give each key once")
+        value[key] = item
+    return value
 
 
 def _depth(value: Any) -> int:

@@ -348,7 +348,8 @@ class Calls:
             batch.run = merge_run(batch.run, RunUpdate(retries_delta=1))
             batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.RETRYING,
                                          attempt=flight.attempt, not_before=not_before, error=error,
-                                         started_at=outcome.started_at, finished_at=outcome.finished_at))
+                                         started_at=outcome.started_at, finished_at=outcome.finished_at,
+                                         duration=outcome.finished_at - outcome.started_at))
             # the whole error, its (redacted, bounded) traceback included: the node row keeps only
             # the latest attempt's, and `raysaga status --errors` shows every attempt's
             data: dict[str, Any] = {"attempt": flight.attempt, "delay": round(delay, 4), "error": error}
@@ -374,7 +375,8 @@ class Calls:
                                              status=status, result=result))
         batch.nodes.append(NodeWrite(node_id=node_id, fan_index=index, status=NodeStatus.FAILED,
                                      attempt=flight.attempt, error=error, started_at=outcome.started_at,
-                                     finished_at=outcome.finished_at))
+                                     finished_at=outcome.finished_at,
+                                     duration=outcome.finished_at - outcome.started_at))
         batch.events.append(NewEvent(kind="node_failed", node_id=node_id, fan_index=index,
                                      data={"attempt": flight.attempt, "error": short_error(error)}))
         return error, flight.attempt

@@ -68,6 +68,19 @@ def test_input_invalid_utf8_names_the_byte_offset(flow: str, sqlite_url: str, tm
     no_runs(sqlite_url)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"sku": "a", "qty": 1, "qty": 100, "card": "x"}', "the key 'qty' is given twice in one object"),
+    ('{"sku": "a", "qty": 1, "card": "x", "extra": [{"k": 1, "k": 1}]}', "the key 'k' is given twice"),
+    ('{"sku": "a", "qty": 1e400, "card": "x"}', "the number 1e400 is too large for a 64-bit float"),
+])
+def test_input_ambiguous_or_overflowing_json_is_refused(flow: str, sqlite_url: str, text: str, message: str) -> None:
+    """Python's JSON parser keeps the last of two equal keys silently (an order for 100, not 1)
+    and reads 1e400 as infinity, then named "inf", which the user never typed."""
+    code, _, err = invoke("run", f"{flow}:wf", "--input", text, "--db", sqlite_url, "--executor", "inline")
+    one_line_error(code, err, message)
+    no_runs(sqlite_url)
+
+
 @pytest.mark.parametrize("depth", [1_000, 100_000])
 def test_input_nested_too_deep_is_clean(flow: str, sqlite_url: str, tmp_path: Path, depth: int) -> None:
     deep = tmp_path / "deep.json"
