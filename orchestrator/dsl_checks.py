@@ -13,6 +13,7 @@ from raysaga.orchestrator.options import RetryPolicy
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
+from raysaga.sagas.policy import FanOutResult
 from raysaga.types import RateLimit, StepFailed, check_text, checked_options, str_tuple, unknown_option_message
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -154,3 +155,36 @@ def pass_problems(steps: Mapping[str, StepSpec]) -> list[str]:
                              f"it fails, {spec.name!r} receives a raysaga.types.StepFailed record instead; annotate "
                              f"the parameter {name} | StepFailed (from raysaga.types import StepFailed)")
     return found
+
+
+def partial_problems(steps: Mapping[str, StepSpec]) -> list[str]:
+    """A step reading a fan-out whose policy is partial (``BEST_EFFORT``, a quorum, a decision
+    function) with a type that cannot read the ``FanOutResult`` such a fan-out always hands on,
+    even when every item succeeded: every item ran (and charged) first, then the reader failed for
+    good and the run rolled back, with advice to "declare the type that step returns"."""
+    sample = FanOutResult(total=0).model_dump()
+    found = []
+    for spec in steps.values():
+        for dep in spec.param_deps:
+            source = steps.get(dep)
+            tp = spec.param_types.get(dep, Any)
+            if (source is None or source.map_over is None or not source.fan_out_policy.partial or tp is Any
+                    or spec.map_over == dep):
+                continue
+            try:
+                read = type_adapter(tp).validate_python(sample)
+            except Exception:  # ValidationError, or an annotation pydantic cannot read with
+                read = None
+            if not isinstance(read, FanOutResult | dict):
+                name = str(tp).replace("typing.", "") if getattr(tp, "__args__", None) else tp.__name__ \
+                    if hasattr(tp, "__name__") else str(tp)
+                found.append(f"step {spec.name!r} reads {dep!r} as {name}, but {dep!r} is a fan-out with a partial "
+                             f"policy ({source.fan_out_policy.kind}): it hands {spec.name!r} a raysaga.FanOutResult "
+                             f"(successes and annotated failures), not a list; annotate the parameter FanOutResult "
+                             f"(from raysaga import FanOutResult) and read .outputs, or use the ALL policy")
+    return found
+
+
+def dataflow_problems(steps: Mapping[str, StepSpec]) -> list[str]:
+    """What ``Workflow.validate`` checks beyond the graph: rate limits, and what readers receive."""
+    return [*rate_limit_problems(steps), *pass_problems(steps), *partial_problems(steps)]

@@ -33,10 +33,9 @@ from raysaga.orchestrator.dsl_checks import (
     check_flag,
     check_optional_name,
     checked_version,
+    dataflow_problems,
     decorator_options,
-    pass_problems,
     plain_options,
-    rate_limit_problems,
     step_where,
 )
 from raysaga.orchestrator.options import RetryPolicy
@@ -428,8 +427,7 @@ class Workflow:
         if self._graph is None:
             self.steps = late_dependencies(self.steps)
             self._graph = validate(self.name, self.steps, self.compensations,
-                                   [*self._compensation_problems(), *rate_limit_problems(self.steps),
-                                    *pass_problems(self.steps)])
+                                   [*self._compensation_problems(), *dataflow_problems(self.steps)])
             self.__dict__.pop("order", None)
             self.__dict__.pop("definition_hash", None)
         return self

@@ -361,7 +361,7 @@ class Calls:
             return None
         if outcome.transient:
             error["reason"] = "not retried: its step failed" if draining else "retry budget exhausted" \
-                if not budget_left else f"{flight.attempt} attempts exhausted"
+                if not budget_left else f"{flight.attempt} attempt{'s' * (flight.attempt != 1)} exhausted"
         ekey = self.keys.get(key)
         if ekey is not None:
             # Its retries ran out on transient errors (or the budget did): whether the last call took

@@ -360,7 +360,7 @@ class FateWorld:
 
 # ---------------------------------------------------------------------- comparing two runs
 
-_ATTEMPTS = re.compile(r"\d+ attempts exhausted")
+_ATTEMPTS = re.compile(r"\d+ attempts? exhausted")
 
 
 def normalise(value: Any) -> Any:
