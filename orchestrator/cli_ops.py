@@ -168,6 +168,7 @@ def inbox(
 ) -> None:
     """What waits for a human decision, oldest first."""
     with errors():
+        from raysaga.orchestrator.status_text import payload_line
         from raysaga.state.redact import scrub, scrub_text
 
         waiting = _client(db, writes=False).inbox(approver)
@@ -189,6 +190,9 @@ def inbox(
             say(out, (f"{item.run_id} {label}", "bold"), f"  asked {_ago(now - r.asked_at)} · approvers: "
                 f"{', '.join(r.deciders() or ['anyone'])}{quorum} · {due}")
             say(out, f"  {scrub_text(r.prompt)}")
+            payload = payload_line(r)  # what the approver approves: a tool call's arguments, say
+            if payload is not None:
+                say(out, f"  {payload}")
 
 
 def submit(
@@ -239,8 +243,8 @@ def worker(
     (which hand the runs back: another worker takes them at once)."""
     with errors():
         settings = _worker_settings(config, workflow, concurrency, limit, executor, address)
-        cli_input.positive_seconds("--lease-ttl", lease_ttl)
-        cli_input.positive_seconds("--poll", poll)
+        _at_most_a_day("--lease-ttl", lease_ttl)
+        _at_most_a_day("--poll", poll)
         from raysaga.orchestrator import cli_store
         from raysaga.orchestrator.loader import load_workflow
         from raysaga.orchestrator.options import RunOptions
@@ -356,6 +360,18 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
             "executor": kind, "address": address or loaded.get("address")}
 
 
+#: The longest ``--poll`` and ``--lease-ttl`` a worker takes: it waits on them (a heartbeat every
+#: ttl/3), and a wait longer than ``threading.TIMEOUT_MAX`` (~292 years) raised OverflowError in its
+#: loop; a day between looks for work, or a dead driver's run blocked for a day, is already a mistake.
+MAX_WAIT_S = 86400.0
+
+
+def _at_most_a_day(option: str, value: float) -> None:
+    cli_input.positive_seconds(option, value)
+    if value > MAX_WAIT_S:
+        raise UserError(f"{option} must be at most {MAX_WAIT_S:.0f} seconds (a day), got {value:g}")
+
+
 def _one_file_per_name(refs: list[str]) -> None:
     """Two workflow files of one name (``a/flows.py``, ``b/flows.py``) are one module to Ray's
     workers, which import a step by its module's name: the second file replaced the first, and
@@ -372,11 +388,10 @@ def _one_file_per_name(refs: list[str]) -> None:
 
 
 def _ago(seconds: float, future: bool = False) -> str:
-    seconds = max(0.0, seconds)
-    if seconds < 120:
-        text = f"{seconds:.0f}s"
-    else:
-        text = f"{seconds / 60:.0f}m" if seconds < 7200 else f"{seconds / 3600:.1f}h"
+    """``span``'s rounding (a timeout of 1e300 s is "in more than 100 years", not 300 digits of hours)."""
+    from raysaga.orchestrator.status_text import span
+
+    text = span(max(0.0, seconds))
     return f"in {text}" if future else f"{text} ago"
 
 

@@ -7,15 +7,15 @@ operator names) steps that never started are listed too, as pending, in the work
 
 ``--json`` writes the document incrementally, one node at a time, so a 50,000-node run costs a few
 seconds and a bounded amount of memory. Its keys (``schema_version`` 1): run_id, workflow, version,
-status, reason, trace_id, labels, created_at, updated_at, lease_owner, lease_expires_at, retries_used,
-retry_budget, tokens_used, cost_used, input, output, error, node_counts, nodes, effects,
-next_nodes_after (and steps/failures with ``--summary``, which leaves nodes out).
+status, reason, trace_id, labels, created_at, updated_at, wake_at (when a resting run is due),
+deadline_at, lease_owner, lease_expires_at, retries_used, retry_budget, tokens_used, cost_used, input,
+output, error, node_counts, nodes, effects, next_nodes_after (and steps/failures with ``--summary``,
+which leaves nodes out).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import sys
 import time
@@ -26,10 +26,14 @@ from rich.console import Console
 from rich.text import Text
 
 from raysaga.errors import UserError
+from raysaga.node_key import NodeKey
 from raysaga.orchestrator.ownership import describe_lease
 from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
 from raysaga.orchestrator.status_text import error_line as error_line
+from raysaga.orchestrator.status_text import flat as flat
+from raysaga.orchestrator.status_text import output_line as output_line
+from raysaga.orchestrator.status_text import run_times, run_wake, waiting_lines, when
 from raysaga.orchestrator.status_text import seconds as seconds
 from raysaga.orchestrator.status_text import utc as utc
 from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
@@ -133,7 +137,8 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "run_id": run.run_id, "workflow": run.workflow_name, "version": run.workflow_version,
         "status": run.status.value, "reason": scrub(run.status_reason), "trace_id": run.trace_id,
         "labels": run.labels,
-        "created_at": run.created_at, "updated_at": run.updated_at, "lease_owner": run.lease_owner,
+        "created_at": run.created_at, "updated_at": run.updated_at, "wake_at": run_wake(run),
+        "deadline_at": run.deadline_at, "lease_owner": run.lease_owner,
         "lease_expires_at": run.lease_expires_at, "retries_used": run.retries_used,
         "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
         # secrets in a step's output are kept in the store (changing it would be a wrong result),
@@ -228,28 +233,6 @@ def columns(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def flat(text: str) -> str:
-    """One line of printable text (newlines and control characters shown escaped)."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
-                   for c in text)
-
-
-#: The end of a text cut inside an escape: an odd run of backslashes, then part of ``\uXXXX`` or ``\xXX``.
-_HALF_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*(\\(?:u[0-9a-fA-F]{0,3}|x[0-9a-fA-F]?)?)$")
-
-
-def output_line(output: Any, limit: int) -> str:
-    """A run's output as one line of JSON: text as written (``日本``, not ``\\u65e5\\u672c``), with what
-    a terminal would act on shown escaped (JSON escapes C0 controls, ``flat`` the rest), and cut
-    at ``limit`` characters, never inside an escape."""
-    text = flat(json.dumps(scrub(output), default=str, ensure_ascii=False))
-    if len(text) <= limit:
-        return text
-    cut = text[:limit]
-    half = _HALF_ESCAPE.search(cut)
-    return (cut[:half.start(1)] if half else cut) + " …"
-
-
 def _styled(status: str) -> Text:
     return Text(status, style=STATUS_COLOURS.get(status, ""))
 
@@ -269,6 +252,8 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
             else f"{seconds(max(0.0, at - run.created_at))} so far")  # waiting, running: not over
     console.print(Text(f"created {utc(run.created_at)}, updated {utc(run.updated_at)} ({life})"))
     console.print(Text(f"driver: {describe_lease(run, at)}"))
+    for text in run_times(run, at):  # when a resting run wakes, and its deadline
+        console.print(Text(text))
     console.print(Text(f"store: {store_text}"))
     if run.labels:
         console.print(Text("labels: " + ", ".join(flat(f"{k}={v}") for k, v in sorted(run.labels.items()))))
@@ -326,7 +311,8 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         console.print(Text("output: " + output_line(run.output, 600)))
     if run.error:
         console.print(Text("error: " + error_line(scrub(run.error.as_dict()), 600)))
-    failed = sum(s.counts.get("failed", 0) for s in infos)
+    # as the table counts them: an agent's failed turn (``ask@0``) is its agent's row, not one more
+    failed = sum(s.counts.get("failed", 0) for s in infos if not NodeKey.parse(s.node_id).is_agent_call)
     if failed:
         console.print(Text(f"{failed} failed node(s): `raysaga status {shlex.quote(run.run_id)} --errors` shows "
                            "each attempt and its traceback"))
@@ -403,6 +389,9 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
         console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state)))
         for event in history:
             console.print(Text("  " + _history_line(event)))
+        if node is not None:  # what it waits for: an approval's payload, a sleep's or a retry's time
+            for text in waiting_lines(store, run, node_id, index, time.time()):
+                console.print(Text("  " + text))
         for event in attempts:
             data = event.data if isinstance(event.data, dict) else {}
             what = "retried" if event.kind == "retry_scheduled" else "failed for good"
@@ -433,7 +422,7 @@ def _history_line(event: EventRecord) -> str:
     return flat(scrub_text(f"{'escalated' if event.kind == 'approval_escalated' else 'asked'} at {utc(event.at)}"
                            + deciders
                            + (f", quorum {data['quorum']}" if data.get("quorum", 1) != 1 else "")
-                           + (f", times out at {utc(until)}" if isinstance(until, int | float) else "")))
+                           + (f", times out {when(until, time.time())}" if isinstance(until, int | float) else "")))
 
 
 def _node_story(run_id: str, label: str, state: str, error: Any, attempts: list[EventRecord],

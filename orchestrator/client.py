@@ -180,7 +180,9 @@ class Client:
     def retry(self, run_id: str, *, by: str | None = None) -> RunRecord:
         """An operator's retry of a parked run, with the same idempotency keys: a ``failed`` run's
         failed and skipped nodes go back to pending, a ``compensation_failed`` run's failed
-        compensations do; a worker takes the run up (or ``raysaga resume RUN``)."""
+        compensations do; a worker takes the run up (or ``raysaga resume RUN``). A ``failed`` run past
+        its deadline is refused before anything is written (``runner.check_retryable``: it would fail
+        ``deadline`` again at once); its rollback is not, a rollback being no forward work."""
         by = _actor(by)
         current = self.get_run(run_id)
         record = reopen(self.store, run_id, compensations=current.status == RunStatus.COMPENSATION_FAILED)

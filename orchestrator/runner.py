@@ -393,13 +393,26 @@ def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord
 
 
 def check_retryable(run: RunRecord, compensations: bool) -> None:
-    """Only a ``failed`` run is retried (with ``compensations``, only a ``compensation_failed`` one)."""
+    """Only a ``failed`` run is retried (with ``compensations``, only a ``compensation_failed`` one),
+    and not past its deadline: a retry keeps the deadline, so the retried run failed ``deadline``
+    again at once, its retried nodes left ``pending`` and their earlier record lost. A rollback
+    retried past the deadline runs (the driver checks the deadline only going forward)."""
     wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
     if run.status != wanted:
         hint = " (use --compensations for a compensation_failed run)" \
             if run.status == RunStatus.COMPENSATION_FAILED else ""
         raise UserError(f"run {run.run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
                         f"{'with' if compensations else 'without'} --compensations{hint}")
+    now = time.time()
+    if not compensations and run.deadline_at is not None and now >= run.deadline_at:
+        from raysaga.orchestrator.status_text import when
+
+        quoted = shlex.quote(run.run_id)
+        raise UserError(f"run {run.run_id!r} passed its deadline {when(run.deadline_at, now)}: a retry keeps the "
+                        "deadline, so it would fail again at once; `raysaga fork "
+                        f"{quoted} --from NODE` starts a new run that keeps what completed and runs NODE and what "
+                        "follows afresh, without this deadline (Python: fork(..., options=RunOptions(deadline=S)) "
+                        "gives it one of its own)")
 
 
 def reopen(st: Store, run_id: str, compensations: bool = False) -> RunRecord:
@@ -442,7 +455,8 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
 
     A ``failed`` run: its failed and skipped nodes run again; completed nodes and committed
     effects stand. With ``compensations``, a ``compensation_failed`` run: its failed
-    compensations run again and the rollback completes.
+    compensations run again and the rollback completes. A ``failed`` run past its deadline is
+    refused (``check_retryable``): the deadline stays, so it would fail again at once.
     """
     with using_store(store) as st:
         # a definition change is refused before the run is reopened: refused after, it was left

@@ -1,23 +1,66 @@
-"""Store values as people read them in ``raysaga status`` and its kin: times, durations, errors."""
+"""Store values as people read them in ``raysaga status`` and its kin (``inbox``): times,
+durations, errors, and what a waiting node waits for (an approval's payload, a sleep's end)."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any
 
-from raysaga.state.redact import scrub_text
+from raysaga.state import SqlStore
+from raysaga.state.decisions import ApprovalRequest, request_of
+from raysaga.state.item_pages import rows_at
+from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
+from raysaga.state.redact import scrub, scrub_text
 
-__all__ = ["clock", "error_line", "seconds", "utc"]
+__all__ = ["FAR", "clock", "error_line", "flat", "output_line", "payload_line", "relative", "run_times", "run_wake",
+           "seconds", "span", "utc", "waiting_lines", "when"]
+
+#: The states a run rests in until its ``wake_at`` (a timer, a retry's backoff, an approval's
+#: timeout or the deadline; a decision or an unpause makes it now): a worker then takes it up.
+_WAKING = (RunStatus.WAITING_TIMER, RunStatus.WAITING_HUMAN, RunStatus.PAUSED)
+
+
+#: Seconds beyond which a time is read as "more than 100 years" away: a timeout of 1e300 s is a
+#: 300-digit number of hours, or no date at all (``time.gmtime`` refuses it).
+FAR = 100 * 365.25 * 86400
 
 
 def utc(at: float | None) -> str:
-    """A store timestamp as people read it (UTC, to the second)."""
+    """A store timestamp as people read it (UTC, to the second); one too far for a date (a timeout
+    of 1e300 s) is "more than 100 years from now"."""
     if at is None:
         return ""
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(at))
     except (OverflowError, ValueError, OSError):
-        return "(bad time)"
+        return "more than 100 years from now" if at > time.time() + FAR else "(bad time)"
+
+
+def span(value: float) -> str:
+    """A length of time as people read it, rounded: 12s, 5m, 3.2h, 4.5d; "more than 100 years"."""
+    value = abs(value)
+    if not value < FAR:  # NaN too
+        return "more than 100 years"
+    if value < 120:
+        return f"{value:.0f}s"
+    if value < 7200:
+        return f"{value / 60:.0f}m"
+    return f"{value / 3600:.1f}h" if value < 172800 else f"{value / 86400:.1f}d"
+
+
+def relative(at: float, now: float) -> str:
+    """``at`` from ``now``: "in 12s", "3m ago", "in more than 100 years"."""
+    return f"in {span(at - now)}" if at >= now else f"{span(now - at)} ago"
+
+
+def when(at: float, now: float) -> str:
+    """A time to come (or past) as a date and its distance: "at 2026-11-30 21:40:13 UTC (in 12s)";
+    a far one only as its distance ("in more than 100 years")."""
+    if not abs(at - now) < FAR:
+        return relative(at, now)
+    return f"at {utc(at)} ({relative(at, now)})"
 
 
 def clock(at: float | None) -> str:
@@ -74,3 +117,85 @@ def _compensation_report(error: dict[str, Any]) -> str:
         text += f"; not compensated (waiting on those): {', '.join(str(b) for b in blocked)}"
     cause = error.get("cause")
     return f"{text}; cause: {error_line(cause, None)}" if cause else text
+
+
+def run_wake(run: RunRecord) -> float | None:
+    """When a resting run is due (``wake_at``); None for a run that does not rest until then."""
+    return run.wake_at if run.status in _WAKING else None
+
+
+def run_times(run: RunRecord, now: float) -> list[str]:
+    """``status``'s lines for when a resting run wakes and its deadline: the store has both, and
+    nothing else said when a sleep or a retry's backoff ends, or when the run must be done."""
+    lines = []
+    wake = run_wake(run)
+    if wake is not None:
+        due = "" if wake > now else ": due, a `raysaga worker` (or `raysaga resume`) takes it up"
+        lines.append(f"wakes {when(wake, now)}{due}")
+    if run.deadline_at is not None:
+        lines.append(f"deadline {when(run.deadline_at, now)}" + ("" if run.deadline_at > now else ": passed"))
+    return lines
+
+
+def flat(text: str) -> str:
+    """One line of printable text (newlines and control characters shown escaped)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape", "backslashreplace").decode("ascii")
+                   for c in text)
+
+
+#: The end of a text cut inside an escape: an odd run of backslashes, then part of ``\uXXXX`` or ``\xXX``.
+_HALF_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*(\\(?:u[0-9a-fA-F]{0,3}|x[0-9a-fA-F]?)?)$")
+
+
+def output_line(output: Any, limit: int) -> str:
+    """A run's output as one line of JSON: text as written (``日本``, not ``\\u65e5\\u672c``), with what
+    a terminal would act on shown escaped (JSON escapes C0 controls, ``flat`` the rest), and cut
+    at ``limit`` characters, never inside an escape."""
+    text = flat(json.dumps(scrub(output), default=str, ensure_ascii=False))
+    if len(text) <= limit:
+        return text
+    cut = text[:limit]
+    half = _HALF_ESCAPE.search(cut)
+    return (cut[:half.start(1)] if half else cut) + " …"
+
+
+# ---------------------------------------------------------------- what a waiting node waits for
+
+#: Characters of an approval's payload shown on one line (the JSON inbox has it whole).
+PAYLOAD_WIDTH = 300
+
+
+def payload_line(request: ApprovalRequest) -> str | None:
+    """An approval's payload on one line, scrubbed, escaped and cut (``output_line``): an agent
+    tool call's as ``call: TOOL {arguments}``; None when it has none."""
+    payload = request.payload
+    if request.tool is not None and isinstance(payload, dict) and "args" in payload:
+        return f"call: {flat(request.tool)} {output_line(payload['args'], PAYLOAD_WIDTH)}"
+    if payload is None:
+        return None
+    return f"payload: {output_line(payload, PAYLOAD_WIDTH)}"
+
+
+def waiting_lines(store: SqlStore, run: RunRecord, node_id: str, fan_index: int, now: float) -> list[str]:
+    """For one node of ``status --node``: an approval's payload, when a sleep wakes, when a retry
+    (or a step held back) tries next; nothing for a node that waits for none of these, or in a
+    run at rest (its rows wait for nothing any more)."""
+    if run.status in TERMINAL or run.status in PARKED:
+        return []
+    with store.reader.connect() as conn:
+        found = rows_at(conn, run.run_id, [(node_id, fan_index)], ("status", "not_before", "output"))
+    if not found:
+        return []
+    row: dict[str, Any] = found[0]
+    status, not_before = row["status"], row["not_before"]
+    lines = []
+    request = request_of(row["output"]) if status == "waiting" else None
+    if request is not None:
+        lines.append(f"asks: {flat(scrub_text(request.prompt))[:PAYLOAD_WIDTH]}")
+        payload = payload_line(request)
+        if payload is not None:
+            lines.append(payload)
+    if isinstance(not_before, int | float) and status in ("waiting", "retrying", "pending"):
+        what = "wakes" if status == "waiting" else "next try"
+        lines.append(f"{what} {when(float(not_before), now)}")
+    return lines

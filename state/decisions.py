@@ -153,7 +153,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
     if decision_id is not None:
         _check_decision_id(decision_id)
     with engine.begin() as conn:
-        status = _lock_run(conn, run_id)
+        status, deadline_at = _lock_run(conn, run_id)
         if decision_id is not None:
             earlier = _by_id(conn, run_id, decision_id)
             if earlier is not None:
@@ -171,6 +171,9 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
         if request.timeout_at is not None and now >= request.timeout_at:
             raise UserError(f"the approval {label!r} of run {run_id!r} timed out at {_utc(request.timeout_at)}: "
                             f"a late decision is refused (its declared outcome, {request.on_timeout}, applies)")
+        if deadline_at is not None and now >= deadline_at:  # the run fails 'deadline' when a driver takes it up
+            raise UserError(f"run {run_id!r} passed its deadline at {_utc(deadline_at)}: a decision on {label!r} "
+                            "is refused (the run stops with reason 'deadline' as soon as a driver takes it up)")
         if verdict == "approve" and any(d.by == by for d in so_far):
             raise UserError(f"{by} already approved {label!r} of run {run_id!r}: a quorum of {request.quorum} "
                             "needs other approvers")
@@ -299,17 +302,17 @@ def decided_after(conn: Connection, run_id: str, seen: int) -> bool:
         signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value])).limit(1)).first() is not None
 
 
-def _lock_run(conn: Connection, run_id: str) -> RunStatus:
-    """The run's status, its row locked for this transaction (SQLite: BEGIN IMMEDIATE already
-    serialises writers), so two decisions on one node are checked one after the other."""
+def _lock_run(conn: Connection, run_id: str) -> tuple[RunStatus, float | None]:
+    """The run's status and deadline, its row locked for this transaction (SQLite: BEGIN IMMEDIATE
+    already serialises writers), so two decisions on one node are checked one after the other."""
     no_such_id(conn.dialect.name, run_id)
-    query = select(runs.c.status).where(runs.c.run_id == run_id)
+    query = select(runs.c.status, runs.c.deadline_at).where(runs.c.run_id == run_id)
     if conn.dialect.name == "postgresql":
         query = query.with_for_update()
     found = conn.execute(query).first()
     if found is None:
         raise RunNotFoundError(run_id)
-    return RunStatus(found[0])
+    return RunStatus(found[0]), found[1]
 
 
 def _by_id(conn: Connection, run_id: str, decision_id: str) -> Decision | None:
