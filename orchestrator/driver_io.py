@@ -16,25 +16,28 @@ returns, the machine decides:
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator.executor import Executor, RayExecutor
+from raysaga.orchestrator.executor import Executor, Handle, RayExecutor
 from raysaga.orchestrator.in_flight import InFlight
+from raysaga.orchestrator.machine.agent_limits import APPROVED_EVENT
 from raysaga.orchestrator.machine.outbox import Dispatch, Send
 from raysaga.orchestrator.machine.rollback import RollbackReads
 from raysaga.orchestrator.machine.run import CAUSE_EVENT, RunMachine
 from raysaga.orchestrator.machine.type_fit import check_types
 from raysaga.orchestrator.options import RunOptions
+from raysaga.orchestrator.rate_gate import RateGate
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.sagas.rollback import PARKING_ERRORS
+from raysaga.sagas.rollback import PARKING_ERRORS, effect_time
 from raysaga.state import Batch, EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunSnapshot, Store
 from raysaga.types import is_compensation
 
-__all__ = ["EVENTS_WINDOW", "commits_first", "lineage_undos", "never_sent", "read", "restored", "rollback_inputs",
-           "started_cause", "types_fit"]
+__all__ = ["EVENTS_WINDOW", "approved_args", "at_gate", "commits_first", "lineage_undos", "never_sent", "read",
+           "restored", "rollback_inputs", "started_cause", "types_fit"]
 
 #: Reads blobs by digest, each mapped to what reads it (``Driver.blobs``: verified, or it parks).
 BlobReader = Callable[[dict[str, str]], dict[str, Any]]
@@ -82,7 +85,23 @@ def read(store: Store, run: RunRecord, rows: list[NodeRecord]) -> RollbackReads:
     error = run.error
     if error is not None and error.get("type") in PARKING_ERRORS:
         cause = started_cause(store, run)
-    return RollbackReads(elsewhere=tuple(lineage_undos(store, run.run_id, rows)), cause=cause)
+    return RollbackReads(elsewhere=tuple(lineage_undos(store, run.run_id, rows)), cause=cause,
+                         approved=approved_args(store, run.run_id, rows))
+
+
+def approved_args(store: Store, run_id: str, rows: Iterable[NodeRecord]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The arguments a human approved each tool call with (``APPROVED_EVENT``), of the calls a
+    rollback may undo with their outcome unknown (their rows no longer hold them: a completed
+    call's result does, ``RAN_KEY``). One query per such call: those in flight when the run stopped."""
+    found: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        if NodeKey.parse(row.node_id, row.fan_index).call is None or effect_time(row) != math.inf:
+            continue
+        for event in store.node_events(run_id, row.node_id, row.fan_index):
+            args = event.data.get("args") if event.kind == APPROVED_EVENT and isinstance(event.data, dict) else None
+            if isinstance(args, dict):
+                found[row.node_id, row.fan_index] = args  # (the latest: events come oldest first)
+    return found
 
 
 def lineage_undos(store: Store, run_id: str, rows: Iterable[NodeRecord]) -> list[EffectRecord]:
@@ -112,24 +131,40 @@ def started_cause(store: Store, run: RunRecord) -> Any:
 
 
 def never_sent(attempts: InFlight, executor: Executor, wf: Workflow, keys: Iterable[NodeKey]) -> list[NodeKey]:
-    """Of ``keys`` (attempts about to be cancelled), those provably never sent: still queued in a
-    Ray executor's lane (its handle neither ``sent`` nor holding a task), so the cancel drops them
-    before they leave the driver. Only a step's or item's own attempt, without a rate limit (a
-    limited one's handle is the gate's, whose ``sent`` may lag its inner attempt's), and only on
-    the Ray executor, which keeps ``sent`` exact; anything else may have started, and stays
-    undone by a rollback as an attempt whose outcome is unknown."""
+    """Of ``keys`` (attempts about to be cancelled), those provably never sent: still queued at the
+    rate gate, never admitted (``at_gate``: any attempt, an agent's tool call too, on any executor:
+    nothing of it left the driver), or still queued in a Ray executor's lane (its handle neither
+    ``sent`` nor holding a task), so the cancel drops them before they leave the driver. Of the
+    latter, only a step's or item's own attempt, without a rate limit (a limited one's handle is
+    the gate's, whose ``sent`` may lag its inner attempt's), and only on the Ray executor, which
+    keeps ``sent`` exact; anything else may have started, and stays undone by a rollback as an
+    attempt whose outcome is unknown."""
     keys = list(keys)
-    if not keys or not isinstance(getattr(executor, "inner", executor), RayExecutor):
+    if not keys:
         return []
+    on_ray = isinstance(getattr(executor, "inner", executor), RayExecutor)
     found = []
     for key in keys:
         sent = attempts.sent.get(key)
+        if sent is None:
+            continue
+        if at_gate(executor, sent.handle):
+            found.append(key)
+            continue
         spec = wf.steps.get(key.node_id)
-        if (sent is None or spec is None or key.is_agent_call or key.compensates or spec.rate_limit is not None
+        if (not on_ray or spec is None or key.is_agent_call or key.compensates or spec.rate_limit is not None
                 or sent.handle.sent or sent.handle.ref is not None or sent.handle.outcome is not None):
             continue
         found.append(key)
     return found
+
+
+def at_gate(executor: Executor, handle: Handle) -> bool:
+    """Whether ``handle``'s attempt still waits at ``executor``'s rate gate for its admission: its
+    inner attempt was never submitted (``RateGate`` sends it only once admitted), so it never left."""
+    if not isinstance(executor, RateGate) or handle not in executor._held:
+        return False
+    return executor._inner_of(handle) is None
 
 
 def commits_first(batch: Batch, sends: Sequence[Send]) -> bool:

@@ -35,17 +35,18 @@ from raysaga.agents.turns import (
 )
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import effect_key
+from raysaga.orchestrator.machine import agent_limits as limits
 from raysaga.orchestrator.machine.budgets import Budgets, model_cost, unpriced
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
 from raysaga.orchestrator.machine.outbox import AdmitTool, BuildPrompt, MemoryOp, Outbox
 from raysaga.orchestrator.machine.speculating import Speculation
-from raysaga.orchestrator.machine.waits import Waits
+from raysaga.orchestrator.machine.waits import NOT_ASKED, Waits
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.speculation import Offer, is_peek, speculable, tool_spec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import BreakerChange, MemoryEntry, NewEvent, NodeRecord, NodeStatus, NodeWrite, jsoncodec
-from raysaga.state.decisions import REQUEST_KEY, ApprovalRequest, request_of
+from raysaga.state.decisions import ApprovalRequest, request_of
 from raysaga.types import Approval, StepContext
 
 
@@ -66,6 +67,7 @@ class _Node:
     decisions: dict[NodeKey, list[int]] = field(default_factory=dict)  # consumed with the call's outcome
     offers: dict[NodeKey, Offer] = field(default_factory=dict)  # tool calls the last response's call ran
     finished: bool = False
+    deadline: float | None = None  # when its timeout= fails it
 
 
 class AgentNodes:
@@ -128,8 +130,12 @@ class AgentNodes:
         agent: Agent = start.spec.options["agent"]
         model_spec = self._model_specs.get(key.step)
         if model_spec is None:  # one per step: its fan-out's nodes share it
-            model_spec = self._model_specs[key.step] = self.speculation.model_spec(key.step, agent)
-        node = self.nodes[key] = _Node(key, agent, Conversation(prompt), model_spec)
+            model_spec = self._model_specs[key.step] = limits.with_node_retry(
+                self.speculation.model_spec(key.step, agent), start.spec)
+        node = self.nodes[key] = _Node(key, agent, Conversation(prompt), model_spec,
+                                       deadline=limits.node_deadline(start.spec, start.row, self.out.now))
+        if node.deadline is not None:  # its timeout= (``agent_limits``): from its first turn, a resume's too
+            self.calls.schedule(node.deadline, limits.deadline_key(key))
         self._replay(node, self._rows.pop(key, []))
         problem = unpriced(agent.model, self.budgets.cost_budget)
         if problem is not None:  # before its first model call: nothing is spent that cannot be counted
@@ -167,6 +173,9 @@ class AgentNodes:
 
     def timer_fired(self, sub: NodeKey) -> None:
         node = self.nodes[sub.owner]
+        if sub.turn == limits.DEADLINE_TURN:  # its timeout= passed (the timer goes when it ends: ``_ended``)
+            self._fail(node, limits.timed_out(node.key, self.forward.wf.steps[node.key.step].timeout))
+            return
         node.due.add(sub)
         self.due_nodes.add(node.key)
 
@@ -224,7 +233,8 @@ class AgentNodes:
                 self._fail(node, action.error())
             elif isinstance(action, Pause):
                 node.finished = True  # nothing more from this node before the pause
-                self.pause_reason = self.pause_reason or action.reason
+                agent = f"agent {node.agent.name!r}"  # (which of its step's items, or which step, paused)
+                self.pause_reason = self.pause_reason or action.reason.replace(agent, f"{agent} ({node.key.label})", 1)
 
     def _admit(self, node: _Node, sub: NodeKey, action: RunTool) -> None:
         self.waits.restored_waiting.discard(sub)  # an approved call goes on: its row is no longer waiting
@@ -243,21 +253,14 @@ class AgentNodes:
                 prompt=f"agent {node.key.label} asks to call {tool.name}", payload={"tool": tool.name,
                                                                                  "args": action.args},
                 approvers=None if tool.approvers is None else list(tool.approvers),
-                answer_schema=_args_schema(tool.input_model.model_json_schema()), asked_at=self.out.now,
+                answer_schema=limits.args_schema(tool.input_model.model_json_schema()), asked_at=self.out.now,
                 tool=tool.name)
-            self._write_asked(sub, request, None)
+            self.out.batch.nodes.append(limits.asked_row(sub, request, None))
             self.out.batch.events.append(NewEvent(kind="approval_requested", node_id=sub.node_id,
                                                   fan_index=None if sub.fan_index < 0 else sub.fan_index,
                                                   data={"approvers": request.approvers, "tool": tool.name}))
         node.gated[sub] = action
         self.waits.gate(sub, request, self.tool_decided)
-
-    def _write_asked(self, sub: NodeKey, request: ApprovalRequest, approved: dict[str, Any] | None) -> None:
-        output: dict[str, Any] = {REQUEST_KEY: request.model_dump(mode="json")}
-        if approved is not None:
-            output["approved"] = approved  # durable with the decision's consumption: a crash keeps it
-        self.out.batch.nodes.append(NodeWrite(node_id=sub.node_id, fan_index=sub.fan_index, status=NodeStatus.WAITING,
-                                              attempt=0, output=output, started_at=request.asked_at))
 
     def tool_decided(self, sub: NodeKey, approval: Approval | None, error: dict[str, Any] | None,
                      signals: list[int]) -> None:
@@ -271,8 +274,9 @@ class AgentNodes:
         if approval is None:
             node.waiting.discard(sub)
             reason = (error or {}).get("message") or "rejected"
-            self._answered(node, sub, {"content": f"a human did not allow this call ({reason})", "is_error": True,
-                                       "rejected": True})
+            closed = (error or {}).get("type") == NOT_ASKED  # its step settled: the call is not run
+            self._answered(node, sub, {"content": reason if closed else f"a human did not allow this call ({reason})",
+                                       "is_error": True, "rejected": True})
             return
         args = action.args
         if approval.answer is not None:
@@ -284,7 +288,9 @@ class AgentNodes:
                                            "is_error": True})
                 return
         node.approved[sub] = args
-        self._write_asked(sub, node.asked[sub], {"args": args, "approval": approval.model_dump(mode="json")})
+        approved = {"args": args, "approval": approval.model_dump(mode="json")}
+        self.out.batch.nodes.append(limits.asked_row(sub, node.asked[sub], approved))
+        self.out.batch.events.append(limits.approved_event(sub, args))
         self._admit(node, sub, dataclasses.replace(action, args=args))
 
     def _issue(self, node: _Node, sub: NodeKey, spec: StepSpec, kwargs: dict[str, Any], ekey: str | None) -> None:
@@ -415,9 +421,11 @@ class AgentNodes:
         edited = node.approved.get(sub)
         if edited is not None and isinstance(value, dict) and isinstance(value.get("content"), str):
             asked = node.asked[sub].payload or {}
-            if edited != asked.get("args"):  # the model learns the call it asked for was changed
+            if edited != asked.get("args"):  # the model learns the call it asked for was changed; the
+                # row keeps the call that ran and what the tool returned, which its undo is called with
                 value = {**value, "content": f"(a human edited this call's arguments to "
-                                             f"{jsoncodec.dumps(edited, 'arguments')}) {value['content']}"}
+                                             f"{jsoncodec.dumps(edited, 'arguments')}) {value['content']}",
+                         limits.RAN_KEY: {"args": edited, "content": value["content"]}}
                 node.conv.put(sub.turn, sub.call, value)
                 self.out.batch.nodes.append(NodeWrite(
                     node_id=sub.node_id, fan_index=sub.fan_index, status=NodeStatus.COMPLETED,
@@ -444,9 +452,17 @@ class AgentNodes:
                                                      threshold=node.agent.breaker_threshold,
                                                      cooldown=node.agent.breaker_cooldown))
 
-    def _finish(self, node: _Node, output: Any) -> None:
+    def _ended(self, node: _Node) -> None:
+        """Nothing of the node goes on: its deadline, its calls asked of a human."""
         node.finished = True
         node.offers.clear()
+        if node.deadline is not None:
+            self.calls.unschedule(limits.deadline_key(node.key))
+        self.waits.drop(list(node.gated), "its agent node ended")
+        node.gated.clear()
+
+    def _finish(self, node: _Node, output: Any) -> None:
+        self._ended(node)
         key = node.key
         self.forward.outputs[key] = output
         text = jsoncodec.dumps(output, f"answer of agent node {key.label!r}")
@@ -463,11 +479,15 @@ class AgentNodes:
         self.forward.settle_completed(key)
 
     def _fail(self, node: _Node, error: dict[str, Any]) -> None:
-        node.finished = True
-        node.offers.clear()
+        self._ended(node)
         self.calls.cancel([k for k in self.calls.inflight if k.is_agent_call and k.owner == node.key],
                           "its agent node failed", write=False)
         self.forward.settle_failed(node.key, error, write=True, attempts=1)
+
+    def asking(self) -> bool:
+        """An agent node under way waits for a human's decision on a tool call: the run is not done
+        (never ended with the item 'running' and its call 'waiting' for ever)."""
+        return any(node.gated and not node.finished for node in self.nodes.values())
 
     # ------------------------------------------------------------------ pause
 
@@ -475,8 +495,3 @@ class AgentNodes:
         """Model calls under way: before a pause their answers are kept (an answer already given,
         and billed, would be lost and asked again: a re-roll)."""
         return [k for k in self.calls.inflight if k.is_agent_call and k.call is None]
-
-
-def _args_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's input schema as the schema of an approver's edited arguments."""
-    return {k: v for k, v in schema.items() if k != "title"}

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import shlex
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.agents.messages import ModelResponse
@@ -25,6 +25,7 @@ from raysaga.agents.runtime import tool_undo
 from raysaga.agents.tools import Tool, ToolError, tool_output
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key
+from raysaga.orchestrator.machine.agent_limits import RAN_KEY
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import Forward
 from raysaga.orchestrator.options import compensation_retry
@@ -54,6 +55,9 @@ class RollbackReads:
     cause: Any = None
     """The forward cause, read back from the ``rollback_cause`` event, of a run whose error a
     parking (``sagas.rollback.PARKING_ERRORS``) overwrote; None: the run's error says it."""
+    approved: Mapping[PlanKey, dict[str, Any]] = field(default_factory=dict)
+    """The arguments a human approved a tool call with (maybe edited), of the calls whose outcome
+    is unknown (``driver_io.approved_args``): their undo is of the call that ran."""
 
 
 class Elsewhere:
@@ -122,17 +126,18 @@ UNDONE_UNKNOWN = {"type": "Compensated", "transient": False,
 
 class Rollback:
     def __init__(self, wf: Workflow, run_id: str, reason: str, rows: list[NodeRecord], blobs: dict[str, Any],
-                 calls: Calls, forward: Forward, cause: Any, elsewhere: Iterable[EffectRecord] = ()) -> None:
+                 calls: Calls, forward: Forward, cause: Any, reads: RollbackReads | None = None) -> None:
         """``rows``: every node row of the run, as the store holds them now; ``blobs``: the
         verified values of their output blobs; ``cause``: the run's error when it started;
-        ``elsewhere``: ledger rows of compensations other runs of its lineage wrote (``Elsewhere``)."""
+        ``reads``: what else the shell read (``RollbackReads``)."""
+        reads = reads or RollbackReads()
         self.wf = wf
         self.run_id = run_id
         self.reason = reason
         self.calls = calls
         self.forward = forward
         self.cause = cause
-        self._elsewhere = Elsewhere(run_id, elsewhere)
+        self._elsewhere = Elsewhere(run_id, reads.elsewhere)
         undoable = {name: spec.map_over is not None for name, spec in wf.steps.items()
                     if wf.compensation_for(name) is not None}
         targets: list[CompensationTarget] = []
@@ -154,7 +159,7 @@ class Rollback:
                                          else row.output) if completed else None
         self._tool_calls: dict[PlanKey, _ToolCall] = {}
         self._missing: dict[PlanKey, dict[str, Any]] = {}  # effect calls whose tool the code lost
-        targets += self._tool_targets(rows, blobs)
+        targets += self._tool_targets(rows, blobs, reads.approved)
         self._settle_stale(rows, reason)
         restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
         self.plan = RollbackPlan(wf.graph, targets, restored.settled)
@@ -183,7 +188,8 @@ class Rollback:
             self.calls.out.batch.nodes.append(cancelled_row(row.node_id, row.fan_index, row.attempt, reason,
                                                             self.calls.out.now, row.started_at))
 
-    def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any]) -> list[CompensationTarget]:
+    def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any],
+                      approved: Mapping[PlanKey, dict[str, Any]]) -> list[CompensationTarget]:
         """The calls of effect tools with an undo, per agent node: each undone after the later ones."""
         def output(row: NodeRecord) -> Any:
             return blobs[row.output_digest] if row.output_digest else row.output
@@ -211,23 +217,27 @@ class Rollback:
                 continue
             if tool is None or tool.compensate is None:
                 continue
-            try:
-                args = tool.validate(use.get("input"))
-            except ToolError:
-                continue  # refused before any call
             key = (row.node_id, row.fan_index)
             finished = effect_time(row)
             if finished is None:
                 continue
+            ran: Any = approved.get(key)  # the arguments a human approved it with (maybe edited)
             if row.status == NodeStatus.COMPLETED:
                 result = output(row)
                 if not isinstance(result, dict) or result.get("is_error"):
                     continue  # answered without an effect: a refusal, a breaker, a loop stop
+                edited = result.get(RAN_KEY)  # a call a human edited: the model read another text
+                if isinstance(edited, dict):
+                    ran, result = edited.get("args"), {"content": edited.get("content")}
                 self._outputs[key] = tool_output(result)
             else:
                 self._outputs[key] = None  # it may have taken effect: undone as the latest
-            call_key = effect_key(row.origin_run_id or self.run_id, sub.step, row.fan_index, f"tool:{tool.name}",
-                                  tool.key_args(args))
+            try:
+                args = tool.validate(use.get("input") if ran is None else ran)
+            except ToolError:
+                continue  # refused before any call
+            call_key = self.calls.keys.get(sub) or effect_key(
+                row.origin_run_id or self.run_id, sub.step, row.fan_index, f"tool:{tool.name}", tool.key_args(args))
             self._tool_calls[key] = _ToolCall(tool, args, call_key)
             if row.status in UNKNOWN_OUTCOME:
                 self._unsettled[key] = row

@@ -297,10 +297,10 @@ class RunMachine:
         return self.forward.sched.has_ready() or bool(self.agents.due_nodes)
 
     def done(self) -> bool:
-        """Every step settled (forward) or every compensation settled (rollback)."""
+        """Every step settled, no agent item asking a human (forward), or every compensation (rollback)."""
         if self.rollback is not None:
             return self.rollback.plan.settled()
-        return self.forward.sched.settled()
+        return self.forward.sched.settled() and not self.agents.asking()
 
     def resting(self, now: float, release_after: float) -> tuple[RunStatus, float | None, str] | None:
         """Whether the run should rest without a driver: nothing in flight or ready, and what is
@@ -422,14 +422,14 @@ class RunMachine:
             if reads.cause is not None and isinstance(cause, dict):
                 cause = {**cause, "cause": reads.cause}  # (``sagas.rollback.forward_cause``)
             self.rollback = Rollback(self.wf, self.run_id, self._resume_reason, rows, blobs, self.calls,
-                                     self.forward, cause, reads.elsewhere)
+                                     self.forward, cause, reads)
             self.phase = Phase.ROLLBACK
             return True
         reason, error, final, signal_id = self._stopping
         self._stopping = None
         cause = error if error is not None else self.run_error
         rollback = Rollback(self.wf, self.run_id, reason, rows, blobs, self.calls, self.forward, cause,
-                            reads.elsewhere)
+                            reads)
         if signal_id is not None:  # consumed with the transition, so a crash in between re-reads it
             batch.consumed_signals.append(signal_id)
         if final == RunStatus.COMPENSATING or rollback.plan.targets:

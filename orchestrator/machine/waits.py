@@ -134,6 +134,9 @@ class Waits:
         """Wait for a decision on ``key`` for another part of the machine (an agent's tool call
         that requires approval; its row, written by that part, holds the request)."""
         self._gates[key] = on_decided
+        if self._closed(key):  # its step settled before it was asked (an approval item would not wait)
+            self._fail(key, not_asked(f"its step {'failed' if key.step in self.forward.sched.closed else 'settled'}"))
+            return
         self._wait(key, request)
 
     def _wait(self, key: NodeKey, request: ApprovalRequest) -> None:
@@ -243,27 +246,57 @@ class Waits:
         """The forward DAG stops (failure, cancel): what waits is cancelled with it."""
         for key in sorted({*self.requests, *self.sleeping, *self.restored_waiting}):
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
-                                                  status=NodeStatus.CANCELLED, attempt=1, error={"reason": reason},
-                                                  finished_at=self.out.now))
+                                                  status=NodeStatus.CANCELLED, attempt=1, error=self._stopped_error(
+                                                      key, reason), finished_at=self.out.now))
         self.requests.clear()
         self.sleeping.clear()
         self.restored_waiting.clear()
         self._gates.clear()
 
+    def _stopped_error(self, key: NodeKey, reason: str) -> dict[str, Any]:
+        """The error of a node that stops waiting. A tool call still waiting for a human was never
+        sent, so it took no effect (``took_effect: False``: a rollback leaves it alone, as it does a
+        rejected call) unless an attempt of it may have left before: one issued by this driver, or a
+        ledger row of it in doubt (a crash after its call, then asked again on resume)."""
+        error: dict[str, Any] = {"reason": reason}
+        if key.call is not None and self.calls.attempts.get(key, 0) == 0 \
+                and (key.node_id, key.fan_index) not in self.calls.in_doubt.took:
+            error["took_effect"] = False
+        return error
+
     def stop_steps(self, steps: set[str], reason: str) -> None:
         """Steps failed or skipped without stopping the run: their items' approvals and sleeps no
         longer wait (an approval item of a failed fan-out held the driver, the run otherwise done,
-        until its timeout), and their rows say so."""
+        until its timeout), and their rows say so. An agent item's tool call asked of a human is
+        answered not run (``NOT_ASKED``): the item runs on to its end, as agent items do, and the
+        run does not end with the call 'waiting' for a decision nobody can make any more."""
         for key in sorted({*self.requests, *self.sleeping, *self.restored_waiting}):
-            if key.step in steps and key not in self._gates and key.turn is None:
-                self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
-                                                      status=NodeStatus.CANCELLED, attempt=1,
-                                                      error={"reason": reason}, finished_at=self.out.now))
-                self.requests.pop(key, None)
-                self.sleeping.pop(key, None)
-                self.restored_waiting.discard(key)
-                self.calls.unschedule(key)
-                self._stopped.add(key)
+            if key.step not in steps:
+                continue
+            if key in self._gates:
+                self._fail(key, not_asked(reason))
+                continue
+            self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
+                                                  status=NodeStatus.CANCELLED, attempt=1,
+                                                  error=self._stopped_error(key, reason), finished_at=self.out.now))
+            self.requests.pop(key, None)
+            self.sleeping.pop(key, None)
+            self.restored_waiting.discard(key)
+            self.calls.unschedule(key)
+            self._stopped.add(key)
+
+    def drop(self, keys: list[NodeKey], reason: str) -> None:
+        """Gated approvals whose owner ended (an agent node failed or finished): nobody is asked any
+        more, and their rows say so (cancelled, the call never run)."""
+        for key in keys:
+            if self._gates.pop(key, None) is None:
+                continue
+            self.requests.pop(key, None)
+            self.calls.unschedule(key)
+            self._consume(key)
+            self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
+                                                  status=NodeStatus.CANCELLED, attempt=1,
+                                                  error=self._stopped_error(key, reason), finished_at=self.out.now))
 
     def _closed(self, key: NodeKey) -> bool:
         """An item of a step settled (failed, skipped, or passed on as failed) before it waits."""
@@ -278,6 +311,16 @@ class Waits:
     def busy(self) -> bool:
         """An approval's request is being built (the shell answers within this activation)."""
         return bool(self._building)
+
+
+#: The error type of a tool call whose approval was closed with its step (``stop_steps``).
+NOT_ASKED = "NotAsked"
+
+
+def not_asked(reason: str) -> dict[str, Any]:
+    """The answer to a tool call asked of a human whose step settled first: never run."""
+    return {"type": NOT_ASKED, "transient": False, "took_effect": False,
+            "message": f"not run: {reason}, so nobody decides on it any more"}
 
 
 def _fan(key: NodeKey) -> int | None:
