@@ -42,13 +42,14 @@ def _patch(text: str | None) -> Any:
 
         return NO_PATCH
     try:  # strict JSON, as --input: Python's NaN and Infinity would reach the new run's input as null
-        return json.loads(text, parse_constant=cli_input.reject_json_constant)
+        return cli_input.strict_loads(text)
     except json.JSONDecodeError as exc:
         raise UserError(f"--input-patch is not JSON ({exc.msg} at character {exc.pos}): pass a JSON merge patch, "
                         "e.g. '{\"question\": \"...\"}'") from None
     except ValueError as exc:
-        raise UserError(f"--input-patch is not JSON ({exc}): JSON has no NaN or infinity; use null (removes the "
-                        "key) or a string") from None
+        constant = str(exc).endswith("is not JSON")  # NaN, Infinity
+        raise UserError(f"--input-patch is not JSON ({exc})" + (": JSON has no NaN or infinity; use null (removes "
+                        "the key) or a string" if constant else "")) from None
 
 
 def _fork_options(lease_ttl: float, max_driver_deaths: int | None) -> RunOptions:

@@ -96,8 +96,7 @@ def parse_input(raw: str | None, option: str = "--input") -> Any:
         if size > cap:
             raise _too_large(source, size, cap)
     try:
-        value = json.loads(text, parse_constant=reject_json_constant, parse_float=_finite_float,
-                           object_pairs_hook=_unique_keys)
+        value = strict_loads(text)
     except RecursionError:
         raise InvalidInputError(f"{source} is not valid JSON: nested deeper than this parser allows "
                                 f"(at most {MAX_INPUT_DEPTH} levels are accepted)") from None
@@ -108,6 +107,13 @@ def parse_input(raw: str | None, option: str = "--input") -> Any:
         raise InvalidInputError(f"{source} is not valid JSON for raysaga: nested {depth} levels deep, "
                                 f"at most {MAX_INPUT_DEPTH} are accepted")
     return value
+
+
+def strict_loads(text: str) -> Any:
+    """JSON as an operator means it: no NaN or Infinity, no number beyond a float, no key twice in
+    one object (``--input``, ``--answer``, ``--input-patch``); ``ValueError`` names what is wrong."""
+    return json.loads(text, parse_constant=reject_json_constant, parse_float=_finite_float,
+                      object_pairs_hook=_unique_keys)
 
 
 def reject_json_constant(name: str) -> Any:

@@ -5,6 +5,7 @@ a ``WorkflowDefinitionError`` naming the step and the fix, never a bare ``TypeEr
 from __future__ import annotations
 
 import math
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -157,34 +158,53 @@ def pass_problems(steps: Mapping[str, StepSpec]) -> list[str]:
     return found
 
 
-def partial_problems(steps: Mapping[str, StepSpec]) -> list[str]:
-    """A step reading a fan-out whose policy is partial (``BEST_EFFORT``, a quorum, a decision
-    function) with a type that cannot read the ``FanOutResult`` such a fan-out always hands on,
-    even when every item succeeded: every item ran (and charged) first, then the reader failed for
-    good and the run rolled back, with advice to "declare the type that step returns"."""
+def partial_problems(steps: Mapping[str, StepSpec],
+                     compensations: Mapping[str, Callable[..., Any]] | None = None) -> list[str]:
+    """A step (or its compensation) reading a fan-out whose policy is partial (``BEST_EFFORT``, a
+    quorum, a decision function) with a type that cannot read the ``FanOutResult`` such a fan-out
+    always hands on, even when every item succeeded: every item ran (and charged) first, then the
+    reader failed for good and the run rolled back (a compensation's rollback failed), with advice
+    to "declare the type that step returns". A type that reads it (the user's own model of some of
+    its fields, a dataclass, a mapping) is fine, as at run time."""
     sample = FanOutResult(total=0).model_dump()
     found = []
     for spec in steps.values():
-        for dep in spec.param_deps:
-            source = steps.get(dep)
-            tp = spec.param_types.get(dep, Any)
-            if (source is None or source.map_over is None or not source.fan_out_policy.partial or tp is Any
-                    or spec.map_over == dep):
-                continue
-            try:
-                read = type_adapter(tp).validate_python(sample)
-            except Exception:  # ValidationError, or an annotation pydantic cannot read with
-                read = None
-            if not isinstance(read, FanOutResult | dict):
-                name = str(tp).replace("typing.", "") if getattr(tp, "__args__", None) else tp.__name__ \
-                    if hasattr(tp, "__name__") else str(tp)
-                found.append(f"step {spec.name!r} reads {dep!r} as {name}, but {dep!r} is a fan-out with a partial "
-                             f"policy ({source.fan_out_policy.kind}): it hands {spec.name!r} a raysaga.FanOutResult "
-                             f"(successes and annotated failures), not a list; annotate the parameter FanOutResult "
-                             f"(from raysaga import FanOutResult) and read .outputs, or use the ALL policy")
+        readers = [(spec.name, spec.param_types, f"step {spec.name!r}")]
+        undo = (compensations or {}).get(spec.name) or spec.compensate
+        if undo is not None:
+            readers.append((spec.name, _hints(undo), f"the compensation {getattr(undo, '__name__', '?')!r} "
+                                                      f"of step {spec.name!r}"))
+        for name, types, who in readers:
+            for dep in spec.param_deps:
+                source = steps.get(dep)
+                tp = types.get(dep, Any)
+                if (source is None or source.map_over is None or not source.fan_out_policy.partial or tp is Any
+                        or spec.map_over == dep):
+                    continue
+                try:
+                    type_adapter(tp).validate_python(sample)
+                    continue
+                except Exception:  # ValidationError, or an annotation pydantic cannot read with
+                    pass
+                shown = str(tp).replace("typing.", "") if getattr(tp, "__args__", None) else \
+                    getattr(tp, "__name__", str(tp))
+                found.append(f"{who} reads {dep!r} as {shown}, but {dep!r} is a fan-out with a partial policy "
+                             f"({source.fan_out_policy.kind}): it hands {name!r} a raysaga.FanOutResult (successes "
+                             f"and annotated failures), which {shown} cannot read; annotate the parameter "
+                             "FanOutResult (from raysaga import FanOutResult) and read .outputs, or use the ALL "
+                             "policy")
     return found
 
 
-def dataflow_problems(steps: Mapping[str, StepSpec]) -> list[str]:
+def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
+    """A compensation's parameter types (none when its annotations cannot be resolved: it is then
+    read untyped, as at run time)."""
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # a forward reference to a name the module does not have, a non-function
+        return {}
+
+
+def dataflow_problems(steps: Mapping[str, StepSpec], compensations: Mapping[str, Callable[..., Any]]) -> list[str]:
     """What ``Workflow.validate`` checks beyond the graph: rate limits, and what readers receive."""
-    return [*rate_limit_problems(steps), *pass_problems(steps), *partial_problems(steps)]
+    return [*rate_limit_problems(steps), *pass_problems(steps), *partial_problems(steps, compensations)]

@@ -249,7 +249,11 @@ def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, par
     shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"
                       for e in doubtful[:5])
     first = min((NodeKey.parse(e.node_id, e.fan_index).step for e in doubtful), key=wf.order.index)
-    way = (f"`raysaga retry {shlex.quote(parent.run_id)}` settles them under their keys; or check "
+    quoted = shlex.quote(parent.run_id)
+    late = parent.deadline_at is not None and time.time() >= parent.deadline_at and parent.status == RunStatus.FAILED
+    retry = f"`raysaga retry {quoted}` settles them under their keys; or check "
+    way = (f"A retry of it is refused past its deadline: `raysaga cancel {quoted} --compensate` undoes them "
+           "under their keys; or check " if late else retry
            if parent.status in (RunStatus.FAILED, RunStatus.COMPENSATION_FAILED) else "Check ")
     raise ForkError(f"run {parent.run_id!r} left {len(doubtful)} effect(s) whose outcome is unknown (the call may "
                     f"have happened): {shown}. A fork from {at.label!r} would call them again under new keys, "

@@ -412,7 +412,7 @@ def check_retryable(run: RunRecord, compensations: bool) -> None:
                         "deadline, so it would fail again at once; `raysaga fork "
                         f"{quoted} --from NODE` starts a new run that keeps what completed and runs NODE and what "
                         "follows afresh, without this deadline (Python: fork(..., options=RunOptions(deadline=S)) "
-                        "gives it one of its own)")
+                        f"gives it one of its own); `raysaga cancel {quoted} --compensate` undoes what it did")
 
 
 def reopen(st: Store, run_id: str, compensations: bool = False) -> RunRecord:

@@ -132,7 +132,8 @@ def run_times(run: RunRecord, now: float) -> list[str]:
     if wake is not None:
         due = "" if wake > now else ": due, a `raysaga worker` (or `raysaga resume`) takes it up"
         lines.append(f"wakes {when(wake, now)}{due}")
-    if run.deadline_at is not None:
+    ended = run.status in TERMINAL or run.status in PARKED  # its deadline matters only if it ended the run
+    if run.deadline_at is not None and (not ended or run.status_reason == "deadline"):
         lines.append(f"deadline {when(run.deadline_at, now)}" + ("" if run.deadline_at > now else ": passed"))
     return lines
 

@@ -427,7 +427,7 @@ class Workflow:
         if self._graph is None:
             self.steps = late_dependencies(self.steps)
             self._graph = validate(self.name, self.steps, self.compensations,
-                                   [*self._compensation_problems(), *dataflow_problems(self.steps)])
+                                   [*self._compensation_problems(), *dataflow_problems(self.steps, self.compensations)])
             self.__dict__.pop("order", None)
             self.__dict__.pop("definition_hash", None)
         return self

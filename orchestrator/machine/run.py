@@ -105,7 +105,7 @@ class RunMachine:
             output = outputs[row.output_digest] if row.output_digest else row.output
             key = NodeKey.parse(row.node_id, row.fan_index)
             if row.status == NodeStatus.WAITING:
-                self.waits.restored_waiting.add(key)  # closed if the run stops before it waits again
+                self.waits.restored_waiting_row(key, row.started_at)  # closed if the run stops first
             if key.is_agent_call:  # a model turn or tool call: its agent node replays it
                 self.agents.restore(row, output)
                 if row.status == NodeStatus.RUNNING:

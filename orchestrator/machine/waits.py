@@ -58,6 +58,7 @@ class Waits:
         #: rows restored ``waiting`` (approvals, sleeps, gated tool calls): a run stopped (a cancel,
         #: a failure) before they wait again in this process still closes them
         self.restored_waiting: set[NodeKey] = set()
+        self._waiting_since: dict[NodeKey, float] = {}  # restored 'waiting' rows: since when (their start)
         self._stopped: set[NodeKey] = set()  # closed with their step (``stop_steps``): their row says so
         forward.on_closed = self.stop_steps
 
@@ -67,7 +68,7 @@ class Waits:
         key, spec, row = start.key, start.spec, start.row
         if self._closed(key):  # its fan-out failed in this round (an item decided at once): not waited for
             if row is not None and row.status == NodeStatus.WAITING and key not in self._stopped:
-                self.restored_waiting.add(key)
+                self.restored_waiting_row(key, row.started_at)
                 self.stop_steps({key.step}, "its step failed")
             return
         if spec.kind == "sleep":
@@ -242,12 +243,26 @@ class Waits:
     def _consume(self, key: NodeKey) -> None:
         self.out.batch.consumed_signals.extend(signal_id for signal_id, _ in self.decisions.pop(key, []))
 
+    def restored_waiting_row(self, key: NodeKey, started_at: float | None) -> None:
+        """A row restored 'waiting': closed if the run stops before it waits again."""
+        self.restored_waiting.add(key)
+        if started_at is not None:
+            self._waiting_since[key] = started_at
+
+    def _since(self, key: NodeKey) -> float | None:
+        """When the node began to wait: its cancelled row keeps it (a blank 'started' otherwise)."""
+        request = self.requests.get(key)
+        if request is not None:
+            return request.asked_at
+        sleep = self.sleeping.get(key)
+        return sleep[1] if sleep is not None else self._waiting_since.get(key)
+
     def stop_all(self, reason: str) -> None:
         """The forward DAG stops (failure, cancel): what waits is cancelled with it."""
         for key in sorted({*self.requests, *self.sleeping, *self.restored_waiting}):
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
-                                                  status=NodeStatus.CANCELLED, attempt=1, error=self._stopped_error(
-                                                      key, reason), finished_at=self.out.now))
+                                                  status=NodeStatus.CANCELLED, attempt=1, started_at=self._since(key),
+                                                  error=self._stopped_error(key, reason), finished_at=self.out.now))
         self.requests.clear()
         self.sleeping.clear()
         self.restored_waiting.clear()
@@ -277,7 +292,7 @@ class Waits:
                 self._fail(key, not_asked(reason))
                 continue
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
-                                                  status=NodeStatus.CANCELLED, attempt=1,
+                                                  status=NodeStatus.CANCELLED, attempt=1, started_at=self._since(key),
                                                   error=self._stopped_error(key, reason), finished_at=self.out.now))
             self.requests.pop(key, None)
             self.sleeping.pop(key, None)
@@ -291,11 +306,12 @@ class Waits:
         for key in keys:
             if self._gates.pop(key, None) is None:
                 continue
+            since = self._since(key)
             self.requests.pop(key, None)
             self.calls.unschedule(key)
             self._consume(key)
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=key.fan_index,
-                                                  status=NodeStatus.CANCELLED, attempt=1,
+                                                  status=NodeStatus.CANCELLED, attempt=1, started_at=since,
                                                   error=self._stopped_error(key, reason), finished_at=self.out.now))
 
     def _closed(self, key: NodeKey) -> bool:

@@ -65,6 +65,11 @@ def test_fork_errors_are_one_line_naming_the_fix(parent: tuple[str, Any], sqlite
     code, _, err = invoke("fork", "p", "--from", "ship", "--workflow", ORDER, "--input-patch", "{nope",
                           "--executor", "inline", "--db", db)
     one_line_error(code, err, "--input-patch is not JSON")
+    for patch, said in (('{"qty": 1, "qty": 100}', "the key 'qty' is given twice in one object"),
+                        ('{"qty": 1e400}', "the number 1e400 is too large for a 64-bit float")):
+        code, _, err = invoke("fork", "p", "--from", "ship", "--workflow", ORDER, "--input-patch", patch,
+                              "--executor", "inline", "--db", db)
+        one_line_error(code, err, said)  # (was: the last qty kept silently; "is inf", which nobody typed)
     raysaga.create_run(order.wf, order.sample_input("http://127.0.0.1:9"), store=db, run_id="live")
     code, _, err = invoke("fork", "live", "--from", "ship", "--workflow", ORDER, "--executor", "inline", "--db", db)
     one_line_error(code, err, "run 'live' is pending: only a run at rest")

@@ -42,3 +42,51 @@ def test_a_failed_node_shows_how_long_its_last_attempt_took(tmp_path: Path) -> N
     assert code == 0, err
     row = next(line for line in out.splitlines() if line.startswith("boom"))
     assert "ms" in row.split("failed", 1)[1], row  # the "took" column is filled
+
+
+napping = Workflow("napping43", version="1")
+
+
+@napping.step()
+def first() -> int:
+    return 1
+
+
+napping.sleep("nap", seconds=3600, after=["first"])
+
+
+@napping.step(after=["nap"])
+def last() -> int:
+    return 2
+
+
+def test_a_wait_cut_short_by_the_deadline_keeps_when_it_started(tmp_path: Path) -> None:
+    """A sleep (or approval) stopped by the run's deadline or a failure was written ``cancelled``
+    without its start: the "started" column went blank for a node that had waited 0.3 s."""
+    db = f"sqlite:///{tmp_path / 'n.db'}"
+    record = raysaga.run(napping, None, store=db, run_id="n", executor="inline",
+                         options=raysaga.RunOptions(deadline=0.3))
+    assert (record.status, record.status_reason) == (RunStatus.FAILED, "deadline")
+    code, out, err = invoke("status", "n", "--db", db, "--json")
+    assert code == 0, err
+    nap = {n["node"]: n for n in json.loads(out)["nodes"]}["nap"]
+    assert nap["status"] == "cancelled" and nap["started_at"] is not None, nap
+    assert nap["finished_at"] - nap["started_at"] >= 0.25, nap
+
+
+def test_a_deadline_is_shown_for_a_run_it_may_still_stop_or_that_it_stopped(tmp_path: Path) -> None:
+    """The second review: a run that completed in time said "deadline at … : passed" once that time
+    went by, and one that failed for a bug seconds before it read as stopped by its deadline."""
+    from raysaga.orchestrator.status_text import run_times
+
+    db = f"sqlite:///{tmp_path / 'd.db'}"
+    done = raysaga.run(napping, None, store=db, run_id="d", executor="inline",
+                       options=raysaga.RunOptions(deadline=0.3))
+    assert done.deadline_at is not None
+    later = done.deadline_at + 5
+    assert [line for line in run_times(done, later) if "deadline" in line] != []  # it stopped this one
+    for status, reason in ((RunStatus.COMPLETED, None), (RunStatus.FAILED, "critical step 'x' failed: boom")):
+        ended = done.model_copy(update={"status": status, "status_reason": reason})
+        assert [line for line in run_times(ended, later) if "deadline" in line] == [], status
+    live = done.model_copy(update={"status": RunStatus.WAITING_TIMER, "status_reason": None})
+    assert any("deadline" in line and "passed" in line for line in run_times(live, later))

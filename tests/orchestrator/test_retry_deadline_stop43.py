@@ -91,6 +91,7 @@ def test_a_retry_past_the_deadline_is_refused_before_anything_is_written(sqlite_
             Client(store).retry("late-1", by="op")
         code, _, err = invoke("retry", "late-1", "--db", sqlite_url, "--executor", "inline")
         assert code == 2 and "passed its deadline" in err and "raysaga fork" in err, err
+        assert "raysaga cancel late-1 --compensate" in err, err  # the way to undo it, not only to go on
         after = store.get_run("late-1")
         assert (after.status, after.status_reason) == (RunStatus.FAILED, "deadline")
         assert (_rows(store, "late-1"), len(store.events("late-1")), after.version) == before
