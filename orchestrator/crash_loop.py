@@ -30,6 +30,12 @@ outcome or its drive ends, so a second death is its own. A suspect that had to w
 says so (``drive_waits``, then ``drive_alone`` as it starts): a driver that died while its run was
 still waiting never ran it, and is not counted (nor does it end the count). So a neighbour is
 counted at most the one death that made it a suspect, and the culprit's next deaths are its own.
+(Only with steps inline: on Ray a step dies in a Ray worker, and a suspect is driven beside others.)
+
+A wait runs no code of the workflow: a sleep, an approval whose request is built (its row
+``waiting``). A run whose drivers died while only waits were pending (a driver killed by a deploy,
+an operator or its host while it held a sleep) is not parked, and a wait is never blamed: it would
+have parked a healthy run naming its sleep (``waits_only``).
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ from raysaga.state import (
 from raysaga.state.redact import scrub_text
 
 __all__ = ["ALONE", "PROGRESS", "WAITS", "WINDOW", "deaths_in_a_row", "failing_parking", "in_flight",
-           "park_if_looping", "parking", "recent_deaths", "suspects"]
+           "park_if_looping", "parking", "recent_deaths", "suspects", "waits_only"]
 
 log = logging.getLogger("raysaga.driver")
 
@@ -136,6 +142,19 @@ def suspects(nodes: Iterable[NodeRecord], wf: Workflow, *, rolling_back: bool = 
     return sorted(found)
 
 
+def waits_only(nodes: Iterable[NodeRecord], wf: Workflow) -> set[str]:
+    """The steps among ``wf``'s that only wait, running no code of the workflow: a sleep, and an
+    approval whose request is built (each open row of it ``waiting``, none ``running``). Their
+    labels too (``step[3]``): ``in_flight`` names rows by label."""
+    rows = list(nodes)
+    waiting = {name for name, spec in wf.steps.items() if spec.kind == "sleep"}
+    for name, spec in wf.steps.items():
+        open_rows = [n for n in rows if n.node_id == name and n.status not in SETTLED]
+        if spec.kind == "approval" and open_rows and all(n.status == NodeStatus.WAITING for n in open_rows):
+            waiting.add(name)
+    return waiting | {n.label for n in rows if n.node_id in waiting}
+
+
 def in_flight(nodes: Iterable[NodeRecord]) -> list[str]:
     """The nodes recorded ``running``: they had started when the driver died."""
     return sorted({n.label for n in nodes if n.status == NodeStatus.RUNNING})
@@ -185,12 +204,25 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *
 def failing_parking(status: RunStatus, failures: int, error: str, run_id: str) -> tuple[bool, Batch]:
     """``blob_parking.parked`` for a run whose last ``failures`` drives all ended in the same kind of
     error before it could be driven (a run row no driver can read, a bug): the driver let go each
-    time, so no death is counted, and without this a worker claimed it again at once, for ever."""
+    time, so no death is counted, and without this a worker claimed it again at once, for ever.
+    A long error is cut at a sentence (else a word) and says so; the way out after it stays whole."""
     error = scrub_text(error)  # before it is cut: a cut secret is a piece no scrub finds whole
-    reason = (f"parked after {failures} drives in a row failed: {error}; fix what it names, then "
-              f"`raysaga retry {shlex.quote(run_id)}`")[:1000]
+    head, advice = f"parked after {failures} drives in a row failed: ", \
+        f"; fix what it names, then `raysaga retry {shlex.quote(run_id)}`"
+    reason = head + cut(error, 1000 - len(head) - len(advice)) + advice
     return parked(status, reason, {"type": "DriveFailed", "message": reason, "failures": failures},
-                  NewEvent(kind="drive_failed", data={"failures": failures, "error": error[:500]}))
+                  NewEvent(kind="drive_failed", data={"failures": failures, "error": cut(error, 500)}))
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters: whole, or cut after its last sentence (or word)
+    that fits, then `` (...)``. Cut at a fixed length, a reason ended mid-word, its advice half said."""
+    if len(text) <= limit:
+        return text
+    room = max(0, limit - len(" (...)"))
+    sentence = text.rfind(". ", 0, room + 1)
+    end = sentence + 1 if sentence >= room // 2 else max(text.rfind(" ", 0, room + 1), 0) or room
+    return text[:end].rstrip(" ,;:") + " (...)"
 
 
 def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[NodeRecord], wf: Workflow,
@@ -209,9 +241,15 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
     if deaths < limit:
         return None
     rows = list(nodes)
-    rolling_back = run.status == RunStatus.COMPENSATING
-    resume_first, batch = parking(run.status, deaths, suspects(rows, wf, rolling_back=rolling_back), run.run_id,
-                                  running=in_flight(rows), started=run.status != RunStatus.PENDING,
+    rolling_back, started = run.status == RunStatus.COMPENSATING, run.status != RunStatus.PENDING
+    suspected = suspects(rows, wf, rolling_back=rolling_back)
+    blamed = suspected if rolling_back or not started else sorted(set(suspected) - waits_only(rows, wf))
+    if suspected and not blamed:  # only waits pending: no code of the run was running when they died
+        log.warning("run %s: its last %d drivers died while it only waited (%s): not a crash loop, it goes on",
+                    run.run_id, deaths, _names(suspected))
+        return None
+    resume_first, batch = parking(run.status, deaths, blamed, run.run_id,
+                                  running=in_flight(rows), started=started,
                                   cause=run.error.as_dict() if rolling_back and run.error is not None else None)
     if resume_first:
         store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))

@@ -17,12 +17,18 @@ loop is still counted). An owner on another host cannot be proven gone from here
 for their lease to expire, as before.
 
 A run whose last driver died (its claim took the lease of a dead owner: ``Claim.abandoned_by``) is a
-suspect of a crash loop, and is driven alone: the worker claims nothing else meanwhile, asks its
-other drivers to hand their runs back at their next step boundary, and starts the suspect once no
-other run is driven in the process; it is no longer alone once it commits an attempt's outcome (it
-proved it does not kill its process right away) or its drive ends. A process killed by one step
-would otherwise count a death for every run it drove, and park a healthy neighbour beside the
-culprit (``raysaga.orchestrator.crash_loop``).
+suspect of a crash loop, and an inline worker drives it alone: it claims nothing else meanwhile,
+asks its other drivers to hand their runs back at their next step boundary, and starts the suspect
+once no other run is driven in the process; it is no longer alone once its driver commits an
+attempt's outcome of its own (``worker_runs.outcome_since``: it proved it does not kill its process
+right away) or its drive ends. A process killed by one step would otherwise count a death for every
+run it drove, and park a healthy neighbour beside the culprit (``raysaga.orchestrator.crash_loop``).
+On Ray a step runs in a Ray worker, and its death is a failed attempt: a suspect is driven beside
+the other runs, which keep their steps in flight.
+
+A run this code cannot drive is left for a worker that can (``worker_runs.Skips``): one whose
+stored outputs do not read as this code's types is let go and not claimed again; runs of a
+definition the worker does not have are named once in its log.
 
 ``stop()`` (the CLI calls it on SIGTERM or Ctrl-C) stops claiming and asks each driver to stop
 at its next step boundary: it commits what finished, releases the lease and the run is free for
@@ -41,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from raysaga.errors import (
-    CorruptRecordError,
+    DefinitionChangedError,
     DriverInterrupted,
     LeaseHeldError,
     LeaseLostError,
@@ -49,7 +55,7 @@ from raysaga.errors import (
     UserError,
 )
 from raysaga.orchestrator import versions
-from raysaga.orchestrator.crash_loop import ALONE, WAITS, failing_parking
+from raysaga.orchestrator.crash_loop import ALONE, WAITS
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
@@ -61,11 +67,11 @@ from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and te
     checked_limits,
     checked_max_driver_deaths,
 )
+from raysaga.orchestrator.worker_runs import FailedDrives, Skips, event_seq, outcome_since
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, RunUpdate, Store
+from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, Store
 from raysaga.state.claims import Claim
 from raysaga.state.engine import is_outage
-from raysaga.state.models import PRUNABLE
 from raysaga.state.redact import scrub_text
 
 __all__ = ["HAND_BACK", "MAX_FAILED_DRIVES", "ORPHAN_SCAN", "Worker", "WorkerCounts", "checked_concurrency",
@@ -124,7 +130,7 @@ class Worker:
         self.executor_kind = checked_executor(executor)
         self.address = address
         self.options = options or RunOptions()
-        self.poll = poll
+        self.poll = min(poll, threading.TIMEOUT_MAX / 2)  # (its waits, up to 1.5 polls: a longer one raises)
         self.limits = dict(limits or {})
         self.counts = WorkerCounts()
         self._stop = threading.Event()
@@ -133,7 +139,8 @@ class Worker:
         self._drivers: set[Driver] = set()
         self._primary: Executor | None = None
         self._next_scan = 0.0  # no look for runs of dead drivers before then (one look per poll)
-        self._failed_drives: dict[str, int] = {}  # run id -> its drives in a row that ended in an error
+        self._failed_drives = FailedDrives(store)  # per run, its drives in a row that ended in an error
+        self.skips = Skips(by_name)  # runs this code's types do not fit; definitions this worker does not have
         # A suspect run (its last driver died) is driven alone: see the module doc
         self._turns = threading.Condition(self._lock)
         self._running = 0  # drives in progress in this process
@@ -231,7 +238,8 @@ class Worker:
         if not answered and (found := self.store.claim_of(owner, ttl)) is not None:
             log.warning("worker: run %s was claimed though the answer was lost: driving it", found.lease.run_id)
             return found
-        return self.store.claim_next(owner, ttl, self.hashes, limits=self.limits) or self.claim_orphan(owner)
+        return (self.store.claim_next(owner, ttl, self.skips.served(self.hashes), limits=self.limits)
+                or self.claim_orphan(owner))
 
     def _may_claim(self) -> bool:
         """Whether a slot may claim a run now: not while a suspect waits for its turn or is driven
@@ -251,11 +259,13 @@ class Worker:
             if now < self._next_scan:
                 return None
             self._next_scan = now + self.poll
+        listed = []
         for status in (RunStatus.RUNNING, RunStatus.COMPENSATING, RunStatus.PENDING):
-            for row in self.store.list_runs(status, ORPHAN_SCAN):
+            listed += (rows := self.store.list_runs(status, ORPHAN_SCAN))
+            for row in rows:
                 if (row.corrupt or row.workflow_name not in self.workflows or row.lease_owner is None
                         or (row.lease_expires_at or 0.0) < now  # expired: claim_next takes it
-                        or not owner_is_gone(row.lease_owner)):
+                        or self.skips.skipped(row.run_id) or not owner_is_gone(row.lease_owner)):
                     continue
                 if not versions.definition_known(self.store.get_run(row.run_id, lenient=True),
                                                  self.workflows[row.workflow_name]):
@@ -267,6 +277,7 @@ class Worker:
                 return Claim(lease=lease, workflow=row.workflow_name, reason="takeover",
                              latency=max(0.0, time.time() - row.updated_at), status=row.status,
                              abandoned_by=row.lease_owner)
+        self.skips.look(self.store, listed, now)  # runs no claim takes: another definition's, said once
         return None
 
     def _drive(self, claim: Claim, executor: Executor) -> bool:
@@ -275,7 +286,9 @@ class Worker:
         with self._lock:
             self.counts.claimed += 1
             self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
-        alone, driving = claim.abandoned_by is not None, False
+        # a suspect is driven alone where its steps run in this process: on Ray a step's death is a
+        # failed attempt, and handing the other runs back would only cost them their steps in flight
+        alone, driving = claim.abandoned_by is not None and self.executor_kind == "inline", False
         try:
             if alone:
                 lease = self._turn_alone(claim)
@@ -296,6 +309,8 @@ class Worker:
             log.info("worker: run %s handed back (%s)", lease.run_id, exc.signal_name)
         except LeaseLostError as exc:
             log.warning("worker: run %s: %s", lease.run_id, exc)
+        except DefinitionChangedError as exc:  # started by other code (the driver let it go, writing nothing)
+            self.skips.unfit(lease.run_id, workflow, exc)  # left for a worker with that code: not a failure
         except Exception as exc:
             if isinstance(exc, RaySagaError):
                 log.error("worker: run %s: %s", lease.run_id, exc)
@@ -310,7 +325,7 @@ class Worker:
                     self._running -= 1
                     self._turns.notify_all()
         with self._lock:
-            self._failed_drives.pop(lease.run_id, None)
+            self._failed_drives.forget(lease.run_id)
         return True
 
     def _turn_alone(self, claim: Claim) -> Lease:
@@ -376,39 +391,11 @@ class Worker:
 
     def _drive_failed(self, claimed: Claim, exc: Exception) -> None:
         """Count a drive that ended in an error; park the run after ``MAX_FAILED_DRIVES`` in a row."""
-        run_id = claimed.lease.run_id
         with self._lock:
             self.counts.failed += 1
-            failures = self._failed_drives[run_id] = self._failed_drives.get(run_id, 0) + 1
-        if failures < MAX_FAILED_DRIVES:
-            return
-        first_line = scrub_text((str(exc).splitlines() or [""])[0])[:300]  # scrubbed, then cut: no piece left
-        try:
-            lease = self.store.claim(run_id, new_owner(), self.options.lease_ttl)
-        except Exception as why:  # another driver has it now (it is driven), or the store is down
-            log.warning("worker: run %s: not parked after %d failed drives: %s", run_id, failures, why)
-            return
-        try:
-            try:
-                status = self.store.get_run(run_id, lenient=True).status
-            except CorruptRecordError:  # no driver can read it (why it failed): as it was claimed
-                if claimed.status is None:
-                    raise
-                status = claimed.status
-            if status in PRUNABLE:  # ended or parked meanwhile: nothing to park
-                return
-            resume_first, batch = failing_parking(status, failures, f"{type(exc).__name__}: {first_line}", run_id)
-            if resume_first:
-                self.store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-            self.store.commit(lease, batch)
-            log.error("worker: run %s parked: %s", run_id, batch.run.status_reason if batch.run else "failed")
-            with self._lock:
-                self._failed_drives.pop(run_id, None)
-        except Exception:
-            log.exception("worker: run %s: parking it failed", run_id)
-        finally:
-            with contextlib.suppress(Exception):
-                self.store.release(lease)
+        failures = self._failed_drives.failed(claimed.lease.run_id)  # (reads the store: not under the lock)
+        if failures >= MAX_FAILED_DRIVES:
+            self._failed_drives.park(claimed, failures, exc, self.options.lease_ttl)
 
     def _drive_through_outages(self, lease: Lease, workflow: str, executor: Executor, *,
                                alone: bool = False) -> RunRecord:
@@ -418,9 +405,11 @@ class Worker:
         after a crash), the run does not wait for its lease to expire, and its next claim is not
         counted as a driver's death (``raysaga.orchestrator.crash_loop``)."""
         run_id = lease.run_id
+        since = event_seq(self.store, run_id) if alone else -1  # (its events after it are this drive's)
 
-        def outcome(_: object) -> None:  # the run driven alone committed one: it is proven
-            self._proven(run_id)
+        def outcome(_: object) -> None:  # counts moved: proven once it committed an outcome of its own
+            if self._alone == run_id and outcome_since(self.store, run_id, since):
+                self._proven(run_id)  # (not at a count of restored rows: earlier drivers' outcomes)
 
         while True:
             driver = Driver(self.workflows[workflow], self.store, executor, lease.run_id, options=self.options,

@@ -11,10 +11,12 @@ is one of:
   once an unpause (or a cancel that compensates) sets it; its timers keep their times in its rows.
 
 Only runs of the workflows the worker registered, by name and definition hash, are considered:
-a worker never imports code named by the database. On PostgreSQL the candidates are read
-``FOR UPDATE SKIP LOCKED`` (workers skip each other's rows instead of queueing on them); on
-SQLite the transaction is ``BEGIN IMMEDIATE``. The lease is then taken by the same conditional
-update as ``Store.claim`` (``fence + 1``), so the fence still guards every later write.
+a worker never imports code named by the database; less the runs it names as skipped
+(``Served.skip``: runs its code's types do not fit, left for a worker whose code does). On
+PostgreSQL the candidates are read ``FOR UPDATE SKIP LOCKED`` (workers skip each other's rows
+instead of queueing on them); on SQLite the transaction is ``BEGIN IMMEDIATE``. The lease is
+then taken by the same conditional update as ``Store.claim`` (``fence + 1``), so the fence still
+guards every later write.
 Per-workflow limits (at most N runs of a workflow driven at once) are checked in the same
 transaction; on PostgreSQL an advisory lock serialises claims that are subject to one.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -154,6 +156,20 @@ def _lease_free(now: float) -> ColumnElement[bool]:
 Digests = str | tuple[str, str]
 
 
+class Served(tuple[str, str]):
+    """A workflow's digests (definition hash, earlier scheme's hash) with the runs of it a worker
+    does not claim (``skip``): runs whose stored outputs do not read as its code's types
+    (``raysaga.orchestrator.worker_runs``), left for a worker whose code fits. Claimed again at
+    every poll, such a run came first each time (oldest first) and hid the runs behind it."""
+
+    skip: frozenset[str]
+
+    def __new__(cls, current: str, legacy: str, skip: Iterable[str] = ()) -> Served:
+        served = super().__new__(cls, (current, legacy))
+        served.skip = frozenset(skip)
+        return served
+
+
 def _runnable(workflows: Mapping[str, Digests], now: float) -> ColumnElement[bool]:
     mine = or_(*(_of(name, digests) for name, digests in workflows.items()))
     return and_(mine, _lease_free(now), or_(
@@ -169,6 +185,8 @@ def _of(name: str, digests: Digests) -> ColumnElement[bool]:
     if legacy is not None and legacy != current:  # (a scheme-2 hash of other code may equal it: the mark tells)
         unmarked = or_(runs.c.step_hashes.is_(None), cast(runs.c.step_hashes, Text).not_like('%":scheme"%'))
         hashed = or_(hashed, and_(runs.c.definition_hash == legacy, unmarked))
+    if isinstance(digests, Served) and digests.skip:
+        hashed = and_(hashed, runs.c.run_id.not_in(sorted(digests.skip)))
     return and_(runs.c.workflow_name == name, hashed)
 
 
