@@ -316,7 +316,13 @@ class RayExecutor(Executor):
         """Read a ready I/O stream: outcomes of the calls that ended; True once it is over."""
         assert self._pool is not None
         started = time.time()
-        ended, over = self._pool.collect(gen)
+        ended, over, moved = self._pool.collect_moving(gen)
+        for stream in moved:  # calls a retired actor gave back unstarted: the same attempts, re-sent
+            carried = list(stream.tags.values())
+            for handle in carried:
+                handle.ref = stream.gen
+            self._inflight[stream.gen] = (carried, self._io)
+            self._io.tasks += 1
         for handle, result, _ in ended:
             if handle.outcome is None:  # not cancelled meanwhile
                 handle.outcome = (unpack_outcomes(result)[0] if isinstance(result, bytes)

@@ -5,6 +5,7 @@ The Ray executor is ``raysaga.orchestrator.executor``; both are reached through 
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection
@@ -15,6 +16,8 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome, execute
+
+log = logging.getLogger("raysaga.driver")
 
 
 @dataclass(eq=False, slots=True)
@@ -129,15 +132,34 @@ CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancel
 
 
 class InlineExecutor(Executor):
-    """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt it)."""
+    """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt
+    it): a step's ``timeout=`` is ignored, with one warning per run and step (``_warn_timeout``)."""
 
     name = "inline"
     runs_at_submit = True
+    #: Runs and steps warned about their ignored ``timeout=`` (kept at most this many).
+    WARNED_KEPT = 4096
 
     def __init__(self) -> None:
         self._done: list[Handle] = []
+        self._warned: dict[tuple[str, str], None] = {}
+
+    def _warn_timeout(self, spec: StepSpec, call: NodeCall) -> None:
+        """Say once per run and step that its ``timeout=`` does not apply here: silently ignored, a
+        hanging step hung the run with nothing to say why."""
+        key = (call.fields[0], spec.name)
+        if key in self._warned:
+            return
+        if len(self._warned) >= self.WARNED_KEPT:
+            self._warned.clear()
+        self._warned[key] = None
+        log.warning("run %s: step %r has timeout=%gs, which the inline executor ignores (it runs the step "
+                       "in this process, and nothing can interrupt it): use --executor ray for timeouts",
+                       call.fields[0], spec.name, spec.timeout)
 
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
+        if spec.timeout is not None:
+            self._warn_timeout(spec, call)
         handle = Handle(key=(call.node_id, call.fan_index), outcome=execute(spec, call), sent=True)
         self._done.append(handle)
         return handle

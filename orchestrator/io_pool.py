@@ -24,7 +24,9 @@ that attempt (retried under the same idempotency key) and the pool replaces the 
 call *retires* its actor: it gets no new calls, a fresh actor takes its share, and it is killed
 (``ray.kill``) as soon as its other calls have ended, after ``CANCEL_GRACE_S`` at the latest,
 or at once when the driver settles its cancellations (``kill_retired``). Calls still running on
-an actor killed that way end as transient failures and are retried.
+an actor killed that way end as transient failures and are retried. Calls only queued on it (not
+started) are given back at once (``IoWorker.withdraw``, in ``io_actor``) and sent to another actor
+as the same attempts (``collect_moving``): killed with it, they failed without having run.
 
 A kill is also a SIGKILL from the driver when the actor's process runs on its host (``_kill_local``):
 ``ray.kill`` returns once the GCS has marked the actor dead, and the driver learns of the death at
@@ -39,42 +41,47 @@ from __future__ import annotations
 import contextlib
 import functools
 import heapq
+import itertools
 import math
 import os
 import pickle  # noqa: TID251 - in transit between the driver and its pool actors, never at rest
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
+from raysaga.orchestrator.io_actor import (  # the actor's side, re-exported (tests, bench read them here)
+    CONTROL_GROUP,
+    THREADS_PER_ACTOR,
+    IoWorker,
+    NotStarted,
+    ProcessIdentity,
+    _kill_local,
+    _reported,
+    process_identity,
+)
 from raysaga.orchestrator.options import InvalidOptionError
-from raysaga.orchestrator.ownership import boot_id, process_start
-from raysaga.orchestrator.wire import run_packed
 
 #: Environment variable: calls the I/O pool of one driver process runs at once.
 IO_CONCURRENCY_ENV = "RAYSAGA_IO_CONCURRENCY"
 DEFAULT_IO_CONCURRENCY = 64
 #: The largest pool (128 actors of 32 threads): 100000 asked for 3,125 actor processes.
 MAX_IO_CONCURRENCY = 4096
-#: Threads per pool actor: 64 calls run in 2 processes (a killed actor fails half of them, not all).
-THREADS_PER_ACTOR = 32
 #: Actors a pool starts with (fewer if it is smaller): more are spawned as calls need their threads.
 MIN_ACTORS = 2
 #: Seconds a retired actor (one of its calls was cancelled) may keep running its other calls.
 CANCEL_GRACE_S = 10.0
 
 
-def io_concurrency_limit(value: int | None = None) -> int:
-    """The pool's size: ``value``, else ``RAYSAGA_IO_CONCURRENCY``, else 64; ``InvalidOptionError``
-    unless a whole number from 1 to ``MAX_IO_CONCURRENCY`` (the variable: ASCII digits only)."""
+def io_concurrency_limit(value: int | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """The pool's size: ``value``, else ``RAYSAGA_IO_CONCURRENCY`` (of ``environ``, by default this
+    process's), else 64; ``InvalidOptionError`` unless a whole number from 1 to
+    ``MAX_IO_CONCURRENCY`` (the variable: ASCII digits only)."""
     source = "io_concurrency"
     raw: Any = value
     if raw is None:
-        env = os.environ.get(IO_CONCURRENCY_ENV)
+        env = (os.environ if environ is None else environ).get(IO_CONCURRENCY_ENV)
         if env is None or not env.strip():
             return DEFAULT_IO_CONCURRENCY
         source, raw = IO_CONCURRENCY_ENV, env.strip()
@@ -84,72 +91,6 @@ def io_concurrency_limit(value: int | None = None) -> int:
         raise InvalidOptionError(f"{source} must be a whole number of concurrent calls from 1 to "
                                  f"{MAX_IO_CONCURRENCY}, got {raw!r:.40}")
     return raw
-
-
-class IoWorker:
-    """The pool's actor class: each method call runs in one of the actor's threads; the calls of a
-    ``run_many`` stream run in a thread pool of the same size."""
-
-    def __init__(self, threads: int = THREADS_PER_ACTOR) -> None:
-        self._threads = threads
-        self._runner: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def run_many(self, payloads: list[bytes]) -> Iterator[bytes]:
-        """Run the calls at once; yield ``pickle([(index, packed outcomes | exception)])`` groups,
-        each of the calls that ended since the last (a burst that ends together is one item)."""
-        with self._lock:
-            if self._runner is None:
-                self._runner = ThreadPoolExecutor(self._threads, thread_name_prefix="raysaga-io")
-            runner = self._runner
-        futures = {runner.submit(run_packed, payload): i for i, payload in enumerate(payloads)}
-        pending: set[Future[bytes]] = set(futures)
-        while pending:
-            done, pending = wait_futures(pending, return_when=FIRST_COMPLETED)
-            yield pickle.dumps([_reported(futures[f], f) for f in done], protocol=pickle.HIGHEST_PROTOCOL)
-
-    def identity(self) -> ProcessIdentity | None:
-        """This process, as the driver can tell it from any other (``_kill_local``)."""
-        return process_identity(os.getpid())
-
-
-#: A process as /proc names it: (the host's boot id, pid, start time in clock ticks since boot).
-ProcessIdentity = tuple[str, int, int]
-
-
-def process_identity(pid: int) -> ProcessIdentity | None:
-    """``pid``'s identity on this host, or None (no /proc, or no such process). Another host has
-    another boot id; a pid reused, or the same pid in another pid namespace (a container), is a
-    process with another start time. Read as a driver's lease owner is (``ownership``)."""
-    boot, start = boot_id(), process_start(pid)
-    return None if boot is None or start is None else (boot, pid, start)
-
-
-def _kill_local(identity: Any) -> None:
-    """SIGKILL a killed actor's process now if it runs on this host and is still that process
-    (Ray's own kill reaches it through its raylet, later under load: the module's docstring)."""
-    if not (isinstance(identity, tuple) and len(identity) == 3 and isinstance(identity[1], int)):
-        return  # not known: the actor never answered, or (tests) its start was stubbed
-    pid: int = identity[1]
-    if process_identity(pid) != identity:
-        return  # already gone, or on another host
-    with contextlib.suppress(OSError):  # exited meanwhile
-        # a Ray worker leads its own process group: the group, so a step's child processes go too
-        # (as with Ray's own kill), else the process alone
-        (os.killpg if os.getpgid(pid) == pid else os.kill)(pid, signal.SIGKILL)
-
-
-def _reported(index: int, future: Future[bytes]) -> tuple[int, bytes | BaseException]:
-    """A call's packed outcomes, or why ``run_packed`` itself raised (a spec the worker cannot
-    unpickle): a failure of the call, reported as a task's failure is (transient)."""
-    try:
-        return index, future.result()
-    except Exception as exc:  # carried to the driver, which classifies it
-        try:
-            pickle.dumps(exc)
-            return index, exc
-        except Exception:  # an exception that does not pickle: its text
-            return index, RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -188,6 +129,9 @@ class IoStream:
     actor: PoolActor
     tags: dict[int, Any]  # index -> the caller's tag (the executor's Handle), calls not ended
     cancelled: set[int] = field(default_factory=set)  # of those, the cancelled ones
+    payloads: dict[int, bytes] = field(default_factory=dict)  # index -> its packed call, until it ends
+    name: str = ""
+    token: str = ""  # names it to its actor (``IoWorker.withdraw``)
 
     def index_of(self, tag: Any) -> int | None:
         return next((i for i, t in self.tags.items() if t == tag), None)
@@ -219,6 +163,8 @@ class IoPool:
         self._retired: list[PoolActor] = []  # a call of theirs was cancelled: killed once drained
         self._streams: dict[Any, IoStream] = {}  # generator -> its stream, until it is seen to end
         self._live = 0
+        self._tokens = itertools.count()
+        self._moved: list[IoStream] | None = None  # streams re-sending given-back calls (``collect_moving``)
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ sending
@@ -244,9 +190,11 @@ class IoPool:
         streams = []
         for i, share in shares.items():
             actor = self._active[i]
+            token = f"s{next(self._tokens)}"
             gen = actor.handle.run_many.options(name=name, num_returns="streaming").remote(
-                [payload for payload, _ in share])
-            stream = IoStream(gen=gen, actor=actor, tags={k: tag for k, (_, tag) in enumerate(share)})
+                [payload for payload, _ in share], token)
+            stream = IoStream(gen=gen, actor=actor, tags={k: tag for k, (_, tag) in enumerate(share)},
+                              payloads={k: payload for k, (payload, _) in enumerate(share)}, name=name, token=token)
             actor.streams.add(stream)
             actor.live += len(share)
             self._live += len(share)
@@ -258,11 +206,26 @@ class IoPool:
         return self._streams.get(gen)
 
     @_locked
+    def collect_moving(self, gen: Any) -> tuple[list[Ended], bool, list[IoStream]]:
+        """``collect``, and the streams that now carry calls of ``gen`` its retired actor gave back
+        unstarted (``withdraw``): sent to the active actors as the same attempts (the same packed
+        call, its attempt not counted again). The caller waits on those streams from now on."""
+        moved: list[IoStream] = []
+        self._moved = moved
+        try:
+            ended, over = self.collect(gen)
+        finally:
+            self._moved = None
+        return ended, over, moved
+
+    @_locked
     def collect(self, gen: Any) -> tuple[list[Ended], bool]:
         """What a ready stream reports: the calls that ended (cancelled ones too: the caller drops
         them), and whether the stream is over. Reads every item already there, never blocks
         (call it once ``ray.wait`` returned ``gen``). A failed item (the actor died, or was killed
-        for a cancelled call) fails every call not ended yet: transient, retried by the driver."""
+        for a cancelled call) fails every call not ended yet: transient, retried by the driver.
+        A call given back unstarted is re-sent when called from ``collect_moving``; from here it
+        ends as a ``NotStarted`` failure (transient, retried), without waiting for a grace."""
         stream = self._streams.get(gen)
         if stream is None:
             return [], True
@@ -278,10 +241,20 @@ class IoPool:
             except Exception as exc:  # the actor died or was killed: the calls failed
                 self._fail_stream(stream, exc, is_actor_death(exc), ended)
                 break
+            resend = []
             for index, result in reported:
+                payload = stream.payloads.get(index)
+                cancelled = index in stream.cancelled
                 tag = self._end(stream, index)
-                if tag is not None:
+                if tag is None:
+                    continue
+                if isinstance(result, NotStarted) and not cancelled and payload is not None and \
+                        self._moved is not None:
+                    resend.append((payload, tag))
+                else:
                     ended.append((tag, result, False))
+            if resend and self._moved is not None:
+                self._moved.extend(self.send_many(resend, stream.name))
             if not stream.tags or not gen.next_ready():
                 break
         over = not stream.tags
@@ -293,6 +266,7 @@ class IoPool:
     def _end(self, stream: IoStream, index: int) -> Any:
         """One call of ``stream`` seen to end; returns its tag."""
         tag = stream.tags.pop(index, None)
+        stream.payloads.pop(index, None)
         if tag is None:
             return None
         if index in stream.cancelled:
@@ -352,7 +326,7 @@ class IoPool:
 
     def _spawn(self) -> PoolActor:
         if self._cls is None:
-            self._cls = self._ray.remote(IoWorker)
+            self._cls = self._ray.remote(concurrency_groups={CONTROL_GROUP: 1})(IoWorker)
         if self._strategy is None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -388,6 +362,12 @@ class IoPool:
             if actor in self._active:
                 self._active.remove(actor)
             self._retired.append(actor)
+            # its calls still queued come back (``NotStarted``) and go to another actor, at once:
+            # killed at the end of the grace, they failed for good with max_attempts=1, never run
+            tokens = [s.token for s in actor.streams if any(i not in s.cancelled for i in s.tags)]
+            if tokens:
+                with contextlib.suppress(Exception):  # the actor is gone: its calls fail as a death's
+                    actor.handle.withdraw.options(concurrency_group=CONTROL_GROUP).remote(tokens)
 
     def _reap(self) -> None:
         """Kill the retired actors whose other calls have ended, or whose grace is over."""
@@ -466,3 +446,8 @@ def shared_pool(ray: Any, concurrency: int) -> IoPool:
                 del _pools[old]
             pool = _pools[key] = IoPool(ray, concurrency)
         return pool
+
+
+__all__ = ["CANCEL_GRACE_S", "CONTROL_GROUP", "IO_CONCURRENCY_ENV", "THREADS_PER_ACTOR", "IoPool", "IoStream",
+           "IoWorker", "NotStarted", "ProcessIdentity", "_kill_local", "_reported", "io_concurrency_limit",
+           "is_actor_death", "process_identity", "shared_pool"]

@@ -29,6 +29,7 @@ import os
 import re
 import shlex
 import sysconfig
+import urllib.parse
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raysaga.errors import UserError
+from raysaga.orchestrator.ray_address import speaks_http
 from raysaga.orchestrator.ray_auth import authenticated
 from raysaga.orchestrator.step_env import pick
 
@@ -79,8 +81,23 @@ def submission_id(run_id: str, driver: int = 1) -> str:
 
 
 def env_vars(names: Sequence[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The ``--env`` variables for the job: each named one as set here, nothing else."""
-    return pick(names, environ, "--env")
+    """The ``--env`` variables for the job: each named one as set here, nothing else. raysaga's own
+    among them are checked here as the job's driver would check them: a bad one failed the job
+    before it drove the run, after `launch` had said "launched" (the run left ``pending``)."""
+    picked = pick(names, environ, "--env")
+    if IO_CONCURRENCY_ENV in picked:
+        from raysaga.orchestrator.io_pool import io_concurrency_limit
+
+        try:
+            io_concurrency_limit(environ=picked)
+        except UserError as exc:
+            raise UserError(f"--env {IO_CONCURRENCY_ENV}: {exc} (the launched driver would refuse it before "
+                            "driving the run): fix it in this environment, or drop it") from None
+    return picked
+
+
+#: ``io_pool.IO_CONCURRENCY_ENV`` (the module is imported only to check it).
+IO_CONCURRENCY_ENV = "RAYSAGA_IO_CONCURRENCY"
 
 
 def source_root(module_ref: str) -> Path | None:
@@ -140,6 +157,11 @@ def connect(address: str) -> JobSubmissionClient:
     except UserError:
         raise
     except (ConnectionError, OSError) as exc:
+        if _answers_but_not_http(url):
+            raise UserError(f"the server at {url} takes connections but does not answer HTTP "
+                            f"({_first_line(exc)}): it looks like the cluster's GCS port (what `raysaga run / "
+                            "resume / worker --address HOST:PORT` take); `launch --address` is the Ray head's "
+                            "dashboard URL, e.g. http://HEAD:8265 (`ray start --head --dashboard-port`)") from None
         raise UserError(f"cannot reach the Ray Job API at {url} ({_first_line(exc)}): start the head with "
                         "`ray start --head --dashboard-port PORT` (the dashboard serves it; `pip install "
                         "'ray[default]'`), or fix --address") from None
@@ -149,6 +171,14 @@ def connect(address: str) -> JobSubmissionClient:
     # partial dashboard): ask for a job that cannot exist now, before any run is recorded
     job_info(client, f"raysaga-probe-{uuid.uuid4().hex[:12]}")
     return client
+
+
+def _answers_but_not_http(url: str) -> bool:
+    """Whether something listens at ``url``'s host and port that does not speak HTTP (a GCS port)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        return False
+    return speaks_http(parts.hostname, parts.port) is False
 
 
 @contextlib.contextmanager

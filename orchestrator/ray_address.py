@@ -13,12 +13,34 @@ from raysaga.errors import UserError
 CLUSTER_CONNECT_TIMEOUT_S = 3.0
 
 
-def unreachable(address: str, why: str) -> Exception:
+def speaks_http(host: str, port: int, timeout: float = 1.0) -> bool | None:
+    """Whether the server at ``host:port`` answers an HTTP/1 request (a Ray dashboard does; a GCS,
+    gRPC, does not); None when nothing takes the connection. For error messages only: the GCS
+    port and the dashboard's are easy to swap, and "cannot reach" named neither."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as conn:
+            conn.settimeout(timeout)
+            conn.sendall(b"GET /api/version HTTP/1.0\r\nHost: " + host.encode("ascii", "replace") + b"\r\n\r\n")
+            return conn.recv(8).startswith(b"HTTP/1")
+    except TimeoutError:
+        return False  # took the connection, did not answer HTTP
+    except OSError:
+        return None
+
+
+def unreachable(address: str, why: str, *, probe: bool = True) -> Exception:
+    """The error for a cluster address Ray could not join; ``probe``: ask whether the port is a
+    dashboard's (False when a connect to it has just failed: nothing listens there)."""
     try:
         hp = host_port(address)
     except UserError:
         hp = None
     port = str(hp[1]) if hp is not None else "6379"
+    if probe and hp is not None and speaks_http(*hp):
+        return UserError(f"cannot join the Ray cluster at {address}{f' ({why})' if why else ''}: that port answers "
+                         "HTTP, so it is a Ray dashboard (what `raysaga launch --address http://HOST:PORT` takes), "
+                         "not the cluster's GCS: --address here is the port given to `ray start --head --port` "
+                         "(6379 by default), e.g. 127.0.0.1:6379")
     return UserError(f"cannot reach the Ray cluster at {address}{f' ({why})' if why else ''}: start it with "
                      f"`ray start --head --port {port}`, fix --address / RAY_ADDRESS, or drop them for a local Ray")
 
@@ -31,6 +53,10 @@ def host_port(address: str) -> tuple[str, int] | None:
     if address in ("auto", "local"):
         return None
     shown = repr(address)
+    if address.lower().startswith(("http://", "https://")):
+        raise UserError(f"Ray address {shown} is a URL: --address (or RAY_ADDRESS) here is the cluster's HOST:PORT, "
+                        "without http:// (e.g. 127.0.0.1:6379, the port given to `ray start --head --port`); a "
+                        "dashboard URL (http://HOST:8265) is what `raysaga launch --address` takes")
     if address.lower().startswith("ray://"):
         raise UserError(f"Ray address {shown}: Ray Client (ray://) is not supported: raysaga drives a run from a "
                         "node of the cluster; run it there with --address HOST:PORT of the cluster's GCS "
@@ -82,6 +108,6 @@ def check_cluster(address: str | None, timeout: float = CLUSTER_CONNECT_TIMEOUT_
         with socket.create_connection(hp, timeout=timeout):
             pass
     except TimeoutError:
-        raise unreachable(address, f"no answer within {timeout:g} s") from None
+        raise unreachable(address, f"no answer within {timeout:g} s", probe=False) from None
     except OSError as exc:
-        raise unreachable(address, exc.strerror or str(exc)) from None
+        raise unreachable(address, exc.strerror or str(exc), probe=False) from None

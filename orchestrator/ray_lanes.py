@@ -9,6 +9,7 @@ task with its name as ``.options(...).remote`` would.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import threading
@@ -171,7 +172,8 @@ def cluster_cpus(ray: Any) -> int:
 
 
 def task_results(ray: Any, refs: list[Any]) -> list[Any]:
-    """Each task's value: packed outcomes (``bytes``), or one failure for every call it carried."""
+    """Each task's value: packed outcomes (``bytes``), or one failure for every call it carried
+    (why ``StuckWatch`` cancelled it, if it did)."""
     started = time.time()
     try:
         values: list[Any] = ray.get(refs)
@@ -183,8 +185,87 @@ def task_results(ray: Any, refs: list[Any]) -> list[Any]:
         try:
             out.append(ray.get(ref))
         except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
-            out.append(NodeOutcome.failure(exc, transient=True, started_at=started))
+            with _refused_lock:
+                why: Exception = _refused.pop(ref, exc)
+            out.append(NodeOutcome.failure(why, transient=True, started_at=started))
     return out
+
+
+#: Tasks ``StuckWatch`` cancelled, and why (read by ``task_results``); at most ``_REFUSED_KEPT``
+#: (a task cancelled by the executor too is never read back).
+_refused: dict[Any, InfeasibleResourcesError] = {}
+_refused_lock = threading.Lock()
+_REFUSED_KEPT = 4096
+
+
+class StuckWatch:
+    """Tasks with a resource request in flight, looked at every ``Feasibility.REFRESH_S`` by a
+    daemon thread (only while there are some).
+
+    A task whose request no alive node can hold any more (the only node offering it left the
+    cluster) waits in Ray's queue for ever: a long-lived driver (a worker, a launched job) kept
+    the run ``running`` with nothing to show for it. Such a task is cancelled, and reported
+    (``task_results``) as an ``InfeasibleResourcesError``, transient: it may have started on the
+    node that left, so the driver retries it under the same key, and the retry is refused at
+    submit, permanently, naming the step (``TaskSubmitter.refusal``). A task running on an alive
+    node is never cancelled: that node holds its request.
+    """
+
+    def __init__(self, feasible: Feasibility) -> None:
+        self._feasible = feasible
+        self._refs: dict[Any, StepSpec] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def add(self, ref: Any, spec: StepSpec) -> None:
+        with self._lock:
+            self._refs[ref] = spec
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="raysaga-resource-watch", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._feasible.REFRESH_S)  # a timer: the nodes are read again at most this often
+            try:
+                self.look()
+            except Exception:  # Ray shut down under it: nothing left to watch
+                with self._lock:
+                    self._refs.clear()
+            with self._lock:
+                if not self._refs:
+                    self._thread = None
+                    return
+
+    def look(self) -> int:
+        """Forget the tasks that ended; cancel those no alive node can hold now. Returns how many."""
+        ray = self._feasible.ray
+        with self._lock:
+            watched = list(self._refs.items())
+        if not watched:
+            return 0
+        ended, _ = ray.wait([ref for ref, _ in watched], num_returns=len(watched), timeout=0)
+        gone = set(ended)
+        cancelled = 0
+        for ref, spec in watched:
+            if ref in gone:
+                continue
+            assert spec.resources is not None
+            problem = self._feasible.problem(spec.name, spec.resources)
+            if problem is None:
+                continue
+            gone.add(ref)
+            with _refused_lock:
+                if len(_refused) >= _REFUSED_KEPT:
+                    _refused.pop(next(iter(_refused)))
+                _refused[ref] = InfeasibleResourcesError(f"{problem} (its attempt waited in Ray's queue: cancelled)")
+            with contextlib.suppress(Exception):  # it ended meanwhile
+                ray.cancel(ref, force=True)
+            cancelled += 1
+        with self._lock:
+            for ref in gone:
+                self._refs.pop(ref, None)
+        return cancelled
 
 
 @functools.cache
@@ -202,6 +283,7 @@ class TaskSubmitter:
 
     def __init__(self, remote: Any) -> None:
         self.remote = remote
+        self._watch: StuckWatch | None = None  # made at the first request checked (``refusal``)
         self._runtime_env: str | None = None
         self._options: dict[int, tuple[StepSpec, dict[str, Any] | None]] = {}  # id(spec) -> (spec, options)
 
@@ -225,6 +307,8 @@ class TaskSubmitter:
         except (ValueError, TypeError) as exc:
             asked = spec.resources.describe()
             return InvalidOptionError(f"step {spec.name!r}: Ray refuses its resource request ({asked}): {exc}")
+        if self._watch is None:
+            self._watch = StuckWatch(feasible)
         problem = feasible.problem(spec.name, spec.resources)
         return None if problem is None else InfeasibleResourcesError(problem)
 
@@ -232,9 +316,13 @@ class TaskSubmitter:
         options = self._entry(spec)[1]
         if options is None:  # a Ray without the internals below: the public way, every time
             extra = spec.resources.ray_options() if spec.resources is not None else {}
-            return self.remote.options(name=name, **extra).remote(payload)
-        return self.remote._remote(args=(payload,), kwargs={}, serialized_runtime_env_info=self._runtime_env,
-                                   **options, name=name)
+            ref = self.remote.options(name=name, **extra).remote(payload)
+        else:
+            ref = self.remote._remote(args=(payload,), kwargs={}, serialized_runtime_env_info=self._runtime_env,
+                                      **options, name=name)
+        if spec.resources is not None and self._watch is not None:
+            self._watch.add(ref, spec)  # a request a node that leaves held may never be scheduled
+        return ref
 
     def _validated(self, spec: StepSpec) -> dict[str, Any] | None:
         """The step's task options as ``.options`` merges and checks them (None: not reachable)."""

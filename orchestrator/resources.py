@@ -15,6 +15,7 @@ resuming (see docs/execution.md).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -60,9 +61,18 @@ class ResourceRequest:
         return {k: v for k, v in out.items() if v > 0}
 
     def describe(self) -> str:
-        parts = [f"{k}={v:g}" for k, v in self.ray_options().items() if k != "resources"]
+        parts = [f"{k}={amount(k, v)}" for k, v in self.ray_options().items() if k != "resources"]
         parts += [f"{k}={v:g}" for k, v in self.custom]
         return ", ".join(parts) or "nothing"
+
+
+def amount(name: str, value: float) -> str:
+    """A resource amount as a person reads it: memory in GiB or MiB (``memory=1.09951e+13`` was
+    10 TiB in bytes), the others as numbers."""
+    if name not in ("memory", "object_store_memory") or value < 1024**2:
+        return f"{value:g}"
+    unit, scale = next((u, f) for u, f in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2)) if value >= f)
+    return f"{value / scale:.4g} {unit}"
 
 
 #: Ray keeps resource amounts in units of 1/10,000: a fraction below one unit it refuses.
@@ -116,47 +126,52 @@ def resource_request(step: str, *, num_cpus: Any = None, num_gpus: Any = None, m
 
 @dataclass
 class Feasibility:
-    """Whether some alive node of the cluster can ever hold a request (checked once per request).
+    """Whether some alive node of the cluster can ever hold a request.
 
-    Asks Ray for its nodes at the first request, and again (at most every ``REFRESH_S``) before
-    calling a request infeasible, so a node that joined since is seen. An autoscaling cluster
-    that would start a matching node on demand is not known here: it would be refused.
+    Reads Ray's nodes at the first request and again once the read is ``REFRESH_S`` old, when next
+    asked: a node that joined since is seen, and so is one that left. What it said of a request
+    holds only as long as that read: a "feasible" kept for the process's life sent a long-lived
+    driver's (a worker's) attempts to wait in Ray's queue for ever once the only node offering
+    the resource was gone. A request asked about within ``REFRESH_S`` costs a dict lookup (a wide
+    fan-out asks once per submit). An autoscaling cluster that would start a matching node on
+    demand is not known here: it would be refused.
     """
 
     ray: Any
     REFRESH_S: float = 5.0
     _nodes: list[dict[str, float]] | None = None
     _read_at: float = 0.0
-    _known: dict[ResourceRequest, str | None] = field(default_factory=dict)
+    _known: dict[ResourceRequest, bool] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """The submitting thread and the watch on attempts in flight (``ray_lanes.StuckWatch``) both ask."""
 
     def _read(self) -> None:
         self._nodes = [dict(n.get("Resources") or {}) for n in self.ray.nodes() if n.get("Alive")]
         self._read_at = time.monotonic()
+        self._known.clear()  # said of the nodes read before
 
     def _fits(self, demand: dict[str, float]) -> bool:
         return any(all(node.get(k, 0.0) >= v for k, v in demand.items()) for node in self._nodes or [])
 
     def problem(self, step: str, request: ResourceRequest) -> str | None:
         """None if some node can hold ``request``, else why not (for ``InfeasibleResourcesError``)."""
-        if request in self._known:
-            return self._known[request]
-        demand = request.demand()
-        if self._nodes is None:
-            self._read()
-        if not self._fits(demand) and time.monotonic() - self._read_at > self.REFRESH_S:
-            self._read()
-        problem = None
-        if not self._fits(demand):
-            asked = request.describe()
-            if request.num_cpus is None and self._fits({k: v for k, v in demand.items() if k != "CPU"}):
-                asked = f"CPU=1 (Ray's default: set num_cpus=0 to ask for none), {asked}"
-            problem = (f"step {step!r} asks for {asked}, which no node of the Ray cluster can ever "
-                       f"hold: its nodes have {self._describe_nodes(demand)}. Add a node with those resources "
-                       f"(`ray start --address ... --num-gpus N / --resources '{{\"name\": N}}'`) or lower the "
-                       "step's request")
-        if problem is None:
-            self._known[request] = None
-        return problem
+        with self._lock:
+            if self._nodes is None or time.monotonic() - self._read_at > self.REFRESH_S:
+                self._read()
+            fits = self._known.get(request)
+            if fits is None:
+                fits = self._known[request] = self._fits(request.demand())
+            problem = None
+            if not fits:
+                demand = request.demand()
+                asked = request.describe()
+                if request.num_cpus is None and self._fits({k: v for k, v in demand.items() if k != "CPU"}):
+                    asked = f"CPU=1 (Ray's default: set num_cpus=0 to ask for none), {asked}"
+                problem = (f"step {step!r} asks for {asked}, which no node of the Ray cluster can ever "
+                           f"hold: its nodes have {self._describe_nodes(demand)}. Add a node with those "
+                           "resources (`ray start --address ... --num-gpus N / --resources '{\"name\": N}'`) "
+                           "or lower the step's request")
+            return problem
 
     def _describe_nodes(self, demand: dict[str, float]) -> str:
         if not self._nodes:
@@ -164,7 +179,7 @@ class Feasibility:
         shown = []
         for node in self._nodes:
             names = sorted(set(demand) | ({"CPU", "GPU"} & set(node)) | {"CPU"})
-            shown.append("{" + ", ".join(f"{k}: {node.get(k, 0.0):g}" for k in names) + "}")
+            shown.append("{" + ", ".join(f"{k}: {amount(k, node.get(k, 0.0))}" for k in names) + "}")
         return "; ".join(shown[:8]) + (f"; ... ({len(shown)} nodes)" if len(shown) > 8 else "")
 
 
