@@ -162,9 +162,7 @@ def never_sent(attempts: InFlight, executor: Executor, wf: Workflow, keys: Itera
 def at_gate(executor: Executor, handle: Handle) -> bool:
     """Whether ``handle``'s attempt still waits at ``executor``'s rate gate for its admission: its
     inner attempt was never submitted (``RateGate`` sends it only once admitted), so it never left."""
-    if not isinstance(executor, RateGate) or handle not in executor._held:
-        return False
-    return executor._inner_of(handle) is None
+    return isinstance(executor, RateGate) and executor.queued(handle)
 
 
 def commits_first(batch: Batch, sends: Sequence[Send]) -> bool:

@@ -184,6 +184,11 @@ class RateGate(Executor):
             held.handle.sent = held.inner.sent  # a queued Ray attempt's timeout starts when it is sent
         return done
 
+    def queued(self, handle: Handle) -> bool:
+        """Whether ``handle``'s attempt still waits here for its admission: never sent, so it never left."""
+        held = self._held.get(handle)
+        return held is not None and held.inner is None
+
     def _inner_of(self, handle: Handle) -> Handle | None:
         held = self._held.get(handle)
         if held is None:

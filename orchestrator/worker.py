@@ -66,6 +66,7 @@ from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and te
     checked_executor,
     checked_limits,
     checked_max_driver_deaths,
+    checked_poll,
 )
 from raysaga.orchestrator.worker_runs import FailedDrives, Skips, event_seq, outcome_since
 from raysaga.orchestrator.workflow import Workflow
@@ -130,7 +131,7 @@ class Worker:
         self.executor_kind = checked_executor(executor)
         self.address = address
         self.options = options or RunOptions()
-        self.poll = min(poll, threading.TIMEOUT_MAX / 2)  # (its waits, up to 1.5 polls: a longer one raises)
+        self.poll = checked_poll(poll)
         self.limits = dict(limits or {})
         self.counts = WorkerCounts()
         self._stop = threading.Event()

@@ -5,6 +5,8 @@ CLI checks its flags without importing them."""
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Mapping
 from typing import TypeGuard
 
@@ -41,6 +43,14 @@ def checked_concurrency(value: object) -> int:
     if not _count(value):
         raise UserError(f"--concurrency must be a whole number >= 1 (runs driven at once), got {value!r}")
     return value
+
+
+def checked_poll(value: object) -> float:
+    """``Worker(poll=...)``: seconds between looks for runs, a finite number > 0 (NaN slept never,
+    a negative one spun; beyond ``threading.TIMEOUT_MAX`` a wait raised OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        raise UserError(f"poll must be a number of seconds > 0 (between looks for runs), got {value!r}")
+    return min(float(value), threading.TIMEOUT_MAX / 2)  # (a slot waits up to 1.5 polls)
 
 
 def checked_max_driver_deaths(value: object) -> int:

@@ -396,7 +396,8 @@ class Forward:
         if early:
             decision = Fail(f"{decision.reason}: out of reach with {len(result.failures)} of {total} items "
                             f"failed; the {total - len(result.failures) - len(result.successes)} unsettled "
-                            "were stopped")
+                            + ("run to their end (agent items are never cut short)" if spec.kind == "agent"
+                               else "were stopped"))
         if decision.verdict == Verdict.RETRY_FAILED:
             decision = self._bounded(decision, len(result.failures), result.round)
         self.out.batch.events.append(NewEvent(kind="fanout_decision", node_id=step, data={

@@ -238,8 +238,11 @@ def test_a_non_critical_fan_out_failed_while_its_agent_items_wait_for_a_human(st
     store = SqlStore(store_url)
     try:
         assert store.waiting_approvals("alice", run_id=run_id) == []
+        decided = [e.data for e in store.events(run_id) if e.kind == "fanout_decision"]
     finally:
         store.close()
+    # what the decision says of the unsettled items is true: agent items are not cut short
+    assert len(decided) == 1 and "the 2 unsettled run to their end" in decided[0]["reason"], decided
 
 
 # ---------------------------------------------------------------------- bug 4: a loop pause's item

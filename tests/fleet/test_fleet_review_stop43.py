@@ -318,3 +318,23 @@ def gate(ctx: StepContext, input: dict[str, Any]) -> int:
     while not (folder / "go").exists() and time.monotonic() < deadline:  # the test opens the gate
         time.sleep(0.01)
     return 1
+
+
+@pytest.mark.parametrize("poll", [float("nan"), -1.0, 0, "1", True])
+def test_a_worker_refuses_a_poll_that_is_not_a_positive_number(sqlite_url: str, poll: Any) -> None:
+    """The second review: ``Worker(poll=nan)`` never slept between looks, ``poll=-1`` spun; the CLI
+    refused them, the Python API did not."""
+    from raysaga.errors import UserError
+
+    wf = Workflow("poll43", version="1")
+
+    @wf.step()
+    def only() -> int:
+        return 1
+
+    store = SqlStore(sqlite_url)
+    try:
+        with pytest.raises(UserError, match="poll must be a number of seconds > 0"):
+            Worker([wf], store, executor="inline", poll=poll)
+    finally:
+        store.close()
