@@ -18,14 +18,18 @@ def speaks_http(host: str, port: int, timeout: float = 1.0) -> bool | None:
     gRPC, does not); None when nothing takes the connection. For error messages only: the GCS
     port and the dashboard's are easy to swap, and "cannot reach" named neither."""
     try:
-        with socket.create_connection((host, port), timeout=timeout) as conn:
+        conn = socket.create_connection((host, port), timeout=timeout)
+    except OSError:  # refused, unreachable, or no answer to the connect (a host dropping packets)
+        return None
+    with conn:
+        try:
             conn.settimeout(timeout)
             conn.sendall(b"GET /api/version HTTP/1.0\r\nHost: " + host.encode("ascii", "replace") + b"\r\n\r\n")
             return conn.recv(8).startswith(b"HTTP/1")
-    except TimeoutError:
-        return False  # took the connection, did not answer HTTP
-    except OSError:
-        return None
+        except TimeoutError:
+            return False  # took the connection, did not answer HTTP
+        except OSError:
+            return None
 
 
 def unreachable(address: str, why: str, *, probe: bool = True) -> Exception:

@@ -203,8 +203,9 @@ class StuckWatch:
     daemon thread (only while there are some).
 
     A task whose request no alive node can hold any more (the only node offering it left the
-    cluster) waits in Ray's queue for ever: a long-lived driver (a worker, a launched job) kept
-    the run ``running`` with nothing to show for it. Such a task is cancelled, and reported
+    cluster, and did not come back within ``Feasibility.LEFT_GRACE_S``) waits in Ray's queue for
+    ever: a long-lived driver (a worker, a launched job) kept the run ``running`` with nothing to
+    show for it. Such a task is cancelled, and reported
     (``task_results``) as an ``InfeasibleResourcesError``, transient: it may have started on the
     node that left, so the driver retries it under the same key, and the retry is refused at
     submit, permanently, naming the step (``TaskSubmitter.refusal``). A task running on an alive
@@ -229,9 +230,10 @@ class StuckWatch:
             time.sleep(self._feasible.REFRESH_S)  # a timer: the nodes are read again at most this often
             try:
                 self.look()
-            except Exception:  # Ray shut down under it: nothing left to watch
-                with self._lock:
-                    self._refs.clear()
+            except Exception:  # Ray shut down under it: nothing left to watch (else a hiccup: look again)
+                if not self._feasible.ray.is_initialized():
+                    with self._lock:
+                        self._refs.clear()
             with self._lock:
                 if not self._refs:
                     self._thread = None

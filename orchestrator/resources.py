@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,43 +135,69 @@ class Feasibility:
     the resource was gone. A request asked about within ``REFRESH_S`` costs a dict lookup (a wide
     fan-out asks once per submit). An autoscaling cluster that would start a matching node on
     demand is not known here: it would be refused.
+
+    A request only a node that left could hold (one this process saw alive) is not refused at once:
+    a node restarting under its supervisor comes back, and its run went on before (its attempt
+    waited in Ray's queue). It is refused once no such node came back for ``LEFT_GRACE_S``.
     """
 
     ray: Any
     REFRESH_S: float = 5.0
+    LEFT_GRACE_S: float = 120.0
     _nodes: list[dict[str, float]] | None = None
     _read_at: float = 0.0
     _known: dict[ResourceRequest, bool] = field(default_factory=dict)
+    _alive: dict[str, dict[str, float]] = field(default_factory=dict)  # node id -> resources, last read
+    _left: dict[str, dict[str, float]] = field(default_factory=dict)  # nodes seen alive, not alive now
+    _waiting_since: dict[ResourceRequest, float] = field(default_factory=dict)  # held only by nodes that left
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """The submitting thread and the watch on attempts in flight (``ray_lanes.StuckWatch``) both ask."""
 
     def _read(self) -> None:
-        self._nodes = [dict(n.get("Resources") or {}) for n in self.ray.nodes() if n.get("Alive")]
+        alive = {str(n.get("NodeID") or i): dict(n.get("Resources") or {})
+                 for i, n in enumerate(self.ray.nodes()) if n.get("Alive")}
+        for node_id, resources in self._alive.items():
+            if node_id not in alive:
+                self._left[node_id] = resources
+        for node_id in alive:
+            self._left.pop(node_id, None)
+        self._alive = alive
+        self._nodes = list(alive.values())
         self._read_at = time.monotonic()
         self._known.clear()  # said of the nodes read before
 
-    def _fits(self, demand: dict[str, float]) -> bool:
-        return any(all(node.get(k, 0.0) >= v for k, v in demand.items()) for node in self._nodes or [])
+    def _fits(self, demand: dict[str, float], nodes: Iterable[dict[str, float]] | None = None) -> bool:
+        return any(all(node.get(k, 0.0) >= v for k, v in demand.items())
+                   for node in (self._nodes or [] if nodes is None else nodes))
 
     def problem(self, step: str, request: ResourceRequest) -> str | None:
-        """None if some node can hold ``request``, else why not (for ``InfeasibleResourcesError``)."""
+        """None if some node can hold ``request`` (or one that could left less than
+        ``LEFT_GRACE_S`` ago, and may come back), else why not (for ``InfeasibleResourcesError``)."""
         with self._lock:
             if self._nodes is None or time.monotonic() - self._read_at > self.REFRESH_S:
                 self._read()
             fits = self._known.get(request)
             if fits is None:
                 fits = self._known[request] = self._fits(request.demand())
-            problem = None
-            if not fits:
-                demand = request.demand()
-                asked = request.describe()
-                if request.num_cpus is None and self._fits({k: v for k, v in demand.items() if k != "CPU"}):
-                    asked = f"CPU=1 (Ray's default: set num_cpus=0 to ask for none), {asked}"
-                problem = (f"step {step!r} asks for {asked}, which no node of the Ray cluster can ever "
-                           f"hold: its nodes have {self._describe_nodes(demand)}. Add a node with those "
-                           "resources (`ray start --address ... --num-gpus N / --resources '{\"name\": N}'`) "
-                           "or lower the step's request")
-            return problem
+            if fits:
+                self._waiting_since.pop(request, None)
+                return None
+            demand = request.demand()
+            left = ""
+            if self._fits(demand, self._left.values()):
+                since = self._waiting_since.setdefault(request, time.monotonic())
+                waited = time.monotonic() - since
+                if waited < self.LEFT_GRACE_S:
+                    return None  # its node may be restarting: the attempt waits in Ray's queue
+                left = (f" (the node that offered it left the cluster and did not come back in {waited:.0f}s: "
+                        "raysaga waits Feasibility.LEFT_GRACE_S for a restart)")
+            asked = request.describe()
+            if request.num_cpus is None and self._fits({k: v for k, v in demand.items() if k != "CPU"}):
+                asked = f"CPU=1 (Ray's default: set num_cpus=0 to ask for none), {asked}"
+            return (f"step {step!r} asks for {asked}, which no node of the Ray cluster can ever "
+                    f"hold: its nodes have {self._describe_nodes(demand)}{left}. Add a node with those "
+                    "resources (`ray start --address ... --num-gpus N / --resources '{\"name\": N}'`) "
+                    "or lower the step's request")
 
     def _describe_nodes(self, demand: dict[str, float]) -> str:
         if not self._nodes:

@@ -67,11 +67,27 @@ def test_a_long_lived_feasibility_sees_the_only_node_offering_a_resource_leave(
     assert ray.reads == 1
     special["Alive"] = False  # the node left
     now[0] += Feasibility.REFRESH_S + 0.1
+    # a restart under its supervisor (the docs' advice) brings it back: its runs wait for a while
+    assert feasible.problem("uses_special", request) is None
+    now[0] += Feasibility.LEFT_GRACE_S + 0.1
     problem = feasible.problem("uses_special", request)
     assert problem is not None and "step 'uses_special' asks for" in problem and "special=1" in problem
+    assert "left the cluster and did not come back" in problem
     special["Alive"] = True  # it came back
     now[0] += Feasibility.REFRESH_S + 0.1
     assert feasible.problem("uses_special", request) is None
+    special["Alive"] = False  # it left again: a fresh grace, not the one spent before
+    now[0] += Feasibility.REFRESH_S + 0.1
+    assert feasible.problem("uses_special", request) is None
+
+
+def test_a_request_no_node_ever_offered_is_refused_at_once() -> None:
+    """The grace is for a node that left: a GPU on a cluster that never had one is refused at once."""
+    ray = _Nodes([{"Alive": True, "Resources": {"CPU": 2.0}}, {"Alive": False, "Resources": {"CPU": 1.0}}])
+    request = resource_request("trains", num_gpus=1)
+    assert request is not None
+    problem = Feasibility(ray).problem("trains", request)
+    assert problem is not None and "num_gpus=1" in problem and "did not come back" not in problem
 
 
 def test_an_infeasible_memory_request_is_shown_in_gib_not_bytes() -> None:
@@ -197,3 +213,15 @@ def _runs(url: str) -> int:
         return len(store.list_runs(limit=1000))
     finally:
         store.close()
+
+
+def test_a_connect_that_times_out_is_not_taken_for_a_port_that_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second review: a host dropping packets (no answer to the connect) was named "the
+    cluster's GCS port" by launch: only a port that took the connection and then kept silent is."""
+    from raysaga.orchestrator import ray_address
+
+    def no_answer(*args: Any, **kwargs: Any) -> Any:
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr("raysaga.orchestrator.ray_address.socket.create_connection", no_answer)
+    assert ray_address.speaks_http("192.0.2.123", 8265) is None
