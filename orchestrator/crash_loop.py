@@ -221,7 +221,8 @@ def cut(text: str, limit: int) -> str:
         return text
     room = max(0, limit - len(" (...)"))
     sentence = text.rfind(". ", 0, room + 1)
-    end = sentence + 1 if sentence >= room // 2 else max(text.rfind(" ", 0, room + 1), 0) or room
+    space = text.rfind(" ", 0, room + 1)
+    end = sentence + 1 if sentence >= room // 2 else space if space >= room // 2 else room  # (a long token: cut in it)
     return text[:end].rstrip(" ,;:") + " (...)"
 
 

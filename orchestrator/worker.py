@@ -287,9 +287,9 @@ class Worker:
         with self._lock:
             self.counts.claimed += 1
             self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
-        # a suspect is driven alone where its steps run in this process: on Ray a step's death is a
-        # failed attempt, and handing the other runs back would only cost them their steps in flight
-        alone, driving = claim.abandoned_by is not None and self.executor_kind == "inline", False
+        # a suspect is driven alone on Ray too: workflow code still runs in this process there (a
+        # prompt builder, reading a large output), and its neighbours would count every death it caused
+        alone, driving = claim.abandoned_by is not None, False
         try:
             if alone:
                 lease = self._turn_alone(claim)

@@ -133,12 +133,17 @@ class FailedDrives:
             self._runs.pop(run_id, None)
 
 
+#: How long a worker leaves alone a run its code's types do not fit before it looks again.
+UNFIT_RECHECK_S = 30.0
+
+
 class Skips:
     """Runs a worker does not claim, and definitions it does not have, each said once."""
 
     def __init__(self, workflows: Mapping[str, Workflow]) -> None:
         self.workflows = workflows
-        self._unfit: dict[str, str] = {}  # run id -> its workflow's name
+        self._unfit: dict[str, tuple[str, float]] = {}  # run id -> its workflow's name, skipped until when
+        self._said: dict[str, None] = {}  # runs whose skip was logged (once)
         self._read: dict[str, None] = {}  # runs read on an idle scan (whatever they were)
         self._foreign: dict[tuple[str, str], tuple[str, set[str]]] = {}  # (workflow, hash) -> version, runs
         self._told: set[tuple[str, str]] = set()
@@ -148,27 +153,35 @@ class Skips:
     def served(self, hashes: Mapping[str, tuple[str, str]]) -> dict[str, str | tuple[str, str]]:
         """What ``Store.claim_next`` is given: each workflow's digests, less the runs skipped."""
         skipped: dict[str, list[str]] = {}
+        now = time.monotonic()
         with self._lock:
-            for run_id, name in self._unfit.items():
+            for run_id in [r for r, (_, until) in self._unfit.items() if until <= now]:
+                del self._unfit[run_id]  # looked at again: its next steps may fit this code now
+            for run_id, (name, _) in self._unfit.items():
                 skipped.setdefault(name, []).append(run_id)
         return {name: Served(*digests, skip=skipped[name]) if name in skipped else digests
                 for name, digests in hashes.items()}
 
     def skipped(self, run_id: str) -> bool:
         with self._lock:
-            return run_id in self._unfit
+            entry = self._unfit.get(run_id)
+            return entry is not None and entry[1] > time.monotonic()
 
     def unfit(self, run_id: str, workflow: str, exc: Exception) -> None:
-        """This code's types do not fit what the run stored: leave it for a worker whose code does."""
+        """This code's types do not fit what the run stored: leave it for a worker whose code does,
+        for ``UNFIT_RECHECK_S``, then look again (a rolling deploy: once the old code ran the steps
+        this code cannot read, the rest may fit; a skip for the process's life left the run alone)."""
         with self._lock:
-            new = run_id not in self._unfit
-            self._unfit[run_id] = workflow
-            while len(self._unfit) > KEPT:
-                self._unfit.pop(next(iter(self._unfit)))
+            new = run_id not in self._said
+            self._said[run_id] = None
+            self._unfit[run_id] = (workflow, time.monotonic() + UNFIT_RECHECK_S)
+            for kept in (self._unfit, self._said):
+                while len(kept) > KEPT:
+                    kept.pop(next(iter(kept)))
         if new:
             first = scrub_text((str(exc).splitlines() or [""])[0])
-            log.warning("worker: run %s is left for a worker with the code it started with, not claimed again "
-                        "here: %s", run_id, cut(first, 600))
+            log.warning("worker: run %s is left for a worker with the code it started with (looked at again in "
+                        "%.0fs: its next steps may fit): %s", run_id, UNFIT_RECHECK_S, cut(first, 600))
 
     def look(self, store: Store, rows: Iterable[RunSummary], now: float | None = None) -> None:
         """Of the unleased runs of this worker's workflows in ``rows`` (what its idle scan listed:

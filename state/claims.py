@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, cast, func, insert, or_, select, text, update
@@ -168,6 +168,9 @@ class Served(tuple[str, str]):
         served = super().__new__(cls, (current, legacy))
         served.skip = frozenset(skip)
         return served
+
+    def __reduce__(self) -> tuple[Any, ...]:  # (a tuple subclass's default calls __new__ with the tuple alone)
+        return (Served, (self[0], self[1], sorted(self.skip)))
 
 
 def _runnable(workflows: Mapping[str, Digests], now: float) -> ColumnElement[bool]:

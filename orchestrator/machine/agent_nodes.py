@@ -68,6 +68,7 @@ class _Node:
     offers: dict[NodeKey, Offer] = field(default_factory=dict)  # tool calls the last response's call ran
     finished: bool = False
     deadline: float | None = None  # when its timeout= fails it
+    ended: dict[str, Any] | None = None  # its step closed while it asked a human: it fails at its next advance
 
 
 class AgentNodes:
@@ -188,6 +189,8 @@ class AgentNodes:
     def _advance(self, node: _Node) -> None:
         if node.finished:
             return
+        if node.ended is not None:  # (told "not run", its model asked again and again: paid turns, a loop)
+            return self._fail(node, node.ended)  # here, not inside its step's close (a second decision)
         if node.due:
             for sub in sorted(node.due):
                 if sub not in node.calls:  # restored mid-backoff: issued below, like any unanswered
@@ -277,6 +280,7 @@ class AgentNodes:
             closed = (error or {}).get("type") == NOT_ASKED  # its step settled: the call is not run
             self._answered(node, sub, {"content": reason if closed else f"a human did not allow this call ({reason})",
                                        "is_error": True, "rejected": True})
+            node.ended = {"type": NOT_ASKED, "transient": False, "message": f"ended: {reason}"} if closed else None
             return
         args = action.args
         if approval.answer is not None:
@@ -479,9 +483,8 @@ class AgentNodes:
         self.forward.settle_completed(key)
 
     def _fail(self, node: _Node, error: dict[str, Any]) -> None:
-        self._ended(node)
-        self.calls.cancel([k for k in self.calls.inflight if k.is_agent_call and k.owner == node.key],
-                          "its agent node failed", write=False)
+        self._ended(node)  # its calls in flight or in a backoff stop, and their rows say so (not 'running')
+        self.calls.stop_owned(node.key, "its agent node failed", node.calls)
         self.forward.settle_failed(node.key, error, write=True, attempts=1)
 
     def asking(self) -> bool:

@@ -14,9 +14,8 @@ deploy) is issued under that key (``machine.doubt``: invariant 2).
 
 from __future__ import annotations
 
-import heapq
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any
@@ -27,6 +26,7 @@ from raysaga.orchestrator.item_block import ItemBlock
 from raysaga.orchestrator.keys import args_digest
 from raysaga.orchestrator.machine.doubt import InDoubt, may_have_happened
 from raysaga.orchestrator.machine.outbox import Dispatch, ItemsDispatch, Outbox
+from raysaga.orchestrator.machine.timers import Timers
 from raysaga.orchestrator.options import DEFAULT_RETRY
 from raysaga.orchestrator.records import cancelled_row, merge_run, short_error
 from raysaga.orchestrator.retry import backoff_delay
@@ -88,7 +88,7 @@ class Calls:
         self.keys: dict[NodeKey, str] = {}  # idempotency key of each effect node issued
         self.in_doubt = InDoubt()  # attempts that may have happened keep their keys (``doubt``)
         self.inflight: dict[NodeKey, Attempt] = {}
-        self.timers: list[tuple[float, NodeKey]] = []
+        self.timers = Timers()
         self.unrecorded: list[NodeKey] = []  # in flight without a 'running' row (may hold stale keys)
         self.draining: set[NodeKey] = set()  # effects let land after their step failed (see ``drain``)
         # Nodes recorded before their call (effects, steps with an undo) one of whose attempts may
@@ -186,23 +186,18 @@ class Calls:
 
     def schedule(self, when: float, key: NodeKey) -> None:
         """Issue ``key`` again at ``when`` (a durable backoff: its row says ``not_before``)."""
-        heapq.heappush(self.timers, (when, key))
+        self.timers.push(when, key)
 
     def unschedule(self, key: NodeKey) -> None:
         """Drop ``key``'s timers (an approval decided before its timeout)."""
-        if any(k == key for _, k in self.timers):
-            self.timers = [(t, k) for t, k in self.timers if k != key]
-            heapq.heapify(self.timers)
+        self.timers.drop(key)
 
     def due(self) -> list[NodeKey]:
         """Timers that fired by now, in time order."""
-        fired = []
-        while self.timers and self.timers[0][0] <= self.out.now:
-            fired.append(heapq.heappop(self.timers)[1])
-        return fired
+        return self.timers.due(self.out.now)
 
     def next_timer(self) -> float | None:
-        return self.timers[0][0] if self.timers else None
+        return self.timers.next()
 
     # ------------------------------------------------------------------ back
 
@@ -461,8 +456,7 @@ class Calls:
         failed, ``abandoned`` (as when its retries run out: settled, and undone by a rollback)."""
         dropped = [k for _, k in self.timers if which(k) and k not in self.inflight and k in self.keys]
         self.stop_retries(reason, which)
-        self.timers = [(t, k) for t, k in self.timers if not which(k)]
-        heapq.heapify(self.timers)
+        self.timers.keep(lambda k: not which(k))
         result = {"error": {"type": "NotRetried", "message": f"not retried: {reason}", "transient": True}}
         for key in (k for k in dropped if self.ledger.get(self.keys[k], (None,))[0] != EffectStatus.COMMITTED):
             self.ledger[self.keys[key]] = (EffectStatus.ABANDONED, result)
@@ -470,10 +464,18 @@ class Calls:
                                                       fan_index=key.fan_index, effect_name=effect_name(key),
                                                       args_digest="", status=EffectStatus.ABANDONED, result=result))
 
+    def stop_owned(self, owner: NodeKey, reason: str, specs: Mapping[NodeKey, tuple[StepSpec, Any, Any]]) -> None:
+        """An agent node ended for good: its calls in flight or in a backoff stop, and their rows say
+        so (a timed-out node's call was left 'running' or 'retrying' on a completed run)."""
+        def mine(key: NodeKey) -> bool:
+            return key.is_agent_call and key.owner == owner
+
+        self.cancel([k for k in self.inflight if mine(k)], reason)
+        self.drop_timers(mine, reason, lambda k: specs[k][0].effect_name if k in specs else "")
+
     def cancel_all(self, reason: str, *, write: bool = True, keep_compensation_timers: bool = True) -> None:
         self.cancel(list(self.inflight), reason, write=write)
-        self.timers = [(t, k) for t, k in self.timers if keep_compensation_timers and k.compensates]
-        heapq.heapify(self.timers)
+        self.timers.keep(lambda k: keep_compensation_timers and k.compensates)
 
     def record_running(self) -> None:
         """A quiet tick: attempts still in flight become durable as 'running'.

@@ -317,3 +317,87 @@ def test_an_agent_nodes_retry_is_its_model_calls_attempts(sqlite_url: str) -> No
     run_id = raysaga.create_run(wf, None, store=sqlite_url).run_id
     done = drive(sqlite_url, wf, run_id)
     assert done.status == RunStatus.FAILED and len(calls) == 3, (done.status_reason, calls)
+
+
+# ---------------------------------------------------------------------- the review of these fixes
+
+
+CHARGES: list[str] = []
+
+
+@tool(effect=True, retry=RetryPolicy(max_attempts=5, base=4.0, cap=4.0))
+def slow_charge(who: str, idempotency_key: str) -> str:
+    """Charge (the gateway times out: a backoff of 4 s between attempts)."""
+    CHARGES.append(idempotency_key)
+    raise Transient("gateway timeout")
+
+
+def test_a_non_critical_agent_timed_out_in_a_tool_backoff_leaves_no_row_retrying(sqlite_url: str) -> None:
+    """Its tool call waiting out a backoff stayed 'retrying' (next try pending) on a completed run:
+    the node's calls in flight or in a backoff now stop with it, and their rows say so."""
+    CHARGES.clear()
+    model = ScriptedModel(default=(tool_reply(("slow_charge", {"who": "alpha"})), text_reply("done")))
+    wf = Workflow("review43_timeout_backoff")
+
+    @wf.agent(Agent(name="a", model=model, tools=(slow_charge,)), timeout=0.5, critical=False)
+    def ask(input: Any) -> str:
+        return "charge alpha"
+
+    run_id = raysaga.create_run(wf, None, store=sqlite_url).run_id
+    done = drive(sqlite_url, wf, run_id)
+    assert done.status == RunStatus.COMPLETED, done.status_reason
+    found = rows(sqlite_url, run_id)
+    assert found["ask"].status == NodeStatus.FAILED
+    assert {label: n.status for label, n in found.items()
+            if n.status in (NodeStatus.RUNNING, NodeStatus.RETRYING, NodeStatus.WAITING)} == {}
+    assert len(CHARGES) == 1  # the backoff's retry was not made after the node ended
+
+
+def test_an_agent_item_waiting_for_a_human_ends_when_its_step_fails(sqlite_url: str) -> None:
+    """Told "not run" when its step failed, the item asked its model again, was told again, and a
+    loop policy paused the run (an operator unpaused a run whose step had failed): it ends there."""
+    turns: list[str] = []
+
+    class Counting(Flaky):
+        def complete(self, request: ModelRequest) -> ModelResponse:
+            turns.append(first_user_text(request.messages))
+            return super().complete(request)
+
+    script = {"RESEARCH alpha": [tool_reply(("pay", {"who": "alpha", "amount": 5}))] * 6}
+    agent = Agent(name="r", model=Counting(script=script), tools=(pay,), transport_retry=RETRY_FAST,
+                  loop=LoopPolicy(window=4, repeats=2, then="pause"), max_turns=8)
+    wf = Workflow("review43_not_asked_loop")
+
+    @wf.step()
+    def plan(input: Any) -> list[str]:
+        return ["alpha", "broken"]
+
+    @wf.agent(agent, map_over="plan", policy=quorum(2), critical=False)
+    def research(plan: str) -> str:
+        return f"RESEARCH {plan}"
+
+    run_id = raysaga.create_run(wf, None, store=sqlite_url).run_id
+    done = drive(sqlite_url, wf, run_id)
+    assert done.status == RunStatus.COMPLETED, done.status_reason
+    assert turns.count("RESEARCH alpha") == 1, turns  # no turn after "not run"
+    found = rows(sqlite_url, run_id)
+    assert found["research[0]"].status == NodeStatus.FAILED
+    assert PAID == [] and UNDONE == []
+
+
+def test_timers_dropped_in_a_batch_keep_one_scheduled_after_its_drop() -> None:
+    """Dropping a key's timers was a scan and a re-heap each (quadratic over a fan-out of agent
+    items with a timeout=); now batched, and a key scheduled again after its drop keeps its timer."""
+    from raysaga.node_key import NodeKey
+    from raysaga.orchestrator.machine.timers import Timers
+
+    timers = Timers()
+    keys = [NodeKey("s", i) for i in range(5)]
+    for i, key in enumerate(keys):
+        timers.push(10.0 + i, key)
+    for key in keys[:3]:
+        timers.drop(key)
+    timers.push(1.0, keys[0])  # scheduled again after its drop: kept
+    assert timers.next() == 1.0 and len(timers) == 3
+    assert timers.due(12.0) == [keys[0]]
+    assert timers.due(100.0) == [keys[3], keys[4]]

@@ -114,3 +114,23 @@ def test_a_long_error_is_cut_at_a_sentence_and_the_way_out_stays_whole() -> None
     assert short is not None
     assert short.status_reason == "parked after 3 drives in a row failed: ValueError: bad row; fix what it names, " \
                                   "then `raysaga retry r-1`"
+
+
+def test_an_error_with_one_long_token_keeps_most_of_it() -> None:
+    """The second review: with no sentence and no space in the last half of the room, the cut fell
+    back to the last space however early (``ValueError: bad blob (...)``: 114 characters of 3,000)."""
+    cut = crash_loop.cut("ValueError: bad blob sha256=" + "ab" * 600, 500)
+    assert len(cut) == 500 and cut.startswith("ValueError: bad blob sha256=abab") and cut.endswith(" (...)")
+    assert crash_loop.cut("one two three. " * 10, 60) == "one two three. one two three. one two three. (...)"
+
+
+def test_a_served_entry_survives_a_copy() -> None:
+    """``Served`` (a tuple subclass carrying a worker's skipped runs) raised TypeError on a copy (a
+    wrapping store copying its arguments): its default reduction called ``__new__`` with the tuple alone."""
+    import copy
+
+    from raysaga.state.claims import Served
+
+    served = Served("h1", "h0", skip=["r-2", "r-1"])
+    for twin in (copy.copy(served), copy.deepcopy(served)):
+        assert twin == ("h1", "h0") and twin.skip == frozenset({"r-1", "r-2"})
