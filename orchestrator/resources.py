@@ -163,6 +163,8 @@ class Feasibility:
             self._left.pop(node_id, None)
         self._alive = alive
         self._nodes = list(alive.values())
+        # a node holding a request is back: its next departure has a grace of its own
+        self._waiting_since = {r: t for r, t in self._waiting_since.items() if not self._fits(r.demand())}
         self._read_at = time.monotonic()
         self._known.clear()  # said of the nodes read before
 

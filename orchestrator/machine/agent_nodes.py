@@ -189,8 +189,8 @@ class AgentNodes:
     def _advance(self, node: _Node) -> None:
         if node.finished:
             return
-        if node.ended is not None:  # (told "not run", its model asked again and again: paid turns, a loop)
-            return self._fail(node, node.ended)  # here, not inside its step's close (a second decision)
+        if node.ended is not None and not node.waiting:  # told "not run", its model asked again and again (paid
+            return self._fail(node, node.ended)  # turns, a loop); its calls in flight land first, not cut short
         if node.due:
             for sub in sorted(node.due):
                 if sub not in node.calls:  # restored mid-backoff: issued below, like any unanswered

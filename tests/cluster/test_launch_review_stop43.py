@@ -79,6 +79,15 @@ def test_a_long_lived_feasibility_sees_the_only_node_offering_a_resource_leave(
     special["Alive"] = False  # it left again: a fresh grace, not the one spent before
     now[0] += Feasibility.REFRESH_S + 0.1
     assert feasible.problem("uses_special", request) is None
+    special["Alive"] = True  # back, and up longer than a grace with nobody asking about it
+    now[0] += Feasibility.REFRESH_S + 0.1
+    other = resource_request("other", num_cpus=1)
+    assert other is not None
+    feasible.problem("other", other)  # (some other step's ask reads the nodes)
+    now[0] += Feasibility.LEFT_GRACE_S + 1
+    special["Alive"] = False  # its next departure: a grace of its own (it was refused at once, "did not come back")
+    now[0] += Feasibility.REFRESH_S + 0.1
+    assert feasible.problem("uses_special", request) is None
 
 
 def test_a_request_no_node_ever_offered_is_refused_at_once() -> None:
