@@ -28,6 +28,7 @@ from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.sagas import ALL, quorum
 from raysaga.state import NodeStatus, SqlStore
 from raysaga.testing import CrashAt, SimulatedCrash
+from tests.support.store_rows import nodes_of
 
 PAID: list[dict[str, Any]] = []
 UNDONE: list[dict[str, Any]] = []
@@ -96,12 +97,7 @@ def drive(url: str, wf: Workflow, run_id: str, faults: CrashAt | None = None) ->
         store.close()
 
 
-def rows(url: str, run_id: str) -> dict[str, Any]:
-    store = SqlStore(url)
-    try:
-        return {n.label: n for n in store.nodes(run_id)}
-    finally:
-        store.close()
+rows = nodes_of  # a run's node rows by label
 
 
 # ---------------------------------------------------------------------- bug 1: never-run calls
@@ -115,8 +111,8 @@ def test_a_call_waiting_for_approval_is_not_undone_when_the_run_fails(store_url:
     assert PAID == [] and UNDONE == []
     found = rows(store_url, run_id)
     for label in ("research@0.0[0]", "research@0.0[2]"):
-        assert found[label].status == NodeStatus.CANCELLED
-        assert found[label].error is not None and found[label].error.took_effect is False
+        error = found[label].error
+        assert found[label].status == NodeStatus.CANCELLED and error is not None and error.took_effect is False
 
 
 def test_a_cancel_with_compensation_does_not_undo_a_call_waiting_for_approval(sqlite_url: str) -> None:

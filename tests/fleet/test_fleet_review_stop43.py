@@ -185,19 +185,25 @@ def _typed(charge_type: type) -> Workflow:
     return wf
 
 
-def test_a_run_this_code_s_types_do_not_fit_is_left_for_a_worker_whose_code_does(store: SqlStore) -> None:
-    v1, v4 = _typed(str), _typed(int)
-    assert v1.definition_hash == v4.definition_hash  # only the types differ
-    tag = uuid.uuid4().hex[:8]
+def _handed_back_by_v1(store: SqlStore, v1: Workflow, tag: str) -> str:
+    """A run of ``v1`` whose worker ran prepare and charge (``charge`` stored as a str), then handed it back."""
     with Client(store) as client:
         misfit = client.submit(v1, {}, run_id=f"a-misfit-{tag}").run_id
-    lease = store.claim(misfit, "v1-worker", 60)  # a v1 worker ran prepare and charge, then handed it back
+    lease = store.claim(misfit, "v1-worker", 60)
     now = time.time()
     store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING), nodes=[
         NodeWrite(node_id="prepare", status=NodeStatus.COMPLETED, attempt=1, output=7, finished_at=now),
         NodeWrite(node_id="charge", status=NodeStatus.COMPLETED, attempt=1, output="ch-7", finished_at=now)],
         events=[NewEvent(kind="node_completed", node_id="prepare"), NewEvent(kind="node_completed", node_id="charge")]))
     store.release(lease)
+    return misfit
+
+
+def test_a_run_this_code_s_types_do_not_fit_is_left_for_a_worker_whose_code_does(store: SqlStore) -> None:
+    v1, v4 = _typed(str), _typed(int)
+    assert v1.definition_hash == v4.definition_hash  # only the types differ
+    tag = uuid.uuid4().hex[:8]
+    misfit = _handed_back_by_v1(store, v1, tag)
     with Client(store) as client:
         fresh = client.submit(v4, {}, run_id=f"b-fresh-{tag}").run_id  # newer: claimed after the misfit
     worker = Worker([v4], store, concurrency=1, executor="inline", poll=0.05)
@@ -302,16 +308,7 @@ def test_a_skipped_run_is_looked_at_again(store: SqlStore, monkeypatch: pytest.M
     drove it until the worker restarted. The skip now lasts ``UNFIT_RECHECK_S``."""
     monkeypatch.setattr("raysaga.orchestrator.worker_runs.UNFIT_RECHECK_S", 0.2)
     v1, v4 = _typed(str), _typed(int)
-    tag = uuid.uuid4().hex[:8]
-    with Client(store) as client:
-        misfit = client.submit(v1, {}, run_id=f"a-misfit-{tag}").run_id
-    lease = store.claim(misfit, "v1-worker", 60)
-    now = time.time()
-    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING), nodes=[
-        NodeWrite(node_id="prepare", status=NodeStatus.COMPLETED, attempt=1, output=7, finished_at=now),
-        NodeWrite(node_id="charge", status=NodeStatus.COMPLETED, attempt=1, output="ch-7", finished_at=now)],
-        events=[NewEvent(kind="node_completed", node_id="prepare"), NewEvent(kind="node_completed", node_id="charge")]))
-    store.release(lease)
+    misfit = _handed_back_by_v1(store, v1, uuid.uuid4().hex[:8])
     worker = Worker([v4], store, concurrency=1, executor="inline", poll=0.05)
     thread = _started(worker)
     try:
