@@ -170,7 +170,7 @@ class Feasibility:
 
     def _fits(self, demand: dict[str, float], nodes: Iterable[dict[str, float]] | None = None) -> bool:
         return any(all(node.get(k, 0.0) >= v for k, v in demand.items())
-                   for node in (self._nodes or [] if nodes is None else nodes))
+                   for node in ((self._nodes or []) if nodes is None else nodes))
 
     def problem(self, step: str, request: ResourceRequest) -> str | None:
         """None if some node can hold ``request`` (or one that could left less than

@@ -240,7 +240,7 @@ class AgentNodes:
                 self.pause_reason = self.pause_reason or action.reason.replace(agent, f"{agent} ({node.key.label})", 1)
 
     def _admit(self, node: _Node, sub: NodeKey, action: RunTool) -> None:
-        self.waits.restored_waiting.discard(sub)  # an approved call goes on: its row is no longer waiting
+        self.waits.restored_waiting.pop(sub, None)  # an approved call goes on: its row is no longer waiting
         node.pending_tools[sub] = action
         self.out.queries.append(AdmitTool(sub, action.tool.breaker_name, node.agent.breaker_threshold,
                                           node.agent.breaker_cooldown))

@@ -57,8 +57,7 @@ class Waits:
         self._gates: dict[NodeKey, OnDecided] = {}  # approvals owned by another part (an agent's tool call)
         #: rows restored ``waiting`` (approvals, sleeps, gated tool calls): a run stopped (a cancel,
         #: a failure) before they wait again in this process still closes them
-        self.restored_waiting: set[NodeKey] = set()
-        self._waiting_since: dict[NodeKey, float] = {}  # restored 'waiting' rows: since when (their start)
+        self.restored_waiting: dict[NodeKey, float | None] = {}  # restored 'waiting' rows -> their start
         self._stopped: set[NodeKey] = set()  # closed with their step (``stop_steps``): their row says so
         forward.on_closed = self.stop_steps
 
@@ -81,7 +80,7 @@ class Waits:
                 self.out.batch.events.append(NewEvent(kind="sleep_started", node_id=key.node_id,
                                                       data={"until": until}))
             self.sleeping[key] = (until, row.started_at if row is not None else self.out.now)
-            self.restored_waiting.discard(key)
+            self.restored_waiting.pop(key, None)
             self.calls.schedule(until, key)
             return
         request = request_of(row) if row is not None and row.status == NodeStatus.WAITING else None
@@ -141,7 +140,7 @@ class Waits:
         self._wait(key, request)
 
     def _wait(self, key: NodeKey, request: ApprovalRequest) -> None:
-        self.restored_waiting.discard(key)
+        self.restored_waiting.pop(key, None)
         self.requests[key] = request
         if request.timeout_at is not None:
             self.calls.schedule(request.timeout_at, key)
@@ -245,9 +244,7 @@ class Waits:
 
     def restored_waiting_row(self, key: NodeKey, started_at: float | None) -> None:
         """A row restored 'waiting': closed if the run stops before it waits again."""
-        self.restored_waiting.add(key)
-        if started_at is not None:
-            self._waiting_since[key] = started_at
+        self.restored_waiting[key] = started_at
 
     def _since(self, key: NodeKey) -> float | None:
         """When the node began to wait: its cancelled row keeps it (a blank 'started' otherwise)."""
@@ -255,7 +252,7 @@ class Waits:
         if request is not None:
             return request.asked_at
         sleep = self.sleeping.get(key)
-        return sleep[1] if sleep is not None else self._waiting_since.get(key)
+        return sleep[1] if sleep is not None else self.restored_waiting.get(key)
 
     def stop_all(self, reason: str) -> None:
         """The forward DAG stops (failure, cancel): what waits is cancelled with it."""
@@ -296,7 +293,7 @@ class Waits:
                                                   error=self._stopped_error(key, reason), finished_at=self.out.now))
             self.requests.pop(key, None)
             self.sleeping.pop(key, None)
-            self.restored_waiting.discard(key)
+            self.restored_waiting.pop(key, None)
             self.calls.unschedule(key)
             self._stopped.add(key)
 

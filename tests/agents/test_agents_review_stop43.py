@@ -24,10 +24,9 @@ import raysaga
 from raysaga import Client, RateLimit, RetryPolicy, RunStatus, StepContext, Transient, Workflow
 from raysaga.agents import Agent, LoopPolicy, ModelRequest, ModelResponse, ScriptedModel, text_reply, tool, tool_reply
 from raysaga.agents.models import first_user_text
-from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.sagas import ALL, quorum
 from raysaga.state import NodeStatus, SqlStore
-from raysaga.testing import CrashAt, SimulatedCrash
+from raysaga.testing import CrashAt, SimulatedCrash, drive_inline
 from tests.support.store_rows import nodes_of
 
 PAID: list[dict[str, Any]] = []
@@ -90,11 +89,7 @@ def _research(subjects: list[str], *, policy: Any = ALL, critical: bool = True,
 
 
 def drive(url: str, wf: Workflow, run_id: str, faults: CrashAt | None = None) -> raysaga.RunRecord:
-    store = SqlStore(url)
-    try:
-        return Driver(wf, store, InlineExecutor(), run_id, faults=faults).drive()
-    finally:
-        store.close()
+    return drive_inline(wf, run_id, store=url, crash_at=faults)
 
 
 rows = nodes_of  # a run's node rows by label
