@@ -168,7 +168,7 @@ def inbox(
 ) -> None:
     """What waits for a human decision, oldest first."""
     with errors():
-        from raysaga.orchestrator.status_text import payload_line
+        from raysaga.orchestrator.status_text import payload_line, relative
         from raysaga.state.redact import scrub, scrub_text
 
         waiting = _client(db, writes=False).inbox(approver)
@@ -185,9 +185,9 @@ def inbox(
             r = item.request
             label = item.node if item.fan_index < 0 else f"{item.node}[{item.fan_index}]"
             quorum = f" ({len(item.approvals)}/{r.quorum} approved)" if r.quorum > 1 else ""
-            due = "no timeout" if r.timeout_at is None else f"times out {_ago(r.timeout_at - now, future=True)}"
+            due = "no timeout" if r.timeout_at is None else f"times out {relative(max(r.timeout_at, now), now)}"
             # "approvers:", not "decided by": it waits, and read so it looked decided already
-            say(out, (f"{item.run_id} {label}", "bold"), f"  asked {_ago(now - r.asked_at)} · approvers: "
+            say(out, (f"{item.run_id} {label}", "bold"), f"  asked {relative(min(r.asked_at, now), now)} · approvers: "
                 f"{', '.join(r.deciders() or ['anyone'])}{quorum} · {due}")
             say(out, f"  {scrub_text(r.prompt)}")
             payload = payload_line(r)  # what the approver approves: a tool call's arguments, say
@@ -385,14 +385,6 @@ def _one_file_per_name(refs: list[str]) -> None:
             if other != path:
                 raise UserError(f"workflow files {str(other)!r} and {str(path)!r} would both be imported as module "
                                 f"{path.stem!r}: rename one of them")
-
-
-def _ago(seconds: float, future: bool = False) -> str:
-    """``span``'s rounding (a timeout of 1e300 s is "in more than 100 years", not 300 digits of hours)."""
-    from raysaga.orchestrator.status_text import span
-
-    text = span(max(0.0, seconds))
-    return f"in {text}" if future else f"{text} ago"
 
 
 def _secs(value: float | None) -> str:

@@ -232,10 +232,12 @@ def waiting(engine: Engine, approver: str | None = None, run_id: str | None = No
     join: without statistics SQLite's planner drove it from the runs (by status) and read each
     active run's every node row by key, 8 ms for a running fan-out of 100,000 rows. With
     ``run_id``, that run's rows by its ``run_key`` (the planner's pick of the key's range or the
-    index), as the view read them."""
+    index), as the view read them. A run past its deadline is left out: a decision on it is
+    refused (``decide``), and it fails 'deadline' when a driver takes it up."""
     holding = select(nodes.c.run_key).where(_IS_WAITING)
     decidable = select(runs.c.run_key, runs.c.run_id, runs.c.workflow_name).where(
-        runs.c.status.in_(_DECIDABLE), runs.c.run_key.in_(holding))
+        runs.c.status.in_(_DECIDABLE), runs.c.run_key.in_(holding),
+        runs.c.deadline_at.is_(None) | (runs.c.deadline_at > time.time()))
     rows = select(*_WAITING_COLUMNS).where(_IS_WAITING)
     if run_id is not None:
         decidable = decidable.where(runs.c.run_id == run_id)
