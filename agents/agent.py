@@ -99,6 +99,11 @@ class Agent:
     rate_limit: RateLimit | None = None
     """The provider's limit its model calls go through, shared by every driver on the store
     (``RateLimit(name="anthropic", requests=50, tokens=40_000)``)."""
+    max_tool_result_chars: int | None = 100_000
+    """The longest tool result the model is shown, in characters (~25,000 tokens): a longer one
+    (a web page, a file) is cut there, with a note telling the model so and how long it was; the
+    whole result stays in the store. ``None``: results go to the model whole (one that overflows
+    the model's context fails its next call with "prompt is too long")."""
     speculative_tools: bool = False
     """Run the tools a model response asks for that change nothing (not ``effect=True``, no
     approval, no rate limit) in the model call's own task, right after the response, and use
@@ -167,6 +172,8 @@ class Agent:
                      allowed="a whole number >= 0")
         check_number(owner, "max_tokens", self.max_tokens, minimum=1, integer=True, optional=True,
                      allowed="None or a whole number >= 1")
+        check_number(owner, "max_tool_result_chars", self.max_tool_result_chars, minimum=1, integer=True,
+                     optional=True, allowed="None or a whole number of characters >= 1")
         check_number(owner, "model_timeout", self.model_timeout, minimum=0, strict=True, optional=True,
                      allowed="None or a finite number of seconds > 0")
         check_number(owner, "breaker_threshold", self.breaker_threshold, minimum=1, integer=True,
@@ -221,8 +228,9 @@ class Turn:
 
 
 def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | None = None,
-                 ) -> list[dict[str, Any]]:
-    """The Messages API conversation implied by the persisted turns (the last one unanswered)."""
+                 result_cap: int | None = None) -> list[dict[str, Any]]:
+    """The Messages API conversation implied by the persisted turns (the last one unanswered);
+    tool results longer than ``result_cap`` characters cut (``shown_result``)."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
     for turn in turns:
         if turn.response is None:
@@ -241,7 +249,7 @@ def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | 
                     # ``run_tool`` filled it in has such a result in its turns
                     content = empty_error(str(use.get("name", "")) or "the tool")
                 blocks.append({"type": "tool_result", "tool_use_id": use.get("id", f"toolu_{k}"),
-                               "content": content, "is_error": is_error})
+                               "content": shown_result(content, result_cap), "is_error": is_error})
             messages.append({"role": "user", "content": blocks})
         else:
             # the agent's output_type, not None: with None an answer failing validation was fed
@@ -249,6 +257,24 @@ def messages_for(prompt: str, turns: list[Turn], output_type: type[BaseModel] | 
             feedback = final_answer_problem(turn.response, output_type)
             messages.append({"role": "user", "content": feedback or "Continue."})
     return messages
+
+
+def shown_result(content: Any, cap: int | None) -> Any:
+    """A tool result as the model is shown it: a text longer than ``cap`` characters cut there,
+    with a note saying so (a text block of a list of blocks each so). A function of the stored
+    result, so a resumed run asks the model exactly what it asked before the crash."""
+    if cap is None:
+        return content
+    if isinstance(content, str):
+        if len(content) <= cap:
+            return content
+        return (f"{content[:cap]}\n[raysaga: this result was cut at {cap:,} of {len(content):,} characters "
+                "(Agent.max_tool_result_chars); ask for a smaller part if you need the rest]")
+    if isinstance(content, list):
+        return [{**b, "text": shown_result(b["text"], cap)}
+                if isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str) else b
+                for b in content]
+    return content
 
 
 def sendable(content: list[dict[str, Any]]) -> list[dict[str, Any]]:

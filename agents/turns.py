@@ -16,6 +16,7 @@ model calls, tool calls, writes and a node outcome.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,7 +54,8 @@ class Conversation:
     def request(self, agent: Agent, t: int) -> dict[str, Any]:
         """The Messages API request of turn ``t`` (JSON, as the model call's input)."""
         return ModelRequest(model=agent.model.name, system=agent.system, tools=agent.tool_definitions(),
-                            messages=messages_for(self.prompt, self.turns[:t], agent.output_type),
+                            messages=messages_for(self.prompt, self.turns[:t], agent.output_type,
+                                                  agent.max_tool_result_chars),
                             max_tokens=agent.request_max_tokens()).model_dump(mode="json")
 
     def put(self, turn: int, call: int | None, value: Any) -> None:
@@ -446,4 +448,12 @@ def model_failure(t: int, error: dict[str, Any]) -> Fail:
     the API refused the call (400, 401) or its answer could not be used.
     """
     kind = "ModelUnavailable" if error.get("transient") else "ModelCallFailed"
-    return Fail(kind, f"model call for turn {t} failed: {error.get('type')}: {error.get('message', '')}"[:500])
+    said = f"model call for turn {t} failed: {error.get('type')}: {error.get('message', '')}"[:500]
+    if not error.get("transient") and TOO_LONG.search(said):  # the conversation overflows the model's context
+        said += (" (tool results the model is shown are cut at Agent(max_tool_result_chars=...): lower it, "
+                 "or make the tools return less)")
+    return Fail(kind, said)
+
+
+#: How the Messages API (and gateways before it) say a request is over the model's context.
+TOO_LONG = re.compile(r"prompt is too long|too many (input )?tokens|context (length|window)", re.IGNORECASE)
