@@ -87,10 +87,14 @@ def fork(
         patch = _patch(input_patch)
         from raysaga.orchestrator import cli_status, cli_store
         from raysaga.orchestrator.fork import fork as do_fork
+        from raysaga.orchestrator.fork import input_reruns
         from raysaga.orchestrator.loader import recordable_ref
 
         store = cli_store.open_for_writes(db, run_id)
         wf = _workflow(store, run_id, workflow)
+        for step in input_reruns(wf, store, run_id, from_node, patch):
+            say(err, f"note: effect step {step!r} (upstream of --from {from_node}) runs again: --input-patch "
+                     "changes the input it reads, so its effect is made again under the new run's keys")
         record = do_fork(wf, run_id, from_node=from_node, input_patch=patch, store=store, new_run_id=run_id_new,
                          executor=executor, address=address, options=_fork_options(lease_ttl, deaths),
                          workflow_ref=(recordable_ref(workflow) or "") if workflow else None, drive=not no_drive,

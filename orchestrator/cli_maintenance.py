@@ -56,6 +56,10 @@ def prune(
         say(out, f"  with {report.nodes} nodes, {report.events} events, {report.effects} effects, "
                  f"{report.signals} signals, {report.memory} memory keys, {report.blobs} blobs "
                  f"({report.blob_bytes} bytes)")
+        if report.kept:
+            say(out, f"  kept {len(report.kept)} fork(s) whose rollback undid nodes of runs still in the store "
+                     "(pruned, a later fork would inherit an effect they gave back): "
+                     f"{', '.join(report.kept[:20])}{' ...' if len(report.kept) > 20 else ''}")
 
 
 def db_upgrade(db: DbOpt = None) -> None:

@@ -32,8 +32,16 @@ from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
 from raysaga.orchestrator.status_text import error_line as error_line
 from raysaga.orchestrator.status_text import flat as flat
+from raysaga.orchestrator.status_text import (
+    inherited_from,
+    run_times,
+    run_wake,
+    undone_by_forks,
+    undone_note,
+    waiting_lines,
+    when,
+)
 from raysaga.orchestrator.status_text import output_line as output_line
-from raysaga.orchestrator.status_text import run_times, run_wake, waiting_lines, when
 from raysaga.orchestrator.status_text import seconds as seconds
 from raysaga.orchestrator.status_text import utc as utc
 from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
@@ -104,7 +112,8 @@ def lineage(store: SqlStore, run: RunRecord) -> dict[str, Any]:
     children = children[:CHILDREN_SHOWN]
     if run.parent_run_id is None and not children:
         return {}
-    return {"parent_run_id": run.parent_run_id, "forked_from": run.forked_from, "children": children}
+    return {"parent_run_id": run.parent_run_id, "forked_from": run.forked_from, "children": children,
+            "undone_by_forks": undone_by_forks(store, run.run_id)}
 
 
 #: Forks of a run that ``status`` lists.
@@ -262,6 +271,9 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         forks = ", ".join(f"{c['run_id']} (from {c['forked_from']}, {c['status']})" for c in family["children"])
         parent = f"forked from {run.parent_run_id} at {run.forked_from}" if run.parent_run_id else ""
         console.print(Text("lineage: " + "; ".join(p for p in (parent, f"forks: {forks}" if forks else "") if p)))
+        if family["undone_by_forks"]:
+            console.print(Text("undone by forks: " + ", ".join(
+                flat(f"{u['node']} ({undone_note(u)})") for u in family["undone_by_forks"][:20])))
         inherited = store.inherited_effects(run.run_id) if run.parent_run_id else []
         if inherited:
             console.print(Text("effects inherited (not executed again): " + ", ".join(
@@ -273,8 +285,11 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     table = [["node", "status", "attempts", "started", "took", "note"]]
     fan_notes: list[str] = []
 
+    undone = {u["node"]: undone_note(u) for u in reversed(family.get("undone_by_forks", []))}
+
     def add(label: str, row: dict[str, Any]) -> None:
         note = f"inherited from {row['origin_run_id']}" if row.get("origin_run_id") else error_line(row["error"], 120)
+        note = " · ".join(n for n in (note, undone.get(label, "")) if n)
         if row["fan_index"] < 0 and row["node_id"] in agent_calls and not note:
             note = agent_calls[row["node_id"]].note()
         table.append([flat(label), row["status"], str(row["attempt"]), clock(row["started_at"]),
@@ -381,12 +396,15 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
             console.print(Text(f"run {run.run_id}: no failed nodes"))
     for node_id, index, state, error in targets:
         attempts = queries.attempt_failures(store, run.run_id, node_id, index)
-        history = node_history(store.reader, run.run_id, node_id, index) if node is not None else []
+        # a fork's inherited node: its approval was asked and decided in the run that executed it
+        origin = inherited_from(store, run.run_id, node_id, index) if node is not None else None
+        history = node_history(store.reader, origin or run.run_id, node_id, index) if node is not None else []
         if as_json:
-            sys.stdout.write(_dumps(_node_story(run.run_id, node_label(node_id, index), state, error, attempts,
-                                                history)) + "\n")
+            story = _node_story(run.run_id, node_label(node_id, index), state, error, attempts, history)
+            sys.stdout.write(_dumps({**story, "inherited_from": origin} if node is not None else story) + "\n")
             continue
-        console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state)))
+        console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state),
+                                    f" (inherited from {origin}: as decided there)" if origin else ""))
         for event in history:
             console.print(Text("  " + _history_line(event)))
         if node is not None:  # what it waits for: an approval's payload, a sleep's or a retry's time

@@ -31,6 +31,7 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 import networkx as nx
@@ -39,6 +40,7 @@ from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.run_identity import own_limit
+from raysaga.orchestrator.secrets import REF_KEY
 from raysaga.orchestrator.signatures import INPUT_PARAM
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
@@ -56,7 +58,8 @@ from raysaga.state import (
 from raysaga.state.models import PRUNABLE, node_label
 from raysaga.types import check_run_id, is_compensation
 
-__all__ = ["NO_PATCH", "fork", "inherited_rows", "merge_patch", "node_list", "parse_node", "undone_elsewhere"]
+__all__ = ["NO_PATCH", "fork", "inherited_rows", "input_reruns", "merge_patch", "node_list", "parse_node",
+           "undone_elsewhere"]
 
 #: ``fork(..., input_patch=NO_PATCH)`` (the default): the fork keeps its parent's input. Any other
 #: value, ``None`` included, is a JSON merge patch (RFC 7396: a ``null`` patch makes the input null,
@@ -81,10 +84,12 @@ def parse_node(label: str) -> NodeKey:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """``target`` with the JSON merge patch ``patch`` applied (RFC 7396: null removes a key)."""
+    """``target`` with the JSON merge patch ``patch`` applied (RFC 7396: null removes a key). A
+    stored ``Secret`` (``{"$secret": ...}``, a reference) is opaque: a patch replaces it whole."""
     if not isinstance(patch, dict):
         return patch
-    result = dict(target) if isinstance(target, dict) else {}
+    opaque = isinstance(target, dict) and REF_KEY in target
+    result = dict(target) if isinstance(target, dict) and not opaque else {}
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
@@ -231,11 +236,13 @@ def _refuse_unsettled(wf: Workflow, st: Store, unsettled: list[tuple[str, NodeRe
                     "on purpose")
 
 
-def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord) -> None:
-    """``ForkError`` when a node the fork would run again *before* ``at`` has an effect whose outcome
-    is unknown in the parent (ledger ``pending`` or ``abandoned``: the call may have happened; a
-    cancel mid-charge, say). The fork's keys are its own, so the provider could not dedupe it: the
-    card would be charged twice. Forking from that node (or before it) re-runs it on purpose."""
+def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord,
+                     inherited: AbstractSet[tuple[str, int]] = frozenset()) -> None:
+    """``ForkError`` when a node the fork would run again *before* ``at`` (not inherited) has an
+    effect whose outcome is unknown in the parent (ledger ``pending`` or ``abandoned``: the call
+    may have happened; a cancel mid-charge, say). The fork's keys are its own, so the provider could
+    not dedupe it: the card would be charged twice. Forking from that node (or before it) re-runs it
+    on purpose. An inherited node (an agent's tool call the model was told failed) is not called again."""
     below = set(nx.descendants(wf.graph, at.step))  # re-run by the fork's own choice, with ``at``:
 
     def chosen(e: EffectRecord) -> bool:  # the step, or (forked from an item) that item only
@@ -243,7 +250,7 @@ def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, par
         return step in below or (step == at.step and (at.fan_index < 0 or e.fan_index == at.fan_index))
 
     doubtful = [e for e in effects if e.status in (EffectStatus.PENDING, EffectStatus.ABANDONED)
-                and not is_compensation(e.node_id) and not chosen(e)]
+                and not is_compensation(e.node_id) and not chosen(e) and (e.node_id, e.fan_index) not in inherited]
     if not doubtful:
         return
     shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"
@@ -278,6 +285,26 @@ def input_bound(wf: Workflow, step: str) -> bool:
     tools = getattr(spec.options.get("agent"), "tools", ()) if spec.kind == "agent" else ()
     effect = spec.effect or undo is not None or any(getattr(t, "effect", False) for t in tools)
     return effect and (spec.input_param is not None or (undo is not None and _takes_input(undo)))
+
+
+def input_reruns(wf: Workflow, st: Store, run_id: str, from_node: str, patch: Any) -> list[str]:
+    """The steps upstream of ``from_node`` (not chosen) that a fork with ``patch`` runs again because
+    the patch changes the input their effect or undo reads (``input_bound``), among those the parent
+    completed: each makes its effect again under the fork's keys. Empty when the fork would be
+    refused (``fork`` says why)."""
+    if patch is NO_PATCH:
+        return []
+    try:
+        at = parse_node(from_node)
+        parent = st.get_run(run_id)
+        if not _fork_input(wf, parent, patch)[1]:
+            return []
+    except (ForkError, InvalidInputError):
+        return []
+    chosen = _rerun_by_choice(wf, at)
+    done = {r.node_id for r in st.node_states(run_id) if r.status == NodeStatus.COMPLETED}
+    # (an input-bound step runs again whole: forked from one of its items or turns, all of it)
+    return [step for step in wf.order if step in done and input_bound(wf, step) and not chosen(NodeKey(step))]
 
 
 def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed: set[str] | None = None,
@@ -422,7 +449,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         undone, unsettled = _lineage_undos(st, run_id, rows)
         inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
                                    input_changed=input_changed, undone_elsewhere=undone)
-        _refuse_in_doubt(workflow, st.effects(run_id), at, parent)
+        keys = [(r.node_id, r.fan_index) for r in inherited]
+        _refuse_in_doubt(workflow, st.effects(run_id), at, parent, set(keys))
         _refuse_unsettled(workflow, st, unsettled, at, parent)
         if new_run_id is not None:
             check_run_id(new_run_id, "--run-id")
@@ -441,7 +469,6 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
             labels=opts.labels or None)  # None: the parent's
         data = {"parent": run_id, "from": at.label, "inherited": len(inherited),
                 "input_patched": input_patch is not NO_PATCH, "changed_steps": sorted(diff.steps()) if diff else []}
-        keys = [(r.node_id, r.fan_index) for r in inherited]
         if not drive:
             return st.fork_run(new, keys, data)
         # the executor first (as `run` does): a cluster that cannot be reached leaves no pending fork behind

@@ -8,14 +8,15 @@ import re
 import time
 from typing import Any
 
-from raysaga.state import SqlStore
+from raysaga.node_key import NodeKey
+from raysaga.state import NodeStatus, SqlStore, node_label
 from raysaga.state.decisions import ApprovalRequest, request_of
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 from raysaga.state.redact import scrub, scrub_text
 
-__all__ = ["FAR", "clock", "error_line", "flat", "output_line", "payload_line", "relative", "run_times", "run_wake",
-           "seconds", "span", "utc", "waiting_lines", "when"]
+__all__ = ["FAR", "clock", "error_line", "flat", "inherited_from", "output_line", "payload_line", "relative",
+           "run_times", "run_wake", "seconds", "span", "undone_by_forks", "undone_note", "utc", "waiting_lines", "when"]
 
 #: The states a run rests in until its ``wake_at`` (a timer, a retry's backoff, an approval's
 #: timeout or the deadline; a decision or an unpause makes it now): a worker then takes it up.
@@ -200,3 +201,42 @@ def waiting_lines(store: SqlStore, run: RunRecord, node_id: str, fan_index: int,
         what = "wakes" if status == "waiting" else "next try"
         lines.append(f"{what} {when(float(not_before), now)}")
     return lines
+
+
+#: Runs of a fork tree ``undone_by_forks`` reads (each one's node states: metadata, no outputs).
+FORKS_READ = 50
+
+
+def undone_by_forks(store: SqlStore, run_id: str) -> list[dict[str, Any]]:
+    """The nodes of ``run_id`` that a run forked from it (or from its forks) undid in its rollback:
+    ``{"node", "run_id", "status"}`` (the compensation's status: ``completed`` undid it, another
+    tried and did not finish). The parent's own rows do not say so: a fork undoes an inherited node
+    under the parent's key, and records it in its own rows (docs/fork.md)."""
+    if not store.children(run_id):
+        return []
+    found = []
+    for other in [r for r in store.lineage({run_id}) if r != run_id][:FORKS_READ]:
+        rows = store.node_states(other)
+        origin = {(r.node_id, r.fan_index): r.origin_run_id for r in rows}
+        for row in rows:
+            key = NodeKey.parse(row.node_id, row.fan_index)
+            target = key.undone()
+            if key.compensates and origin.get((target.node_id, target.fan_index)) == run_id:
+                found.append({"node": node_label(target.node_id, target.fan_index), "run_id": other,
+                              "status": row.status.value})
+    return found
+
+
+def undone_note(entry: dict[str, Any]) -> str:
+    """How ``status`` tells one of ``undone_by_forks``: ``undone by F2's rollback``."""
+    if entry["status"] == NodeStatus.COMPLETED.value:
+        return f"undone by {entry['run_id']}'s rollback"
+    return f"undo {entry['status']} in {entry['run_id']}'s rollback (may still stand)"
+
+
+def inherited_from(store: SqlStore, run_id: str, node_id: str, fan_index: int) -> str | None:
+    """The run that executed a fork's inherited node (its approval decided there), else None."""
+    with store.reader.connect() as conn:
+        found = rows_at(conn, run_id, [(node_id, fan_index)], ("origin_run_id",))
+    origin = found[0].get("origin_run_id") if found else None
+    return str(origin) if origin else None

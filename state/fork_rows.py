@@ -5,11 +5,14 @@ rows are copied from the parent into the new run in the transaction that creates
 marked with ``origin_run_id`` (the run that executed the node, so its effects keep that run's
 idempotency keys). The fork keeps its parent's labels (``raysaga_runs.labels``) unless it is given
 its own. Outputs kept as blobs are referenced by digest, never copied; the ledger rows
-stay with the run that wrote them and are read across (``inherited_effects``).
+stay with the run that wrote them and are read across (``inherited_effects``). The fork's
+shared memory is what its inherited agents' winning ``memory_write`` calls left (``_copy_memory``):
+a reader it runs again sees what the writers it did not run again wrote.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -19,6 +22,7 @@ from sqlalchemy import Connection, Engine, Row, Text, func, insert, literal, sel
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import ForkError, RunExistsError
+from raysaga.state import blob_rows
 from raysaga.state.chunk_codec import as_stored, elements
 from raysaga.state.decoding import reading, records
 from raysaga.state.error_record import ErrorRecord
@@ -26,7 +30,7 @@ from raysaga.state.models import EffectRecord, Lease, NewRun, NodeRecord, NodeWr
 from raysaga.state.node_reads import node_records
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
-from raysaga.state.schema import effects, events, item_chunks, nodes, runs
+from raysaga.state.schema import effects, events, item_chunks, memory, nodes, runs
 from raysaga.state.schema import nodes as node_rows
 from raysaga.state.statements import fence_guard
 
@@ -77,6 +81,47 @@ def _copy_chunks(conn: Connection, parent: str, child: str, keys: list[tuple[str
                     start = None
     for i in range(0, len(rows), _CHUNK):
         conn.execute(insert(item_chunks).values(run_key=run_key_of(child)), rows[i:i + _CHUNK])
+
+
+def _copy_memory(conn: Connection, child: str, now: float) -> None:
+    """Give ``child`` the shared memory its inherited agent turns wrote: per key, the inherited
+    winning ``memory_write`` of the highest version, with that version (a later write of a turn
+    the fork runs again goes on from it) and the value the turn's model asked to write. The writer
+    is the origin run's row's when it is that very write, else unknown."""
+    rows = conn.execute(select(nodes.c.node_id, nodes.c.fan_index, nodes.c.output, nodes.c.output_digest,
+                               nodes.c.origin_run_id)
+                        .where(nodes.c.run_key == run_key_of(child), nodes.c.node_id.like("%@%"),
+                               nodes.c.origin_run_id.is_not(None))).all()
+    if not rows:
+        return
+    blobbed = {r.output_digest: f"{child}/{r.node_id}" for r in rows if r.output is None and r.output_digest}
+    loaded = blob_rows.load(conn, blobbed) if blobbed else {}
+    outputs = {(r.node_id, r.fan_index): r.output if r.output is not None else loaded.get(r.output_digest)
+               for r in rows}
+    best: dict[str, tuple[int, Any, str]] = {}
+    for r in rows:
+        turn_id, dot, call = r.node_id.partition(".")
+        result, response = outputs[(r.node_id, r.fan_index)], outputs.get((turn_id, r.fan_index))
+        if not dot or not call.isdigit() or not isinstance(result, dict) or result.get("is_error") \
+                or not isinstance(response, dict) or not isinstance(response.get("content"), list):
+            continue
+        uses = [b for b in response["content"] if isinstance(b, dict) and b.get("type") == "tool_use"]
+        if int(call) >= len(uses) or uses[int(call)].get("name") != "memory_write":
+            continue
+        try:
+            told = json.loads(str(result.get("content")))
+            key, version = str(told["key"]), int(told["version"])
+        except (TypeError, ValueError, KeyError):
+            continue
+        args = uses[int(call)].get("input")
+        if told.get("ok") is True and isinstance(args, dict) and version > best.get(key, (0, None, ""))[0]:
+            best[key] = (version, args.get("value"), r.origin_run_id)
+    for key, (version, value, origin) in sorted(best.items()):
+        there = conn.execute(select(memory.c.version, memory.c.writer)
+                             .where(memory.c.run_id == origin, memory.c.key == key)).first()
+        writer = there.writer if there is not None and there.version == version else None
+        conn.execute(insert(memory).values(run_id=child, key=key, value=value, version=version, writer=writer,
+                                           updated_at=now))
 
 
 def inherited_ledger(conn: Connection, run_id: str) -> list[Row[Any]]:
@@ -166,6 +211,7 @@ class ForkRows:
                 for i in range(0, len(inherited), _CHUNK):
                     _copy_rows(conn, new.parent_run_id, new.run_id, inherited[i:i + _CHUNK])
                 _copy_chunks(conn, new.parent_run_id, new.run_id, inherited)
+                _copy_memory(conn, new.run_id, now)
         except IntegrityError:
             raise RunExistsError(new.run_id) from None
         return self.get_run(new.run_id)

@@ -11,6 +11,12 @@ not fair), so a prune of a large store never holds the write lock for long. A bl
 or node row references its digest; that is decided in the DELETE statement itself (NOT EXISTS),
 on PostgreSQL under a lock that makes writers inserting blobs wait, so a concurrent commit that
 re-uses an existing blob either commits first (and keeps it) or re-inserts it after.
+
+A fork that undid nodes another run executed (its rollback refunded the parent's charge) is
+kept while a run that may inherit those nodes is: the run that executed them, or any run of its
+fork tree. Its compensation rows are what tells a later fork that the charge was given back
+(``fork.undone_elsewhere``), and its ledger rows hold the refund's key; deleted, a fork would
+build on the refunded charge. The report names the runs kept so (``kept``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, delete, e
 from raysaga.errors import UserError
 from raysaga.state.models import PRUNABLE, RunStatus
 from raysaga.state.schema import blobs, effects, events, item_chunks, memory, nodes, runs, signals
+from raysaga.types import COMPENSATE_SUFFIX
 
 
 class PrunableStore(Protocol):
@@ -73,16 +80,28 @@ class PruneReport(BaseModel):
     memory: int = 0
     blobs: int = 0
     blob_bytes: int = 0
+    #: Runs left although they qualified: their rollback undid nodes of a run still kept (or of
+    #: its forks), which would otherwise inherit an effect that was given back.
+    kept: list[str] = []
 
 
-def prune(store: PrunableStore, older_than: float, statuses: Iterable[RunStatus | str] | None = None,
+def prune(store: PrunableStore | str, older_than: float, statuses: Iterable[RunStatus | str] | None = None,
           batch_size: int = 500, dry_run: bool = False, *, now: float | None = None) -> PruneReport:
     """Delete runs at rest whose ``updated_at`` is more than ``older_than`` seconds ago, with their
     nodes, events, effects, signals, memory and the blobs nothing else references.
 
-    ``statuses`` narrows which resting states qualify (default: all of them); naming a state that
-    is not at rest is an error. ``dry_run`` counts and deletes nothing.
+    ``store``: an open store, or its URL or path (opened for this call; a missing store is an
+    error, never created). ``statuses`` narrows which resting states qualify (default: all of
+    them); naming a state that is not at rest is an error. ``dry_run`` counts and deletes nothing.
     """
+    if isinstance(store, str):
+        from raysaga.state import open_store
+
+        opened = open_store(store, create=False)
+        try:
+            return prune(opened, older_than, statuses, batch_size, dry_run, now=now)
+        finally:
+            opened.close()
     if isinstance(older_than, bool) or not isinstance(older_than, int | float) or not older_than >= 0:
         raise UserError(f"older_than {older_than!r} must be a number of seconds, 0 or more (30 days: 2592000)")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 10_000:
@@ -93,16 +112,90 @@ def prune(store: PrunableStore, older_than: float, statuses: Iterable[RunStatus 
     prunable = and_(runs.c.status.in_(wanted), runs.c.updated_at < cutoff)
     if dry_run:
         with store.reader.connect() as conn:
-            _count(conn, report, prunable)
+            report.kept = sorted(_kept(conn, prunable, dry_run=True))
+            _count(conn, report, _unless(prunable, report.kept))
         return report
+    while True:  # a pass deletes what no kept run needs; the next sees which undoers that freed
+        with store.reader.connect() as conn:
+            held = _kept(conn, prunable)
+        deleted = report.runs
+        _delete(store, report, _unless(prunable, held), batch_size)
+        report.kept = sorted(held)
+        if not held or report.runs == deleted:
+            return report
+
+
+def _delete(store: PrunableStore, report: PruneReport, prunable: ColumnElement[bool], batch_size: int) -> None:
     while True:
         with store.engine.begin() as conn:
             more = _one_batch(conn, report, prunable, batch_size)
             sqlite = conn.dialect.name == "sqlite"
         if not more:
-            return report
+            return
         if sqlite:  # SQLite's lock is not fair: without a pause the next batch takes it before a waiting
             time.sleep(YIELD_SECONDS)  # writer's busy handler (sleeping up to 100 ms) looks again
+
+
+def _unless(prunable: ColumnElement[bool], held: Iterable[str]) -> ColumnElement[bool]:
+    held = list(held)
+    return and_(prunable, runs.c.run_id.not_in(held)) if held else prunable
+
+
+def _undoers(conn: Connection, prunable: ColumnElement[bool]) -> dict[str, set[str]]:
+    """Prunable forks whose compensation rows undid a node they inherited: run -> the runs that
+    executed those nodes (``origin_run_id`` of the undone row, or of the chunk holding the item).
+    Only forks inherit, so only their rows are read."""
+    undo, row, chunk = nodes.alias("undo"), nodes.alias("undone"), item_chunks.alias("undone_chunk")
+    of_fork = and_(prunable, runs.c.parent_run_id.is_not(None), undo.c.node_id.like("%" + COMPENSATE_SUFFIX))
+    by_row = select(runs.c.run_id, row.c.origin_run_id).select_from(
+        runs.join(undo, undo.c.run_key == runs.c.run_key).join(row, and_(
+            row.c.run_key == undo.c.run_key, row.c.fan_index == undo.c.fan_index,
+            row.c.node_id + COMPENSATE_SUFFIX == undo.c.node_id))).where(of_fork, row.c.origin_run_id.is_not(None))
+    by_chunk = select(runs.c.run_id, chunk.c.origin_run_id).select_from(
+        runs.join(undo, undo.c.run_key == runs.c.run_key).join(chunk, and_(
+            chunk.c.run_key == undo.c.run_key, chunk.c.node_id + COMPENSATE_SUFFIX == undo.c.node_id,
+            undo.c.fan_index.between(chunk.c.first_index, chunk.c.first_index + (chunk.c.item_count - 1))))) \
+        .where(of_fork, chunk.c.origin_run_id.is_not(None))
+    found: dict[str, set[str]] = {}
+    for run_id, origin in conn.execute(union(by_row, by_chunk)).all():
+        if origin != run_id:
+            found.setdefault(run_id, set()).add(origin)
+    return found
+
+
+def _tree(conn: Connection, root: str) -> set[str]:
+    """The runs of ``root``'s fork tree that exist (``root`` itself, if it does): those that may
+    hold a node ``root`` executed (a fork of a fork keeps the row's ``origin_run_id``)."""
+    found = {r for (r,) in conn.execute(select(runs.c.run_id).where(runs.c.run_id == root)).all()}
+    frontier, seen = [root], {root}
+    while frontier:
+        children = [r for (r,) in conn.execute(select(runs.c.run_id).where(runs.c.parent_run_id.in_(frontier)))
+                    if r not in seen]
+        seen.update(children)
+        found.update(children)
+        frontier = children
+    return found
+
+
+def _kept(conn: Connection, prunable: ColumnElement[bool], *, dry_run: bool = False) -> set[str]:
+    """The prunable runs to keep: an undoer (``_undoers``) while another run of a tree it undid
+    nodes of exists. With ``dry_run``, a run this prune would delete does not count (a real
+    prune deletes it first, then the undoer in a later pass: never the refund before the charge)."""
+    undoers = _undoers(conn, prunable)
+    if not undoers:
+        return set()
+    trees = {origin: _tree(conn, origin) for origins in undoers.values() for origin in origins}
+    holders = {r for tree in trees.values() for r in tree}
+    going = {r for (r,) in conn.execute(select(runs.c.run_id).where(prunable, runs.c.run_id.in_(sorted(holders))))} \
+        if dry_run else set()
+    kept: set[str] = set()
+    while True:
+        gone = going - kept
+        now = {run for run, origins in undoers.items()
+               if any(trees[o] - {run} - gone for o in origins)}
+        if now == kept:
+            return kept
+        kept = now
 
 
 def _statuses(given: Iterable[RunStatus | str] | None) -> set[str]:
