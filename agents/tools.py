@@ -11,6 +11,7 @@ failure: transient ones are retried with backoff, invisible to the model.
 from __future__ import annotations
 
 import functools
+import hashlib
 import inspect
 import math
 import re
@@ -53,7 +54,9 @@ class Tool:
     retry: RetryPolicy | None = None
     timeout: float | None = None
     breaker: str | None = None
-    """Name of the dependency whose circuit breaker guards this tool (default: the tool's name)."""
+    """Name of the dependency whose circuit breaker guards this tool (default: its function's
+    module-qualified name, so two unrelated tools both called ``search`` never share one; give
+    several tools one ``breaker=`` name to share a breaker on purpose)."""
     rate_limit: RateLimit | None = None
     """The fleet-wide limit its calls go through (``RateLimit``): a call over it waits, holding nothing."""
     requires_approval: bool = False
@@ -68,7 +71,7 @@ class Tool:
 
     @property
     def breaker_name(self) -> str:
-        return self.breaker or self.name
+        return self.breaker or default_breaker(self.fn)
 
     def definition(self) -> dict[str, Any]:
         """The tool as the Messages API takes it."""
@@ -105,6 +108,24 @@ class Tool:
 
     def key_args(self, args: dict[str, Any]) -> dict[str, Any]:
         return {k: args.get(k) for k in self.key} if self.key else args
+
+
+#: The store's breaker names are 200 characters at most (``raysaga_breakers.name``).
+MAX_BREAKER_NAME = 200
+
+
+def default_breaker(fn: Callable[..., Any]) -> str:
+    """A tool's breaker when ``breaker=`` names none: its function's module-qualified name (the
+    tool's name alone put unrelated tools called alike, in unrelated workflows, behind one breaker).
+    Not part of a run's definition hash: a breaker is the fleet's state, not the run's."""
+    target = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
+    module = getattr(target, "__module__", None) or "?"
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__qualname__
+    name = f"{module}.{qualname}"
+    if len(name) <= MAX_BREAKER_NAME:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    return f"{name[:MAX_BREAKER_NAME - 17]}#{digest}"
 
 
 def _unknown_tool_option(where: str, unknown: list[str], options: list[str]) -> WorkflowDefinitionError:
@@ -150,7 +171,8 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
             given as a plain string.
         retry: the ``RetryPolicy`` of its transient failures (default: the step default).
         timeout: seconds before a call is cancelled and counted a transient failure.
-        breaker: the dependency whose circuit breaker guards it (default: the tool's name).
+        breaker: the dependency whose circuit breaker guards it (default: the function's
+            module-qualified name); tools given one name share a breaker.
         compensate: the undo of one call of an effect tool, run when the run rolls back.
         rate_limit: a ``RateLimit`` its calls go through, shared by every driver on the store.
         requires_approval: each call waits for a human (``raysaga approve|reject RUN NODE``):
@@ -187,6 +209,11 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None, de
         if rate_limit is not None and not isinstance(rate_limit, RateLimit):
             raise WorkflowDefinitionError(f"tool {tool_name!r}: rate_limit= takes a RateLimit, e.g. "
                                           f"RateLimit(name='search-api', requests=60), got {rate_limit!r}")
+        if rate_limit is not None and rate_limit.requests is None and rate_limit.concurrent is None:
+            raise WorkflowDefinitionError(  # accepted, it limited nothing: a tool call counts no model tokens
+                f"tool {tool_name!r}: rate_limit= {rate_limit!r} limits only tokens=, and a tool call counts no "
+                f"model tokens, so it would never limit it: give requests= or concurrent=, e.g. "
+                f"RateLimit(name={rate_limit.name!r}, requests=60)")
         fields: dict[str, Any] = {}
         for pname, param in _signature(tool_name, func).parameters.items():
             if pname == "idempotency_key":
@@ -290,9 +317,10 @@ def _check_options(tool_name: str, *, description: Any, effect: Any, key: Any, r
                                 or not math.isfinite(timeout) or timeout <= 0):
         raise WorkflowDefinitionError(
             f"tool {tool_name!r}: timeout must be a finite number of seconds > 0, got {timeout!r}")
-    if breaker is not None and (not isinstance(breaker, str) or not breaker):
+    if breaker is not None and (not isinstance(breaker, str) or not breaker or len(breaker) > MAX_BREAKER_NAME):
         raise WorkflowDefinitionError(
-            f"tool {tool_name!r}: breaker= takes a dependency's name (a str), got {breaker!r}")
+            f"tool {tool_name!r}: breaker= takes a dependency's name (a str of 1-{MAX_BREAKER_NAME} characters), "
+            f"got {breaker!r}")
     if key is None:
         return ()
     return str_tuple(key, f"tool {tool_name!r}", "key", '("order_id",)', takes="argument names")

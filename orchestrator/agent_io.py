@@ -50,8 +50,9 @@ def admit_tool(store: Store, query: AdmitTool, now: float, seen: dict[str, Break
         if change is None and seen is not None:
             seen[name] = record
         if not allowed:
-            return (f"the tool is unavailable: {name} failed {record.failures} times in a row and its circuit "
-                    f"breaker is open; try again in about {max(1, round(wait))} s, or continue without it")
+            return (f"the tool is unavailable: its dependency failed {record.failures} times in a row and its "
+                    f"circuit breaker ({name}) is open; try again in about {max(1, round(wait))} s, or continue "
+                    "without it")
         if change is None or store.breaker_cas(change, record.version):
             return None
     # every compare-and-set lost: other drivers changed the row each time (taking the probe, or

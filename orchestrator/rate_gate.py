@@ -12,7 +12,8 @@ is already durable, and a driver that dies while the attempt waits here re-issue
 same key after a resume; a grant whose call never ended frees its slot when its hold expires.
 While the driver waits for an admitted call, it renews the call's hold once half of it has gone
 (``Store.rate_extend``): a live call longer than its hold (a tool without a timeout taking more
-than ``UNTIMED_HOLD``) keeps its concurrency slot, where a second call was admitted beside it.
+than ``UNTIMED_HOLD``) keeps its concurrency slot, where a second call was admitted beside it. A
+call the executor runs inside ``submit`` (inline) has its hold renewed by a thread meanwhile.
 
 A cancelled call (a timeout is a cancel, as are a pause and a run's cancel) keeps its grant, renewed
 the same way, until the executor says it has stopped (``Executor.stopped``): a thread of the I/O
@@ -27,6 +28,7 @@ the rest of the queue, which used to be sent whole before any outcome was read.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Collection
@@ -38,6 +40,7 @@ from raysaga.agents.messages import ModelResponse
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.executor_base import GateHold
 from raysaga.orchestrator.item_block import ItemBlock, ItemsDone
+from raysaga.orchestrator.machine.speculating import CLIENT_TIMEOUT
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.state import Store
@@ -45,9 +48,11 @@ from raysaga.state.rate_limits import RateRule
 from raysaga.types import RateLimit
 
 #: Seconds a concurrency slot stays held by a call that never ends (its driver died), beyond its
-#: timeout; a call without a timeout holds it for ``UNTIMED_HOLD``.
+#: timeout (or its model client's); a call without either holds it for ``UNTIMED_HOLD``.
 HOLD_SLACK = 30.0
 UNTIMED_HOLD = 300.0
+#: Seconds between looks at the hold of a call run inline (``RateGate._send``).
+INLINE_RENEW_S = 0.5
 
 
 @dataclass(eq=False)
@@ -64,11 +69,27 @@ class _Held:
     """Its grant released: its call ended (a 429's retry-after recorded), or was cancelled and stopped."""
 
 
+@dataclass(frozen=True)
+class RateHold(GateHold):
+    """``GateHold`` saying why its limits refused (``Admission.why``): the run's status reason tells
+    a provider's block from the limit's own pacing (``rate_limits.waiting_reason``)."""
+
+    why: tuple[str, ...] = ()
+
+
 def rule_of(limit: RateLimit) -> RateRule:
     """The store's rule for ``limit``: its window counted ``per / 20`` longer (at most 1 s), for the
     time between a grant and its request reaching the provider."""
     return RateRule(name=limit.name, requests=limit.requests, tokens=limit.tokens, per=limit.per,
                     concurrent=limit.concurrent, margin=min(1.0, limit.per / 20))
+
+
+def hold_of(spec: StepSpec) -> float:
+    """How long a grant of ``spec``'s call is held if nothing renews it (its driver died): its
+    timeout, or its model client's own (``CLIENT_TIMEOUT``: a call the client gives up on cannot
+    hold a slot longer), plus slack; ``UNTIMED_HOLD`` without either."""
+    timeout = spec.timeout if spec.timeout is not None else spec.options.get(CLIENT_TIMEOUT)
+    return float(timeout) + HOLD_SLACK if isinstance(timeout, int | float) else UNTIMED_HOLD
 
 
 def tokens_used(outcome: NodeOutcome) -> int:
@@ -93,6 +114,7 @@ class RateGate(Executor):
         self.clock = clock
         self._queues: dict[str, deque[_Held]] = {}  # per limit: attempts waiting, first come first served
         self._retry_at: dict[str, float] = {}  # per limit: when asking again may succeed
+        self._why: dict[str, str] = {}  # per limit: why its last ask was refused (``Admission.why``)
         self._sent: dict[Handle, _Held] = {}  # the inner handle of an admitted attempt -> its entry
         self._held: dict[Handle, _Held] = {}  # the driver's handle of a rate-limited attempt -> its entry
         self._stopping: list[_Held] = []  # cancelled after admission, not seen to stop: their grants held
@@ -132,19 +154,48 @@ class RateGate(Executor):
                 now = self.clock()  # each grant dated when it is made: an inline submit takes time
                 held = queue[0]
                 assert held.spec.rate_limit is not None
-                timeout = held.spec.timeout
-                hold = timeout + HOLD_SLACK if timeout is not None else UNTIMED_HOLD
+                hold = hold_of(held.spec)
                 admission = self.store.rate_acquire(rule_of(held.spec.rate_limit), now, hold)
                 if admission.grant is None:
                     self._retry_at[name] = now + admission.wait
+                    self._why[name] = admission.why
                     break
                 queue.popleft()
                 held.grant, held.hold, held.held_until = admission.grant, hold, now + hold
-                held.inner = self.inner.submit(held.spec, held.call)
+                held.inner = self._send(held)
                 held.handle.sent = held.inner.sent
                 self._sent[held.inner] = held
                 if held.inner.outcome is not None:  # it ran in ``submit`` (inline): its 429 blocks the next
                     self._settle(held, held.inner.outcome)
+
+    def _send(self, held: _Held) -> Handle:
+        """Submit an admitted call. An executor that runs it in ``submit`` (inline) returns only when
+        it ends, and ``wait`` renews no hold meanwhile: a call longer than its hold (an inline call's
+        timeout cannot cut it) lost its ``concurrent=`` slot to a second call beside it. A thread
+        renews its hold while it runs."""
+        if not self.inner.runs_at_submit:
+            return self.inner.submit(held.spec, held.call)
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._renew_while, args=(held, stop), name="raysaga-rate-hold", daemon=True)
+        renewer.start()
+        try:
+            return self.inner.submit(held.spec, held.call)
+        finally:
+            stop.set()
+            renewer.join()
+
+    def _renew_while(self, held: _Held, stop: threading.Event) -> None:
+        """Renew ``held``'s grant, once half its hold has gone, until ``stop`` (its inline call ended)."""
+        assert held.grant is not None
+        while not stop.wait(min(held.hold / 4, INLINE_RENEW_S)):
+            now = self.clock()
+            if held.held_until - now >= held.hold / 2:
+                continue
+            try:
+                self.store.rate_extend([held.grant], now + held.hold)
+            except Exception:  # the store busy for a moment: asked again at the next tick, long before it expires
+                continue
+            held.held_until = now + held.hold
 
     def _next_admission(self) -> float | None:
         waiting = [self._retry_at.get(name, 0.0) for name, queue in self._queues.items() if queue]
@@ -259,8 +310,9 @@ class RateGate(Executor):
         waiting = {name: queue for name, queue in self._queues.items() if queue}
         if not waiting or self._sent or self._stopping:
             return None
-        return GateHold(attempts=sum(len(q) for q in waiting.values()),
-                        until=min(self._retry_at.get(name, 0.0) for name in waiting), limits=tuple(sorted(waiting)))
+        return RateHold(attempts=sum(len(q) for q in waiting.values()),
+                        until=min(self._retry_at.get(name, 0.0) for name in waiting), limits=tuple(sorted(waiting)),
+                        why=tuple(sorted({self._why.get(name, "") for name in waiting} - {""})))
 
     def settle_cancelled(self, timeout: float) -> int:
         left = self.inner.settle_cancelled(timeout)

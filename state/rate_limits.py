@@ -53,13 +53,28 @@ class RateRule:
     margin: float = 1.0
 
 
+#: Why an admission was refused (``Admission.why``): a provider's 429 ``retry-after`` blocks the
+#: limit; its own window of requests or tokens is full; its ``concurrent=`` slots are all taken.
+BLOCKED, WINDOW, SLOTS = "blocked", "window", "slots"
+_WHY_TEXT = {BLOCKED: "blocked: a provider's retry-after", WINDOW: "paced: its own limit's window is full",
+             SLOTS: "paced: its concurrent calls are all under way"}
+
+
 @dataclass(frozen=True)
 class Admission:
     """``grant``: the grant's id (release it when the call ends), or None with ``wait``: seconds
-    until asking again may succeed."""
+    until asking again may succeed, and ``why`` (``BLOCKED``, ``WINDOW`` or ``SLOTS``: the longest wait's)."""
 
     grant: int | None
     wait: float = 0.0
+    why: str = ""
+
+
+def waiting_reason(limits: Collection[str], whys: Collection[str]) -> str:
+    """A run's status reason while it rests at its rate limits: said as it is, a provider's block or
+    the limit's own pacing (a run paced by its own window read "blocked: a provider's retry-after")."""
+    said = [_WHY_TEXT[w] for w in (BLOCKED, WINDOW, SLOTS) if w in whys] or ["paced: its own limit"]
+    return f"waiting for rate limit {', '.join(limits)} ({'; '.join(said)})"
 
 
 def acquire(engine: Engine, rule: RateRule, now: float, hold: float) -> Admission:
@@ -75,7 +90,7 @@ def acquire(engine: Engine, rule: RateRule, now: float, hold: float) -> Admissio
                                    set_={"version": rate_limits.c.version + 1, "updated_at": now})
             .returning(rate_limits.c.blocked_until)).scalar_one()
         if blocked > now:  # a 429's retry-after, for the whole fleet
-            return Admission(None, blocked - now)
+            return Admission(None, blocked - now, BLOCKED)
         g = rate_grants.c
         mine = g.name == rule.name
         under_way = g.ended_at.is_(None) & (g.expires_at > now)
@@ -84,22 +99,23 @@ def acquire(engine: Engine, rule: RateRule, now: float, hold: float) -> Admissio
         ended = select(g.tokens, g.ended_at).where(mine, g.ended_at > since)
         counted = union_all(ended, select(g.tokens, g.ended_at).where(mine, g.ended_at.is_(None),
                                                                        g.expires_at > since)).subquery()
-        waits: list[float] = []
+        waits: list[tuple[float, str]] = []
         poll = min(SLOT_POLL, rule.per / 4)  # a call under way frees its place when it ends: ask again soon
         if rule.requests is not None or rule.tokens is not None:
             count, used, busy = conn.execute(
                 select(func.count(), func.coalesce(func.sum(counted.c.tokens), 0),
                        func.count().filter(counted.c.ended_at.is_(None)))).one()
             if rule.requests is not None and count >= rule.requests:
-                waits.append(poll if busy else _ends_leaving(conn, ended, count - rule.requests) - since)
+                waits.append((poll if busy else _ends_leaving(conn, ended, count - rule.requests) - since, WINDOW))
             if rule.tokens is not None and used >= rule.tokens:
-                waits.append(poll if busy else _ends_leaving(conn, ended, 0) - since)
+                waits.append((poll if busy else _ends_leaving(conn, ended, 0) - since, WINDOW))
         if rule.concurrent is not None:
             held = conn.execute(select(func.count()).where(mine, under_way)).scalar_one()
             if held >= rule.concurrent:
-                waits.append(poll)
+                waits.append((poll, SLOTS))
         if waits:
-            return Admission(None, max(max(waits), 0.001))
+            wait, why = max(waits)
+            return Admission(None, max(wait, 0.001), why)
         # grants that count for nothing any more, under any window a rule of this name may have
         gone = now - max(widest, KEEP_ENDED_S)
         conn.execute(delete(rate_grants).where(mine, g.ended_at <= gone))

@@ -12,6 +12,7 @@ from collections import defaultdict
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, Text, cast, func, select
 
+from raysaga.state.breakers import BreakerPolicy
 from raysaga.state.models import RunStatus
 from raysaga.state.schema import breakers, events, runs
 
@@ -47,7 +48,11 @@ class Stats(BaseModel):
     """Retries scheduled after a failed attempt (``retry_scheduled`` events: an operator's retry of
     the run does not take back those already made)."""
     breaker_trips: int = 0
-    """Circuit breakers open now (the store keeps their state, not a history of trips)."""
+    """Circuit breakers open now: opened within the default cooldown (``BreakerPolicy``, 30 s; the
+    store keeps their state, not a history of trips, nor an agent's own cooldown). One open for
+    longer admits its next call as a probe: it counted as open for ever."""
+    breakers_half_open: int = 0
+    """Circuit breakers whose probe call is out (taken within the default cooldown)."""
     claim_latency_seconds: Quantiles = Quantiles()
     """Workers' claims: from when the run became runnable to its claim."""
 
@@ -81,8 +86,12 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
             select(func.count()).select_from(events)
             .where(in_scope, events.c.kind == "node_completed",
                    cast(events.c.data, Text).like('%"from"%"ledger"%'))).scalar_one())
-        trips = int(conn.execute(select(func.count()).select_from(breakers)
-                                 .where(breakers.c.state != "closed")).scalar_one())
+        # the row changes only when a call comes: open past its cooldown, it is not open any more (the
+        # next call probes); its cooldown is the agent's, not in the row, so the default's is read
+        cooling = (breakers.c.opened_at > now - BreakerPolicy().cooldown)
+        trips, probing = (int(conn.execute(select(func.count()).select_from(breakers)
+                                           .where(breakers.c.state == state, cooling)).scalar_one())
+                          for state in ("open", "half_open"))
     claims: dict[str, int] = defaultdict(int)  # run -> its claims
     resumes: dict[str, int] = defaultdict(int)  # run -> its claims after the first by a driver
     unsure: set[str] = set()  # runs whose last claim is not known yet to be a driver's or an operator's
@@ -118,7 +127,7 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
         resumes=sum(resumes.values()), resumed_runs=len(resumed),
         resumed_completed=completed,
         resume_success_rate=completed / len(resumed_at_rest) if resumed_at_rest else None,
-        duplicates_prevented=ledger_hits, retries=retries, breaker_trips=trips,
+        duplicates_prevented=ledger_hits, retries=retries, breaker_trips=trips, breakers_half_open=probing,
         claim_latency_seconds=_quantiles(latencies))
 
 
@@ -172,7 +181,8 @@ def prometheus(stats: Stats) -> str:
     metric("raysaga_duplicates_prevented_total", "Effects served from the ledger instead of called again.",
            [("", stats.duplicates_prevented)], "counter")
     metric("raysaga_retries_total", "Retries scheduled after a failed attempt.", [("", stats.retries)], "counter")
-    metric("raysaga_breakers_open", "Circuit breakers open now.", [("", stats.breaker_trips)])
+    metric("raysaga_breakers_open", "Circuit breakers open now (within their cooldown).", [("", stats.breaker_trips)])
+    metric("raysaga_breakers_half_open", "Circuit breakers with a probe call out.", [("", stats.breakers_half_open)])
     metric("raysaga_resumes_total", "Claims of a run after its first by a driver (crash, hand-back, wake-up).",
            [("", stats.resumes)], "counter")
     metric("raysaga_resume_success_ratio", "Of the runs resumed and now at rest, the share that completed.",

@@ -325,10 +325,10 @@ class AgentNodes:
         self.due_nodes.add(node.key)
         if node.finished:
             return
-        if unavailable is not None:
+        if unavailable is not None:  # its turn in it: a refusal is no result of the call, never a loop's repeat
             self.speculation.refused(action.tool.breaker_name)
             node.offers.pop(sub, None)
-            self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True})
+            self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True, "turn": sub.turn})
             return
         tool = action.tool
         spec = self._tool_specs.get((sub.step, tool.name))
@@ -445,8 +445,8 @@ class AgentNodes:
             return
         record_tool_failure(node.agent, node.conv, sub.turn, sub.call, error)
         self.out.batch.consumed_signals.extend(node.decisions.pop(sub, []))
-        tool = tool_of(node.agent, node.conv, sub.turn, sub.call)
-        if tool is not None:
+        tool = tool_of(node.agent, node.conv, sub.turn, sub.call)  # only a transient failure counts: a 404
+        if tool is not None and error.get("transient") is True:  # or a bad input says nothing of its health
             self._count(node, tool.breaker_name, False)
 
     def _count(self, node: _Node, breaker: str, ok: bool) -> None:

@@ -47,6 +47,7 @@ from raysaga.state import (
     RunUpdate,
     SignalRecord,
 )
+from raysaga.state.rate_limits import waiting_reason
 
 #: The event, beside ``rollback_started``, that keeps why the run rolls back (its forward cause).
 CAUSE_EVENT = "rollback_cause"
@@ -332,8 +333,8 @@ class RunMachine:
                 and not self.has_work() and not self.waits.busy())
 
     def rest_at_gate(self, now: float, held: GateHold | None, release_after: float) -> bool:
-        """Rest ``waiting_timer`` when every attempt in flight waits unsent at a blocked rate limit
-        (a provider's ``retry-after``) for longer than ``release_after``: a driver (a worker's slot)
+        """Rest ``waiting_timer`` when every attempt in flight waits unsent at its rate limits (a
+        provider's ``retry-after``, or their own pacing) for longer than ``release_after``: a driver (a worker's slot)
         held for the block does nothing. They are cancelled, never sent, and issued again (same
         keys) when the run is taken up at the gate's time, or a timer's sooner."""
         if held is None or held.attempts != len(self.calls.inflight) or not self._may_rest():
@@ -341,7 +342,7 @@ class RunMachine:
         wake = min(held.until, self.next_timer() or held.until, self.deadline_at or held.until)
         if wake - now <= release_after:
             return False
-        reason = f"waiting for rate limit {', '.join(held.limits)} (blocked: a provider's retry-after)"
+        reason = waiting_reason(held.limits, getattr(held, "why", ()))  # (``RateHold``: blocked, or only paced)
         self.out.now = now
         self.calls.cancel_all(reason)
         self.rest(RunStatus.WAITING_TIMER, wake, reason, now)

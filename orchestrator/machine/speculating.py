@@ -29,6 +29,19 @@ from raysaga.orchestrator.speculation import (
 from raysaga.orchestrator.task import NodeOutcome
 from raysaga.state import NodeStatus, NodeWrite
 
+#: ``StepSpec.options`` key: seconds the model's own client gives a call (``AnthropicModel.timeout``)
+#: when the agent sets no ``model_timeout``. The rate gate holds a ``concurrent=`` slot that long
+#: (plus slack) for a call whose driver died, not ``UNTIMED_HOLD``: the call cannot outlive it.
+CLIENT_TIMEOUT = "client_timeout"
+
+
+def _client_timeout(agent: Agent) -> dict[str, Any]:
+    timeout = getattr(agent.model, "timeout", None)
+    if agent.model_timeout is not None or isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not 0 < timeout < float("inf"):
+        return {}
+    return {CLIENT_TIMEOUT: float(timeout)}
+
 
 class Speculation:
     """One run's speculation state: each agent step's plan, the breakers seen, reads under way."""
@@ -48,16 +61,17 @@ class Speculation:
     def model_spec(self, step: str, agent: Agent) -> StepSpec:
         """The spec of the step's model calls: with a plan when it has tools that may run speculatively."""
         tools = tuple(t for t in agent.tools if speculable(t)) if agent.speculative_tools else ()
+        options = _client_timeout(agent)
         if not tools:
             return StepSpec(name=f"{step}@model", fn=functools.partial(model_turn, agent.model), deps=(),
                             param_deps=("request",), input_param=None, ctx_param=None, param_types={"request": Any},
                             output_type=Any, retry=agent.transport_retry, timeout=agent.model_timeout,
-                            rate_limit=agent.rate_limit)
+                            rate_limit=agent.rate_limit, options=options)
         plan = self.plans[step] = Plan(step, tools, self.max_output_bytes, agent.model_timeout, agent.loop.repeats)
         return StepSpec(name=f"{step}@model", fn=functools.partial(model_turn_speculating, agent.model, plan),
                         deps=(), param_deps=("request",), input_param=None, ctx_param="ctx",
                         param_types={"request": Any, "speculate": Any}, output_type=Any, retry=agent.transport_retry,
-                        timeout=agent.model_timeout, rate_limit=agent.rate_limit)
+                        timeout=agent.model_timeout, rate_limit=agent.rate_limit, options=options)
 
     def model_kwargs(self, node: NodeKey, agent: Agent, request: dict[str, Any]) -> dict[str, Any] | None:
         """A model call's input: the request, and which tools it may run speculatively: those whose

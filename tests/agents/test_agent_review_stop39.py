@@ -21,7 +21,7 @@ from raysaga.agents.agent import EMPTY_REPLY, Turn
 from raysaga.agents.messages import ModelResponse, Usage
 from raysaga.agents.models import DEFAULT_PRICES, text_reply, tool_reply
 from raysaga.agents.turns import Answer, Conversation, Fail, RunTool, next_actions
-from raysaga.errors import InvalidOptionError, Permanent, WorkflowDefinitionError
+from raysaga.errors import InvalidOptionError, WorkflowDefinitionError
 from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
 from tests.support import messages_server as ms
 from tests.support.store_rows import nodes_of
@@ -394,7 +394,7 @@ def pay(invoice: str, idempotency_key: str | None = None) -> str:
     """Pay an invoice; the payments API goes down after the first call."""
     PAID.append(invoice)
     if len(PAID) > 1:
-        raise Permanent("payments API 503")
+        raise ConnectionError("payments API 503")
     return f"paid {invoice}"
 
 
@@ -408,7 +408,7 @@ def test_a_ledger_replay_is_no_success_of_the_breaker(sqlite_url: str) -> None:
     assert PAID == ["A", "B", "C"]  # the second A reached nothing
     store = SqlStore(sqlite_url)
     try:
-        breaker = store.breaker_get("pay")
+        breaker = store.breaker_get(pay.breaker_name)
     finally:
         store.close()
     assert breaker.failures == 2  # B and C in a row: the replay of A reset nothing
