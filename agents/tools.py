@@ -71,7 +71,7 @@ class Tool:
 
     @property
     def breaker_name(self) -> str:
-        return self.breaker or default_breaker(self.fn)
+        return self.breaker or default_breaker(self.fn, self.name)
 
     def definition(self) -> dict[str, Any]:
         """The tool as the Messages API takes it."""
@@ -114,14 +114,16 @@ class Tool:
 MAX_BREAKER_NAME = 200
 
 
-def default_breaker(fn: Callable[..., Any]) -> str:
-    """A tool's breaker when ``breaker=`` names none: its function's module-qualified name (the
-    tool's name alone put unrelated tools called alike, in unrelated workflows, behind one breaker).
-    Not part of a run's definition hash: a breaker is the fleet's state, not the run's."""
+def default_breaker(fn: Callable[..., Any], tool_name: str) -> str:
+    """A tool's breaker when ``breaker=`` names none: its function's module-qualified name and the
+    tool's (``module.qualname:tool``). The tool's name alone put unrelated tools called alike, in
+    unrelated workflows, behind one breaker; the function's alone put tools made from one function
+    (partials, lambdas, a factory's closures, a client's methods) behind one. Not part of a run's
+    definition hash: a breaker is the fleet's state, not the run's."""
     target = inspect.unwrap(fn.func if isinstance(fn, functools.partial) else fn)
     module = getattr(target, "__module__", None) or "?"
     qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None) or type(target).__qualname__
-    name = f"{module}.{qualname}"
+    name = f"{module}.{qualname}:{tool_name}"
     if len(name) <= MAX_BREAKER_NAME:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]

@@ -321,6 +321,8 @@ def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, arg
             if (i, j) == (t, k):
                 break
             result = turn.results.get(j)
+            if (result or {}).get("unavailable") is True:
+                continue  # refused (an open circuit breaker): the call did not run, so it repeats nothing
             if i == t and not (result or {}).get("loop"):
                 result = None  # a loop warning of this turn is decided by these rules: read
             history.append((fingerprint(str(use.get("name", "")), use.get("input")), result))

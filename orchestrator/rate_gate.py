@@ -89,6 +89,8 @@ def hold_of(spec: StepSpec) -> float:
     timeout, or its model client's own (``CLIENT_TIMEOUT``: a call the client gives up on cannot
     hold a slot longer), plus slack; ``UNTIMED_HOLD`` without either."""
     timeout = spec.timeout if spec.timeout is not None else spec.options.get(CLIENT_TIMEOUT)
+    if spec.timeout is None and isinstance(timeout, int | float):  # a model's own ``timeout`` attribute may
+        return min(float(timeout) + HOLD_SLACK, UNTIMED_HOLD)  # not be seconds (a user's model, in ms)
     return float(timeout) + HOLD_SLACK if isinstance(timeout, int | float) else UNTIMED_HOLD
 
 

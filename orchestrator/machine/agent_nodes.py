@@ -325,10 +325,10 @@ class AgentNodes:
         self.due_nodes.add(node.key)
         if node.finished:
             return
-        if unavailable is not None:  # its turn in it: a refusal is no result of the call, never a loop's repeat
+        if unavailable is not None:  # the call did not run: no loop's repeat (turns._loop_check skips it)
             self.speculation.refused(action.tool.breaker_name)
             node.offers.pop(sub, None)
-            self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True, "turn": sub.turn})
+            self._answered(node, sub, {"content": unavailable, "is_error": True, "unavailable": True})
             return
         tool = action.tool
         spec = self._tool_specs.get((sub.step, tool.name))
@@ -495,6 +495,5 @@ class AgentNodes:
     # ------------------------------------------------------------------ pause
 
     def model_calls_in_flight(self) -> list[NodeKey]:
-        """Model calls under way: before a pause their answers are kept (an answer already given,
-        and billed, would be lost and asked again: a re-roll)."""
+        """Model calls under way: before a pause their answers are kept (else a re-roll, billed twice)."""
         return [k for k in self.calls.inflight if k.is_agent_call and k.call is None]

@@ -8,6 +8,7 @@ so nothing sleeps.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -104,8 +105,12 @@ def calls(name: str, *args: dict[str, Any]) -> list[ModelResponse]:
 def test_the_default_breaker_is_the_functions_module_qualified_name() -> None:
     web: Tool = tool(web_search, name="search")
     kb: Tool = tool(kb_search, name="search")
-    assert web.breaker_name == f"{__name__}.web_search"
-    assert kb.breaker_name == f"{__name__}.kb_search"
+    assert web.breaker_name == f"{__name__}.web_search:search"
+    assert kb.breaker_name == f"{__name__}.kb_search:search"
+    # tools made from one function (a partial, a factory's closure) each keep their own breaker
+    weather: Tool = tool(functools.partial(web_search), name="weather")
+    stocks: Tool = tool(functools.partial(web_search), name="stocks")
+    assert weather.breaker_name != stocks.breaker_name
     shared: Tool = tool(kb_search, name="search", breaker="search-backend")  # sharing one on purpose still works
     assert shared.breaker_name == "search-backend"
 
@@ -115,8 +120,8 @@ def test_a_breaker_name_fits_the_stores_column() -> None:
         return None
 
     f.__qualname__ = "x" * 400
-    name = default_breaker(f)
-    assert len(name) == MAX_BREAKER_NAME and name != default_breaker(kb_search)
+    name = default_breaker(f, "f")
+    assert len(name) == MAX_BREAKER_NAME and name != default_breaker(kb_search, "f")
     with pytest.raises(WorkflowDefinitionError, match="breaker= takes a dependency's name"):
         tool(kb_search, breaker="b" * (MAX_BREAKER_NAME + 1))
 
@@ -142,7 +147,7 @@ def test_unrelated_tools_called_alike_do_not_share_a_breaker(own_store_url: str)
 
     assert drive(crawler, own_store_url, "crawl", clock).status == RunStatus.COMPLETED
     assert CALLS == ["web:q0", "web:q1"]  # its own breaker opened after 2 failures
-    assert breaker(own_store_url, f"{__name__}.web_search").state == BreakerState.OPEN
+    assert breaker(own_store_url, f"{__name__}.web_search:search").state == BreakerState.OPEN
     assert drive(support, own_store_url, "help", clock).status == RunStatus.COMPLETED
     assert CALLS[-1] == "kb:refunds"
     assert last_result(support_model, "help")["content"] == "kb article for refunds"
@@ -156,7 +161,7 @@ def test_permanent_failures_do_not_open_the_breaker(own_store_url: str) -> None:
     wf = agent_workflow("orders", model, (tool(get_order),), breaker_threshold=2)
     assert drive(wf, own_store_url, "bad", clock).status == RunStatus.COMPLETED
     assert CALLS == ["x0", "x1", "x2", "x3"]  # every call reached the service
-    record = breaker(own_store_url, f"{__name__}.get_order")
+    record = breaker(own_store_url, f"{__name__}.get_order:get_order")
     assert (record.state, record.failures) == (BreakerState.CLOSED, 0)
     assert drive(wf, own_store_url, "good", clock).status == RunStatus.COMPLETED
     assert last_result(model, "good")["content"] == "order ord_1: shipped"
@@ -174,6 +179,20 @@ def test_breaker_refusals_are_not_a_loop(own_store_url: str) -> None:
     assert CALLS == ["web:same"]  # the first call failed and opened it; four refusals followed
     result = last_result(model, "go")
     assert result["is_error"] is True and result["content"].startswith("the tool is unavailable")
+
+
+def test_refusals_of_one_call_asked_twice_in_a_turn_are_not_a_loop(own_store_url: str) -> None:
+    """The model asks the same call twice in one turn, turn after turn, and both are refused: two
+    identical refusals in a turn read as the same result again, and the node failed `loop`."""
+    clock = FakeClock()
+    twice = tool_reply(("search", {"q": "same"}), ("search", {"q": "same"}))
+    model = RecordingModel(script={"go": [tool_reply(("search", {"q": "first"})), twice, twice, twice,
+                                          text_reply("done")]})
+    wf = agent_workflow("refused-twice", model, (tool(web_search, name="search", retry=RetryPolicy(max_attempts=1)),),
+                        breaker_threshold=1)
+    final = drive(wf, own_store_url, "go", clock)
+    assert final.status == RunStatus.COMPLETED, final.error
+    assert CALLS == ["web:first"]  # it failed and opened the breaker; every later call was refused
 
 
 def test_a_dependency_shared_on_purpose_keeps_one_breaker(own_store_url: str) -> None:
