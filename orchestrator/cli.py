@@ -143,7 +143,7 @@ def _check_address(executor: str, address: str | None) -> None:
 
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None,
              allow_changed: bool = False, labels: list[str] | None = None,
-             max_driver_deaths: int | None = None) -> RunOptions:
+             max_driver_deaths: int | None = None, budgets: dict[str, Any] | None = None) -> RunOptions:
     tags = cli_input.run_labels("--label", labels)
     cli_input.positive_seconds("--lease-ttl", lease_ttl)
     cli_input.positive_seconds("--deadline", deadline)
@@ -152,7 +152,7 @@ def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int 
     from raysaga.orchestrator.options import RunOptions
 
     return RunOptions(lease_ttl=lease_ttl, deadline=deadline, retry_budget=retry_budget, allow_changed=allow_changed,
-                      labels=tags, max_driver_deaths=cli_input.run_limit(deaths))
+                      labels=tags, max_driver_deaths=cli_input.run_limit(deaths), **(budgets or {}))
 
 
 def _drive(action: Callable[[Callable[[Any], None]], RunRecord], total_hint: int, quiet: bool) -> RunRecord:
@@ -281,11 +281,13 @@ def resume(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     allow_changed: AllowChangedOpt = False,
+    token_budget: cli_ops.TokenBudgetOpt = None,
+    cost_budget: cli_ops.CostBudgetOpt = None,
 ) -> None:
     """Continue a run from the store: completed nodes are not re-run, committed effects not repeated."""
     with errors(_Current(run_id)):
         _run_id(run_id)
-        options = _options(lease_ttl, allow_changed=allow_changed)
+        options = _options(lease_ttl, allow_changed=allow_changed, budgets=cli_ops.budgets(token_budget, cost_budget))
         _check_address(executor, address)
         store = _stores().open_for_writes(db, run_id)
         before = store.get_run(run_id)
@@ -302,6 +304,7 @@ def resume(
                                                        on_progress=hook),
                             len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
+        cli_ops.budget_hint(store.get_run(run_id))
     _exit_for(result)
 
 
@@ -318,22 +321,26 @@ def retry(
     as_json: Annotated[bool, typer.Option("--json")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     allow_changed: AllowChangedOpt = False,
+    token_budget: cli_ops.TokenBudgetOpt = None,
+    cost_budget: cli_ops.CostBudgetOpt = None,
 ) -> None:
     """Operator retry of a parked run (same idempotency keys): a failed run's failed and skipped
     nodes run again; with --compensations, a compensation_failed run's rollback is completed.
-    A run started by another definition is refused before anything changes, unless --allow-changed."""
+    A run started by another definition is refused before anything changes, unless --allow-changed.
+    A run its spent budget failed is refused unless --token-budget/--cost-budget raise it."""
     with errors(_Current(run_id)):
         _run_id(run_id)
-        options = _options(lease_ttl, allow_changed=allow_changed)
+        options = _options(lease_ttl, allow_changed=allow_changed, budgets=cli_ops.budgets(token_budget, cost_budget))
         _check_address(executor, address)
         store = _stores().open_for_writes(db, run_id)
-        _runner().check_retryable(store.get_run(run_id), compensations)  # before any workflow code is imported
+        _runner().check_retryable(store.get_run(run_id), compensations, options)  # before any workflow code is imported
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: _runner().retry(wf, run_id, store=store, executor=executor, address=address,
                                                   options=options, on_progress=hook,
                                                   compensations=compensations),
                         len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
+        cli_ops.budget_hint(store.get_run(run_id), "resume")
     _exit_for(result, RunStatus.COMPENSATED if compensations else RunStatus.COMPLETED)
 
 
@@ -367,6 +374,7 @@ def cancel(
                                executor=executor, address=address, allow_changed=allow_changed)
         say(out, f"run {run_id}: {result.status.value}"
             + (f" — {scrub_text(result.status_reason)}" if result.status_reason else ""))
+        cli_ops.cancel_outcome(store, result, compensate)  # not ended as asked: says so, exit 1
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
         raise typer.Exit(EXIT_NOT_COMPLETED)
 

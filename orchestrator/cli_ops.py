@@ -18,7 +18,7 @@ import typer
 
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, stop_signals
-from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, errors, out, say
+from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, err, errors, out, say
 from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
 from raysaga.types import check_text
 
@@ -389,3 +389,49 @@ def _one_file_per_name(refs: list[str]) -> None:
 
 def _secs(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}s"
+
+
+TokenBudgetOpt = Annotated[int | None, typer.Option(
+    "--token-budget", help="Model tokens the whole run may spend from now on (raise a spent budget to go on).")]
+CostBudgetOpt = Annotated[float | None, typer.Option(
+    "--cost-budget", help="Model cost in USD the whole run may spend from now on (raise a spent budget to go on).")]
+
+
+def budgets(token_budget: int | None, cost_budget: float | None) -> dict[str, Any]:
+    """``--token-budget`` / ``--cost-budget`` as ``RunOptions`` fields, checked as ``RunOptions``
+    checks them but naming the flag (a negative or NaN budget, or one the store's column cannot hold)."""
+    cli_input.int_in_range("--token-budget", token_budget, 0, cap=2**63 - 1)
+    if cost_budget is not None and not (cost_budget >= 0 and cost_budget != float("inf")):
+        raise UserError(f"--cost-budget must be a finite amount of USD >= 0, got {cost_budget}")
+    return {"token_budget": token_budget, "cost_budget": cost_budget}
+
+
+def budget_hint(run: Any, verb: str = "resume") -> None:
+    """After a resume or retry that left the run paused on its spent budget: how to raise it."""
+    if run.status.value == "paused" and (run.status_reason or "").startswith("budget:"):
+        from raysaga.orchestrator.driver_signals import budget_advice
+
+        say(err, f"run {run.run_id} stays paused on its spent budget ({run.status_reason}): raise it: "
+                 f"{budget_advice(run, verb)}")
+
+
+def cancel_outcome(store: Any, run: Any, compensate: bool) -> None:
+    """A cancel that did not end as asked exits 1 saying so: ``--compensate`` finding the run ended
+    ``cancelled`` by a plain cancel that came first (its effects stand; it said ``cancelled``, exit 0,
+    and the rollback never ran), or a plain cancel leaving the run to a rollback asked before it."""
+    from raysaga.state.models import EffectStatus, RunStatus
+
+    quoted = shlex.quote(run.run_id)
+    if compensate and run.status == RunStatus.CANCELLED:
+        stand = [f"{e.effect_name} ({e.node_id}{'' if e.fan_index < 0 else f'[{e.fan_index}]'}"
+                 f"{'' if e.status == EffectStatus.COMMITTED else ', ' + e.status.value + ': may have happened'})"
+                 for e in store.effects(run.run_id) if e.status != EffectStatus.FAILED]
+        say(err, f"run {run.run_id} ended cancelled without a rollback: a plain cancel reached it first. "
+                 + (f"Its effects stand: {', '.join(stand)}. A cancelled run never changes again: no raysaga command "
+                    "rolls it back; undo them by hand (or with a new run)" if stand else "It committed no effect"))
+        raise typer.Exit(1)
+    if not compensate and run.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED) and any(
+            s.kind == "cancel" and isinstance(s.payload, dict) and s.payload.get("compensate")
+            for s in store.pending_signals(run.run_id)):
+        say(err, f"run {run.run_id}: a rollback was asked for first (cancel --compensate): it rolls back instead "
+                 f"of ending cancelled (a worker takes it up, or `raysaga resume {quoted}`)")

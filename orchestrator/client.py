@@ -14,6 +14,7 @@ from typing import Any
 
 from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
+from raysaga.orchestrator.driver_signals import budget_advice, spent_budget
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
 from raysaga.orchestrator.run_identity import same_deaths, same_labels, same_options
@@ -145,13 +146,18 @@ class Client:
         return self.get_run(run_id)
 
     def unpause(self, run_id: str, *, by: str | None = None) -> RunRecord:
-        """Let a paused run go on: a worker takes it up at once (or ``raysaga resume RUN``)."""
+        """Let a paused run go on: a worker takes it up at once (or ``raysaga resume RUN``). A run
+        that paused itself on its spent budget is refused (``UserError`` naming how to raise it)."""
         by = _actor(by)
         run = self.get_run(run_id)
         if run.status != RunStatus.PAUSED:
             pending = any(s.kind == "pause" for s in self.store.pending_signals(run_id))
             hint = " (its pause is still on its way to the driver: unpause once it is paused)" if pending else ""
             raise UserError(f"run {run_id!r} is {run.status.value}, not paused{hint}")
+        if (run.status_reason or "").startswith("budget:") and spent_budget(run) is not None:  # it pauses again
+            # at once: made due, every worker claimed it again and again
+            raise UserError(f"run {run_id!r} paused itself: its {run.status_reason}; an unpause cannot lift that: "
+                            f"raise the budget: {budget_advice(run)}")
         self.store.wake(run_id, [RunStatus.PAUSED], f"unpaused by {by or 'operator'}", "unpause_requested",
                         {"by": by})
         return self.get_run(run_id)
@@ -182,7 +188,8 @@ class Client:
         failed and skipped nodes go back to pending, a ``compensation_failed`` run's failed
         compensations do; a worker takes the run up (or ``raysaga resume RUN``). A ``failed`` run past
         its deadline is refused before anything is written (``runner.check_retryable``: it would fail
-        ``deadline`` again at once); its rollback is not, a rollback being no forward work."""
+        ``deadline`` again at once); its rollback is not, a rollback being no forward work. So is one
+        its spent budget failed: ``raysaga retry RUN --token-budget N`` (``raysaga.retry``) raises it."""
         by = _actor(by)
         current = self.get_run(run_id)
         record = reopen(self.store, run_id, compensations=current.status == RunStatus.COMPENSATION_FAILED)

@@ -24,6 +24,7 @@ from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import agent_io, crash_loop, driver_io, tracing, versions
 from raysaga.orchestrator.commit_pacing import CommitPacer
+from raysaga.orchestrator.driver_signals import chosen_cancel, paused_wake, spent_rest
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults, commit_labels
 from raysaga.orchestrator.gc_pacing import paced_gc
@@ -42,19 +43,8 @@ from raysaga.orchestrator.task import NodeOutcome, execute
 from raysaga.orchestrator.tracing import RunTracing
 from raysaga.orchestrator.unstorable import committed, park
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import (
-    Batch,
-    Lease,
-    NewEvent,
-    RunRecord,
-    RunSnapshot,
-    RunStatus,
-    RunUpdate,
-    SignalRecord,
-    Store,
-    node_label,
-)
-from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunSnapshot, Store, node_label
+from raysaga.state.models import PARKED, TERMINAL, RunStatus, RunUpdate, SignalRecord
 
 __all__ = ["IDLE_TICK", "SETTLE_SECONDS", "STOP_SIGNALS", "Driver", "Progress", "driver_id"]
 
@@ -154,9 +144,11 @@ class Driver:
         if budgets is not None:
             self.run = self._commit(Batch(run=budgets)) or run
             m.set_budgets(self.run.token_budget, self.run.cost_budget)
-        if run.status == RunStatus.PAUSED and m.budgets.stop() is not None:  # still over budget: paused until
-            cancel = next((s for s in self._hb.take_signals() if s.kind == "cancel"), None)  # it is raised, but
-            return self.run if cancel is None else self._obey_cancel(cancel) or self._loop()  # a cancel comes first
+        if run.status == RunStatus.PAUSED and m.budgets.stop() is not None and not m.past_deadline(self.clock()):
+            cancel = chosen_cancel(self._hb.take_signals())  # still over budget: paused until it is raised (or
+            if cancel is not None:  # its deadline: the loop rolls it back), but a cancel comes first
+                return self._obey_cancel(cancel) or self._loop()
+            return (self._commit(rest) if (rest := spent_rest(self.run or run)) else None) or self.run or run
         if run.status in (RunStatus.PAUSED, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
         if run.status == RunStatus.PENDING:
@@ -345,7 +337,7 @@ class Driver:
     def _signals_and_deadline(self) -> RunRecord | None:
         assert self._hb is not None and self.machine is not None
         m = self.machine
-        for signal in self._hb.take_signals():
+        for signal in (signals := self._hb.take_signals()):
             if signal.id in self._handled_signals:
                 continue
             self._handled_signals.add(signal.id)
@@ -356,8 +348,9 @@ class Driver:
                 return self._pause(str(payload.get("reason") or "paused by operator"), signal.id)
             elif signal.kind == "unpause":  # this run is not paused: nothing to undo
                 m.out.batch.consumed_signals.append(signal.id)
-            elif signal.kind == "cancel":
-                return self._obey_cancel(signal)
+            elif signal.kind == "cancel":  # one that compensates wins over a plain one beside it
+                return self._obey_cancel(chosen_cancel([signal, *(s for s in signals if s.id not in
+                                                                   self._handled_signals)]) or signal)
         if m.past_deadline(self.clock()):
             m.stop_forward("deadline", {"type": "DeadlineExceeded", "message": "the run passed its deadline"},
                            self.clock())
@@ -407,6 +400,7 @@ class Driver:
         self._attempts.drain(m.agents.model_calls_in_flight(), m.absorb, lost=self._hb.lost, clock=self.clock,
                              timeout=self._wait_timeout, run_id=self.run_id)
         m.pause(self.clock(), reason, signal_id)
+        m.out.batch.run = merge_run(m.out.batch.run, paused_wake(m.budgets.stop(), reason, self.run))
         self._cancel()
         self._settle_cancelled("pausing", SETTLE_SECONDS)  # a pause releases all compute
         return self._end(release=False)

@@ -124,17 +124,24 @@ def recordable_ref(ref: str) -> str | None:
 
 
 def _spec_on(name: str, paths: list[str]) -> ModuleSpec | None:
-    """Where ``name`` is found on ``paths``, without importing anything."""
-    parts = name.split(".")
+    """Where ``name`` is found on ``paths``, without importing anything. Each part is looked up by
+    its bare name in its parent's folders: given a dotted name, a folder without ``__init__.py`` (a
+    namespace package) looked its parent up in ``sys.modules``, and ``raysaga run a/b/flows.py:wf``
+    failed ``KeyError: 'a'``."""
     search: list[str] | None = paths
     spec = None
-    for i in range(len(parts)):
+    for part in name.split("."):
         if search is None:
             return None
-        spec = PathFinder.find_spec(".".join(parts[: i + 1]), search)
+        spec = PathFinder.find_spec(part, search)
         if spec is None:
             return None
-        search = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
+        if spec.submodule_search_locations is None:
+            search = None
+        elif spec.origin is None or spec.loader is None:  # a namespace package: its folders, read here
+            search = [os.path.join(p, part) for p in search if os.path.isdir(os.path.join(p, part))]
+        else:
+            search = list(spec.submodule_search_locations)
     return spec
 
 
@@ -300,3 +307,39 @@ def load_workflow(ref: str) -> Workflow:
     if not isinstance(workflow, Workflow):
         raise WorkflowLoadError(f"{ref!r} is a {type(workflow).__name__}, not a raysaga Workflow")
     return workflow.validate()
+
+
+def ref_of(workflow: Workflow) -> str | None:
+    """The ``MODULE:ATTR`` to record for a run started from Python (``raysaga.run``, ``create_run``,
+    ``Client.submit``) without a ``workflow_ref``: the module of the workflow's steps, where a
+    module-level name holds this very workflow, if that module is importable under its name (a
+    script's ``__main__``: under ``python -m NAME``, or as its file from ``sys.path``). Nothing is
+    imported. None when not found: ``resume`` then asks for ``--workflow``. Without it, every run
+    started from Python (all the examples) failed ``raysaga resume`` and drew no edges."""
+    names = dict.fromkeys(getattr(getattr(s, "fn", None), "__module__", None) for s in workflow.steps.values())
+    for name in names:
+        module = sys.modules.get(name) if isinstance(name, str) else None
+        attr = next((k for k, v in list(vars(module).items()) if v is workflow and k.isidentifier()), None) \
+            if module is not None else None
+        ref = None if module is None or attr is None else _module_ref(name or "", module, attr)
+        if ref is not None:
+            return ref
+    return None
+
+
+def _module_ref(name: str, module: object, attr: str) -> str | None:
+    """``name:attr`` if ``name`` finds ``module``'s own file on ``sys.path`` (no import), else None."""
+    where = getattr(module, "__file__", None)
+    if name == "__main__":
+        spec = getattr(module, "__spec__", None)
+        if spec is None or not spec.name or spec.name == "__main__":  # `python flows.py`: its file, if importable
+            return recordable_ref(f"{where}:{attr}") if isinstance(where, str) and where.endswith(".py") else None
+        name = spec.name  # `python -m examples.order.workflow`
+    ref = f"{name}:{attr}"
+    if not isinstance(where, str) or not RECORDED_REF.fullmatch(ref) or _refused_module(name) is not None:
+        return None
+    try:
+        spec = _spec_on(name, [os.getcwd(), *(p or os.getcwd() for p in sys.path)])
+    except (ImportError, OSError, ValueError):
+        return None
+    return ref if spec is not None and spec.origin and Path(spec.origin).resolve() == Path(where).resolve() else None

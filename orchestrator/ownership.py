@@ -20,6 +20,7 @@ lease expires: a lease cannot be proven dead from elsewhere.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import time
 import uuid
@@ -184,12 +185,13 @@ def describe_lease(run: RunRecord, now: float) -> str:
     parsed = parse_owner(run.lease_owner)
     who = parsed.label() if parsed else run.lease_owner
     expires = run.lease_expires_at
+    # a run that records no workflow module (started from Python where none was found) needs it named
+    resume = f"`raysaga resume {shlex.quote(run.run_id)}{'' if run.workflow_ref else ' --workflow MODULE:WF'}`"
     if expires is not None and expires < now:
-        return (f"no live driver since {_utc(expires)} (the lease of driver {who} expired; "
-                "`raysaga resume` takes over)")
+        return f"no live driver since {_utc(expires)} (the lease of driver {who} expired; {resume} takes over)"
     why = gone_because(run.lease_owner)
     if why is not None:
-        return f"driver {who} is gone ({why}); `raysaga resume` takes over at once"
+        return f"driver {who} is gone ({why}); {resume} takes over at once"
     left = f"expires in {max(0.0, expires - now):.0f}s" if expires is not None else "no expiry"
     if parsed is not None and parsed.host == _host() and parsed.boot == boot_id():
         return f"live driver {who} (lease renews; {left})"

@@ -16,6 +16,7 @@ from typing import Any
 from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotFoundError, StoreOutageError, UserError
 from raysaga.orchestrator import tracing, versions
 from raysaga.orchestrator.driver import Driver, driver_id
+from raysaga.orchestrator.driver_signals import budget_advice, spent_budget
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
@@ -113,7 +114,8 @@ def create_run(workflow: Workflow, input: Any = None, *, store: Store | str | No
                run_id: str | None = None, options: RunOptions | None = None,
                workflow_ref: str | None = None, queue: str | None = None) -> RunRecord:
     """Record a new run (``pending``) without driving it. ``workflow_ref`` (MODULE:ATTR) lets
-    ``raysaga resume RUN`` find the definition again; ``queue`` submits it to the worker fleet
+    ``raysaga resume RUN`` find the definition again (left out: ``loader.ref_of``, where the
+    workflow's module binds it, if importable; ``""``: none); ``queue`` submits it to the worker fleet
     (a ``raysaga worker`` that registered the workflow starts it). A ``max_driver_deaths`` other
     than the default is recorded with the run, so a worker of another limit keeps it."""
     with using_store(store) as st:
@@ -133,8 +135,14 @@ def new_run(workflow: Workflow, input: Any, *, run_id: str | None, options: RunO
     # psycopg's DataError on PostgreSQL (a lone surrogate UnicodeEncodeError on both) in the driver
     if queue is not None:
         check_text(queue, "queue", 200)
-    if workflow_ref is not None:
+    if workflow_ref == "":  # asked for none: `raysaga resume` then needs --workflow
+        workflow_ref = None
+    elif workflow_ref is not None:
         check_text(workflow_ref, "workflow_ref", 500)
+    else:  # started from Python: where it lives, if importable there (`raysaga resume` needs it)
+        from raysaga.orchestrator.loader import ref_of
+
+        workflow_ref = ref_of(workflow)
     return NewRun(
         run_id=run_id or new_run_id(workflow), workflow_name=workflow.name, workflow_version=workflow.version,
         definition_hash=workflow.definition_hash, step_hashes=step_hashes(workflow), workflow_ref=workflow_ref,
@@ -295,7 +303,8 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     ``wait`` s), and takes the run over itself if that driver's lease lapses meanwhile; with
     ``wait=0`` the signal is queued and the run is returned as it stands. A compensating cancel
     under another definition of the workflow is refused before anything is written
-    (``DefinitionChangedError``) unless ``allow_changed``: the rollback runs the new code."""
+    (``DefinitionChangedError``) unless ``allow_changed``: the rollback runs the new code. A rollback
+    asked for wins over a plain cancel: a plain one finding it queued returns the run unchanged."""
     with using_store(store) as st:
         reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
         run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
@@ -329,6 +338,8 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
             if current.status in TERMINAL or (current.status in PARKED and not compensate):
                 return current
             signals = [s for s in st.pending_signals(run_id) if s.kind == "cancel"]
+            # a rollback asked for wins over a plain cancel: ended ``cancelled`` here, it never ran
+            rollback_asked = any(isinstance(s.payload, dict) and s.payload.get("compensate") for s in signals)
             if current.status == RunStatus.COMPENSATING:  # its driver started rolling back, then stopped
                 if not compensate:
                     raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled "
@@ -337,8 +348,10 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
                 st.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason),
                                        consumed_signals=[s.id for s in signals]))
             elif compensate:
-                if not signals:  # the driver below acts on it first thing, consuming it with the transition
+                if not rollback_asked:  # the driver below acts on it first thing, consuming it with the transition
                     st.send_signal(run_id, "cancel", payload=payload)
+            elif rollback_asked:  # left for the driver (a worker, the compensating cancel) that rolls it back
+                return current
             else:
                 nodes = [NodeWrite(node_id=n.node_id, fan_index=n.fan_index, status=NodeStatus.CANCELLED,
                                    attempt=n.attempt, error={"reason": reason}, started_at=n.started_at)
@@ -392,11 +405,13 @@ def _wait_for_rest(st: Store, run_id: str, wait: float, owner: str) -> RunRecord
                     f"within {wait:.0f}s (`raysaga status {shlex.quote(run_id)}` shows where it is)")
 
 
-def check_retryable(run: RunRecord, compensations: bool) -> None:
+def check_retryable(run: RunRecord, compensations: bool, options: RunOptions | None = None) -> None:
     """Only a ``failed`` run is retried (with ``compensations``, only a ``compensation_failed`` one),
     and not past its deadline: a retry keeps the deadline, so the retried run failed ``deadline``
     again at once, its retried nodes left ``pending`` and their earlier record lost. A rollback
-    retried past the deadline runs (the driver checks the deadline only going forward)."""
+    retried past the deadline runs (the driver checks the deadline only going forward). Nor is a
+    run its spent budget failed (``on_budget="fail"``) retried unless ``options`` raise that budget:
+    it failed again at once, saying nothing of why."""
     wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
     if run.status != wanted:
         hint = " (use --compensations for a compensation_failed run)" \
@@ -413,15 +428,19 @@ def check_retryable(run: RunRecord, compensations: bool) -> None:
                         f"{quoted} --from NODE` starts a new run that keeps what completed and runs NODE and what "
                         "follows afresh, without this deadline (Python: fork(..., options=RunOptions(deadline=S)) "
                         f"gives it one of its own); `raysaga cancel {quoted} --compensate` undoes what it did")
+    if not compensations and run.error is not None and run.error.type == "BudgetExceeded" \
+            and spent_budget(run, options) is not None:
+        raise UserError(f"run {run.run_id!r} failed on its spent budget ({run.error.message}): a retry with the same "
+                        f"budget fails again at once; raise it: {budget_advice(run, 'retry')}")
 
 
-def reopen(st: Store, run_id: str, compensations: bool = False) -> RunRecord:
+def reopen(st: Store, run_id: str, compensations: bool = False, options: RunOptions | None = None) -> RunRecord:
     """Make a parked run runnable again, with the same idempotency keys: a ``failed`` run's failed
     and skipped nodes go back to pending and it is ``running``; with ``compensations``, a
     ``compensation_failed`` run's failed compensations go back to pending and it is
     ``compensating``. Its lease is free afterwards: ``resume`` (or a worker) drives it."""
     run = st.get_run(run_id, lenient=True)  # a damaged input: the resume parks it again, naming it
-    check_retryable(run, compensations)
+    check_retryable(run, compensations, options)
     lease, _ = claim(st, run_id, driver_id(), CANCEL_TTL)
     try:
         nodes = st.nodes(run_id)
@@ -462,12 +481,12 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
         # a definition change is refused before the run is reopened: refused after, it was left
         # running with no driver (or compensating); allowed, the resume's driver pins it
         current = st.get_run(run_id, lenient=True)
-        check_retryable(current, compensations)
+        check_retryable(current, compensations, options)
         versions.check(st, current, workflow, allow_changed=options is not None and options.allow_changed)
-        reopen(st, run_id, compensations)
+        reopen(st, run_id, compensations, options)
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
 
 
-__all__ = ["NO_INPUT", "SELF_PAUSED", "SqlStore", "cancel", "check_resumable", "create_run", "executor_started",
-           "held_by_operator", "new_run_id", "resume", "retry", "run"]
+__all__ = ["NO_INPUT", "SELF_PAUSED", "SqlStore", "cancel", "check_resumable", "create_run",
+           "executor_started", "held_by_operator", "new_run_id", "resume", "retry", "run"]

@@ -247,7 +247,7 @@ def test_a_run_without_its_workflows_module_is_drawn_from_its_rows(tmp_path: Any
     from raysaga.orchestrator.runner import create_run
 
     url = f"sqlite:///{tmp_path / 'noref.db'}"
-    run_id = create_run(flows.shop, {}, store=url).run_id  # records no workflow_ref
+    run_id = create_run(flows.shop, {}, store=url, workflow_ref="").run_id  # "": record none
     flows.drive(flows.shop, run_id, url)
     store = SqlStore(url)
     try:

@@ -155,21 +155,21 @@ def test_a_decision_past_the_run_deadline_is_refused_naming_it(store_url: str) -
         store.close()
 
 
-def test_the_inbox_leaves_out_an_approval_whose_run_passed_its_deadline(store_url: str) -> None:
+def test_the_inbox_leaves_out_an_approval_whose_run_passed_its_deadline(own_store_url: str) -> None:
     """A decision on it is refused, so neither ``inbox`` nor the dashboard offers it (it was listed
     as "times out in 0s" beside approvals an approver could still decide)."""
     wf = _approval()
     for run_id in ("late-inbox", "open-inbox"):
-        rested = raysaga.run(wf, store=store_url, run_id=run_id, executor="inline",
+        rested = raysaga.run(wf, store=own_store_url, run_id=run_id, executor="inline",
                              options=RunOptions(deadline=3600, release_after=0))
         assert rested.status == RunStatus.WAITING_HUMAN
-    store = SqlStore(store_url)
+    store = SqlStore(own_store_url)
     try:
         assert sorted(w.run_id for w in store.waiting_approvals()) == ["late-inbox", "open-inbox"]
         with store.engine.begin() as conn:
             conn.execute(update(runs).where(runs.c.run_id == "late-inbox").values(deadline_at=time.time() - 5))
         assert [w.run_id for w in store.waiting_approvals()] == ["open-inbox"]
-        code, out, err = invoke("inbox", "--db", store_url)
+        code, out, err = invoke("inbox", "--db", own_store_url)
         assert code == 0 and "open-inbox ok" in out and "late-inbox" not in out, (out, err)
     finally:
         store.close()

@@ -84,10 +84,11 @@ def test_what_cannot_be_proven_from_here_is_alive(child: subprocess.Popen[bytes]
     assert not owner_is_gone(other_boot)  # another kernel (or machine)
 
 
-def _run(owner: str | None, expires: float | None, updated: float = 1795000000.0) -> RunRecord:
+def _run(owner: str | None, expires: float | None, updated: float = 1795000000.0,
+         workflow_ref: str | None = "flows:wf") -> RunRecord:
     return RunRecord(run_id="r", workflow_name="w", workflow_version="1", definition_hash="h",
                      status=RunStatus.RUNNING, version=1, lease_owner=owner, lease_expires_at=expires,
-                     trace_id="t", created_at=updated, updated_at=updated)
+                     trace_id="t", created_at=updated, updated_at=updated, workflow_ref=workflow_ref)
 
 
 def test_describe_lease(child: subprocess.Popen[bytes]) -> None:
@@ -104,4 +105,7 @@ def test_describe_lease(child: subprocess.Popen[bytes]) -> None:
     child.wait()
     gone = describe_lease(_run(owner, now + 50), now)
     assert gone == (f"driver pid {child.pid} on {ownership._host()} is gone (process not running); "
-                    "`raysaga resume` takes over at once")
+                    "`raysaga resume r` takes over at once")
+    # a run that records no workflow module: the hint names the option resume then needs
+    unrecorded = describe_lease(_run(owner, now + 50, workflow_ref=None), now)
+    assert unrecorded.endswith("`raysaga resume r --workflow MODULE:WF` takes over at once"), unrecorded
