@@ -92,9 +92,13 @@ def fork(
 
         store = cli_store.open_for_writes(db, run_id)
         wf = _workflow(store, run_id, workflow)
-        for step in input_reruns(wf, store, run_id, from_node, patch):
-            say(err, f"note: effect step {step!r} (upstream of --from {from_node}) runs again: --input-patch "
-                     "changes the input it reads, so its effect is made again under the new run's keys")
+        for step, why in input_reruns(wf, store, run_id, from_node, patch):
+            kind = "approval" if wf.steps[step].kind == "approval" else "effect step"
+            cause = "--input-patch changes the input it reads" if why == "input" else \
+                "it reads a step the patch runs again"
+            again = "a human is asked again" if kind == "approval" else \
+                "its effect is made again under the new run's keys"
+            say(err, f"note: {kind} {step!r} (upstream of --from {from_node}) runs again: {cause}, so {again}")
         record = do_fork(wf, run_id, from_node=from_node, input_patch=patch, store=store, new_run_id=run_id_new,
                          executor=executor, address=address, options=_fork_options(lease_ttl, deaths),
                          workflow_ref=(recordable_ref(workflow) or "") if workflow else None, drive=not no_drive,

@@ -287,11 +287,12 @@ def input_bound(wf: Workflow, step: str) -> bool:
     return effect and (spec.input_param is not None or (undo is not None and _takes_input(undo)))
 
 
-def input_reruns(wf: Workflow, st: Store, run_id: str, from_node: str, patch: Any) -> list[str]:
-    """The steps upstream of ``from_node`` (not chosen) that a fork with ``patch`` runs again because
-    the patch changes the input their effect or undo reads (``input_bound``), among those the parent
-    completed: each makes its effect again under the fork's keys. Empty when the fork would be
-    refused (``fork`` says why)."""
+def input_reruns(wf: Workflow, st: Store, run_id: str, from_node: str, patch: Any) -> list[tuple[str, str]]:
+    """What a fork with ``patch`` runs again that a fork without it would inherit, of the steps the
+    parent completed that make an effect (or have an undo) or ask a human: ``(step, why)``, why
+    ``"input"`` (the patch changes the input its effect or undo reads: ``input_bound``) or
+    ``"upstream"`` (it reads a step that runs again). Empty when the fork would be refused
+    (``fork`` says why)."""
     if patch is NO_PATCH:
         return []
     try:
@@ -301,10 +302,19 @@ def input_reruns(wf: Workflow, st: Store, run_id: str, from_node: str, patch: An
             return []
     except (ForkError, InvalidInputError):
         return []
-    chosen = _rerun_by_choice(wf, at)
-    done = {r.node_id for r in st.node_states(run_id) if r.status == NodeStatus.COMPLETED}
-    # (an input-bound step runs again whole: forked from one of its items or turns, all of it)
-    return [step for step in wf.order if step in done and input_bound(wf, step) and not chosen(NodeKey(step))]
+    rows = st.node_states(run_id)
+    same = {r.node_id for r in inherited_rows(wf, rows, at)}
+    patched = {r.node_id for r in inherited_rows(wf, rows, at, input_changed=True)}
+    lost = {NodeKey.parse(node_id).step for node_id in same - patched}
+    found = []
+    for step in wf.order:
+        spec = wf.steps[step]
+        tools = getattr(spec.options.get("agent"), "tools", ()) if spec.kind == "agent" else ()
+        matters = spec.effect or wf.compensation_for(step) is not None or spec.kind == "approval" \
+            or any(getattr(t, "effect", False) for t in tools)
+        if step in lost and matters:
+            found.append((step, "input" if input_bound(wf, step) else "upstream"))
+    return found
 
 
 def inherited_rows(wf: Workflow, rows: list[NodeRecord], at: NodeKey, *, changed: set[str] | None = None,

@@ -8,7 +8,6 @@ import re
 import time
 from typing import Any
 
-from raysaga.node_key import NodeKey
 from raysaga.state import NodeStatus, SqlStore, node_label
 from raysaga.state.decisions import ApprovalRequest, request_of
 from raysaga.state.item_pages import rows_at
@@ -203,28 +202,21 @@ def waiting_lines(store: SqlStore, run: RunRecord, node_id: str, fan_index: int,
     return lines
 
 
-#: Runs of a fork tree ``undone_by_forks`` reads (each one's node states: metadata, no outputs).
-FORKS_READ = 50
-
-
 def undone_by_forks(store: SqlStore, run_id: str) -> list[dict[str, Any]]:
     """The nodes of ``run_id`` that a run forked from it (or from its forks) undid in its rollback:
     ``{"node", "run_id", "status"}`` (the compensation's status: ``completed`` undid it, another
     tried and did not finish). The parent's own rows do not say so: a fork undoes an inherited node
-    under the parent's key, and records it in its own rows (docs/fork.md)."""
+    under the parent's key, and records it in its own rows (docs/fork.md). One read of the forks'
+    compensation rows (loading every row of 50 forks of a 20,000-item run took 25 s)."""
     if not store.children(run_id):
         return []
-    found = []
-    for other in [r for r in store.lineage({run_id}) if r != run_id][:FORKS_READ]:
-        rows = store.node_states(other)
-        origin = {(r.node_id, r.fan_index): r.origin_run_id for r in rows}
-        for row in rows:
-            key = NodeKey.parse(row.node_id, row.fan_index)
-            target = key.undone()
-            if key.compensates and origin.get((target.node_id, target.fan_index)) == run_id:
-                found.append({"node": node_label(target.node_id, target.fan_index), "run_id": other,
-                              "status": row.status.value})
-    return found
+    from raysaga.state.fork_rows import undone_in
+
+    forks = {r: i for i, r in enumerate(store.lineage({run_id})) if r != run_id}
+    with store.reader.connect() as conn:
+        found = undone_in(conn, run_id, list(forks))
+    return [{"node": node_label(node_id, fan_index), "run_id": other, "status": status}
+            for other, node_id, fan_index, status in sorted(found, key=lambda f: (forks[f[0]], f[1], f[2]))]
 
 
 def undone_note(entry: dict[str, Any]) -> str:

@@ -110,19 +110,18 @@ def prune(store: PrunableStore | str, older_than: float, statuses: Iterable[RunS
     cutoff = (time.time() if now is None else now) - float(older_than)
     report = PruneReport(cutoff=cutoff, statuses=sorted(wanted), dry_run=dry_run)
     prunable = and_(runs.c.status.in_(wanted), runs.c.updated_at < cutoff)
+    with store.reader.connect() as conn:
+        held, undoers = _kept(conn, prunable)
+    report.kept = sorted(held)
     if dry_run:
         with store.reader.connect() as conn:
-            report.kept = sorted(_kept(conn, prunable, dry_run=True))
-            _count(conn, report, _unless(prunable, report.kept))
+            _count(conn, report, _unless(prunable, held))
         return report
-    while True:  # a pass deletes what no kept run needs; the next sees which undoers that freed
-        with store.reader.connect() as conn:
-            held = _kept(conn, prunable)
-        deleted = report.runs
-        _delete(store, report, _unless(prunable, held), batch_size)
-        report.kept = sorted(held)
-        if not held or report.runs == deleted:
-            return report
+    # the runs whose nodes were undone before their undoers: a prune cut short never leaves a
+    # charge's run without the record of its refund
+    _delete(store, report, _unless(prunable, held | undoers), batch_size)
+    _delete(store, report, _unless(prunable, held), batch_size)
+    return report
 
 
 def _delete(store: PrunableStore, report: PruneReport, prunable: ColumnElement[bool], batch_size: int) -> None:
@@ -163,39 +162,61 @@ def _undoers(conn: Connection, prunable: ColumnElement[bool]) -> dict[str, set[s
     return found
 
 
-def _tree(conn: Connection, root: str) -> set[str]:
-    """The runs of ``root``'s fork tree that exist (``root`` itself, if it does): those that may
-    hold a node ``root`` executed (a fork of a fork keeps the row's ``origin_run_id``)."""
-    found = {r for (r,) in conn.execute(select(runs.c.run_id).where(runs.c.run_id == root)).all()}
-    frontier, seen = [root], {root}
+def _tree(conn: Connection, root: str) -> dict[str, str | None]:
+    """The runs of ``root``'s fork tree that exist, ``root`` itself included if it does, each with
+    its parent: those that may hold a node ``root`` executed (a fork of a fork keeps the row's
+    ``origin_run_id``), reached as a later fork looks for undos (``Store.lineage``: by parent)."""
+    found = {r: p for r, p in conn.execute(select(runs.c.run_id, runs.c.parent_run_id).where(runs.c.run_id == root))}
+    frontier = [root]
     while frontier:
-        children = [r for (r,) in conn.execute(select(runs.c.run_id).where(runs.c.parent_run_id.in_(frontier)))
-                    if r not in seen]
-        seen.update(children)
+        children = [(r, p) for r, p in conn.execute(select(runs.c.run_id, runs.c.parent_run_id).where(
+            runs.c.parent_run_id.in_(frontier))) if r not in found and r != root]
         found.update(children)
-        frontier = children
+        frontier = [r for r, _ in children]
     return found
 
 
-def _kept(conn: Connection, prunable: ColumnElement[bool], *, dry_run: bool = False) -> set[str]:
-    """The prunable runs to keep: an undoer (``_undoers``) while another run of a tree it undid
-    nodes of exists. With ``dry_run``, a run this prune would delete does not count (a real
-    prune deletes it first, then the undoer in a later pass: never the refund before the charge)."""
+def _kept(conn: Connection, prunable: ColumnElement[bool]) -> tuple[set[str], set[str]]:
+    """The prunable runs to keep, and the prunable undoers (``_undoers``). An undoer of a node of
+    ``o`` is kept while a run that may still inherit that node stays: a run of ``o``'s tree that
+    is no undoer of ``o`` (whose copy of the node was not given back), not pruned now, or kept
+    itself. With it are kept the runs between ``o`` and it (a later fork finds the undo by walking
+    ``o``'s forks down: a deleted middle run hid it). Undoers never hold one another (two forks
+    that both rolled back the parent's charge went for ever)."""
     undoers = _undoers(conn, prunable)
     if not undoers:
-        return set()
+        return set(), set()
+    every = _undoers(conn, runs.c.parent_run_id.is_not(None))  # undoers of an origin, prunable or not
+    of_origin: dict[str, set[str]] = {}
+    for run, origins in every.items():
+        for origin in origins:
+            of_origin.setdefault(origin, set()).add(run)
     trees = {origin: _tree(conn, origin) for origins in undoers.values() for origin in origins}
-    holders = {r for tree in trees.values() for r in tree}
-    going = {r for (r,) in conn.execute(select(runs.c.run_id).where(prunable, runs.c.run_id.in_(sorted(holders))))} \
-        if dry_run else set()
+    members = {r for tree in trees.values() for r in tree}
+    going = {r for (r,) in conn.execute(select(runs.c.run_id).where(prunable, runs.c.run_id.in_(sorted(members))))}
     kept: set[str] = set()
-    while True:
-        gone = going - kept
-        now = {run for run, origins in undoers.items()
-               if any(trees[o] - {run} - gone for o in origins)}
+    while True:  # the least fixed point: a run is kept only through a run that stays
+        now = set(kept)
+        for run, origins in undoers.items():
+            for origin in origins:
+                tree = trees[origin]
+                holders = set(tree) - of_origin.get(origin, set()) - {run}
+                if holders - (going - kept):
+                    now.add(run)
+                    now.update(_between(tree, origin, run) & going)
         if now == kept:
-            return kept
+            return kept, set(undoers)
         kept = now
+
+
+def _between(tree: dict[str, str | None], origin: str, run: str) -> set[str]:
+    """The runs of ``tree`` on the parent path from ``run`` up to ``origin``, both left out."""
+    path: set[str] = set()
+    at = tree.get(run)
+    while at is not None and at != origin and at in tree and at not in path:
+        path.add(at)
+        at = tree.get(at)
+    return path
 
 
 def _statuses(given: Iterable[RunStatus | str] | None) -> set[str]:

@@ -116,3 +116,45 @@ def test_status_node_of_an_inherited_approval_says_who_decided_it_and_where(sqli
     story = json.loads(out)
     assert story["inherited_from"] == "p"
     assert [(d["verdict"], d["by"], d["comment"]) for d in story["decisions"]] == [("approve", "ada", "fine")]
+
+
+def test_a_patch_names_what_runs_again_downstream_of_a_step_it_reruns(sqlite_url: str) -> None:
+    """A patch re-running ``charge`` re-runs ``reserve`` (an effect reading it) and asks ``ok``
+    again: the note named ``charge`` alone while the provider saw two new calls."""
+    from raysaga.orchestrator.fork import input_reruns
+    from raysaga.state import SqlStore
+
+    wf = Workflow("stop44_reruns")
+
+    @wf.step(effect=True)
+    def charge(input: dict[str, str]) -> str:
+        return f"charged {input['acct']}"
+
+    @wf.step(effect=True)
+    def reserve(charge: str) -> str:
+        return f"reserved after {charge}"
+
+    @wf.step()
+    def plan() -> str:
+        return "plan"
+
+    @wf.approval()
+    def ok(reserve: str) -> Ask:
+        return Ask(prompt=f"ship {reserve}?")
+
+    @wf.step()
+    def ship(ok: Approval, plan: str) -> str:
+        return "shipped"
+
+    assert raysaga.run(wf, {"acct": "A"}, store=sqlite_url, run_id="p", executor="inline").status == \
+        RunStatus.WAITING_HUMAN
+    code, out, err = invoke("approve", "p", "ok", "--by", "ada", "--db", sqlite_url)
+    assert code == 0, out + err
+    assert raysaga.resume(wf, "p", store=sqlite_url, executor="inline").status == RunStatus.COMPLETED
+    store = SqlStore(sqlite_url)
+    try:
+        assert input_reruns(wf, store, "p", "ship", {"acct": "B"}) == [
+            ("charge", "input"), ("reserve", "upstream"), ("ok", "upstream")]
+        assert input_reruns(wf, store, "p", "ship", {"acct": "A"}) == []  # the same input: nothing
+    finally:
+        store.close()

@@ -109,6 +109,57 @@ def test_prune_keeps_a_fork_whose_rollback_refunded_its_parents_charge(own_store
         store.close()
 
 
+def test_prune_keeps_the_forks_between_a_kept_undoer_and_the_run_it_undid(own_store_url: str) -> None:
+    """p <- m <- {a (rolled back: refunded p's charge), b}: pruning p and m but not b deleted m,
+    a later fork of b no longer found a's refund (looked for down p's forks) and built on it."""
+    provider = FakeProvider()
+    fails = {"ship": False}
+    wf = _shop(provider, fails)
+    raysaga.run(wf, {"amount": 5}, store=own_store_url, run_id="p", executor="inline")
+    raysaga.fork(wf, "p", from_node="ship", store=own_store_url, new_run_id="m", executor="inline")
+    raysaga.fork(wf, "m", from_node="ship", store=own_store_url, new_run_id="b", executor="inline")
+    fails["ship"] = True
+    assert raysaga.fork(wf, "m", from_node="ship", store=own_store_url, new_run_id="a",
+                        executor="inline").status == RunStatus.COMPENSATED
+    fails["ship"] = False
+    assert len(provider.effects("charge")) == 1 and len(provider.effects("refund")) == 1
+    assert _labels(own_store_url, "b")["charge"] == ("completed", "p")  # b holds p's (now refunded) charge
+    store = SqlStore(own_store_url)
+    try:
+        with store.engine.begin() as conn:  # b is recent: not prunable
+            conn.execute(update(runs).where(runs.c.run_id == "b").values(updated_at=time.time() + 86_400))
+        later = time.time() + 3600
+        dry = prune(store, 0, now=later, dry_run=True)
+        report = prune(store, 0, now=later)
+    finally:
+        store.close()
+    assert (dry.runs, dry.kept) == (report.runs, report.kept) == (1, ["a", "m"])  # p went
+    c = raysaga.fork(wf, "b", from_node="ship", store=own_store_url, new_run_id="c", executor="inline")
+    assert c.status == RunStatus.COMPLETED and _labels(own_store_url, "c")["charge"] == ("completed", None)
+    assert len(provider.effects("charge")) == 2  # charged again, not shipped on the refunded charge
+
+
+def test_two_forks_that_refunded_one_charge_do_not_keep_each_other(own_store_url: str) -> None:
+    provider = FakeProvider()
+    fails = {"ship": False}
+    wf = _shop(provider, fails)
+    raysaga.run(wf, {"amount": 5}, store=own_store_url, run_id="p", executor="inline")
+    for run_id in ("a", "b"):  # both hold p's charge, then both are rolled back: p's charge refunded (once)
+        raysaga.fork(wf, "p", from_node="ship", store=own_store_url, new_run_id=run_id, drive=False)
+    for run_id in ("a", "b"):
+        assert raysaga.cancel(run_id, store=own_store_url, compensate=True, workflow=wf,
+                              executor="inline").status == RunStatus.COMPENSATED
+    assert len(provider.effects("charge")) == len(provider.effects("refund")) == 1
+    store = SqlStore(own_store_url)
+    try:
+        later = time.time() + 3600
+        dry = prune(store, 0, now=later, dry_run=True)
+        report = prune(store, 0, now=later)
+    finally:
+        store.close()
+    assert (dry.runs, dry.kept) == (report.runs, report.kept) == (3, [])
+
+
 # ---------------------------------------------------------------------- 2. shared memory
 
 
