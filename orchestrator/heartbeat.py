@@ -7,6 +7,7 @@ import threading
 
 from raysaga.errors import LeaseLostError
 from raysaga.state import Lease, SignalRecord, Store
+from raysaga.state.engine import outage_cause
 
 log = logging.getLogger("raysaga.driver")
 
@@ -57,7 +58,7 @@ class Heartbeat:
                 log.warning("run %s: lease lost; this driver stops", self.lease.run_id)
                 return
             except Exception as exc:  # a database hiccup: try again next beat
-                log.warning("run %s: heartbeat failed: %s", self.lease.run_id, exc)
+                log.warning("run %s: heartbeat failed: %s", self.lease.run_id, outage_cause(exc))
 
     def waiting(self, *kinds: str) -> bool:
         """Whether a signal of one of ``kinds`` was seen and not yet taken (a cancel or a pause:
@@ -72,7 +73,8 @@ class Heartbeat:
         try:
             signals = self._store.pending_signals(self.lease.run_id)
         except Exception as exc:  # a database hiccup: rest as without this look (a worker takes it up)
-            log.warning("run %s: could not look for decisions before resting: %s", self.lease.run_id, exc)
+            log.warning("run %s: could not look for decisions before resting: %s", self.lease.run_id,
+                        outage_cause(exc))
             return False
         with self._lock:
             self.signals = signals

@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from threading import Thread
 from typing import Any
 
+from raysaga import errors
 from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotFoundError, StoreOutageError, UserError
 from raysaga.orchestrator import tracing, versions
 from raysaga.orchestrator.driver import Driver, driver_id
@@ -193,10 +194,9 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
         ex = _executor(executor, address)
         try:
             lease: Lease | None = None
+            new = new_run(workflow, input, run_id=run_id, options=options, workflow_ref=workflow_ref)
             try:  # created already claimed and running by this process's driver: one transaction
-                record, lease = st.create_claimed(new_run(workflow, input, run_id=run_id, options=options,
-                                                          workflow_ref=workflow_ref),
-                                                  driver_id(), (options or RunOptions()).lease_ttl)
+                record, lease = st.create_claimed(new, driver_id(), (options or RunOptions()).lease_ttl)
             except RunExistsError:
                 # Another process created this run between the look-up above and this insert (two
                 # drivers started together with one run id). It is an existing run now: take the resume
@@ -207,6 +207,14 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
                 if raced is not None:
                     same_options(raced, options, "run")
                 record = st.get_run(run_id, lenient=True)
+            except Exception as exc:
+                if isinstance(exc, RaySagaError) or not is_outage(exc):
+                    raise
+                # not StoreOutageError ("resume continues it"): the run may not exist
+                raise errors.StoreUnavailableError(
+                    f"the store stopped answering while run {new.run_id!r} was created ({outage_cause(exc)}): it "
+                    f"may not exist. Once the store answers, run it again with --run-id {shlex.quote(new.run_id)} "
+                    "(run_id= in Python): that resumes the run if it was created, and creates it if not") from exc
             # the record in hand, not a second read: a run created here is all its driver needs to start
             return _drive(workflow, st, record, ex, None, options, on_progress, lease, created=lease is not None)
         finally:

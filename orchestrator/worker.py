@@ -72,7 +72,7 @@ from raysaga.orchestrator.worker_runs import FailedDrives, Skips, event_seq, out
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, Store
 from raysaga.state.claims import Claim
-from raysaga.state.engine import is_outage
+from raysaga.state.engine import fit_pool, is_outage, outage_cause
 from raysaga.state.redact import scrub_text
 
 __all__ = ["HAND_BACK", "MAX_FAILED_DRIVES", "ORPHAN_SCAN", "Worker", "WorkerCounts", "checked_concurrency",
@@ -123,6 +123,9 @@ class Worker:
             raise UserError(f"--limit names {', '.join(unknown)}, which this worker does not drive "
                             f"(it drives {', '.join(sorted(by_name))})")
         concurrency = checked_concurrency(concurrency)
+        # per slot a driver's connection and its heartbeat's, and 2 for claims and looks: a pool of
+        # SQLAlchemy's 5 (+10) made drives wait 30 s for one under load, and fail
+        fit_pool(getattr(store, "engine", None), 2 * concurrency + 2)
         self.workflows = by_name
         # its own definitions, and runs an earlier raysaga recorded of this code (``versions.legacy_hash``)
         self.hashes = {name: (wf.definition_hash, versions.legacy_hash(wf)) for name, wf in by_name.items()}
@@ -148,6 +151,7 @@ class Worker:
         self._alone: str | None = None  # the suspect run driven alone, until its first outcome
         self._queued = 0  # suspects claimed, waiting for their turn to be driven alone
         self.failure: Exception | None = None  # what killed a slot: the worker stops, and ``run`` raises it
+        self._claim_errors: set[str] = set()  # causes of unexpected claim errors logged in full: once each
 
     def start_engine(self) -> None:
         """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
@@ -211,10 +215,10 @@ class Worker:
                         down_since = None
                 except Exception as exc:  # a slot never dies: it tries again after a pause
                     if not (is_outage(exc) or isinstance(exc, RaySagaError)):
-                        log.exception("worker: claim failed")
+                        self._claim_error(exc)
                     elif down_since is None:  # unreachable for a moment (a restart): said once, not per poll
                         down_since = time.time()
-                        log.warning("worker: claim failed: %s", str(exc).splitlines()[0] if str(exc) else exc)
+                        log.warning("worker: claim failed: %s", outage_cause(exc))
                     unanswered = owner  # the next try looks for what this one may have claimed
                     claim = None
                 if claim is None:
@@ -231,6 +235,20 @@ class Worker:
         finally:
             if executor is not None:
                 executor.shutdown()
+
+    def _claim_error(self, exc: Exception) -> None:
+        """Log an unexpected claim error with its traceback once per cause (every slot met it at every
+        poll: thousands of lines a second), then on one line at debug level."""
+        said = str(getattr(exc, "orig", None) or exc).strip()  # its first line: not where in which statement
+        cause = f"{type(exc).__name__}: {scrub_text(said.splitlines()[0] if said else '')[:200]}"
+        with self._lock:
+            first = cause not in self._claim_errors and len(self._claim_errors) < 100  # (bounded)
+            if first:
+                self._claim_errors.add(cause)
+        if first:
+            log.exception("worker: claim failed (said once per cause; it is tried again every poll)")
+        else:
+            log.debug("worker: claim failed: %s", cause)
 
     def _claim(self, owner: str, *, answered: bool) -> Claim | None:
         """The next run to drive, under ``owner``; after a claim under it that raised (not ``answered``),
@@ -431,7 +449,7 @@ class Worker:
                 if self._stop.is_set():  # stopping: handed back (its lease is released or lapses), not failed
                     raise DriverInterrupted(lease.run_id, self._stop_name) from exc
                 log.warning("worker: run %s: the store is unreachable (%s); driving it again once it answers",
-                            lease.run_id, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                            lease.run_id, outage_cause(exc))
             finally:
                 with self._lock:
                     self._drivers.discard(driver)
@@ -439,9 +457,10 @@ class Worker:
 
     def _after_outage(self, lease: Lease) -> Lease:
         """Wait until the store answers, then take the run's lease up again (the store may drop
-        out again meanwhile: then wait again)."""
+        out again meanwhile: then wait again, longer: a standby answers reads but refuses the lease)."""
+        delay = 0.05
         while True:
-            self._wait_for_store(lease.run_id)
+            delay = self._wait_for_store(lease.run_id, delay)
             if self._stop.is_set():  # the worker stops during the outage: the run's lease expires
                 raise DriverInterrupted(lease.run_id, self._stop_name)
             try:
@@ -462,14 +481,15 @@ class Worker:
         except LeaseHeldError:
             raise LeaseLostError(f"run {lease.run_id!r}: another driver took it up during the outage") from None
 
-    def _wait_for_store(self, run_id: str) -> None:
-        """Poll the store (jittered, up to 2 s apart) until it answers, or the worker stops."""
-        delay = 0.05
+    def _wait_for_store(self, run_id: str, delay: float = 0.05) -> float:
+        """Poll the store (jittered, from ``delay`` to 2 s apart) until it answers, or the worker
+        stops; the delay to wait after a next outage."""
         while not self._stop.wait(delay * (0.5 + random.random())):
+            delay = min(2.0, delay * 2)
             try:
                 self.store.get_run(run_id)
-                return
+                break
             except Exception as exc:  # still down: wait longer
                 if not is_outage(exc):
                     raise
-                delay = min(2.0, delay * 2)
+        return delay

@@ -6,7 +6,8 @@ read-then-write never fails midway with "database is locked". Reads use a second
 plain (deferred) ``BEGIN``: under WAL they never wait for, nor block, a writer. Every SQLite
 connection has ``raysaga_lower`` (``text_match``): ``lower()`` folding as PostgreSQL's does.
 PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it, with a short connect
-timeout so an unreachable server fails in seconds.
+timeout so an unreachable server fails in seconds, and a pool a worker sizes to its slots
+(``fit_pool``) or ``RAYSAGA_DB_POOL_SIZE`` sets.
 
 Every engine hides SQL parameters from its errors (``hide_parameters``): a crash's traceback
 must not print a run's input. Errors of opening a store (a file that is not a database, a
@@ -28,6 +29,7 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import QueuePool
 
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
 from raysaga.state import jsoncodec, text_match
@@ -56,9 +58,36 @@ def new_file_page_size() -> int:
         raise UserError(f"{PAGE_SIZE_ENV}={env!r} is not a SQLite page size: use a power of two from 512 to 65536 "
                         "in ASCII digits")
     return size
-#: Seconds a PostgreSQL connection attempt may take (libpq ``connect_timeout``) unless the URL
-#: sets its own: an unreachable server is an error in seconds, not after the TCP timeout.
+#: Seconds a PostgreSQL connection attempt may take (libpq ``connect_timeout``) unless the URL sets
+#: its own: an unreachable server is an error in seconds, not after the TCP timeout.
 PG_CONNECT_TIMEOUT_S = 5
+#: Sets the connections a process keeps to PostgreSQL (1 to 1000; default 5, a worker's ``fit_pool``),
+#: and up to 10 more at a burst.
+POOL_SIZE_ENV = "RAYSAGA_DB_POOL_SIZE"
+
+
+def pool_size_env() -> int | None:
+    """``RAYSAGA_DB_POOL_SIZE``, None when unset; ``UserError`` when not 1 to 1000."""
+    env = os.environ.get(POOL_SIZE_ENV, "").strip()
+    if not env:
+        return None
+    if not (env.isascii() and env.isdigit() and 1 <= int(env) <= 1000):
+        raise UserError(f"{POOL_SIZE_ENV}={env!r} is not a number of connections: use 1 to 1000 (each worker slot "
+                        "needs 2; keep the sum over processes under the server's max_connections)")
+    return int(env)
+
+
+def fit_pool(engine: Engine | None, connections: int) -> None:
+    """Grow a PostgreSQL ``engine``'s pool to ``connections``, unless ``RAYSAGA_DB_POOL_SIZE`` sets it."""
+    pool = engine.pool if isinstance(engine, Engine) and engine.dialect.name == "postgresql" else None
+    if engine is None or not isinstance(pool, QueuePool) or pool_size_env() is not None or pool.size() >= connections:
+        return  # (SQLite: its connections are file handles of this process, not a server's)
+    engine.pool = QueuePool(pool._creator, pool_size=connections, max_overflow=pool._max_overflow,
+                            timeout=pool._timeout, pre_ping=pool._pre_ping, recycle=pool._recycle,
+                            reset_on_return=pool._reset_on_return, _dispatch=pool.dispatch, dialect=pool._dialect)
+    pool.dispose()
+
+
 #: The advice every "there is no store here" message ends with.
 WHERE_ADVICE = "check --db / RAYSAGA_DB / RAYSAGA_HOME"
 
@@ -167,14 +196,9 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
     if backend == "postgresql":
         connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
         try:
-            engine = create_engine(
-                url,
-                json_serializer=_json_serializer,
-                json_deserializer=jsoncodec.loads,
-                pool_pre_ping=True,
-                hide_parameters=True,
-                connect_args=connect_args,
-            )
+            engine = create_engine(url, json_serializer=_json_serializer, json_deserializer=jsoncodec.loads,
+                                   pool_pre_ping=True, pool_size=pool_size_env() or 5,
+                                   max_overflow=10, hide_parameters=True, connect_args=connect_args)
         except (ImportError, sa_exc.NoSuchModuleError):
             raise StoreUnavailableError(_missing_driver(url, parsed.get_driver_name())) from None
         return _unwrap_json_errors(engine)
@@ -216,13 +240,9 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
     # an absolute path: the same file whatever the current folder of whoever opens it later
     url = make_url(url).set(database=str(path)).render_as_string(hide_password=False)
     page_size = new_file_page_size()
-    engine = create_engine(
-        url,
-        json_serializer=_json_serializer,
-        json_deserializer=jsoncodec.loads,
-        hide_parameters=True,
-        connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
-    )
+    engine = create_engine(url, json_serializer=_json_serializer, json_deserializer=jsoncodec.loads,
+                           hide_parameters=True,
+                           connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -262,12 +282,9 @@ def as_sqlalchemy_error(statement: str, exc: sqlite3.Error, dialect: Any) -> sa_
 
 
 def _enable_wal(cur: Any) -> None:
-    """Switch the file to WAL (a persistent setting, so this changes a file once).
-
-    The switch needs an exclusive lock, and SQLite answers SQLITE_BUSY at once, without calling
-    the busy handler, while another connection holds the file (two processes opening one fresh
-    database): retry until the busy timeout.
-    """
+    """Switch the file to WAL (persistent: a file changes once). The switch needs an exclusive lock,
+    and SQLite answers SQLITE_BUSY at once, without calling the busy handler, while another
+    connection holds the file (two processes opening one fresh database): retry until the busy timeout."""
     deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
     while True:
         try:
@@ -347,11 +364,19 @@ def explain_open_error(url: str, message: str) -> str:
     if "connection refused" in lowered:
         return (f"cannot reach PostgreSQL at {where} (connection refused): is the server running there? "
                 f"Check the host and port of {shown}")
+    if any(m in lowered for m in _DROPPED):
+        return (f"the connection to PostgreSQL at {where} dropped while opening the store {shown} ({first}): "
+                "try again (a server restarting or failing over answers in a moment)")
     if "timeout" in lowered or "timed out" in lowered:
         limit = parsed.query.get("connect_timeout", PG_CONNECT_TIMEOUT_S)
         return (f"cannot reach PostgreSQL at {where}: no answer within {limit} s: is the server up and "
                 f"reachable from here? Check the host and port of {shown}")
     return f"cannot open the PostgreSQL store {shown}: {first}"
+
+
+#: What psycopg says of a connection dropped (terminated, the server gone) or refused for a moment.
+_DROPPED = ("terminating connection", "server closed the connection", "connection is closed", "consuming input",
+            "connection has been closed", "connection is lost", "connection reset", "the database system is")
 
 
 def _explain_sqlite(path: Path, first: str) -> str:
@@ -435,8 +460,7 @@ def refuse_foreign_sqlite(url: str) -> None:
         return  # opening it explains
     if names and not names & {"raysaga_schema", "raysaga_runs", "alembic_version"}:
         raise StoreUnavailableError(f"{path} is a SQLite database but not a raysaga store (it holds other "
-                                    f"tables: {', '.join(sorted(names)[:5])}): pass another --db "
-                                    f"({WHERE_ADVICE})")
+                                    f"tables: {', '.join(sorted(names)[:5])}): pass another --db ({WHERE_ADVICE})")
 
 
 def check_writable(url: str) -> None:
@@ -452,16 +476,19 @@ def check_writable(url: str) -> None:
 
 def is_outage(exc: BaseException) -> bool:
     """Whether ``exc`` says the store could not be reached or answer for a moment (a server
-    restarting, a dropped connection, a locked SQLite file), so that the same work may be tried
+    restarting, a dropped connection, a pool out of connections, a locked SQLite file, a server
+    refusing writes: SQLSTATE 25006, a failover's standby), so that the same work may be tried
     again once it answers; not a constraint, a type or a programming error."""
-    return isinstance(exc, (StoreUnavailableError, sa_exc.OperationalError, sa_exc.InterfaceError,
-                            sqlite3.OperationalError))
+    return (isinstance(exc, (StoreUnavailableError, sa_exc.OperationalError, sa_exc.InterfaceError,
+                             sa_exc.TimeoutError, sqlite3.OperationalError))
+            or getattr(getattr(exc, "orig", None), "sqlstate", None) == "25006")
 
 
 def outage_cause(exc: BaseException, limit: int = 200) -> str:
     """What an outage error (``is_outage``) says, on one line, its driver's own message first and
     any password scrubbed: the cause shown beside "resume once the store answers"."""
     text = " ".join(str(getattr(exc, "orig", None) or exc).split()) or type(exc).__name__
+    text = re.sub(r" ?\(Background on this error at: \S+\)", "", text)  # SQLAlchemy's own (a pool timeout)
     return _shown(text if len(text) <= limit else text[:limit - 1] + "…")
 
 

@@ -241,3 +241,33 @@ def test_recordable_ref_of_a_file_two_namespace_folders_down(tmp_path: Path, mon
     monkeypatch.chdir(tmp_path)
     assert loader.recordable_ref("stop44ns/billing/orderflow.py:wf") == "stop44ns.billing.orderflow:wf"
     assert loader.recordable_ref("stop44ns/billing/missing.py:wf") is None
+
+
+def test_a_store_lost_while_a_run_is_created_says_it_may_not_exist(sqlite_url: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The connection dropped inside ``create_claimed`` (a fake at the store's edge: the insert
+    raising what psycopg raises then): ``raysaga.run`` raised the raw ``OperationalError``, and the
+    CLI advised ``raysaga resume`` of a run that was never created."""
+    from sqlalchemy.exc import OperationalError
+
+    from raysaga.errors import StoreOutageError, StoreUnavailableError
+    from raysaga.state import SqlStore
+
+    wf = Workflow("stop44_lost_create")
+
+    @wf.step()
+    def only() -> int:
+        return 1
+
+    def dropped(*args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("INSERT INTO raysaga_runs ...", {}, Exception(
+            "terminating connection due to administrator command"))
+
+    open_store(sqlite_url).close()
+    monkeypatch.setattr(SqlStore, "create_claimed", dropped)
+    with pytest.raises(StoreUnavailableError, match=r"while run 'lost-1' was created .*it may not exist.*"
+                                                    r"--run-id lost-1") as caught:
+        raysaga.run(wf, store=sqlite_url, run_id="lost-1", executor="inline")
+    assert not isinstance(caught.value, StoreOutageError)  # whose message says "resume continues it"
+    monkeypatch.undo()
+    assert raysaga.run(wf, store=sqlite_url, run_id="lost-1", executor="inline").status == RunStatus.COMPLETED
