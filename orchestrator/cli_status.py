@@ -403,8 +403,9 @@ def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | 
             story = _node_story(run.run_id, node_label(node_id, index), state, error, attempts, history)
             sys.stdout.write(_dumps({**story, "inherited_from": origin} if node is not None else story) + "\n")
             continue
+        decided = ": as decided there" if history else ""  # (an approval's decisions, read from there)
         console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state),
-                                    f" (inherited from {origin}: as decided there)" if origin else ""))
+                                    f" (inherited from {origin}, not run again{decided})" if origin else ""))
         for event in history:
             console.print(Text("  " + _history_line(event)))
         if node is not None:  # what it waits for: an approval's payload, a sleep's or a retry's time

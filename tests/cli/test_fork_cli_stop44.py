@@ -109,8 +109,10 @@ def test_status_node_of_an_inherited_approval_says_who_decided_it_and_where(sqli
                         executor="inline").status == RunStatus.COMPLETED
     code, out, err = invoke("status", "c", "--node", "ok", "--db", sqlite_url)
     assert code == 0, out + err
-    assert out.splitlines()[0] == "ok: completed (inherited from p: as decided there)"
+    assert out.splitlines()[0] == "ok: completed (inherited from p, not run again: as decided there)"
     assert "approve by ada at " in out and ": fine" in out
+    code, out, err = invoke("status", "c", "--node", "plan", "--db", sqlite_url)  # a plain step: nothing decided
+    assert code == 0 and out.splitlines()[0] == "plan: completed (inherited from p, not run again)", out + err
     code, out, err = invoke("status", "c", "--node", "ok", "--db", sqlite_url, "--json")
     assert code == 0, out + err
     story = json.loads(out)
