@@ -368,6 +368,7 @@ def cancel(
         before = store.get_run(run_id, lenient=True)
         if before.status in TERMINAL or (before.status in PARKED and not compensate):
             say(out, f"run {run_id} is already {before.status.value}: nothing to cancel ", _finished_note(before))
+            cli_ops.cancel_outcome(store, before, compensate)  # --compensate of a run a plain cancel ended: what stands
             raise typer.Exit(EXIT_NOT_COMPLETED)
         wf = _workflow_for(store, run_id, workflow) if compensate else None
         result = _runner().cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,

@@ -144,11 +144,12 @@ class Driver:
         if budgets is not None:
             self.run = self._commit(Batch(run=budgets)) or run
             m.set_budgets(self.run.token_budget, self.run.cost_budget)
-        if run.status == RunStatus.PAUSED and m.budgets.stop() is not None and not m.past_deadline(self.clock()):
+        if run.status == RunStatus.PAUSED and (spent := m.budgets.stop()) is not None \
+                and not m.past_deadline(self.clock()):
             cancel = chosen_cancel(self._hb.take_signals())  # still over budget: paused until it is raised (or
             if cancel is not None:  # its deadline: the loop rolls it back), but a cancel comes first
                 return self._obey_cancel(cancel) or self._loop()
-            return (self._commit(rest) if (rest := spent_rest(self.run or run)) else None) or self.run or run
+            return (self._commit(rest) if (rest := spent_rest(self.run or run, spent)) else None) or self.run or run
         if run.status in (RunStatus.PAUSED, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
             self._commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
         if run.status == RunStatus.PENDING:
@@ -348,9 +349,12 @@ class Driver:
                 return self._pause(str(payload.get("reason") or "paused by operator"), signal.id)
             elif signal.kind == "unpause":  # this run is not paused: nothing to undo
                 m.out.batch.consumed_signals.append(signal.id)
-            elif signal.kind == "cancel":  # one that compensates wins over a plain one beside it
-                return self._obey_cancel(chosen_cancel([signal, *(s for s in signals if s.id not in
-                                                                   self._handled_signals)]) or signal)
+            elif signal.kind == "cancel":  # one that compensates wins over a plain one beside it (consumed with it)
+                others = [s for s in signals if s.kind == "cancel" and s.id not in self._handled_signals]
+                cancels = {s.id: s for s in [signal, *others]}
+                chosen = chosen_cancel(list(cancels.values())) or signal
+                m.out.batch.consumed_signals.extend(i for i in cancels if i != chosen.id)
+                return self._obey_cancel(chosen)
         if m.past_deadline(self.clock()):
             m.stop_forward("deadline", {"type": "DeadlineExceeded", "message": "the run passed its deadline"},
                            self.clock())

@@ -21,13 +21,15 @@ def chosen_cancel(signals: list[SignalRecord]) -> SignalRecord | None:
     return next(compensating, cancels[0] if cancels else None)
 
 
-def spent_rest(run: RunRecord) -> Batch | None:
+def spent_rest(run: RunRecord, why: str) -> Batch | None:
     """A run paused on its spent budget and taken up again (an unpause, a resume) with the budget
     still spent rests as it was: due at its deadline (to roll back then), else never. Left due now,
-    every worker claimed it again and again, a ``lease_claimed`` event each time. None: as it is."""
-    if run.wake_at == run.deadline_at:
+    every worker claimed it again and again, a ``lease_claimed`` event each time. Its reason says
+    the budget (``why``): an operator's pause, lifted, left it "paused by operator", which
+    ``unpause`` and ``resume --token-budget`` both refused. None: as it is."""
+    if run.wake_at == run.deadline_at and run.status_reason == why:
         return None
-    return Batch(run=RunUpdate(wake_at=run.deadline_at, set_wake=True))
+    return Batch(run=RunUpdate(wake_at=run.deadline_at, set_wake=True, status_reason=why))
 
 
 def paused_wake(spent: str | None, reason: str | None, run: RunRecord | None) -> RunUpdate:

@@ -330,11 +330,8 @@ def ref_of(workflow: Workflow) -> str | None:
 def _module_ref(name: str, module: object, attr: str) -> str | None:
     """``name:attr`` if ``name`` finds ``module``'s own file on ``sys.path`` (no import), else None."""
     where = getattr(module, "__file__", None)
-    if name == "__main__":
-        spec = getattr(module, "__spec__", None)
-        if spec is None or not spec.name or spec.name == "__main__":  # `python flows.py`: its file, if importable
-            return recordable_ref(f"{where}:{attr}") if isinstance(where, str) and where.endswith(".py") else None
-        name = spec.name  # `python -m examples.order.workflow`
+    if name == "__main__":  # a script (`python flows.py`, `python -m flows`): never recorded by itself; the
+        return None  # dashboard or `status --dag` importing it ran its top level again (a new run, a new charge)
     ref = f"{name}:{attr}"
     if not isinstance(where, str) or not RECORDED_REF.fullmatch(ref) or _refused_module(name) is not None:
         return None

@@ -50,9 +50,12 @@ class Saga:
         return self
 
     def run(self, input: Any = None, *, store: Store | str | None = None, run_id: str | None = None,
-            executor: ExecutorArg = "inline", options: RunOptions | None = None) -> RunRecord:
-        """Run to the end (``completed``) or through the rollback (``compensated``)."""
-        return run(self.workflow, input, store=store, run_id=run_id, executor=executor, options=options)
+            executor: ExecutorArg = "inline", options: RunOptions | None = None,
+            workflow_ref: str | None = None) -> RunRecord:
+        """Run to the end (``completed``) or through the rollback (``compensated``); ``workflow_ref``
+        as ``raysaga.run``'s (``MODULE:ATTR``: where ``raysaga resume`` imports the workflow)."""
+        return run(self.workflow, input, store=store, run_id=run_id, executor=executor, options=options,
+                   workflow_ref=workflow_ref)
 
     def resume(self, run_id: str, *, store: Store | str | None = None, executor: ExecutorArg = "inline",
                options: RunOptions | None = None) -> RunRecord:

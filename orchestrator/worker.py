@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import re
 import signal
 import threading
 import time
@@ -77,6 +78,8 @@ from raysaga.state.redact import scrub_text
 
 __all__ = ["HAND_BACK", "MAX_FAILED_DRIVES", "ORPHAN_SCAN", "Worker", "WorkerCounts", "checked_concurrency",
            "checked_limits", "checked_max_driver_deaths"]
+
+_VARYING = re.compile(r"\d+|'[^']*'")  # what differs between two claim errors of one kind (an id, a value)
 
 log = logging.getLogger("raysaga.worker")
 
@@ -239,8 +242,9 @@ class Worker:
     def _claim_error(self, exc: Exception) -> None:
         """Log an unexpected claim error with its traceback once per cause (every slot met it at every
         poll: thousands of lines a second), then on one line at debug level."""
-        said = str(getattr(exc, "orig", None) or exc).strip()  # its first line: not where in which statement
-        cause = f"{type(exc).__name__}: {scrub_text(said.splitlines()[0] if said else '')[:200]}"
+        said = str(getattr(exc, "orig", None) or exc).strip().split("\n")[0]  # not where in which statement
+        kind = getattr(getattr(exc, "orig", None), "sqlstate", None) or _VARYING.sub("#", said)  # not its numbers
+        cause = f"{type(exc).__name__}: {scrub_text(str(kind))[:200]}"
         with self._lock:
             first = cause not in self._claim_errors and len(self._claim_errors) < 100  # (bounded)
             if first:

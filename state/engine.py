@@ -71,8 +71,8 @@ def pool_size_env() -> int | None:
     env = os.environ.get(POOL_SIZE_ENV, "").strip()
     if not env:
         return None
-    if not (env.isascii() and env.isdigit() and 1 <= int(env) <= 1000):
-        raise UserError(f"{POOL_SIZE_ENV}={env!r} is not a number of connections: use 1 to 1000 (each worker slot "
+    if not (env.isascii() and env.isdigit() and len(env) <= 4 and 1 <= int(env) <= 1000):
+        raise UserError(f"{POOL_SIZE_ENV}={env[:20]!r} is not a number of connections: use 1 to 1000 (each worker slot "
                         "needs 2; keep the sum over processes under the server's max_connections)")
     return int(env)
 

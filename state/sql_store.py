@@ -353,6 +353,8 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
             _check_transition(lease.run_id, status_of(lease.run_id, status), upd.status)
             # (and version + 1)
             values.update(status=upd.status.value, status_reason=_reason_text(upd.status_reason), wake_at=None)
+        elif upd.status_reason is not None:  # the reason of a run resting as it is (a lifted pause: its budget)
+            values["status_reason"] = _reason_text(upd.status_reason)
         if upd.set_wake:
             values["wake_at"] = upd.wake_at
             if upd.signals_seen is not None and decided_after(conn, lease.run_id, upd.signals_seen):

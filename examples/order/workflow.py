@@ -67,6 +67,8 @@ class Shipment(BaseModel):
 
 
 wf = Workflow("order", version="1", description="reserve stock, charge the card, email a receipt, ship")
+#: Where `raysaga resume`, `fork` and the dashboard import this workflow (run as a script, it records none by itself).
+REF = "examples.order.workflow:wf"
 
 #: Provider calls fail transiently (timeouts, 5xx); retried with the same key, so safe.
 PROVIDER_RETRY = RetryPolicy(max_attempts=5, base=0.2, cap=2.0)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url = args.services_url or stack.enter_context(fake_services.FakeServices()).url
         try:
-            record = raysaga.run(wf, sample_input(url, order_id=run_id), store=args.db, run_id=run_id,
+            record = raysaga.run(wf, sample_input(url, order_id=run_id), store=args.db, run_id=run_id, workflow_ref=REF,
                                  executor=args.executor)
         except raysaga.LeaseHeldError as exc:
             print(f"{exc}\n(a killed driver's lease expires {raysaga.RunOptions().lease_ttl:.0f}s after its "

@@ -43,6 +43,8 @@ class RefundEdit(BaseModel):
 
 
 wf = Workflow("refund_approval", version="1", description="refunds above a limit wait for finance")
+#: Where `raysaga resume`, `fork` and the dashboard import this workflow (run as a script, it records none by itself).
+REF = "examples.refund_approval.workflow:wf"
 
 
 @wf.step()
@@ -78,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     with FakeServices() as services:
         run_id = f"refund-{uuid.uuid4().hex[:8]}"
         value = {"order_id": "o-42", "amount_cents": 5000, "reason": "arrived broken", "services_url": services.url}
-        rested = raysaga.run(wf, value, store=args.db, run_id=run_id, executor="inline")
+        rested = raysaga.run(wf, value, store=args.db, run_id=run_id, workflow_ref=REF, executor="inline")
         print(f"1. run {run_id}: {rested.status.value} — {rested.status_reason}")
         with Client(args.db) as client:
             for item in client.inbox("finance-lead"):

@@ -78,6 +78,8 @@ class Verdict(BaseModel):
 
 
 wf = Workflow("research", version="1", description="plan, research in parallel with a quorum, write, edit")
+#: Where `raysaga resume`, `fork` and the dashboard import this workflow (run as a script, it records none by itself).
+REF = "examples.research.workflow:wf"
 
 
 def _key(ctx: StepContext) -> str:
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     with FakeServices() as services:
         try:
             record = raysaga.run(wf, sample_input(services.url, reject=args.reject), store=store, run_id=run_id,
-                                 executor=args.executor)
+                                 workflow_ref=REF, executor=args.executor)
         except raysaga.LeaseHeldError as exc:
             print(f"{exc}\n(a killed driver's lease expires after its last heartbeat: try again then)",
                   file=sys.stderr)

@@ -195,6 +195,8 @@ saga = (Saga("trip", version="1")
         .step(charge_card, compensate=refund_card, retry=PROVIDER_RETRY)
         .step(book_hotel, compensate=cancel_hotel, retry=PROVIDER_RETRY))
 wf = saga.workflow
+#: Where `raysaga resume`, `fork` and the dashboard import this workflow (run as a script, it records none by itself).
+REF = "examples.trip.workflow:wf"
 
 
 def sample_input(services_url: str, trip_id: str = "trip-1001") -> dict[str, Any]:
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url = args.services_url or stack.enter_context(TripServices()).url
         try:
-            record = saga.run(sample_input(url, trip_id=run_id), store=args.db, run_id=run_id,
+            record = saga.run(sample_input(url, trip_id=run_id), store=args.db, run_id=run_id, workflow_ref=REF,
                               executor=args.executor)
         except raysaga.LeaseHeldError as exc:
             print(f"{exc}\n(a killed driver's lease expires after its last heartbeat: try again then)",

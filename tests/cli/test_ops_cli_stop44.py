@@ -151,3 +151,6 @@ def test_cancel_compensate_finding_the_run_cancelled_names_what_stands(
     err = capsys.readouterr().err
     assert "run s2 ended cancelled without a rollback" in err and "Its effects stand: charge (charge)" in err, err
     assert "undo them by hand" in err
+    # the CLI says it too when the plain cancel ended the run before `cancel --compensate` looked at it
+    code, out, err = invoke("cancel", "s2", "--compensate", "--executor", "inline", "--db", sqlite_url)
+    assert code == 1 and "already cancelled" in out and "Its effects stand: charge (charge)" in err, out + err

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 
 import raysaga
 from raysaga import Approval, Ask, RunOptions, RunStatus, StepContext, Workflow
@@ -30,6 +31,7 @@ from raysaga.orchestrator import loader, runner
 from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import make_executor
 from raysaga.state import RunRecord, open_store
+from raysaga.state.schema import runs
 
 
 @tool
@@ -81,6 +83,26 @@ def test_a_driver_finding_the_budget_still_spent_leaves_the_run_not_due(store_ur
         assert store.claim_next("worker-1", 15.0, {wf.name: wf.definition_hash}) is None
         # a larger budget lets it go on
         done = raysaga.resume(wf, "b-woken", store=store, executor="inline", options=RunOptions(token_budget=1000))
+        assert done.status == RunStatus.COMPLETED, done.status_reason
+    finally:
+        store.close()
+
+
+def test_an_operators_pause_lifted_on_a_spent_budget_says_the_budget(sqlite_url: str) -> None:
+    """Paused by an operator while the call that spent its budget ran, then unpaused: the run rested
+    "paused by operator", which unpause let a worker take up (and hold again, silently) and which
+    ``resume --token-budget`` refused (an operator's pause): no way out but by hand."""
+    wf, _ = _paused_on_budget(sqlite_url, "b-op")
+    store = open_store(sqlite_url)
+    try:  # the state the race left: the budget spent, the reason an operator's
+        with store.engine.begin() as conn:
+            conn.execute(update(runs).where(runs.c.run_id == "b-op").values(status_reason="paused by operator"))
+        assert store.wake("b-op", [RunStatus.PAUSED], "unpaused by ops", "unpause_requested")
+        again = raysaga.resume(wf, "b-op", store=store, executor="inline")
+        assert again.status == RunStatus.PAUSED and (again.status_reason or "").startswith("budget: ")
+        with pytest.raises(UserError, match="--token-budget"):  # unpause now says how to raise it
+            raysaga.Client(store).unpause("b-op")
+        done = raysaga.resume(wf, "b-op", store=store, executor="inline", options=RunOptions(token_budget=1000))
         assert done.status == RunStatus.COMPLETED, done.status_reason
     finally:
         store.close()
@@ -144,6 +166,7 @@ def test_a_driver_with_a_plain_and_a_compensating_cancel_pending_rolls_back(stor
         store.send_signal("c-two", "cancel", payload={"reason": "stop it", "compensate": False})
         store.send_signal("c-two", "cancel", payload={"reason": "undo it", "compensate": True})
         ended = raysaga.resume(wf, "c-two", store=store, executor="inline")
+        assert store.pending_signals("c-two") == []  # the plain cancel passed over is consumed with it
     finally:
         store.close()
     assert ended.status == RunStatus.COMPENSATED and calls == ["charge", "refund"]
@@ -223,15 +246,16 @@ def _records_its_module(module: Any, sqlite_url: str) -> None:
     assert raysaga.run(local, store=sqlite_url, run_id="ref-3", executor="inline").workflow_ref is None
 
 
-def test_a_script_run_with_python_m_records_its_module(tmp_path: Path, sqlite_url: str) -> None:
+def test_a_script_records_no_module_by_itself(tmp_path: Path, sqlite_url: str) -> None:
+    """A run started by a script (``python -m NAME`` or ``python file.py``) records no ref unless
+    given one: the dashboard or ``status --dag`` importing the script ran its top level again (a
+    new run, a new charge), when that code was not under ``if __name__ == "__main__"``."""
     (tmp_path / "stop44_script.py").write_text(FLOW)
     env_path = str(tmp_path)
-    shown = subprocess.run([sys.executable, "-m", "stop44_script", sqlite_url, "ref-m"], cwd=env_path,
-                           capture_output=True, text=True, timeout=120, check=True)
-    assert shown.stdout.strip() == "stop44_script:wf", shown.stderr
-    by_file = subprocess.run([sys.executable, "stop44_script.py", sqlite_url, "ref-f"], cwd=env_path,
-                             capture_output=True, text=True, timeout=120, check=True)
-    assert by_file.stdout.strip() == "stop44_script:wf", by_file.stderr
+    for args, run_id in ((["-m", "stop44_script"], "ref-m"), (["stop44_script.py"], "ref-f")):
+        shown = subprocess.run([sys.executable, *args, sqlite_url, run_id], cwd=env_path,
+                               capture_output=True, text=True, timeout=120, check=True)
+        assert shown.stdout.strip() == "None", shown.stderr
 
 
 def test_recordable_ref_of_a_file_two_namespace_folders_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
