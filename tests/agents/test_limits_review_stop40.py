@@ -64,12 +64,21 @@ def wait_until(check: Callable[[], Any], what: str) -> Any:
 
 def grants_of(url: str, name: str) -> list[tuple[int, float | None]]:
     """The limit's grant rows: (id, ended_at), oldest first."""
+    return [(int(first), ended) for first, ended in _grant_rows(url, name, "id")]
+
+
+def spans_of(url: str, name: str) -> list[tuple[float, float | None]]:
+    """The limit's grants as (granted_at, ended_at), oldest first."""
+    return [(float(first), ended) for first, ended in _grant_rows(url, name, "granted_at")]
+
+
+def _grant_rows(url: str, name: str, first: str) -> list[tuple[Any, float | None]]:
     engine = sqlalchemy.create_engine(url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sqlalchemy.text("SELECT id, ended_at FROM raysaga_rate_grants WHERE name = :n "
+            rows = conn.execute(sqlalchemy.text(f"SELECT {first}, ended_at FROM raysaga_rate_grants WHERE name = :n "
                                                 "ORDER BY id"), {"n": name}).fetchall()
-        return [(int(r[0]), r[1]) for r in rows]
+        return [(r[0], r[1]) for r in rows]
     finally:
         engine.dispose()
 
@@ -164,17 +173,6 @@ def test_a_timed_out_call_keeps_its_concurrency_slot_until_it_has_stopped(ray_se
     assert len(spans) in (2, 3) and all(ended is not None for _, ended in spans), spans
     assert all(later[0] >= (earlier[1] or math.inf) for earlier, later in itertools.pairwise(spans)), spans
 
-
-def spans_of(url: str, name: str) -> list[tuple[float, float | None]]:
-    """The limit's grants as (granted_at, ended_at), oldest first."""
-    engine = sqlalchemy.create_engine(url)
-    try:
-        with engine.connect() as conn:
-            rows = conn.execute(sqlalchemy.text("SELECT granted_at, ended_at FROM raysaga_rate_grants WHERE name = :n "
-                                                "ORDER BY id"), {"n": name}).fetchall()
-        return [(float(r[0]), r[1]) for r in rows]
-    finally:
-        engine.dispose()
 
 
 class _Running(Executor):

@@ -194,52 +194,48 @@ def test_the_pool_url_is_the_stores(own_pg: str) -> None:
         store.close()
 
 
-def test_an_unexpected_claim_error_is_logged_in_full_once(own_pg: str, caplog: pytest.LogCaptureFixture) -> None:
-    store = CountingStore(own_pg)
-    with store.engine.begin() as conn:  # every claim now fails with a ProgrammingError: not an outage
-        conn.exec_driver_sql("ALTER TABLE raysaga_runs RENAME COLUMN lease_owner TO lease_owner_gone")
+def _claim_failures(store: CountingStore, caplog: pytest.LogCaptureFixture,
+                    concurrency: int) -> list[logging.LogRecord]:
+    """The "claim failed" records of a worker on ``store`` over 30 claims (then stopped)."""
     caplog.set_level(logging.DEBUG, logger="raysaga.worker")
-    worker = Worker([gates], store, concurrency=3, executor="inline", poll=0.02)
+    worker = Worker([gates], store, concurrency=concurrency, executor="inline", poll=0.02)
     thread = threading.Thread(target=worker.run, daemon=True)
     try:
         polled = CountingStore.claims
         thread.start()
         wait_until(lambda: CountingStore.claims > polled + 30, timeout=60, what="30 claims")
+    finally:
         worker.stop()
         thread.join(timeout=30)
-        failed = [r for r in caplog.records if "claim failed" in r.getMessage()]
+    return [r for r in caplog.records if "claim failed" in r.getMessage()]
+
+
+def test_an_unexpected_claim_error_is_logged_in_full_once(own_pg: str, caplog: pytest.LogCaptureFixture) -> None:
+    store = CountingStore(own_pg)
+    try:
+        with store.engine.begin() as conn:  # every claim now fails with a ProgrammingError: not an outage
+            conn.exec_driver_sql("ALTER TABLE raysaga_runs RENAME COLUMN lease_owner TO lease_owner_gone")
+        failed = _claim_failures(store, caplog, 3)
         assert len(failed) >= 30
         assert [r.levelname for r in failed if r.exc_info] == ["ERROR"], "a traceback per poll"
         assert {r.levelname for r in failed if not r.exc_info} == {"DEBUG"}
     finally:
-        worker.stop()
-        thread.join(timeout=30)
         store.close()
 
 
 def test_claim_errors_whose_text_varies_are_one_cause(own_pg: str, caplog: pytest.LogCaptureFixture) -> None:
     """A claim error naming a transaction id differed at every poll: 200 tracebacks in 15 s."""
     store = CountingStore(own_pg)
-    with store.engine.begin() as conn:  # every claim's UPDATE of a run fails, naming its transaction
-        conn.exec_driver_sql(
-            "CREATE FUNCTION stop44_refuse() RETURNS trigger AS $$ BEGIN "
-            "RAISE EXCEPTION 'claim refused (request %%)', txid_current(); END $$ LANGUAGE plpgsql")
-        conn.exec_driver_sql("CREATE TRIGGER stop44_refuse BEFORE UPDATE ON raysaga_runs "
-                             "FOR EACH ROW EXECUTE FUNCTION stop44_refuse()")
-    Client(store).submit(gates, 1)  # something to claim
-    caplog.set_level(logging.DEBUG, logger="raysaga.worker")
-    worker = Worker([gates], store, concurrency=2, executor="inline", poll=0.02)
-    thread = threading.Thread(target=worker.run, daemon=True)
     try:
-        polled = CountingStore.claims
-        thread.start()
-        wait_until(lambda: CountingStore.claims > polled + 30, timeout=60, what="30 claims")
-        worker.stop()
-        thread.join(timeout=30)
-        failed = [r for r in caplog.records if "claim failed" in r.getMessage()]
+        with store.engine.begin() as conn:  # every claim's UPDATE of a run fails, naming its transaction
+            conn.exec_driver_sql(
+                "CREATE FUNCTION stop44_refuse() RETURNS trigger AS $$ BEGIN "
+                "RAISE EXCEPTION 'claim refused (request %%)', txid_current(); END $$ LANGUAGE plpgsql")
+            conn.exec_driver_sql("CREATE TRIGGER stop44_refuse BEFORE UPDATE ON raysaga_runs "
+                                 "FOR EACH ROW EXECUTE FUNCTION stop44_refuse()")
+        Client(store).submit(gates, 1)  # something to claim
+        failed = _claim_failures(store, caplog, 2)
         assert len(failed) >= 10  # (a claim that finds no run to update raises nothing)
         assert len([r for r in failed if r.exc_info]) == 1, "a traceback per transaction id"
     finally:
-        worker.stop()
-        thread.join(timeout=30)
         store.close()
