@@ -27,14 +27,11 @@ from raysaga.state.pruning import prune
 from raysaga.state.schema import runs
 from raysaga.testing import FakeProvider
 from tests.support.cli import invoke
+from tests.support.store_rows import nodes_of
 
 
 def _labels(store_url: str, run_id: str) -> dict[str, tuple[str, str | None]]:
-    store = SqlStore(store_url)
-    try:
-        return {n.label: (n.status.value, n.origin_run_id) for n in store.nodes(run_id)}
-    finally:
-        store.close()
+    return {label: (n.status.value, n.origin_run_id) for label, n in nodes_of(store_url, run_id).items()}
 
 
 # ---------------------------------------------------------------------- 1. prune and a sibling's refund

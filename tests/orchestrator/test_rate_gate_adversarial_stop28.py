@@ -13,39 +13,13 @@ slot is still freed when the hold expires.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
 
 from raysaga import RateLimit, Workflow
-from raysaga.orchestrator.executor_base import Executor, Handle
 from raysaga.orchestrator.rate_gate import UNTIMED_HOLD, RateGate
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import NodeCall
 from raysaga.state import SqlStore
-
-
-class _Endless(Executor):
-    """Calls that are sent and never end (a long tool call)."""
-
-    name = "endless"
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
-        self.sent.append(call.node_id)
-        return Handle(key=(call.node_id, call.fan_index), sent=True)
-
-    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
-        return []
-
-    def cancel(self, handle: Handle) -> None:
-        return
-
-    def settle_cancelled(self, timeout: float) -> int:
-        return 0
-
-    def shutdown(self) -> None:
-        return
+from tests.support.endless_executor import Endless
 
 
 def _spec() -> StepSpec:
@@ -66,7 +40,7 @@ def test_a_call_longer_than_its_hold_keeps_its_concurrency_slot(sqlite_url: str)
     now = [1_000_000.0]
     store = SqlStore(sqlite_url)
     try:
-        inner = _Endless()
+        inner = Endless()
         gate = RateGate(inner, store, clock=lambda: now[0])
         spec = _spec()
         gate.submit(spec, _call("first"))
@@ -86,7 +60,7 @@ def test_a_dead_drivers_slot_is_still_freed_when_its_hold_expires(sqlite_url: st
     now = [1_000_000.0]
     store = SqlStore(sqlite_url)
     try:
-        dead, alive = _Endless(), _Endless()
+        dead, alive = Endless(), Endless()
         spec = _spec()
         RateGate(dead, store, clock=lambda: now[0]).submit(spec, _call("first"))
         gate = RateGate(alive, store, clock=lambda: now[0])

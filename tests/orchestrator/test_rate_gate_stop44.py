@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Collection
 from typing import Any, cast
 
 from sqlalchemy import create_engine, func, select
@@ -19,7 +18,6 @@ import raysaga
 from raysaga import RateLimit, RunStatus, Workflow
 from raysaga.agents import Agent, AnthropicModel, ScriptedModel, text_reply, tool, tool_reply
 from raysaga.orchestrator import InlineExecutor
-from raysaga.orchestrator.executor_base import Executor, Handle
 from raysaga.orchestrator.machine.speculating import Speculation
 from raysaga.orchestrator.rate_gate import HOLD_SLACK, UNTIMED_HOLD, RateGate, RateHold, rule_of
 from raysaga.orchestrator.spec import StepSpec
@@ -27,33 +25,9 @@ from raysaga.orchestrator.task import NodeCall
 from raysaga.state import SqlStore
 from raysaga.state.rate_limits import BLOCKED, WINDOW, waiting_reason
 from raysaga.state.schema import rate_grants
+from tests.support.endless_executor import Endless
 
 T0 = 1_000_000.0
-
-
-class _Endless(Executor):
-    """Calls that are sent and never end (a model call hanging at the provider)."""
-
-    name = "endless"
-
-    def __init__(self) -> None:
-        self.sent: list[str] = []
-
-    def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
-        self.sent.append(call.node_id)
-        return Handle(key=(call.node_id, call.fan_index), sent=True)
-
-    def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
-        return []
-
-    def cancel(self, handle: Handle) -> None:
-        return
-
-    def settle_cancelled(self, timeout: float) -> int:
-        return 0
-
-    def shutdown(self) -> None:
-        return
 
 
 def _call(node: str) -> NodeCall:
@@ -73,10 +47,10 @@ def _admitted_after(sqlite_url: str, seconds: float, limit: str, **agent: Any) -
     spec = _model_spec(limit, **agent)
     store = SqlStore(sqlite_url)
     try:
-        dead = _Endless()
+        dead = Endless()
         RateGate(dead, store, clock=lambda: T0).submit(spec, _call("first"))
         assert dead.sent == ["first"]
-        alive = _Endless()
+        alive = Endless()
         RateGate(alive, store, clock=lambda: T0 + seconds).submit(spec, _call("second"))
         return alive.sent == ["second"]
     finally:
@@ -112,7 +86,7 @@ def test_the_gate_says_whether_a_limit_is_blocked_or_only_paced(sqlite_url: str)
     try:
         paced = RateLimit(name="stop44-paced", requests=1, per=60.0)
         assert store.rate_acquire(rule_of(paced), T0, 30.0).grant is not None  # another driver's call
-        gate = RateGate(_Endless(), store, clock=lambda: T0 + 1)
+        gate = RateGate(Endless(), store, clock=lambda: T0 + 1)
         gate.submit(_tool_spec(paced), _call("mine"))
         held = gate.held_at_gate()
         assert isinstance(held, RateHold) and held.why == (WINDOW,)
@@ -121,7 +95,7 @@ def test_the_gate_says_whether_a_limit_is_blocked_or_only_paced(sqlite_url: str)
 
         blocked = RateLimit(name="stop44-blocked", requests=100)
         store.rate_block("stop44-blocked", T0 + 120, T0)  # a provider's 429 said retry-after 120 s
-        gate = RateGate(_Endless(), store, clock=lambda: T0 + 1)
+        gate = RateGate(Endless(), store, clock=lambda: T0 + 1)
         gate.submit(_tool_spec(blocked), _call("mine"))
         held = gate.held_at_gate()
         assert isinstance(held, RateHold) and held.why == (BLOCKED,)
@@ -191,7 +165,7 @@ def test_an_inline_call_longer_than_its_hold_keeps_its_concurrency_slot(sqlite_u
             time.sleep(0.05)  # the renewing thread's write, polled for (bounded)
         second = SqlStore(sqlite_url)
         try:  # another driver asks for the only slot while this call still runs
-            endless = _Endless()
+            endless = Endless()
             RateGate(endless, second, clock=clock).submit(_tool_spec(limit), _call("other"))
             other.extend(endless.sent)
         finally:
