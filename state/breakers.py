@@ -40,8 +40,17 @@ def admit(record: BreakerRecord, now: float, policy: BreakerPolicy) -> tuple[boo
     return False, max(1.0, policy.cooldown / 10), None
 
 
-def after_call(record: BreakerRecord, ok: bool, now: float, policy: BreakerPolicy) -> BreakerRecord:
-    """The breaker's state once a call through it succeeded (``ok``) or failed at ``now``."""
+def after_call(record: BreakerRecord, ok: bool | None, now: float, policy: BreakerPolicy) -> BreakerRecord:
+    """The breaker's state once a call through it succeeded (``ok``) or failed at ``now``.
+
+    ``ok=None``: the call failed in a way that says nothing of the dependency's health (a 404, a
+    bad input: a permanent error). No verdict: a half-open breaker frees its probe's place at once,
+    so the next caller probes instead of waiting out the stale-probe cooldown; otherwise nothing changes.
+    """
+    if ok is None:
+        if record.state == BreakerState.HALF_OPEN:
+            return record.model_copy(update={"opened_at": now - policy.cooldown})
+        return record
     if ok:
         return record.model_copy(update={"state": BreakerState.CLOSED, "failures": 0, "opened_at": None})
     failures = record.failures + 1

@@ -382,7 +382,8 @@ class BreakerChange(BaseModel):
     batch's transaction: the breaker row is read under a lock and written with the new state."""
 
     name: str
-    ok: bool
+    ok: bool | None
+    """None: a permanent failure, no verdict on the dependency's health (``breakers.after_call``)."""
     at: float
     """When the call finished (the driver's clock): a breaker that opens dates its cooldown from it."""
     threshold: int

@@ -446,10 +446,10 @@ class AgentNodes:
         record_tool_failure(node.agent, node.conv, sub.turn, sub.call, error)
         self.out.batch.consumed_signals.extend(node.decisions.pop(sub, []))
         tool = tool_of(node.agent, node.conv, sub.turn, sub.call)  # only a transient failure counts: a 404
-        if tool is not None and error.get("transient") is True:  # or a bad input says nothing of its health
-            self._count(node, tool.breaker_name, False)
+        if tool is not None:  # or a bad input says nothing of its health (None: frees a probe's place)
+            self._count(node, tool.breaker_name, False if error.get("transient") is True else None)
 
-    def _count(self, node: _Node, breaker: str, ok: bool) -> None:
+    def _count(self, node: _Node, breaker: str, ok: bool | None) -> None:
         """A tool call's outcome on its circuit breaker: counted by the store in this batch's transaction."""
         self.speculation.counted(breaker, ok)
         self.out.batch.breakers.append(BreakerChange(name=breaker, ok=ok, at=self.out.now,

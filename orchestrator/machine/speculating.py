@@ -113,7 +113,9 @@ class Speculation:
         """The breaker refused a call: its tools are not speculated until it is read closed again."""
         self._breakers[breaker] = (self.out.now, False)
 
-    def counted(self, breaker: str, ok: bool) -> None:
+    def counted(self, breaker: str, ok: bool | None) -> None:
+        if ok is None:  # no verdict: what was read of it still holds
+            return
         if ok:  # closed now: it is, after a success
             self._breakers[breaker] = (self.out.now, True)
         else:  # maybe open now: read again, once this batch is durable, before a tool of it is speculated

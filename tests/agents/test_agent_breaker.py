@@ -116,6 +116,8 @@ def fetch_page(url: str) -> str:
     CALLS.append(url)
     if SERVICE["die"]:
         raise SystemExit("the driver's process dies mid-call")  # execute() lets it through
+    if url.startswith("missing"):
+        raise LookupError(f"no page {url}")  # a permanent error: the service may be up or down
     if not SERVICE["up"]:
         raise ConnectionError("service unreachable")
     return f"page {url}"
@@ -228,6 +230,28 @@ def test_failed_probe_reopens_for_a_fresh_cooldown(store_url: str) -> None:
     assert_unavailable(results("r2", 2)[0], 30)  # a whole new cooldown, from the probe's failure
     record = fleet.breaker()
     assert (record.state, record.opened_at) == ("open", T0 + 40)
+
+
+def test_a_probe_failing_permanently_frees_its_place_for_the_next_caller(store_url: str) -> None:
+    """A probe answered with a permanent error (a 404) gives no verdict on the dependency: the
+    breaker stays half-open but the next call probes at once (it waited out another cooldown)."""
+    fleet = Fleet(store_url, {"r1": fetches("a", "b", "c"), "r2": fetches("missing-p", "q")})
+    fleet.run("r1")
+    SERVICE["up"] = True
+    fleet.clock.now = T0 + 30
+    assert fleet.run("r2").status == RunStatus.COMPLETED
+
+    assert CALLS == ["a", "b", "c", "missing-p", "q"]  # "q" probed; before, it was refused 30 s
+    assert "LookupError: no page missing-p" in results("r2", 1)[0]["content"]
+    assert results("r2", 2)[0]["content"] == "page q"
+    assert fleet.breaker().state == "closed"
+
+
+def test_a_permanent_failure_neither_opens_nor_resets_a_closed_breaker() -> None:
+    record = after_call(BreakerRecord(name="x"), False, T0, POLICY)
+    assert after_call(record, None, T0 + 1, POLICY) == record
+    opened = BreakerRecord(name="x", state=BreakerState.OPEN, failures=3, opened_at=T0)
+    assert after_call(opened, None, T0 + 1, POLICY) == opened
 
 
 def test_half_open_admits_a_single_probe_among_parallel_calls(store_url: str) -> None:
