@@ -73,7 +73,8 @@ from raysaga.orchestrator.worker_runs import FailedDrives, Skips, event_seq, out
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, Store
 from raysaga.state.claims import Claim
-from raysaga.state.engine import fit_pool, is_outage, outage_cause
+from raysaga.state.engine import is_outage, outage_cause
+from raysaga.state.pool_fit import fit_pool
 from raysaga.state.redact import scrub_text
 
 __all__ = ["HAND_BACK", "MAX_FAILED_DRIVES", "ORPHAN_SCAN", "Worker", "WorkerCounts", "checked_concurrency",

@@ -7,7 +7,7 @@ plain (deferred) ``BEGIN``: under WAL they never wait for, nor block, a writer. 
 connection has ``raysaga_lower`` (``text_match``): ``lower()`` folding as PostgreSQL's does.
 PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it, with a short connect
 timeout so an unreachable server fails in seconds, and a pool a worker sizes to its slots
-(``fit_pool``) or ``RAYSAGA_DB_POOL_SIZE`` sets.
+(``pool_fit.fit_pool``) or ``RAYSAGA_DB_POOL_SIZE`` sets.
 
 Every engine hides SQL parameters from its errors (``hide_parameters``): a crash's traceback
 must not print a run's input. Errors of opening a store (a file that is not a database, a
@@ -29,7 +29,6 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.pool import QueuePool
 
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
 from raysaga.state import jsoncodec, text_match
@@ -75,17 +74,6 @@ def pool_size_env() -> int | None:
         raise UserError(f"{POOL_SIZE_ENV}={env[:20]!r} is not a number of connections: use 1 to 1000 (each worker slot "
                         "needs 2; keep the sum over processes under the server's max_connections)")
     return int(env)
-
-
-def fit_pool(engine: Engine | None, connections: int) -> None:
-    """Grow a PostgreSQL ``engine``'s pool to ``connections``, unless ``RAYSAGA_DB_POOL_SIZE`` sets it."""
-    pool = engine.pool if isinstance(engine, Engine) and engine.dialect.name == "postgresql" else None
-    if engine is None or not isinstance(pool, QueuePool) or pool_size_env() is not None or pool.size() >= connections:
-        return  # (SQLite: its connections are file handles of this process, not a server's)
-    engine.pool = QueuePool(pool._creator, pool_size=connections, max_overflow=pool._max_overflow,
-                            timeout=pool._timeout, pre_ping=pool._pre_ping, recycle=pool._recycle,
-                            reset_on_return=pool._reset_on_return, _dispatch=pool.dispatch, dialect=pool._dialect)
-    pool.dispose()
 
 
 #: The advice every "there is no store here" message ends with.
