@@ -56,7 +56,7 @@ def warn_if_short(engine: Engine, size: int, burst: int) -> None:
         return
     log.warning("this worker may open %d connections to PostgreSQL (%d: 2 per --concurrency slot + 2, or %s; and %d "
                 "more at a burst), but the server "
-                "has %d free (max_connections allows %d to clients, %d are open): past that it refuses connections "
+                "has %d free (max_connections allows %d to clients, %d open now): past that it refuses connections "
                 "(\"too many clients\") and runs wait. Lower --concurrency, raise max_connections, put a pooler "
                 "(PgBouncer) in front, or set %s", wanted, size, POOL_SIZE_ENV, burst, max(free, 0), allowed, in_use,
                 POOL_SIZE_ENV)
