@@ -15,10 +15,12 @@ from __future__ import annotations
 import json
 import time
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
     Connection,
     Engine,
     Row,
@@ -277,26 +279,36 @@ class ForkRows:
         return self.get_run(lease.run_id, lenient=True)
 
 
-def undone_in(conn: Connection, origin: str, run_ids: Sequence[str]) -> list[tuple[str, str, int, str]]:
-    """Compensation rows in ``run_ids`` (forks of ``origin``'s tree) that undid a node ``origin``
-    executed, as ``(run, undone node_id, fan_index, the compensation's status)``: one read of
-    their compensation rows, joined to the rows (or item chunks) they undo, never every row."""
-    if not run_ids:
-        return []
+def undos(of_runs: ColumnElement[bool],
+          origin: Callable[[ColumnElement[Any]], ColumnElement[bool]]) -> CompoundSelect[Any]:
+    """Compensation rows of the runs ``of_runs`` selects, joined to the rows (or item chunks) they
+    undo in the same run, whose ``origin_run_id`` satisfies ``origin``: ``(run, undone node_id,
+    fan_index, the compensation's status, the run that executed the undone node)``. The join goes
+    from the compensation to the undone row by its key (index lookups), never through every row."""
     from raysaga.types import COMPENSATE_SUFFIX
 
     undo, row, chunk = nodes.alias("undo"), nodes.alias("undone"), item_chunks.alias("undone_chunk")
-    mine = and_(runs.c.run_id.in_(list(run_ids)), undo.c.node_id.like("%" + COMPENSATE_SUFFIX))
+    mine = and_(of_runs, undo.c.node_id.like("%" + COMPENSATE_SUFFIX))
     target = func.substr(undo.c.node_id, 1, func.length(undo.c.node_id) - len(COMPENSATE_SUFFIX))
-    by_row = select(runs.c.run_id, row.c.node_id, undo.c.fan_index, undo.c.status).select_from(
+    by_row = select(runs.c.run_id, row.c.node_id, undo.c.fan_index, undo.c.status, row.c.origin_run_id).select_from(
         runs.join(undo, undo.c.run_key == runs.c.run_key).join(row, and_(
             row.c.run_key == undo.c.run_key, row.c.fan_index == undo.c.fan_index, row.c.node_id == target))
-    ).where(mine, row.c.origin_run_id == origin)
-    by_chunk = select(runs.c.run_id, chunk.c.node_id, undo.c.fan_index, undo.c.status).select_from(
-        runs.join(undo, undo.c.run_key == runs.c.run_key).join(chunk, and_(
-            chunk.c.run_key == undo.c.run_key, chunk.c.node_id == target,
-            undo.c.fan_index.between(chunk.c.first_index, chunk.c.first_index + (chunk.c.item_count - 1))))
-    ).where(mine, chunk.c.origin_run_id == origin)
+    ).where(mine, origin(row.c.origin_run_id))
+    last = chunk.c.first_index + (chunk.c.item_count - 1)
+    by_chunk = select(runs.c.run_id, chunk.c.node_id, undo.c.fan_index, undo.c.status, chunk.c.origin_run_id
+                      ).select_from(runs.join(undo, undo.c.run_key == runs.c.run_key).join(chunk, and_(
+                          chunk.c.run_key == undo.c.run_key, chunk.c.node_id == target,
+                          undo.c.fan_index.between(chunk.c.first_index, last)))
+                      ).where(mine, origin(chunk.c.origin_run_id))
+    return union(by_row, by_chunk)
+
+
+def undone_in(conn: Connection, origin: str, run_ids: Sequence[str]) -> list[tuple[str, str, int, str]]:
+    """Compensation rows in ``run_ids`` (forks of ``origin``'s tree) that undid a node ``origin``
+    executed, as ``(run, undone node_id, fan_index, the compensation's status)`` (``undos``)."""
+    if not run_ids:
+        return []
+    found = conn.execute(undos(runs.c.run_id.in_(list(run_ids)), lambda executed: executed == origin)).all()
     return [(str(r), str(n), int(i), st or "completed")  # NULL is 'completed' (schema 9)
-            for r, n, i, st in conn.execute(union(by_row, by_chunk)).all()]
+            for r, n, i, st, _ in found]
 

@@ -29,9 +29,9 @@ from pydantic import BaseModel
 from sqlalchemy import ColumnElement, Connection, Engine, Table, and_, delete, exists, func, not_, or_, select, union
 
 from raysaga.errors import UserError
+from raysaga.state.fork_rows import undos
 from raysaga.state.models import PRUNABLE, RunStatus
 from raysaga.state.schema import blobs, effects, events, item_chunks, memory, nodes, runs, signals
-from raysaga.types import COMPENSATE_SUFFIX
 
 
 class PrunableStore(Protocol):
@@ -142,21 +142,11 @@ def _unless(prunable: ColumnElement[bool], held: Iterable[str]) -> ColumnElement
 
 def _undoers(conn: Connection, prunable: ColumnElement[bool]) -> dict[str, set[str]]:
     """Prunable forks whose compensation rows undid a node they inherited: run -> the runs that
-    executed those nodes (``origin_run_id`` of the undone row, or of the chunk holding the item).
-    Only forks inherit, so only their rows are read."""
-    undo, row, chunk = nodes.alias("undo"), nodes.alias("undone"), item_chunks.alias("undone_chunk")
-    of_fork = and_(prunable, runs.c.parent_run_id.is_not(None), undo.c.node_id.like("%" + COMPENSATE_SUFFIX))
-    by_row = select(runs.c.run_id, row.c.origin_run_id).select_from(
-        runs.join(undo, undo.c.run_key == runs.c.run_key).join(row, and_(
-            row.c.run_key == undo.c.run_key, row.c.fan_index == undo.c.fan_index,
-            row.c.node_id + COMPENSATE_SUFFIX == undo.c.node_id))).where(of_fork, row.c.origin_run_id.is_not(None))
-    by_chunk = select(runs.c.run_id, chunk.c.origin_run_id).select_from(
-        runs.join(undo, undo.c.run_key == runs.c.run_key).join(chunk, and_(
-            chunk.c.run_key == undo.c.run_key, chunk.c.node_id + COMPENSATE_SUFFIX == undo.c.node_id,
-            undo.c.fan_index.between(chunk.c.first_index, chunk.c.first_index + (chunk.c.item_count - 1))))) \
-        .where(of_fork, chunk.c.origin_run_id.is_not(None))
+    executed those nodes (``origin_run_id`` of the undone row, or of the chunk holding the item:
+    ``fork_rows.undos``). Only forks inherit, so only their rows are read."""
     found: dict[str, set[str]] = {}
-    for run_id, origin in conn.execute(union(by_row, by_chunk)).all():
+    of_forks = and_(prunable, runs.c.parent_run_id.is_not(None))
+    for run_id, _, _, _, origin in conn.execute(undos(of_forks, lambda executed: executed.is_not(None))).all():
         if origin != run_id:
             found.setdefault(run_id, set()).add(origin)
     return found
