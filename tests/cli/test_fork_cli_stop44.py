@@ -11,11 +11,12 @@ import jsonschema
 
 import raysaga
 from examples.order import workflow as order
-from raysaga import Approval, Ask, Permanent, StepContext, Workflow
+from raysaga import Approval, Ask, Workflow
 from raysaga.state import RunStatus
 from raysaga.testing import FakeProvider
 from tests.support.cli import invoke
 from tests.support.services import FakeServices
+from tests.support.shop_flows import shop
 
 ORDER = "examples.order.workflow:wf"
 
@@ -47,21 +48,7 @@ def test_a_patch_names_the_upstream_effect_steps_it_runs_again(sqlite_url: str) 
 def test_status_of_a_parent_names_the_fork_whose_rollback_undid_its_charge(sqlite_url: str) -> None:
     provider = FakeProvider()
     fails = {"ship": False}
-    wf = Workflow("stop44_status")
-
-    @wf.step(effect=True)
-    def charge(ctx: StepContext) -> str:
-        return str(provider.call("charge", ctx.idempotency_key, {})["id"])
-
-    @wf.compensation("charge")
-    def refund(ctx: StepContext, output: str) -> None:
-        provider.call("refund", ctx.idempotency_key, {"charge": output})
-
-    @wf.step()
-    def ship(charge: str) -> str:
-        if fails["ship"]:
-            raise Permanent("closed")
-        return "shipped"
+    wf = shop("stop44_status", provider, fails)
 
     assert raysaga.run(wf, None, store=sqlite_url, run_id="p", executor="inline").status == RunStatus.COMPLETED
     fails["ship"] = True

@@ -27,6 +27,7 @@ from raysaga.state.pruning import prune
 from raysaga.state.schema import runs
 from raysaga.testing import FakeProvider
 from tests.support.cli import invoke
+from tests.support.shop_flows import shop
 from tests.support.store_rows import nodes_of
 
 
@@ -38,23 +39,7 @@ def _labels(store_url: str, run_id: str) -> dict[str, tuple[str, str | None]]:
 
 
 def _shop(provider: FakeProvider, fails: dict[str, bool]) -> Workflow:
-    wf = Workflow("stop44_shop")
-
-    @wf.step(effect=True)
-    def charge(ctx: StepContext, input: dict[str, int]) -> str:
-        return str(provider.call("charge", ctx.idempotency_key, {"amount": input["amount"]})["id"])
-
-    @wf.compensation("charge")
-    def refund(ctx: StepContext, output: str) -> None:
-        provider.call("refund", ctx.idempotency_key, {"charge": output})
-
-    @wf.step()
-    def ship(charge: str) -> str:
-        if fails["ship"]:
-            raise Permanent("the warehouse is closed")
-        return f"shipped on {charge}"
-
-    return wf
+    return shop("stop44_shop", provider, fails)
 
 
 def test_prune_keeps_a_fork_whose_rollback_refunded_its_parents_charge(own_store_url: str) -> None:
