@@ -44,6 +44,7 @@ import logging
 import shlex
 from collections.abc import Iterable, Sequence
 
+from raysaga.orchestrator import tracing
 from raysaga.orchestrator.blob_parking import parked
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
@@ -252,7 +253,9 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
     resume_first, batch = parking(run.status, deaths, blamed, run.run_id,
                                   running=in_flight(rows), started=started,
                                   cause=run.error.as_dict() if rolling_back and run.error is not None else None)
+    # before the driver has a tracer: the park's ``run`` span (its trace's root) is written here
+    commit = tracing.traced(store, run.run_id, lease.owner, lambda b: store.commit(lease, b), wf)
     if resume_first:
-        store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+        commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
     log.error("run %s: %s", run.run_id, batch.run.status_reason if batch.run else "parked")
-    return store.commit(lease, batch) or store.get_run(run.run_id)
+    return commit(batch) or store.get_run(run.run_id)

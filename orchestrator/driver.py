@@ -455,7 +455,9 @@ class Driver:
         self._settle_cancelled("the run is parked", SETTLE_SECONDS / 10)
         self.machine = None  # its pending writes may have been computed from the data: dropped
         self._pending = Batch()
-        return park(self.store, self.run_id, exc, self._blob_refs, self._commit)
+        commit = self._commit if self.tracing is not None else tracing.traced(  # (none yet: park before it)
+            self.store, self.run_id, self.owner, self._commit, self.wf)
+        return park(self.store, self.run_id, exc, self._blob_refs, commit)
 
     # ------------------------------------------------------------------ writes
 

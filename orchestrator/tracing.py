@@ -28,7 +28,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from raysaga.agents.messages import Usage
@@ -44,7 +44,7 @@ from raysaga.state.models import PARKED, TERMINAL
 if TYPE_CHECKING:
     from raysaga.state import Store
 
-__all__ = ["RunTracing", "configure_tracing", "drive_epoch", "for_commit", "for_run"]
+__all__ = ["RunTracing", "configure_tracing", "drive_epoch", "for_commit", "for_run", "traced"]
 
 log = logging.getLogger("raysaga.driver")
 _provider: Any = None
@@ -116,10 +116,65 @@ def for_commit(store: Store, run_id: str, owner: str, workflow: Workflow | None 
         return None
     try:
         snap = store.snapshot(run_id)
-    except Exception as exc:  # tracing must not stop the cancel
-        log.warning("run %s: the cancel is not traced (%s: %s)", run_id, type(exc).__name__, message_of(exc))
+    except Exception as exc:  # tracing must not stop the commit
+        log.warning("run %s: a commit made without a driver is not traced (%s: %s)", run_id, type(exc).__name__,
+                    message_of(exc))
         return None
     return for_run(workflow, snap, {}, owner, store, replay=False)
+
+
+def traced(store: Store, run_id: str, owner: str, commit: Callable[[Batch], RunRecord | None],
+           workflow: Workflow | None = None) -> Callable[[Batch], RunRecord | None]:
+    """``commit`` that also writes the spans of what it commits, for a commit made before (or
+    without) a driver's tracer: a park for a crash loop, a damaged blob or failed drives. Without
+    it the park's ``run`` span, the root of the run's trace, was never written. ``commit`` itself
+    when tracing is off."""
+    tracer = for_commit(store, run_id, owner, workflow)
+    if tracer is None:
+        return commit
+
+    def commit_and_trace(batch: Batch) -> RunRecord | None:
+        record = commit(batch)
+        try:
+            tracer.committed(batch, record)
+        except Exception as exc:  # the commit is done: tracing must not say otherwise
+            log.warning("run %s: the spans of a commit were not written (%s: %s)", run_id, type(exc).__name__,
+                        message_of(exc))
+        return record
+
+    return commit_and_trace
+
+
+def sampled(tracer: Any, provider: Any, trace_id: int, name: str, empty: Any) -> bool:
+    """Whether the provider's sampler keeps the run's trace, asked once as for its root span (no
+    parent: ``empty``, an empty context; ``None`` would mean the caller's current span). Every other
+    span has a synthetic remote parent marked sampled, so a ``ParentBased`` sampler asked span by
+    span kept them all and dropped only the root; a ratio sampler decides on the trace id alone, so
+    every process (and a resumed driver) gets the same answer. True without a sampler (not the
+    SDK's provider) or when it fails."""
+    sampler = getattr(tracer, "sampler", None) or getattr(provider, "sampler", None)
+    if sampler is None or not callable(getattr(sampler, "should_sample", None)):
+        return True
+    try:
+        return bool(sampler.should_sample(empty, trace_id, name).decision.is_sampled())
+    except Exception:  # the application's sampler: its failure is not the run's (nor a dropped trace)
+        return True
+
+
+_warned: list[str] = []  # the tracer types already warned about (once a process)
+
+
+def _not_one_tree(tracer: Any) -> None:
+    """Say once that a tracer that is not the SDK's cannot take raysaga's span ids: each span's
+    parent is a derived id no span of that tracer has, so the run is no single tree."""
+    kind = type(tracer).__qualname__
+    if kind in _warned:
+        return
+    _warned.append(kind)
+    log.warning("tracing: the tracer provider's tracer (%s) is not the OpenTelemetry SDK's (it has no id_generator), "
+                "so raysaga cannot give its spans their ids: a run's spans will not form one tree (their parents "
+                "are missing). Configure an opentelemetry.sdk.trace.TracerProvider (raysaga.configure_tracing or "
+                "the global provider) to get one trace per run; see docs/observability.md", kind)
 
 
 class RunTracing:
@@ -134,6 +189,9 @@ class RunTracing:
         self.trace_id = trace_id_of(run.trace_id)
         self.tracer = provider.get_tracer("raysaga")
         self.ids: DeterministicIds | None = deterministic(self.tracer)  # None: not the SDK's tracer
+        if self.ids is None:
+            _not_one_tree(self.tracer)
+        self.sampled = sampled(self.tracer, provider, self.trace_id, f"run {run.workflow_name}", self._empty)
         self._started: dict[str, float] = {}  # label -> start of its attempt in flight
         self._first: dict[str, float] = {}  # label -> start of the first attempt seen
         self._waiting: dict[str, tuple[float, str]] = {}  # label -> (since, "human" | "timer")
@@ -183,9 +241,10 @@ class RunTracing:
         if key.kind == NodeKind.ITEM:
             self._fanned.add(key.step)
             if started is not None:  # a fan-out's span starts with its first item, whatever rows it had
-                self._first.setdefault(key.step, started)  # (inline: an item's first row is its outcome)
+                self._first[key.step] = min(self._first.get(key.step, started), started)  # (inline: an
+                # item's first row is its outcome; after a resume the fan-out's own row, seen first, may be later)
         if status in (NodeStatus.RUNNING, NodeStatus.WAITING, NodeStatus.RETRYING) and started is not None:
-            self._first.setdefault(label, started)
+            self._first[label] = min(self._first.get(label, started), started)
             if status != NodeStatus.RETRYING:
                 self._started[label] = started
         if status == NodeStatus.WAITING:
@@ -273,6 +332,8 @@ class RunTracing:
 
     def _emit(self, name: str, sid: int, parent: int | None, start: float, end: float, attrs: dict[str, Any],
               error: str | None = None) -> None:
+        if not self.sampled:  # the provider's sampler dropped this run's trace: none of its spans
+            return
         api = self._api
         ctx = self._empty
         if parent is not None:

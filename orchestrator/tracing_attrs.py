@@ -2,7 +2,10 @@
 
 Message content is left out unless ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``
 (the conventions' own switch): a trace backend is rarely where prompts and answers should go.
-Content that is captured is scrubbed of secrets like everything raysaga writes.
+Content that is captured is scrubbed of secrets like everything raysaga writes, then cut to
+``CONTENT_LIMIT`` characters (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` when set): a tool's 3 MB result
+made one attribute past what an OTLP collector takes in a request (4 MiB), and the whole batch of
+spans around it was refused. A cut value ends with ``CUT_MARK`` and says how long it was.
 """
 
 from __future__ import annotations
@@ -13,14 +16,40 @@ from typing import Any
 
 from raysaga.state.redact import scrub
 
-__all__ = ["CAPTURE_ENV", "error_type", "model_turn", "tool_call", "tool_uses"]
+__all__ = ["CAPTURE_ENV", "CONTENT_LIMIT", "CUT_MARK", "LIMIT_ENV", "content", "error_type", "model_turn",
+           "tool_call", "tool_uses"]
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+LIMIT_ENV = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+#: Characters of captured content kept in one attribute (16 KiB) unless ``LIMIT_ENV`` says otherwise.
+CONTENT_LIMIT = 16 * 1024
+CUT_MARK = "...[cut by raysaga: {size} characters in all]"
 PROVIDER = "anthropic"
 
 
 def capture_content() -> bool:
     return os.environ.get(CAPTURE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def content_limit() -> int:
+    """Characters one captured attribute keeps: ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` (the SDK's own
+    limit, which would cut our mark off) when it is a positive number, else ``CONTENT_LIMIT``."""
+    try:
+        limit = int(os.environ.get(LIMIT_ENV, "").strip())
+    except ValueError:
+        return CONTENT_LIMIT
+    return limit if limit > 0 else CONTENT_LIMIT
+
+
+def content(value: Any) -> str:
+    """Captured content as one attribute: scrubbed, as JSON, cut to ``content_limit()`` characters
+    (ending with ``CUT_MARK``) when longer."""
+    text = json.dumps(scrub(value), default=str)
+    limit = content_limit()
+    if len(text) <= limit:
+        return text
+    mark = CUT_MARK.format(size=len(text))
+    return text[:max(0, limit - len(mark))] + mark[:limit]
 
 
 def error_type(error: Any) -> str | None:
@@ -59,8 +88,7 @@ def model_turn(response: Any, request_model: str | None, cost: float | None, *,
     if cost is not None:
         attrs["raysaga.cost_usd"] = cost
     if capture_content():
-        attrs["gen_ai.output.messages"] = json.dumps(
-            [{"role": "assistant", "parts": scrub(response.get("content") or [])}], default=str)
+        attrs["gen_ai.output.messages"] = content([{"role": "assistant", "parts": response.get("content") or []}])
     return attrs
 
 
@@ -81,5 +109,5 @@ def tool_call(name: str | None, call_id: str | None, result: Any) -> dict[str, A
     if isinstance(result, dict) and result.get("is_error"):
         attrs["error.type"] = "tool_error"
     if capture_content() and isinstance(result, dict):
-        attrs["gen_ai.tool.call.result"] = json.dumps(scrub(result.get("content")), default=str)
+        attrs["gen_ai.tool.call.result"] = content(result.get("content"))
     return attrs

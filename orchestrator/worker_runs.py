@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from raysaga.errors import CorruptRecordError
-from raysaga.orchestrator import versions
+from raysaga.orchestrator import tracing, versions
 from raysaga.orchestrator.crash_loop import PROGRESS, WINDOW, cut, failing_parking
 from raysaga.orchestrator.ownership import new_owner
 from raysaga.orchestrator.workflow import Workflow
@@ -116,9 +116,11 @@ class FailedDrives:
             if status in PRUNABLE:  # ended or parked meanwhile: nothing to park
                 return
             resume_first, batch = failing_parking(status, failures, f"{type(exc).__name__}: {first_line}", run_id)
+            # no driver, so no tracer: the park's ``run`` span (its trace's root) is written here
+            commit = tracing.traced(self.store, run_id, lease.owner, lambda b: self.store.commit(lease, b))
             if resume_first:
-                self.store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-            self.store.commit(lease, batch)
+                commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
+            commit(batch)
             log.error("worker: run %s parked: %s", run_id, batch.run.status_reason if batch.run else "failed")
             self.forget(run_id)
         except Exception:

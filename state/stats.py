@@ -6,6 +6,7 @@ so the figures cannot drift from the history they summarise.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 
@@ -152,8 +153,8 @@ def _quantiles(values: list[float]) -> Quantiles:
         return Quantiles()
     ordered = sorted(values)
 
-    def at(q: float) -> float:
-        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
+    def at(q: float) -> float:  # nearest rank: the ceil(q*n)-th value (``int(q*n)`` took the max for n <= 20)
+        return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 4)
 
     return Quantiles(count=len(ordered), p50=at(0.5), p95=at(0.95))
 
