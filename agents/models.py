@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 from raysaga.agents.messages import ModelRequest, ModelResponse, Usage
 from raysaga.errors import InvalidOptionError, Permanent, Transient
 from raysaga.state.redact import register_secret_env, scrub_text
+from raysaga.state.secret_registry import MIN_SECRET_LEN
 from raysaga.types import check_number
 
 #: Set by raysaga's own test suite: a model call that would reach the real API fails at once.
@@ -136,14 +137,16 @@ class AnthropicModel:
             raise InvalidOptionError(f"{owner}.api_key_env must name an environment variable, got {self.api_key_env!r}")
         check_prices(owner, self.prices)
         # the key's variable is a secret whatever its name (``LLM_GATEWAY_AUTH`` has no KEY in it):
-        # a gateway's 401 echoing the key must be scrubbed in the driver, which records the error
-        register_secret_env(self.api_key_env)
+        # a gateway's 401 echoing the key must be scrubbed in the driver, which records the error. A
+        # key under 8 characters is a local server's placeholder ("none", "test"), not a real key:
+        # masked as a word, it would mangle text and refuse every tool call holding that word
+        register_secret_env(self.api_key_env, shortest=MIN_SECRET_LEN)
 
     def _client(self) -> Any:
         import anthropic
 
         # again here: a Ray worker gets this object unpickled, without ``__post_init__``
-        register_secret_env(self.api_key_env)
+        register_secret_env(self.api_key_env, shortest=MIN_SECRET_LEN)
 
         base_url = self.base_url or os.environ.get("ANTHROPIC_BASE_URL")
         host = urlparse(base_url).hostname if base_url else REAL_API_HOST

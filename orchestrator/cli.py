@@ -177,7 +177,7 @@ def _report(store: SqlStore, run: RunRecord, as_json: bool) -> None:
     else:
         _status().print_status(out, store, run, store_text=_stores().describe(store.url))
     if run.status in (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER):
-        say(err, f"run {run.run_id} rests ({scrub_text(run.status_reason or '')}); nothing holds it: "
+        say(err, f"run {run.run_id} rests ({_status().one_line(run.status_reason or '')}); nothing holds it: "
                  + ("`raysaga inbox` shows what to decide, `raysaga approve|reject RUN NODE` decides; "
                     if run.status == RunStatus.WAITING_HUMAN else "")
                  + f"a `raysaga worker` takes it up when it is due, or `raysaga resume {shlex.quote(run.run_id)}`")
@@ -374,7 +374,7 @@ def cancel(
         result = _runner().cancel(run_id, store=store, reason=reason, compensate=compensate, workflow=wf,
                                executor=executor, address=address, allow_changed=allow_changed)
         say(out, f"run {run_id}: {result.status.value}"
-            + (f" — {scrub_text(result.status_reason)}" if result.status_reason else ""))
+            + (f" — {_status().one_line(result.status_reason)}" if result.status_reason else ""))
         cli_ops.cancel_outcome(store, result, compensate)  # not ended as asked: says so, exit 1
     if result.status not in (RunStatus.CANCELLED, RunStatus.COMPENSATED):
         raise typer.Exit(EXIT_NOT_COMPLETED)

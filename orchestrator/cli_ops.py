@@ -80,8 +80,9 @@ def _next_step(run_id: str, client: Any = None) -> str:
         return "the run's live driver takes the decision at its next heartbeat"
     if run is not None and run.status.value == "paused" and run.wake_at is None:  # held: no worker takes it up
         from raysaga.orchestrator.runner import held_by_operator  # loaded with the Client already
+        from raysaga.orchestrator.status_text import one_line
 
-        why, quoted = run.status_reason or "paused", shlex.quote(run_id)
+        why, quoted = one_line(run.status_reason or "paused"), shlex.quote(run_id)
         if held_by_operator(run):
             return (f"the run is paused ({why}): it goes on with the decision once `raysaga unpause {quoted}` "
                     "lets a worker take it up")
@@ -168,8 +169,8 @@ def inbox(
 ) -> None:
     """What waits for a human decision, oldest first."""
     with errors():
-        from raysaga.orchestrator.status_text import payload_line, relative
-        from raysaga.state.redact import scrub, scrub_text
+        from raysaga.orchestrator.status_text import flat, one_line, payload_line, relative
+        from raysaga.state.redact import scrub
 
         waiting = _client(db, writes=False).inbox(approver)
         if as_json:  # scrubbed as the dashboard's inbox is: a prompt is a step's output, stored as it came
@@ -187,9 +188,10 @@ def inbox(
             quorum = f" ({len(item.approvals)}/{r.quorum} approved)" if r.quorum > 1 else ""
             due = "no timeout" if r.timeout_at is None else f"times out {relative(max(r.timeout_at, now), now)}"
             # "approvers:", not "decided by": it waits, and read so it looked decided already
-            say(out, (f"{item.run_id} {label}", "bold"), f"  asked {relative(min(r.asked_at, now), now)} · approvers: "
-                f"{', '.join(r.deciders() or ['anyone'])}{quorum} · {due}")
-            say(out, f"  {scrub_text(r.prompt)}")
+            say(out, (flat(f"{item.run_id} {label}"), "bold"), f"  asked {relative(min(r.asked_at, now), now)} · "
+                f"approvers: {flat(', '.join(r.deciders() or ['anyone']))}{quorum} · {due}")
+            # one line, cut: a prompt is a step's output (its newlines would draw fake lines, 20 MB printed whole)
+            say(out, f"  {one_line(r.prompt, more=' (`raysaga inbox --json` has it whole)')}")
             payload = payload_line(r)  # what the approver approves: a tool call's arguments, say
             if payload is not None:
                 say(out, f"  {payload}")
@@ -410,8 +412,9 @@ def budget_hint(run: Any, verb: str = "resume") -> None:
     """After a resume or retry that left the run paused on its spent budget: how to raise it."""
     if run.status.value == "paused" and (run.status_reason or "").startswith("budget:"):
         from raysaga.orchestrator.driver_signals import budget_advice
+        from raysaga.orchestrator.status_text import one_line
 
-        say(err, f"run {run.run_id} stays paused on its spent budget ({run.status_reason}): raise it: "
+        say(err, f"run {run.run_id} stays paused on its spent budget ({one_line(run.status_reason)}): raise it: "
                  f"{budget_advice(run, verb)}")
 
 

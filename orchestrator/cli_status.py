@@ -41,6 +41,7 @@ from raysaga.orchestrator.status_text import (
     waiting_lines,
     when,
 )
+from raysaga.orchestrator.status_text import one_line as one_line
 from raysaga.orchestrator.status_text import output_line as output_line
 from raysaga.orchestrator.status_text import seconds as seconds
 from raysaga.orchestrator.status_text import utc as utc
@@ -254,7 +255,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
                          (run.status.value, colour))
     if run.status_reason:
-        line.append(" — " + scrub_text(run.status_reason))
+        line.append(" — " + one_line(run.status_reason))  # one line: a newline in it would fake a line
     console.print(line)
     at = now()
     life = (f"{seconds(max(0.0, run.updated_at - run.created_at))} in all" if run.status in TERMINAL | PARKED

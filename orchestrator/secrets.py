@@ -18,7 +18,9 @@ which inherit the environment), ``{"$secret": {"memory": ID, "field": NAME}}`` f
 a crash, a Ray worker) reads ``RAYSAGA_SECRET_<FIELD>`` if it is set, else raises
 ``SecretUnavailableError`` naming the field and how to re-supply it: never a wrong value.
 Every value seen is registered with ``raysaga.state.redact``, so it is scrubbed from errors,
-events and logs. ``str``/``repr`` show ``**********``.
+events and logs: 8+ characters anywhere, 3 to 7 as a whole word only (a PIN ``1234`` in "pin 1234",
+not in "order 912345"); a shorter one cannot be scrubbed without mangling text, and a warning
+naming the field says so. ``str``/``repr`` show ``**********``.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class Secret:
         key = uuid.uuid4().hex
         with _LOCK:
             _MEMORY[key] = value
-        register_secret(value)
+        register_secret(value, _what(field))
         return cls(memory=key, field=field)
 
     @property
@@ -111,7 +113,7 @@ class Secret:
                     f"secret input field {name!r} reads environment variable {self._env}, which is not set in "
                     f"this process (pid {os.getpid()}): export {self._env} where the driver and every Ray "
                     "worker run, then resume the run (or retry it, if the run failed)")
-            register_secret(value)
+            register_secret(value, f"{_what(self._field)} (environment variable {self._env})")
             return value
         assert self._memory is not None
         value = _MEMORY.get(self._memory)
@@ -125,7 +127,7 @@ class Secret:
                     f"the Ray workers) and resume the run again (or retry it, if the run failed); to avoid this, "
                     f"start runs with "
                     f'{{"{name}": {{"env": "VAR"}}}} so every process reads it from its environment')
-            register_secret(value)
+            register_secret(value, f"{_what(name)} (environment variable {resupply_env(name)})")
         return value
 
     get_secret_value = get  # the name pydantic's SecretStr uses
@@ -161,6 +163,11 @@ class Secret:
         return {"anyOf": [{"type": "string", "writeOnly": True},
                           {"type": "object", "properties": {"env": {"type": "string"}}, "required": ["env"]}],
                 "description": "a secret: a literal (kept in memory only) or {\"env\": \"VAR\"}"}
+
+
+def _what(field: str) -> str:
+    """The secret named in a warning that it is too short to be scrubbed."""
+    return f"secret input field {field!r}" if field else "a Secret input"
 
 
 def _rebuild(env: str | None, memory: str | None, field: str) -> Secret:

@@ -14,8 +14,9 @@ from raysaga.state.item_pages import rows_at
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 from raysaga.state.redact import scrub, scrub_text
 
-__all__ = ["FAR", "clock", "error_line", "flat", "inherited_from", "output_line", "payload_line", "relative",
-           "run_times", "run_wake", "seconds", "span", "undone_by_forks", "undone_note", "utc", "waiting_lines", "when"]
+__all__ = ["FAR", "clock", "error_line", "flat", "inherited_from", "one_line", "output_line", "payload_line",
+           "relative", "run_times", "run_wake", "seconds", "span", "undone_by_forks", "undone_note", "utc",
+           "waiting_lines", "when"]
 
 #: The states a run rests in until its ``wake_at`` (a timer, a retry's backoff, an approval's
 #: timeout or the deadline; a decision or an unpause makes it now): a worker then takes it up.
@@ -162,8 +163,23 @@ def output_line(output: Any, limit: int) -> str:
 
 # ---------------------------------------------------------------- what a waiting node waits for
 
-#: Characters of an approval's payload shown on one line (the JSON inbox has it whole).
+#: Characters of an approval's payload, prompt or a run's reason shown on one line (the JSON views have it whole).
 PAYLOAD_WIDTH = 300
+#: Characters scrubbed beyond the cut: a secret begun before it is masked whole (a 20 MB prompt is not scanned).
+_SCRUB_MARGIN = 4096
+
+
+def one_line(text: str, limit: int = PAYLOAD_WIDTH, more: str = "") -> str:
+    """User text (an approval's prompt, a run's reason) for one line of the terminal: scrubbed, its
+    newlines and control characters shown escaped (a step error's newline would draw a line of its
+    own: a fake ``driver: ...``), cut at ``limit`` characters, never inside an escape; ``more``
+    follows the cut's `` …`` (where the rest is)."""
+    shown = flat(scrub_text(text[:limit + _SCRUB_MARGIN])[:limit + 1])
+    if len(shown) <= limit:
+        return shown
+    cut = shown[:limit]
+    half = _HALF_ESCAPE.search(cut)
+    return (cut[:half.start(1)] if half else cut) + " …" + more
 
 
 def payload_line(request: ApprovalRequest) -> str | None:
@@ -192,7 +208,7 @@ def waiting_lines(store: SqlStore, run: RunRecord, node_id: str, fan_index: int,
     lines = []
     request = request_of(row["output"]) if status == "waiting" else None
     if request is not None:
-        lines.append(f"asks: {flat(scrub_text(request.prompt))[:PAYLOAD_WIDTH]}")
+        lines.append(f"asks: {one_line(request.prompt)}")
         payload = payload_line(request)
         if payload is not None:
             lines.append(payload)

@@ -8,7 +8,9 @@ of a secret-named key such as ``authorization``). What counts as a secret:
   TOKEN, PASSWORD, PASSWD or CREDENTIAL (``ANTHROPIC_API_KEY``) but a placeholder (``_plain``:
   ``POSTGRES_PASSWORD=postgres``, skipped with a warning naming the variable), and of every
   variable named with ``register_secret_env`` (the environment is re-read when it changes);
-- values registered with ``register_secret`` (``raysaga.Secret`` input fields register theirs);
+- values registered with ``register_secret`` (``raysaga.Secret`` input fields register theirs):
+  8+ characters anywhere, 3 to 7 only as a whole token, shorter ones not at all (a warning says
+  so: ``secret_registry``);
 - each such value also as a URL's query writes it (percent-encoded) and as JSON escapes it;
 - an ``Authorization:``/``x-api-key:`` header value, a ``Bearer <token>``, the password of a
   ``scheme://user:password@host`` URL (empty user, ``/`` or ``@`` in it) or in its query
@@ -26,20 +28,18 @@ to the ``raysaga`` loggers (``RedactingFilter``). Clean text costs one precompil
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
-import threading
 from typing import Any
-from urllib.parse import quote, quote_plus
 
 from raysaga.errors import UserError
+from raysaga.state import secret_registry
+from raysaga.state.secret_registry import MARKER as MARKER  # re-exported: where every caller finds it
+from raysaga.state.secret_registry import MIN_DECLARED_LEN, MIN_SECRET_LEN, Registry
 
-MARKER = "[redacted]"
-MIN_SECRET_LEN = 8  # shorter values are never secrets (they would redact common words)
-
-_SECRET_NAME = re.compile(r"KEY|SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_SECRET_NAME = secret_registry.SECRET_NAME
+_Registry = Registry  # (a test makes a fresh one: ``monkeypatch.setattr(redact, "_REGISTRY", redact._Registry())``)
+_pieces = secret_registry.pieces
 #: Dict keys whose string value is a secret as a whole (compared lower-cased, '_' as '-').
 SECRET_KEYS = frozenset({
     "authorization", "proxy-authorization", "x-api-key", "api-key", "apikey", "x-auth-token",
@@ -120,214 +120,34 @@ _SUBS = [(re.compile(p, re.IGNORECASE), r, hints) for p, r, hints in _PATTERNS]
 _HINTS = tuple(sorted({hint for _, _, hints in _PATTERNS for hint in hints}))
 
 
-#: Printable ASCII but what a JSON encoder escapes (``"``, ``\\``, ``/`` by some): verbatim in JSON text.
-_VERBATIM = re.compile(r"[\x20\x21\x23-\x2e\x30-\x5b\x5d-\x7e]*")
-
-#: Values no secret-named variable holds as a secret (docker compose's ``POSTGRES_PASSWORD=postgres``).
-_PLACEHOLDERS = frozenset({"postgres", "password", "changeme", "localhost", "secret", "default", "undefined",
-                           "not-set", "notset", "placeholder", "development", "xxxxxxxx", "********"})
-_NOT_A_SECRET = re.compile(r"changeme|placeholder|not-a-real|dummy|example|replace-?me|your[-_]", re.IGNORECASE)
-_LIMIT = re.compile(r"MAX|MIN|LIMIT|SIZE|COUNT|TIMEOUT|TTL|PORT|TOKENS\b")
-
-
-def _plain(value: str, name: str = "") -> bool:
-    """No secret, though its variable's name says so (narrow: a weak real password is masked): a placeholder, a
-    word of the name itself, a number in a limit's variable (``MAX_TOKENS``), a path in a ``*_FILE`` one."""
-    low, up, words = value.lower(), name.upper(), re.split(r"[^a-z0-9]+", name.lower()) if name else []
-    if low in _PLACEHOLDERS or low in words or (name and _NOT_A_SECRET.search(value)):
-        return True
-    return bool(value.isdigit() and _LIMIT.search(up)) or (up.endswith(("_FILE", "_PATH", "_DIR")) and value[0] in "/~")
-
-
-def _forms(value: str) -> set[str]:
-    """``value`` as text quotes it: itself, percent-encoded (``%2F``, ``+``), JSON-escaped (``\\/`` too)."""
-    escaped = json.dumps(value)[1:-1]
-    return {value, quote(value, safe=""), quote(value), quote_plus(value), escaped, escaped.replace("/", "\\/")}
-
-
-def _pattern(form: str) -> str:
-    # a percent escape's hex digits in either case (``%2f`` as ``%2F``)
-    return re.sub(r"%([0-9A-F])([0-9A-F])", lambda m: f"%[{m[1]}{m[1].lower()}][{m[2]}{m[2].lower()}]",
-                  re.escape(form))
-
-
-class _Registry:
-    """The literal secret values, and one compiled regex of them, rebuilt only on change."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.registered: set[str] = set()
-        self.env_names: set[str] = set()
-        self.env_seen: tuple[int, tuple[str | None, ...]] = (-1, ())
-        self.watched: tuple[str, ...] = ()
-        self.values: frozenset[str] = frozenset()
-        self.regex: re.Pattern[str] | None = None
-        self.verbatim = True  # every value is ``_VERBATIM``: written as itself by any JSON encoder
-        self.declared: frozenset[str] = frozenset()
-        #: a piece of a known value where a cut left it (``_Pieces``): declared, then named ones
-        self.pieces: tuple[_Pieces, ...] = ()
-        self.skipped: set[str] = set()  # secret-named variables whose plain value was skipped
-        self.to_warn: list[str] = []  # ... and not yet warned of (once each, by name)
-
-    def _env_changed(self) -> bool:
-        environ = os.environ
-        return self.env_seen != (len(environ), tuple(environ.get(n) for n in self.watched))
-
-    def current(self) -> re.Pattern[str] | None:
-        if self._env_changed():
-            with self.lock:
-                self._rebuild()
-            self._warn()
-        return self.regex
-
-    def _rebuild(self) -> None:
-        environ = dict(os.environ)
-        watched = tuple(sorted(n for n in environ if _SECRET_NAME.search(n) or n in self.env_names)
-                        + sorted(n for n in self.env_names if n not in environ))
-        # declared (registered, or a variable named so): a secret whatever it looks like
-        declared = self.registered | {v for n in self.env_names if (v := environ.get(n)) and len(v) >= MIN_SECRET_LEN}
-        values = set(declared)
-        for name in watched:
-            value = environ.get(name)
-            if not value or len(value) < MIN_SECRET_LEN or value in values or name in self.env_names:
-                continue
-            if not _plain(value, name):
-                values.add(value)
-            elif name not in self.skipped:  # (a path in a ``*_PATH`` variable needs no word)
-                self.skipped.add(name)
-                self.to_warn += [] if name.upper().endswith(("_FILE", "_PATH", "_DIR")) else [name]
-        self.watched = watched
-        self.env_seen = (len(os.environ), tuple(os.environ.get(n) for n in watched))
-        if values != self.values or declared != self.declared:
-            self.values, self.declared = frozenset(values), frozenset(declared)
-            self.pieces = tuple(p for p in (_pieces(frozenset(declared)), _pieces(self.values - declared, named=True))
-                                if p is not None)
-            # longest first, so a secret containing another is replaced whole
-            forms = sorted({f for v in values for f in _forms(v)}, key=len, reverse=True)
-            self.regex = re.compile("|".join(map(_pattern, forms))) if forms else None
-            self.verbatim = all(_VERBATIM.fullmatch(v) for v in values)
-
-    def _warn(self) -> None:
-        """Name each skipped variable once, never its value; outside the lock (the record's scrub reads it)."""
-        names, self.to_warn = self.to_warn, []
-        for name in names:
-            logging.getLogger("raysaga.redact").warning(
-                "environment variable %s is named like a secret, but its value is a placeholder (a word of "
-                "its name, a default): it is not masked (register_secret_env(%r) makes it a secret)", name, name)
-
-    def add(self, value: str) -> None:
-        if len(value) < MIN_SECRET_LEN or value in self.registered:
-            return
-        with self.lock:
-            self.registered.add(value)
-            self._rebuild()
-        self._warn()
-
-    def add_env(self, name: str) -> None:
-        if name in self.env_names:
-            return
-        with self.lock:
-            self.env_names.add(name)
-            self.env_seen = (-1, ())
-            self._rebuild()
-        self._warn()
-
-
-#: Where a text was cut and the cut marked: ``...``, ``…``, ``***`` (a key shown as ``sk-abc12***``).
-_CUT = re.compile(r"\.{3,}|…+|\*{3,}")
-_CLOSERS = "'\")]}"
-
-
-class _Pieces:
-    """Where a text was cut across a known secret, the piece left: its first 8+ characters at the
-    text's end (``text[:n]``, maybe quoted: ``f"{text[:n]!r}"``) or before a cut's mark, its last
-    8+ at its start (``[-n:]``) or after a mark (pydantic's ``input_value='first25...last24'``).
-    raysaga scrubs before it cuts, but only of what the cutting process knows (a Ray worker never
-    knew a value declared in the driver), and a library cuts first. A placeholder piece (``_plain``:
-    "...password") of a value known by its variable's name only is left."""
-
-    def __init__(self, values: list[str], named: bool) -> None:
-        self.named = named
-        self.longest = max(map(len, values))
-        self.heads, self.tails = _Starts(values), _Starts([v[::-1] for v in values])  # v[:k]; v[-k:] reversed
-
-    def sub(self, text: str) -> str:
-        n = len(text)
-        marks = [m.span() for m in _CUT.finditer(text)] if "..." in text or "…" in text or "***" in text else []
-        ends = {n, *(a for a, _ in marks)}
-        closed = len(text.rstrip(_CLOSERS))  # a piece quoted, cut: f"{value[:n]!r}", f"({value[:n]})"
-        if n - 3 <= closed < n:
-            ends.add(closed)
-        spans: list[tuple[int, int]] = []
-        for end in ends:
-            at = self.heads.at_end(text, end, self.longest)
-            if at is not None and not (self.named and _plain(text[at:end])):
-                spans.append((at, end))
-        for start in {0, *(b for _, b in marks)}:
-            window = text[start:start + self.longest][::-1]
-            at = self.tails.at_end(window, len(window), self.longest)
-            if at is not None and not (self.named and _plain(text[start:start + len(window) - at])):
-                spans.append((start, start + len(window) - at))
-        merged: list[tuple[int, int]] = []
-        for at, end in sorted(spans):  # overlapping pieces are masked once
-            if merged and at <= merged[-1][1]:
-                first, last = merged.pop()
-                at, end = first, max(end, last)
-            merged.append((at, end))
-        for at, end in reversed(merged):  # right to left, so the spans to come stay put
-            text = text[:at] + MARKER + text[end:]
-        return text
-
-
-class _Starts:
-    """Finds ``v[:k]`` (``MIN_SECRET_LEN <= k < len(v)``) of any of ``values`` ending at a point: a
-    search for their first characters before it (again after each hit: hits may overlap), each hit
-    checked against its values (a pattern of a 4 KB key's prefixes nests too deep for ``re``)."""
-
-    def __init__(self, values: list[str]) -> None:
-        self.by_start: dict[str, list[str]] = {}
-        for v in values:
-            self.by_start.setdefault(v[:MIN_SECRET_LEN], []).append(v)
-        self.regex = re.compile("|".join(map(re.escape, self.by_start)))
-
-    def at_end(self, text: str, end: int, longest: int) -> int | None:
-        """Where the piece ending at ``text[end]`` starts (the longest one), or None."""
-        hit = self.regex.search(text, max(0, end - longest + 1), end)
-        while hit is not None:  # (clean text: one search that finds nothing)
-            at = hit.start()
-            piece = text[at:end]
-            if any(len(piece) < len(v) and v.startswith(piece) for v in self.by_start[hit.group()]):
-                return at
-            hit = self.regex.search(text, at + 1, end)
-        return None
-
-
-def _pieces(values: frozenset[str], named: bool = False) -> _Pieces | None:
-    cut = [v for v in values if len(v) > MIN_SECRET_LEN]  # a piece is shorter than its value
-    return _Pieces(cut, named) if cut else None
 
 
 _REGISTRY = _Registry()
 
 
-def register_secret(value: str) -> None:
-    """Treat ``value`` (8+ characters) as a secret in this process from now on."""
-    _REGISTRY.add(value)
+def register_secret(value: str, what: str = "a value given to register_secret") -> None:
+    """Treat ``value`` as a secret in this process from now on (3 to 7 characters: as a whole token;
+    shorter: a warning naming ``what``, never the value, as it cannot be scrubbed without mangling text)."""
+    _REGISTRY.add(value, what)
 
 
-def register_secret_env(name: str) -> None:
-    """Treat the value of environment variable ``name`` as a secret, whatever its name."""
-    _REGISTRY.add_env(name)
+def register_secret_env(name: str, *, shortest: int = MIN_DECLARED_LEN) -> None:
+    """Treat the value of environment variable ``name`` as a secret, whatever its name, if it has
+    ``shortest`` characters or more (a shorter value of 3 or more is then no secret: a placeholder)."""
+    _REGISTRY.add_env(name, max(shortest, MIN_DECLARED_LEN))
 
 
 def scrub_text(text: str) -> str:
     """``text`` with every known secret replaced by a marker."""
-    if len(text) < MIN_SECRET_LEN:
+    if len(text) < MIN_DECLARED_LEN:
         return text
-    return _scrub_text(text, _REGISTRY.current())
+    literal = _REGISTRY.current()
+    return text if len(text) < _REGISTRY.shortest else _scrub_text(text, literal)
 
 
 def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
+    if len(text) < MIN_SECRET_LEN:  # only a short declared value fits: no piece of one, no pattern
+        return literal.sub(MARKER, text) if literal is not None and literal.search(text) else text
     if literal is not None:
         if literal.search(text):
             text = literal.sub(MARKER, text)
@@ -345,12 +165,14 @@ def scrub(value: Any) -> Any:
     """A JSON value with every string scrubbed (keys kept); returns the same object when clean."""
     if value is None or isinstance(value, bool | int | float):
         return value
-    return _scrub(value, _REGISTRY.current())
+    literal = _REGISTRY.current()
+    return _scrub(value, literal, _REGISTRY.shortest)
 
 
-def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
+def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int) -> Any:
+    """``shortest``: a string shorter than every known value (and pattern) is clean."""
     if isinstance(value, str):
-        return value if len(value) < MIN_SECRET_LEN else _scrub_text(value, literal)
+        return value if len(value) < shortest else _scrub_text(value, literal)
     if isinstance(value, dict):
         out: dict[Any, Any] | None = None
         for key, item in value.items():
@@ -359,12 +181,12 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
                     continue
                 if isinstance(key, str) and _secret_key(key):
                     new: Any = MARKER
-                elif len(item) < MIN_SECRET_LEN:
+                elif len(item) < shortest:
                     continue
                 else:
                     new = _scrub_text(item, literal)
             elif isinstance(item, dict | list | tuple):
-                new = _scrub(item, literal)
+                new = _scrub(item, literal, shortest)
             else:
                 continue
             if new is not item and new != item:
@@ -380,11 +202,11 @@ def _scrub(value: Any, literal: re.Pattern[str] | None) -> Any:
             if kind is int or kind is float or kind is bool or item is None:
                 continue
             if isinstance(item, str):
-                if len(item) < MIN_SECRET_LEN:
+                if len(item) < shortest:
                     continue
                 new = _scrub_text(item, literal)
             elif isinstance(item, dict | list | tuple):
-                new = _scrub(item, literal)
+                new = _scrub(item, literal, shortest)
             else:
                 continue
             if new is not item:
@@ -431,7 +253,7 @@ def refuse_secret_values(value: Any, what: str) -> None:
 
 def _replace_values(value: Any, literal: re.Pattern[str], *, keys: bool = False) -> Any:
     if isinstance(value, str):
-        return literal.sub(MARKER, value) if len(value) >= MIN_SECRET_LEN and literal.search(value) else value
+        return literal.sub(MARKER, value) if len(value) >= MIN_DECLARED_LEN and literal.search(value) else value
     if isinstance(value, dict):
         return {_replace_values(k, literal) if keys else k: _replace_values(v, literal, keys=keys)
                 for k, v in value.items()}
