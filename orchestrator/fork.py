@@ -42,6 +42,7 @@ from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.run_identity import own_limit
 from raysaga.orchestrator.secrets import REF_KEY
 from raysaga.orchestrator.signatures import INPUT_PARAM
+from raysaga.orchestrator.tracing_ids import new_trace_id
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
@@ -475,7 +476,7 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
             token_budget=opts.token_budget if opts.token_budget is not None else parent.token_budget,
             cost_budget=opts.cost_budget if opts.cost_budget is not None else parent.cost_budget,
             max_driver_deaths=_fork_limit(max_driver_deaths, opts, parent),
-            trace_id=uuid.uuid4().hex, parent_run_id=run_id, forked_from=at.label,
+            trace_id=new_trace_id(), parent_run_id=run_id, forked_from=at.label,
             labels=opts.labels or None)  # None: the parent's
         data = {"parent": run_id, "from": at.label, "inherited": len(inherited),
                 "input_patched": input_patch is not NO_PATCH, "changed_steps": sorted(diff.steps()) if diff else []}

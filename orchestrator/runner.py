@@ -150,7 +150,7 @@ def new_run(workflow: Workflow, input: Any, *, run_id: str | None, options: RunO
         input=checked,
         deadline_at=time.time() + options.deadline if options.deadline else None,
         retry_budget=options.retry_budget, token_budget=options.token_budget, cost_budget=options.cost_budget,
-        trace_id=uuid.uuid4().hex, queue=queue, labels=options.labels or None,
+        trace_id=tracing.new_trace_id(), queue=queue, labels=options.labels or None,
         max_driver_deaths=own_limit(options.max_driver_deaths),
     )
 

@@ -36,7 +36,14 @@ from raysaga.errors import InvalidOptionError
 from raysaga.node_key import NodeKey, NodeKind
 from raysaga.orchestrator import tracing_attrs as attrs_of
 from raysaga.orchestrator.retry import message_of
-from raysaga.orchestrator.tracing_ids import DeterministicIds, deterministic, span_id, trace_id_of
+from raysaga.orchestrator.tracing_ids import (
+    DeterministicIds,
+    deterministic,
+    new_trace_id,
+    span_id,
+    trace_id_of,
+    trace_sampled,
+)
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, EventRecord, NodeStatus, NodeWrite, RunRecord, RunSnapshot
 from raysaga.state.models import PARKED, TERMINAL
@@ -44,7 +51,7 @@ from raysaga.state.models import PARKED, TERMINAL
 if TYPE_CHECKING:
     from raysaga.state import Store
 
-__all__ = ["RunTracing", "configure_tracing", "drive_epoch", "for_commit", "for_run", "traced"]
+__all__ = ["RunTracing", "configure_tracing", "drive_epoch", "for_commit", "for_run", "new_trace_id", "traced"]
 
 log = logging.getLogger("raysaga.driver")
 _provider: Any = None
@@ -74,6 +81,12 @@ def _provider_in_use() -> Any | None:
         provider = api.get_tracer_provider()
         if isinstance(provider, (api.ProxyTracerProvider, api.NoOpTracerProvider)):
             return None
+    api = sys.modules.get("opentelemetry.trace")
+    try:
+        if api is not None and isinstance(provider.get_tracer("raysaga"), api.NoOpTracer):
+            return None  # the SDK's provider under OTEL_SDK_DISABLED=true: switched off on purpose
+    except Exception:  # (a provider failing is said when a run's tracer is made: ``for_run``)
+        pass
     return provider
 
 
@@ -145,20 +158,11 @@ def traced(store: Store, run_id: str, owner: str, commit: Callable[[Batch], RunR
     return commit_and_trace
 
 
-def sampled(tracer: Any, provider: Any, trace_id: int, name: str, empty: Any) -> bool:
-    """Whether the provider's sampler keeps the run's trace, asked once as for its root span (no
-    parent: ``empty``, an empty context; ``None`` would mean the caller's current span). Every other
-    span has a synthetic remote parent marked sampled, so a ``ParentBased`` sampler asked span by
-    span kept them all and dropped only the root; a ratio sampler decides on the trace id alone, so
-    every process (and a resumed driver) gets the same answer. True without a sampler (not the
-    SDK's provider) or when it fails."""
-    sampler = getattr(tracer, "sampler", None) or getattr(provider, "sampler", None)
-    if sampler is None or not callable(getattr(sampler, "should_sample", None)):
-        return True
-    try:
-        return bool(sampler.should_sample(empty, trace_id, name).decision.is_sampled())
-    except Exception:  # the application's sampler: its failure is not the run's (nor a dropped trace)
-        return True
+def sampled(tracer: Any, provider: Any, trace_id: int) -> bool:
+    """Whether the provider's sampler keeps the run's trace, asked once as for its root span
+    (``tracing_ids.trace_sampled``). Every other span has a synthetic remote parent marked sampled,
+    so a ``ParentBased`` sampler asked span by span kept them all and dropped only the root."""
+    return trace_sampled(trace_id, provider if getattr(tracer, "sampler", None) is None else tracer)
 
 
 _warned: list[str] = []  # the tracer types already warned about (once a process)
@@ -191,7 +195,7 @@ class RunTracing:
         self.ids: DeterministicIds | None = deterministic(self.tracer)  # None: not the SDK's tracer
         if self.ids is None:
             _not_one_tree(self.tracer)
-        self.sampled = sampled(self.tracer, provider, self.trace_id, f"run {run.workflow_name}", self._empty)
+        self.sampled = sampled(self.tracer, provider, self.trace_id)
         self._started: dict[str, float] = {}  # label -> start of its attempt in flight
         self._first: dict[str, float] = {}  # label -> start of the first attempt seen
         self._waiting: dict[str, tuple[float, str]] = {}  # label -> (since, "human" | "timer")
@@ -238,6 +242,8 @@ class RunTracing:
         label = key.label
         if attempt:
             self._attempt[label] = attempt
+        if started is not None and self._since is not None:  # rows of an earlier epoch (items done
+            started = max(started, self._since)  # before an operator's retry) start no span of this one
         if key.kind == NodeKind.ITEM:
             self._fanned.add(key.step)
             if started is not None:  # a fan-out's span starts with its first item, whatever rows it had

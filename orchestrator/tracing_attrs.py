@@ -16,11 +16,12 @@ from typing import Any
 
 from raysaga.state.redact import scrub
 
-__all__ = ["CAPTURE_ENV", "CONTENT_LIMIT", "CUT_MARK", "LIMIT_ENV", "content", "error_type", "model_turn",
-           "tool_call", "tool_uses"]
+__all__ = ["CAPTURE_ENV", "CONTENT_LIMIT", "CUT_MARK", "LIMIT_ENV", "SPAN_LIMIT_ENV", "content", "error_type",
+           "model_turn", "tool_call", "tool_uses"]
 
 CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 LIMIT_ENV = "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT"
+SPAN_LIMIT_ENV = "OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT"
 #: Characters of captured content kept in one attribute (16 KiB) unless ``LIMIT_ENV`` says otherwise.
 CONTENT_LIMIT = 16 * 1024
 CUT_MARK = "...[cut by raysaga: {size} characters in all]"
@@ -32,13 +33,17 @@ def capture_content() -> bool:
 
 
 def content_limit() -> int:
-    """Characters one captured attribute keeps: ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` (the SDK's own
-    limit, which would cut our mark off) when it is a positive number, else ``CONTENT_LIMIT``."""
-    try:
-        limit = int(os.environ.get(LIMIT_ENV, "").strip())
-    except ValueError:
-        return CONTENT_LIMIT
-    return limit if limit > 0 else CONTENT_LIMIT
+    """Characters one captured attribute keeps: the SDK's own limit when the environment sets one
+    (``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``, in the
+    SDK's order: its cut would take our mark off), else ``CONTENT_LIMIT``."""
+    for name in (SPAN_LIMIT_ENV, LIMIT_ENV):
+        try:
+            limit = int(os.environ.get(name, "").strip())
+        except ValueError:
+            continue
+        if limit > 0:
+            return limit
+    return CONTENT_LIMIT
 
 
 def content(value: Any) -> str:

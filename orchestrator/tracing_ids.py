@@ -11,10 +11,39 @@ exported before its parent still finds it, and a span emitted twice would show u
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 from typing import Any
 
-__all__ = ["DeterministicIds", "deterministic", "span_id", "step_span_context", "trace_id_of"]
+__all__ = ["DeterministicIds", "deterministic", "new_trace_id", "span_id", "step_span_context", "trace_id_of",
+           "trace_sampled"]
+
+
+def new_trace_id() -> str:
+    """A new run's trace id: 128 random bits as 32 hex digits, never zero. Not a ``uuid4``: its low
+    64 bits start with the variant bits ``10`` (always >= 2**63), and OpenTelemetry's
+    ``TraceIdRatioBased`` samples on those bits, so at a ratio of 0.5 or less it kept no run at all."""
+    while True:
+        text = secrets.token_hex(16)
+        if int(text, 16):
+            return text
+
+
+def trace_sampled(trace_id: int, provider: Any = None) -> bool:
+    """Whether ``provider``'s sampler (OpenTelemetry's global provider by default) keeps the trace
+    ``trace_id``, asked as for its root span (an empty context, not the caller's current span).
+    A ratio sampler decides on the trace id alone, so every process agrees; True without a sampler
+    or when it fails (the application's sampler failing is not a reason to drop a run's trace)."""
+    try:
+        from opentelemetry import context, trace
+
+        provider = provider if provider is not None else trace.get_tracer_provider()
+        sampler = getattr(provider, "sampler", None)
+        if sampler is None or not callable(getattr(sampler, "should_sample", None)):
+            return True
+        return bool(sampler.should_sample(context.Context(), trace_id, "run").decision.is_sampled())
+    except Exception:
+        return True
 
 
 def trace_id_of(run_trace_id: str) -> int:
@@ -41,8 +70,9 @@ def step_span_context(run_id: str, run_trace_id: str, node_label: str, attempt: 
     from opentelemetry.trace import SpanContext, TraceFlags
 
     parts: tuple[object, ...] = ("attempt", node_label, attempt, *((f"epoch {epoch}",) if epoch else ()))
-    return SpanContext(trace_id_of(run_trace_id), span_id(run_id, *parts),
-                       is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    trace_id = trace_id_of(run_trace_id)  # sampled as raysaga's own spans are (``trace_sampled``): the
+    flags = TraceFlags(TraceFlags.SAMPLED if trace_sampled(trace_id) else TraceFlags.DEFAULT)  # step's spans
+    return SpanContext(trace_id, span_id(run_id, *parts), is_remote=True, trace_flags=flags)  # go with the run's
 
 
 class DeterministicIds:

@@ -25,7 +25,7 @@ from sqlalchemy import text
 import raysaga
 from raysaga import Ask, RunOptions, Workflow
 from raysaga.orchestrator import tracing, tracing_attrs
-from raysaga.orchestrator.tracing_ids import trace_id_of
+from raysaga.orchestrator.tracing_ids import new_trace_id, step_span_context, trace_id_of
 from raysaga.orchestrator.worker_runs import FailedDrives
 from raysaga.state import Batch, Lease, NodeStatus, NodeWrite, RunStatus, RunUpdate, SqlStore
 from raysaga.state.claims import Claim
@@ -99,7 +99,7 @@ def test_a_ratio_sampler_keeps_or_drops_each_run_whole_as_its_trace_id_says(tmp_
     db = f"sqlite:///{tmp_path / 'half.db'}"
     ratio = TraceIdRatioBased(0.5)
     with sdk_spans(ParentBased(ratio)) as exporter:
-        runs = [raysaga.run(fan, {}, store=db, executor="inline") for _ in range(8)]
+        runs = [raysaga.run(fan, {}, store=db, executor="inline") for _ in range(20)]
     spans = exporter.get_finished_spans()
     kept = 0
     for run in runs:
@@ -112,6 +112,7 @@ def test_a_ratio_sampler_keeps_or_drops_each_run_whole_as_its_trace_id_says(tmp_
         else:
             assert mine == [], f"a dropped run exported {[s.name for s in mine]}"
     assert len(spans) == 10 * kept
+    assert 0 < kept < 20, kept  # some kept, some dropped (uuid4 trace ids were never kept at 0.5: below)
     unsampled = trace.NonRecordingSpan(trace.SpanContext(0xABC, 0xDEF, is_remote=True,
                                                          trace_flags=trace.TraceFlags(trace.TraceFlags.DEFAULT)))
     with sdk_spans(ParentBased(TraceIdRatioBased(1.0))) as exporter, trace.use_span(unsampled):
@@ -318,3 +319,96 @@ def test_a_provider_that_is_not_the_sdks_is_said_once_to_give_no_single_tree(
     assert "docs/observability.md" in said[0]
     assert len(exporter.get_finished_spans()) == 6  # its spans are still written
     sdk.shutdown()
+
+
+# ------------------------------------------------------------------ the diff review of the fixes above
+
+
+def test_new_trace_ids_are_sampled_at_the_ratio_asked() -> None:
+    """Runs had ``uuid4`` trace ids, whose low 64 bits (what ``TraceIdRatioBased`` reads) start with
+    the variant bits ``10``: at a ratio of 0.5 or less no run was ever traced, at 0.75 all were."""
+    import uuid
+
+    ratio = TraceIdRatioBased(0.1)
+
+    def share(ids: list[str]) -> float:
+        kept = [i for i in ids
+                if ratio.should_sample(None, trace_id_of(i), "run").decision == Decision.RECORD_AND_SAMPLE]
+        return len(kept) / len(ids)
+
+    assert share([uuid.uuid4().hex for _ in range(2000)]) == 0.0  # the old ids
+    assert 0.05 < share([new_trace_id() for _ in range(2000)]) < 0.15  # binomial: mean 0.1, sd 0.0067
+
+
+def test_a_steps_own_span_context_is_sampled_as_the_run_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``step_span_context`` marked every context sampled: under a sampler that dropped the run, a
+    step's own spans were kept as orphans (their parent attempt span was never written)."""
+    dropping = TracerProvider(sampler=ParentBased(TraceIdRatioBased(0.0)))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: dropping)
+    assert not step_span_context("r", new_trace_id(), "a", 1).trace_flags.sampled
+    keeping = TracerProvider(sampler=ParentBased(TraceIdRatioBased(1.0)))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: keeping)
+    assert step_span_context("r", new_trace_id(), "a", 1).trace_flags.sampled
+
+
+def test_an_sdk_switched_off_is_tracing_off_without_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """``OTEL_SDK_DISABLED=true``: the SDK's provider hands out ``NoOpTracer``s. raysaga warned it
+    was "not the OpenTelemetry SDK's" and built spans for nothing."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    provider = TracerProvider()
+    raysaga.configure_tracing(provider)
+    try:
+        with caplog.at_level(logging.WARNING, logger="raysaga.driver"):
+            run = raysaga.run(fan, {}, store=f"sqlite:///{tmp_path / 'off.db'}", executor="inline")
+    finally:
+        raysaga.configure_tracing(None)
+    assert run.status == RunStatus.COMPLETED
+    assert "not the OpenTelemetry SDK" not in caplog.text
+    assert tracing.for_commit(SqlStore(f"sqlite:///{tmp_path / 'off.db'}"), run.run_id, "me") is None
+
+
+def test_the_span_limit_the_sdk_reads_first_keeps_the_cut_mark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK reads ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT`` before ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``:
+    raysaga's cut to the second was cut again by the SDK to the first, its mark lost."""
+    monkeypatch.setenv(tracing_attrs.SPAN_LIMIT_ENV, "1000")
+    monkeypatch.setenv(LIMIT_ENV, "5000")
+    cut = tracing_attrs.content("x" * 50_000)
+    assert len(cut) == 1000 and cut.endswith("characters in all]")
+
+
+retried_fan = Workflow("stop45_retried_fan")
+FIXED: list[bool] = []
+
+
+@retried_fan.step()
+def seeds(input: dict[str, Any]) -> list[int]:
+    return [0, 1, 2]
+
+
+@retried_fan.map("seeds")
+def each(seeds: int) -> int:
+    if seeds == 2 and not FIXED:
+        raise ValueError("bad item")
+    return seeds
+
+
+def test_after_an_operators_retry_a_fan_outs_span_starts_in_the_retrys_epoch(tmp_path: Path) -> None:
+    """Items completed before the park fed their start times to the retry's fan-out span, which
+    then began before its own run span (in the earlier epoch)."""
+    db = f"sqlite:///{tmp_path / 'retry.db'}"
+    FIXED.clear()
+    with sdk_spans() as exporter:
+        first = raysaga.run(retried_fan, {}, store=db, executor="inline")
+        assert first.status == RunStatus.FAILED
+        FIXED.append(True)
+        assert raysaga.retry(retried_fan, first.run_id, store=db, executor="inline").status == RunStatus.COMPLETED
+    spans = list(exporter.get_finished_spans())
+    retry_run = next(s for s in spans if s.name.startswith("run ") and s.attributes
+                     and s.attributes.get("raysaga.run.retry") == 1)
+    fan_spans = [s for s in spans if s.name == "node each" and s.parent is not None
+                 and s.parent.span_id == retry_run.context.span_id]
+    assert fan_spans, [s.name for s in spans]
+    for span in fan_spans:
+        assert span.start_time is not None and retry_run.start_time is not None
+        assert span.start_time >= retry_run.start_time, "the retry's fan-out span starts in the earlier epoch"
