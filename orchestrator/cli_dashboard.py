@@ -25,6 +25,12 @@ def dashboard(
         help="Secret every request must carry (open /?token=TOKEN once in the browser).")] = None,
     allow_host: Annotated[list[str] | None, typer.Option(
         "--allow-host", help="Another name the dashboard is reached by (a Host header it accepts).")] = None,
+    user: Annotated[list[str] | None, typer.Option(
+        "--user", help="NAME=TOKEN: a person and their own token (repeatable); an action is then done as the "
+        "person signed in. Exclusive with --token.")] = None,
+    users_file: Annotated[str | None, typer.Option(
+        "--users-file", envvar="RAYSAGA_DASHBOARD_USERS", show_envvar=True,
+        help="A file of NAME=TOKEN lines, one person each (# comments): kept out of the process list.")] = None,
 ) -> None:
     """Serve the web dashboard over the store: runs, their live DAG, nodes, events, /metrics."""
     with errors():
@@ -37,12 +43,14 @@ def dashboard(
         from raysaga.orchestrator.dashboard.server import build
 
         store = cli_store.open_for_reads(db)
-        app, guard = build(store, host=host, token=token, allow_hosts=allow_host or ())
+        app, guard = build(store, host=host, token=token, allow_hosts=allow_host or (), user_pairs=user or (),
+                           users_file=users_file)
         listener = _listen(host, port)  # a port in use is a one-line error, before any URL is announced
         port = int(listener.getsockname()[1])  # port 0: the one the system picked
         shown = f"[{host}]" if ":" in host else host
         say(err, f"raysaga dashboard on http://{shown}:{port}/ over {cli_store.describe(cli_store.store_url(db))}"
-            + (" (token required: open /?token=TOKEN once)" if guard.token else ""))
+            + (" (token required: open /?token=TOKEN once)" if guard.token else "")
+            + (f" ({len(guard.users)} users: each opens /?token=THEIR_TOKEN once)" if guard.users else ""))
         import uvicorn
 
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", proxy_headers=False,

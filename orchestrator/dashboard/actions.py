@@ -75,6 +75,15 @@ def _decision_id(body: dict[str, Any]) -> str | None:
     return value
 
 
+def _unlisted(exc: UserError, by: str, label: str) -> UserError:
+    """The store's refusal of a decider who is not an approver, without the approvers' names
+    (``state.decisions`` lists them, for the CLI's operator): told over the web to someone who is
+    not one, it named whose token or name to use."""
+    if str(exc).startswith(f"{by} may not decide "):
+        return UserError(f"{by} may not decide {label!r}: {by} is not one of its approvers")
+    return exc
+
+
 def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, Any]) -> dict[str, Any]:
     """Do ``verb`` on the run as ``by``; ``UserError`` for an unknown verb, a missing field or an
     action the run's state refuses (the client's message)."""
@@ -87,12 +96,15 @@ def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, An
     client = Client(store)  # borrows the store: never closed here
     if verb in ("approve", "reject"):
         node, index = _node(body, verb)
-        if verb == "approve":
-            decision = client.approve(run_id, node, by=by, answer=body.get("answer"), comment=comment,
-                                      decision_id=_decision_id(body), fan_index=index)
-        else:
-            decision = client.reject(run_id, node, by=by, comment=comment, decision_id=_decision_id(body),
-                                     fan_index=index)
+        try:
+            if verb == "approve":
+                decision = client.approve(run_id, node, by=by, answer=body.get("answer"), comment=comment,
+                                          decision_id=_decision_id(body), fan_index=index)
+            else:
+                decision = client.reject(run_id, node, by=by, comment=comment, decision_id=_decision_id(body),
+                                         fan_index=index)
+        except UserError as exc:
+            raise _unlisted(exc, by, body["node"]) from None
         return {"ok": True, "verb": verb, "by": by, "decision": decision.model_dump(mode="json")}
     if verb == "retry":  # the run is made runnable again; a worker (or `raysaga resume RUN`) drives it
         run = client.retry(run_id, by=by)

@@ -17,6 +17,7 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
   deleted or another run now has its id (its event seq behind the cursor, or another creation).
 - ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
 - ``GET /api/csrf`` the CSRF value this process expects (a page open across a restart asks it again).
+- ``GET /api/me`` who is signed in (``--user``: every action is done as them), else null.
 - ``GET /api/stats`` the store's figures (``Store.stats``); ``GET /metrics`` the same and more as
   Prometheus text.
 """
@@ -28,12 +29,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import anyio
 from fastapi import Body, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -73,25 +74,25 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     async def guarded(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         host = request.headers.get("host")
         if not guard.host_ok(host):
-            return PlainTextResponse("forbidden host (the dashboard answers only to its own names)", 403)
+            return _headed(_refusal(_host_refused(host), 403))
         query_token = request.query_params.get("token") if request.url.path == "/" else None
-        if not guard.token_ok(request.headers.get("authorization"), request.cookies.get(COOKIE), query_token):
-            return PlainTextResponse("a token is needed: open /?token=TOKEN once, or send Authorization: "
-                                     "Bearer TOKEN", 401, headers={"WWW-Authenticate": "Bearer"})
+        user = guard.who(request.headers.get("authorization"), request.cookies.get(COOKIE), query_token)
+        if user is None:
+            answer = _refusal("a token is needed: open /?token=TOKEN once, or send Authorization: Bearer TOKEN", 401)
+            answer.headers["WWW-Authenticate"] = "Bearer"
+            return _headed(answer)
+        request.state.user = user  # "" when no one signs in (no users): names are then labels
         refused = None if request.method in SAFE_METHODS else guard.csrf_problem(
             request.headers.get(CSRF_HEADER), request.headers.get("origin"), host)
         if refused is not None:  # the page tells a stale value ("csrf") by this header, and asks anew
             answer = _refusal("refused: a state-changing request needs the page's CSRF header"
                               if refused == "csrf" else "refused: a request from another origin", 403)
             answer.headers[REFUSED_HEADER] = refused
-            return answer
+            return _headed(answer)
         problem = params.query_problem(request.scope.get("query_string", b""))
         if problem is not None:
-            return _refusal(problem, 400)
-        response = await call_next(request)
-        for k, v in _HEADERS.items():
-            response.headers.setdefault(k, v)
-        return response
+            return _headed(_refusal(problem, 400))
+        return _headed(await call_next(request))
 
     @app.exception_handler(RunNotFoundError)
     async def not_found(request: Request, exc: RunNotFoundError) -> JSONResponse:
@@ -123,10 +124,11 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/", response_class=HTMLResponse)
     def index(request: Request, token: str | None = None) -> Response:
-        if token is not None and guard.token is not None:
+        if token is not None and guard.signs_in:
             redirect = RedirectResponse("/", 303)
-            redirect.set_cookie(COOKIE, guard.token, httponly=True, samesite="strict",
-                                secure=request.url.scheme == "https")
+            if guard.who(None, None, token) is not None:  # this token signs in (not only the cookie sent)
+                redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict",
+                                    secure=request.url.scheme == "https")
             return redirect
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         return HTMLResponse(page.replace("__RAYSAGA_CSRF__", guard.csrf))
@@ -137,6 +139,12 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         # restarted) reads it again here. As readable as the page itself (same Host and token
         # checks, no CORS): a page of another origin cannot read either
         return {"csrf": guard.csrf}
+
+    @app.get("/api/me")
+    def me(request: Request) -> dict[str, str | None]:
+        # who is signed in (--user): whom every action is done as; None without users, when a
+        # name is a label the page gives (its "acting as")
+        return {"user": request.state.user or None}
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -169,7 +177,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     def items(run_id: str, step: str, after: int = -1, limit: int = 200, status: str | None = None
               ) -> dict[str, Any]:
         return views.fan_items(store, _run_id(run_id), params.label_param(_id(step), "step"), after, limit,
-                               params.text_param(status, "status", 40))
+                               params.parse_node_status(params.text_param(status, "status", 40)))
 
     @app.get("/api/runs/{run_id}/nodes/{label}")
     def node(run_id: str, label: str) -> dict[str, Any]:
@@ -191,10 +199,9 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     @app.get("/api/runs/{run_id}/stream")
     async def stream(request: Request, run_id: str, after: int | None = None) -> EventSourceResponse:
         run_id = _run_id(run_id)
-        last = request.headers.get("last-event-id")
+        last = params.last_event_id(request.headers.get("last-event-id"))
         # checked before the stream starts: a number the store cannot hold failed every poll after
-        cursor = params.bounded(int(last), "Last-Event-ID", 0, params.MAX_SEQ) if last and last.isascii() \
-            and last.isdigit() else params.bounded(after or 0, "after", 0, params.MAX_SEQ)
+        cursor = last if last is not None else params.bounded(after or 0, "after", 0, params.MAX_SEQ)
         row = await anyio.to_thread.run_sync(store.run_row, run_id)
         if row is None:
             raise RunNotFoundError(run_id)
@@ -237,11 +244,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         return Response(metrics.render(store, state["streams"]), media_type=metrics.CONTENT_TYPE)
 
     @app.post("/api/runs/{run_id}/actions/{verb}")
-    def act(run_id: str, verb: str, body: dict[str, Any] = Body(default_factory=dict)) -> dict[str, Any]:
+    def act(request: Request, run_id: str, verb: str, body: dict[str, Any] = Body(default_factory=dict)
+            ) -> dict[str, Any]:
         run_id, verb = _run_id(run_id), _id(verb)
         if body.get("confirm") is not True:
             raise UserError(f"{verb}: confirm the action (send \"confirm\": true)")
-        by = _actor(body.get("by") or actor or "dashboard")
+        signed: str = request.state.user
+        by = _signed_actor(signed, body.get("by"), verb) if signed else _actor(body.get("by") or actor or "dashboard")
         return actions.perform(store, run_id, verb, by=by, body=body)
 
     app.add_middleware(_RawRunPaths)
@@ -273,12 +282,12 @@ RUNS = "/api/runs/"
 
 def _id(segment: str) -> str:
     """A path parameter under ``/api/runs/`` as sent (routed raw by ``_RawRunPaths``)."""
-    return unquote(segment)
+    return params.path_segment(segment)
 
 
 def _run_id(segment: str) -> str:
     """The run id of a path under ``/api/runs/`` (one no run can have: 404 at once)."""
-    return params.run_id_param(unquote(segment))
+    return params.run_id_param(params.path_segment(segment))
 
 
 #: Longest name an action is done as (it is recorded in the event the action appends).
@@ -292,6 +301,39 @@ def _actor(value: Any) -> str:
         shown = value[:40] + "…" if isinstance(value, str) and len(value) > 40 else value
         raise UserError(f"by={shown!r} is not a name: 1-{MAX_ACTOR} printable characters")
     return value
+
+
+#: What the page's *acting as* sends when left empty: no name given.
+PAGE_DEFAULT_ACTOR = "dashboard"
+
+
+def _signed_actor(signed: str, given: Any, verb: str) -> str:
+    """Who acts when users sign in: the one signed in. A ``by`` naming someone else is a 403 (with
+    users, a name is who holds the token, never what a request says); absent, empty or the page's
+    default (``dashboard``: its *acting as* left empty) is filled in."""
+    if given is None or given in ("", PAGE_DEFAULT_ACTOR, signed):
+        return signed
+    shown = _actor(given)  # a name that is no name is a 400, as without users
+    raise StarletteHTTPException(403, f"{verb}: you are signed in as {signed!r}, and an action is done as the "
+                                      f"person signed in: by={shown[:40]!r} names someone else (leave by out, "
+                                      "or sign in with their token)")
+
+
+def _host_refused(host: str | None) -> str:
+    """The 403 of a Host the dashboard does not answer to, naming it and the way to add it."""
+    if host is None:
+        return "forbidden host: the request has no Host header (the dashboard answers only to its own names)"
+    shown = host.strip()[:100]
+    name = shown.rsplit(":", 1)[0] if shown.count(":") == 1 else shown
+    return (f"forbidden host {shown!r}: the dashboard answers only to its own names (a page elsewhere may rebind "
+            f"its name to this address); if {name!r} is how you reach it, start it with --allow-host {name}")
+
+
+def _headed(response: Response) -> Response:
+    """``response`` with the security headers every answer carries (a refusal's too)."""
+    for k, v in _HEADERS.items():
+        response.headers.setdefault(k, v)
+    return response
 
 
 def _refusal(message: str, code: int) -> JSONResponse:

@@ -2,14 +2,20 @@
 
 The workflow comes from the ``workflow_ref`` the run records, imported the way ``resume`` does
 (``loader.load_recorded_workflow``: a module name from the operator's own environment, never a
-file path), once per (ref, definition hash) per process. When it cannot be imported here (the
-dashboard runs where the workflow's code is not installed), the graph is built from the run's
-node rows: every step that has a row, without edges, and the page says why.
+file path), once per (ref, definition hash) per process, and a failed import too (its note is
+kept: importing again would run the module's top level, its side effects, on every read). When it
+cannot be imported here (the dashboard runs where the workflow's code is not installed), the graph
+is built from the run's node rows: every step that has a row, without edges, and the page says why.
+A run whose definition is not the one imported here (the module changed while the dashboard ran)
+is drawn from that import plus the steps of its rows the import lacks, and the note says so.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
+import time
 from typing import Any
 
 from raysaga.errors import RaySagaError
@@ -18,6 +24,10 @@ from raysaga.state import RunRecord
 from raysaga.state.redact import scrub_text
 
 _cache: dict[tuple[str, str], dict[str, Any]] = {}
+#: The note of a (ref, definition hash) whose import failed: not imported again by this process.
+_failed: dict[tuple[str, str], str] = {}
+#: When this process first drew a graph from each module (``import_module`` keeps that import).
+_imported: dict[str, float] = {}
 _lock = threading.Lock()
 
 
@@ -50,21 +60,23 @@ def graph_for(run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
     if ref:
         key = (ref, run.definition_hash)
         with _lock:
-            cached = _cache.get(key)
-        if cached is None:
+            cached, note = _cache.get(key), _failed.get(key)
+        if cached is None and note is None:
             try:
                 cached = workflow_graph(ref, run.run_id)
             except (RaySagaError, ImportError, SyntaxError, AttributeError) as exc:
                 note = scrub_text(f"the workflow {ref!r} cannot be imported here ({exc}); steps are drawn from the "
                                   "run's rows, without edges")
-            else:
-                with _lock:
+            with _lock:  # a failure too: importing again ran the module's top level (its side effects) per read
+                if cached is None:
+                    _failed[key] = note or ""
+                else:
                     _cache[key] = cached
+                    _imported.setdefault(ref.partition(":")[0], time.time())
         if cached is not None:
             graph = dict(cached)
             if graph["definition_hash"] != run.definition_hash:
-                graph["note"] = ("the workflow's definition changed since this run started: the graph is "
-                                 "today's code")
+                return _other_definition(graph, run, step_ids)
             return graph
     else:
         note = ("the run does not record its workflow's module (`raysaga run MODULE:WF` records it; "
@@ -72,8 +84,46 @@ def graph_for(run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
                 "started, without edges")
     steps = list(dict.fromkeys(base_step(s) for s in step_ids))
     return {"source": "rows", "definition_hash": None, "note": note, "edges": [],
-            "nodes": [{"id": s, "kind": "step", "map_over": None, "effect": False, "critical": True,
-                       "compensated": False, "deps": []} for s in steps]}
+            "nodes": [_row_node(s) for s in steps]}
+
+
+def _row_node(step: str) -> dict[str, Any]:
+    """A step known only from the run's rows: no kind, no edges."""
+    return {"id": step, "kind": "step", "map_over": None, "effect": False, "critical": True, "compensated": False,
+            "deps": []}
+
+
+def _other_definition(graph: dict[str, Any], run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
+    """The graph of a run whose definition is not the one imported here: the imported one with the
+    run's row steps it lacks added (without edges), and a note saying which side is older.
+    ``import_module`` returns the module this process imported first, so a run started from code
+    changed since (a new step) was drawn without its new steps, under a note calling the
+    dashboard's stale import "today's code"."""
+    ref = str(run.workflow_ref)
+    module = ref.partition(":")[0]
+    with _lock:
+        loaded_at = _imported.get(module, 0.0)
+    known = {n["id"] for n in graph["nodes"]}
+    missing = [s for s in dict.fromkeys(base_step(s) for s in step_ids) if s not in known]
+    graph = {**graph, "nodes": [*graph["nodes"], *(_row_node(s) for s in missing)]}
+    extra = (f" (steps {', '.join(missing)} are drawn from the run's rows, without edges)" if missing else "")
+    if _changed_since(module, loaded_at) or run.created_at > loaded_at:
+        graph["note"] = (f"this dashboard holds an older import of {module} than the definition this run started "
+                         f"with{extra}: restart it to draw the new steps' edges")
+    else:
+        graph["note"] = (f"the workflow's definition changed since this run started: the graph is the code of {module} "
+                         f"this dashboard imported{extra}")
+    return graph
+
+
+def _changed_since(module: str, loaded_at: float) -> bool:
+    """Whether ``module``'s source file was written after this process first imported it."""
+    found = sys.modules.get(module)
+    path = getattr(found, "__file__", None)
+    try:
+        return bool(path) and os.stat(str(path)).st_mtime > loaded_at
+    except OSError:
+        return False
 
 
 __all__ = ["base_step", "graph_for", "workflow_graph"]

@@ -12,10 +12,10 @@ import math
 import re
 from collections.abc import Sequence
 from typing import Any, TypeGuard
-from urllib.parse import unquote_to_bytes
+from urllib.parse import unquote, unquote_to_bytes
 
 from raysaga.errors import RunNotFoundError, UserError
-from raysaga.state import RunStatus
+from raysaga.state import NodeStatus, RunStatus
 from raysaga.types import MAX_LABELS, check_labels
 
 #: The event log's sequence numbers are 64-bit; a fan-out's indexes 32-bit (the store's columns).
@@ -122,6 +122,41 @@ def parse_status(value: str | None) -> str | None:
     return value
 
 
+def parse_node_status(value: str | None) -> str | None:
+    """A node state (a fan-out's items filter), or ``UserError`` naming the states: an unknown one
+    listed no items, silently, as if the fan-out had none in it."""
+    if not value:
+        return None
+    states = [s.value for s in NodeStatus]
+    if value not in states:
+        raise UserError(f"status={value[:40]!r} is not a node state: one of {', '.join(states)}")
+    return value
+
+
+def path_segment(segment: str) -> str:
+    """A path parameter under ``/api/runs/`` (routed on the raw path) percent-decoded, or
+    ``UserError``: bytes that are not UTF-8 (``%FF``) were read as U+FFFD and looked up as
+    another label (a 200 for "\ufffd"), as query strings once were."""
+    try:
+        return unquote(segment, errors="strict")
+    except UnicodeDecodeError:
+        raise UserError(f"the path segment {segment[:40]!r}, percent-decoded, is not UTF-8 text "
+                        "(%FF, or %ED%A0%80: a lone surrogate): percent-encode text as UTF-8 "
+                        "(encodeURIComponent)") from None
+
+
+def last_event_id(value: str | None) -> int | None:
+    """The ``Last-Event-ID`` a reconnecting browser sends, as a cursor; None when absent or not a
+    number (the stream then starts from ``after``). Longer than 19 digits (beyond 64 bits) is a
+    ``UserError``: ``int()`` of 4,301 digits or more raised ValueError (Python's limit), a 500."""
+    if not value or not (value.isascii() and value.isdigit()):
+        return None
+    if len(value) > 19:
+        raise UserError(f"Last-Event-ID={value[:20]}… is {len(value):,} digits long: an event seq is at most "
+                        f"{MAX_SEQ} (19 digits)")
+    return bounded(int(value), "Last-Event-ID", 0, MAX_SEQ)
+
+
 def parse_time(value: str | None, name: str) -> float | None:
     """An ISO date/time (UTC unless it says) or epoch seconds (finite: ``nan`` would list no runs)."""
     if not value:
@@ -189,6 +224,6 @@ def validation_message(errors: Sequence[Any]) -> str:
     return f"{name}={first.get('input')!r:.60}: {first.get('msg', 'not accepted')}".replace("Input should", "it should")
 
 
-__all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_filter", "label_param", "node_param",
-           "parse_cursor", "parse_status", "parse_time", "query_problem", "run_id_param", "text_param",
-           "validation_message"]
+__all__ = ["MAX_INDEX", "MAX_RUN_ID", "MAX_SEQ", "bounded", "fits", "label_filter", "label_param", "last_event_id",
+           "node_param", "parse_cursor", "parse_node_status", "parse_status", "parse_time", "path_segment",
+           "query_problem", "run_id_param", "text_param", "validation_message"]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from raysaga.orchestrator.dashboard.security import Guard, check_bind, resolve_token
+from raysaga.orchestrator.dashboard.security import Guard, check_bind, resolve_token, resolve_users
 from raysaga.state import Store
 
 if TYPE_CHECKING:
@@ -13,14 +13,18 @@ if TYPE_CHECKING:
 
 
 def build(store: Store, *, host: str = "127.0.0.1", token: str | None = None,
-          allow_hosts: Iterable[str] = (), poll: float | None = None) -> tuple[FastAPI, Guard]:
+          allow_hosts: Iterable[str] = (), poll: float | None = None, users: Mapping[str, str] | None = None,
+          user_pairs: Iterable[str] = (), users_file: str | None = None) -> tuple[FastAPI, Guard]:
     """The application and its guard; ``UserError`` when ``host`` is not loopback and there is
-    no token (``token`` or ``RAYSAGA_DASHBOARD_TOKEN``)."""
+    neither a token (``token`` or ``RAYSAGA_DASHBOARD_TOKEN``) nor users (``users``: name ->
+    token; ``user_pairs``, ``--user NAME=TOKEN`` as given; the lines of ``users_file``, else of the
+    file ``RAYSAGA_DASHBOARD_USERS`` names)."""
     from raysaga.orchestrator.dashboard.app import POLL_SECONDS, create_app
 
+    people = resolve_users([*(f"{name}={key}" for name, key in (users or {}).items()), *user_pairs], users_file)
     secret = resolve_token(token)
-    check_bind(host, secret)
-    guard = Guard.make(host, secret, allow_hosts)
+    check_bind(host, secret, people)
+    guard = Guard.make(host, secret, allow_hosts, people)
     return create_app(store, guard, poll=POLL_SECONDS if poll is None else poll), guard
 
 
