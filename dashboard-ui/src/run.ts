@@ -4,8 +4,11 @@
 // counts of the fan-outs they touch); a reconnect resumes from the last event id. A `gone` message
 // says the run was deleted (the page says so and reads again every 5 s) or another run now has its
 // id (the page reads it afresh). Steps are kept by name in a Map (`steps`), never a plain object.
+// A message repaints the steps it touched and their dependents (every step only when the run's
+// status changed), and the timeline follows new events only when it is scrolled to its end, once
+// a frame: reading its scrollHeight after each message laid out the whole page, DAG included.
 import { actor, clear, clock, getJSON, h, postJSON, secs, utc } from "./dom";
-import { drawDag, legend, liveState, type DagView, type Steps } from "./dag";
+import { dependentsOf, drawDag, legend, liveState, nodesOf, type DagView, type Nodes, type Steps } from "./dag";
 import { drawGantt } from "./gantt";
 import { badge, labelChips } from "./list";
 import { renderPanel } from "./panel";
@@ -64,6 +67,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
 
   let doc: RunDoc | null = null;
   let steps: Steps = new Map();
+  let nodes: Nodes = new Map();
+  let dependents = new Map<string, string[]>();
   let gone: Gone | null = null;
   let view: DagView | null = null;
   let selected: string | null = params.get("node");
@@ -74,13 +79,14 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
 
   const depsOf = (label: string): string[] => {
     const { step, turn, comp } = baseStep(label.replace(/\[\d+\]$/, ""));
-    return turn || comp ? [step] : doc?.graph.nodes.find((n) => n.id === step)?.deps ?? [];
+    return turn || comp ? [step] : nodes.get(step)?.deps ?? [];
   };
   const pick = (label: string): void => {
+    const was = selected;
     selected = label;
     panel.hidden = false;
     void renderPanel(panel, runId, label, pick, () => void load(), depsOf(label));
-    if (view && doc) for (const id of view.ids) view.update(id);
+    if (view && doc) { if (was !== null) view.update(was); view.update(label); }  // the highlight moves
   };
 
   const drawHead = (run: RunSummary & Partial<RunDoc["run"]>, now: number): void => {
@@ -158,14 +164,15 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     clear(dagBox);
     if (d.graph.note) dagBox.append(h("p", { class: "muted note" }, d.graph.note));
     const hidden = (id: string): boolean => hide.checked &&
-      liveState(d.graph, steps, id, d.run.status === "running") === "completed";
-    view = drawDag(d.graph, steps, hidden, (id) => {
-      const node = d.graph.nodes.find((n) => n.id === id);
+      liveState(nodes, steps, id, d.run.status === "running") === "completed";
+    view = drawDag(d.graph, nodes, steps, hidden, (id) => {
+      const node = nodes.get(id);
       const st = steps.get(id);
       if (node?.map_over || Object.keys(st?.counts ?? {}).length) void expand(id);
       pick(id);
-    }, selected, () => doc?.run.status === "running",
+    }, () => selected, () => doc?.run.status === "running",
     () => ["completed", "cancelled", "compensated", "failed", "compensation_failed"].includes(doc?.run.status ?? ""));
+    if (view.note) dagBox.append(h("p", { class: "muted note", id: "dag-grid-note" }, view.note));
     dagBox.append(view.svg);
   };
 
@@ -201,6 +208,13 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   const itemCell = (r: Row): HTMLElement => h("button", { class: `item ${cls(r.status)}`, "data-node": r.node,
     title: `${r.node}: ${r.status}`, onclick: () => pick(r.node) }, `${symbol(r.status)}${r.index ?? ""}`);
 
+  // follow the newest events while the timeline is scrolled to its end (a reader who scrolled up
+  // keeps their place); its scroll event says where it is, read when the page is laid out anyway
+  let follow = true;
+  let scrolling = 0;
+  timeline.addEventListener("scroll", () => {
+    follow = timeline.scrollTop + timeline.clientHeight >= timeline.scrollHeight - 8;
+  });
   const addEvents = (events: EventJSON[]): void => {
     for (const e of events) {
       if (e.kind === "lease_claimed" && !claims.includes(e.at)) claims.push(e.at);
@@ -211,7 +225,10 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
           : null));
     }
     while (timeline.childElementCount > MAX_EVENTS) timeline.firstElementChild?.remove();
-    timeline.scrollTop = timeline.scrollHeight;
+    if (follow && !scrolling) scrolling = window.requestAnimationFrame(() => {
+      scrolling = 0;
+      timeline.scrollTop = timeline.scrollHeight;
+    });
   };
 
   const stepOf = (name: string): StepState => {
@@ -223,13 +240,16 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   const apply = (change: Change): void => {
     if (!doc) return;
     let relayout = false;
+    const was = doc.run.status;
     const touched = new Set<string>();
     for (const r of change.nodes) {
       const { step, turn, comp } = baseStep(r.node_id);
       const st = stepOf(step);
-      if (!doc.graph.nodes.some((n) => n.id === step)) {
-        doc.graph.nodes.push({ id: step, kind: "step", map_over: null, effect: false, critical: true,
-          compensated: false, deps: [] });
+      if (!nodes.has(step)) {
+        const node = { id: step, kind: "step", map_over: null, effect: false, critical: true, compensated: false,
+          deps: [] };
+        doc.graph.nodes.push(node);
+        nodes.set(step, node);
         relayout = true;
       }
       if (comp) st.compensation = r.status;
@@ -254,9 +274,15 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     }
     drawHead({ ...doc.run, ...change.run }, Date.now() / 1000);
     doc.run = { ...doc.run, ...change.run };
-    // a step's completion makes its dependents in flight: repaint every node (text only, no layout)
+    // a step's completion makes its dependents in flight: repaint the touched steps and their
+    // dependents (text only, no layout); a change of the run's status, every step
     if (relayout || hide.checked) layout();
-    else for (const id of view?.ids ?? []) view?.update(id);
+    else if (doc.run.status !== was) for (const id of view?.ids ?? []) view?.update(id);
+    else {
+      const again = new Set(touched);
+      for (const step of touched) for (const d of dependents.get(step) ?? []) again.add(d);
+      for (const id of again) view?.update(id);
+    }
     addEvents(change.events);
     drawGanttNow();
     if (selected && panel.hidden === false && change.nodes.some((r) => r.node === selected ||
@@ -318,10 +344,18 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     if (closed) return;
     gone = null;
     document.body.removeAttribute("data-gone");
-    steps = new Map(Object.entries(doc.steps));  // own keys only, a `__proto__` step's included
+    // own keys only, a `__proto__` step's included; each step's own row is read from `rows` (the
+    // server sends a row once: `steps` holds its status only)
+    steps = new Map(Object.entries(doc.steps).map(([name, st]) => [name, { ...st, row: null, items: [] }]));
+    nodes = nodesOf(doc.graph);
+    dependents = dependentsOf(doc.graph);
     rows.clear();
     claims.length = 0;
-    for (const r of doc.rows) rows.set(r.node, r);
+    for (const r of doc.rows) {
+      rows.set(r.node, r);
+      const { step, turn, comp } = baseStep(r.node_id);
+      if (r.index === null && !turn && !comp) stepOf(step).row = r;
+    }
     drawHead(doc.run, doc.now);
     layout();
     drawGanttNow();

@@ -35,11 +35,15 @@ export interface StepState {
   compensation: string | null;
 }
 
+/** A step as the run page's first read sends it: its own row's status only and its first items'
+ * labels (the rows themselves are in `RunDoc.rows`, sent once). */
+export interface StepDoc extends Omit<StepState, "row" | "items"> { row: { status: string } | null; items: string[] }
+
 export interface RunDoc {
   run: RunSummary & { trace_id: string; workflow_ref: string | null; input: Shown; output: Shown;
     error: Record<string, unknown> | null; wake_at: number | null; event_seq: number;
     forked_from: string | null; children: { run_id: string; status: string; forked_from: string | null }[] };
-  graph: Graph; steps: Record<string, StepState>; rows: Row[]; cursor: number; now: number;
+  graph: Graph; steps: Record<string, StepDoc>; rows: Row[]; cursor: number; now: number;
 }
 
 export interface EventJSON { seq: number; at: number; kind: string; node: string | null; data: unknown }

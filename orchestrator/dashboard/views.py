@@ -110,6 +110,17 @@ def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dic
     return steps
 
 
+def _sent_once(steps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The steps as the run page gets them: each step's own row as its status only and its first
+    items as their labels, since the page's ``rows`` holds every row whole. Sent in both, the rows
+    were a third of a 10,000-step run's 6.9 MB page."""
+    for entry in steps.values():
+        row = entry["row"]
+        entry["row"] = None if row is None else {"status": row["status"]}
+        entry["items"] = [item["node"] for item in entry["items"]]
+    return steps
+
+
 def _agent_counts(store: Store, run_id: str, steps: Iterable[str] | None) -> dict[str, dict[str, int]]:
     """Turns and tool calls of each agent step, every item counted (``DashboardReads.agent_counts``);
     another ``Store``: none (the counts of the rows read stand)."""
@@ -170,7 +181,7 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
                 "children": [{"run_id": c["run_id"], "status": str(c["status"]), "forked_from": c["forked_from"]}
                              for c in store.children(run_id)]},
         "graph": graph_for(run, started_order(rows)),
-        "steps": _with_agent_counts(_steps(rows, counts), _agent_counts(store, run_id, None)),
+        "steps": _sent_once(_with_agent_counts(_steps(rows, counts), _agent_counts(store, run_id, None))),
         "rows": [_row(r) for r in rows],
         "cursor": cursor,
         "now": time.time(),
