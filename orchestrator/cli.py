@@ -111,7 +111,7 @@ def _version(value: bool) -> None:
             version = "(not installed)"
         with errors():
             where = _stores().describe(default_url())
-        say(out, f"raysaga {version}")
+        say(out, f"raysaga {version} (store schema {_stores().SCHEMA_VERSION})")
         say(out, f"store: {where} (--db or RAYSAGA_DB to change it)")
         raise typer.Exit(0)
 

@@ -62,13 +62,16 @@ def prune(
                      f"{', '.join(report.kept[:20])}{' ...' if len(report.kept) > 20 else ''}")
 
 
-def db_upgrade(db: DbOpt = None) -> None:
-    """Create or migrate the store's schema (also done automatically on first use)."""
+def db_upgrade(db: DbOpt = None, force: Annotated[bool, typer.Option(
+        "--force", help="Migrate even while runs are being driven by an older raysaga (their steps in flight "
+                        "are lost and run again on resume)")] = False) -> None:
+    """Create or migrate the store's schema (also done automatically on first use; refused while
+    an older raysaga drives runs on it, unless --force)."""
     with errors():
         from raysaga.orchestrator import cli_store
         from raysaga.state.engine import make_engine
         from raysaga.state.migrate import upgrade
 
         url = cli_store.store_url(db)
-        version = upgrade(make_engine(url))
+        version = upgrade(make_engine(url), force=force)
         say(out, f"{cli_store.describe(url)}: schema version {version}")

@@ -10,6 +10,7 @@ from raysaga.errors import StoreUnavailableError
 from raysaga.state import SqlStore, describe_store, open_store
 from raysaga.state import engine as _engine
 from raysaga.state.redact import scrub_text
+from raysaga.state.schema import SCHEMA_VERSION as SCHEMA_VERSION  # (`raysaga --version` says it)
 
 
 def store_url(db: str | None) -> str:

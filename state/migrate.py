@@ -102,8 +102,10 @@ def check_version(found: int | None) -> None:
 _MIGRATING = threading.Lock()
 
 
-def upgrade(engine: Engine) -> int:
-    """Bring the database to this raysaga's schema; return the version now in force."""
+def upgrade(engine: Engine, *, force: bool = False) -> int:
+    """Bring the database to this raysaga's schema; return the version now in force. An existing
+    store that runs are being driven on now (by an older raysaga: this one cannot drive it before
+    it is migrated) is refused unless ``force`` (``_refuse_live_drivers``)."""
     found = current_version(engine)
     check_version(found)
     check_revisions(engine)
@@ -113,7 +115,7 @@ def upgrade(engine: Engine) -> int:
     with _MIGRATING:  # alembic's `context` and `op` are module globals: one migration per process at once
         if current_version(engine) == SCHEMA_VERSION:  # another thread migrated it meanwhile
             return SCHEMA_VERSION
-        _migrate(engine)
+        _migrate(engine, force=force or found is None)
         if found is None:
             _compact_new_file(engine)
     found = current_version(engine)
@@ -126,7 +128,7 @@ def upgrade(engine: Engine) -> int:
 MIGRATION_WAIT_S = 600.0
 
 
-def _migrate(engine: Engine) -> None:
+def _migrate(engine: Engine, *, force: bool = False) -> None:
     """Migrate to head in one transaction. Two processes migrating one database at once: the
     second waits, then finds it done (PostgreSQL: an advisory lock; SQLite: the write lock, waited
     for past the busy timeout while another process migrates, up to ``MIGRATION_WAIT_S``)."""
@@ -136,6 +138,8 @@ def _migrate(engine: Engine) -> None:
             with opening(_url(engine)), engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
+                if not force:  # (in the migration's transaction: on SQLite no lease is taken meanwhile)
+                    _refuse_live_drivers(conn, _url(engine))
                 upgrade_to(conn, "head")
             return
         except sa_exc.OperationalError as exc:
@@ -144,6 +148,27 @@ def _migrate(engine: Engine) -> None:
                 raise
         if _migrated_meanwhile(engine, deadline):
             return
+
+
+def _refuse_live_drivers(conn: Connection, url: str) -> None:
+    """Refuse to migrate a store whose runs hold a live lease: their drivers run an older raysaga
+    (this one cannot drive the store before it is migrated), and a migration that rebuilds tables
+    under them crashed them mid-step with a raw SQL error ("no column named run_id"). Said with
+    the runs and owners, and the two ways on."""
+    if not inspect(conn).has_table("raysaga_runs"):
+        return
+    live = conn.execute(text("SELECT run_id, lease_owner FROM raysaga_runs WHERE lease_owner IS NOT NULL "
+                             "AND lease_expires_at > :now ORDER BY run_id"), {"now": time.time()}).all()
+    if not live:
+        return
+    where = describe_store(url)
+    named = ", ".join(f"{run} by {owner}" for run, owner in live[:5]) + (" ..." if len(live) > 5 else "")
+    raise SchemaVersionError(
+        f"the store {where} needs migrating to schema version {SCHEMA_VERSION}, and {len(live)} run(s) are being "
+        f"driven on it now by an older raysaga ({named}): migrating it under them would crash them mid-step. Stop "
+        f"those workers and drivers first (SIGTERM hands their runs back), then `raysaga db upgrade --db {where}`; "
+        f"or `raysaga db upgrade --force --db {where}` (their steps in flight are lost and run again when this "
+        "raysaga resumes the runs; no committed effect is repeated)")
 
 
 def _migrated_meanwhile(engine: Engine, deadline: float) -> bool:

@@ -177,6 +177,27 @@ def test_wheel_holds_every_source_module_and_data_file(wheel_names: set[str]) ->
     )
 
 
+#: The store schema each released version of raysaga migrates to. A new migration without a new
+#: version left `pip install -U raysaga` (the fix every "newer schema" error gives) a no-op: 0.1.0
+#: went through schemas 1 to 14. Add a row (and raise [project] version) with each schema change.
+SCHEMA_OF_VERSION = {"0.2.0": 14}
+
+
+def test_each_schema_change_raises_the_version() -> None:
+    from raysaga.state.schema import SCHEMA_VERSION
+
+    version = importlib.metadata.version("raysaga")
+    assert SCHEMA_OF_VERSION.get(version) == SCHEMA_VERSION, (
+        f"raysaga {version} migrates stores to schema {SCHEMA_VERSION}, but SCHEMA_OF_VERSION says "
+        f"{SCHEMA_OF_VERSION.get(version)}: a schema change needs a new [project] version in pyproject.toml "
+        "(and a row here), so `pip install -U raysaga` can bring it; reinstall (pip install -e .) after changing it")
+
+
+def test_wheel_carries_the_license(wheel_names: set[str]) -> None:
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in wheel_names), sorted(
+        n for n in wheel_names if ".dist-info/" in n)
+
+
 def test_wheel_holds_only_the_raysaga_namespace(wheel: Path, wheel_names: set[str]) -> None:
     version = wheel.name.split("-")[1]
     dist_info = f"raysaga-{version}.dist-info/"
