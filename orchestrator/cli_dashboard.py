@@ -45,6 +45,11 @@ def dashboard(
         store = cli_store.open_for_reads(db)
         app, guard = build(store, host=host, token=token, allow_hosts=allow_host or (), user_pairs=user or (),
                            users_file=users_file)
+        from raysaga.orchestrator.dashboard.security import users_file_warning
+
+        loose = users_file_warning(users_file)  # the file holds every token: say so when others may read it
+        if loose is not None:
+            say(err, loose)
         listener = _listen(host, port)  # a port in use is a one-line error, before any URL is announced
         port = int(listener.getsockname()[1])  # port 0: the one the system picked
         shown = f"[{host}]" if ":" in host else host

@@ -111,7 +111,19 @@ export function pretty(value: unknown): string {
   return JSON.stringify(value, null, 2) ?? "null";
 }
 
+// With users (`raysaga dashboard --user NAME=TOKEN`), who is signed in: read once from /api/me
+// (main.ts). An action is then done as them whatever the page sends, so the page sends and shows
+// that name, never the *acting as* box (a page another site signed in as someone else asked to
+// "approve ... as dashboard" while the action was recorded as that someone).
+let signedIn: string | null = null;
+
+export function setSignedIn(name: string | null): void {
+  signedIn = name;
+}
+
+/** Who acts: the person signed in; without users, the *acting as* box's name (a label). */
 export function actor(): string {
+  if (signedIn !== null) return signedIn;
   const input = document.getElementById("actor") as HTMLInputElement | null;
   return (input?.value || "").trim() || "dashboard";
 }

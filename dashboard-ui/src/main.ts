@@ -1,5 +1,5 @@
 // The dashboard's entry: a hash router between the run list and a run's page.
-import { h } from "./dom";
+import { clear, getJSON, h, postJSON, setSignedIn } from "./dom";
 import { renderList } from "./list";
 import { renderRun } from "./run";
 
@@ -16,13 +16,54 @@ function route(): void {
   else leave = renderList(root, params);
 }
 
-const actor = document.getElementById("actor") as HTMLInputElement | null;
-if (actor) {
+// Without users, the *acting as* box: a name the page sends (a label, kept in localStorage).
+function actingAs(): void {
+  const actor = document.getElementById("actor") as HTMLInputElement | null;
+  if (!actor) return;
   actor.value = localStorage.getItem("raysaga-actor") ?? "";
   actor.addEventListener("change", () => localStorage.setItem("raysaga-actor", actor.value));
 }
-window.addEventListener("hashchange", route);
+
+// With users, who is signed in, read-only, in place of the *acting as* box, and a way out.
+function signedIn(name: string): void {
+  const box = h("span", { class: "actor", id: "signed-in" }, "signed in as ", h("b", { id: "signed-in-name" }, name),
+    h("button", { type: "button", id: "sign-out", onclick: () => void signOut() }, "Sign out"));
+  document.querySelector(".top .actor")?.replaceWith(box);
+}
+
+// The cookie cleared by the server (POST /api/logout); the page then stops reading (a run's
+// stream too) and says how to sign in again.
+async function signOut(): Promise<void> {
+  try {
+    await postJSON("/api/logout", {});
+  } catch (e) {
+    window.alert(`Could not sign out: ${(e as Error).message}`);
+    return;
+  }
+  leave?.();
+  leave = null;
+  window.removeEventListener("hashchange", route);
+  document.getElementById("signed-in")?.remove();
+  const root = document.getElementById("app");
+  if (!root) return;
+  clear(root);
+  root.append(h("p", { id: "signed-out" }, "Signed out. To sign in, open /?token=<your token> in this browser " +
+    "(paste the link into the address bar)."));
+}
+
+async function start(): Promise<void> {
+  let me: string | null = null;
+  try {
+    me = (await getJSON<{ user: string | null }>("/api/me")).user;
+  } catch { /* not read: as without users (an action's refusal then says who is signed in) */ }
+  setSignedIn(me);
+  if (me !== null) signedIn(me);
+  else actingAs();
+  window.addEventListener("hashchange", route);
+  route();
+}
+
 window.addEventListener("error", (ev) => {
   document.getElementById("app")?.prepend(h("p", { class: "error" }, `error: ${ev.message}`));
 });
-route();
+void start();

@@ -3,7 +3,9 @@
 Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but GET/HEAD):
 
 - ``GET /`` the page (the front-end built from ``dashboard-ui/``, served from ``static/``);
-  ``/?token=T`` sets the token cookie and redirects to ``/``.
+  ``/?token=T`` sets the token cookie and redirects to ``/`` (a wrong one is a 401 that clears
+  it; a link another site opened is refused: ``security``'s *Sign-in*). ``POST /api/logout``
+  clears it.
 - ``GET /api/runs`` a page of runs (``status``, ``workflow``, ``since``, ``until``, ``q``,
   ``label=KEY=VALUE`` (repeatable: every one must hold), ``before``, ``limit``) with counts by
   state; ``GET /api/inbox`` nodes waiting for a human.
@@ -24,6 +26,7 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
 
 from __future__ import annotations
 
+import html
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -41,7 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError, UserError
 from raysaga.orchestrator.dashboard import actions, metrics, params, views
-from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, SAFE_METHODS, Guard
+from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, FOREIGN_SITES, SAFE_METHODS, Guard
 from raysaga.state import Store
 from raysaga.state.dashboard_reads import RunFilter
 from raysaga.state.redact import scrub_text
@@ -75,10 +78,11 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         host = request.headers.get("host")
         if not guard.host_ok(host):
             return _headed(_refusal(_host_refused(host), 403))
-        query_token = request.query_params.get("token") if request.url.path == "/" else None
-        user = guard.who(request.headers.get("authorization"), request.cookies.get(COOKIE), query_token)
+        if request.url.path == "/" and "token" in request.query_params and guard.signs_in:
+            return _headed(_sign_in(request, guard))  # the link alone decides: never the cookie sent with it
+        user = guard.who(request.headers.get("authorization"), request.cookies.get(COOKIE))
         if user is None:
-            answer = _refusal("a token is needed: open /?token=TOKEN once, or send Authorization: Bearer TOKEN", 401)
+            answer = _page_or_json(request, NEEDS_TOKEN, 401)
             answer.headers["WWW-Authenticate"] = "Bearer"
             return _headed(answer)
         request.state.user = user  # "" when no one signs in (no users): names are then labels
@@ -123,13 +127,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         return _refusal(str(exc), 500)  # a missing or altered blob, said: not a bare "Internal Server Error"
 
     @app.get("/", response_class=HTMLResponse)
-    def index(request: Request, token: str | None = None) -> Response:
-        if token is not None and guard.signs_in:
-            redirect = RedirectResponse("/", 303)
-            if guard.who(None, None, token) is not None:  # this token signs in (not only the cookie sent)
-                redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict",
-                                    secure=request.url.scheme == "https")
-            return redirect
+    def index() -> Response:  # a `/?token=` sign-in is answered before (`_sign_in`)
         page = (STATIC / "index.html").read_text(encoding="utf-8")
         return HTMLResponse(page.replace("__RAYSAGA_CSRF__", guard.csrf))
 
@@ -142,9 +140,16 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/me")
     def me(request: Request) -> dict[str, str | None]:
-        # who is signed in (--user): whom every action is done as; None without users, when a
-        # name is a label the page gives (its "acting as")
+        # who is signed in (--user): whom every action is done as, which the page shows in place
+        # of its "acting as"; None without users, when a name is a label the page gives
         return {"user": request.state.user or None}
+
+    @app.post("/api/logout")
+    def logout(request: Request) -> Response:
+        # the cookie cleared (a CSRF-checked POST, as every action: another site cannot sign anyone out)
+        answer = JSONResponse({"ok": True, "signed_out": request.state.user or None})
+        _clear_cookie(answer, request)
+        return answer
 
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
 
@@ -315,8 +320,8 @@ def _signed_actor(signed: str, given: Any, verb: str) -> str:
         return signed
     shown = _actor(given)  # a name that is no name is a 400, as without users
     raise StarletteHTTPException(403, f"{verb}: you are signed in as {signed!r}, and an action is done as the "
-                                      f"person signed in: by={shown[:40]!r} names someone else (leave by out, "
-                                      "or sign in with their token)")
+                                      f"person signed in: by={shown[:40]!r} names someone else (leave by out: "
+                                      "it is done as you)")
 
 
 def _host_refused(host: str | None) -> str:
@@ -341,6 +346,48 @@ def _refusal(message: str, code: int) -> JSONResponse:
     quotes the row's text (``CorruptRecordError``), which may be an output holding a key, and
     the CLI's errors, scrubbed, hid it while the page showed it."""
     return JSONResponse({"error": scrub_text(message)}, code)
+
+
+#: The 401's advice: fixed text, never scrubbed (the scrubber masked its placeholders: "Bearer [redacted]").
+NEEDS_TOKEN = ("a token is needed: open /?token=<your token> once in this browser, or send the header "
+               "Authorization: Bearer <your token>")
+FOREIGN_SIGN_IN = ("refused: this sign-in link (/?token=...) was opened by another site, which could sign this "
+                   "browser in as someone else; who is signed in has not changed. To sign in, open the link "
+                   "yourself: paste it into the address bar")
+WRONG_TOKEN = ("the token of this sign-in link (/?token=...) is not one this dashboard knows (mistyped, or not "
+               "given when it started): this browser is signed out; open /?token=<your token> with your own token")
+
+
+def _sign_in(request: Request, guard: Guard) -> Response:
+    """The answer to ``/?token=T``: the cookie set and a redirect to ``/``; a 401 clearing the
+    cookie when ``T`` is no token here; a 403 when another site opened the link (login CSRF), the
+    cookie then left as it was."""
+    if request.headers.get("sec-fetch-site", "").strip().lower() in FOREIGN_SITES:
+        return _page_or_json(request, FOREIGN_SIGN_IN, 403)
+    token = request.query_params.get("token", "")
+    if guard.sign_in(token) is None:
+        answer = _page_or_json(request, WRONG_TOKEN, 401)
+        answer.headers["WWW-Authenticate"] = "Bearer"
+        _clear_cookie(answer, request)
+        return answer
+    redirect = RedirectResponse("/", 303)
+    redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return redirect
+
+
+def _clear_cookie(response: Response, request: Request) -> None:
+    """Expire the token cookie (its attributes as set, so that every browser drops it)."""
+    response.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=request.url.scheme == "https")
+
+
+def _page_or_json(request: Request, message: str, code: int) -> Response:
+    """A refusal of fixed text: a page for a browser opening ``/`` (the JSON of a 401 was all a
+    signed-out person saw), else ``{"error": ...}``."""
+    if request.url.path == "/" and "text/html" in request.headers.get("accept", ""):
+        body = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>raysaga dashboard</title>"
+                f"</head><body><h1>raysaga dashboard</h1><p id=\"refusal\">{html.escape(message)}</p></body></html>")
+        return HTMLResponse(body, code)
+    return JSONResponse({"error": message}, code)
 
 
 __all__ = ["POLL_SECONDS", "create_app"]

@@ -6,8 +6,8 @@ file path), once per (ref, definition hash) per process, and a failed import too
 kept: importing again would run the module's top level, its side effects, on every read). When it
 cannot be imported here (the dashboard runs where the workflow's code is not installed), the graph
 is built from the run's node rows: every step that has a row, without edges, and the page says why.
-A run whose definition is not the one imported here (the module changed while the dashboard ran)
-is drawn from that import plus the steps of its rows the import lacks, and the note says so.
+A run whose definition is not the one imported here is drawn from that import plus the steps of
+its rows the import lacks, and the note says so (that the import is older only when it is known).
 """
 
 from __future__ import annotations
@@ -95,10 +95,11 @@ def _row_node(step: str) -> dict[str, Any]:
 
 def _other_definition(graph: dict[str, Any], run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
     """The graph of a run whose definition is not the one imported here: the imported one with the
-    run's row steps it lacks added (without edges), and a note saying which side is older.
-    ``import_module`` returns the module this process imported first, so a run started from code
-    changed since (a new step) was drawn without its new steps, under a note calling the
-    dashboard's stale import "today's code"."""
+    run's row steps it lacks added (without edges), and a note. "An older import" (restart the
+    dashboard) only when it is known to be: the module's file changed after this process imported
+    it, and the run was created after that change. Otherwise the note says only that they differ:
+    a worker not yet upgraded starts runs of older code than the dashboard's (a rolling deploy),
+    and a run older than a change is no sign of this import's age."""
     ref = str(run.workflow_ref)
     module = ref.partition(":")[0]
     with _lock:
@@ -106,24 +107,25 @@ def _other_definition(graph: dict[str, Any], run: RunRecord, step_ids: list[str]
     known = {n["id"] for n in graph["nodes"]}
     missing = [s for s in dict.fromkeys(base_step(s) for s in step_ids) if s not in known]
     graph = {**graph, "nodes": [*graph["nodes"], *(_row_node(s) for s in missing)]}
-    extra = (f" (steps {', '.join(missing)} are drawn from the run's rows, without edges)" if missing else "")
-    if _changed_since(module, loaded_at) or run.created_at > loaded_at:
+    changed = _written_at(module)
+    if changed is not None and loaded_at < changed < run.created_at:
+        extra = f" (steps {', '.join(missing)} are drawn from the run's rows, without edges)" if missing else ""
         graph["note"] = (f"this dashboard holds an older import of {module} than the definition this run started "
                          f"with{extra}: restart it to draw the new steps' edges")
     else:
-        graph["note"] = (f"the workflow's definition changed since this run started: the graph is the code of {module} "
-                         f"this dashboard imported{extra}")
+        graph["note"] = (f"the run's definition differs from the code this dashboard imported ({module}): steps it "
+                         "does not know are drawn without edges")
     return graph
 
 
-def _changed_since(module: str, loaded_at: float) -> bool:
-    """Whether ``module``'s source file was written after this process first imported it."""
+def _written_at(module: str) -> float | None:
+    """When ``module``'s source file was last written (None: not imported, no file)."""
     found = sys.modules.get(module)
     path = getattr(found, "__file__", None)
     try:
-        return bool(path) and os.stat(str(path)).st_mtime > loaded_at
+        return os.stat(str(path)).st_mtime if path else None
     except OSError:
-        return False
+        return None
 
 
 __all__ = ["base_step", "graph_for", "workflow_graph"]

@@ -6,6 +6,13 @@
   ``raysaga_token`` cookie that opening ``/?token=TOKEN`` once sets (HttpOnly, SameSite=Strict),
   else 401. Compared in constant time. Every holder of the shared token is one principal: the
   name an action is done as (``by``) is then a label the page sends, not who acts.
+- **Sign-in.** ``/?token=TOKEN`` is the only way a cookie is set, and it decides alone (a cookie
+  sent with it does not count): a wrong token is a 401 that clears the cookie (a mistyped link
+  left the previous person signed in, silently), and a link opened from another site
+  (``Sec-Fetch-Site: cross-site`` or ``same-site``) is refused: a top-level navigation sets even a
+  SameSite=Strict cookie, so any page could sign a browser in as someone else (login CSRF).
+  Browsers send ``Sec-Fetch-Site`` to https and loopback addresses only; a client without it is
+  let in. ``POST /api/logout`` clears the cookie.
 - **Users.** ``--user NAME=TOKEN`` (repeatable) or ``--users-file PATH``
   (``RAYSAGA_DASHBOARD_USERS``: one ``NAME=TOKEN`` a line) give each person a token of their own,
   carried the same three ways; the token says who is signed in, and an action is done as that
@@ -62,32 +69,73 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _ascii_problem(token: str) -> str | None:
+    """Why ``token`` cannot be one, or None: a browser's cookie carries printable ASCII only (a
+    character above U+00FF made ``/?token=`` a 500, its cookie header unencodable)."""
+    bad = next((c for c in token if not " " <= c <= "~"), None)
+    if bad is None:
+        return None
+    return (f"holds the character U+{ord(bad):04X}: a token is printable ASCII (letters, digits, punctuation), "
+            f"which a browser's cookie carries ({_TOKEN_HINT})")
+
+
 def resolve_token(token: str | None) -> str | None:
     """The token given, else the environment's; empty means none."""
     value = token if token is not None else os.environ.get(TOKEN_ENV)
     value = (value or "").strip()
     if value and len(value) < 16:  # (said before it is a secret: "too short" itself was masked for "short")
         raise UserError(f"the dashboard token is too short: use 16 characters or more ({_TOKEN_HINT})")
+    problem = _ascii_problem(value)
+    if problem is not None:
+        raise UserError(f"the dashboard token (--token, {TOKEN_ENV}) {problem}")
     if value:  # never printed nor logged, whichever way it came (the environment's is by its name)
         register_secret(value)
     return value or None
+
+
+def _users_lines(path: str) -> list[tuple[str, str]]:
+    """The entries of a users file, each with where it is (``FILE line N``); ``UserError`` when it
+    cannot be read. A value holding '=' is never quoted: it is a ``NAME=TOKEN`` given where a
+    file's name belongs (``RAYSAGA_DASHBOARD_USERS=alice=TOKEN``), and quoting it printed the token."""
+    shown = "the users file" if "=" in path else f"the users file {path!r}"
+    try:  # utf-8-sig: a file saved with a byte-order mark (Windows' editors) read its first name as '\ufeffalice'
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        if "=" in path:
+            raise UserError(f"the value of {USERS_ENV} / --users-file is not a readable file: it should name a file "
+                            "of NAME=TOKEN lines (one person: --user NAME=TOKEN)") from None
+        raise UserError(f"cannot read the dashboard's users file {path!r} ({USERS_ENV}, --users-file): "
+                        f"{getattr(exc, 'strerror', None) or exc}") from None
+    return [(f"{shown} line {n}", line.strip()) for n, line in enumerate(text.splitlines(), 1)
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def users_file_warning(path: str | None) -> str | None:
+    """The warning ``raysaga dashboard`` prints at start when the users file (``path``, else
+    ``RAYSAGA_DASHBOARD_USERS``'s) is readable by its group or others: it holds every token."""
+    path = path if path is not None else os.environ.get(USERS_ENV) or None
+    try:
+        mode = os.stat(path).st_mode if path else 0
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    shown = "the users file" if "=" in str(path) else f"the users file {path!r}"
+    return (f"warning: {shown} is readable by others than its owner (mode {mode & 0o777:o}) and holds every "
+            f"person's token: chmod 600 it")
 
 
 def resolve_users(pairs: Iterable[str] = (), file: str | None = None) -> dict[str, str]:
     """Each person's token, name -> token, from ``--user NAME=TOKEN`` and a file of such lines
     (``--users-file``, else ``RAYSAGA_DASHBOARD_USERS``; blank lines and ``#`` comments skipped);
     ``UserError`` naming the entry that is not one (no '=', a name that is no name, a token under
-    16 characters, a name or a token given twice: a shared token would sign two people in as one)."""
-    entries = [("--user", pair) for pair in pairs]
+    16 characters or not printable ASCII, a name or a token given twice: a shared token would sign
+    two people in as one). A refused entry's text is never echoed, nor its name when its token is
+    short: a line holding a token alone (``c2VjcmV0...=``) splits at its padding."""
+    entries = [("--user" if n == 1 else f"--user #{n}", pair) for n, pair in enumerate(pairs, 1)]
     path = file if file is not None else os.environ.get(USERS_ENV) or None
     if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read the dashboard's users file {path!r} ({USERS_ENV}, --users-file): "
-                            f"{getattr(exc, 'strerror', None) or exc}") from None
-        entries += [(f"{path} line {n}", line.strip()) for n, line in enumerate(text.splitlines(), 1)
-                    if line.strip() and not line.strip().startswith("#")]
+        entries += _users_lines(path)
     users: dict[str, str] = {}
     for where, entry in entries:
         name, sep, token = entry.partition("=")
@@ -95,10 +143,14 @@ def resolve_users(pairs: Iterable[str] = (), file: str | None = None) -> dict[st
         if not sep or not name:  # the entry is not echoed: it may be a token alone
             raise UserError(f"{where}: an entry is not NAME=TOKEN ({'no name' if sep else 'no ='}): e.g. "
                             "--user alice=$(python -c 'import secrets; print(secrets.token_urlsafe())')")
+        if len(token) < 16:  # the name unsaid: "NAME" may be a token, cut at its '=' padding
+            raise UserError(f"{where}: the entry's token is missing or too short: each entry is NAME=TOKEN, "
+                            f"the token 16 characters or more ({_TOKEN_HINT})")
         if len(name) > MAX_NAME or not name.isprintable():
             raise UserError(f"{where}: the user name {name[:40]!r} is not a name: 1-{MAX_NAME} printable characters")
-        if len(token) < 16:
-            raise UserError(f"{where}: the token of {name!r} is too short: use 16 characters or more ({_TOKEN_HINT})")
+        problem = _ascii_problem(token)
+        if problem is not None:
+            raise UserError(f"{where}: the token of {name!r} {problem}")
         if name in users:
             raise UserError(f"{where}: the user {name!r} is given twice: one token per person")
         if any(hmac.compare_digest(token.encode(), t.encode()) for t in users.values()):
@@ -119,6 +171,10 @@ def check_bind(host: str, token: str | None, users: Mapping[str, str] | None = N
         raise UserError(f"--host {host} exposes the dashboard beyond this machine: it needs a token "
                         f"(--token TOKEN or {TOKEN_ENV}=TOKEN, or a token per person: --user NAME=TOKEN), "
                         "which every request must then carry")
+
+
+#: ``Sec-Fetch-Site`` of a request another site made the browser send: no sign-in from it.
+FOREIGN_SITES = frozenset({"cross-site", "same-site"})
 
 
 def _host_only(value: str) -> str:
@@ -191,7 +247,8 @@ class Guard:
     def who(self, authorization: str | None, cookie: str | None, query: str | None = None) -> str | None:
         """Who the request is from: a user's name; ``""`` when it is let in without one (no users:
         the shared token, or none needed); None when refused (401). The bearer header counts
-        first, then ``?token=``, then the cookie; every token is compared, in constant time."""
+        first, then ``query`` (the app passes none: a ``/?token=`` link is ``sign_in``'s alone),
+        then the cookie; every token is compared, in constant time."""
         if not self.signs_in:
             return ""
         given = []
@@ -203,6 +260,10 @@ class Guard:
             if found is not None:
                 return found
         return None
+
+    def sign_in(self, token: str) -> str | None:
+        """Whom a ``/?token=`` link signs in (``""``: the shared token), or None: not a token here."""
+        return self._match(token.encode()) if token else None
 
     def _match(self, given: bytes) -> str | None:
         found = None
@@ -271,5 +332,5 @@ def _interface_addresses() -> set[str]:
     return found
 
 
-__all__ = ["COOKIE", "CSRF_HEADER", "SAFE_METHODS", "TOKEN_ENV", "USERS_ENV", "Guard", "allowed_name", "check_bind",
-           "is_loopback", "resolve_token", "resolve_users"]
+__all__ = ["COOKIE", "CSRF_HEADER", "FOREIGN_SITES", "SAFE_METHODS", "TOKEN_ENV", "USERS_ENV", "Guard", "allowed_name",
+           "check_bind", "is_loopback", "resolve_token", "resolve_users", "users_file_warning"]

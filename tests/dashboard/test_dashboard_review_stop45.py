@@ -174,7 +174,7 @@ def test_the_cli_takes_users_and_refuses_a_bad_one(tmp_path: Path) -> None:
                            "--port", "0", "--user", "alice=short"], capture_output=True, text=True, timeout=60,
                           env=env)
     assert done.returncode == 2, done.stderr
-    assert "--user: the token of 'alice' is too short" in done.stderr
+    assert "--user: the entry's token is missing or too short" in done.stderr
 
 
 # ---------------------------------------------------------------- B2, B3: the graph of a changed or failing module
@@ -230,6 +230,8 @@ def test_a_run_of_a_changed_module_shows_its_new_steps_and_says_the_import_is_ol
             graph = http.get("/api/runs/old45").json()["graph"]
             assert [n["id"] for n in graph["nodes"]] == ["first", "second"] and not graph.get("note")
             source.write_text(FLOW_V2)  # the module changes while the dashboard runs
+            written = time.time()  # (the file system's clock is coarser: a write within its tick looked older)
+            os.utime(source, (written, written))
             new = _load("evolve45_flow_v2", source).wf
             create_run(new, None, store=url, run_id="new45", workflow_ref="evolve45_flow:wf")
             raysaga.resume(new, "new45", store=url, executor="inline")
@@ -350,12 +352,127 @@ def test_refusals_are_400s_in_the_error_form(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_short_token_is_said_to_be_too_short_in_plain_words() -> None:
-    """The token was registered as a secret before its length was checked: ``--token short`` was
-    refused with "the dashboard token is too [redacted]"."""
-    from raysaga.errors import UserError
-    from raysaga.orchestrator.dashboard.security import resolve_token
+def test_a_short_token_is_said_to_be_too_short_in_plain_words(tmp_path: Path) -> None:
+    """The token was registered as a secret before its length was checked: ``raysaga dashboard
+    --token short`` printed "the dashboard token is too [redacted]" (the CLI scrubs what it prints;
+    the exception's own text was always plain)."""
+    done = _dashboard_cli(tmp_path, "--token", "short")
+    assert done.returncode == 2, done.stderr
+    assert "the dashboard token is too short: use 16 characters or more" in done.stderr, done.stderr
+    assert "[redacted]" not in done.stderr
 
+
+def _dashboard_cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``raysaga dashboard --db (a new store) --port 0 ARGS`` run to its refusal (it never serves)."""
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+    SqlStore(url).close()
+    clean = {k: v for k, v in os.environ.items() if k not in (TOKEN_ENV, USERS_ENV)}
+    return subprocess.run([sys.executable, "-m", "raysaga", "dashboard", "--db", url, "--port", "0", *args],
+                          capture_output=True, text=True, timeout=60, env={**clean, **env})
+
+
+# ---------------------------------------------------------------- diff review: what a refusal prints
+
+
+def test_a_users_value_that_is_no_file_is_refused_without_quoting_it(tmp_path: Path) -> None:
+    """``RAYSAGA_DASHBOARD_USERS='alice=TOKEN'`` (a user where a file belongs) was refused with
+    "cannot read the dashboard's users file 'alice=TOKEN'", the token printed."""
+    secret = "alice-secret-token-0123456789"
+    done = _dashboard_cli(tmp_path, **{USERS_ENV: f"alice={secret}"})
+    assert done.returncode == 2, done.stderr
+    assert secret not in done.stderr and "alice-secret" not in done.stderr, done.stderr
+    assert (f"the value of {USERS_ENV} / --users-file is not a readable file: it should name a file of NAME=TOKEN "
+            "lines") in done.stderr, done.stderr
+
+
+def test_a_users_line_that_is_a_token_alone_is_refused_by_its_number(tmp_path: Path) -> None:
+    """A line holding only a base64 token split at its '=' padding, and the refusal quoted the token
+    as the entry's name ("the token of 'c2VjcmV0...' is too short")."""
+    alone = "c2VjcmV0LXRva2VuLWFsb25lLTAxMjM0NTY3ODk="
+    people = tmp_path / "users"
+    people.write_text(f"cfo={CFO}\n{alone}\n")
+    people.chmod(0o600)
     with pytest.raises(UserError) as refused:
-        resolve_token("short")
-    assert "the dashboard token is too short: use 16 characters or more" in str(refused.value)
+        security.resolve_users(file=str(people))
+    message = str(refused.value)
+    assert alone[:-1] not in message and alone[:8] not in message, message
+    assert message.startswith(f"the users file {str(people)!r} line 2: the entry's token is missing or too short")
+    for entry in ("c2VjcmV0LXRva2Vu==", f"{alone[:-1]}=short"):  # padding of two; a short token
+        with pytest.raises(UserError) as refused:
+            security.resolve_users([entry])
+        assert "c2VjcmV0" not in str(refused.value) and "too short" in str(refused.value), str(refused.value)
+
+
+def test_the_401_says_how_to_sign_in_unmasked(tmp_path: Path) -> None:
+    """The 401 was scrubbed as a value is: "open /?token=[redacted] once, or send Authorization: Bearer [redacted]"."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'raysaga.db'}")
+    try:
+        with served(store, users={"cfo": CFO}) as base, httpx.Client(base_url=base) as http:
+            answer = http.get("/api/runs")
+            assert answer.status_code == 401
+            assert answer.json() == {"error": "a token is needed: open /?token=<your token> once in this browser, or "
+                                              "send the header Authorization: Bearer <your token>"}
+    finally:
+        store.close()
+
+
+# ---------------------------------------------------------------- diff review: the users file's mode
+
+
+def test_a_users_file_others_may_read_is_warned_of_at_start(tmp_path: Path) -> None:
+    """The docs said "mode 600" and nothing checked it: the file holds every person's token."""
+    people = tmp_path / "users"
+    people.write_text(f"cfo={CFO}\n")
+    people.chmod(0o644)
+    warning = (f"warning: the users file {str(people)!r} is readable by others than its owner (mode 644) and holds "
+               "every person's token: chmod 600 it")
+    import socket
+
+    with socket.socket() as busy:  # the dashboard stops at its port, after what it says at start
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        done = _dashboard_cli(tmp_path, "--users-file", str(people), "--port", port)
+        assert done.returncode == 2 and f"port {port} is in use" in done.stderr, done.stderr
+        assert warning in " ".join(done.stderr.split()), done.stderr
+        people.chmod(0o600)
+        done = _dashboard_cli(tmp_path, "--users-file", str(people), "--port", port)
+        assert done.returncode == 2 and "warning" not in done.stderr, done.stderr
+
+
+# ---------------------------------------------------------------- diff review: the graph's note
+
+
+def test_a_run_of_older_code_than_the_dashboard_s_is_not_called_newer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any run created after the dashboard's import was said to show that import old ("restart
+    it"): in a rolling deploy the dashboard holds v2 and a worker still on v1 starts a run; a run
+    of v0 was said newer once v2 was written after the dashboard imported v1."""
+    source = tmp_path / "rolling45_flow.py"
+    source.write_text(FLOW_V2.replace("evolve45", "rolling45"))  # the new code, deployed before the dashboard started
+    os.utime(source, (time.time() - 60, time.time() - 60))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "rolling45_flow", raising=False)
+    url = f"sqlite:///{tmp_path / 'raysaga.db'}"
+    older = tmp_path / "v1" / "rolling45_flow.py"
+    older.parent.mkdir()
+    older.write_text(FLOW_V1.replace("evolve45", "rolling45"))
+    v1 = _load("rolling45_flow_v1", older).wf  # a worker not yet upgraded
+    create_run(v1, None, store=url, run_id="before45", workflow_ref="rolling45_flow:wf")
+    store = SqlStore(url)
+    neutral = ("the run's definition differs from the code this dashboard imported (rolling45_flow): steps it does "
+               "not know are drawn without edges")
+    try:
+        with served(store) as base, httpx.Client(base_url=base) as http:
+            assert http.get("/api/runs/before45").json()["graph"]["note"] == neutral
+            create_run(v1, None, store=url, run_id="after45", workflow_ref="rolling45_flow:wf")
+            graph = http.get("/api/runs/after45").json()["graph"]
+            assert graph["note"] == neutral, graph["note"]
+            source.write_text(FLOW_V1.replace("evolve45", "rolling45") + "\n# v3\n")  # deployed after, no restart
+            written = time.time()
+            os.utime(source, (written, written))
+            assert http.get("/api/runs/before45").json()["graph"]["note"] == neutral  # older than the change
+            assert http.get("/api/runs/after45").json()["graph"]["note"] == neutral
+    finally:
+        store.close()
+        sys.modules.pop("rolling45_flow", None)
