@@ -138,8 +138,11 @@ def _migrate(engine: Engine, *, force: bool = False) -> None:
             with opening(_url(engine)), engine.begin() as conn:
                 if conn.dialect.name == "postgresql":
                     conn.execute(text("SELECT pg_advisory_xact_lock(7355608)"))
-                if not force:  # (in the migration's transaction: on SQLite no lease is taken meanwhile)
-                    _refuse_live_drivers(conn, _url(engine))
+                if _version_in(conn) == SCHEMA_VERSION:
+                    return  # another process migrated it while this one waited for the lock: its own
+                    # drivers may hold leases by now, and they are no older raysaga
+                if not force:  # (in the migration's transaction: on SQLite no lease is taken meanwhile;
+                    _refuse_live_drivers(conn, _url(engine))  # on PostgreSQL the table lock sees to it)
                 upgrade_to(conn, "head")
             return
         except sa_exc.OperationalError as exc:
@@ -150,6 +153,13 @@ def _migrate(engine: Engine, *, force: bool = False) -> None:
             return
 
 
+def _version_in(conn: Connection) -> int | None:
+    """The schema version as this transaction sees it (None: no raysaga tables yet)."""
+    if not inspect(conn).has_table(schema_info.name):
+        return None
+    return conn.execute(select(schema_info.c.version).where(schema_info.c.id == 1)).scalar_one_or_none()
+
+
 def _refuse_live_drivers(conn: Connection, url: str) -> None:
     """Refuse to migrate a store whose runs hold a live lease: their drivers run an older raysaga
     (this one cannot drive the store before it is migrated), and a migration that rebuilds tables
@@ -157,6 +167,8 @@ def _refuse_live_drivers(conn: Connection, url: str) -> None:
     the runs and owners, and the two ways on."""
     if not inspect(conn).has_table("raysaga_runs"):
         return
+    if conn.dialect.name == "postgresql":  # no lease taken or renewed between this look and the migration
+        conn.execute(text("LOCK TABLE raysaga_runs IN SHARE ROW EXCLUSIVE MODE"))
     live = conn.execute(text("SELECT run_id, lease_owner FROM raysaga_runs WHERE lease_owner IS NOT NULL "
                              "AND lease_expires_at > :now ORDER BY run_id"), {"now": time.time()}).all()
     if not live:
@@ -168,7 +180,8 @@ def _refuse_live_drivers(conn: Connection, url: str) -> None:
         f"driven on it now by an older raysaga ({named}): migrating it under them would crash them mid-step. Stop "
         f"those workers and drivers first (SIGTERM hands their runs back), then `raysaga db upgrade --db {where}`; "
         f"or `raysaga db upgrade --force --db {where}` (their steps in flight are lost and run again when this "
-        "raysaga resumes the runs; no committed effect is repeated)")
+        "raysaga resumes the runs; no committed effect is repeated). Idle older workers hold no lease and are not "
+        "seen: stop every older worker before upgrading")
 
 
 def _migrated_meanwhile(engine: Engine, deadline: float) -> bool:

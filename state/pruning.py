@@ -146,7 +146,9 @@ def _undoers(conn: Connection, prunable: ColumnElement[bool]) -> dict[str, set[s
     ``fork_rows.undos``). Only forks inherit, so only their rows are read."""
     found: dict[str, set[str]] = {}
     of_forks = and_(prunable, runs.c.parent_run_id.is_not(None))
-    for run_id, _, _, _, origin in conn.execute(undos(of_forks, lambda executed: executed.is_not(None))).all():
+    pairs = undos(of_forks, lambda executed: executed.is_not(None)).subquery()
+    by_pair = select(pairs.c.run_id, pairs.c.origin_run_id).distinct()  # (one row per undone item otherwise)
+    for run_id, origin in conn.execute(by_pair).all():
         if origin != run_id:
             found.setdefault(run_id, set()).add(origin)
     return found

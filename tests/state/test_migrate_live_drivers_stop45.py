@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 
 from raysaga.errors import SchemaVersionError
-from raysaga.state import SqlStore
+from raysaga.state import SqlStore, migrate
 from raysaga.state.engine import make_engine
 from raysaga.state.migrate import current_version, upgrade
 from raysaga.state.schema import SCHEMA_VERSION
@@ -62,3 +62,23 @@ def test_a_lease_that_ran_out_or_none_lets_the_migration_go_on(tmp_path: Path) -
             assert upgrade(engine) == SCHEMA_VERSION
         finally:
             engine.dispose()
+
+
+def test_a_store_migrated_meanwhile_by_another_process_is_not_refused_for_its_leases(tmp_path: Path) -> None:
+    """Processes of this raysaga queued on the migration lock: the first migrated and began driving
+    runs; the next ones, which had read the old version, found its leases and exited blaming "an
+    older raysaga". The version is read again under the lock first."""
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    store = SqlStore(url)
+    try:
+        store.engine.dispose()
+        with store.engine.begin() as conn:  # a run this raysaga is driving now
+            conn.execute(text("INSERT INTO raysaga_runs (run_id, run_key, workflow_name, workflow_version, "
+                              "definition_hash, status, version, fence, event_seq, retries_used, tokens_used, "
+                              "cost_used, trace_id, created_at, updated_at, lease_owner, lease_expires_at) VALUES "
+                              "('mine', 1, 'wf', '1', 'h', 'running', 1, 1, 1, 0, 0, 0.0, 't', 1.0, 1.0, 'me', "
+                              ":until)"),
+                         {"until": time.time() + 3600})
+        migrate._migrate(store.engine)  # as a process that read an older version before the lock does
+    finally:
+        store.close()
