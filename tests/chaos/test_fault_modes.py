@@ -152,7 +152,11 @@ def test_raise_leaves_a_run_a_resume_finishes(rule: str, services: FakeServices,
 
 
 def test_stall_past_the_lease_keeps_it(services: FakeServices, golden: dict[str, Any], tmp_path: Path) -> None:
-    """A stall four leases long: the heartbeat renews, a second driver backs off, the first finishes."""
+    """A stall six leases long: the heartbeat renews, a second driver backs off, the first finishes.
+
+    The second driver is let go only once the lease held when the stall began would have run
+    out, and the stored lease has moved on: within its first TTL a lease holds with or without
+    a heartbeat, so a driver turned away then says nothing of it."""
     db = f"sqlite:///{tmp_path / 'run.db'}"
     services.reset()
     stall = 6 * TTL
@@ -165,6 +169,14 @@ def test_stall_past_the_lease_keeps_it(services: FakeServices, golden: dict[str,
     try:
         # the stall has begun once the charge reached the provider (its result not yet durable)
         harness.wait_until(lambda: services.log()["raw"], timeout=60, what="the charge to reach the provider")
+        first = store.get_run(RUN_ID).lease_expires_at
+        assert first is not None
+        # the stalled driver's main thread writes nothing now: only its heartbeat moves the lease
+        harness.wait_until(lambda: time.time() > first, timeout=10, what="the first lease to run out")
+        lease = store.get_run(RUN_ID).lease_expires_at
+        assert stalled.poll() is None, "the stall should outlast the first lease"
+        assert lease is not None and lease > first, f"the heartbeat did not renew the lease: it ended at " \
+                                                   f"{first}, {time.time() - first:.2f}s ago"
         go.touch()
         turned_away = harness.finish(second)
         assert turned_away.returncode == harness.EXIT_LEASE_HELD, turned_away.describe()

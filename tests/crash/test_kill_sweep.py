@@ -6,6 +6,9 @@ started with ``RAYSAGA_FAULTS=<point>:<label>`` and must die of SIGKILL there; o
 has expired (polled in the store) a second subprocess resumes the run, and the test checks:
 
 - the run's final status and output equal the golden run's, and so does every node's status;
+- every node completed as often as in the golden run (once: ``node_completed`` and
+  ``items_completed`` events): a step committed completed at the kill is restored, never run
+  again (its output and status would not show a second execution);
 - the fake provider saw exactly one *effective* call per key, and exactly the golden keys (a
   re-issued call under a fresh key would add a key and a second effect on its subject);
 - a key got more than one *raw* call only where the effect was uncertain at the kill: its
@@ -18,7 +21,8 @@ The crash points: ``after_commit`` of every node (the node boundaries), ``before
 ``before_transition`` of the final ``completed`` transition. The whole sweep runs inline with
 ``RAYSAGA_FULL_SWEEP=1``, and again on Ray; by default (CI) a representative subset of each does
 (``INLINE_CI_CASES``, ``RAY_CI_CASES``). The order flow's sweep runs again with the store on
-PostgreSQL (when ``RAYSAGA_TEST_PG_URL`` is set; CI: ``PG_CI_CASES``, one case per kind of point).
+PostgreSQL (when a server answers; CI: ``PG_CI_CASES``, one case per kind of point); without one,
+``PG_CI_CASES`` run on SQLite instead, so CI covers every point of ``order`` either way.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 
 import pytest
 
-from raysaga.state import EffectStatus, NodeStatus, RunStatus
+from raysaga.state import EffectStatus, NodeStatus, RunStatus, SqlStore
 from tests.support import REPO
 from tests.support import crash_driver as harness
 from tests.support.kill_sweep import (
@@ -41,6 +45,8 @@ from tests.support.kill_sweep import (
     FULL_SWEEP,
     LEASE_TTL,
     case_ids,
+    completion_counts,
+    differing_counts,
     kill_and_resume,
     ledger_label,
     rows,
@@ -139,6 +145,7 @@ class Golden:
     nodes: dict[str, str]
     keys: dict[str, str]  # effect node label -> idempotency key
     by_subject: dict[str, int]
+    executions: dict[str, int]  # node label -> how often it completed (``completion_counts``)
 
 
 @pytest.fixture(scope="module")
@@ -159,13 +166,19 @@ def golden_run(flow: str, executor: str, services: Any, goldens: dict[tuple[str,
     assert done.returncode == 0, done.describe()
     assert done.result is not None and done.result["status"] == "completed", done.describe()
     nodes, effects = rows(db, RUN_ID)
+    store = SqlStore(db)
+    try:
+        executions = dict(completion_counts(store, RUN_ID))
+    finally:
+        store.close()
+    assert executions == dict.fromkeys(nodes, 1), f"the golden run completed nodes other than once: {executions}"
     assert sorted(nodes) == sorted(node_labels(flow)), "the golden run recorded other nodes than expected"
     assert set(nodes.values()) == {"completed"}
     keys = {ledger_label(e): e.idempotency_key for e in effects}
     assert sorted(keys) == sorted(effect_labels(flow)) and {e.status for e in effects} == {EffectStatus.COMMITTED}
     log = services.log()
     assert log["raw"] == log["effective"] == dict.fromkeys(keys.values(), 1), log
-    golden = Golden(done.result["status"], done.result["output"], nodes, keys, log["by_subject"])
+    golden = Golden(done.result["status"], done.result["output"], nodes, keys, log["by_subject"], executions)
     goldens[(flow, executor)] = golden
     return golden
 
@@ -199,6 +212,9 @@ def sweep_case(flow: str, point: str, label: str, executor: str, golden: Golden,
         run = store.get_run(RUN_ID)
         assert (run.status.value, run.output) == (golden.status, golden.output)
         assert {n.label: n.status.value for n in store.nodes(RUN_ID)} == golden.nodes
+        # ... and every node ran to completion as often as there (a restored step is not run again)
+        differ = differing_counts(completion_counts(store, RUN_ID), golden.executions)
+        assert not differ, f"{point}:{label}: nodes completed other than as in the golden run (here, golden): {differ}"
 
         # invariant 2: one effective call per key, under the golden keys only
         effects = store.effects(RUN_ID)
@@ -260,6 +276,29 @@ def test_kill_sweep_inline_on_postgresql(flow: str, point: str, label: str, serv
         sweep_case(flow, point, label, "inline", golden, services, tmp_path, db=url)
     finally:
         drop_pg_database(pg_base_url, url)
+
+
+@pytest.mark.parametrize(("flow", "point", "label"), PG_CI_CASES, ids=case_ids(PG_CI_CASES))
+def test_kill_sweep_pg_ci_cases_on_sqlite_without_postgresql(flow: str, point: str, label: str,
+                                                           request: pytest.FixtureRequest, services: Any,
+                                                           goldens: dict[Any, Golden],
+                                                           tmp_path_factory: pytest.TempPathFactory,
+                                                           tmp_path: Path) -> None:
+    """``PG_CI_CASES`` on SQLite when no PostgreSQL answers (the PostgreSQL test is skipped then):
+    CI runs every point of ``order`` on one store or the other, with or without a server."""
+    if postgresql_answers(request):
+        pytest.skip("PostgreSQL answers: test_kill_sweep_inline_on_postgresql runs these cases")
+    golden = golden_run(flow, "inline", services, goldens, tmp_path_factory)
+    sweep_case(flow, point, label, "inline", golden, services, tmp_path)
+
+
+def postgresql_answers(request: pytest.FixtureRequest) -> bool:
+    """Whether the ``pg_base_url`` fixture gives a server (it skips its tests when none answers)."""
+    try:
+        request.getfixturevalue("pg_base_url")
+    except pytest.skip.Exception:
+        return False
+    return True
 
 
 @pytest.mark.ray

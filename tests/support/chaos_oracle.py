@@ -14,6 +14,11 @@ resumes the run to rest, and ``check`` compares the result with the golden run:
   compensation only one of the runs made must be of a node that raced (``rolled_back_raced``).
   On Ray two critical failures may race too: the run may name the other one
   (``other_failure_first``: each failed, or raced, in both runs);
+- every node (forward and compensation) completed as often as in the golden run, but for those
+  that raced (``node_completed`` and ``items_completed`` events, ``kill_sweep.completion_counts``:
+  each commits with its node's row, so a node in flight at the fault completes once, after the
+  resume; a step committed completed at the fault and run again shows here only, its output
+  and status the same);
 - the ledger holds exactly the golden keys (per node label), none left ``pending`` (``pending_rows``);
 - the provider saw one *effective* call per golden key and no other key, the same effects per
   subject (on Ray, a key whose row ended ``abandoned`` in both runs may have taken effect in one
@@ -84,7 +89,7 @@ from tests.support.chaos_record import (
     turn_label,
     undo_order,
 )
-from tests.support.kill_sweep import ledger_label
+from tests.support.kill_sweep import completion_counts, differing_counts, ledger_label
 from tests.support.messages_server import MessagesServer
 
 
@@ -210,6 +215,10 @@ def check(golden: Golden, store: SqlStore, log: dict[str, Any], kill: Kill, unce
         other_failure_first(golden, view, nodes, race, kill)
     elif view != golden.run:  # only a rollback of nodes that raced the failure may tell them apart
         rolled_back_raced(golden, view, race, undo_order(log, ledger_of(store)), kill)
+    executions = completion_counts(store, RUN_ID)
+    counted = {label for label in set(executions) | set(golden.executions) if forward_label(label) not in race}
+    differ = differing_counts(executions, golden.executions, among=counted)
+    assert not differ, f"{kill}: nodes completed other than as in the golden run (here, golden): {differ}"
     ledger = ledger_of(store)
     same = {label for label in set(ledger) | set(golden.ledger) if forward_label(label) not in race}
     assert {k: ledger.get(k) for k in same} == {k: golden.ledger.get(k) for k in same}, (kill, ledger, golden.ledger)

@@ -43,6 +43,7 @@ class Golden:
     arrivals: dict[str, int] = field(default_factory=dict)  # model request key -> how often it arrived
     turns: dict[str, str] = field(default_factory=dict)  # model request key -> its turn's label
     raw: dict[str, int] = field(default_factory=dict)  # key -> how many calls with it reached the provider
+    executions: dict[str, int] = field(default_factory=dict)  # node label -> how often it completed
 
 
 def planned_calls(golden: Golden, ledger: dict[str, tuple[str, str]] | None = None) -> dict[str, int]:

@@ -53,7 +53,7 @@ from tests.support.chaos_record import returned_calls as returned_calls
 from tests.support.chaos_record import run_view as run_view
 from tests.support.chaos_record import turn_label as turn_label
 from tests.support.chaos_record import undo_order as undo_order
-from tests.support.kill_sweep import LEASE_TTL
+from tests.support.kill_sweep import LEASE_TTL, completion_counts
 from tests.support.messages_server import MessagesServer
 from tests.support.services import FakeServices
 from tests.support.store_template import copy_template
@@ -93,6 +93,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
         nodes = node_states(store)
         ledger = ledger_of(store)
         order = completions(store)
+        executions = dict(completion_counts(store, RUN_ID))
         tokens = store.get_run(RUN_ID).tokens_used
     finally:
         drivers.stop()
@@ -114,7 +115,7 @@ def golden_run(spec: dict[str, Any], folder: Path, services: FakeServices, *, ex
     undo = undo_order(log, ledger)
     return Golden(spec, path, view, nodes, ledger, log["effective"], log["by_subject"], undo,
                   [label for label in order if SUFFIX not in label], reachable(nodes, ledger), executor, asked,
-                  tokens, rests, arrivals, turns, dict(log["raw"]))
+                  tokens, rests, arrivals, turns, dict(log["raw"]), executions)
 
 
 class Drivers:
