@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raysaga.errors import BlobIntegrityError
+from raysaga.orchestrator.status_text import flat
 from raysaga.state import Batch, NewEvent, RunRecord, RunStatus, RunUpdate, Store
 from raysaga.state.models import PARKED, TERMINAL, can_transition
 
@@ -55,5 +56,5 @@ def commit_parking(store: Store, run_id: str, parks: Callable[[RunStatus], tuple
         commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
     record = commit(batch)
     assert batch.run is not None
-    log.error("run %s: %s", run_id, batch.run.status_reason)
+    log.error("run %s: %s", run_id, flat(batch.run.status_reason or ""))  # one line: a step's error may hold newlines
     return record or store.get_run(run_id, lenient=True)

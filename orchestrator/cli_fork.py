@@ -126,7 +126,7 @@ def replay(
     report every node whose output now differs. Exit 1 when one differs."""
     with errors():
         cli_input.check_run_id(run_id)
-        from raysaga.orchestrator import cli_store
+        from raysaga.orchestrator import cli_store, status_text
         from raysaga.orchestrator.replay import replay as do_replay
 
         store = cli_store.open_for_reads(db, run_id)
@@ -136,7 +136,9 @@ def replay(
             sys.stdout.write(json.dumps(report.as_data(), sort_keys=True, default=str) + "\n")
         else:
             for node in report.nodes:
-                say(out, f"{node.label:<28} {node.verdict:<9} {node.detail}".rstrip())
+                # a step's error as one line (its newlines drew lines of their own), cut: --json has it whole
+                detail = status_text.one_line(node.detail, more=" (--json shows it whole)")
+                say(out, f"{node.label:<28} {node.verdict:<9} {detail}".rstrip())
             differing = report.differing
             say(out, f"{len(differing)} of {len(report.nodes)} nodes differ"
                      + (f": {', '.join(n.label for n in differing)}" if differing else ""))

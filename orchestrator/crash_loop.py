@@ -46,6 +46,7 @@ from collections.abc import Iterable, Sequence
 
 from raysaga.orchestrator import tracing
 from raysaga.orchestrator.blob_parking import parked
+from raysaga.orchestrator.status_text import flat
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     Batch,
@@ -257,5 +258,5 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
     commit = tracing.traced(store, run.run_id, lease.owner, lambda b: store.commit(lease, b), wf)
     if resume_first:
         commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
-    log.error("run %s: %s", run.run_id, batch.run.status_reason if batch.run else "parked")
+    log.error("run %s: %s", run.run_id, flat(batch.run.status_reason or "") if batch.run else "parked")
     return commit(batch) or store.get_run(run.run_id)

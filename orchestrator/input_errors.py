@@ -8,11 +8,14 @@ not import the DSL (networkx) for it (``tests/test_public_api.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import typing
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from raysaga.orchestrator.secrets import Secret, SecretValueError
 from raysaga.state.redact import scrub_text
 
 #: Problems a mismatch names (then "and N more"), and the characters shown of each part of one.
@@ -26,21 +29,66 @@ def mismatch(workflow: str, tp: Any, exc: ValidationError) -> str:
     """``input does not match Order of workflow 'w': sku: Input should be a valid string (got 5)``:
     one short form for ``run``, ``submit``, ``fork`` and the Python API. pydantic's own error list
     repeats each bad value whole (a fork's 100 KB patch made a 100 KB line): here every part is cut."""
-    return f"input does not match {getattr(tp, '__name__', tp)} of workflow {workflow!r}: {problems(exc)}"
+    return (f"input does not match {getattr(tp, '__name__', tp)} of workflow {workflow!r}: "
+            f"{problems(exc, holds_secret(tp))}")
 
 
-def problems(exc: ValidationError) -> str:
-    """pydantic's errors as ``field: problem (got value)`` joined by "; ", at most ``MAX_PROBLEMS``."""
+def problems(exc: ValidationError, secret_inside: bool = False) -> str:
+    """pydantic's errors as ``field: problem (got value)`` joined by "; ", at most ``MAX_PROBLEMS``. The
+    value of a ``Secret`` field (``{"pin": 4817}``: a PIN as a number) is left out, as is, when the type
+    holds a Secret (``secret_inside``), the whole input's and any object's or list's: either may hold one."""
     errors = exc.errors(include_url=False)
+    # a Secret field's place (without a union's branch tag): its other branches' errors show the value too
+    secret_locs = [_field_loc(e.get("loc", ())) for e in errors
+                   if isinstance((e.get("ctx") or {}).get("error"), SecretValueError)]
     shown = []
     for e in errors[:MAX_PROBLEMS]:
-        where = _cut(".".join(str(p) for p in e.get("loc", ())), MAX_WHERE) or "(the input)"
+        loc = tuple(e.get("loc", ()))
+        where = _cut(".".join(str(p) for p in loc), MAX_WHERE) or "(the input)"
         got = e.get("input")
-        value = _preview(got) if got is not None and e.get("type") != "missing" else ""
+        hide = any(loc[:len(s)] == s for s in secret_locs) or (
+            secret_inside and (not loc or isinstance(got, dict | list | tuple)))
+        value = "" if got is None or e.get("type") == "missing" else _kind(got) if hide else _preview(got)
         shown.append(f"{where}: {_cut(str(e.get('msg', 'invalid')), MAX_MSG)}" + (f" (got {value})" if value else ""))
     if len(errors) > MAX_PROBLEMS:
         shown.append(f"and {len(errors) - MAX_PROBLEMS} more")
     return "; ".join(shown)
+
+
+def _field_loc(loc: Any) -> tuple[Any, ...]:
+    """``loc`` without the union branch tags at its end (``('pin', 'function-plain[_validate()]')``)."""
+    place: tuple[Any, ...] = tuple(loc)
+    while place and isinstance(place[-1], str) and "[" in place[-1]:
+        place = place[:-1]
+    return place
+
+
+def _kind(value: Any) -> str:
+    """What a value is, never what it says (``a number``)."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an object" if isinstance(value, dict) else "a list" if isinstance(value, list | tuple) else "a value"
+
+
+def holds_secret(tp: Any, seen: frozenset[int] = frozenset()) -> bool:
+    """Whether type ``tp`` has a ``Secret`` anywhere in it (a field, an item, a union's member)."""
+    if tp is Secret:
+        return True
+    if id(tp) in seen or len(seen) > 50:
+        return False
+    seen |= {id(tp)}
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return any(holds_secret(f.annotation, seen) for f in tp.model_fields.values())
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = typing.get_type_hints(tp) if tp.__dataclass_fields__ else {}
+        return any(holds_secret(h, seen) for h in hints.values())
+    if typing.is_typeddict(tp):
+        return any(holds_secret(h, seen) for h in typing.get_type_hints(tp).values())
+    return any(holds_secret(arg, seen) for arg in typing.get_args(tp))
 
 
 def _preview(value: Any) -> str:

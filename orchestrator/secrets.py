@@ -50,6 +50,11 @@ _MEMORY: dict[str, str] = {}
 _LOCK = threading.Lock()
 
 
+class SecretValueError(ValueError):
+    """A ``Secret`` field's value of the wrong kind (``{"pin": 4817}``): an input error names it
+    without the value (``input_errors``), which may be the secret written as a number."""
+
+
 def resupply_env(field: str) -> str:
     """The environment variable that re-supplies literal secret ``field`` to another process."""
     return RESUPPLY_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", field).upper()
@@ -113,7 +118,7 @@ class Secret:
                     f"secret input field {name!r} reads environment variable {self._env}, which is not set in "
                     f"this process (pid {os.getpid()}): export {self._env} where the driver and every Ray "
                     "worker run, then resume the run (or retry it, if the run failed)")
-            register_secret(value, f"{_what(self._field)} (environment variable {self._env})")
+            register_secret(value, f"{_what(self._field)} (environment variable {self._env})", env=self._env)
             return value
         assert self._memory is not None
         value = _MEMORY.get(self._memory)
@@ -195,8 +200,8 @@ def _validate(value: Any, info: core_schema.ValidationInfo) -> Secret:
                 return Secret.from_env(ref["env"], field)
             if set(ref) == {"memory", "field"} and isinstance(ref["memory"], str) and isinstance(ref["field"], str):
                 return Secret(memory=ref["memory"], field=ref["field"] or field)
-    raise ValueError('a secret is a string (kept in memory only) or {"env": "VARIABLE"} (read from the '
-                     "environment when used)")
+    raise SecretValueError('a secret is a string (kept in memory only) or {"env": "VARIABLE"} (read from the '
+                           "environment when used)")
 
 
 def _references(node: Any, path: str = "") -> Iterator[tuple[str, Secret]]:

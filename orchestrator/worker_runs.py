@@ -31,6 +31,7 @@ from raysaga.errors import CorruptRecordError
 from raysaga.orchestrator import tracing, versions
 from raysaga.orchestrator.crash_loop import PROGRESS, WINDOW, cut, failing_parking
 from raysaga.orchestrator.ownership import new_owner
+from raysaga.orchestrator.status_text import flat
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, RunStatus, RunUpdate, Store
 from raysaga.state.claims import Claim, Served
@@ -121,7 +122,8 @@ class FailedDrives:
             if resume_first:
                 commit(Batch(run=RunUpdate(status=RunStatus.RUNNING, status_reason="resumed")))
             commit(batch)
-            log.error("worker: run %s parked: %s", run_id, batch.run.status_reason if batch.run else "failed")
+            log.error("worker: run %s parked: %s", run_id,
+                      flat(batch.run.status_reason or "") if batch.run else "failed")  # one line: an error's newlines
             self.forget(run_id)
         except Exception:
             log.exception("worker: run %s: parking it failed", run_id)

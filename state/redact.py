@@ -125,10 +125,11 @@ _HINTS = tuple(sorted({hint for _, _, hints in _PATTERNS for hint in hints}))
 _REGISTRY = _Registry()
 
 
-def register_secret(value: str, what: str = "a value given to register_secret") -> None:
-    """Treat ``value`` as a secret in this process from now on (3 to 7 characters: as a whole token;
-    shorter: a warning naming ``what``, never the value, as it cannot be scrubbed without mangling text)."""
-    _REGISTRY.add(value, what)
+def register_secret(value: str, what: str = "a value given to register_secret", *, env: str = "") -> None:
+    """Treat ``value`` as a secret in this process from now on (3 to 7 characters: as a whole token in
+    text only; shorter: a warning naming ``what``, never the value, as it cannot be scrubbed without
+    mangling text). ``env``: the variable it was read from; a short placeholder there ("test") is none."""
+    _REGISTRY.add(value, what, env)
 
 
 def register_secret_env(name: str, *, shortest: int = MIN_DECLARED_LEN) -> None:
@@ -137,12 +138,15 @@ def register_secret_env(name: str, *, shortest: int = MIN_DECLARED_LEN) -> None:
     _REGISTRY.add_env(name, max(shortest, MIN_DECLARED_LEN))
 
 
-def scrub_text(text: str) -> str:
-    """``text`` with every known secret replaced by a marker."""
+def scrub_text(text: str, *, short_values: bool = True) -> str:
+    """``text`` with every known secret replaced by a marker. ``short_values=False`` for data (a run's
+    label): a declared value under 8 characters is some run's of this process, masked in text only."""
     if len(text) < MIN_DECLARED_LEN:
         return text
-    literal = _REGISTRY.current()
-    return text if len(text) < _REGISTRY.shortest else _scrub_text(text, literal)
+    known = _REGISTRY.current()
+    if not short_values:
+        return text if len(text) < MIN_SECRET_LEN else _scrub_text(text, known.value_regex)
+    return text if len(text) < known.shortest else _scrub_text(text, known.regex)
 
 
 def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
@@ -165,8 +169,8 @@ def scrub(value: Any) -> Any:
     """A JSON value with every string scrubbed (keys kept); returns the same object when clean."""
     if value is None or isinstance(value, bool | int | float):
         return value
-    literal = _REGISTRY.current()
-    return _scrub(value, literal, _REGISTRY.shortest)
+    known = _REGISTRY.current()
+    return _scrub(value, known.regex, known.shortest)
 
 
 def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int) -> Any:
@@ -220,15 +224,18 @@ def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int) -> Any:
 
 
 def secret_values_known() -> bool:
-    """Whether this process knows a secret value (registered, or a secret-named variable's)."""
-    return _REGISTRY.current() is not None
+    """Whether this process knows a secret value of 8+ characters (registered, or a secret-named
+    variable's): the only ones data is scrubbed of (``scrub_secret_values``)."""
+    return _REGISTRY.current().value_regex is not None
 
 
 def scrub_secret_values(value: Any) -> Any:
     """A JSON value with every known secret *value* replaced by the marker in its strings, and
     nothing else changed (no pattern, no secret-named key): for what a model or a tool said, where
-    a word that merely looks like a token stays, but an API key it echoed must not be stored."""
-    literal = _REGISTRY.current()
+    a word that merely looks like a token stays, but an API key it echoed must not be stored. A
+    value under 8 characters (a PIN) is left: it is some run's of this process, and would rewrite
+    every other run's data that holds it as a word ("In 2024 we sold...")."""
+    literal = _REGISTRY.current().value_regex
     return value if literal is None else _replace_values(value, literal)
 
 
@@ -236,24 +243,26 @@ def json_may_hold_secret_value(text: str) -> bool:
     """Whether the JSON ``text`` may hold a known secret value in one of its strings: False when
     none is known, or every known value is ``_VERBATIM`` and none occurs in the text itself (so
     what a model or tool said is parsed and scrubbed only when it can hold one)."""
-    literal = _REGISTRY.current()
-    if literal is None:
+    known = _REGISTRY.current()
+    if known.value_regex is None:
         return False
-    return not _REGISTRY.verbatim or literal.search(text) is not None
+    return not known.verbatim or known.value_regex.search(text) is not None
 
 
 def refuse_secret_values(value: Any, what: str) -> None:
     """A ``UserError`` if a string (or key) of the JSON ``value`` holds a known secret value:
-    for data kept and handed on as given (an approver's answer), which a scrub would change."""
-    literal = _REGISTRY.current()
+    for data kept and handed on as given (an approver's answer), which a scrub would change. Values of 8+
+    characters only: a short one ("2024") refused another run's answer, and told the caller it is a secret."""
+    literal = _REGISTRY.current().value_regex
     if literal is not None and _replace_values(value, literal, keys=True) != value:
         raise UserError(f"{what} holds the value of a secret (an API key or a password this process knows): "
                         "it is stored and handed on as written; keep secrets out of it (pass a reference)")
 
 
 def _replace_values(value: Any, literal: re.Pattern[str], *, keys: bool = False) -> Any:
+    """``literal``: ``Snapshot.value_regex`` (values of 8+ characters)."""
     if isinstance(value, str):
-        return literal.sub(MARKER, value) if len(value) >= MIN_DECLARED_LEN and literal.search(value) else value
+        return literal.sub(MARKER, value) if len(value) >= MIN_SECRET_LEN and literal.search(value) else value
     if isinstance(value, dict):
         return {_replace_values(k, literal) if keys else k: _replace_values(v, literal, keys=keys)
                 for k, v in value.items()}

@@ -24,13 +24,15 @@ from raysaga.types import check_labels
 def stored_labels(labels: Mapping[str, str] | None) -> dict[str, str] | None:
     """A new run's labels as its row keeps them: checked (the store is every caller's way in),
     and NULL for none (the common case: no bytes in the row). A label that holds a secret (an API
-    key's shape, a registered secret value: what ``scrub_text`` would mask) is refused, not stored:
-    labels are shown by ``status``, ``list`` and the dashboard, and matched as written."""
+    key's shape, a registered secret value of 8+ characters: what ``scrub_text`` would mask) is refused,
+    not stored: labels are shown by ``status``, ``list`` and the dashboard, and matched as written. A
+    short value (a PIN) is not looked for: some run's of the process, it refused another run's
+    "fiscal_year=2024" (and told that run's caller it is a secret)."""
     if labels is None:
         return None
     checked = check_labels(dict(labels), "run labels")
     for key, value in checked.items():
-        if scrub_text(key) != key or scrub_text(value) != value:
+        if scrub_text(key, short_values=False) != key or scrub_text(value, short_values=False) != value:
             raise InvalidOptionError(f"run labels: the label {scrub_text(key)!r:.60} holds what looks like a secret "
                                      "(an API key, a password): labels are stored and shown as written; keep "
                                      "secrets out of them")
