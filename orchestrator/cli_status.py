@@ -48,7 +48,7 @@ from raysaga.orchestrator.status_text import utc as utc
 from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
 from raysaga.state.decisions import node_history
 from raysaga.state.models import PARKED, TERMINAL
-from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.redact import scrub, scrub_data, scrub_text
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.workflow import Workflow
@@ -153,7 +153,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "retry_budget": run.retry_budget, "tokens_used": run.tokens_used, "cost_used": run.cost_used,
         # secrets in a step's output are kept in the store (changing it would be a wrong result),
         # never shown: as on the dashboard (docs/dashboard.md, "Secrets")
-        "input": scrub(run.input), "output": scrub(run.output),
+        "input": scrub_data(run.input), "output": scrub_data(run.output),
         "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
         **lineage(store, run),

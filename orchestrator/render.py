@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from raysaga.state import NodeRecord, RunRecord, Store
-from raysaga.state.redact import scrub
+from raysaga.state.redact import scrub, scrub_data
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.workflow import Workflow
@@ -135,8 +135,8 @@ def status_json(store: Store, run: RunRecord) -> dict[str, Any]:
         "retry_budget": run.retry_budget,
         "tokens_used": run.tokens_used,
         "cost_used": run.cost_used,
-        "input": scrub(run.input),  # shown as on the dashboard: secrets a step returned stay in the store
-        "output": scrub(run.output),
+        "input": scrub_data(run.input),  # shown as on the dashboard: secrets a step returned stay in the store
+        "output": scrub_data(run.output),
         "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
         "nodes": [node_json(n) for n in nodes],

@@ -116,9 +116,10 @@ def _deaths_differ(existing: RunRecord, given: int, what: str) -> UserError:
 
 
 def _shown(value: object) -> str:
-    return "none" if value is None else f"{scrub_text(str(value))!r:.60}" if isinstance(value, str) else str(value)
+    return "none" if value is None else f"{scrub_text(str(value), short_values=False)!r:.60}" \
+        if isinstance(value, str) else str(value)
 
 
 def _value(labels: dict[str, str], key: str) -> str:
     # scrubbed: a run recorded before labels holding a secret were refused (6867918) may hold one
-    return f"{scrub_text(labels[key])!r:.40}" if key in labels else "none"
+    return f"{scrub_text(labels[key], short_values=False)!r:.40}" if key in labels else "none"

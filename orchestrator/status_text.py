@@ -12,7 +12,7 @@ from raysaga.state import NodeStatus, SqlStore, node_label
 from raysaga.state.decisions import ApprovalRequest, request_of
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
-from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.redact import scrub_data, scrub_text
 
 __all__ = ["FAR", "clock", "error_line", "flat", "inherited_from", "one_line", "output_line", "payload_line",
            "relative", "run_times", "run_wake", "seconds", "span", "undone_by_forks", "undone_note", "utc",
@@ -153,7 +153,7 @@ def output_line(output: Any, limit: int) -> str:
     """A run's output as one line of JSON: text as written (``日本``, not ``\\u65e5\\u672c``), with what
     a terminal would act on shown escaped (JSON escapes C0 controls, ``flat`` the rest), and cut
     at ``limit`` characters, never inside an escape."""
-    text = flat(json.dumps(scrub(output), default=str, ensure_ascii=False))
+    text = flat(json.dumps(scrub_data(output), default=str, ensure_ascii=False))
     if len(text) <= limit:
         return text
     cut = text[:limit]

@@ -173,6 +173,15 @@ def scrub(value: Any) -> Any:
     return _scrub(value, known.regex, known.shortest)
 
 
+def scrub_data(value: Any) -> Any:
+    """``scrub`` for a run's data shown (its input, output, labels, a payload): a declared value under
+    8 characters is not masked there (it is some run's of this process: another run's ``2024`` was
+    shown ``[redacted]``, telling its owner it is a secret), as it is not in the stored data."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _scrub(value, _REGISTRY.current().value_regex, MIN_SECRET_LEN)
+
+
 def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int) -> Any:
     """``shortest``: a string shorter than every known value (and pattern) is clean."""
     if isinstance(value, str):

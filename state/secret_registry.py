@@ -136,7 +136,9 @@ class Registry:
         return self.snapshot
 
     def _rebuild(self) -> None:
-        self.dirty = False
+        """Under the lock. ``dirty`` and the environment seen are set last, after the new snapshot:
+        set first, a reader in another thread took the old snapshot as current while this one was
+        compiling, and a secret registered just before went out unmasked."""
         self.rebuilds += 1
         environ = dict(os.environ)
         watched = tuple(sorted(n for n in environ if SECRET_NAME.search(n) or n in self.env_names)
@@ -165,8 +167,7 @@ class Registry:
                 values.add(value)
             elif not name.upper().endswith(("_FILE", "_PATH", "_DIR")):  # (a path needs no word)
                 self._skip(name)
-        self.watched = watched
-        self.env_seen = (len(os.environ), tuple(os.environ.get(n) for n in watched))
+        seen = (len(environ), tuple(environ.get(n) for n in watched))
         if values != self.values or declared != self.declared:
             self.values, self.declared = frozenset(values), frozenset(declared)
             self.pieces = tuple(p for p in (pieces(frozenset(declared)), pieces(self.values - declared, named=True))
@@ -179,6 +180,7 @@ class Registry:
             self.snapshot = Snapshot(_compile(anywhere | whole, anywhere), _compile(anywhere, anywhere),
                                      min([MIN_SECRET_LEN, *map(len, values)]),
                                      all(_VERBATIM.fullmatch(v) for v in long))
+        self.watched, self.env_seen, self.dirty = watched, seen, False
 
     def _skip(self, name: str) -> None:
         """Warn once that variable ``name``'s value is a placeholder, not masked (never the value)."""

@@ -21,7 +21,7 @@ from raysaga.state import Store, node_label
 from raysaga.state.dashboard_reads import DashboardReads, RunFilter
 from raysaga.state.decisions import request_of
 from raysaga.state.item_events import item_indexes
-from raysaga.state.redact import scrub, scrub_text
+from raysaga.state.redact import scrub, scrub_data, scrub_text
 
 #: A value above this many bytes of JSON is sent as a preview; the page fetches the rest on demand.
 PREVIEW_BYTES = 16_384
@@ -42,7 +42,7 @@ def _json(value: Any) -> str:
 
 def shown(value: Any, limit: int = PREVIEW_BYTES) -> dict[str, Any]:
     """A value as the page shows it: ``{"value": ...}``, or ``{"preview": text, "size": n}``."""
-    clean = scrub(value)
+    clean = scrub_data(value)
     text = _json(clean)
     if len(text) <= limit:
         return {"value": clean}
@@ -62,7 +62,7 @@ def _run_json(row: dict[str, Any]) -> dict[str, Any]:
     out = {k: row[k] for k in row}
     out["status_reason"] = scrub(row.get("status_reason"))
     if "labels" in out:  # stored before labels holding a secret were refused (6867918): masked here
-        out["labels"] = {scrub_text(k): v for k, v in scrub(out["labels"]).items()}
+        out["labels"] = {scrub_text(k, short_values=False): v for k, v in scrub_data(out["labels"]).items()}
     return out
 
 
@@ -316,8 +316,8 @@ def node_output(store: Store, run_id: str, label: str) -> Any:
     if row is None:
         raise UserError(f"run {run_id!r} has no node {label!r}")
     if row["output_digest"] and row["output"] is None:
-        return scrub(store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]])
-    return scrub(row["output"])
+        return scrub_data(store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]])
+    return scrub_data(row["output"])
 
 
 def events_page(store: Store, run_id: str, after: int, limit: int) -> list[dict[str, Any]]:

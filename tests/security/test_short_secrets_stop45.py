@@ -389,3 +389,85 @@ def test_a_parked_runs_reason_is_logged_on_one_line(sqlite_url: str, caplog: pyt
             assert ("\\x1b[2J" if park == "worker" else "gone\\ndriver") in line, line
     finally:
         store.close()
+
+
+def test_a_secret_registered_during_another_threads_rebuild_is_masked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lazy rebuild cleared ``dirty`` before compiling: a thread scrubbing while another thread
+    compiled took the old snapshot as current, and a secret registered just before went out in clear
+    (a step's error naming its PIN, or an 8+ character key, 5 of 5 in the review's repro)."""
+    import threading
+
+    from raysaga.state import secret_registry
+
+    registry = redact._REGISTRY
+    compiling, go, reached = threading.Event(), threading.Event(), threading.Event()
+    scrubber: list[threading.Thread] = []
+    real_compile = secret_registry._compile
+
+    def slow_compile(forms: set[str], anywhere: set[str]) -> Any:
+        if threading.current_thread().name == "rebuilder":
+            compiling.set()
+            assert go.wait(30)
+        return real_compile(forms, anywhere)
+
+    class SpyLock:
+        """The registry's lock; says when the scrubbing thread waits for it (the rebuild holds it)."""
+
+        def __init__(self) -> None:
+            self.inner = threading.Lock()
+
+        def __enter__(self) -> None:
+            if scrubber and threading.current_thread() is scrubber[0]:
+                reached.set()
+            self.inner.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.release()
+
+    monkeypatch.setattr(registry, "lock", SpyLock())
+    monkeypatch.setattr(secret_registry, "_compile", slow_compile)
+    key = "sk-live-" + short(12)
+    register_secret(key)
+    rebuilder = threading.Thread(target=scrub_text, args=("another run's event",), name="rebuilder")
+    rebuilder.start()
+    assert compiling.wait(30)  # the other thread is compiling, holding the lock
+    said: list[str] = []
+
+    def scrub_mine() -> None:
+        said.append(scrub_text(f"bank said: key {key} rejected"))
+        reached.set()  # (returned without waiting: the old snapshot)
+
+    scrubber.append(threading.Thread(target=scrub_mine))
+    scrubber[0].start()
+    assert reached.wait(30)  # it returned, or waits for the rebuild
+    go.set()
+    rebuilder.join(30)
+    scrubber[0].join(30)
+    assert said == [f"bank said: key {MARKER} rejected"]
+
+
+year_flow = Workflow("stop45_year_report")
+
+
+@year_flow.step()
+def report(input: dict[str, str]) -> dict[str, str]:
+    return {"t": f"In {input['year']} we sold 17 units"}
+
+
+def test_another_runs_short_secret_is_not_masked_in_what_status_and_the_dashboard_show(sqlite_url: str) -> None:
+    """The store kept run B's ``2024`` as written, but ``status --json`` and the dashboard showed it
+    ``[redacted]`` in a process that knew run A's PIN ``2024``: data shown is scrubbed as data."""
+    from raysaga.orchestrator.dashboard.views import shown
+
+    register_secret("2024", "secret input field 'pin'")  # run A's PIN, in this process
+    key = "sk-live-" + short(12)
+    register_secret(key)
+    run = raysaga.run(year_flow, {"year": "2024", "key": key}, store=sqlite_url, executor="inline",
+                      options=RunOptions(labels={"fiscal_year": "2024"}))
+    code, out, err = invoke("status", run.run_id, "--db", sqlite_url, "--json")
+    assert code == 0, out + err
+    doc = json.loads(out)
+    assert doc["output"] == {"report": {"t": "In 2024 we sold 17 units"}}
+    assert doc["input"] == {"year": "2024", "key": MARKER}  # a long secret is still masked
+    assert shown({"t": "In 2024 we sold"}) == {"value": {"t": "In 2024 we sold"}}
+    assert scrub_text("bank said: pin 2024 refused") == f"bank said: pin {MARKER} refused"  # text still is
