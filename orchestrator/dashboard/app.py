@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
 from fastapi import Body, FastAPI, Query, Request, Response
@@ -80,6 +80,8 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
             return _headed(_refusal(_host_refused(host), 403))
         if request.url.path == "/" and "token" in request.query_params and guard.signs_in:
             return _headed(_sign_in(request, guard))  # the link alone decides: never the cookie sent with it
+        if request.url.path == SIGN_IN_PATH and request.method == "POST" and guard.signs_in:
+            return _headed(await _confirmed_sign_in(request, guard, host))
         user = guard.who(request.headers.get("authorization"), request.cookies.get(COOKIE))
         if user is None:
             answer = _page_or_json(request, NEEDS_TOKEN, 401)
@@ -358,18 +360,65 @@ WRONG_TOKEN = ("the token of this sign-in link (/?token=...) is not one this das
                "given when it started): this browser is signed out; open /?token=<your token> with your own token")
 
 
+#: Where the page that asks "sign in as NAME?" posts its answer (``_confirm_page``).
+SIGN_IN_PATH = "/sign-in"
+
+
 def _sign_in(request: Request, guard: Guard) -> Response:
     """The answer to ``/?token=T``: the cookie set and a redirect to ``/``; a 401 clearing the
     cookie when ``T`` is no token here; a 403 when another site opened the link (login CSRF), the
-    cookie then left as it was."""
-    if request.headers.get("sec-fetch-site", "").strip().lower() in FOREIGN_SITES:
+    cookie then left as it was. A person's token whose link came with no ``Sec-Fetch-Site`` (a
+    browser sends none over plain http to a name or an address other than loopback, where it
+    cannot tell who opened the link) is asked about first: a page naming the person, whose button
+    posts the sign-in from this origin (``_confirmed_sign_in``)."""
+    site = request.headers.get("sec-fetch-site", "").strip().lower()
+    if site in FOREIGN_SITES:
         return _page_or_json(request, FOREIGN_SIGN_IN, 403)
     token = request.query_params.get("token", "")
+    name = guard.sign_in(token)
+    if name is None:
+        return _wrong_token(request)
+    if name and not site:
+        return _confirm_page(name, token)
+    return _signed_in(request, token)
+
+
+def _wrong_token(request: Request) -> Response:
+    answer = _page_or_json(request, WRONG_TOKEN, 401)
+    answer.headers["WWW-Authenticate"] = "Bearer"
+    _clear_cookie(answer, request)
+    return answer
+
+
+def _confirm_page(name: str, token: str) -> Response:
+    """"Sign in as NAME?": no script (the CSP forbids inline ones), a form posting to this origin;
+    another site cannot frame it (``frame-ancestors 'none'``), nor read the token in it."""
+    who = html.escape(name)
+    body = ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>raysaga dashboard</title></head>"
+            f"<body><h1>raysaga dashboard</h1><p id=\"confirm\">This link signs this browser in as <b>{who}</b>. "
+            "Sign in only if you opened your own link (a link another site sent you to would sign you in as "
+            f"someone else).</p><form method=\"post\" action=\"{SIGN_IN_PATH}\"><input type=\"hidden\" "
+            f"name=\"token\" value=\"{html.escape(token)}\"><button id=\"sign-in\" type=\"submit\">Sign in as "
+            f"{who}</button></form></body></html>")
+    return HTMLResponse(body, 200)
+
+
+async def _confirmed_sign_in(request: Request, guard: Guard, host: str | None) -> Response:
+    """The confirm page's post: signed in only when it came from this origin (its ``Origin``, which
+    a browser sends with every form post, names this host; another site's auto-submitted form
+    names its own, or ``null``)."""
+    origin = request.headers.get("origin") or ""
+    site = request.headers.get("sec-fetch-site", "").strip().lower()
+    if not host or urlsplit(origin).netloc.lower() != host.lower() or site in FOREIGN_SITES:
+        return _page_or_json(request, FOREIGN_SIGN_IN, 403)
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    token = (form.get("token") or [""])[0]
     if guard.sign_in(token) is None:
-        answer = _page_or_json(request, WRONG_TOKEN, 401)
-        answer.headers["WWW-Authenticate"] = "Bearer"
-        _clear_cookie(answer, request)
-        return answer
+        return _wrong_token(request)
+    return _signed_in(request, token)
+
+
+def _signed_in(request: Request, token: str) -> Response:
     redirect = RedirectResponse("/", 303)
     redirect.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return redirect

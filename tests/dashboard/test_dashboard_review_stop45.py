@@ -115,7 +115,7 @@ def test_with_users_an_action_is_done_as_the_one_signed_in(tmp_path: Path) -> No
             done = _act(http, run_id, {}, **lead)  # absent `by`: filled in
             assert done.status_code == 200 and done.json()["by"] == "finance-lead", done.text
             # the page's way: ?token= once sets the cookie of that person; "dashboard" is the page's empty field
-            first = http.get(f"/?token={CFO}", follow_redirects=False)
+            first = http.get(f"/?token={CFO}", follow_redirects=False, headers={"Sec-Fetch-Site": "none"})
             assert first.status_code == 303 and CFO in first.headers["set-cookie"]
             assert http.get("/api/me").json()["user"] == "cfo"
             second = _act(http, run_id, {"by": "dashboard"})

@@ -104,6 +104,10 @@ def _waiting(url: str, run_id: str) -> str:
     return run_id
 
 
+#: What a browser sends with a link typed into its address bar (on loopback, or over https).
+TYPED = {"Sec-Fetch-Site": "none"}
+
+
 def _cleared(answer: httpx.Response) -> bool:
     """Whether ``answer`` expires the token cookie."""
     cookie = answer.headers.get("set-cookie", "")
@@ -129,9 +133,34 @@ def test_a_sign_in_link_another_site_opened_is_refused(tmp_path: Path) -> None:
             page = http.get(f"/?token={MALLORY}", headers={"Sec-Fetch-Site": "cross-site", "Accept": "text/html"})
             assert page.status_code == 403 and page.headers["content-type"].startswith("text/html")
             assert "opened by another site" in page.text and MALLORY not in page.text
-            for headers in ({"Sec-Fetch-Site": "none"}, {"Sec-Fetch-Site": "same-origin"}, {}):
+            for headers in ({"Sec-Fetch-Site": "none"}, {"Sec-Fetch-Site": "same-origin"}):
                 signed = http.get(f"/?token={CFO}", headers=headers, follow_redirects=False)
                 assert signed.status_code == 303 and CFO in signed.headers["set-cookie"], (headers, signed.text)
+            assert http.get("/api/me").json() == {"user": "cfo"}
+    finally:
+        store.close()
+
+
+def test_a_sign_in_link_no_browser_vouches_for_is_asked_about_first(tmp_path: Path) -> None:
+    """Over plain http to a name or a LAN address a browser sends no ``Sec-Fetch-Site``: any site's
+    link, ``<img>`` or form signed the browser in as mallory (the review's 10 vectors). Such a link
+    now gets a page naming the person, whose button posts from this origin; a post from elsewhere
+    (its ``Origin`` another site's, or ``null``) signs no one in."""
+    store = SqlStore(f"sqlite:///{tmp_path / 'raysaga.db'}")
+    try:
+        with served(store, users=USERS) as base, httpx.Client(base_url=base) as http:
+            asked = http.get(f"/?token={MALLORY}", follow_redirects=False)
+            assert asked.status_code == 200 and "set-cookie" not in asked.headers
+            assert "signs this browser in as <b>mallory</b>" in asked.text and 'action="/sign-in"' in asked.text
+            for origin in ("http://attacker.example", "null", None):
+                refused = http.post("/sign-in", data={"token": MALLORY}, follow_redirects=False,
+                                    headers={} if origin is None else {"Origin": origin})
+                assert refused.status_code == 403 and "set-cookie" not in refused.headers, origin
+            assert http.get("/api/me").status_code == 401  # nobody signed in
+            wrong = http.post("/sign-in", data={"token": CFO + "x"}, headers={"Origin": base}, follow_redirects=False)
+            assert wrong.status_code == 401
+            signed = http.post("/sign-in", data={"token": CFO}, headers={"Origin": base}, follow_redirects=False)
+            assert signed.status_code == 303 and CFO in signed.headers["set-cookie"]
             assert http.get("/api/me").json() == {"user": "cfo"}
     finally:
         store.close()
@@ -142,7 +171,7 @@ def test_a_wrong_sign_in_link_signs_out_and_says_so(tmp_path: Path) -> None:
     store = SqlStore(f"sqlite:///{tmp_path / 'raysaga.db'}")
     try:
         with served(store, users=USERS) as base, httpx.Client(base_url=base) as http:
-            assert http.get(f"/?token={CFO}").status_code == 303  # signed in
+            assert http.get(f"/?token={CFO}", headers=TYPED).status_code == 303  # signed in
             assert http.get("/api/me").json() == {"user": "cfo"}
             wrong = http.get(f"/?token={MALLORY}x", follow_redirects=False)
             assert wrong.status_code == 401 and _cleared(wrong), (wrong.status_code, wrong.headers)
@@ -157,7 +186,7 @@ def test_logout_clears_the_cookie_and_needs_the_csrf_header(tmp_path: Path) -> N
     store = SqlStore(f"sqlite:///{tmp_path / 'raysaga.db'}")
     try:
         with served(store, users=USERS) as base, httpx.Client(base_url=base) as http:
-            http.get(f"/?token={CFO}")
+            http.get(f"/?token={CFO}", headers=TYPED)
             assert http.post("/api/logout").status_code == 403  # no CSRF header: another site cannot sign anyone out
             assert http.get("/api/me").json() == {"user": "cfo"}
             csrf = http.get("/api/csrf").json()["csrf"]
@@ -187,7 +216,7 @@ def test_a_token_is_printable_ascii_and_a_bom_is_no_name(tmp_path: Path) -> None
     store = SqlStore(f"sqlite:///{tmp_path / 'raysaga.db'}")
     try:
         with served(store, users={"odd": odd}) as base, httpx.Client(base_url=base) as http:
-            signed = http.get("/", params={"token": odd}, follow_redirects=False)
+            signed = http.get("/", params={"token": odd}, headers=TYPED, follow_redirects=False)
             assert signed.status_code == 303, signed.text
             cookie = signed.headers["set-cookie"].split(";")[0].split("=", 1)[1]
             me = http.get("/api/me", headers={"Cookie": f"raysaga_token={cookie}"})
