@@ -16,16 +16,12 @@ import importlib
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 import raysaga
 from raysaga import Approval, Ask, Workflow
@@ -35,7 +31,7 @@ from raysaga.orchestrator.dashboard.security import TOKEN_ENV, Guard
 from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
-from tests.support.dashboard_serving import free_port, wait_until
+from tests.support.dashboard_serving import serving
 
 MODULE = "tests.dashboard.test_dashboard_review_stop45"
 USERS_ENV = "RAYSAGA_DASHBOARD_USERS"
@@ -57,23 +53,7 @@ def pay(bigrefund: Approval) -> str:
     return "paid, approved by " + ",".join(bigrefund.by)
 
 
-@contextmanager
-def served(store: SqlStore, *, host: str = "127.0.0.1", **options: Any) -> Iterator[str]:
-    """``build(store, host=host, **options)`` served by uvicorn on a free port; yields its base URL
-    on 127.0.0.1 (the server's thread is joined on the way out: no dashboard left running)."""
-    app, _ = build(store, host=host, poll=0.05, **options)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, name="dashboard45", daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, "the dashboard to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        assert not thread.is_alive(), "the dashboard did not stop"
+served = serving  # (tests/support/dashboard_serving.py: users= and host= go to build)
 
 
 def _waiting_quorum(url: str, run_id: str) -> str:

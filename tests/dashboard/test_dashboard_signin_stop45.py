@@ -19,17 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
-import uvicorn
 
 import raysaga
 from raysaga import Approval, Ask, Workflow
 from raysaga.errors import UserError
 from raysaga.orchestrator.dashboard import security
-from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from tests.support.browser import checked_page, require_chromium
-from tests.support.dashboard_serving import free_port, wait_until
+from tests.support.dashboard_serving import serving
 
 if TYPE_CHECKING:
     from playwright.sync_api import Dialog, Page
@@ -51,23 +49,7 @@ def pay(gate: Approval) -> str:
     return "paid, approved by " + ",".join(gate.by)
 
 
-@contextmanager
-def served(store: SqlStore, **options: Any) -> Iterator[str]:
-    """``build(store, **options)`` served by uvicorn on 127.0.0.1 and a free port; yields its base
-    URL (the server's thread is joined on the way out: no dashboard left running)."""
-    app, _ = build(store, poll=0.05, **options)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           timeout_graceful_shutdown=1))
-    thread = threading.Thread(target=server.run, name="dashboard-signin45", daemon=True)
-    thread.start()
-    wait_until(lambda: server.started, "the dashboard to start")
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        assert not thread.is_alive(), "the dashboard did not stop"
+served = serving  # (tests/support/dashboard_serving.py: users= and host= go to build)
 
 
 @contextmanager

@@ -34,12 +34,14 @@ def wait_until(check: Callable[[], Any], what: str, timeout: float = 20.0, every
 
 
 @contextmanager
-def serving(store: Store, *, token: str | None = None, poll: float = 0.05, port: int | None = None) -> Iterator[str]:
-    """Serve the dashboard over ``store`` on 127.0.0.1 (on ``port``: a restart's twin), a new
-    ``build`` each time (a new CSRF value); yields its base URL."""
-    app, _ = build(store, token=token, poll=poll)
+def serving(store: Store, *, token: str | None = None, poll: float = 0.05, port: int | None = None,
+            host: str = "127.0.0.1", **options: Any) -> Iterator[str]:
+    """Serve the dashboard over ``store`` bound to ``host`` (on ``port``: a restart's twin), a new
+    ``build`` each time (a new CSRF value; ``options`` such as ``users=`` go to it); yields its base
+    URL on 127.0.0.1. The server's thread is joined on the way out: no dashboard left running."""
+    app, _ = build(store, token=token, poll=poll, host=host, **options)
     port = free_port() if port is None else port
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, name="dashboard", daemon=True)
     thread.start()
@@ -49,3 +51,4 @@ def serving(store: Store, *, token: str | None = None, poll: float = 0.05, port:
     finally:
         server.should_exit = True
         thread.join(10)
+        assert not thread.is_alive(), "the dashboard did not stop"
