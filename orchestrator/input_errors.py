@@ -83,11 +83,12 @@ def holds_secret(tp: Any, seen: frozenset[int] = frozenset()) -> bool:
     seen |= {id(tp)}
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return any(holds_secret(f.annotation, seen) for f in tp.model_fields.values())
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        hints = typing.get_type_hints(tp) if tp.__dataclass_fields__ else {}
+    if (dataclasses.is_dataclass(tp) and isinstance(tp, type)) or typing.is_typeddict(tp):
+        try:
+            hints = typing.get_type_hints(tp)
+        except Exception:  # a hint pydantic resolved and typing cannot: hide values (the safe side)
+            return True
         return any(holds_secret(h, seen) for h in hints.values())
-    if typing.is_typeddict(tp):
-        return any(holds_secret(h, seen) for h in typing.get_type_hints(tp).values())
     return any(holds_secret(arg, seen) for arg in typing.get_args(tp))
 
 

@@ -18,9 +18,10 @@ which inherit the environment), ``{"$secret": {"memory": ID, "field": NAME}}`` f
 a crash, a Ray worker) reads ``RAYSAGA_SECRET_<FIELD>`` if it is set, else raises
 ``SecretUnavailableError`` naming the field and how to re-supply it: never a wrong value.
 Every value seen is registered with ``raysaga.state.redact``, so it is scrubbed from errors,
-events and logs: 8+ characters anywhere, 3 to 7 as a whole word only (a PIN ``1234`` in "pin 1234",
-not in "order 912345"); a shorter one cannot be scrubbed without mangling text, and a warning
-naming the field says so. ``str``/``repr`` show ``**********``.
+events and logs: 8+ characters anywhere, 3 to 7 as a whole word in text only (a PIN ``1234`` in
+"pin 1234", not in "order 912345", never in a run's data: outputs, tool calls, answers, labels);
+a shorter one cannot be scrubbed without mangling text, and a warning naming the field says so.
+``str``/``repr`` show ``**********``.
 """
 
 from __future__ import annotations
