@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from raysaga.orchestrator.dashboard.server import build
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
-from tests.support.browser import headless_chromium
+from tests.support.browser import checked_page, headless_chromium, require_chromium
 
 if TYPE_CHECKING:
-    from playwright.sync_api import Browser
+    from playwright.sync_api import Browser, Page
 
 BASE = "http://127.0.0.1:8765"
 
@@ -56,3 +56,12 @@ def browser() -> Iterator[Browser]:
     """One headless Chromium per browser test module (which called ``require_chromium()`` first)."""
     with headless_chromium() as b:
         yield b
+
+
+@pytest.fixture
+def page(request: pytest.FixtureRequest) -> Iterator[Page]:
+    """A page of the module's Chromium (``browser``, asked for only once Chromium is known there);
+    a module whose page answers dialogs defines its own."""
+    require_chromium()
+    with checked_page(request.getfixturevalue("browser")) as pg:
+        yield pg

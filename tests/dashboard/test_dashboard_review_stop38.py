@@ -28,7 +28,6 @@ from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from tests.support import dashboard_flows as flows
-from tests.support.browser import checked_page, require_chromium
 from tests.support.dashboard_serving import serving
 
 if TYPE_CHECKING:
@@ -296,14 +295,6 @@ def test_a_cursor_past_the_run_s_last_event_is_another_run_s(tmp_path: Path) -> 
 
 
 # ---------------------------------------------------------------- the page (headless Chromium)
-
-
-@pytest.fixture
-def page(request: pytest.FixtureRequest) -> Iterator[Page]:
-    """A page of the module's Chromium (``browser``, asked for only once Chromium is known there)."""
-    require_chromium()
-    with checked_page(request.getfixturevalue("browser")) as pg:
-        yield pg
 
 
 def test_steps_named_like_object_members_draw_and_go_live(page: Page, tmp_path: Path) -> None:

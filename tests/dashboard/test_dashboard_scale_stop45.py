@@ -13,18 +13,14 @@ The browser test uses Debian's ``/usr/bin/chromium`` (skipped without it, unless
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import pytest
 
 from raysaga import Workflow
 from raysaga.orchestrator.dashboard import views
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from raysaga.state.models import Batch, Lease, NewEvent, NodeStatus, NodeWrite, RunStatus, RunUpdate
-from tests.support.browser import checked_page, require_chromium
 from tests.support.dashboard_serving import serving
 
 if TYPE_CHECKING:
@@ -81,14 +77,6 @@ def test_the_run_page_sends_each_row_once(tmp_path: Path) -> None:
         assert all(all(isinstance(i, str) for i in st["items"]) for st in steps.values())
     finally:
         store.close()
-
-
-@pytest.fixture
-def page(request: pytest.FixtureRequest) -> Iterator[Page]:
-    """A page of the module's Chromium (``browser``, asked for only once Chromium is known there)."""
-    require_chromium()
-    with checked_page(request.getfixturevalue("browser")) as pg:
-        yield pg
 
 
 #: Records every node group of the DAG a mutation touches (attributes, text, children).

@@ -8,17 +8,13 @@ The browser test uses Debian's ``/usr/bin/chromium`` (skipped without it, unless
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import pytest
 
 import raysaga
 from raysaga import BEST_EFFORT, Permanent, RetryPolicy, Workflow
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import RunStatus, SqlStore
-from tests.support.browser import checked_page, require_chromium
 from tests.support.dashboard_serving import serving
 
 if TYPE_CHECKING:
@@ -44,13 +40,6 @@ def square(items: int) -> int:
 @bestfan.step()
 def total(square: Any) -> int:
     return 1
-
-
-@pytest.fixture
-def page(request: pytest.FixtureRequest) -> Iterator[Page]:
-    require_chromium()
-    with checked_page(request.getfixturevalue("browser")) as pg:
-        yield pg
 
 
 def test_a_completed_best_effort_fan_out_is_drawn_completed(page: Page, tmp_path: Path) -> None:
