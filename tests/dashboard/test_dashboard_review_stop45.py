@@ -32,6 +32,7 @@ from raysaga.orchestrator.dashboard.server import build
 from raysaga.orchestrator.runner import create_run
 from raysaga.state import SqlStore
 from tests.support.dashboard_serving import serving
+from tests.support.files import import_file
 
 MODULE = "tests.dashboard.test_dashboard_review_stop45"
 USERS_ENV = "RAYSAGA_DASHBOARD_USERS"
@@ -182,15 +183,6 @@ def third(second: int) -> int:
 '''
 
 
-def _load(name: str, path: Path) -> Any:
-    """The module at ``path`` imported under ``name`` (a worker's fresh import of today's file)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_run_of_a_changed_module_shows_its_new_steps_and_says_the_import_is_old(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The dashboard's import of a module is the one it made first: a run started from the module
@@ -212,7 +204,7 @@ def test_a_run_of_a_changed_module_shows_its_new_steps_and_says_the_import_is_ol
             source.write_text(FLOW_V2)  # the module changes while the dashboard runs
             written = time.time()  # (the file system's clock is coarser: a write within its tick looked older)
             os.utime(source, (written, written))
-            new = _load("evolve45_flow_v2", source).wf
+            new = import_file(source, "evolve45_flow_v2").wf  # a worker's fresh import
             create_run(new, None, store=url, run_id="new45", workflow_ref="evolve45_flow:wf")
             raysaga.resume(new, "new45", store=url, executor="inline")
             graph = http.get("/api/runs/new45").json()["graph"]
@@ -437,7 +429,7 @@ def test_a_run_of_older_code_than_the_dashboard_s_is_not_called_newer(
     older = tmp_path / "v1" / "rolling45_flow.py"
     older.parent.mkdir()
     older.write_text(FLOW_V1.replace("evolve45", "rolling45"))
-    v1 = _load("rolling45_flow_v1", older).wf  # a worker not yet upgraded
+    v1 = import_file(older, "rolling45_flow_v1").wf  # a worker not yet upgraded
     create_run(v1, None, store=url, run_id="before45", workflow_ref="rolling45_flow:wf")
     store = SqlStore(url)
     neutral = ("the run's definition differs from the code this dashboard imported (rolling45_flow): steps it does "
