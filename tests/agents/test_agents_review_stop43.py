@@ -323,9 +323,15 @@ def slow_charge(who: str, idempotency_key: str) -> str:
     raise Transient("gateway timeout")
 
 
-def test_a_non_critical_agent_timed_out_in_a_tool_backoff_leaves_no_row_retrying(sqlite_url: str) -> None:
+def test_a_non_critical_agent_timed_out_in_a_tool_backoff_leaves_no_row_retrying(
+        sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its tool call waiting out a backoff stayed 'retrying' (next try pending) on a completed run:
-    the node's calls in flight or in a backoff now stop with it, and their rows say so."""
+    the node's calls in flight or in a backoff now stop with it, and their rows say so. The backoff
+    is its ceiling (4 s), not full jitter's draw from 0 to 4 s: a draw under the node's 0.5 s made
+    the retry before the timeout, rightly, and the test saw 3 charges (a CI rehearsal, stop 45)."""
+    from raysaga.orchestrator.machine import calls
+
+    monkeypatch.setattr(calls, "backoff_delay", lambda attempt, policy, rng: policy.cap)
     CHARGES.clear()
     model = ScriptedModel(default=(tool_reply(("slow_charge", {"who": "alpha"})), text_reply("done")))
     wf = Workflow("review43_timeout_backoff")
