@@ -93,11 +93,17 @@ def resolve_token(token: str | None) -> str | None:
     return value or None
 
 
+def _users_file(path: str) -> str:
+    """How a message names the users file: never by a value holding '=' (a ``NAME=TOKEN`` given
+    where a file's name belongs: quoting it printed the token)."""
+    return "the users file" if "=" in path else f"the users file {path!r}"
+
+
 def _users_lines(path: str) -> list[tuple[str, str]]:
     """The entries of a users file, each with where it is (``FILE line N``); ``UserError`` when it
     cannot be read. A value holding '=' is never quoted: it is a ``NAME=TOKEN`` given where a
     file's name belongs (``RAYSAGA_DASHBOARD_USERS=alice=TOKEN``), and quoting it printed the token."""
-    shown = "the users file" if "=" in path else f"the users file {path!r}"
+    shown = _users_file(path)
     try:  # utf-8-sig: a file saved with a byte-order mark (Windows' editors) read its first name as '\ufeffalice'
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -120,9 +126,8 @@ def users_file_warning(path: str | None) -> str | None:
         return None
     if not mode & 0o077:
         return None
-    shown = "the users file" if "=" in str(path) else f"the users file {path!r}"
-    return (f"warning: {shown} is readable by others than its owner (mode {mode & 0o777:o}) and holds every "
-            f"person's token: chmod 600 it")
+    return (f"warning: {_users_file(str(path))} is readable by others than its owner (mode {mode & 0o777:o}) and "
+            "holds every person's token: chmod 600 it")
 
 
 def resolve_users(pairs: Iterable[str] = (), file: str | None = None) -> dict[str, str]:
