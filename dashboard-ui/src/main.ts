@@ -31,6 +31,13 @@ function signedIn(name: string): void {
   document.querySelector(".top .actor")?.replaceWith(box);
 }
 
+// With a shared token (--token) signed in by a link (the cookie), a way out beside the *acting
+// as* box: a shared browser otherwise stayed signed in until the cookie was deleted by hand.
+function tokenSession(): void {
+  document.querySelector(".top .actor")?.after(h("span", { class: "actor", id: "token-session" },
+    h("button", { type: "button", id: "sign-out", onclick: () => void signOut() }, "Sign out")));
+}
+
 // The cookie cleared by the server (POST /api/logout); the page then stops reading (a run's
 // stream too) and says how to sign in again.
 async function signOut(): Promise<void> {
@@ -44,6 +51,7 @@ async function signOut(): Promise<void> {
   leave = null;
   window.removeEventListener("hashchange", route);
   document.getElementById("signed-in")?.remove();
+  document.getElementById("token-session")?.remove();
   const root = document.getElementById("app");
   if (!root) return;
   clear(root);
@@ -53,12 +61,16 @@ async function signOut(): Promise<void> {
 
 async function start(): Promise<void> {
   let me: string | null = null;
+  let session = false;
   try {
-    me = (await getJSON<{ user: string | null }>("/api/me")).user;
+    ({ user: me, session } = await getJSON<{ user: string | null; session: boolean }>("/api/me"));
   } catch { /* not read: as without users (an action's refusal then says who is signed in) */ }
   setSignedIn(me);
   if (me !== null) signedIn(me);
-  else actingAs();
+  else {
+    actingAs();
+    if (session) tokenSession();
+  }
   window.addEventListener("hashchange", route);
   route();
 }

@@ -19,7 +19,8 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
   deleted or another run now has its id (its event seq behind the cursor, or another creation).
 - ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
 - ``GET /api/csrf`` the CSRF value this process expects (a page open across a restart asks it again).
-- ``GET /api/me`` who is signed in (``--user``: every action is done as them), else null.
+- ``GET /api/me`` who is signed in (``--user``: every action is done as them), else null; and whether
+  this browser holds a sign-in cookie (``session``: the page then offers "Sign out").
 - ``GET /api/stats`` the store's figures (``Store.stats``); ``GET /metrics`` the same and more as
   Prometheus text.
 """
@@ -141,10 +142,11 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         return {"csrf": guard.csrf}
 
     @app.get("/api/me")
-    def me(request: Request) -> dict[str, str | None]:
+    def me(request: Request) -> dict[str, str | bool | None]:
         # who is signed in (--user): whom every action is done as, which the page shows in place
-        # of its "acting as"; None without users, when a name is a label the page gives
-        return {"user": request.state.user or None}
+        # of its "acting as"; None without users, when a name is a label the page gives. ``session``:
+        # this browser holds the sign-in cookie (users or a shared token), which "Sign out" clears
+        return {"user": request.state.user or None, "session": guard.signs_in and COOKIE in request.cookies}
 
     @app.post("/api/logout")
     def logout(request: Request) -> Response:
