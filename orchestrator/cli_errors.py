@@ -161,23 +161,20 @@ def errors(current: object = None) -> Iterator[None]:
 
         if run_id and is_outage(exc):  # as above, from a path that raised the driver's own error
             raise _fail("store unreachable:", "red", _outage_advice(outage_cause(exc), run_id), EXIT_USAGE) from None
-        if is_outage(exc):  # no run of its own (submit, list, approve...): a plain "database is locked" said
-            raise _fail("store unreachable:", "red", _busy_advice(outage_cause(exc)), EXIT_USAGE) from None  # nothing
+        if is_outage(exc) and "database is locked" in outage_cause(exc):  # no run of its own (submit, approve..)
+            raise _fail("store busy:", "red", _locked_advice(outage_cause(exc)), EXIT_USAGE) from None
         raise _fail("error:", "red", f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
                     EXIT_USAGE, hint=True) from None
 
 
-def _busy_advice(cause: str) -> str:
-    """A command without a run of its own met a store that did not answer: what it did not do, and
-    what to try (a SQLite file's write lock held past the busy timeout is the usual cause)."""
+def _locked_advice(cause: str) -> str:
+    """A command without a run of its own met SQLite's write lock held past the busy timeout: who
+    holds it, that nothing was committed (the transaction never began writing), what to do."""
     from raysaga.state.engine import BUSY_TIMEOUT_MS
 
-    locked = "locked" in cause or "busy" in cause
-    return (f"{cause}; " + (f"another process held the SQLite file's write lock for over {BUSY_TIMEOUT_MS // 1000} s "
-                            "(a long transaction, a backup, a sqlite3 shell); " if locked else "")
-            + ("nothing was committed" if locked else "what this command changes may not have been committed: "
-               "check (raysaga status, list)") + "; try it again once the store answers "
-              "(a submit with --run-id is safe to repeat)")
+    return (f"{cause}: another process held the SQLite file's write lock for over {BUSY_TIMEOUT_MS / 1000:g} s "
+            "(a long transaction, a backup, a sqlite3 shell); nothing was committed; try it again once the store "
+            "answers (a submit with --run-id is safe to repeat)")
 
 
 def _outage_advice(cause: str, run_id: str) -> str:

@@ -30,8 +30,8 @@ def test_a_submit_meeting_a_held_write_lock_says_so_and_that_nothing_was_recorde
         holder.execute("BEGIN IMMEDIATE")
         code, out, err = invoke("submit", FLOW, "--input", value, "--run-id", "s-1", "--db", url)
         assert code == 2 and out == "", (out, err)
-        assert err.startswith("store unreachable: database is locked; another process held the SQLite file's "
-                              "write lock"), err
+        assert err.startswith("store busy: database is locked: another process held the SQLite file's "
+                              "write lock for over 0.3 s"), err
         assert "nothing was committed; try it again once the store answers" in err, err
         assert len(err.strip().splitlines()) == 1 and "OperationalError" not in err, err
     finally:
