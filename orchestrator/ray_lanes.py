@@ -24,7 +24,7 @@ from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, NodeCall, NodeOutcome
-from raysaga.orchestrator.wire import CACHE_LIMIT, run_packed
+from raysaga.orchestrator.wire import CACHE_LIMIT, StepCodeMissing, run_packed
 
 
 @dataclass(eq=False)
@@ -187,6 +187,8 @@ def task_results(ray: Any, refs: list[Any]) -> list[Any]:
         except Exception as exc:  # the worker died or the task was cancelled: not the step's own error
             with _refused_lock:
                 why: Exception = _refused.pop(ref, exc)
+            if isinstance(cause := getattr(why, "cause", None), StepCodeMissing):
+                why = cause  # its own message, not Ray's wrapper holding the worker's traceback
             out.append(NodeOutcome.failure(why, transient=True, started_at=started))
     return out
 

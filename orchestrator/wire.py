@@ -20,6 +20,7 @@ import hashlib
 import pickle  # noqa: TID251 - in transit between the driver and its Ray workers, never at rest
 from typing import Any
 
+from raysaga.errors import Transient
 from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, ContextFields, NodeCall, NodeOutcome, execute, execute_items
@@ -97,10 +98,24 @@ def unpack_items(data: bytes) -> ItemOutcomes:
 _specs: dict[str, StepSpec] = {}
 
 
+class StepCodeMissing(Transient):
+    """The worker cannot load a step's code (its workflow's module, or one it imports, is not
+    importable on this node). Transient, as a dead worker is (another node may have it, or a
+    deploy may ship it), with a message saying so and how to ship the code: Ray's own wrapper
+    recorded the whole traceback through this module and cloudpickle, naming neither."""
+
+
 def _spec(digest: str, data: bytes) -> StepSpec:
     spec = _specs.get(digest)
     if spec is None:
-        spec = pickle.loads(data)
+        try:
+            spec = pickle.loads(data)
+        except (ImportError, AttributeError) as exc:  # AttributeError: a module without the function
+            raise StepCodeMissing(
+                f"this Ray worker cannot load the step's code ({type(exc).__name__}: {exc}): the workflow's "
+                "module, and what it imports, must be importable on every node: ship it with the job "
+                "(`raysaga launch` uploads its folder; runtime_env working_dir / py_modules: docs/cluster.md) "
+                "or install it there") from None
         if len(_specs) >= CACHE_LIMIT:
             _specs.clear()
         _specs[digest] = spec
