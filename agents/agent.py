@@ -103,7 +103,8 @@ class Agent:
     """The longest tool result the model is shown, in characters (~25,000 tokens): a longer one
     (a web page, a file) is cut there, with a note telling the model so and how long it was; the
     whole result stays in the store. ``None``: results go to the model whole (one that overflows
-    the model's context fails its next call with "prompt is too long")."""
+    the model's context fails its next call with "prompt is too long"). Shared memory is never cut:
+    a ``memory_write`` whose read would be longer is refused, a longer value read is an error."""
     speculative_tools: bool = False
     """Run the tools a model response asks for that change nothing (not ``effect=True``, no
     approval, no rate limit) in the model call's own task, right after the response, and use

@@ -15,7 +15,6 @@ model calls, tool calls, writes and a node outcome.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,13 +29,12 @@ from raysaga.agents.agent import (
     fingerprint,
     messages_for,
 )
+from raysaga.agents.memory_calls import SHOWN_CAP, memory_problem, memory_result, too_big_to_read
 from raysaga.agents.messages import ModelRequest, ModelResponse
 from raysaga.agents.runtime import INVALID_INPUT
 from raysaga.agents.tools import Tool, ToolError
-from raysaga.errors import UserError
 from raysaga.state import EffectStatus, jsoncodec
 from raysaga.state.redact import scrub_text
-from raysaga.types import check_text
 
 __all__ = [
     "Action", "Answer", "CallModel", "Conversation", "Fail", "Feedback", "Finish", "Pause", "RunTool",
@@ -200,7 +198,7 @@ def _input_problem(agent: Agent, name: str, args: Any) -> str | None:
     if isinstance(args, dict) and INVALID_INPUT in args:
         return _not_json(name, args)
     if agent.shared_memory and name in MEMORY_TOOLS:
-        return _memory_problem(name, args)
+        return memory_problem(name, args)
     tool = agent.tool(name)
     if tool is None:
         return _unknown_tool(agent, name)
@@ -238,15 +236,20 @@ def _tool_use(agent: Agent, conv: Conversation, t: int, k: int, use: dict[str, A
     if isinstance(args, dict) and INVALID_INPUT in args:
         return Answer(t, k, {"content": _not_json(name, args), "is_error": True})
     if agent.shared_memory and name in MEMORY_TOOLS:
-        problem = _memory_problem(name, args)
+        problem = memory_problem(name, args)
         if problem is not None:
             return Answer(t, k, {"content": problem, "is_error": True})
         assert isinstance(args, dict)
         if name == "memory_write":
             try:
-                args = {**args, "value": jsoncodec.to_jsonable(args.get("value"), "value")}
+                args = {**args, "value": jsoncodec.to_jsonable(args["value"], "value")}
             except Exception as exc:
                 return Answer(t, k, {"content": f"memory_write: {exc}", "is_error": True})
+            too_big = too_big_to_read(agent, args)
+            if too_big is not None:
+                return Answer(t, k, {"content": too_big, "is_error": True})
+        else:  # the reader's own cap: a value it could not be shown whole is refused, never cut
+            args = {**args, SHOWN_CAP: agent.max_tool_result_chars}
         return UseMemory(t, k, name, args)
     tool = agent.tool(name)
     if tool is None:
@@ -346,37 +349,6 @@ def _result_print(result: dict[str, Any] | None) -> str:
         return "r:" + jsoncodec.fingerprint(result)
     except Exception:  # not JSON: never the same as another
         return f"r:<{id(result)}>"
-
-
-#: A memory key is a row's key column (200 characters of text).
-MAX_MEMORY_KEY = 200
-
-
-def _memory_problem(name: str, args: Any) -> str | None:
-    if not isinstance(args, dict) or not isinstance(args.get("key"), str):
-        return f"{name} needs a string 'key'"
-    # the model's text: on PostgreSQL a longer key, or one holding NUL, failed the driver's read or
-    # write of the row (DataError; the run left running, every resume the same)
-    try:
-        check_text(args["key"], f"{name}: the 'key'", MAX_MEMORY_KEY)
-    except UserError as exc:
-        return str(exc)
-    if name == "memory_write" and not isinstance(args.get("expected_version"), int):
-        return "memory_write needs an integer 'expected_version' (0 for a new key)"
-    return None
-
-
-def memory_result(name: str, args: dict[str, Any], entry_key: str, value: Any, version: int,
-                  won: bool) -> dict[str, Any]:
-    """What the model is told of a memory read, or of a write that won (``won``) or lost the race."""
-    if name == "memory_read":
-        return {"content": json.dumps({"key": entry_key, "value": value, "version": version}), "is_error": False}
-    if won:
-        return {"content": json.dumps({"ok": True, "key": entry_key, "version": version}), "is_error": False}
-    return {"content": f"conflict: {args['key']!r} is at version {version}, not {args.get('expected_version')} — "
-                       f"another agent wrote it first. Read it again, merge, and write with "
-                       f"expected_version={version}.",
-            "is_error": True, "conflict": True}
 
 
 def _final(agent: Agent, conv: Conversation, t: int) -> Finish | Fail | Feedback:

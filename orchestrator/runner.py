@@ -15,9 +15,8 @@ from typing import Any
 
 from raysaga import errors
 from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotFoundError, StoreOutageError, UserError
-from raysaga.orchestrator import tracing, versions
+from raysaga.orchestrator import retry_checks, tracing, versions
 from raysaga.orchestrator.driver import Driver, driver_id
-from raysaga.orchestrator.driver_signals import budget_advice, spent_budget
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
@@ -419,36 +418,29 @@ def check_retryable(run: RunRecord, compensations: bool, options: RunOptions | N
     again at once, its retried nodes left ``pending`` and their earlier record lost. A rollback
     retried past the deadline runs (the driver checks the deadline only going forward). Nor is a
     run its spent budget failed (``on_budget="fail"``) retried unless ``options`` raise that budget:
-    it failed again at once, saying nothing of why."""
+    it failed again at once, saying nothing of why (``retry_checks``; an agent its stored turns fail again
+    is refused by ``retry``, judged with the code, and by ``reopen``)."""
     wanted = RunStatus.COMPENSATION_FAILED if compensations else RunStatus.FAILED
     if run.status != wanted:
         hint = " (use --compensations for a compensation_failed run)" \
             if run.status == RunStatus.COMPENSATION_FAILED else ""
         raise UserError(f"run {run.run_id!r} is {run.status.value}: only a {wanted.value} run can be retried "
                         f"{'with' if compensations else 'without'} --compensations{hint}")
-    now = time.time()
-    if not compensations and run.deadline_at is not None and now >= run.deadline_at:
-        from raysaga.orchestrator.status_text import when
-
-        quoted = shlex.quote(run.run_id)
-        raise UserError(f"run {run.run_id!r} passed its deadline {when(run.deadline_at, now)}: a retry keeps the "
-                        "deadline, so it would fail again at once; `raysaga fork "
-                        f"{quoted} --from NODE` starts a new run that keeps what completed and runs NODE and what "
-                        "follows afresh, without this deadline (Python: fork(..., options=RunOptions(deadline=S)) "
-                        f"gives it one of its own); `raysaga cancel {quoted} --compensate` undoes what it did")
-    if not compensations and run.error is not None and run.error.type == "BudgetExceeded" \
-            and spent_budget(run, options) is not None:
-        raise UserError(f"run {run.run_id!r} failed on its spent budget ({run.error.message}): a retry with the same "
-                        f"budget fails again at once; raise it: {budget_advice(run, 'retry')}")
+    if not compensations:  # past its deadline, on a spent budget: it would fail again at once
+        retry_checks.check_repeats(run, options)
 
 
-def reopen(st: Store, run_id: str, compensations: bool = False, options: RunOptions | None = None) -> RunRecord:
+def reopen(st: Store, run_id: str, compensations: bool = False, options: RunOptions | None = None, *,
+           judged: bool = False) -> RunRecord:
     """Make a parked run runnable again, with the same idempotency keys: a ``failed`` run's failed
     and skipped nodes go back to pending and it is ``running``; with ``compensations``, a
     ``compensation_failed`` run's failed compensations go back to pending and it is
-    ``compensating``. Its lease is free afterwards: ``resume`` (or a worker) drives it."""
+    ``compensating``. Its lease is free afterwards: ``resume`` (or a worker) drives it. ``judged``:
+    the failed agent's stored turns were judged with the code (``retry``), else by their failure."""
     run = st.get_run(run_id, lenient=True)  # a damaged input: the resume parks it again, naming it
     check_retryable(run, compensations, options)
+    if not compensations and not judged:
+        retry_checks.check_agent(st, run, None)
     lease, _ = claim(st, run_id, driver_id(), CANCEL_TTL)
     try:
         nodes = st.nodes(run_id)
@@ -483,7 +475,8 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
     A ``failed`` run: its failed and skipped nodes run again; completed nodes and committed
     effects stand. With ``compensations``, a ``compensation_failed`` run: its failed
     compensations run again and the rollback completes. A ``failed`` run past its deadline is
-    refused (``check_retryable``): the deadline stays, so it would fail again at once.
+    refused (``check_retryable``): the deadline stays, so it would fail again at once. So is one an
+    agent failed if ``workflow``'s agent decides its stored turns the same (MaxTurns, LoopDetected...).
     """
     with using_store(store) as st:
         # a definition change is refused before the run is reopened: refused after, it was left
@@ -491,7 +484,9 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
         current = st.get_run(run_id, lenient=True)
         check_retryable(current, compensations, options)
         versions.check(st, current, workflow, allow_changed=options is not None and options.allow_changed)
-        reopen(st, run_id, compensations, options)
+        if not compensations:  # an agent its stored turns fail again with this code
+            retry_checks.check_agent(st, current, workflow)
+        reopen(st, run_id, compensations, options, judged=True)
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)
 
