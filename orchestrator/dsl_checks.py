@@ -10,8 +10,11 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from raysaga.errors import WorkflowDefinitionError
+from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.options import RetryPolicy
+from raysaga.orchestrator.output_types import type_name
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
+from raysaga.orchestrator.run_input import input_problems
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.sagas.policy import FanOutResult
@@ -200,11 +203,69 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
     """A compensation's parameter types (none when its annotations cannot be resolved: it is then
     read untyped, as at run time)."""
     try:
-        return typing.get_type_hints(fn)
+        return typing.get_type_hints(fn, include_extras=True)
     except Exception:  # a forward reference to a name the module does not have, a non-function
         return {}
 
 
 def dataflow_problems(steps: Mapping[str, StepSpec], compensations: Mapping[str, Callable[..., Any]]) -> list[str]:
-    """What ``Workflow.validate`` checks beyond the graph: rate limits, and what readers receive."""
-    return [*rate_limit_problems(steps), *pass_problems(steps), *partial_problems(steps, compensations)]
+    """What ``Workflow.validate`` checks beyond the graph: rate limits, what readers receive, the run's
+    input (what ``run`` and ``create_run`` refuse: ``run_input``)."""
+    return [*rate_limit_problems(steps), *input_problems(steps), *unreadable_problems(steps, compensations),
+            *pass_problems(steps), *partial_problems(steps, compensations)]
+
+
+def unreadable_problems(steps: Mapping[str, StepSpec], compensations: Mapping[str, Callable[..., Any]]) -> list[str]:
+    """A parameter (of a step or its compensation) annotated with a type pydantic cannot read a value
+    as (a plain class): it was accepted, and the step failed when it ran, after the effects upstream
+    of it, with pydantic's internal advice to set ``arbitrary_types_allowed``. Each type tried once
+    (``type_adapter`` keeps what it builds for the run); the run's input is ``input_problems``'."""
+    tried: dict[int, str | None] = {}
+    found = []
+    for spec in steps.values():
+        readers = [(f"step {spec.name!r}", {p: spec.param_types.get(p, Any) for p in spec.param_deps})]
+        undo = compensations.get(spec.name) or spec.compensate
+        if undo is not None:
+            hints = _hints(undo)
+            readers.append((f"the compensation {getattr(undo, '__name__', '?')!r} of step {spec.name!r}",
+                            {p: tp for p, tp in hints.items() if p not in ("return", "ctx", "input")
+                             and tp is not StepContext}))
+        for who, types in readers:
+            for param, tp in types.items():
+                if tp is Any:
+                    continue
+                if id(tp) not in tried:
+                    tried[id(tp)] = _unreadable(tp)
+                if tried[id(tp)]:
+                    found.append(f"{who}: parameter {param!r} is annotated {type_name(tp)}, {tried[id(tp)]}")
+    return found
+
+
+def _unreadable(tp: Any) -> str | None:
+    """Why pydantic cannot read a value as ``tp`` (and the fix), or None."""
+    try:
+        type_adapter(tp)
+        return None
+    except Exception as exc:  # PydanticSchemaGenerationError, or any error building the validator
+        plain = _plain_class(tp)
+        if plain is not None:
+            return (f"which pydantic cannot read a value as: {plain.__name__} is a plain class; make it a pydantic "
+                    f"model (class {plain.__name__}(BaseModel)), a dataclass or a TypedDict, or leave the parameter "
+                    "unannotated (it receives the JSON value: a dict, a list...)")
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return (f"which pydantic cannot read a value as ({first[:200]}): annotate it with a pydantic model, a "
+                "dataclass, a TypedDict or a JSON type, or leave it unannotated")
+
+
+def _plain_class(tp: Any) -> type | None:
+    """The class in ``tp`` (itself, or in its arguments) that pydantic has no validator for."""
+    for arg in typing.get_args(tp):
+        found = _plain_class(arg) if not isinstance(arg, list | tuple) else None
+        if found is not None:
+            return found
+    if isinstance(tp, type) and not typing.get_args(tp):
+        try:
+            type_adapter(tp)
+        except Exception:  # this class is the one
+            return tp
+    return None

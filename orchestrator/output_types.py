@@ -9,10 +9,12 @@ permanently (running it again returns the same), naming itself and the type.
 
 from __future__ import annotations
 
+import types
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from raysaga.errors import InputTypeError, OutputTypeError
 from raysaga.orchestrator.input_errors import problems
@@ -34,13 +36,33 @@ def input_type_error(step: str, param: str, declared: Any, exc: ValidationError)
         source = f"the output of step {step.removesuffix(COMPENSATE_SUFFIX)!r}"
     else:
         source = f"the output of step {param!r}"
-    return InputTypeError(f"step {step!r} cannot read {source} as {_name(declared)} ({problems(exc)}): "
+    return InputTypeError(f"step {step!r} cannot read {source} as {type_name(declared)} ({problems(exc)}): "
                           "declare the type that step returns, or resume the run with the definition it "
                           "started under")
 
 
-def _name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+def type_name(tp: Any) -> str:
+    """``tp`` as a message shows it: ``list[Annotated[int, Field(gt=0)]]``, not ``list`` or ``Annotated``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return f"Annotated[{type_name(args[0])}, {', '.join(_metadata(m) for m in args[1:])}]"
+    if origin is None or not args or origin is typing.Literal:
+        return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")  # type: ignore[return-value]
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else type_name(a) for a in args)
+    inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+    return f"{getattr(origin, '__name__', None) or str(origin).replace('typing.', '')}[{inner}]"
+
+
+def _metadata(meta: Any) -> str:
+    """An ``Annotated`` constraint in short: ``Field(gt=0, le=100)``, ``AfterValidator(upper)``."""
+    if isinstance(meta, FieldInfo):
+        return f"Field({', '.join(_metadata(m).partition('(')[2].rstrip(')') for m in meta.metadata)})"
+    func = getattr(meta, "func", None)
+    if func is not None:
+        return f"{type(meta).__name__}({getattr(func, '__qualname__', None) or repr(func)})"
+    shown = repr(meta)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def check_output_type(returns: Any, value: Any, label: str) -> Any:
@@ -66,7 +88,7 @@ def check_output_type(returns: Any, value: Any, label: str) -> Any:
         shown = repr(value)
         shown = shown if len(shown) <= 200 else shown[:200] + "..."
         raise OutputTypeError(
-            f"step {label!r} returned {shown}, which is not its declared return type {_name(returns)} "
+            f"step {label!r} returned {shown}, which is not its declared return type {type_name(returns)} "
             f"({problems(exc)}): return a value of that type, or change the annotation") from None
 
 
@@ -79,7 +101,7 @@ def check_json_form(returns: Any, made: Any, text: str, label: str, declared: bo
     form can differ (``json_form.needs_read_back``, cached per type): plain JSON types pay nothing.
     ``declared=False``: ``returns`` is the type of an undeclared output, which its reader reads as a
     dict unless it declares the type: a form that type cannot read at all is not refused here."""
-    if not needs_read_back(returns):
+    if not read_back_needed(returns):
         return
     try:
         problem = read_back_problem(returns, made, jsoncodec.loads(text), "output", unreadable=declared)
@@ -87,3 +109,12 @@ def check_json_form(returns: Any, made: Any, text: str, label: str, declared: bo
         return
     if problem:
         raise OutputTypeError(f"step {label!r} returned a value its stored JSON form does not keep: {problem}")
+
+
+def read_back_needed(tp: Any) -> bool:
+    """``json_form.needs_read_back``, True for an annotation it cannot hash (``Annotated[int, {"doc": 1}]``,
+    a dict in its metadata: looked at, it would raise ``TypeError``): its metadata may hold a validator."""
+    try:
+        return needs_read_back(tp)
+    except TypeError:
+        return True

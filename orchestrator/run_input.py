@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import typing
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.input_errors import mismatch
+from raysaga.orchestrator.output_types import read_back_needed, type_name
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import json_type_problem
 from raysaga.state import jsoncodec
-from raysaga.state.json_form import adapter_json, needs_read_back, read_back_problem
+from raysaga.state.json_form import adapter_json, read_back_problem
 
 
 class Workflow(Protocol):
@@ -24,13 +28,63 @@ class Workflow(Protocol):
 
 def input_type(wf: Workflow) -> Any:
     """The annotation of the ``input`` parameters (they must agree), or Any."""
-    types = {spec.param_types[spec.input_param] for spec in wf.steps.values()
-             if spec.input_param and spec.param_types.get(spec.input_param) is not Any}
-    if len(types) > 1:
-        raise WorkflowDefinitionError(
-            f"workflow {wf.name!r}: steps annotate 'input' with different types {sorted(map(str, types))}: "
-            "use one input type")
-    return types.pop() if types else Any
+    kinds = _input_kinds(wf.steps)
+    if len(kinds) > 1:
+        raise WorkflowDefinitionError(f"workflow {wf.name!r}: {_disagree(kinds)}")
+    return kinds[0][0] if kinds else Any
+
+
+def input_problems(steps: Mapping[str, StepSpec]) -> list[str]:
+    """What ``Workflow.validate`` reports of the run's input, which ``run`` and ``create_run`` refuse
+    (``input_type``, ``check_input``): steps declaring different types for it, a type with no JSON form."""
+    kinds = _input_kinds(steps)
+    if len(kinds) > 1:
+        return [_disagree(kinds)]
+    problem = json_type_problem(kinds[0][0]) if kinds else None
+    if kinds and problem:
+        return [f"{_steps(kinds[0][1])} declare{'s' if len(kinds[0][1]) == 1 else ''} the run's input as "
+                f"{type_name(kinds[0][0])}, which is not JSON-able ({problem}): declare a pydantic model, dict, "
+                "list, str, int, float, bool or None (a run's input is stored as JSON)"]
+    return []
+
+
+def _input_kinds(steps: Mapping[str, StepSpec]) -> list[tuple[Any, list[str]]]:
+    """Each type the steps declare for ``input`` (not Any), with the steps declaring it."""
+    kinds: list[tuple[Any, list[str]]] = []
+    for spec in steps.values():
+        tp = spec.param_types.get(spec.input_param, Any) if spec.input_param else Any
+        if tp is Any:
+            continue
+        for known, names in kinds:
+            if same_type(known, tp):
+                names.append(spec.name)
+                break
+        else:
+            kinds.append((tp, [spec.name]))
+    return kinds
+
+
+def _disagree(kinds: list[tuple[Any, list[str]]]) -> str:
+    declared = "; ".join(f"{type_name(tp)} ({_steps(names)})" for tp, names in kinds)
+    return f"steps annotate 'input' with different types: {declared}: use one input type"
+
+
+def _steps(names: list[str]) -> str:
+    return f"step {names[0]!r}" if len(names) == 1 else f"steps {', '.join(map(repr, names))}"
+
+
+def same_type(a: Any, b: Any) -> bool:
+    """Whether annotations ``a`` and ``b`` declare one type: equal, or alike part by part, where
+    a ``Field(gt=0)`` written twice is two objects that never compare equal (``Annotated`` keeps it)."""
+    try:
+        if a == b:
+            return True
+    except Exception:  # an __eq__ of user code that raises: compared below
+        pass
+    args_a, args_b = typing.get_args(a), typing.get_args(b)
+    if not args_a or len(args_a) != len(args_b) or typing.get_origin(a) != typing.get_origin(b):
+        return isinstance(a, FieldInfo) and isinstance(b, FieldInfo) and repr(a) == repr(b)
+    return all(same_type(x, y) for x, y in zip(args_a, args_b, strict=True))
 
 
 def check_input(wf: Workflow, value: Any) -> Any:
@@ -50,7 +104,7 @@ def check_input(wf: Workflow, value: Any) -> Any:
         if tp is Any:
             raise InvalidInputError(str(exc)) from None
         return _own_form(tp, value, exc)
-    if tp is not Any and needs_read_back(tp):  # read back as the steps will: an alias, a union, an Any field
+    if tp is not Any and read_back_needed(tp):  # read back as the steps will: an alias, a union, an Any field
         problem = read_back_problem(tp, value, form, "input")
         if problem:
             raise InvalidInputError(f"workflow {wf.name!r}: the run input is not kept by its JSON form: {problem}")

@@ -48,10 +48,7 @@ def bind(step_name: str, func: Any, steps: typing.Container[str], what: str | No
     shape = shape_problem(func)
     if shape:
         raise WorkflowDefinitionError(f"{what} {shape}")
-    try:
-        hints = typing.get_type_hints(func)
-    except Exception as exc:
-        raise WorkflowDefinitionError(f"{what}: its annotations cannot be resolved: {exc}") from None
+    hints = type_hints(func, what)
     binding = Binding(hints)
     for pname, param in inspect.signature(func).parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
@@ -77,6 +74,24 @@ def bind(step_name: str, func: Any, steps: typing.Container[str], what: str | No
             binding.param_deps.append(pname)
             binding.param_types[pname] = annotation
     return binding
+
+
+def type_hints(func: Any, what: str) -> dict[str, Any]:
+    """``func``'s annotations resolved, ``Annotated`` metadata kept: a ``Field(gt=0)`` or an
+    ``AfterValidator`` on a parameter or the return type is part of its contract (stripped, a step
+    declared ``input: Annotated[int, Field(gt=0)]`` was run with -5). Raises
+    ``WorkflowDefinitionError`` naming ``what`` when a name cannot be resolved, with the fix."""
+    try:
+        return typing.get_type_hints(func, include_extras=True)
+    except NameError as exc:  # (a str annotation, or any under ``from __future__ import annotations``)
+        name = getattr(exc, "name", None) or "it"
+        raise WorkflowDefinitionError(
+            f"{what}: its annotations cannot be resolved: {exc}: an annotation written as text (as every one is "
+            f"under `from __future__ import annotations`) is looked up in the module's globals; define {name} "
+            "before the step, at module level (not inside a function), or drop `from __future__ import "
+            "annotations`") from None
+    except Exception as exc:
+        raise WorkflowDefinitionError(f"{what}: its annotations cannot be resolved: {exc}") from None
 
 
 def shape_problem(func: Any) -> str | None:

@@ -244,16 +244,9 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
     exact = type(result) is returns and returns in EXACT
     made = result if returns is Any or exact else check_output_type(returns, result, _label(node_id, index))
     nested = ITEM_NESTING if index >= 0 else 0
-    try:
-        text = jsoncodec.dumps(result, "output", nested)
-    except NotJSONableError:  # again, naming the step (not built for every item that succeeds)
-        try:
-            text = jsoncodec.dumps(result, f"output of step {_label(node_id, index)!r}", nested)
-        except NotJSONableError as exc:
-            if not nested or "nested deeper" not in str(exc):
-                raise
-            raise NotJSONableError(f"{exc}, counting the {nested} levels its fan-out's result (FanOutResult: "
-                                   "successes[i].output) adds around each item's output") from None
+    text = _validated_form(made, nested) if made is not result else None
+    if text is None:
+        text = _dumps(result, node_id, index, nested)
     if not exact and (returns is not Any or isinstance(result, BaseModel)):  # (undeclared: as its own type)
         check_json_form(returns if returns is not Any else type(result), made, text, _label(node_id, index),
                         declared=returns is not Any)
@@ -265,6 +258,32 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
                 "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
             )
     return text, aside
+
+
+def _validated_form(made: Any, nested: int) -> str | None:
+    """The JSON text of ``made``, a return value validated into another value of its declared type
+    (a dict into the model, ``"no"`` into False, ``"5"`` into 5): that one is stored, so every reader,
+    typed or not, the run's output and a compensation see one value (the raw one stored, an untyped
+    reader saw ``"no"``, truthy, where a typed one saw False). None when it has no JSON form of its
+    own (a TypedDict's datetime): the value returned is stored, its form read back as ``made``."""
+    try:
+        return jsoncodec.dumps(made, "output", nested)
+    except NotJSONableError:
+        return None
+
+
+def _dumps(result: Any, node_id: str, index: int, nested: int) -> str:
+    """``result`` as JSON text; ``NotJSONableError`` naming the step (and its fan-out's nesting)."""
+    try:
+        return jsoncodec.dumps(result, "output", nested)
+    except NotJSONableError:  # again, naming the step (not built for every item that succeeds)
+        try:
+            return jsoncodec.dumps(result, f"output of step {_label(node_id, index)!r}", nested)
+        except NotJSONableError as exc:
+            if not nested or "nested deeper" not in str(exc):
+                raise
+            raise NotJSONableError(f"{exc}, counting the {nested} levels its fan-out's result (FanOutResult: "
+                                   "successes[i].output) adds around each item's output") from None
 
 
 #: How deep a fan-out item's output sits in its step's result (``FanOutResult``:

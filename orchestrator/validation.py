@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import inspect
 import types
 import typing
@@ -149,10 +150,14 @@ def json_type_problem(tp: Any) -> str | None:
         return None
     if isinstance(tp, typing.TypeVar):
         return None
+    if isinstance(tp, typing.NewType):  # (``UserId = NewType("UserId", int)``: a value of its supertype)
+        return json_type_problem(tp.__supertype__)
     origin = typing.get_origin(tp)
     if origin is None:
         if isinstance(tp, type):
             if issubclass(tp, BaseModel | Secret):
+                return None
+            if issubclass(tp, enum.Enum) and issubclass(tp, str | int):  # (a StrEnum, an IntEnum: by value)
                 return None
             if tp in (list, dict, tuple):
                 return None
