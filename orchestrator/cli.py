@@ -324,10 +324,10 @@ def retry(
     token_budget: cli_ops.TokenBudgetOpt = None,
     cost_budget: cli_ops.CostBudgetOpt = None,
 ) -> None:
-    """Operator retry of a parked run (same idempotency keys): a failed run's failed and skipped
-    nodes run again; with --compensations, a compensation_failed run's rollback is completed.
-    A run started by another definition is refused before anything changes, unless --allow-changed.
-    A run its spent budget failed is refused unless --token-budget/--cost-budget raise it."""
+    """Operator retry of a parked run (same idempotency keys): a failed run's failed and skipped nodes run
+    again; --compensations completes a compensation_failed run's rollback. Refused before anything changes:
+    a run started by another definition (unless --allow-changed), one its spent budget failed (unless
+    --token-budget/--cost-budget raise it), one an agent fails again from its turns (`raysaga fork` it)."""
     with errors(_Current(run_id)):
         _run_id(run_id)
         options = _options(lease_ttl, allow_changed=allow_changed, budgets=cli_ops.budgets(token_budget, cost_budget))
