@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 from raysaga.errors import WorkflowDefinitionError
 from raysaga.orchestrator.context import StepContext
+from raysaga.orchestrator.input_errors import type_name
 from raysaga.orchestrator.options import RetryPolicy
-from raysaga.orchestrator.output_types import type_name
 from raysaga.orchestrator.resources import PLACEMENT_OPTIONS
 from raysaga.orchestrator.run_input import input_problems
 from raysaga.orchestrator.spec import StepSpec

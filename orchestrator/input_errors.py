@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from raysaga.orchestrator.secrets import Secret, SecretValueError
 from raysaga.state.redact import scrub_text
@@ -29,8 +31,32 @@ def mismatch(workflow: str, tp: Any, exc: ValidationError) -> str:
     """``input does not match Order of workflow 'w': sku: Input should be a valid string (got 5)``:
     one short form for ``run``, ``submit``, ``fork`` and the Python API. pydantic's own error list
     repeats each bad value whole (a fork's 100 KB patch made a 100 KB line): here every part is cut."""
-    return (f"input does not match {getattr(tp, '__name__', tp)} of workflow {workflow!r}: "
+    return (f"input does not match {type_name(tp)} of workflow {workflow!r}: "
             f"{problems(exc, holds_secret(tp))}")
+
+
+def type_name(tp: Any) -> str:
+    """``tp`` as a message shows it: ``list[Annotated[int, Field(gt=0)]]``, not ``list`` or ``Annotated``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Annotated:
+        return f"Annotated[{type_name(args[0])}, {', '.join(_metadata(m) for m in args[1:])}]"
+    if origin is None or not args or origin is typing.Literal:
+        return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")  # type: ignore[return-value]
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join("None" if a is type(None) else type_name(a) for a in args)
+    inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
+    return f"{getattr(origin, '__name__', None) or str(origin).replace('typing.', '')}[{inner}]"
+
+
+def _metadata(meta: Any) -> str:
+    """An ``Annotated`` constraint in short: ``Field(gt=0, le=100)``, ``AfterValidator(upper)``."""
+    if isinstance(meta, FieldInfo):
+        return f"Field({', '.join(_metadata(m).partition('(')[2].rstrip(')') for m in meta.metadata)})"
+    func = getattr(meta, "func", None)
+    if func is not None:
+        return f"{type(meta).__name__}({getattr(func, '__qualname__', None) or repr(func)})"
+    shown = repr(meta)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def problems(exc: ValidationError, secret_inside: bool = False) -> str:

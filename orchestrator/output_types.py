@@ -9,15 +9,13 @@ permanently (running it again returns the same), naming itself and the type.
 
 from __future__ import annotations
 
-import types
 import typing
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
-from pydantic.fields import FieldInfo
 
 from raysaga.errors import InputTypeError, OutputTypeError
-from raysaga.orchestrator.input_errors import problems
+from raysaga.orchestrator.input_errors import problems, type_name
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.state import jsoncodec
 from raysaga.state.json_form import needs_read_back, read_back_problem
@@ -39,30 +37,6 @@ def input_type_error(step: str, param: str, declared: Any, exc: ValidationError)
     return InputTypeError(f"step {step!r} cannot read {source} as {type_name(declared)} ({problems(exc)}): "
                           "declare the type that step returns, or resume the run with the definition it "
                           "started under")
-
-
-def type_name(tp: Any) -> str:
-    """``tp`` as a message shows it: ``list[Annotated[int, Field(gt=0)]]``, not ``list`` or ``Annotated``."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is typing.Annotated:
-        return f"Annotated[{type_name(args[0])}, {', '.join(_metadata(m) for m in args[1:])}]"
-    if origin is None or not args or origin is typing.Literal:
-        return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")  # type: ignore[return-value]
-    if origin in (typing.Union, types.UnionType):
-        return " | ".join("None" if a is type(None) else type_name(a) for a in args)
-    inner = ", ".join("..." if a is Ellipsis else type_name(a) for a in args)
-    return f"{getattr(origin, '__name__', None) or str(origin).replace('typing.', '')}[{inner}]"
-
-
-def _metadata(meta: Any) -> str:
-    """An ``Annotated`` constraint in short: ``Field(gt=0, le=100)``, ``AfterValidator(upper)``."""
-    if isinstance(meta, FieldInfo):
-        return f"Field({', '.join(_metadata(m).partition('(')[2].rstrip(')') for m in meta.metadata)})"
-    func = getattr(meta, "func", None)
-    if func is not None:
-        return f"{type(meta).__name__}({getattr(func, '__qualname__', None) or repr(func)})"
-    shown = repr(meta)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
 
 
 def check_output_type(returns: Any, value: Any, label: str) -> Any:

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
-from raysaga.orchestrator.input_errors import mismatch
-from raysaga.orchestrator.output_types import read_back_needed, type_name
+from raysaga.orchestrator.input_errors import mismatch, type_name
+from raysaga.orchestrator.output_types import read_back_needed
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.validation import json_type_problem

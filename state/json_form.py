@@ -116,11 +116,15 @@ def needs_read_back(tp: Any) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _needs(tp: Any) -> bool:
-    if tp in _PLAIN or isinstance(tp, typing.TypeVar):  # (a TypeVar's value is checked as given)
-        return False
     origin = typing.get_origin(tp)
-    if origin is typing.Annotated:
+    if origin is typing.Annotated:  # (first: its metadata may not hash, ``Annotated[int, {"doc": 1}]``)
         return True  # its metadata may hold a validator or a serializer
+    try:
+        plain = tp in _PLAIN
+    except TypeError:  # a type holding metadata that does not hash (``list[Annotated[int, {...}]]``)
+        plain = False
+    if plain or isinstance(tp, typing.TypeVar):  # (a TypeVar's value is checked as given)
+        return False
     if origin is typing.Literal:
         return False
     if origin in _CONTAINERS:
