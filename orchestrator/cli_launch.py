@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -80,7 +81,13 @@ def launch(
             raise WorkflowLoadError(f"{workflow!r} is not importable as MODULE:WORKFLOW from this folder, so the "
                                     "cluster could not import it either: launch from the folder that holds the "
                                     "module, naming it as module:attribute (e.g. flows:wf)")
+        _same_module_as_loaded(workflow, ref)
         root = lx.source_root(ref)
+        if root is not None:
+            from raysaga.orchestrator.launch_ignored import warning_lines
+
+            for line in warning_lines(root, os.environ):
+                say(err, f"warning: {line}")
         client = lx.connect(url)  # the cluster (and its token) first: a refusal records nothing
         from raysaga.orchestrator import cli_store
 
@@ -88,16 +95,26 @@ def launch(
         where = cli_store.describe(store.url)
         cluster_env = lx.runtime_env(root, shipped_env, lx.cluster_db_url(store.url))
         record = _existing_run(store, wf, run_id, value, input is not None)
-        if record is not None:  # before any job: a refusal submits nothing
-            _same_identity(record, deadline, retry_budget, deaths, labels=tags)
-        else:
-            cli_input.check_input(wf, value, input is not None)
-            _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
-            record = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget, deaths,
-                             labels=tags, given=input is not None)
-        job = _drive_on_cluster(client, store, record, cluster_env, lx.entrypoint(record.run_id, lease_ttl, python))
+        recorded: RunRecord | None = None  # a run this launch recorded, until its job is submitted
+        try:
+            if record is not None:  # before any job: a refusal submits nothing
+                _same_identity(record, deadline, retry_budget, deaths, labels=tags)
+            else:
+                cli_input.check_input(wf, value, input is not None)
+                _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
+                record = recorded = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget,
+                                            deaths, labels=tags, given=input is not None)
+            job = _drive_on_cluster(client, store, record, cluster_env,
+                                    lx.entrypoint(record.run_id, lease_ttl, python))
+        except BaseException as exc:  # Ctrl-C, a closed terminal, a refusal: the id is all that finds the run
+            # (a refused submit says so itself; an Exit is a run found at rest, said already)
+            if recorded is not None and not isinstance(exc, typer.Exit) and "recorded, not started" not in str(exc):
+                rid = shlex.quote(recorded.run_id)
+                say(err, f"run {recorded.run_id} is recorded, not started: launch again with --run-id {rid}")
+            raise
         if job is None:
             return
+        _note_launch(store, record.run_id, job.job.submission_id, url)
         took = time.monotonic() - started
         say(out, record.run_id)
         verb = "launched as" if job.started else "already launched:"
@@ -118,6 +135,39 @@ def launch(
         cli_status.print_status(out, store, final, store_text=where)
     if final.status != RunStatus.COMPLETED:
         raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _same_module_as_loaded(workflow: str, ref: str) -> None:
+    """A ``path.py:wf`` is loaded here with the file's own folder first on ``sys.path`` (its
+    sibling modules import by their bare names); the cluster imports the recorded ``ref`` from
+    the folder shipped. Launched from a folder above the file (``proj/flows.py:wf`` recorded as
+    ``proj.flows:wf``), the two differ: refused, naming the launch that ships the file's folder."""
+    path, sep, attr = workflow.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        return
+    file = Path(path)
+    if ref.partition(":")[0] == file.stem:
+        return
+    raise WorkflowLoadError(f"{workflow!r} would be imported on the cluster as {ref.partition(':')[0]!r} from "
+                            f"this folder, not as {file.stem!r} from its own folder as it is here (its sibling "
+                            "modules would not be found): launch takes MODULE:WORKFLOW from the folder that holds "
+                            f"the module: cd {shlex.quote(str(file.parent))} && raysaga launch "
+                            f"{shlex.quote(f'{file.stem}:{attr}')} ...")
+
+
+def _note_launch(store: SqlStore, run_id: str, sid: str, url: str) -> None:
+    """Record in the run that job ``sid`` drives it (``launch_marks.record``), once per job: a
+    launch that found the job live notes it only if the launch that started it could not."""
+    from raysaga.orchestrator import launch_marks
+
+    try:
+        run = store.get_run(run_id, lenient=True)
+        latest = launch_marks.latest(store, run)
+        if run.status == RunStatus.PENDING and (latest is None or latest.job != sid):
+            launch_marks.record(store, run_id, sid, url)
+    except Exception as exc:  # the job is submitted: the launch stands, only `status`'s note is missing
+        say(err, f"warning: could not note the launch in run {run_id}'s events ({type(exc).__name__}: {exc}); "
+                 "`raysaga status` will not name its job")
 
 
 def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any, given: bool) -> RunRecord | None:

@@ -10,7 +10,8 @@ seconds and a bounded amount of memory. Its keys (``schema_version`` 1): run_id,
 status, reason, trace_id, labels, created_at, updated_at, wake_at (when a resting run is due),
 deadline_at, lease_owner, lease_expires_at, retries_used, retry_budget, tokens_used, cost_used, input,
 output, error, node_counts, nodes, effects, next_nodes_after (and steps/failures with ``--summary``,
-which leaves nodes out).
+which leaves nodes out); a pending run ``raysaga launch`` launched also has launch (its latest
+job: job, address, at, and not_started, what ``status`` says when no driver has taken it, or null).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator import launch_marks
 from raysaga.orchestrator.ownership import describe_lease
 from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
@@ -156,6 +158,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "input": scrub_data(run.input), "output": scrub_data(run.output),
         "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
+        **_launch_json(store, run),
         **lineage(store, run),
     }
     stream.write(_dumps(head)[:-1])
@@ -190,6 +193,17 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         stream.write(("\n" if i == 0 else ",\n") + _dumps(item))
     stream.write('], "next_nodes_after": ' + _dumps(next_after) + "}\n")
     stream.flush()
+
+
+def _launch_json(store: SqlStore, run: RunRecord) -> dict[str, Any]:
+    """``{"launch": ...}``, a pending run's latest launch (``launch_marks``): its job, the Job API,
+    when, and the note when no driver has started it yet; {} (no key) for a run not launched, or
+    no longer pending."""
+    launch = launch_marks.latest(store, run)
+    if launch is None:
+        return {}
+    return {"launch": {"job": launch.job, "address": launch.address, "at": launch.at,
+                       "not_started": launch_marks.not_started(run, launch, time.time())}}
 
 
 def _after_key(after: str | None, order: list[str]) -> tuple[str, int] | None:
@@ -262,6 +276,9 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
             else f"{seconds(max(0.0, at - run.created_at))} so far")  # waiting, running: not over
     console.print(Text(f"created {utc(run.created_at)}, updated {utc(run.updated_at)} ({life})"))
     console.print(Text(f"driver: {describe_lease(run, at)}"))
+    stuck = launch_marks.not_started(run, launch_marks.latest(store, run), at)
+    if stuck is not None:  # its Ray job failed before driving it, or has yet to start: no worker takes it
+        console.print(Text(f"launch: {stuck}"))
     for text in run_times(run, at):  # when a resting run wakes, and its deadline
         console.print(Text(text))
     console.print(Text(f"store: {store_text}"))

@@ -5,16 +5,17 @@ loads no SQLAlchemy)."""
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input
-from raysaga.orchestrator.cli_errors import errors, out
+from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
 from raysaga.orchestrator.cli_options import DbOpt, RunIdArg
 from raysaga.state.redact import scrub
 
@@ -132,30 +133,110 @@ def _export(store: SqlStore, record: RunRecord, format: str, workflow: str | Non
 
 def _watch(store: SqlStore, record: RunRecord, *, wf: Any, workflow: str | None, dag: bool, interval: float) -> None:
     """Redraw the status view in place (rich Live) until the run rests; Ctrl-C stops watching.
-    Not on a terminal (a pipe, a log), each view that differs from the last is printed instead."""
+    Not on a terminal (a pipe, a log), each view that differs from the last is printed instead
+    (``change_key``). A launched run no driver will take stops the watch with exit 1
+    (``_give_up_on_launch``)."""
     from rich.live import Live
 
     where = _stores().describe(store.url)
+    jobs = _JobLook()
     if not out.is_terminal:
         last = ""
         while True:
             run = store.get_run(record.run_id, lenient=True)
             shown = _render(store, run, where, wf, workflow, dag, interval)
-            key = "\n".join(line for line in shown.plain.splitlines() if not line.startswith("driver:"))
-            if key != last:  # the driver line's countdown alone is no change
+            key = change_key(shown.plain)
+            if key != last:  # the clock alone (the driver's countdown, the run's age) is no change
                 out.print(shown)
                 sys.stdout.flush()
                 last = key
             if run.status.value in RESTING:
                 return
+            given_up = _give_up_on_launch(store, run, jobs)
+            if given_up is not None:
+                _stop(given_up)
             time.sleep(interval)  # a redraw period, not a synchronisation
+    why: str | None = None
     with Live(console=out, auto_refresh=False, transient=False) as live:
         while True:
             run = store.get_run(record.run_id, lenient=True)
             live.update(_render(store, run, where, wf, workflow, dag, interval), refresh=True)
             if run.status.value in RESTING:
                 break
+            why = _give_up_on_launch(store, run, jobs)
+            if why is not None:
+                break
             time.sleep(interval)  # a redraw period, not a synchronisation
+    if why is not None:
+        _stop(why)
+
+
+#: The run's age on the ``created ...`` line of a run not at rest ("(13.2s so far)"): it changes
+#: with the clock alone, as the driver line's lease countdown does.
+_AGE = re.compile(r" \([^()]*\bso far\)$")
+
+
+def change_key(plain: str) -> str:
+    """A view's text without what the clock alone changes: piped, ``--watch`` prints a view only
+    when this differs from the last one's (an unchanging run is printed once, not every interval)."""
+    return "\n".join(_AGE.sub("", line) if line.startswith("created ") else line
+                     for line in plain.splitlines() if not line.startswith("driver:"))
+
+
+#: Seconds between two questions to the Ray Job API about a launched run's job while watching;
+#: after one went unanswered, the next is asked this many times later.
+JOB_EVERY = 5.0
+JOB_RETRY_FACTOR = 6
+
+
+class _JobLook:
+    """Whether a launched run's Ray job has ended, asked of the Job API its launch recorded (at
+    most every ``JOB_EVERY`` seconds): True or False, or None while it cannot be asked (no
+    route, no token, no Ray here)."""
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.address = ""
+        self.next_at = 0.0
+        self.known: bool | None = None
+        self.state = ""
+        """The job's state as Ray said it last (e.g. FAILED; "gone" when the cluster has no such job)."""
+
+    def ended(self, job: str, address: str) -> bool | None:
+        now = time.monotonic()
+        if now < self.next_at:
+            return self.known
+        from raysaga.orchestrator import launch as lx
+
+        try:
+            if self.client is None or self.address != address:
+                self.client, self.address = lx.connect(address), address
+            found = lx.job_info(self.client, job)
+        except Exception:  # out of reach from here: the grace after the launch decides (launch_marks)
+            self.client, self.known, self.next_at = None, None, now + JOB_EVERY * JOB_RETRY_FACTOR
+            return None
+        self.known, self.next_at = found is None or not found.live, now + JOB_EVERY
+        self.state = "gone" if found is None else found.status
+        return self.known
+
+
+def _stop(why: str) -> NoReturn:
+    say(err, f"stopped watching: {why}")
+    raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _give_up_on_launch(store: SqlStore, run: RunRecord, jobs: _JobLook) -> str | None:
+    """Why to stop watching (exit 1) a launched run no driver will take: its job ended before starting
+    it, or nothing could tell for ``launch_marks.NO_DRIVER_GRACE`` (``launch_marks.watch_stop``).
+    A run not launched (a worker's to take) is never given up on."""
+    from raysaga.orchestrator import launch_marks
+
+    launch = launch_marks.latest(store, run)
+    if launch_marks.not_started(run, launch, time.time()) is None or launch is None:
+        return None
+    ended = jobs.ended(launch.job, launch.address) if launch.address else None
+    run = store.get_run(run.run_id, lenient=True)  # a driver may have taken it as its job ended
+    return launch_marks.watch_stop(run, launch_marks.latest(store, run), ended, time.time(), jobs.state)
 
 
 def _render(store: SqlStore, run: RunRecord, where: str, wf: Any, workflow: str | None, dag: bool,

@@ -108,11 +108,16 @@ def source_root(module_ref: str) -> Path | None:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         spec = None
-    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
-        raise UserError(f"module {top!r} is not importable here: run `raysaga launch` from the folder that holds "
-                        "it (or put that folder on PYTHONPATH)")
-    origin = Path(spec.origin).resolve()
-    root = origin.parent.parent if spec.submodule_search_locations is not None else origin.parent
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    if spec is not None and not spec.origin and len(folders) == 1:  # a namespace package: a folder, no __init__
+        root = Path(folders[0]).resolve().parent
+    elif spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        spread = f" (a namespace package spread over {len(folders)} folders)" if len(folders) > 1 else ""
+        raise UserError(f"module {top!r} is not importable here{spread}: run `raysaga launch` from the folder that "
+                        "holds it, naming it as MODULE:WORKFLOW (e.g. flows:wf; or put that folder on PYTHONPATH)")
+    else:
+        origin = Path(spec.origin).resolve()
+        root = origin.parent.parent if spec.submodule_search_locations is not None else origin.parent
     installed = {Path(p).resolve() for key in ("purelib", "platlib", "stdlib") if (p := sysconfig.get_path(key))}
     if any(root == p or p in root.parents for p in installed):
         return None

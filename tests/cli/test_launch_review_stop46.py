@@ -1,0 +1,260 @@
+"""``raysaga launch`` and the views of a launched run, as a review found them (stop 46).
+
+- A launched run whose Ray job failed before its driver started stayed ``pending`` with nothing
+  saying so, and ``status --watch`` waited forever: the launch now appends an event ``launched``
+  (the job's id and address), ``status`` (text and ``--json``) names the job and what to do, and
+  ``status --watch`` stops with exit 1 once the job has ended; a run not launched is never given
+  up on (``launch_marks.watch_stop``).
+- Ctrl-C between recording the run and submitting its job left a run nobody had the id of: the
+  id and how to start it are said.
+- ``status --watch`` piped printed an unchanging run's view every interval (its age changes).
+- A module the workflow imports that a ``.gitignore`` ignores is left out of the job by Ray:
+  a warning names it and ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1``.
+- ``launch proj/flows.py:wf`` was refused as "module 'proj' is not importable here".
+
+The Ray Job API is ``tests.support.fake_jobs.FakeJobs`` (the edge: what the tests are about is
+what raysaga records and shows of its answers); the store is a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raysaga.errors import UserError
+from raysaga.orchestrator import cli_status, cli_watch, launch_marks
+from raysaga.orchestrator import launch as lx
+from raysaga.orchestrator.loader import load_workflow
+from raysaga.orchestrator.runner import create_run
+from raysaga.state import RunStatus, SqlStore
+from tests.support.cli import invoke
+from tests.support.fake_jobs import FakeJobs, project_cluster
+
+MODULE = "launch_review_stop46_flow"
+FLOW = textwrap.dedent('''
+    from raysaga import Workflow
+
+    wf = Workflow("launch_review_stop46")
+
+    @wf.step()
+    def only() -> int:
+        return 1
+''')
+ADDRESS = "http://127.0.0.1:8265"
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeJobs:
+    return project_cluster(tmp_path, monkeypatch, MODULE, FLOW)
+
+
+def _launch(db: str, *extra: str) -> str:
+    code, out, err = invoke("launch", f"{MODULE}:wf", "--address", ADDRESS, "--db", db, *extra)
+    assert code == 0, err
+    return out.strip()
+
+
+def _bounded_sleep(monkeypatch: pytest.MonkeyPatch, then: Any = None, after: int = 40) -> list[float]:
+    """``cli_watch``'s redraw pause, counted: ``then()`` runs at the ``after``-th (a watch that
+    never stops fails the test instead of hanging it). Its clock is the real one."""
+    calls: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        calls.append(seconds)
+        if len(calls) == after:
+            if then is None:
+                raise AssertionError(f"the watch went on for {after} redraws")
+            then()
+
+    clock = types.SimpleNamespace(sleep=sleep, time=time.time, monotonic=time.monotonic)
+    monkeypatch.setattr(cli_watch, "time", clock)
+    return calls
+
+
+def test_a_launched_run_no_driver_started_says_which_job_and_what_to_do(cluster: FakeJobs, sqlite_url: str) -> None:
+    run_id = _launch(sqlite_url)
+    sid = lx.submission_id(run_id)
+    store = SqlStore(sqlite_url)
+    try:
+        launched = [e for e in store.events(run_id) if e.kind == "launched"]
+        assert [e.data["job"] for e in launched] == [sid]
+        assert launched[0].data["address"] == ADDRESS
+        assert store.get_run(run_id).status == RunStatus.PENDING
+    finally:
+        store.close()
+    code, out, err = invoke("status", run_id, "--db", sqlite_url)
+    assert code == 0, err
+    line = next(t for t in out.splitlines() if t.startswith("launch: "))
+    assert f"launched as Ray job {sid} at " in line and "no driver has started it" in line
+    assert f"`ray job logs {sid} --address {ADDRESS}`" in line
+    assert f"`raysaga launch {MODULE}:wf --address {ADDRESS} --run-id {run_id}`" in line
+    code, out, err = invoke("status", run_id, "--db", sqlite_url, "--json")
+    assert code == 0, err
+    doc = json.loads(out)["launch"]
+    assert doc["job"] == sid and doc["address"] == ADDRESS and doc["not_started"] == line.removeprefix("launch: ")
+    # launched again while its job is live: no second job, no second note
+    assert _launch(sqlite_url, "--run-id", run_id) == run_id
+    assert cluster.submitted == [sid]
+    store = SqlStore(sqlite_url)
+    try:
+        assert len([e for e in store.events(run_id) if e.kind == "launched"]) == 1
+    finally:
+        store.close()
+
+
+def test_watch_stops_once_the_launched_job_ended_before_a_driver_started(cluster: FakeJobs, sqlite_url: str,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = _launch(sqlite_url)
+    sid = lx.submission_id(run_id)
+    cluster.jobs[sid].status = "FAILED"  # e.g. `--python` not found on the cluster
+    _bounded_sleep(monkeypatch)
+    code, out, err = invoke("status", run_id, "--db", sqlite_url, "--watch", "--interval", "0.05")
+    assert code == 1, (out, err)
+    assert f"stopped watching: Ray job {sid} ended (FAILED) before any driver started run {run_id}" in err
+    assert f"--run-id {run_id}" in err
+    assert out.count("launch: launched as Ray job") == 1
+
+
+def test_watch_goes_on_while_the_launched_job_is_live(cluster: FakeJobs, sqlite_url: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    run_id = _launch(sqlite_url)
+    store = SqlStore(sqlite_url)
+
+    def cancel() -> None:
+        run = store.get_run(run_id)
+        store.transition(run_id, run.version, RunStatus.CANCELLED, reason="ended by the test")
+
+    try:
+        calls = _bounded_sleep(monkeypatch, then=cancel, after=5)
+        code, out, err = invoke("status", run_id, "--db", sqlite_url, "--watch", "--interval", "0.05")
+    finally:
+        store.close()
+    assert code == 0, (out, err)
+    assert len(calls) == 5 and "cancelled" in out  # watched until the run rested, the job PENDING meanwhile
+
+
+def test_the_watch_gives_up_only_on_a_launched_run(sqlite_url: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    project_cluster(tmp_path, monkeypatch, MODULE, FLOW)
+    wf = load_workflow(f"{MODULE}:wf")
+    store = SqlStore(sqlite_url)
+    try:
+        queued = create_run(wf, None, store=store, run_id="queued-one")  # no launch: a worker's to take
+        launched = create_run(wf, None, store=store, run_id="launched-one")
+        assert launch_marks.record(store, launched.run_id, "raysaga-launched-one", ADDRESS)
+        launched = store.get_run(launched.run_id)
+        launch = launch_marks.latest(store, launched)
+        assert launch is not None and launch_marks.latest(store, queued) is None
+        later = launch.at + launch_marks.NO_DRIVER_GRACE
+        for ended in (True, None, False):
+            assert launch_marks.watch_stop(queued, None, ended, later + 1e6) is None
+        assert launch_marks.watch_stop(launched, launch, False, later + 1e6) is None  # its job is live
+        assert launch_marks.watch_stop(launched, launch, None, later - 1) is None  # within the grace
+        unknown = launch_marks.watch_stop(launched, launch, None, later)
+        assert unknown is not None and "out of reach" in unknown
+        ended_now = launch_marks.watch_stop(launched, launch, True, launch.at)
+        assert ended_now is not None and "ended before any driver started" in ended_now
+        # a driver holding a live lease: nothing to say
+        held = launched.model_copy(update={"lease_owner": "someone", "lease_expires_at": later + 10})
+        assert launch_marks.not_started(held, launch, later) is None
+    finally:
+        store.close()
+
+
+def test_ctrl_c_before_the_job_is_submitted_names_the_recorded_run(cluster: FakeJobs, sqlite_url: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: Any, **kwargs: Any) -> Any:  # Ctrl-C as the job is being submitted
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lx, "submit", interrupted)
+    code, out, err = invoke("launch", f"{MODULE}:wf", "--address", ADDRESS, "--db", sqlite_url)
+    assert code == 130 and out == "", err
+    store = SqlStore(sqlite_url)
+    try:
+        [run] = store.list_runs()
+    finally:
+        store.close()
+    assert f"run {run.run_id} is recorded, not started: launch again with --run-id {run.run_id}" in err
+    assert cluster.submitted == []
+
+
+def test_a_refused_submit_says_recorded_not_started_once(cluster: FakeJobs, sqlite_url: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(client: Any, run_id: str, *args: Any, **kwargs: Any) -> Any:
+        raise UserError(f"the Ray cluster refused job x for run {run_id!r} (no): the run is recorded, not "
+                        f"started; fix that and launch again with --run-id {run_id}")
+
+    monkeypatch.setattr(lx, "submit", refused)
+    code, _, err = invoke("launch", f"{MODULE}:wf", "--address", ADDRESS, "--db", sqlite_url)
+    assert code == 2 and err.count("recorded, not started") == 1, err
+
+
+def test_a_piped_watch_prints_an_unchanging_run_once(sqlite_url: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    project_cluster(tmp_path, monkeypatch, MODULE, FLOW)
+    store = SqlStore(sqlite_url)
+    run = create_run(load_workflow(f"{MODULE}:wf"), None, store=store, run_id="still-one")
+    # the views' clock moves a second per view: the run's age ("(3.0s so far)") differs in each
+    ticks = itertools.count(time.time())
+    real = cli_status.print_status
+
+    def ticking(console: Any, store_: SqlStore, record: Any, **kwargs: Any) -> None:
+        real(console, store_, record, now=lambda: float(next(ticks)), **kwargs)
+
+    monkeypatch.setattr(cli_status, "print_status", ticking)
+
+    def cancel() -> None:
+        store.transition(run.run_id, store.get_run(run.run_id).version, RunStatus.CANCELLED, reason="done")
+
+    try:
+        _bounded_sleep(monkeypatch, then=cancel, after=6)
+        code, out, err = invoke("status", run.run_id, "--db", sqlite_url, "--watch", "--interval", "0.05")
+    finally:
+        store.close()
+    assert code == 0, err
+    views = [line for line in out.splitlines() if line.startswith(f"run {run.run_id} ")]
+    assert [v.split(": ")[1].split(" ")[0] for v in views] == ["pending", "cancelled"], out
+    assert "launch:" not in out  # not launched: nothing said of a job
+
+
+def test_a_gitignored_module_the_workflow_imports_is_warned_of(tmp_path: Path, sqlite_url: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    flow = "from stop46_local_settings import LEVEL\n" + FLOW.replace("launch_review_stop46", "stop46_gitignored")
+    folder_cluster = project_cluster(tmp_path, monkeypatch, "stop46_ignoring_flow", flow)
+    project = Path.cwd()
+    (project / "stop46_local_settings.py").write_text("LEVEL = 1\n")
+    (project / ".gitignore").write_text("*.db\nstop46_local_settings.py\n")
+    code, _, err = invoke("launch", "stop46_ignoring_flow:wf", "--address", ADDRESS, "--db", sqlite_url)
+    assert code == 0, err
+    assert ("warning: stop46_local_settings.py is imported by the workflow but .gitignore ignores it" in err
+            and "RAY_RUNTIME_ENV_IGNORE_GITIGNORE=1" in err)
+    monkeypatch.setenv("RAY_RUNTIME_ENV_IGNORE_GITIGNORE", "1")  # Ray then ships it: nothing to warn of
+    code, _, err = invoke("launch", "stop46_ignoring_flow:wf", "--address", ADDRESS, "--db", sqlite_url)
+    assert code == 0 and "warning" not in err, err
+    assert len(folder_cluster.submitted) == 2
+
+
+def test_a_file_path_in_a_subfolder_is_refused_naming_the_launch_that_works(
+        tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # loading a file adds its folder
+    project_cluster(tmp_path, monkeypatch, "stop46_unused", "")
+    sub = Path.cwd() / "stop46proj"  # a folder without __init__.py: a namespace package from here
+    sub.mkdir()
+    (sub / "stop46_helper.py").write_text("def shout(x: str) -> str:\n    return x.upper()\n")
+    (sub / "stop46_flows.py").write_text("from stop46_helper import shout\n" + FLOW)
+    code, out, err = invoke("launch", "stop46proj/stop46_flows.py:wf", "--address", ADDRESS, "--db", sqlite_url)
+    assert code == 2 and out == "", err
+    assert "is not importable here" not in err
+    assert "launch takes MODULE:WORKFLOW from the folder that holds the module" in err
+    assert "cd stop46proj && raysaga launch stop46_flows:wf" in err
+    assert not Path(sqlite_url.removeprefix("sqlite:///")).exists()  # refused before the store was opened
+    # named as a module of a namespace package, the folder shipped is the one it is imported from
+    assert lx.source_root("stop46proj.stop46_flows:wf") == Path.cwd().resolve()
