@@ -457,7 +457,7 @@ class StepContext:
 #: (an agent's turns and tool calls, ``research@3.1``), ``[``/``]`` (fan-out items, ``fetch[2]``);
 #: quotes and spaces would break the CLI and the mermaid/dot exports.
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,99}")
-NAME_RULE = ("1-100 characters: letters, digits, '_' and '-', starting with a letter or '_' "
+NAME_RULE = ("1-100 characters: ASCII letters, digits, '_' and '-', starting with a letter or '_' "
              "(':', '@', '.', '[' and ']' are reserved for compensation, agent-call and fan-out ids)")
 #: Workflow names prefix run ids; '.' is allowed there (no node id is built from them).
 WORKFLOW_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")

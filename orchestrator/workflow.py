@@ -68,7 +68,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"workflow {name!r}: description= takes a str, got {description!r}")
         if not isinstance(name, str) or not WORKFLOW_NAME_RE.fullmatch(name):
             raise WorkflowDefinitionError(
-                f"workflow name {name!r} is not valid: it prefixes run ids, so use 1-100 characters: letters, "
+                f"workflow name {name!r} is not valid: it prefixes run ids, so use 1-100 characters: ASCII letters, "
                 "digits, '_', '-' and '.', starting with a letter or '_'"
             )
         self.name = name

@@ -230,3 +230,14 @@ def test_mermaid_escapes_quotes_and_entities_in_labels(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(render, "_node_text", lambda _wf, _step: 'a "b" #c <d>')
     assert mermaid(wf) == 'flowchart TD\n    plain["a #quot;b#quot; #35;c #lt;d#gt;"]\n'
+
+
+def test_a_name_with_a_non_ascii_letter_is_refused_saying_ascii_letters() -> None:
+    """Stop 46: ``café`` was refused with "use 1-100 characters: letters, ...", which é is."""
+    wf = Workflow("names")
+    with pytest.raises(WorkflowDefinitionError, match=r"'café' is not valid: use 1-100 characters: ASCII letters"):
+        @wf.step(name="café")
+        def step() -> int:
+            return 1
+    with pytest.raises(WorkflowDefinitionError, match=r"'naïve' is not valid: .* characters: ASCII letters"):
+        Workflow("naïve")
