@@ -72,23 +72,33 @@ def _node(node: str) -> tuple[str, int]:
     return node, -1
 
 
+#: The states of a run at rest without a driver: a worker takes it up when its ``wake_at`` comes.
+_AT_REST = ("waiting_human", "waiting_timer", "paused")
+
+
 def _next_step(run_id: str, client: Any = None) -> str:
     """What happens next; ``client``: a decision's, to tell a run its live driver holds (a timer of
-    the run is near, or other branches run) from one at rest."""
+    the run is near, or other branches run) from one at rest, and one at rest that is due (a worker
+    takes it up now) from one that is not (it said "now" of a run left resting for 10 minutes)."""
     run = None if client is None else client.get_run(run_id)
-    if run is not None and run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time():
+    now, quoted = time.time(), shlex.quote(run_id)
+    if run is not None and run.lease_owner is not None and (run.lease_expires_at or 0.0) >= now:
         return "the run's live driver takes the decision at its next heartbeat"
-    if run is not None and run.status.value == "paused" and run.wake_at is None:  # held: no worker takes it up
-        from raysaga.orchestrator.runner import held_by_operator  # loaded with the Client already
-        from raysaga.orchestrator.status_text import one_line
+    if run is None or run.status.value not in _AT_REST or (run.wake_at is not None and run.wake_at <= now):
+        return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {quoted}`"
+    from raysaga.orchestrator.runner import held_by_operator  # loaded with the Client already
+    from raysaga.orchestrator.status_text import one_line, when
 
-        why, quoted = one_line(run.status_reason or "paused"), shlex.quote(run_id)
-        if held_by_operator(run):
-            return (f"the run is paused ({why}): it goes on with the decision once `raysaga unpause {quoted}` "
-                    "lets a worker take it up")
+    why = one_line(run.status_reason or run.status.value)
+    if held_by_operator(run):  # held: no worker takes it up
+        return (f"the run is paused ({why}): it goes on with the decision once `raysaga unpause {quoted}` "
+                "lets a worker take it up")
+    if run.status.value == "paused":
         return (f"the run paused itself ({why}): it goes on with the decision once `raysaga resume {quoted}` "
                 "takes it up (a spent budget: resumed with a larger one)")
-    return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {shlex.quote(run_id)}`"
+    due = "no worker takes it up until something wakes it" if run.wake_at is None else \
+        f"a worker (`raysaga worker`) takes it up when it is due, {when(run.wake_at, now)}"
+    return f"the run still rests ({why}): {due}; `raysaga resume {quoted}` takes it up now"
 
 
 def _still_waiting(client: Any, run_id: str, name: str, index: int) -> str | None:
@@ -279,7 +289,8 @@ def worker(
                  f"{w.concurrency} at once (SIGTERM or Ctrl-C stops it and hands its runs back)")
         counts = w.run()
         say(out, f"worker {os.getpid()}: stopped; claimed {counts.claimed}, completed {counts.completed}, "
-                 f"resting {counts.rested}, handed back {counts.handed_back}, errors {counts.failed}")
+                 f"ended otherwise {counts.ended} (failed, rolled back or cancelled), resting {counts.rested} "
+                 f"(waiting or paused), handed back {counts.handed_back}, errors {counts.failed}")
 
 
 def stats(

@@ -167,8 +167,8 @@ class Client:
         """Cancel a run; committed effects stand unless ``compensate``. Without a live driver a plain
         cancel is taken at once; a live driver obeys the signal at its next step boundary. With
         ``compensate`` the rollback runs in a driver: a worker takes the run up (or ``raysaga resume``)."""
-        by, reason = _actor(by), _reason(reason)
-        reason = printable(reason or f"cancelled by {by or 'operator'}")  # a lone surrogate failed its writes
+        by, given = _actor(by), _reason(reason)
+        reason = printable(given or f"cancelled by {by or 'operator'}")  # a lone surrogate failed its writes
         if not compensate:
             return cancel_run(run_id, store=self.store, reason=reason, wait=0)
         run = self.get_run(run_id)
@@ -179,8 +179,10 @@ class Client:
                 self.store.transition(run_id, run.version, RunStatus.COMPENSATING, reason=reason, data={"by": by})
             return self.get_run(run_id)
         self.store.send_signal(run_id, "cancel", payload={"reason": reason, "compensate": True, "by": by})
-        self.store.wake(run_id, [RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED], reason,
-                        "cancel_requested", {"by": by, "compensate": True})
+        # a run at rest says it in its reason until a driver rolls it back (the event keeps the cancel's)
+        said = f"cancel with rollback requested by {by or 'an operator'}" + (f" ({reason})" if given else "")
+        self.store.wake(run_id, [RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED], said,
+                        "cancel_requested", {"by": by, "compensate": True, "reason": reason})
         return self.get_run(run_id)
 
     def retry(self, run_id: str, *, by: str | None = None) -> RunRecord:
@@ -189,7 +191,10 @@ class Client:
         compensations do; a worker takes the run up (or ``raysaga resume RUN``). A ``failed`` run past
         its deadline is refused before anything is written (``runner.check_retryable``: it would fail
         ``deadline`` again at once); its rollback is not, a rollback being no forward work. So is one
-        its spent budget failed: ``raysaga retry RUN --token-budget N`` (``raysaga.retry``) raises it."""
+        its spent budget failed: ``raysaga retry RUN --token-budget N`` (``raysaga.retry``) raises it; and
+        one an agent failed on what its stored turns decide (MaxTurns, LoopDetected, InvalidOutput,
+        ModelRefused), judged by kind as the client loads no code: ``raysaga retry RUN`` judges it with
+        the code, or ``raysaga fork RUN --from 'AGENT@T'`` goes on from a turn."""
         by = _actor(by)
         current = self.get_run(run_id)
         record = reopen(self.store, run_id, compensations=current.status == RunStatus.COMPENSATION_FAILED)

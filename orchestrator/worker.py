@@ -45,7 +45,6 @@ import signal
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from raysaga.errors import (
     DefinitionChangedError,
@@ -69,7 +68,7 @@ from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and te
     checked_max_driver_deaths,
     checked_poll,
 )
-from raysaga.orchestrator.worker_runs import FailedDrives, Skips, event_seq, outcome_since
+from raysaga.orchestrator.worker_runs import FailedDrives, Skips, WorkerCounts, event_seq, outcome_since
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, Store
 from raysaga.state.claims import Claim
@@ -93,18 +92,6 @@ MAX_FAILED_DRIVES = 3
 #: What a driver is interrupted with when its worker hands its run back to drive a suspect run
 #: alone (the ``driver_interrupted`` event's ``signal``).
 HAND_BACK = "hand-back"
-
-
-@dataclass
-class WorkerCounts:
-    """What a worker did (for its log line at exit and for tests)."""
-
-    claimed: int = 0
-    completed: int = 0
-    rested: int = 0
-    handed_back: int = 0
-    failed: int = 0
-    by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class Worker:
@@ -322,10 +309,7 @@ class Worker:
             driving = True
             record = self._drive_through_outages(lease, workflow, executor, alone=alone)
             with self._lock:
-                if record.status == RunStatus.COMPLETED:
-                    self.counts.completed += 1
-                else:
-                    self.counts.rested += 1
+                self.counts.drove(record.status)
             log.info("worker: run %s (%s) is %s", lease.run_id, reason, record.status.value)
         except DriverInterrupted as exc:
             with self._lock:

@@ -16,6 +16,8 @@
   once per definition how many such runs it saw.
 - **A suspect's outcome** (``outcome_since``): a suspect run driven alone is proven once its
   driver commits an attempt's outcome, read from its events after its drive began.
+- **What it did** (``WorkerCounts``): runs claimed, and how each drive left its run: completed,
+  ended otherwise (failed, rolled back, cancelled), resting (waiting, paused), handed back.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from raysaga.errors import CorruptRecordError
 from raysaga.orchestrator import tracing, versions
@@ -38,7 +40,7 @@ from raysaga.state.claims import Claim, Served
 from raysaga.state.models import PRUNABLE, RunSummary
 from raysaga.state.redact import scrub_text
 
-__all__ = ["FailedDrives", "Skips", "event_seq", "outcome_since"]
+__all__ = ["FailedDrives", "Skips", "WorkerCounts", "event_seq", "outcome_since"]
 
 log = logging.getLogger("raysaga.worker")
 
@@ -46,6 +48,32 @@ log = logging.getLogger("raysaga.worker")
 KEPT = 10_000
 #: Unleased runs of its workflows a worker reads per idle scan to see their definition.
 LOOKS_PER_SCAN = 20
+
+
+@dataclass
+class WorkerCounts:
+    """What a worker did (for its line at exit and for tests). ``failed``: drives that ended in an
+    error (the line's "errors"), not runs that ended ``failed``: those are ``ended``."""
+
+    claimed: int = 0
+    completed: int = 0
+    ended: int = 0
+    """Drives that left the run ended otherwise: failed, compensated, cancelled, compensation_failed."""
+    rested: int = 0
+    """Drives that left the run at rest, to be taken up again: waiting for a human or a timer, paused."""
+    handed_back: int = 0
+    failed: int = 0
+    by_reason: dict[str, int] = field(default_factory=dict)
+
+    def drove(self, status: RunStatus) -> None:
+        """Count a drive that returned with the run ``status`` (a failed or rolled-back run was counted
+        "resting", as if a worker would take it up again)."""
+        if status == RunStatus.COMPLETED:
+            self.completed += 1
+        elif status in PRUNABLE:  # ended: terminal or parked for an operator
+            self.ended += 1
+        else:
+            self.rested += 1
 
 
 def event_seq(store: Store, run_id: str) -> int:

@@ -6,9 +6,11 @@ timeout. A decision is checked against that row here, in one transaction that se
 run's row, so it needs no workflow code: any process (the CLI, the dashboard, a script) can
 decide, and it is told at once when it may not. An accepted decision is a signal row (its
 ``dedup_key`` is the decision id: a double click is one decision) and a ``decision`` event naming
-the actor; when it settles the node and the run rests in ``waiting_human``, the run's ``wake_at``
-becomes now and its ``status_reason`` names the decision, so a worker takes it up (``status`` says
-so meanwhile); the driver consumes the signal with the node's outcome.
+the actor; when it settles the node and the run rests in ``waiting_human`` or ``waiting_timer`` (a
+rate limit's gate, a timer, due later), the run's ``wake_at`` becomes now and its ``status_reason``
+names the decision, so a worker takes it up (``status`` says so meanwhile); the driver consumes the
+signal with the node's outcome. A run with a cancel on its way to a driver (``Client.cancel``: a
+rollback asked for) takes no decision, and ``waiting`` (the inbox) leaves it out.
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ import uuid
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ColumnElement, Connection, Engine, Select, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Select, case, exists, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
 from raysaga.state import jsoncodec
 from raysaga.state.answer_schema import validate_answer
+from raysaga.state.cancel_pending import cancels, refuse_if_cancelled
 from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import EventRecord, NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
@@ -158,6 +161,7 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
             earlier = _by_id(conn, run_id, decision_id)
             if earlier is not None:
                 return _same_or_refuse(earlier, Mine(verdict, by, node, fan_index, answer), decision_id)
+        refuse_if_cancelled(conn, run_id, label)
         row = _node_row(conn, run_id, node, fan_index)
         request = _waiting_request(conn, run_id, label, row, status)
         _check_decider(request, by, label)
@@ -193,8 +197,8 @@ def decide(engine: Engine, run_id: str, node: str, verdict: Verdict, *, by: str,
             return _same_or_refuse(earlier, Mine(verdict, by, node, fan_index, answer), decision.decision_id)
         settled = settles(request, [*so_far, decision])
         values: dict[str, Any] = {"event_seq": runs.c.event_seq + 1, "updated_at": now}
-        if status == RunStatus.WAITING_HUMAN and settled is not None:
-            values["wake_at"] = now  # a worker takes the run up at once; `status` says why it waits meanwhile
+        if status in _WOKEN and settled is not None:  # a worker takes the run up at once; `status` says why
+            values["wake_at"] = case((runs.c.wake_at < now, runs.c.wake_at), else_=now)  # (sooner stays)
             values["status_reason"] = scrub_text(f"{label} {'approved' if settled == 'approve' else 'rejected'} by "
                                                  f"{by}: waiting for a driver (a `raysaga worker`, or `raysaga "
                                                  f"resume {shlex.quote(run_id)}`)")
@@ -221,6 +225,8 @@ _IS_WAITING = nodes.c.status == literal(NodeStatus.WAITING.value, literal_execut
 #: Runs whose waiting approvals can be decided (a run at rest keeps its rows, undecidable).
 _DECIDABLE_STATES = (RunStatus.RUNNING, RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED)
 _DECIDABLE = tuple(s.value for s in _DECIDABLE_STATES)
+#: Runs resting without a driver that a settling decision makes due at once (a paused run stays held).
+_WOKEN = (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER)
 
 
 def waiting(engine: Engine, approver: str | None = None, run_id: str | None = None) -> list[WaitingApproval]:
@@ -233,11 +239,14 @@ def waiting(engine: Engine, approver: str | None = None, run_id: str | None = No
     active run's every node row by key, 8 ms for a running fan-out of 100,000 rows. With
     ``run_id``, that run's rows by its ``run_key`` (the planner's pick of the key's range or the
     index), as the view read them. A run past its deadline is left out: a decision on it is
-    refused (``decide``), and it fails 'deadline' when a driver takes it up."""
+    refused (``decide``), and it fails 'deadline' when a driver takes it up. So is one with a
+    cancel on its way to a driver (``cancel_pending``): it is rolled back (or cancelled), and a
+    decision on it is refused."""
     holding = select(nodes.c.run_key).where(_IS_WAITING)
     decidable = select(runs.c.run_key, runs.c.run_id, runs.c.workflow_name).where(
         runs.c.status.in_(_DECIDABLE), runs.c.run_key.in_(holding),
-        runs.c.deadline_at.is_(None) | (runs.c.deadline_at > time.time()))
+        runs.c.deadline_at.is_(None) | (runs.c.deadline_at > time.time()),
+        ~exists().where(cancels(runs.c.run_id)))  # a cancel on its way: no decision is taken (``decide``)
     rows = select(*_WAITING_COLUMNS).where(_IS_WAITING)
     if run_id is not None:
         decidable = decidable.where(runs.c.run_id == run_id)

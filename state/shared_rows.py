@@ -8,16 +8,18 @@ driver's batch, which ``SqlStore.commit`` applies in the batch's transaction
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, insert, select, update
+from sqlalchemy import Connection, Engine, and_, case, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import UserError
 from raysaga.state.breakers import BreakerPolicy, after_call
 from raysaga.state.decoding import reading, records, run_status
+from raysaga.state.jsoncodec import printable
 from raysaga.state.models import (
     BreakerChange,
     BreakerRecord,
@@ -27,7 +29,7 @@ from raysaga.state.models import (
     SignalKind,
     SignalRecord,
 )
-from raysaga.state.redact import scrub
+from raysaga.state.redact import scrub, scrub_text
 from raysaga.state.schema import breakers, events, memory, runs, signals
 from raysaga.state.statements import fence_guard, insert_for
 
@@ -168,14 +170,26 @@ def consume_signals(conn: Connection, run_id: str, ids: list[int], now: float) -
     conn.execute(update(signals).where(signals.c.id.in_(ids), signals.c.run_id == run_id).values(consumed_at=now))
 
 
+#: Runs at rest without a driver: a wake says why in the run's reason until a driver takes it up.
+_AT_REST = (RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value)
+
+
 def wake(engine: Engine, run_id: str, statuses: list[RunStatus], reason: str, kind: str, data: Any = None) -> bool:
-    """Set a resting run's ``wake_at`` to now, with an event, if it is in one of ``statuses``."""
+    """Set a resting run's ``wake_at`` to now, with an event, if it is in one of ``statuses``. A run
+    at rest without a driver (waiting, paused) says ``reason`` in its ``status_reason`` until a driver
+    takes it up: a cancel with rollback asked of a run waiting for a decision left it "waiting for
+    a decision on review", and ``status`` showed nothing on its way. A run woken in another state (a
+    retried run: running, compensating) keeps its reason, the one its driver goes on with."""
     now = time.time()
+    said = printable(scrub_text(f"{reason}: waiting for a driver (a `raysaga worker`, or `raysaga resume "
+                                f"{shlex.quote(run_id)}`)")).replace("\x00", "\\x00")  # (as a transition's reason)
     with engine.begin() as conn:
         run_status(conn, run_id)  # RunNotFoundError
         seq = conn.execute(update(runs).where(runs.c.run_id == run_id,
                                               runs.c.status.in_([s.value for s in statuses]))
-                           .values(wake_at=now, event_seq=runs.c.event_seq + 1, updated_at=now)
+                           .values(wake_at=now, event_seq=runs.c.event_seq + 1, updated_at=now,
+                                   status_reason=case((runs.c.status.in_(_AT_REST), said),
+                                                      else_=runs.c.status_reason))
                            .returning(runs.c.event_seq)).scalar_one_or_none()
         if seq is None:
             return False

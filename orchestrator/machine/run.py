@@ -28,6 +28,7 @@ from raysaga.orchestrator.machine.calls import GONE, Calls
 from raysaga.orchestrator.machine.doubt import REPINNED_KEY
 from raysaga.orchestrator.machine.forward import AgentStart, Forward, WaitStart, failure_reason
 from raysaga.orchestrator.machine.outbox import MemoryOp, Outbox
+from raysaga.orchestrator.machine.resting import gate_rest, idle_rest
 from raysaga.orchestrator.machine.rollback import Rollback, RollbackReads
 from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
@@ -85,6 +86,7 @@ class RunMachine:
         self._stopping: tuple[str, dict[str, Any] | None, RunStatus, int | None] | None = None
         self._restored_calls: dict[NodeKey, NodeRecord] = {}  # agents' calls stored 'running'
         self._resume_reason = run.status_reason or "rollback"
+        self._decided = 0  # the newest decision signal handed in (``rest_at_gate``'s ``signals_seen``)
 
     def _records_first(self, spec: StepSpec) -> bool:
         """Effects and compensated steps are durable as 'running' before their call, so a rollback
@@ -188,7 +190,7 @@ class RunMachine:
 
     def decision(self, signal: SignalRecord, now: float) -> None:
         """A human's decision (an approve or reject signal) on a waiting approval."""
-        self.out.now = now
+        self.out.now, self._decided = now, max(self._decided, signal.id)
         if self.phase == Phase.FORWARD and self.rollback is None:
             self.waits.signal(signal)
 
@@ -309,17 +311,7 @@ class RunMachine:
         Returns (``waiting_human`` or ``waiting_timer``, when it is due again, why)."""
         if not self._may_rest() or not self.idle() or self.done():
             return None
-        when = self.next_wake()
-        far = when is None or when - now > release_after
-        humans = self.waits.waiting_humans()
-        if humans and far:
-            labels = ", ".join(k.label for k in humans)
-            return RunStatus.WAITING_HUMAN, when, f"waiting for a decision on {labels}"
-        if not humans and when is not None and far:
-            sleeping = [k.label for k in self.waits.sleeping]
-            what = f"sleep {', '.join(sleeping)}" if sleeping else "a retry's backoff"
-            return RunStatus.WAITING_TIMER, when, f"waiting for {what}"
-        return None
+        return idle_rest(self.waits.waiting_humans(), list(self.waits.sleeping), self.next_wake(), now, release_after)
 
     def next_wake(self) -> float | None:
         """The next timer, or the run's deadline if sooner while something waits (a human, a timer):
@@ -333,10 +325,11 @@ class RunMachine:
                 and not self.has_work() and not self.waits.busy())
 
     def rest_at_gate(self, now: float, held: GateHold | None, release_after: float) -> bool:
-        """Rest ``waiting_timer`` when every attempt in flight waits unsent at its rate limits (a
-        provider's ``retry-after``, or their own pacing) for longer than ``release_after``: a driver (a worker's slot)
+        """Rest when every attempt in flight waits unsent at its rate limits (a provider's
+        ``retry-after``, or their own pacing) for longer than ``release_after``: a driver (a worker's slot)
         held for the block does nothing. They are cancelled, never sent, and issued again (same
-        keys) when the run is taken up at the gate's time, or a timer's sooner."""
+        keys) when the run is taken up at the gate's time, or a timer's sooner, or at once on a
+        decision (``resting.gate_rest``; one recorded while this driver held the run: ``signals_seen``)."""
         if held is None or held.attempts != len(self.calls.inflight) or not self._may_rest():
             return False
         wake = min(held.until, self.next_timer() or held.until, self.deadline_at or held.until)
@@ -345,7 +338,7 @@ class RunMachine:
         reason = waiting_reason(held.limits, getattr(held, "why", ()))  # (``RateHold``: blocked, or only paced)
         self.out.now = now
         self.calls.cancel_all(reason)
-        self.rest(RunStatus.WAITING_TIMER, wake, reason, now)
+        self.rest(*gate_rest(self.waits.waiting_humans(), reason, wake), now, self._decided)
         return True
 
     def rest(self, status: RunStatus, wake_at: float | None, reason: str, now: float,

@@ -1,0 +1,229 @@
+"""Review stop 46, waits: decisions on runs at rest, a rollback on its way, the worker's last line.
+
+- A decision on a run resting at a rate limit's gate (an agent's second model call paced for 10
+  minutes, an approval ``gate`` waiting beside it) did not wake it: the run rested
+  ``waiting_timer`` and only a run resting ``waiting_human`` was made due, so ``after_gate`` waited
+  out the window while ``approve`` said "a worker takes the run up now". A decision recorded while
+  the driver still held the run was lost the same way: its rest at the gate never looked for one.
+- ``Client.cancel(compensate=True)`` of a waiting run was invisible: ``status`` still said "waiting
+  for a decision on review", ``inbox`` listed it, and an approval was taken, then rolled back.
+- ``raysaga worker``'s last line counted a run it rolled back (or that failed) as "resting".
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import update
+
+import raysaga
+from raysaga import Approval, Client, RateLimit, RunRecord, RunStatus, Workflow
+from raysaga.agents import Agent, ScriptedModel, text_reply, tool, tool_reply
+from raysaga.errors import UserError
+from raysaga.orchestrator import cli_ops
+from raysaga.orchestrator.dashboard.actions import perform
+from raysaga.orchestrator.worker import Worker
+from raysaga.state import NodeStatus, SqlStore
+from raysaga.state.schema import runs
+from tests.support import fleet_flows
+from tests.support.crash_driver import wait_until
+from tests.support.services import FakeServices, get_log
+from tests.support.worker_procs import fleet_input, start_worker, stop
+
+#: The paced model's window: far longer than any wait here (the bug waited all of it).
+WINDOW = 600.0
+
+
+def _gate_flow(name: str, look: Any = None) -> Workflow:
+    """``a`` → ``slow`` (an agent: a tool call, then an answer; its model admits one call per
+    ``WINDOW``, so its second turn waits at the gate) and ``a`` → ``gate`` (an approval) →
+    ``after_gate``. ``look``: the tool's body (default: an answer)."""
+
+    @tool()
+    def lookup(q: str) -> str:
+        """Look something up."""
+        return look(q) if look is not None else "found " + q
+
+    model = ScriptedModel(default=(tool_reply(("lookup", {"q": "a"})), text_reply("done")))
+    agent = Agent(name=f"{name}-agent", model=model, tools=(lookup,),
+                  rate_limit=RateLimit(name=f"{name}-model", requests=1, per=WINDOW))
+    wf = Workflow(name, version="1")
+
+    @wf.step()
+    def a(input: dict[str, Any]) -> int:
+        return 1
+
+    @wf.agent(agent)
+    def slow(a: int) -> str:
+        return "go"
+
+    @wf.approval()
+    def gate(a: int) -> str:
+        return "ship it?"
+
+    @wf.step()
+    def after_gate(gate: Approval) -> str:
+        return "shipped by " + ",".join(gate.by)
+
+    return wf
+
+
+def _node(store: SqlStore, run_id: str, node: str) -> NodeStatus | None:
+    """The node's status; None before it has a row."""
+    return next((n.status for n in store.nodes(run_id) if n.node_id == node), None)
+
+
+@pytest.fixture
+def store(own_store_url: str) -> Iterator[SqlStore]:
+    """A store of this test's own (a SQLite file, or a fresh PostgreSQL database): the worker here
+    claims every runnable run in it, and its rate limits' windows start empty."""
+    opened = SqlStore(own_store_url)
+    yield opened
+    opened.close()
+
+
+def _working(store: SqlStore, wf: Workflow) -> tuple[Worker, threading.Thread]:
+    worker = Worker([wf], store, concurrency=1, executor="inline", poll=0.05)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    return worker, thread
+
+
+def _stopped(worker: Worker, thread: threading.Thread) -> None:
+    worker.stop()
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+
+
+def test_a_decision_wakes_a_run_resting_at_a_rate_limit_gate(store: SqlStore) -> None:
+    wf = _gate_flow("stop46_gate")
+    rested = raysaga.run(wf, {}, store=store, run_id="gated", executor="inline")
+    assert rested.wake_at is not None and rested.wake_at > time.time() + WINDOW / 2  # due when the window ends
+    assert rested.status == RunStatus.WAITING_HUMAN, rested.status  # a human is awaited too: it says so
+    assert rested.status_reason is not None and rested.status_reason.startswith("waiting for a decision on gate, "
+                                                                                "and for rate limit stop46_gate-model")
+    with Client(store) as client:
+        assert [(w.run_id, w.node) for w in client.inbox()] == [("gated", "gate")]
+        before = cli_ops._next_step("gated", client)  # a decision that did not settle would leave it so
+        assert "takes the run up now" not in before and "when it is due" in before, before
+        client.approve("gated", "gate", by="ada")
+        woken = client.get_run("gated")
+        assert woken.wake_at is not None and woken.wake_at <= time.time()  # due now, not in 10 minutes
+        assert woken.status_reason is not None and woken.status_reason.startswith("gate approved by ada")
+        assert "takes the run up now" in cli_ops._next_step("gated", client)  # and so it is
+    worker, thread = _working(store, wf)
+    try:
+        wait_until(lambda: _node(store, "gated", "after_gate") == NodeStatus.COMPLETED, timeout=60,
+                   what="a worker to take the approved branch up")
+    finally:
+        _stopped(worker, thread)
+    after = store.get_run("gated")  # the agent's turn still waits for the window: only time now
+    assert after.status == RunStatus.WAITING_TIMER, after.status
+    assert after.status_reason is not None and after.status_reason.startswith("waiting for rate limit "), \
+        after.status_reason
+    assert worker.counts.rested == 1 and worker.counts.ended == 0
+
+
+def test_a_decision_wakes_a_run_rested_waiting_timer_with_an_approval_waiting(store: SqlStore) -> None:
+    """A run that earlier code rested ``waiting_timer`` at the gate, its approval waiting: a decision
+    makes it due now; one due sooner (a timer passed, no worker yet) keeps its time."""
+    wf = _gate_flow("stop46_timer")
+    for run_id, wake in (("later", time.time() + WINDOW), ("sooner", time.time() - 5.0)):
+        raysaga.run(wf, {}, store=store, run_id=run_id, executor="inline")
+        with store.engine.begin() as conn:  # as raysaga before this fix rested it
+            conn.execute(update(runs).where(runs.c.run_id == run_id).values(
+                status=RunStatus.WAITING_TIMER.value, wake_at=wake,
+                status_reason="waiting for rate limit stop46_timer-model (paced: its own limit's window is full)"))
+        with Client(store) as client:
+            client.approve(run_id, "gate", by="ada")
+            woken = client.get_run(run_id)
+        assert woken.status == RunStatus.WAITING_TIMER
+        assert woken.wake_at is not None and woken.wake_at <= time.time(), woken.wake_at
+        if run_id == "sooner":
+            assert woken.wake_at == pytest.approx(wake)  # not put off to now
+        assert (woken.status_reason or "").startswith("gate approved by ada: waiting for a driver"), woken.status_reason
+        claimed = store.claim_next("w-1", 15.0, {wf.name: wf.definition_hash})
+        assert claimed is not None and claimed.lease.run_id == run_id  # a worker's claim takes it now
+        store.release(claimed.lease)
+
+
+def test_a_decision_made_while_the_driver_holds_the_run_wakes_its_rest_at_the_gate(store: SqlStore) -> None:
+    """The tool (run by the driver, between the agent's two turns) approves ``gate``: the run is
+    ``running`` then, so the decision wakes nothing, and the driver, which never read it, rests the
+    run at the gate for the window. The rest's commit finds the decision and makes the run due."""
+    decided: list[str] = []
+
+    def look(q: str) -> str:
+        with Client(store.url) as client:
+            assert client.get_run("held").status == RunStatus.RUNNING
+            decided.append(client.approve("held", "gate", by="ada").decision_id)
+        return "found " + q
+
+    wf = _gate_flow("stop46_held", look)
+    rested = raysaga.run(wf, {}, store=store, run_id="held", executor="inline")
+    assert decided, "the tool never ran"
+    if _node(store, "held", "after_gate") != NodeStatus.COMPLETED:  # (the driver's heartbeat did not bring it)
+        assert rested.wake_at is not None and rested.wake_at <= time.time(), (rested.status, rested.status_reason)
+        worker, thread = _working(store, wf)
+        try:
+            wait_until(lambda: _node(store, "held", "after_gate") == NodeStatus.COMPLETED, timeout=60,
+                       what="a worker to take the approved branch up")
+        finally:
+            _stopped(worker, thread)
+    assert store.get_run("held").status == RunStatus.WAITING_TIMER
+
+
+def test_a_rollback_on_its_way_shows_and_refuses_decisions(own_store_url: str, tmp_path: Path) -> None:
+    """A cancel with rollback of a run waiting for a decision: ``status`` says it, ``inbox`` (the
+    CLI's and the dashboard's) leaves it out, and a decision (the client's, the dashboard's) is
+    refused saying the run is being rolled back. The real ``raysaga worker`` then rolls it back and
+    counts it ended, not resting."""
+    with FakeServices() as services, Client(own_store_url) as client:
+        rested = raysaga.run(fleet_flows.approval, fleet_input(46, services, tmp_path / "trace"),
+                             store=own_store_url, run_id="rolled", executor="inline")
+        assert rested.status == RunStatus.WAITING_HUMAN
+        assert [w.run_id for w in client.inbox()] == ["rolled"]
+        client.cancel("rolled", compensate=True, by="ops", reason="customer asked")
+        run = client.get_run("rolled")
+        assert run.status_reason is not None
+        assert run.status_reason.startswith("cancel with rollback requested by ops (customer asked): waiting for "
+                                            "a driver"), run.status_reason
+        assert client.inbox() == [] and client.store.waiting_approvals(run_id="rolled") == []
+        with pytest.raises(UserError) as refused:
+            client.approve("rolled", "review", by="alice")
+        assert "'rolled' is being rolled back" in str(refused.value) and "asked by ops" in str(refused.value)
+        with pytest.raises(UserError, match="is being rolled back"):  # the dashboard's approve: its 400
+            perform(client.store, "rolled", "approve", by="alice", body={"node": "review"})
+        assert not [e for e in client.store.events("rolled") if e.kind == "decision"]
+        requested = next(e for e in client.store.events("rolled") if e.kind == "cancel_requested")
+        assert requested.data["reason"] == "customer asked" and requested.data["by"] == "ops"
+        worker = start_worker(own_store_url, "approval")
+        try:
+            def rolled_back() -> RunRecord | None:
+                run = client.get_run("rolled")
+                return run if run.status in (RunStatus.COMPENSATED, RunStatus.CANCELLED) else None
+
+            ended = wait_until(rolled_back, timeout=60, what="the worker to roll it back")
+        finally:
+            code, said, err = stop(worker)
+        assert code == 0, err
+        assert ended.status_reason is not None and "customer asked" in ended.status_reason
+        last = said.strip().splitlines()[-1]
+        assert "completed 0, ended otherwise 1 (failed, rolled back or cancelled), resting 0" in last, last
+        assert get_log(services.url)["by_subject"] == {}  # the approval never let pay run
+
+
+def test_an_unpause_says_the_run_waits_for_a_driver(store: SqlStore) -> None:
+    """``wake`` of a run at rest says why in its reason (it said "paused by ops" of a run due now)."""
+    wf = _gate_flow("stop46_unpause")
+    raysaga.run(wf, {}, store=store, run_id="unpaused", executor="inline")
+    with Client(store) as client:
+        assert client.pause("unpaused", by="ops").status == RunStatus.PAUSED
+        run = client.unpause("unpaused", by="bo")
+    assert run.status == RunStatus.PAUSED and run.wake_at is not None
+    assert (run.status_reason or "").startswith("unpaused by bo: waiting for a driver"), run.status_reason
