@@ -64,13 +64,15 @@ def check_agent(st: Store, run: RunRecord, workflow: Workflow | None) -> None:
         return
     node, kind = error.node, str(cause.get("type"))
     step, _, item = node.partition("[")
+    index = int(item.rstrip("]")) if item else -1
     if workflow is not None:
         spec = workflow.steps.get(step)
         if spec is None or spec.kind != "agent":
             return
-        index = int(item.rstrip("]")) if item else -1
         if not _fails_again(st, run.run_id, spec.options["agent"], step, index):
             return
+    elif not _turn_rows(st, run.run_id, step, index):
+        return  # no turns stored: a step's own exception of that name (a plain step's InvalidOutput)
     quoted, fix = shlex.quote(run.run_id), REDECIDED[kind]
     turn = shlex.quote(f"{step}@T[{item}" if item else f"{step}@T")
     judged = "with this code" if workflow is not None else "(judged by its kind: Client.retry loads no code)"
@@ -86,11 +88,7 @@ def check_agent(st: Store, run: RunRecord, workflow: Workflow | None) -> None:
 def _fails_again(st: Store, run_id: str, agent: Any, step: str, index: int) -> bool:
     """Whether the agent node's stored turns, decided as a resume decides them, end in a failure
     before any model or tool call (the prompt does not matter: it only goes into a model call)."""
-    rows = []
-    for row in st.nodes(run_id):
-        key = NodeKey.parse(row.node_id, row.fan_index)
-        if key.is_agent_call and not key.compensates and (key.step, key.fan_index) == (step, index):
-            rows.append((key, row))
+    rows = _turn_rows(st, run_id, step, index)
     blobs = st.load_blobs({r.output_digest: f"node {r.label}" for _, r in rows if r.output_digest})
     conv = Conversation("")
     for key, row in sorted(rows, key=lambda kr: (kr[0].turn or 0, -1 if kr[0].call is None else kr[0].call)):
@@ -101,3 +99,13 @@ def _fails_again(st: Store, run_id: str, agent: Any, step: str, index: int) -> b
             record_tool_failure(agent, conv, key.turn, key.call, row.error.as_dict() if row.error else {})
     actions = next_actions(agent, conv, waiting=set(), budget_stop=None)
     return bool(actions) and isinstance(actions[-1], Fail)
+
+
+def _turn_rows(st: Store, run_id: str, step: str, index: int) -> list[tuple[NodeKey, Any]]:
+    """The stored model turns and tool calls of agent node ``step`` (item ``index``; -1: no item)."""
+    rows = []
+    for row in st.nodes(run_id):
+        key = NodeKey.parse(row.node_id, row.fan_index)
+        if key.is_agent_call and not key.compensates and (key.step, key.fan_index) == (step, index):
+            rows.append((key, row))
+    return rows

@@ -283,3 +283,28 @@ def test_retry_of_a_fanned_out_agent_that_failed_its_run_is_refused(sqlite_url: 
         raysaga.retry(wf, run_id, store=sqlite_url, executor="inline")
     with pytest.raises(UserError, match=r"'watch\[1\]' failed MaxTurns"):
         Client(sqlite_url).retry(run_id)
+
+
+class InvalidOutput(Exception):
+    """A step's own exception that happens to bear an agent failure's name (a parser's, an SDK's)."""
+
+
+def test_client_retry_takes_a_plain_step_whose_exception_bears_an_agent_failure_name(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """A diff review of the retry refusal: without code, ``Client.retry`` refused any failure named
+    like an agent's (InvalidOutput, MaxTurns...), a plain step's own exception too, whose retry succeeds."""
+    ready = tmp_path / "ready"
+    wf = Workflow("plain_named46")
+
+    @wf.step()
+    def parse(input: str) -> str:
+        if not ready.exists():
+            raise InvalidOutput("upstream file not ready")
+        return "parsed"
+
+    run_id = raysaga.create_run(wf, "go", store=sqlite_url).run_id
+    failed = raysaga.resume(wf, run_id, store=sqlite_url, executor="inline")
+    assert failed.status == RunStatus.FAILED and failed.error is not None and failed.error.type == "InvalidOutput"
+    ready.touch()  # the cause is fixed outside: a retry succeeds
+    assert Client(sqlite_url).retry(run_id).status == RunStatus.RUNNING  # reopened, for a worker (or resume)
+    assert raysaga.resume(wf, run_id, store=sqlite_url, executor="inline").output == {"parse": "parsed"}
