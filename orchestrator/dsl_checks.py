@@ -4,6 +4,7 @@ a ``WorkflowDefinitionError`` naming the step and the fix, never a bare ``TypeEr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import typing
 from collections.abc import Callable, Mapping
@@ -228,8 +229,8 @@ def unreadable_problems(steps: Mapping[str, StepSpec], compensations: Mapping[st
         if undo is not None:
             hints = _hints(undo)
             readers.append((f"the compensation {getattr(undo, '__name__', '?')!r} of step {spec.name!r}",
-                            {p: tp for p, tp in hints.items() if p not in ("return", "ctx", "input")
-                             and tp is not StepContext}))
+                            {p: tp for p, tp in hints.items() if p not in ("return", "ctx")
+                             and tp is not StepContext}))  # (its input too: read as declared, in a rollback)
         for who, types in readers:
             for param, tp in types.items():
                 if tp is Any:
@@ -263,9 +264,15 @@ def _plain_class(tp: Any) -> type | None:
         found = _plain_class(arg) if not isinstance(arg, list | tuple) else None
         if found is not None:
             return found
-    if isinstance(tp, type) and not typing.get_args(tp):
+    if isinstance(tp, type) and not typing.get_args(tp) and not _structured(tp):
         try:
             type_adapter(tp)
         except Exception:  # this class is the one
             return tp
     return None
+
+
+def _structured(tp: type) -> bool:
+    """A TypedDict, dataclass or NamedTuple: no plain class, whatever pydantic says of it (a
+    ``typing.TypedDict`` on Python < 3.12 wants ``typing_extensions``': its own message says so)."""
+    return typing.is_typeddict(tp) or dataclasses.is_dataclass(tp) or (issubclass(tp, tuple) and hasattr(tp, "_fields"))

@@ -90,6 +90,7 @@ def same_type(a: Any, b: Any) -> bool:
 def check_input(wf: Workflow, value: Any) -> Any:
     """Validate a run input against the declared input type; return its JSON form."""
     tp = input_type(wf)
+    given = value
     if tp is not Any:
         problem = json_type_problem(tp)
         if problem:
@@ -106,6 +107,13 @@ def check_input(wf: Workflow, value: Any) -> Any:
         return _own_form(tp, value, exc)
     if tp is not Any and read_back_needed(tp):  # read back as the steps will: an alias, a union, an Any field
         problem = read_back_problem(tp, value, form, "input")
+        if problem and given is not value:  # a validator that is not idempotent ("7" into "id-7", read again
+            try:  # "id-id-7"): the form of the input as given may read back as the validated one; then that
+                given_form = jsoncodec.to_jsonable(given, "input")
+                if read_back_problem(tp, value, given_form, "input") is None:
+                    return given_form
+            except NotJSONableError:
+                pass
         if problem:
             raise InvalidInputError(f"workflow {wf.name!r}: the run input is not kept by its JSON form: {problem}")
     return form

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
-from raysaga.errors import NotJSONableError, Permanent
+from raysaga.errors import NotJSONableError, OutputTypeError, Permanent
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.output_types import EXACT, check_json_form, check_output_type, input_type_error
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after, without_colours
@@ -248,8 +248,17 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
     if text is None:
         text = _dumps(result, node_id, index, nested)
     if not exact and (returns is not Any or isinstance(result, BaseModel)):  # (undeclared: as its own type)
-        check_json_form(returns if returns is not Any else type(result), made, text, _label(node_id, index),
-                        declared=returns is not Any)
+        form_of = returns if returns is not Any else type(result)
+        try:
+            check_json_form(form_of, made, text, _label(node_id, index), declared=returns is not Any)
+        except OutputTypeError:
+            if made is result:
+                raise
+            # a validator that is not idempotent (euros into cents): the validated value's form is
+            # validated again when read, into another value; the form of the value returned may read
+            # back as the validated one, as before the validated form was stored: that one, else refused
+            text = _dumps(result, node_id, index, nested)
+            check_json_form(form_of, made, text, _label(node_id, index), declared=returns is not Any)
     if len(text) * 4 > max_output_bytes:  # (else it fits: a character is at most 4 bytes)
         size = len(text.encode("utf-8"))
         if size > max_output_bytes:
