@@ -1,7 +1,8 @@
 """A cancel on its way to a driver: what decides an approval must not miss it.
 
 ``Client.cancel`` of a run at rest (with a rollback: ``compensate=True``) records a ``cancel``
-signal and makes the run due; the driver that takes it up obeys the cancel before anything else
+signal and makes the run due (only a due run is concerned: below); the driver that takes it up
+obeys the cancel before anything else
 (``driver_signals.chosen_cancel``: a rollback asked for wins over a plain cancel). Until then a
 decision on the run would be taken in and then rolled back (or dropped): ``decisions.decide``
 refuses it (``refuse_if_cancelled``) and ``decisions.waiting`` (the inbox) leaves the run out
@@ -13,12 +14,12 @@ from __future__ import annotations
 import shlex
 import time
 
-from sqlalchemy import ColumnElement, Connection, select
+from sqlalchemy import ColumnElement, Connection, exists, select
 
 from raysaga.errors import UserError
 from raysaga.state.decoding import records
 from raysaga.state.models import SignalKind, SignalRecord
-from raysaga.state.schema import signals
+from raysaga.state.schema import runs, signals
 
 
 def cancels(run_id: ColumnElement[str] | str) -> ColumnElement[bool]:
@@ -34,9 +35,20 @@ def pending_cancel(conn: Connection, run_id: str) -> SignalRecord | None:
     return next(rollback, found[0] if found else None)
 
 
+def due_with_cancel(run_id: ColumnElement[str], now: float) -> ColumnElement[bool]:
+    """A run due now (``wake_at`` passed: the next driver takes it up) with a cancel on its way."""
+    return exists().where(cancels(run_id)) & runs.c.wake_at.is_not(None) & (runs.c.wake_at <= now)
+
+
 def refuse_if_cancelled(conn: Connection, run_id: str, label: str) -> None:
-    """Refuse a decision on ``label`` (``UserError``, one line) while a cancel is on its way: the
-    driver that takes the run up obeys the cancel first."""
+    """Refuse a decision on ``label`` (``UserError``, one line) while a cancel is on its way to the
+    driver that takes the run up next, which obeys it first: only of a run due now. A cancel can sit
+    unconsumed on a run that is not due (sent as its driver rested; queued by a ``cancel
+    --compensate`` whose own drive failed; behind a pause): a decision is then taken as before, and
+    wakes the run, whose driver obeys the cancel (refused, the run sat hidden from the inbox, for ever)."""
+    wake_at = conn.execute(select(runs.c.wake_at).where(runs.c.run_id == run_id)).scalar_one_or_none()
+    if wake_at is None or wake_at > time.time():
+        return
     cancel = pending_cancel(conn, run_id)
     if cancel is None:
         return

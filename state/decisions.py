@@ -21,13 +21,13 @@ import uuid
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import ColumnElement, Connection, Engine, Select, case, exists, func, insert, literal, select, update
+from sqlalchemy import ColumnElement, Connection, Engine, Select, case, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 
 from raysaga.errors import NotJSONableError, RunNotFoundError, UserError
 from raysaga.state import jsoncodec
 from raysaga.state.answer_schema import validate_answer
-from raysaga.state.cancel_pending import cancels, refuse_if_cancelled
+from raysaga.state.cancel_pending import due_with_cancel, refuse_if_cancelled
 from raysaga.state.decoding import no_such_id, reading, records
 from raysaga.state.item_pages import rows_at
 from raysaga.state.models import EventRecord, NodeRecord, NodeStatus, RunStatus, SignalKind, SignalRecord
@@ -239,14 +239,14 @@ def waiting(engine: Engine, approver: str | None = None, run_id: str | None = No
     active run's every node row by key, 8 ms for a running fan-out of 100,000 rows. With
     ``run_id``, that run's rows by its ``run_key`` (the planner's pick of the key's range or the
     index), as the view read them. A run past its deadline is left out: a decision on it is
-    refused (``decide``), and it fails 'deadline' when a driver takes it up. So is one with a
-    cancel on its way to a driver (``cancel_pending``): it is rolled back (or cancelled), and a
-    decision on it is refused."""
+    refused (``decide``), and it fails 'deadline' when a driver takes it up. So is one due with a
+    cancel on its way to its next driver (``cancel_pending``): it is rolled back (or cancelled), and
+    a decision on it is refused."""
     holding = select(nodes.c.run_key).where(_IS_WAITING)
     decidable = select(runs.c.run_key, runs.c.run_id, runs.c.workflow_name).where(
         runs.c.status.in_(_DECIDABLE), runs.c.run_key.in_(holding),
         runs.c.deadline_at.is_(None) | (runs.c.deadline_at > time.time()),
-        ~exists().where(cancels(runs.c.run_id)))  # a cancel on its way: no decision is taken (``decide``)
+        ~due_with_cancel(runs.c.run_id, time.time()))  # a cancel on its way: no decision is taken (``decide``)
     rows = select(*_WAITING_COLUMNS).where(_IS_WAITING)
     if run_id is not None:
         decidable = decidable.where(runs.c.run_id == run_id)

@@ -227,3 +227,28 @@ def test_an_unpause_says_the_run_waits_for_a_driver(store: SqlStore) -> None:
         run = client.unpause("unpaused", by="bo")
     assert run.status == RunStatus.PAUSED and run.wake_at is not None
     assert (run.status_reason or "").startswith("unpaused by bo: waiting for a driver"), run.status_reason
+
+
+def test_a_cancel_left_on_a_run_at_rest_not_due_takes_decisions_which_wake_it(store: SqlStore) -> None:
+    """A diff review of the refusal above: a cancel can sit unconsumed on a run at rest that is not
+    due (sent as its driver rested; queued by a `cancel --compensate` whose own drive failed). Refusing
+    every decision and leaving the run out of the inbox held it for ever; as before, a decision is
+    taken, wakes the run, and its next driver obeys the cancel first."""
+    wf = Workflow("stop46_cancel_at_rest", version="1")
+
+    @wf.approval()
+    def review(input: int) -> str:
+        return "go on?"
+
+    @wf.step()
+    def after(review: Approval) -> str:
+        return "went on"
+
+    assert raysaga.run(wf, 1, store=store, run_id="missed", executor="inline").status == RunStatus.WAITING_HUMAN
+    store.send_signal("missed", "cancel", payload={"reason": "stop it", "compensate": False})  # never woken
+    with Client(store) as client:
+        assert [w.run_id for w in client.inbox()] == ["missed"]
+        client.approve("missed", "review", by="alice")  # taken: it wakes the run
+        assert client.get_run("missed").wake_at is not None
+    ended = raysaga.resume(wf, "missed", store=store, executor="inline")
+    assert ended.status == RunStatus.CANCELLED and _node(store, "missed", "after") is None
