@@ -190,7 +190,7 @@ class Driver:
                     self._flush()  # nothing in flight: no completion to wait for
                 resting = m.resting(self.clock(), self.options.release_after)
                 if resting is not None:
-                    if not self._hb.poll_decisions(self._handled_signals):  # one came since the last beat: take it
+                    if not self._hb.poll_decisions(self._handled_signals, m.phase == Phase.FORWARD):  # take it
                         return self._rest(*resting)
                     continue
                 when = m.next_wake()  # (a deadline nearer than release_after, a human awaited: sleep to it)

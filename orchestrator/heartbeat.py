@@ -66,10 +66,12 @@ class Heartbeat:
         with self._lock:
             return any(s.kind in kinds for s in self.signals)
 
-    def poll_decisions(self, handled: set[int]) -> bool:
+    def poll_decisions(self, handled: set[int], obeys: bool = False) -> bool:
         """Poll the signals now (its driver is about to let the run rest): whether a decision it has
         not handled came since the last beat. The run would rest with it, due at once, for a worker
-        or a resume to take up; ``raysaga run`` returned ``waiting_human`` on an approved run."""
+        or a resume to take up; ``raysaga run`` returned ``waiting_human`` on an approved run.
+        ``obeys`` (the forward phase, where its loop obeys them): a cancel or a pause too; the run
+        rested with it unread and not due, and the cancel an operator sent was never carried out."""
         try:
             signals = self._store.pending_signals(self.lease.run_id)
         except Exception as exc:  # a database hiccup: rest as without this look (a worker takes it up)
@@ -78,7 +80,8 @@ class Heartbeat:
             return False
         with self._lock:
             self.signals = signals
-        return any(s.kind in ("approve", "reject") and s.id not in handled for s in signals)
+        kinds = ("approve", "reject", "cancel", "pause") if obeys else ("approve", "reject")
+        return any(s.kind in kinds and s.id not in handled for s in signals)
 
     def take_signals(self) -> list[SignalRecord]:
         with self._lock:

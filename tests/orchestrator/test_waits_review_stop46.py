@@ -252,3 +252,35 @@ def test_a_cancel_left_on_a_run_at_rest_not_due_takes_decisions_which_wake_it(st
         assert client.get_run("missed").wake_at is not None
     ended = raysaga.resume(wf, "missed", store=store, executor="inline")
     assert ended.status == RunStatus.CANCELLED and _node(store, "missed", "after") is None
+
+
+def test_a_cancel_arriving_as_the_driver_lets_the_run_rest_is_obeyed(
+        store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diff review: a plain cancel sent (``Client.cancel``, ``wait=0``) between the driver's last
+    read of its signals and its rest was left unread: the run rested waiting for a decision, not
+    due, and the cancel was never carried out. The look before the rest now takes a cancel too."""
+    from raysaga.orchestrator import heartbeat
+
+    wf = Workflow("stop46_cancel_before_rest", version="1")
+
+    @wf.approval()
+    def review(input: int) -> str:
+        return "go on?"
+
+    @wf.step()
+    def after(review: Approval) -> str:
+        return "went on"
+
+    looked = heartbeat.Heartbeat.poll_decisions
+    sent: list[str] = []
+
+    def cancel_then_look(self: heartbeat.Heartbeat, handled: set[int], obeys: bool = False) -> bool:
+        if not sent:  # the operator's cancel lands in the window before the rest
+            sent.append(Client(store).cancel(self.lease.run_id, by="ops").status.value)
+        return looked(self, handled, obeys) if obeys else looked(self, handled)
+
+    monkeypatch.setattr(heartbeat.Heartbeat, "poll_decisions", cancel_then_look)
+    ended = raysaga.run(wf, 1, store=store, run_id="window", executor="inline")
+    assert sent == ["running"]  # queued for the live driver
+    assert ended.status == RunStatus.CANCELLED, (ended.status, ended.status_reason)
+    assert store.pending_signals("window") == []
