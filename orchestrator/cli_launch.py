@@ -22,6 +22,8 @@ from raysaga.orchestrator.cli_options import DbOpt, LabelOpt, LeaseOpt, MaxDeath
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ray.job_submission import JobSubmissionClient
 
     from raysaga.orchestrator.launch import Job, Submitted
@@ -96,6 +98,7 @@ def launch(
         cluster_env = lx.runtime_env(root, shipped_env, lx.cluster_db_url(store.url))
         record = _existing_run(store, wf, run_id, value, input is not None)
         recorded: RunRecord | None = None  # a run this launch recorded, until its job is submitted
+        restore = _signals_raise()  # a closed terminal (SIGHUP), a kill (SIGTERM): said as Ctrl-C is
         try:
             if record is not None:  # before any job: a refusal submits nothing
                 _same_identity(record, deadline, retry_budget, deaths, labels=tags)
@@ -112,9 +115,11 @@ def launch(
                 rid = shlex.quote(recorded.run_id)
                 say(err, f"run {recorded.run_id} is recorded, not started: launch again with --run-id {rid}")
             raise
+        finally:
+            restore()
         if job is None:
             return
-        _note_launch(store, record.run_id, job.job.submission_id, url)
+        _note_launch(store, record.run_id, job.job.submission_id, url, os.environ.get("RAY_AUTH_MODE") == "token")
         took = time.monotonic() - started
         say(out, record.run_id)
         verb = "launched as" if job.started else "already launched:"
@@ -141,13 +146,16 @@ def _same_module_as_loaded(workflow: str, ref: str) -> None:
     """A ``path.py:wf`` is loaded here with the file's own folder first on ``sys.path`` (its
     sibling modules import by their bare names); the cluster imports the recorded ``ref`` from
     the folder shipped. Launched from a folder above the file (``proj/flows.py:wf`` recorded as
-    ``proj.flows:wf``), the two differ: refused, naming the launch that ships the file's folder."""
+    ``proj.flows:wf``), the two differ, and siblings it imports by bare names (``from helper
+    import``) would not be found there: refused, naming the launch that ships the file's folder.
+    A package's module importing its siblings by dotted names (``pkg/flows.py:wf`` doing ``from
+    pkg.helper import``) is found there as here: launched as it is."""
     path, sep, attr = workflow.rpartition(":")
     if not sep or not path.endswith(".py"):
         return
     file = Path(path)
-    if ref.partition(":")[0] == file.stem:
-        return
+    if ref.partition(":")[0] == file.stem or not _siblings_imported_bare(file):
+        return  # (its siblings, if any, imported by dotted names: found on the cluster as here)
     raise WorkflowLoadError(f"{workflow!r} would be imported on the cluster as {ref.partition(':')[0]!r} from "
                             f"this folder, not as {file.stem!r} from its own folder as it is here (its sibling "
                             "modules would not be found): launch takes MODULE:WORKFLOW from the folder that holds "
@@ -155,7 +163,51 @@ def _same_module_as_loaded(workflow: str, ref: str) -> None:
                             f"{shlex.quote(f'{file.stem}:{attr}')} ...")
 
 
-def _note_launch(store: SqlStore, run_id: str, sid: str, url: str) -> None:
+def _siblings_imported_bare(file: Path) -> bool:
+    """Whether loading ``file`` imported modules of its own folder by their bare names (``from
+    helper import ...``, found here through the file's folder on ``sys.path``, not on the cluster).
+    A package's module importing them by dotted names (``from pkg.helper import ...``) has none."""
+    import sys
+
+    folder, own = file.resolve().parent, file.stem
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if "." in name or name == own or not isinstance(origin, str):
+            continue
+        at = Path(origin).resolve()
+        if at.name == "__init__.py":  # a package: the folder's own (its dotted name's head), or a bare sibling
+            if at.parent.parent == folder:
+                return True
+        elif at.parent == folder:
+            return True
+    return False
+
+
+def _signals_raise() -> Callable[[], None]:
+    """Make SIGHUP (the terminal closing) and SIGTERM raise ``SystemExit(128 + signal)`` in this
+    (main) thread, so a launch cut off between recording the run and submitting its job names the
+    run as a Ctrl-C does; the returned function puts the handlers back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    names = [name for name in ("SIGHUP", "SIGTERM") if hasattr(signal, name)
+             and signal.getsignal(getattr(signal, name)) is not signal.SIG_IGN]  # (nohup: the launch goes on)
+    saved = {name: signal.signal(getattr(signal, name), stop) for name in names}
+
+    def restore() -> None:
+        for name, handler in saved.items():
+            signal.signal(getattr(signal, name), handler)
+
+    return restore
+
+
+def _note_launch(store: SqlStore, run_id: str, sid: str, url: str, token: bool = False) -> None:
     """Record in the run that job ``sid`` drives it (``launch_marks.record``), once per job: a
     launch that found the job live notes it only if the launch that started it could not."""
     from raysaga.orchestrator import launch_marks
@@ -164,10 +216,11 @@ def _note_launch(store: SqlStore, run_id: str, sid: str, url: str) -> None:
         run = store.get_run(run_id, lenient=True)
         latest = launch_marks.latest(store, run)
         if run.status == RunStatus.PENDING and (latest is None or latest.job != sid):
-            launch_marks.record(store, run_id, sid, url)
+            launch_marks.record(store, run_id, sid, url, token)
     except Exception as exc:  # the job is submitted: the launch stands, only `status`'s note is missing
         say(err, f"warning: could not note the launch in run {run_id}'s events ({type(exc).__name__}: {exc}); "
-                 "`raysaga status` will not name its job")
+                 "`raysaga status` names an earlier job of the run, or none; `status --watch` asks the cluster "
+                 "about all the run's jobs")
 
 
 def _existing_run(store: SqlStore, wf: Workflow, run_id: str | None, value: Any, given: bool) -> RunRecord | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import sys
+import threading
 import time
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
@@ -183,16 +184,25 @@ def change_key(plain: str) -> str:
                      for line in plain.splitlines() if not line.startswith("driver:"))
 
 
-#: Seconds between two questions to the Ray Job API about a launched run's job while watching;
+#: Seconds between two questions to the Ray Job API about a launched run's jobs while watching;
 #: after one went unanswered, the next is asked this many times later.
 JOB_EVERY = 5.0
 JOB_RETRY_FACTOR = 6
+#: Seconds a question may go unanswered before it counts as failed (Ray's SDK sets no timeout: a
+#: request to a head that stopped answering can hang for ever); it is left to end on its own.
+JOB_ASK_DEADLINE = 10.0
+#: Seconds a redraw waits for the answer to the question it just asked (a Job API that answers
+#: at once is seen in the same redraw); longer, the redraw goes on and a later one reads it.
+JOB_ANSWER_WAIT = 0.5
 
 
 class _JobLook:
-    """Whether a launched run's Ray job has ended, asked of the Job API its launch recorded (at
-    most every ``JOB_EVERY`` seconds): True or False, or None while it cannot be asked (no
-    route, no token, no Ray here)."""
+    """Whether any of a launched run's Ray jobs is live, asked of the Job API its launch recorded
+    (at most every ``JOB_EVERY`` seconds) on a daemon thread: the redraw never blocks on the API.
+    ``ended``: True (none live), False (one is), or None while it cannot be told (no route, no
+    token, no Ray here, a question that hangs). A verdict is kept until an answer replaces it or
+    the API fails: ``unknown_since`` then says since when nothing was known (the last answer, or
+    the first question when none was ever answered), for ``launch_marks.watch_stop``'s grace."""
 
     def __init__(self) -> None:
         self.client: Any = None
@@ -200,24 +210,75 @@ class _JobLook:
         self.next_at = 0.0
         self.known: bool | None = None
         self.state = ""
-        """The job's state as Ray said it last (e.g. FAILED; "gone" when the cluster has no such job)."""
+        """The launch's job's state as Ray said it last (e.g. FAILED; "gone" when the cluster has no such job)."""
+        self.answered_at: float | None = None
+        self.first_asked_at: float | None = None
+        self.created = time.time()
+        self._asking: threading.Thread | None = None
+        self._asked_at = 0.0
+        self._round = 0
+        self._answer: tuple[int, Any, str, bool | None, str] | None = None
+        self._lock = threading.Lock()  # the answer's hand-over between the question's thread and the redraw
 
-    def ended(self, job: str, address: str) -> bool | None:
-        now = time.monotonic()
-        if now < self.next_at:
-            return self.known
+    @property
+    def unknown_since(self) -> float:
+        return self.answered_at or self.first_asked_at or self.created
+
+    def ended(self, run_id: str, job: str, address: str) -> bool | None:
+        now = time.time()
+        if self.first_asked_at is None:
+            self.first_asked_at = now
+        self._take_answer(now)
+        if self._asking is not None and now - self._asked_at >= JOB_ASK_DEADLINE:  # hung: given up on
+            self._asking, self.client, self.known = None, None, None
+            with self._lock:
+                self._round += 1  # its answer, should it come, is too old to use
+            self.next_at = now + JOB_EVERY * JOB_RETRY_FACTOR
+        if self._asking is None and now >= self.next_at:
+            with self._lock:
+                self._round += 1
+            self._asked_at = now
+            client = self.client if self.address == address else None
+            self._asking = threading.Thread(target=self._ask, args=(self._round, client, run_id, job, address),
+                                            name="raysaga-watch-job", daemon=True)
+            self._asking.start()
+            self._asking.join(JOB_ANSWER_WAIT)
+            self._take_answer(time.time())
+        return self.known
+
+    def _ask(self, round_: int, client: Any, run_id: str, job: str, address: str) -> None:
+        """On the question's thread: the run's jobs (``launch.jobs_of``: a relaunch's job counts
+        before its note is written), as ``(round, client, address, ended, state)``; no client on failure."""
         from raysaga.orchestrator import launch as lx
 
         try:
-            if self.client is None or self.address != address:
-                self.client, self.address = lx.connect(address), address
-            found = lx.job_info(self.client, job)
-        except Exception:  # out of reach from here: the grace after the launch decides (launch_marks)
+            if client is None:
+                client = lx.connect(address)
+            jobs = [j for j in lx.jobs_of(client, run_id) if j.drives(run_id)]
+        except Exception:  # out of reach from here: the grace after the last answer decides (launch_marks)
+            self._hand_over((round_, None, address, None, ""))
+            return
+        mine = next((j for j in jobs if j.submission_id == job), jobs[-1] if jobs else None)
+        state = "gone" if mine is None else mine.status
+        self._hand_over((round_, client, address, not any(j.live for j in jobs), state))
+
+    def _hand_over(self, answer: tuple[int, Any, str, bool | None, str]) -> None:
+        with self._lock:
+            if answer[0] == self._round:  # (a question given up on says nothing)
+                self._answer = answer
+
+    def _take_answer(self, now: float) -> None:
+        with self._lock:
+            answer, self._answer = self._answer, None
+        if answer is None or answer[0] != self._round:
+            return
+        _, client, address, ended, state = answer
+        self._asking = None
+        if client is None:
             self.client, self.known, self.next_at = None, None, now + JOB_EVERY * JOB_RETRY_FACTOR
-            return None
-        self.known, self.next_at = found is None or not found.live, now + JOB_EVERY
-        self.state = "gone" if found is None else found.status
-        return self.known
+            return
+        self.client, self.address, self.known, self.state = client, address, ended, state
+        self.answered_at, self.next_at = now, now + JOB_EVERY
 
 
 def _stop(why: str) -> NoReturn:
@@ -234,9 +295,10 @@ def _give_up_on_launch(store: SqlStore, run: RunRecord, jobs: _JobLook) -> str |
     launch = launch_marks.latest(store, run)
     if launch_marks.not_started(run, launch, time.time()) is None or launch is None:
         return None
-    ended = jobs.ended(launch.job, launch.address) if launch.address else None
+    ended = jobs.ended(run.run_id, launch.job, launch.address) if launch.address else None
     run = store.get_run(run.run_id, lenient=True)  # a driver may have taken it as its job ended
-    return launch_marks.watch_stop(run, launch_marks.latest(store, run), ended, time.time(), jobs.state)
+    return launch_marks.watch_stop(run, launch_marks.latest(store, run), ended, time.time(), jobs.state,
+                                   jobs.unknown_since)
 
 
 def _render(store: SqlStore, run: RunRecord, where: str, wf: Any, workflow: str | None, dag: bool,

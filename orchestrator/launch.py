@@ -314,7 +314,10 @@ def submit(client: JobSubmissionClient, run_id: str, driver: int, *, env: dict[s
             raise UserError(f"the Ray cluster refused job {sid} for run {run_id!r} ({why}): the run "
                             f"is recorded, not started; fix that and launch again with --run-id {run_id}") from None
         return Submitted(existing, started=False)
-    job = job_info(client, sid)
+    try:  # submitted: a failed read of it now is no refusal (its caller would say "not started")
+        job = job_info(client, sid)
+    except Exception:
+        job = None
     return Submitted(job or Job(sid, "PENDING"), started=True)
 
 

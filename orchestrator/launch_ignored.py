@@ -11,6 +11,7 @@ file against the paths below its own folder); git need not be installed.
 
 from __future__ import annotations
 
+import fnmatch
 import sys
 import warnings
 from collections.abc import Iterable, Mapping
@@ -23,16 +24,33 @@ IGNORE_GITIGNORE = "RAY_RUNTIME_ENV_IGNORE_GITIGNORE"
 
 def imported_files(root: Path) -> list[Path]:
     """The files of the modules this process imported from below ``root`` (the workflow's module
-    and what it imports from its folder, as the launch loaded it)."""
+    and what it imports from its folder, as the launch loaded it); not those of an environment
+    kept there (``proj/.venv``: its site-packages, ``sys.prefix``, any folder with a
+    ``pyvenv.cfg``) nor what ``launch.EXCLUDES`` leaves out of the package anyway."""
     found: set[Path] = set()
+    prefixes = {Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
     for module in list(sys.modules.values()):
         name = getattr(module, "__file__", None)
         if not isinstance(name, str):
             continue
         path = Path(name).resolve()
-        if root in path.parents:
+        if root in path.parents and not _environment_or_excluded(root, path, prefixes):
             found.add(path)
     return sorted(found)
+
+
+def _environment_or_excluded(root: Path, path: Path, prefixes: set[Path]) -> bool:
+    """Whether ``path`` (below ``root``) belongs to a Python environment, or to what the launch excludes."""
+    from raysaga.orchestrator.launch import EXCLUDES
+
+    if any(p in path.parents for p in prefixes if root in p.parents):
+        return True
+    parts = path.relative_to(root).parts
+    if any(part in ("site-packages", "dist-packages") for part in parts):
+        return True
+    if any(fnmatch.fnmatchcase(part, pattern) for part in parts for pattern in EXCLUDES):
+        return True
+    return any((folder / "pyvenv.cfg").is_file() for folder in path.parents if root in folder.parents)
 
 
 def ignored_modules(root: Path, files: Iterable[Path], environ: Mapping[str, str]) -> list[tuple[Path, Path]]:
@@ -69,11 +87,13 @@ def ignored_modules(root: Path, files: Iterable[Path], environ: Mapping[str, str
 
 def _matches(spec: Any, file: Path, folder: Path) -> bool:
     """Whether ``spec`` (an ignore file's patterns, or None) leaves ``file`` out: the file itself,
-    or one of the folders between it and ``folder`` (Ray skips an ignored folder's whole tree)."""
+    or one of the folders between it and ``folder`` (Ray skips an ignored folder's whole tree).
+    A folder is matched by its path as Ray matches it, with no trailing ``/``: ``sub/`` then
+    ``!sub/keep.py`` leaves ``sub`` walked and ships ``sub/keep.py``."""
     if spec is None:
         return False
     rel = file.relative_to(folder)
-    paths = [str(rel), *(f"{p}/" for p in rel.parents if str(p) != ".")]
+    paths = [str(rel), *(str(p) for p in rel.parents if str(p) != ".")]
     return any(spec.match_file(p) for p in paths)
 
 
