@@ -345,7 +345,7 @@ class Driver:
             payload = signal.payload if isinstance(signal.payload, dict) else {}
             if signal.kind in ("approve", "reject"):
                 m.decision(signal, self.clock())
-            elif signal.kind == "pause":
+            elif signal.kind == "pause" and not any(s.kind == "cancel" for s in signals):  # a cancel beside it wins
                 return self._pause(str(payload.get("reason") or "paused by operator"), signal.id)
             elif signal.kind == "unpause":  # this run is not paused: nothing to undo
                 m.out.batch.consumed_signals.append(signal.id)

@@ -284,3 +284,37 @@ def test_a_cancel_arriving_as_the_driver_lets_the_run_rest_is_obeyed(
     assert sent == ["running"]  # queued for the live driver
     assert ended.status == RunStatus.CANCELLED, (ended.status, ended.status_reason)
     assert store.pending_signals("window") == []
+
+
+def test_a_cancel_queued_behind_a_pause_is_obeyed_without_an_unpause(
+        store: SqlStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A diff review: a pause and then a cancel, both queued while a step ran: the driver obeyed the
+    pause and rested before reading the cancel, so the run sat paused with the cancel pending (docs:
+    "`cancel` needs no unpause"). A cancel beside a pause wins."""
+    wf = Workflow("stop46_pause_then_cancel", version="1")
+    heard = threading.Event()  # the driver's heartbeat has read both signals
+    read = SqlStore.pending_signals
+
+    def reading(self: SqlStore, run_id: str) -> Any:
+        found = read(self, run_id)
+        if run_id == "both" and len(found) >= 2:
+            heard.set()
+        return found
+
+    monkeypatch.setattr(SqlStore, "pending_signals", reading)
+
+    @wf.step()
+    def a(input: int) -> int:
+        with Client(store) as client:  # the operator, while the step runs: a pause, then a cancel
+            assert client.pause("both", by="ops").status == RunStatus.RUNNING  # queued for the live driver
+            client.cancel("both", by="ops", reason="changed my mind")
+        assert heard.wait(60), "the driver's heartbeat never read the signals"
+        return input
+
+    @wf.step()
+    def b(a: int) -> int:
+        return a
+
+    ended = raysaga.run(wf, 1, store=store, run_id="both", executor="inline")
+    assert ended.status == RunStatus.CANCELLED, (ended.status, ended.status_reason)
+    assert _node(store, "both", "b") is None
