@@ -36,18 +36,26 @@ def pending_cancel(conn: Connection, run_id: str) -> SignalRecord | None:
 
 
 def due_with_cancel(run_id: ColumnElement[str], now: float) -> ColumnElement[bool]:
-    """A run due now (``wake_at`` passed: the next driver takes it up) with a cancel on its way."""
-    return exists().where(cancels(run_id)) & runs.c.wake_at.is_not(None) & (runs.c.wake_at <= now)
+    """A run with a cancel on its way to a driver that obeys it: its live driver's, at its next step
+    boundary, or the next one's (due now: ``wake_at`` passed)."""
+    held = runs.c.lease_owner.is_not(None) & (runs.c.lease_expires_at >= now)
+    due = runs.c.wake_at.is_not(None) & (runs.c.wake_at <= now)
+    return exists().where(cancels(run_id)) & (held | due)
 
 
 def refuse_if_cancelled(conn: Connection, run_id: str, label: str) -> None:
-    """Refuse a decision on ``label`` (``UserError``, one line) while a cancel is on its way to the
-    driver that takes the run up next, which obeys it first: only of a run due now. A cancel can sit
-    unconsumed on a run that is not due (sent as its driver rested; queued by a ``cancel
-    --compensate`` whose own drive failed; behind a pause): a decision is then taken as before, and
-    wakes the run, whose driver obeys the cancel (refused, the run sat hidden from the inbox, for ever)."""
-    wake_at = conn.execute(select(runs.c.wake_at).where(runs.c.run_id == run_id)).scalar_one_or_none()
-    if wake_at is None or wake_at > time.time():
+    """Refuse a decision on ``label`` (``UserError``, one line) while a cancel is on its way to a
+    driver that obeys it first: the run's live driver, or the next one (a run due now). A cancel can
+    sit unconsumed on a run at rest, not due and not held (queued by a ``cancel --compensate`` whose
+    own drive failed): a decision is then taken as before, and wakes the run, whose driver obeys the
+    cancel (refused, the run sat hidden from the inbox, for ever)."""
+    now = time.time()
+    found = conn.execute(select(runs.c.wake_at, runs.c.lease_owner, runs.c.lease_expires_at)
+                         .where(runs.c.run_id == run_id)).first()
+    if found is None:
+        return
+    wake_at, owner, expires = found
+    if not ((wake_at is not None and wake_at <= now) or (owner is not None and (expires or 0.0) >= now)):
         return
     cancel = pending_cancel(conn, run_id)
     if cancel is None:

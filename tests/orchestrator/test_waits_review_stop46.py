@@ -318,3 +318,47 @@ def test_a_cancel_queued_behind_a_pause_is_obeyed_without_an_unpause(
     ended = raysaga.run(wf, 1, store=store, run_id="both", executor="inline")
     assert ended.status == RunStatus.CANCELLED, (ended.status, ended.status_reason)
     assert _node(store, "both", "b") is None
+
+
+def test_a_decision_on_a_run_whose_live_driver_has_a_cancel_queued_is_refused(store: SqlStore) -> None:
+    """A second diff review: narrowed to runs due, the refusal let a decision through on a run whose
+    live driver had a cancel queued; the driver obeyed the cancel at its next step boundary and the
+    decision was dropped, the approver told it went on."""
+    wf = Workflow("stop46_live_cancel", version="1")
+    done = threading.Event()
+    said: dict[str, Any] = {}
+
+    @wf.step()
+    def slow(input: int) -> int:
+        assert done.wait(60), "the operator never acted"
+        return input
+
+    @wf.approval()
+    def review(input: int) -> str:
+        return "go on?"
+
+    @wf.step()
+    def after(review: Approval, slow: int) -> str:
+        return "went on"
+
+    def operator() -> None:
+        try:
+            with Client(store) as client:
+                wait_until(lambda: _node(store, "live", "review") == NodeStatus.WAITING, timeout=60,
+                           what="the approval to wait while its driver runs 'slow'")
+                client.cancel("live", by="ops")  # queued for the live driver
+                said["inbox"] = [w.run_id for w in client.inbox()]
+                try:
+                    client.approve("live", "review", by="alice")
+                    said["approve"] = "accepted"
+                except UserError as exc:
+                    said["approve"] = str(exc)
+        finally:
+            done.set()
+
+    ops = threading.Thread(target=operator)
+    ops.start()
+    ended = raysaga.run(wf, 1, store=store, run_id="live", executor="inline")
+    ops.join(60)
+    assert ended.status == RunStatus.CANCELLED
+    assert said["inbox"] == [] and "'live' is being cancelled" in said["approve"], said
