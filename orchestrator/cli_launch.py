@@ -170,6 +170,8 @@ def _siblings_imported_bare(file: Path) -> bool:
     import sys
 
     folder, own = file.resolve().parent, file.stem
+    if _names_a_sibling(file.resolve(), folder, own):
+        return True
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None)
         if "." in name or name == own or not isinstance(origin, str):
@@ -181,6 +183,24 @@ def _siblings_imported_bare(file: Path) -> bool:
         elif at.parent == folder:
             return True
     return False
+
+
+def _names_a_sibling(file: Path, folder: Path, own: str) -> bool:
+    """Whether ``file``'s source imports a module of its own folder by its bare name anywhere (in a
+    function's body too: such an import is made when the step runs, on the cluster, where it fails)."""
+    import ast
+
+    try:
+        tree = ast.parse(file.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return False  # (the loader has said what is wrong with it)
+    named = {alias.name.partition(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names}
+    named |= {node.module.partition(".")[0] for node in ast.walk(tree)
+              if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+    siblings = {p.stem for p in folder.glob("*.py") if p.stem not in (own, "__init__")}
+    siblings |= {d.name for d in folder.iterdir() if d.is_dir() and (d / "__init__.py").exists()}
+    return bool(named & siblings)
 
 
 def _signals_raise() -> Callable[[], None]:

@@ -191,6 +191,9 @@ JOB_RETRY_FACTOR = 6
 #: Seconds a question may go unanswered before it counts as failed (Ray's SDK sets no timeout: a
 #: request to a head that stopped answering can hang for ever); it is left to end on its own.
 JOB_ASK_DEADLINE = 10.0
+#: Questions given up on that may still hang at once: no new one is asked beyond (a flaky API
+#: answering now and then restarted the grace while a thread a question piled up, without bound).
+HUNG_KEPT = 2
 #: Seconds a redraw waits for the answer to the question it just asked (a Job API that answers
 #: at once is seen in the same redraw); longer, the redraw goes on and a later one reads it.
 JOB_ANSWER_WAIT = 0.5
@@ -215,6 +218,7 @@ class _JobLook:
         self.first_asked_at: float | None = None
         self.created = time.time()
         self._asking: threading.Thread | None = None
+        self._hung: list[threading.Thread] = []  # questions given up on: at most HUNG_KEPT hang at once
         self._asked_at = 0.0
         self._round = 0
         self._answer: tuple[int, Any, str, bool | None, str] | None = None
@@ -230,11 +234,13 @@ class _JobLook:
             self.first_asked_at = now
         self._take_answer(now)
         if self._asking is not None and now - self._asked_at >= JOB_ASK_DEADLINE:  # hung: given up on
+            self._hung.append(self._asking)
             self._asking, self.client, self.known = None, None, None
             with self._lock:
                 self._round += 1  # its answer, should it come, is too old to use
             self.next_at = now + JOB_EVERY * JOB_RETRY_FACTOR
-        if self._asking is None and now >= self.next_at:
+        self._hung = [t for t in self._hung if t.is_alive()]
+        if self._asking is None and len(self._hung) < HUNG_KEPT and now >= self.next_at:  # (no pile of threads)
             with self._lock:
                 self._round += 1
             self._asked_at = now

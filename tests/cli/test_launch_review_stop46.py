@@ -334,6 +334,8 @@ def test_the_watch_never_blocks_on_a_job_api_that_hangs(cluster: FakeJobs, sqlit
     try:
         code, out, err = invoke("status", run_id, "--db", sqlite_url, "--watch", "--interval", "0.05")
         assert hanging.returned == 0  # every question still hung while the watch redrew and ended
+        questions = [t for t in threading.enumerate() if t.name == "raysaga-watch-job"]
+        assert len(questions) <= cli_watch.HUNG_KEPT  # a question a hang: they never pile up
     finally:
         hanging.release.set()
     assert code == 1, (out, err)
@@ -566,3 +568,21 @@ def test_a_hangup_ignored_by_nohup_stays_ignored_while_the_launch_records_and_su
             restore()
     finally:
         signal.signal(signal.SIGHUP, before)
+
+
+def test_a_package_module_importing_a_sibling_by_its_bare_name_in_a_step_is_refused(
+        tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second diff review: a sibling imported inside a step's body is imported only when the step
+    runs, on the cluster, where it is not found; loading the file here imports nothing bare."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    project_cluster(tmp_path, monkeypatch, "stop46_unused_lazy", "")
+    pkg = Path.cwd() / "stop46lazy"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "stop46_lazy_helper.py").write_text("def shout(x: str) -> str:\n    return x.upper()\n")
+    flow = FLOW.replace("launch_review_stop46", "stop46_lazyflow")
+    (pkg / "stop46_lazy_flows.py").write_text(flow + "\n\ndef later() -> str:\n"
+                                              "    from stop46_lazy_helper import shout\n    return shout('x')\n")
+    code, out, err = invoke("launch", "stop46lazy/stop46_lazy_flows.py:wf", "--address", ADDRESS, "--db", sqlite_url)
+    assert code == 2 and out == "", err
+    assert "launch takes MODULE:WORKFLOW from the folder that holds the module" in err
