@@ -37,7 +37,7 @@ from raysaga.orchestrator import cli_status, cli_watch, launch_marks
 from raysaga.orchestrator import launch as lx
 from raysaga.orchestrator.loader import load_workflow
 from raysaga.orchestrator.runner import create_run
-from raysaga.state import RunStatus, SqlStore
+from raysaga.state import RunStatus, RunSummary, SqlStore
 from tests.support.cli import invoke
 from tests.support.fake_jobs import FakeJobInfo, FakeJobs, project_cluster
 
@@ -52,6 +52,16 @@ FLOW = textwrap.dedent('''
         return 1
 ''')
 ADDRESS = "http://127.0.0.1:8265"
+
+
+def _the_run(url: str) -> RunSummary:
+    """The store's one run (a launch recorded it)."""
+    store = SqlStore(url)
+    try:
+        [run] = store.list_runs()
+    finally:
+        store.close()
+    return run
 
 
 @pytest.fixture
@@ -186,11 +196,7 @@ def test_ctrl_c_before_the_job_is_submitted_names_the_recorded_run(cluster: Fake
     monkeypatch.setattr(lx, "submit", interrupted)
     code, out, err = invoke("launch", f"{MODULE}:wf", "--address", ADDRESS, "--db", sqlite_url)
     assert code == 130 and out == "", err
-    store = SqlStore(sqlite_url)
-    try:
-        [run] = store.list_runs()
-    finally:
-        store.close()
+    run = _the_run(sqlite_url)
     assert f"run {run.run_id} is recorded, not started: launch again with --run-id {run.run_id}" in err
     assert cluster.submitted == []
 
@@ -494,11 +500,7 @@ def test_a_closed_terminal_before_the_submit_names_the_recorded_run(cluster: Fak
     finally:
         signal.signal(signal.SIGHUP, previous)
     assert code == 128 + signal.SIGHUP and out == "", err
-    store = SqlStore(sqlite_url)
-    try:
-        [run] = store.list_runs()
-    finally:
-        store.close()
+    run = _the_run(sqlite_url)
     assert f"run {run.run_id} is recorded, not started: launch again with --run-id {run.run_id}" in err
 
 

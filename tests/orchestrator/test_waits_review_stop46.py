@@ -229,12 +229,9 @@ def test_an_unpause_says_the_run_waits_for_a_driver(store: SqlStore) -> None:
     assert (run.status_reason or "").startswith("unpaused by bo: waiting for a driver"), run.status_reason
 
 
-def test_a_cancel_left_on_a_run_at_rest_not_due_takes_decisions_which_wake_it(store: SqlStore) -> None:
-    """A diff review of the refusal above: a cancel can sit unconsumed on a run at rest that is not
-    due (sent as its driver rested; queued by a `cancel --compensate` whose own drive failed). Refusing
-    every decision and leaving the run out of the inbox held it for ever; as before, a decision is
-    taken, wakes the run, and its next driver obeys the cancel first."""
-    wf = Workflow("stop46_cancel_at_rest", version="1")
+def _review_flow(name: str) -> Workflow:
+    """``review`` (an approval) → ``after``: a run that rests waiting for a decision."""
+    wf = Workflow(name, version="1")
 
     @wf.approval()
     def review(input: int) -> str:
@@ -244,6 +241,15 @@ def test_a_cancel_left_on_a_run_at_rest_not_due_takes_decisions_which_wake_it(st
     def after(review: Approval) -> str:
         return "went on"
 
+    return wf
+
+
+def test_a_cancel_left_on_a_run_at_rest_not_due_takes_decisions_which_wake_it(store: SqlStore) -> None:
+    """A diff review of the refusal above: a cancel can sit unconsumed on a run at rest that is not
+    due (sent as its driver rested; queued by a `cancel --compensate` whose own drive failed). Refusing
+    every decision and leaving the run out of the inbox held it for ever; as before, a decision is
+    taken, wakes the run, and its next driver obeys the cancel first."""
+    wf = _review_flow("stop46_cancel_at_rest")
     assert raysaga.run(wf, 1, store=store, run_id="missed", executor="inline").status == RunStatus.WAITING_HUMAN
     store.send_signal("missed", "cancel", payload={"reason": "stop it", "compensate": False})  # never woken
     with Client(store) as client:
@@ -261,16 +267,7 @@ def test_a_cancel_arriving_as_the_driver_lets_the_run_rest_is_obeyed(
     due, and the cancel was never carried out. The look before the rest now takes a cancel too."""
     from raysaga.orchestrator import heartbeat
 
-    wf = Workflow("stop46_cancel_before_rest", version="1")
-
-    @wf.approval()
-    def review(input: int) -> str:
-        return "go on?"
-
-    @wf.step()
-    def after(review: Approval) -> str:
-        return "went on"
-
+    wf = _review_flow("stop46_cancel_before_rest")
     looked = heartbeat.Heartbeat.poll_decisions
     sent: list[str] = []
 
