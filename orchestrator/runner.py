@@ -460,7 +460,9 @@ def reopen(st: Store, run_id: str, compensations: bool = False, options: RunOpti
                          NodeStatus.FAILED, NodeStatus.SKIPPED, NodeStatus.CANCELLED, NodeStatus.RETRYING)]
             update = RunUpdate(status=RunStatus.RUNNING, status_reason="operator retry",
                                retries_delta=-run.retries_used, error=None, set_error=True)
-        record = st.commit(lease, Batch(nodes=reset, run=update))
+        # a cancel or pause sent as the run ended was never obeyed: the retry comes after it
+        stale = [s.id for s in st.pending_signals(run_id) if s.kind in ("cancel", "pause")]
+        record = st.commit(lease, Batch(nodes=reset, run=update, consumed_signals=stale))
     finally:
         st.release(lease)
     assert record is not None

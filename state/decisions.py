@@ -304,13 +304,15 @@ def node_history(engine: Engine, run_id: str, node: str, fan_index: int = -1) ->
 
 
 def decided_after(conn: Connection, run_id: str, seen: int) -> bool:
-    """Whether a decision newer than signal ``seen`` waits unconsumed: one recorded while a driver
-    held the run, which it never read. The commit that rests the run asks this, in its own
-    transaction: a decision is either committed before it (and seen here) or after it (and then
-    finds the run resting, and wakes it itself), so none is lost."""
+    """Whether a decision or a cancel newer than signal ``seen`` waits unconsumed: one recorded while
+    a driver held the run, which it never read. The commit that rests the run asks this, in its own
+    transaction: a signal is either committed before it (and seen here) or after it (and then
+    finds the run resting, and wakes it itself), so none is lost. A cancel sent between the
+    driver's last look and its rest left the run resting, not due, the cancel never carried out."""
     return conn.execute(select(signals.c.id).where(
         signals.c.run_id == run_id, signals.c.consumed_at.is_(None), signals.c.id > seen,
-        signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value])).limit(1)).first() is not None
+        signals.c.kind.in_([SignalKind.APPROVE.value, SignalKind.REJECT.value, SignalKind.CANCEL.value]))
+        .limit(1)).first() is not None
 
 
 def _lock_run(conn: Connection, run_id: str) -> tuple[RunStatus, float | None]:
