@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ray.job_submission import JobSubmissionClient
 
-    from raysaga.orchestrator.launch import Job, Submitted
+    from raysaga.orchestrator.launch import Submitted
     from raysaga.orchestrator.workflow import Workflow
     from raysaga.state import SqlStore
 
@@ -134,7 +134,7 @@ def launch(
                 + ("" if db is None else f" --db {where}")
                 + f"  (the driver's log: {token}ray job logs {job.job.submission_id} --address {url})")
             return
-        final = _follow(store, client, record.run_id, job.job.submission_id)
+        final = _follow(store, client, record.run_id, job.job.submission_id, url)
         from raysaga.orchestrator import cli_status
 
         cli_status.print_status(out, store, final, store_text=where)
@@ -336,31 +336,58 @@ def _drive_on_cluster(client: JobSubmissionClient, store: SqlStore, record: RunR
     return lx.submit(client, record.run_id, len(jobs) + 1, env=cluster_env, entry=entry, metadata=metadata)
 
 
-def _follow(store: SqlStore, client: JobSubmissionClient, run_id: str, sid: str) -> RunRecord:
-    """Poll the run (the store) and its job (the cluster) until the run rests; a job that ended
-    first is an error naming how the run continues."""
-    from raysaga.orchestrator import launch as lx
+def _follow(store: SqlStore, client: JobSubmissionClient, run_id: str, sid: str, url: str) -> RunRecord:
+    """Poll the run (the store) and its jobs (the cluster) until the run rests; a job that ended
+    first is an error naming how the run continues. The Job API is asked on a daemon thread
+    (``cli_watch.JobLook``): Ray's SDK sets no timeout, and a head that stopped answering hung
+    ``--wait`` for ever, the run completed in the store; one failed request (a dashboard
+    restarting) ended ``--wait`` of a running job. Out of reach, the run is followed in the store."""
+    from raysaga.orchestrator import launch_marks
+    from raysaga.orchestrator.cli_watch import JobLook
 
+    look = JobLook()
+    look.client, look.address = client, url
     seen: tuple[str, str] | None = None
     while True:
         run = store.get_run(run_id, lenient=True)
         if run.status in AT_REST:
             return run
-        job: Job | None = lx.job_info(client, sid)
-        state = (run.status.value, job.status if job else "gone")
+        ended = look.ended(run_id, sid, url)
+        state = (run.status.value, look.state if ended is not None else "not known (the Job API does not answer)")
         if state != seen:
             say(err, f"run {run_id}: {state[0]}; Ray job {sid}: {state[1]}")
             seen = state
-        if job is None or not job.live:
-            run = store.get_run(run_id, lenient=True)  # it may have come to rest as the job ended
-            if run.status in AT_REST:
-                return run
-            for line in lx.job_log_tail(client, sid):
-                say(err, f"  {line}")
-            if run.status == RunStatus.PENDING:  # its driver never started: no worker claims a launched run
-                raise UserError(f"Ray job {sid} ended ({state[1]}) before it started run {run_id} (its log above): "
-                                f"fix that and launch it again with --run-id {shlex.quote(run_id)}")
-            raise UserError(f"Ray job {sid} ended ({state[1]}) with run {run_id} still {run.status.value}: once "
+        run = store.get_run(run_id, lenient=True)  # it may have come to rest as the job ended
+        if run.status in AT_REST:
+            return run
+        if run.status == RunStatus.PENDING:  # its driver never started: no worker claims a launched run
+            why = launch_marks.watch_stop(run, launch_marks.latest(store, run), ended, time.time(), look.state,
+                                          look.unknown_since)
+            if why is not None:
+                _say_log_tail(look.client, sid)
+                raise UserError(why)
+        elif ended:
+            _say_log_tail(look.client, sid)
+            raise UserError(f"Ray job {sid} ended ({look.state}) with run {run_id} still {run.status.value}: once "
                             "its lease expires, a `raysaga worker`, `raysaga resume` or another `raysaga launch "
                             f"--run-id {shlex.quote(run_id)}` takes it over")
         time.sleep(FOLLOW_EVERY)  # polling the store and the cluster for another process's progress
+
+
+def _say_log_tail(client: JobSubmissionClient | None, sid: str) -> None:
+    """The job's last log lines, asked on a daemon thread for at most ``JOB_ASK_DEADLINE`` seconds
+    (a Job API that hangs must not hang the command's last word)."""
+    import threading
+
+    from raysaga.orchestrator import launch as lx
+    from raysaga.orchestrator.cli_watch import JOB_ASK_DEADLINE
+
+    if client is None:
+        return
+    lines: list[str] = []
+    asking = threading.Thread(target=lambda: lines.extend(lx.job_log_tail(client, sid)),
+                              name="raysaga-launch-log", daemon=True)
+    asking.start()
+    asking.join(JOB_ASK_DEADLINE)
+    for line in list(lines):
+        say(err, f"  {line}")

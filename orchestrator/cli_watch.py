@@ -140,7 +140,7 @@ def _watch(store: SqlStore, record: RunRecord, *, wf: Any, workflow: str | None,
     from rich.live import Live
 
     where = _stores().describe(store.url)
-    jobs = _JobLook()
+    jobs = JobLook()
     if not out.is_terminal:
         last = ""
         while True:
@@ -199,7 +199,7 @@ HUNG_KEPT = 2
 JOB_ANSWER_WAIT = 0.5
 
 
-class _JobLook:
+class JobLook:
     """Whether any of a launched run's Ray jobs is live, asked of the Job API its launch recorded
     (at most every ``JOB_EVERY`` seconds) on a daemon thread: the redraw never blocks on the API.
     ``ended``: True (none live), False (one is), or None while it cannot be told (no route, no
@@ -292,7 +292,7 @@ def _stop(why: str) -> NoReturn:
     raise typer.Exit(EXIT_NOT_COMPLETED)
 
 
-def _give_up_on_launch(store: SqlStore, run: RunRecord, jobs: _JobLook) -> str | None:
+def _give_up_on_launch(store: SqlStore, run: RunRecord, jobs: JobLook) -> str | None:
     """Why to stop watching (exit 1) a launched run no driver will take: its job ended before starting
     it, or nothing could tell for ``launch_marks.NO_DRIVER_GRACE`` (``launch_marks.watch_stop``).
     A run not launched (a worker's to take) is never given up on."""
