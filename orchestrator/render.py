@@ -30,11 +30,11 @@ _MERMAID_ESCAPES = str.maketrans({"#": "#35;", '"': "#quot;", "<": "#lt;", ">": 
                                   "\n": " ", "\r": " "})
 
 
-def _mermaid_label(text: str) -> str:
+def mermaid_label(text: str) -> str:
     return '"' + text.translate(_MERMAID_ESCAPES) + '"'
 
 
-def _dot_string(text: str) -> str:
+def dot_string(text: str) -> str:
     """A DOT quoted string: backslash and double quote escaped, line breaks as ``\\n``."""
     escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\r\n", "\\n").replace("\n", "\\n")
     return '"' + escaped.replace("\r", "\\n") + '"'
@@ -51,7 +51,7 @@ _JS_PROTOTYPE = frozenset({"constructor", "toString", "toLocaleString", "valueOf
                            "__defineSetter__", "__lookupGetter__", "__lookupSetter__"})
 
 
-def _mermaid_ids(steps: list[str]) -> dict[str, str]:
+def mermaid_ids(steps: list[str]) -> dict[str, str]:
     """A step's own name as its id when Mermaid takes it as is; else a generated ``n<i>``."""
     plain = {s for s in steps if s.isidentifier() and s.isascii() and s.lower() not in _MERMAID_KEYWORDS
              and s not in _JS_PROTOTYPE}
@@ -70,11 +70,11 @@ def _mermaid_ids(steps: list[str]) -> dict[str, str]:
 def mermaid(wf: Workflow, statuses: dict[str, str] | None = None) -> str:
     """A Mermaid flowchart. A name that is not a plain identifier, or is a Mermaid keyword
     (``end``, ``class``...), gets a generated id (``n0``...); labels are quoted and escaped."""
-    ids = _mermaid_ids(wf.order)
+    ids = mermaid_ids(wf.order)
     lines = ["flowchart TD"]
     for step in wf.order:
         shape = ("[[", "]]") if wf.steps[step].map_over else ("[", "]")
-        lines.append(f"    {ids[step]}{shape[0]}{_mermaid_label(_node_text(wf, step))}{shape[1]}")
+        lines.append(f"    {ids[step]}{shape[0]}{mermaid_label(_node_text(wf, step))}{shape[1]}")
     for src, dst in sorted(wf.graph.edges):
         lines.append(f"    {ids[src]} --> {ids[dst]}")
     for step, status in sorted((statuses or {}).items()):
@@ -86,13 +86,13 @@ def mermaid(wf: Workflow, statuses: dict[str, str] | None = None) -> str:
 
 def dot(wf: Workflow) -> str:
     """A Graphviz digraph; every id and label is a quoted, escaped DOT string."""
-    lines = [f"digraph {_dot_string(wf.name)} {{", "    rankdir=TB;"]
+    lines = [f"digraph {dot_string(wf.name)} {{", "    rankdir=TB;"]
     for step in wf.order:
         spec = wf.steps[step]
         shape = "box3d" if spec.map_over else ("doubleoctagon" if spec.effect else "box")
-        lines.append(f"    {_dot_string(step)} [label={_dot_string(_node_text(wf, step))}, shape={shape}];")
+        lines.append(f"    {dot_string(step)} [label={dot_string(_node_text(wf, step))}, shape={shape}];")
     for src, dst in sorted(wf.graph.edges):
-        lines.append(f"    {_dot_string(src)} -> {_dot_string(dst)};")
+        lines.append(f"    {dot_string(src)} -> {dot_string(dst)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -24,8 +24,8 @@ from raysaga.orchestrator.dag_svg import (
     svg,
     workflow_graph,
 )
-from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, _steps, fan_counts
-from raysaga.orchestrator.render import _dot_string, _mermaid_ids, _mermaid_label
+from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, fan_counts, steps_of
+from raysaga.orchestrator.render import dot_string, mermaid_ids, mermaid_label
 from raysaga.state import RunRecord, Store
 from raysaga.state.dashboard_reads import DashboardReads
 
@@ -39,7 +39,7 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
     writes most rows when a step ends), so it shows as running."""
     rows = store.step_rows(run_id, ITEMS_SHOWN)
     fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
-    steps = _steps(rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id))))
+    steps = steps_of(rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id))))
     out = []
     for node in graph["nodes"]:
         st = steps.get(node["id"], {})
@@ -103,14 +103,14 @@ def _agent_tokens(store: Store, run_id: str, step: str) -> int:
 def mermaid(graph: dict[str, Any], views: list[StepView]) -> str:
     """A Mermaid flowchart with each step's state (symbol in the label, a class per state)."""
     order = [n["id"] for n in graph["nodes"]]
-    ids = _mermaid_ids(order)
+    ids = mermaid_ids(order)
     by_id = {v.step: v for v in views}
     lines = ["flowchart TD"]
     for step in order:
         v = by_id[step]
         shape = ("[[", "]]") if v.kind == "map" else ("[", "]")
         label = f"{step} {SYMBOL.get(v.state, '?')} {v.state}" + (f" · {v.detail()}" if v.detail() else "")
-        lines.append(f"    {ids[step]}{shape[0]}{_mermaid_label(label)}{shape[1]}")
+        lines.append(f"    {ids[step]}{shape[0]}{mermaid_label(label)}{shape[1]}")
     for a, b in graph["edges"]:
         lines.append(f"    {ids[a]} --> {ids[b]}")
     for state, (fill, stroke) in COLOURS.items():
@@ -123,16 +123,16 @@ def mermaid(graph: dict[str, Any], views: list[StepView]) -> str:
 def dot(graph: dict[str, Any], views: list[StepView], name: str = "run") -> str:
     """A Graphviz digraph, each step filled by its state."""
     by_id = {v.step: v for v in views}
-    lines = [f"digraph {_dot_string(name)} {{", "    rankdir=TB;", '    node [shape=box, style="rounded,filled"];']
+    lines = [f"digraph {dot_string(name)} {{", "    rankdir=TB;", '    node [shape=box, style="rounded,filled"];']
     for node in graph["nodes"]:
         v = by_id[node["id"]]
         fill, stroke = COLOURS.get(v.state, COLOURS["pending"])
         label = f"{v.step}\n{SYMBOL.get(v.state, '?')} {v.state}" + (f"\n{v.detail()}" if v.detail() else "")
         shape = ", peripheries=2" if v.kind == "map" else ""
-        lines.append(f'    {_dot_string(v.step)} [label={_dot_string(label)}, fillcolor="{fill}", '
+        lines.append(f'    {dot_string(v.step)} [label={dot_string(label)}, fillcolor="{fill}", '
                      f'color="{stroke}"{shape}];')
     for a, b in graph["edges"]:
-        lines.append(f"    {_dot_string(a)} -> {_dot_string(b)};")
+        lines.append(f"    {dot_string(a)} -> {dot_string(b)};")
     lines.append("}")
     return "\n".join(lines) + "\n"
 

@@ -86,7 +86,7 @@ def inbox(store: Store, approver: str | None = None) -> list[dict[str, Any]]:
              "timeout_at": w.request.timeout_at, "approvals": w.approvals} for w in store.waiting_approvals(approver)]
 
 
-def _steps(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
+def steps_of(rows: list[dict[str, Any]], counts: dict[str, dict[str, int]]) -> dict[str, dict[str, Any]]:
     """Per workflow step: its own row, a fan-out's counts and first items, agent turns counted,
     its compensation's status."""
     steps: dict[str, dict[str, Any]] = {}
@@ -181,7 +181,7 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
                 "children": [{"run_id": c["run_id"], "status": str(c["status"]), "forked_from": c["forked_from"]}
                              for c in store.children(run_id)]},
         "graph": graph_for(run, started_order(rows)),
-        "steps": _sent_once(_with_agent_counts(_steps(rows, counts), _agent_counts(store, run_id, None))),
+        "steps": _sent_once(_with_agent_counts(steps_of(rows, counts), _agent_counts(store, run_id, None))),
         "rows": [_row(r) for r in rows],
         "cursor": cursor,
         "now": time.time(),
@@ -387,4 +387,5 @@ def gone(run_id: str, row: dict[str, Any] | None, born: float) -> dict[str, str]
 
 
 __all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "REQUEST_BYTES", "approval_form", "events_page", "fan_items", "gone",
-           "inbox", "live_change", "node_output", "node_page", "parse_node", "run_list", "run_page", "shown"]
+           "inbox", "live_change", "node_output", "node_page", "parse_node", "run_list", "run_page", "shown",
+           "steps_of"]
