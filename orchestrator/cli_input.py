@@ -277,11 +277,17 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE | 
 
 
 def parse_duration(option: str, text: str) -> float:
-    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w`` or plain seconds; positive and finite."""
+    """``30d``, ``12h``, ``90m``, ``3600s``, ``2w``; positive and finite. A bare number is refused:
+    ``prune --older-than 30`` meant 30 seconds and deleted every finished run older than that,
+    where ``find -mtime 30`` and most readers take days."""
     match = _DURATION.match(text)
     if not match:
         raise UserError(f"{option} {text!r} is not a duration: use e.g. 30d, 12h, 90m or 3600s")
-    seconds = float(match.group(1)) * _UNITS[(match.group(2) or "s").lower()]
+    if not match.group(2):
+        number = match.group(1)
+        raise UserError(f"{option} {text!r} has no unit: write {number}d (days), {number}h (hours), "
+                        f"{number}m (minutes) or {number}s (seconds)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2).lower()]
     if not math.isfinite(seconds) or seconds <= 0:
         raise UserError(f"{option} {text!r} must be a positive duration")
     if seconds > MAX_DURATION_S:

@@ -82,6 +82,8 @@ def test_prune_dry_run_then_by_status_then_all(aged: str) -> None:
     (["--older-than", "0s"], "--older-than '0s' must be a positive duration"),
     (["--older-than", "soon"], "is not a duration: use e.g. 30d, 12h, 90m or 3600s"),
     (["--older-than", "nan"], "is not a duration"),
+    # a bare number meant seconds: every finished run older than 30 s went
+    (["--older-than", "30"], "--older-than '30' has no unit: write 30d (days), 30h (hours)"),
     (["--older-than", "30d", "--status", "sleeping"], "--status 'sleeping' is not a run state"),
     (["--older-than", "30d", "--status", "running"], "--status 'running' is not a state at rest"),
     (["--older-than", "30d", "--status", "completed,waiting_human"], "'waiting_human' is not a state at rest"),
@@ -99,3 +101,4 @@ def test_prune_of_a_missing_store_creates_nothing(tmp_path: Path) -> None:
     code, _, err = invoke("prune", "--older-than", "30d", "--db", f"sqlite:///{tmp_path / 'typo' / 'x.db'}")
     assert code == 2 and "no raysaga store" in err
     assert list(tmp_path.iterdir()) == []
+

@@ -181,8 +181,9 @@ def test_older_than_reads_cli_durations() -> None:
     def parse_age(text: str) -> float:
         return parse_duration("--older-than", text)
 
-    assert [parse_age(t) for t in ("30d", "12h", "90m", "45s", "2w", "10", " 1.5D ")] == [
-        30 * DAY, 12 * 3600.0, 90 * 60.0, 45.0, 14 * DAY, 10.0, 1.5 * DAY]
-    for bad in ("", "d", "thirty days", "-1d", "nan", "infd"):
+    assert [parse_age(t) for t in ("30d", "12h", "90m", "45s", "2w", " 1.5D ")] == [
+        30 * DAY, 12 * 3600.0, 90 * 60.0, 45.0, 14 * DAY, 1.5 * DAY]
+    # a bare number (30 meant seconds: every finished run older than 30 s went) needs its unit
+    for bad in ("", "d", "thirty days", "-1d", "nan", "infd", "10", "30"):
         with pytest.raises(UserError):
             parse_age(bad)
