@@ -23,6 +23,8 @@ from raysaga.types import check_number
 #: Set by raysaga's own test suite: a model call that would reach the real API fails at once.
 FORBID_ENV = "RAYSAGA_FORBID_REAL_API"
 REAL_API_HOST = "api.anthropic.com"
+#: The Anthropic SDK's variable for another endpoint (a gateway, a local server).
+BASE_URL_ENV = "ANTHROPIC_BASE_URL"
 
 #: USD per million tokens (input, output), matched by the longest model-name prefix; override or
 #: add a model with ``AnthropicModel(prices=...)``. A model matching no prefix has no price: a run
@@ -94,6 +96,19 @@ def check_base_url(owner: str, base_url: Any) -> None:
                                  f"http(s) URL like 'https://gateway.example.com', got {base_url!r:.200}")
 
 
+def env_base_url() -> str | None:
+    """``ANTHROPIC_BASE_URL`` (unset or empty: None, the real API), checked as ``base_url`` is: a
+    value without its scheme (``localhost:9``) failed every call with "Connection error.", naming
+    neither the variable nor what was wrong with it."""
+    value = os.environ.get(BASE_URL_ENV) or None
+    try:
+        check_base_url("Model", value)
+    except InvalidOptionError:
+        raise InvalidOptionError(f"{BASE_URL_ENV} must be an http(s) URL like 'https://gateway.example.com' "
+                                 f"(or unset: the real API), got {value!r:.200}") from None
+    return value
+
+
 @runtime_checkable
 class Model(Protocol):
     """A backend: one request in, one response out; transport errors raised (the driver retries)."""
@@ -133,6 +148,8 @@ class AnthropicModel:
         # checked here, not on the worker: "abc", -5, nan or True failed every call of the run there
         check_number(owner, "timeout", self.timeout, minimum=0, strict=True, allowed="a finite number of seconds > 0")
         check_base_url(owner, self.base_url)
+        if self.base_url is None:
+            env_base_url()  # a malformed one here is said now, not after the run's first agent call failed 6 times
         if not isinstance(self.api_key_env, str) or not self.api_key_env.strip():
             raise InvalidOptionError(f"{owner}.api_key_env must name an environment variable, got {self.api_key_env!r}")
         check_prices(owner, self.prices)
@@ -148,7 +165,10 @@ class AnthropicModel:
         # again here: a Ray worker gets this object unpickled, without ``__post_init__``
         register_secret_env(self.api_key_env, shortest=MIN_SECRET_LEN)
 
-        base_url = self.base_url or os.environ.get("ANTHROPIC_BASE_URL")
+        try:
+            base_url = self.base_url or env_base_url()
+        except InvalidOptionError as exc:  # the worker's environment: every call would fail alike
+            raise Permanent(str(exc)) from None
         host = urlparse(base_url).hostname if base_url else REAL_API_HOST
         if os.environ.get(FORBID_ENV) and host == REAL_API_HOST:
             raise Permanent(f"{FORBID_ENV} is set: this process may not call the real Anthropic API")
