@@ -19,7 +19,7 @@ import typer
 from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, stop_signals
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, err, errors, out, say
-from raysaga.orchestrator.cli_options import AddressOpt, DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
+from raysaga.orchestrator.cli_options import DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
 from raysaga.types import check_text
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE",
@@ -243,7 +243,9 @@ def worker(
     db: DbOpt = None,
     executor: Annotated[str | None, typer.Option(
         "--executor", help="ray (default) or inline (in this process); over executor in --config.")] = None,
-    address: AddressOpt = None,
+    address: Annotated[str | None, typer.Option(
+        "--address", help="Ray cluster to join (over address in --config, over RAY_ADDRESS; default: a local Ray "
+        "started on demand).")] = None,
     lease_ttl: LeaseOpt = 15.0,
     poll: Annotated[float, typer.Option("--poll", help="Seconds between looks for work when idle.")] = 0.5,
     max_driver_deaths: Annotated[int | None, typer.Option(
@@ -370,7 +372,8 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
     kind = checked_executor(executor) if executor is not None else \
         checked_executor(loaded.get("executor", "ray"), f"--config {config}: executor")
     return {"workflows": refs, "concurrency": slots, "limits": checked_limits(table),
-            "executor": kind, "address": address or loaded.get("address")}
+            # the environment last: a RAY_ADDRESS left over (a Ray job's) beat the file's address
+            "executor": kind, "address": address or loaded.get("address") or os.environ.get("RAY_ADDRESS") or None}
 
 
 #: The longest ``--poll`` and ``--lease-ttl`` a worker takes: it waits on them (a heartbeat every

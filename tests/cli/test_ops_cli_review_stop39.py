@@ -181,3 +181,22 @@ def test_a_late_decision_points_at_what_status_node_shows(sqlite_url: str) -> No
     code, out, _ = invoke("status", "g2", "--node", "review", "--db", sqlite_url)
     assert code == 0, out
     assert "reject by alice at " in out and "): no" in out  # the decision, its id and comment
+
+
+def test_the_config_files_address_wins_over_ray_address_in_the_environment(tmp_path: Path) -> None:
+    """Stop 47: ``RAY_ADDRESS`` filled ``--address`` (typer's envvar), so a leftover one (a Ray job's)
+    beat the file's ``address``, against "a flag over its key in the file over the default"."""
+    flows = tmp_path / "flows_addr.py"
+    flows.write_text("from raysaga import Workflow\nwf = Workflow('addr')\n\n@wf.step()\ndef a() -> int:\n"
+                     "    return 1\n")
+    config = _config(tmp_path, f'workflows = ["{flows}:wf"]\naddress = "not an address!"\n')
+    assert cli_ops._worker_settings(config, None, None, None, None, None)["address"] == "not an address!"
+    code, _, err = invoke("worker", "--config", str(config), "--db", f"sqlite:///{tmp_path / 'w.db'}",
+                          env={"RAY_ADDRESS": "127.0.0.1:1"})
+    assert code == 2 and "not an address!" in err and "127.0.0.1:1" not in err, err
+    # the flag over the file; the environment when neither gives one
+    assert cli_ops._worker_settings(config, None, None, None, None, "10.0.0.1:6390")["address"] == "10.0.0.1:6390"
+    bare = _config(tmp_path, f'workflows = ["{flows}:wf"]\n')
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_ADDRESS", "127.0.0.1:1")
+        assert cli_ops._worker_settings(bare, None, None, None, None, None)["address"] == "127.0.0.1:1"
