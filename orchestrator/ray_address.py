@@ -32,6 +32,43 @@ def speaks_http(host: str, port: int, timeout: float = 1.0) -> bool | None:
             return None
 
 
+#: An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (a Ray GCS)
+#: answers with a SETTINGS frame of its own.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def speaks_grpc(host: str, port: int, timeout: float = 1.0) -> bool | None:
+    """Whether the server at ``host:port`` answers as an HTTP/2 (gRPC) server does, with a
+    SETTINGS frame; None when nothing takes the connection. Ray's own client waits 12-18 s on a
+    port that listens but is not a GCS (PostgreSQL's, Redis's): this tells in a moment."""
+    try:
+        conn = socket.create_connection((host, port), timeout=timeout)
+    except OSError:
+        return None
+    with conn:
+        try:
+            conn.settimeout(timeout)
+            conn.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                got = conn.recv(9 - len(head))
+                if not got:
+                    break
+                head += got
+        except OSError:  # (a timeout too) took the connection, never answered as HTTP/2
+            return False
+    return len(head) == 9 and head[3] == 0x04
+
+
+def not_a_gcs(address: str, host: str, port: int) -> UserError:
+    """The error for a port that listens but does not speak gRPC: no Ray cluster's GCS."""
+    what = ("it answers HTTP/1, so it is a web server, perhaps a Ray dashboard (what `raysaga launch --address "
+            "http://HOST:PORT` takes)") if speaks_http(host, port) else "it does not answer as a Ray cluster does"
+    return UserError(f"something listens at {address}, but not a Ray cluster's GCS: {what}. --address (or "
+                     "RAY_ADDRESS) is the port given to `ray start --head --port` (6379 by default; "
+                     "`ray status` on the head prints the address), or drop it for a local Ray")
+
+
 def unreachable(address: str, why: str, *, probe: bool = True) -> Exception:
     """The error for a cluster address Ray could not join; ``probe``: ask whether the port is a
     dashboard's (False when a connect to it has just failed: nothing listens there)."""

@@ -140,6 +140,12 @@ def check_gcs(address: str) -> None:
     the mode ``authenticated`` settles on, so ``ray.init`` that follows is let in at once."""
     from ray._raylet import InnerGcsClient  # type: ignore[attr-defined]
 
+    from raysaga.orchestrator.ray_address import host_port, not_a_gcs, speaks_grpc
+
+    hp = host_port(address)
+    if hp is not None and speaks_grpc(*hp) is False:  # (None: it stopped listening; Ray's probe says so)
+        raise not_a_gcs(address, *hp)
+
     def probe() -> None:
         with _quiet_native_stderr():
             InnerGcsClient.standalone(address, None, PROBE_TIMEOUT_MS)
