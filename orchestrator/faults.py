@@ -35,7 +35,7 @@ import signal
 import time
 from collections.abc import Iterable
 
-from raysaga.errors import StoreUnavailableError
+from raysaga.errors import InvalidOptionError, StoreUnavailableError
 from raysaga.state import NodeStatus, NodeWrite, node_label
 
 ENV = "RAYSAGA_FAULTS"
@@ -74,7 +74,7 @@ def _parse_action(action: str) -> tuple[str, float]:
             chance = -1.0
         if 0 < chance <= 1:
             return mode, chance
-        raise ValueError(f"{ENV}: {action!r}: drop takes a chance 0 < P <= 1, e.g. drop:0.3")
+        raise InvalidOptionError(f"{ENV}: {action!r}: drop takes a chance 0 < P <= 1, e.g. drop:0.3")
     if mode == STALL:
         try:
             seconds = float(arg)
@@ -82,8 +82,8 @@ def _parse_action(action: str) -> tuple[str, float]:
             seconds = -1.0
         if seconds >= 0:
             return mode, seconds
-        raise ValueError(f"{ENV}: {action!r}: stall takes seconds >= 0, e.g. stall:2")
-    raise ValueError(f"{ENV}: unknown action {action!r}; use kill, raise, drop[:P] or stall:SECONDS")
+        raise InvalidOptionError(f"{ENV}: {action!r}: stall takes seconds >= 0, e.g. stall:2")
+    raise InvalidOptionError(f"{ENV}: unknown action {action!r}; use kill, raise, drop[:P] or stall:SECONDS")
 
 
 def commit_labels(writes: Iterable[NodeWrite]) -> list[str]:
@@ -112,7 +112,7 @@ class Faults:
                 rule, action = part, KILL
             point, _, label = rule.partition(":")
             if point not in POINTS:
-                raise ValueError(f"{ENV}: unknown point {point!r}; known: {sorted(POINTS)}")
+                raise InvalidOptionError(f"{ENV}: unknown point {point!r}; known: {sorted(POINTS)}")
             self._rules.setdefault((point, label or "*"), _parse_action(action))
         self.active = bool(self._rules)
 

@@ -18,6 +18,7 @@ from raysaga.errors import LeaseHeldError, RaySagaError, RunExistsError, RunNotF
 from raysaga.orchestrator import retry_checks, tracing, versions
 from raysaga.orchestrator.driver import Driver, driver_id
 from raysaga.orchestrator.executor import Executor, make_executor
+from raysaga.orchestrator.faults import Faults
 from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
@@ -189,6 +190,7 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
         if input is NO_INPUT:
             input = None
         workflow.check_input(input)  # a bad input is refused before Ray starts
+        Faults()  # a bad RAYSAGA_FAULTS too: its driver refused it with the run recorded and claimed
         # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
         ex = _executor(executor, address)
         try:
