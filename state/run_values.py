@@ -33,6 +33,8 @@ def input_cap(given: int | None = None) -> int:
             return MAX_INPUT_BYTES
         if not (env.isascii() and env.strip().isdigit()):  # int() also reads '٣', '+3' and '1_0'
             raise UserError(f"{MAX_INPUT_ENV}={env!r} is not a whole number of bytes (ASCII digits)")
+        if int(env) < 1:
+            raise UserError(f"{MAX_INPUT_ENV}={env!r} must be a positive whole number of bytes")
         given = int(env)
     if isinstance(given, bool) or not isinstance(given, int) or given < 1:
         raise UserError(f"max_input_bytes {given!r} must be a positive whole number of bytes")
