@@ -137,7 +137,7 @@ def test_input_cap_defaults_to_16_mib_and_reads_the_environment(sqlite_url: str,
             store.create_run(new_run("big", "y" * 6000))
     finally:
         store.close()
-    for wrong in ("lots", "\u0665\u0660\u0660\u0660", "+5000", "5_000", "0", "000"):  # int() reads 3 as 5000
+    for wrong in ("lots", "\u0665\u0660\u0660\u0660", "+5000", "5_000", "0", "000"):  # int() reads 3 as 5000, 2 as 0
         monkeypatch.setenv("RAYSAGA_MAX_INPUT_BYTES", wrong)
         with pytest.raises(UserError, match="RAYSAGA_MAX_INPUT_BYTES"):
             SqlStore(sqlite_url)
