@@ -1,4 +1,5 @@
-"""A worker's PostgreSQL pool, sized to its slots, and a warning when the server cannot give it.
+"""A worker's PostgreSQL pool, sized to its slots: refused when the server could never give it, a
+warning when it has not that many free now.
 
 A worker keeps a driver's and a heartbeat's connection per slot (``fit_pool``). PostgreSQL allows
 ``max_connections`` (100 by default) over every client: two ``-c 40`` workers (82 each) exceed it,
@@ -13,6 +14,7 @@ import logging
 from sqlalchemy import Engine, text
 from sqlalchemy.pool import QueuePool
 
+from raysaga.errors import UserError
 from raysaga.state.engine import POOL_SIZE_ENV, pool_size_env
 
 log = logging.getLogger("raysaga.worker")
@@ -46,10 +48,15 @@ def warn_if_short(engine: Engine, size: int, burst: int) -> None:
     try:
         with engine.connect() as conn:
             row = conn.execute(_CAPACITY).one()
-    except Exception as exc:
+    except Exception as exc:  # (a pooler in front may not answer it)
         log.debug("could not read the server's free connections: %s", type(exc).__name__)
         return
     in_use, allowed = int(row[0]), int(row[1])
+    if size > allowed:  # never satisfiable: started anyway, it took every free connection of a shared server
+        raise UserError(f"this worker's pool needs {size} connections to PostgreSQL (2 per --concurrency slot + 2, "
+                        f"or {POOL_SIZE_ENV}) but the server allows {allowed} to its clients in all: lower "
+                        f"--concurrency, raise max_connections, or put a pooler (PgBouncer) in front and set "
+                        f"{POOL_SIZE_ENV}")
     free = allowed - in_use + 1  # (this check's own connection is the pool's, counted in use)
     wanted = size + burst
     if wanted <= free:
