@@ -12,7 +12,8 @@ timeout so an unreachable server fails in seconds, and a pool a worker sizes to 
 Every engine hides SQL parameters from its errors (``hide_parameters``): a crash's traceback
 must not print a run's input. Errors of opening a store (a file that is not a database, a
 directory, a read-only location, an unknown database, role or host, a missing driver) are
-translated here into one-line ``StoreUnavailableError``s naming the store and the fix.
+translated here into one-line ``StoreUnavailableError``s naming the store and the fix. Every engine
+may be used across ``os.fork()`` (``engine_fork``): a child gets its own connections.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from sqlalchemy.engine import URL, make_url
 
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
 from raysaga.state import jsoncodec, text_match
+from raysaga.state.engine_fork import fork_safe
 
 #: The folder of the default store under the home directory, when ``RAYSAGA_HOME`` is not set.
 DEFAULT_DIR = ".raysaga"
@@ -180,7 +182,8 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
                         "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return _unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads, create=create))
+        return fork_safe(_unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads,
+                                                            create=create)))
     if backend == "postgresql":
         connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
         try:
@@ -189,7 +192,7 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
                                    max_overflow=10, hide_parameters=True, connect_args=connect_args)
         except (ImportError, sa_exc.NoSuchModuleError):
             raise StoreUnavailableError(_missing_driver(url, parsed.get_driver_name())) from None
-        return _unwrap_json_errors(engine)
+        return fork_safe(_unwrap_json_errors(engine))
     raise UserError(f"database {redact(url)} is not supported: use a sqlite:/// file or postgresql:// URL")
 
 
