@@ -109,7 +109,7 @@ _LAZY = {
 }
 __getattr__, __dir__ = _lazy_exports(__name__, globals(), _LAZY)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 # Grouped as in the docstring above and docs/api.md; tests/test_public_api.py pins each group.
 __all__ = [  # noqa: RUF022 (grouped by topic, sorted within each group)

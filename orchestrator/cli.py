@@ -479,9 +479,9 @@ def graph(
         sys.stdout.write(mermaid(wf) if format == "mermaid" else dot(wf))
 
 
-app.command()(prune)
-for _command in (cli_ops.submit, cli_ops.worker, cli_ops.approve, cli_ops.reject, cli_ops.pause, cli_ops.unpause,
-                 cli_ops.inbox, cli_ops.stats):
+for _command in (prune, cli_ops.submit, cli_ops.worker, cli_ops.approve, cli_ops.reject, cli_ops.pause,
+                 cli_ops.unpause, cli_ops.inbox, cli_ops.stats,
+                 __import__("raysaga.orchestrator.cli_workers", fromlist=["workers"]).workers):
     app.command()(_command)
 app.command()(fork)
 app.command()(replay)

@@ -11,7 +11,9 @@ status, reason, trace_id, labels, created_at, updated_at, wake_at (when a restin
 deadline_at, lease_owner, lease_expires_at, retries_used, retry_budget, tokens_used, cost_used, input,
 output, error, node_counts, nodes, effects, next_nodes_after (and steps/failures with ``--summary``,
 which leaves nodes out); a pending run ``raysaga launch`` launched also has launch (its latest
-job: job, address, at, and not_started, what ``status`` says when no driver has taken it, or null).
+job: job, address, at, and not_started, what ``status`` says when no driver has taken it, or null);
+a submitted run waiting for the worker fleet has fleet (``fleet_view.fleet``: live_workers,
+serving, queue, note, command).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import launch_marks
+from raysaga.orchestrator import fleet_view, launch_marks
 from raysaga.orchestrator.ownership import describe_lease
 from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
@@ -159,6 +161,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
         **_launch_json(store, run),
+        **({} if (fleet := fleet_view.fleet(store, run, time.time())) is None else {"fleet": fleet}),
         **lineage(store, run),
     }
     stream.write(_dumps(head)[:-1])
@@ -279,6 +282,8 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     stuck = launch_marks.not_started(run, launch_marks.latest(store, run), at)
     if stuck is not None:  # its Ray job failed before driving it, or has yet to start: no worker takes it
         console.print(Text(f"launch: {stuck}"))
+    if (fleet := fleet_view.fleet(store, run, at)) is not None:  # submitted, and no driver: do workers serve it?
+        console.print(Text(f"fleet: {fleet['note']}"))
     for text in run_times(run, at):  # when a resting run wakes, and its deadline
         console.print(Text(text))
     console.print(Text(f"store: {store_text}"))

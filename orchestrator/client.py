@@ -1,5 +1,5 @@
 """Operating runs from any process: submit to the worker fleet, decide approvals, pause, unpause,
-cancel, read the inbox and the figures (``raysaga.Client``; the CLI verbs are its twins).
+cancel, read the inbox, the figures and the worker fleet (``raysaga.Client``; the CLI verbs are its twins).
 
 Each operation is durable the moment it returns: a decision, a pause or a cancel is a row in
 the store. A run with a live driver gets a signal that the driver obeys at its next step
@@ -15,6 +15,7 @@ from typing import Any
 from raysaga.errors import LeaseHeldError, RunExistsError, UserError
 from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.driver_signals import budget_advice, spent_budget
+from raysaga.orchestrator.fleet_view import RECENT
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim
 from raysaga.orchestrator.run_identity import same_deaths, same_labels, same_options
@@ -26,6 +27,7 @@ from raysaga.state.decisions import MAX_BY, MAX_COMMENT, Decision, WaitingApprov
 from raysaga.state.jsoncodec import printable
 from raysaga.state.models import PARKED, TERMINAL
 from raysaga.state.stats import Stats
+from raysaga.state.worker_rows import WorkerRecord
 from raysaga.types import check_text
 
 #: Runs that rest without a driver: an operator's pause takes them at once.
@@ -205,6 +207,14 @@ class Client:
 
     def stats(self, since: float | None = None) -> Stats:
         return self.store.stats(since)
+
+    def workers(self, *, include_gone: bool = False) -> list[WorkerRecord]:
+        """The live workers (``raysaga workers``): each one's host, pid, slots and what it serves;
+        with ``include_gone``, also those that stopped or went silent (no beat: killed, frozen, cut
+        off) in the last 24 hours. ``WorkerRecord.state(now)`` tells which."""
+        now = time.time()
+        rows = self.store.workers(now - RECENT)
+        return rows if include_gone else [w for w in rows if w.state(now) == "live"]
 
 
 def _live(run: RunRecord) -> bool:

@@ -33,6 +33,7 @@ definition the worker does not have are named once in its log.
 ``stop()`` (the CLI calls it on SIGTERM or Ctrl-C) stops claiming and asks each driver to stop
 at its next step boundary: it commits what finished, releases the lease and the run is free for
 another worker at once. A SIGKILLed worker's runs are taken over when their leases expire.
+Its row in the worker registry (``worker_presence``: ``raysaga workers``) says it is alive and what it serves.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and te
     checked_max_driver_deaths,
     checked_poll,
 )
+from raysaga.orchestrator.worker_presence import Presence
 from raysaga.orchestrator.worker_runs import FailedDrives, Skips, WorkerCounts, event_seq, outcome_since
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Batch, Lease, NewEvent, RunRecord, RunStatus, Store
@@ -143,6 +145,7 @@ class Worker:
         self._queued = 0  # suspects claimed, waiting for their turn to be driven alone
         self.failure: Exception | None = None  # what killed a slot: the worker stops, and ``run`` raises it
         self._claim_errors: set[str] = set()  # causes of unexpected claim errors logged in full: once each
+        self.presence = Presence(store, by_name, concurrency)  # its row in raysaga_workers (raysaga workers)
 
     def start_engine(self) -> None:
         """Start (or join) Ray once, in this thread, before the slots run. Ray installs signal
@@ -156,6 +159,7 @@ class Worker:
         whatever handler was installed for it since (``stop_signals.sigint_kept_ignored``): a Ctrl-C
         meant for the foreground job does not stop it. SIGTERM does."""
         self.start_engine()
+        self.presence.register()
         slots = [threading.Thread(target=self._slot, name=f"raysaga-worker-{i}", daemon=True)
                  for i in range(self.concurrency)]
         try:
@@ -164,8 +168,10 @@ class Worker:
                     slot.start()
                 for slot in slots:
                     while slot.is_alive():
-                        slot.join(timeout=0.5)  # a join with a timeout lets signal handlers run
+                        slot.join(timeout=min(0.5, self.presence.every))  # (lets signal handlers run)
+                        self.presence.beat(self._running)  # at most once per interval; never raises
         finally:
+            self.presence.stop()
             if self._primary is not None:
                 self._primary.shutdown()
                 self._primary = None

@@ -39,6 +39,7 @@ if _typing.TYPE_CHECKING:  # imported on first use (see _LAZY)
     from raysaga.state.pruning import PruneReport, prune
     from raysaga.state.sql_store import SqlStore
     from raysaga.state.store import Store
+    from raysaga.state.worker_rows import ServedWorkflow, WorkerRecord
 
 #: Where each name lives: ``import raysaga.state.redact`` (the CLI's error printer) or
 #: ``raysaga --help`` loads neither SQLAlchemy nor alembic; a name's module is imported on first use.
@@ -52,6 +53,7 @@ _LAZY = {
     **dict.fromkeys(("PruneReport", "prune"), "raysaga.state.pruning"),
     **dict.fromkeys(("SqlStore",), "raysaga.state.sql_store"),
     **dict.fromkeys(("Store",), "raysaga.state.store"),
+    **dict.fromkeys(("ServedWorkflow", "WorkerRecord"), "raysaga.state.worker_rows"),
 }
 __getattr__, __dir__ = _lazy_exports(__name__, globals(), _LAZY)
 
@@ -110,10 +112,12 @@ __all__ = [
     "RunStatus",
     "RunSummary",
     "RunUpdate",
+    "ServedWorkflow",
     "SignalKind",
     "SignalRecord",
     "SqlStore",
     "Store",
+    "WorkerRecord",
     "default_url",
     "describe_store",
     "node_label",

@@ -30,7 +30,7 @@ from raysaga.errors import CorruptRecordError, NotJSONableError
 from raysaga.state import jsoncodec
 
 #: Bumped by every migration; a database with a higher number is refused.
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 
 class JsonText(TypeDecorator[Any]):
@@ -363,6 +363,30 @@ rate_grants = Table(
     Column("ended_at", Double, nullable=True),
     Column("tokens", BigInteger, nullable=False),
     Index("ix_raysaga_rate_grants_name_ended", "name", "ended_at"),
+)
+
+
+# schema 15 ------------------------------------------------------------------
+
+workers = Table(
+    "raysaga_workers",
+    metadata,
+    # one row per ``raysaga worker`` process, so an operator sees the fleet: written at its start,
+    # beaten every ``beat_every`` s while it runs, ``stopped_at`` set on a clean exit; a SIGKILLed
+    # worker's row simply stops beating. Rows silent for a week are deleted by the next start.
+    Column("worker_id", String(200), primary_key=True),  # its owner id (``ownership.new_owner``)
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", Double, nullable=False),
+    Column("beat_at", Double, nullable=False),
+    Column("beat_every", Double, nullable=False),
+    Column("stopped_at", Double, nullable=True),
+    Column("queues", JsonText, nullable=False),  # ["*"]: every queue
+    Column("workflows", JsonText, nullable=False),  # [{"name", "version", "definition_hash"}]
+    Column("slots", Integer, nullable=False),
+    Column("busy", Integer, nullable=False),
+    Column("raysaga_version", String(50), nullable=False),
+    sqlite_with_rowid=False,  # as raysaga_breakers: a row in the key's b-tree, no index page of its own
 )
 
 

@@ -88,6 +88,7 @@ from raysaga.state.statements import (
     write_items,
 )
 from raysaga.state.store import Store
+from raysaga.state.worker_rows import WorkerRows
 
 #: ``list_runs`` pages are at most this long (summary rows only, so this bounds its memory).
 MAX_LIST_LIMIT = 100_000
@@ -102,7 +103,7 @@ def _reason_text(reason: str | None) -> str | None:
     return jsoncodec.printable(scrub_text(reason)).replace("\x00", "\\x00")
 
 
-class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, Store):
+class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, WorkerRows, Store):
     """Store on a SQLAlchemy engine. Creating one migrates the database if needed."""
 
     def __init__(self, url: str, *, migrate_schema: bool = True,

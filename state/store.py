@@ -34,6 +34,7 @@ from raysaga.state.models import (
 from raysaga.state.pruning import PruneReport
 from raysaga.state.rate_limits import Admission, RateRule
 from raysaga.state.stats import Stats
+from raysaga.state.worker_rows import WorkerRecord
 
 
 class Store(ABC):
@@ -198,6 +199,22 @@ class Store(ABC):
     def rate_extend(self, grants: Collection[int], expires_at: float) -> None:
         """The calls admitted by ``grants`` are still under way: each keeps its place (its
         concurrency slot) until ``expires_at`` at least. A driver that died renews nothing."""
+
+    @abstractmethod
+    def worker_register(self, record: WorkerRecord) -> None:
+        """Write a starting worker's row (``worker_rows``); rows silent for a week are deleted."""
+
+    @abstractmethod
+    def worker_beat(self, worker_id: str, at: float, busy: int) -> bool:
+        """Record a worker's beat and its busy slots; False when its row is gone (register again)."""
+
+    @abstractmethod
+    def worker_stop(self, worker_id: str, at: float) -> None:
+        """Record a worker's clean exit (``stopped_at``)."""
+
+    @abstractmethod
+    def workers(self, since: float | None = None) -> list[WorkerRecord]:
+        """Every worker row, or those that beat or stopped since ``since``; oldest start first."""
 
     @abstractmethod
     def prune(self, older_than: float, statuses: Iterable[RunStatus | str] | None = None, batch_size: int = 500,

@@ -15,6 +15,7 @@ from typing import Any
 
 from raysaga.errors import BlobIntegrityError, RunNotFoundError, UserError
 from raysaga.node_key import AGENT_SEP, NodeKey
+from raysaga.orchestrator import fleet_view
 from raysaga.orchestrator.dashboard.graph import base_step, graph_for
 from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded, node_param
 from raysaga.state import Store, node_label
@@ -179,7 +180,9 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
                 "error": None if run.error is None else scrub(run.error.as_dict()),
                 "forked_from": run.forked_from, "wake_at": run.wake_at, "event_seq": run.event_seq,
                 "children": [{"run_id": c["run_id"], "status": str(c["status"]), "forked_from": c["forked_from"]}
-                             for c in store.children(run_id)]},
+                             for c in store.children(run_id)],
+                # a submitted run waiting for workers: do live ones serve it (``status``'s fleet line)
+                "fleet": fleet_view.fleet(store, run, time.time())},
         "graph": graph_for(run, started_order(rows)),
         "steps": _sent_once(_with_agent_counts(steps_of(rows, counts), _agent_counts(store, run_id, None))),
         "rows": [_row(r) for r in rows],

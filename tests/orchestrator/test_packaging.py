@@ -180,7 +180,7 @@ def test_wheel_holds_every_source_module_and_data_file(wheel_names: set[str]) ->
 #: The store schema each released version of raysaga migrates to. A new migration without a new
 #: version left `pip install -U raysaga` (the fix every "newer schema" error gives) a no-op: 0.1.0
 #: went through schemas 1 to 14. Add a row (and raise [project] version) with each schema change.
-SCHEMA_OF_VERSION = {"0.2.0": 14}
+SCHEMA_OF_VERSION = {"0.2.0": 14, "0.3.0": 15}
 
 
 def test_each_schema_change_raises_the_version() -> None:

@@ -81,7 +81,7 @@ def test_a_schema_12_store_with_runs_is_upgraded_and_its_runs_have_no_limit_of_t
 
     store = SqlStore(empty_url)
     try:
-        assert SCHEMA_VERSION == 14 and _state(store.engine) == (14, ["0014"])
+        assert SCHEMA_VERSION == 15 and _state(store.engine) == (15, ["0015"])
         assert _columns(store.engine) == {c.name for c in runs.columns}
         for run_id, status in (("old-queued", "pending"), ("old-done", "completed")):
             old = store.get_run(run_id)
@@ -116,7 +116,7 @@ def test_the_downgrade_drops_the_column_and_keeps_the_runs(empty_url: str) -> No
 
     again = SqlStore(empty_url)  # opening it upgrades it again: the column is back, empty
     try:
-        assert _state(again.engine) == (14, ["0014"])
+        assert _state(again.engine) == (15, ["0015"])
         assert [again.get_run(r).max_driver_deaths for r in ("own", "plain")] == [None, None]
         assert again.create_run(_new("after", 2)).max_driver_deaths == 2
     finally:

@@ -62,7 +62,7 @@ def test_a_schema_13_store_with_waiting_rows_is_upgraded_and_its_inbox_read_by_t
     before = _schema_13_store(empty_url)
     store = SqlStore(empty_url)
     try:
-        assert SCHEMA_VERSION == 14 and _state(store.engine) == (14, ["0014"])
+        assert SCHEMA_VERSION == 15 and _state(store.engine) == (15, ["0015"])
         definition = _index_sql(store.engine)
         assert definition is not None and "(run_key)" in definition and "'waiting'" in definition, definition
         assert _rows(store.engine) == before
@@ -85,7 +85,7 @@ def test_the_downgrade_drops_the_index_and_keeps_the_rows(empty_url: str) -> Non
 
     again = SqlStore(empty_url)  # opening it upgrades it again: the index is back
     try:
-        assert _state(again.engine) == (14, ["0014"]) and _index_sql(again.engine) is not None
+        assert _state(again.engine) == (15, ["0015"]) and _index_sql(again.engine) is not None
         assert [w.node for w in again.waiting_approvals()] == ["approve"]
     finally:
         again.close()

@@ -96,7 +96,7 @@ def test_an_existing_schema_6_file_with_runs_is_rebuilt_without_rowid(tmp_path: 
     store = SqlStore(url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 14
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 15
             assert _ddl(conn).endswith("WITHOUT ROWID")
             index = conn.execute(text("SELECT sql FROM sqlite_master WHERE name = 'ix_raysaga_nodes_output_digest'"))
             assert "WHERE output_digest IS NOT NULL" in index.scalar_one()

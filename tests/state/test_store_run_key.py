@@ -28,7 +28,7 @@ def _keys(engine: Engine) -> dict[str, int]:
 
 
 def test_node_rows_carry_the_run_key_and_read_back_by_run_id(store: SqlStore) -> None:
-    assert SCHEMA_VERSION == 14
+    assert SCHEMA_VERSION == 15
     assert "run_id" not in {c["name"] for c in inspect(store.engine).get_columns("raysaga_nodes")}
     ids = [f"w-{uuid.uuid4().hex[:12]}" for _ in range(3)]
     for run_id in ids:
@@ -98,7 +98,7 @@ def test_an_existing_schema_7_store_with_rows_is_converted_in_place(empty_url: s
     store = SqlStore(empty_url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 14
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 15
             _check_layout(conn)
         keys = _keys(store.engine)
         assert set(keys) == {"old-a", "old-b"} and keys["old-a"] != keys["old-b"]

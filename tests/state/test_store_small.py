@@ -173,7 +173,7 @@ def test_an_existing_schema_8_store_with_rows_is_converted_in_place(empty_url: s
     store = SqlStore(empty_url)
     try:
         with store.engine.connect() as conn:
-            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 14
+            assert conn.execute(text("SELECT version FROM raysaga_schema")).scalar_one() == SCHEMA_VERSION == 15
             _check_layout(conn)
         # SQLite copied 'completed' as NULL; PostgreSQL kept its rows as they were (no rewrite)
         completed = None if store.engine.dialect.name == "sqlite" else "completed"
