@@ -31,13 +31,11 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
-from collections.abc import Set as AbstractSet
 from typing import Any
-
-import networkx as nx
 
 from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.fork_refusals import lineage_undos, refuse_in_doubt, refuse_unsettled, undone_elsewhere
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.run_identity import own_limit
 from raysaga.orchestrator.secrets import REF_KEY
@@ -46,21 +44,20 @@ from raysaga.orchestrator.tracing_ids import new_trace_id
 from raysaga.orchestrator.versions import changes, step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
-    EffectRecord,
-    EffectStatus,
     NewRun,
     NodeRecord,
     NodeStatus,
     RunRecord,
-    RunStatus,
     Store,
     jsoncodec,
 )
-from raysaga.state.models import PRUNABLE, node_label
+from raysaga.state.models import PRUNABLE
 from raysaga.types import check_run_id, is_compensation
 
 __all__ = ["NO_PATCH", "fork", "inherited_rows", "input_reruns", "merge_patch", "node_list", "parse_node",
            "undone_elsewhere"]
+
+_refuse_in_doubt = refuse_in_doubt  # its name before it moved (tests call it)
 
 #: ``fork(..., input_patch=NO_PATCH)`` (the default): the fork keeps its parent's input. Any other
 #: value, ``None`` included, is a JSON merge patch (RFC 7396: a ``null`` patch makes the input null,
@@ -145,128 +142,6 @@ def _settled_call(key: NodeKey, row: NodeRecord) -> bool:
     """An agent's sub-node whose answer is part of the conversation: a response, a tool result,
     or a tool call that failed for good (the model was told)."""
     return row.status == NodeStatus.COMPLETED or (key.call is not None and row.status == NodeStatus.FAILED)
-
-
-def _lineage_undos(st: Store, run_id: str, rows: list[NodeRecord]
-                   ) -> tuple[set[tuple[str, int]], list[tuple[str, NodeRecord]]]:
-    """``undone_elsewhere``, and the compensations of the parent's nodes, in any run of the lineage
-    (the parent's own included), that did not complete: ``(run, row)``."""
-    executed_by = {(r.node_id, r.fan_index): r.origin_run_id or run_id for r in rows
-                   if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
-    unsettled = [(run_id, r) for r in rows if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
-    settled = {_undone_target(r) for r in rows if is_compensation(r.node_id) and r.status == NodeStatus.COMPLETED}
-    found: set[tuple[str, int]] = set()
-    for other in st.lineage(set(executed_by.values())):
-        if other == run_id:
-            continue  # the parent's own compensations are in ``rows``
-        theirs = st.node_states(other)
-        by_key = {(r.node_id, r.fan_index): r for r in theirs}
-        for row in theirs:
-            if not is_compensation(row.node_id):
-                continue
-            target = NodeKey.parse(row.node_id, row.fan_index).undone()
-            undone_row = by_key.get((target.node_id, target.fan_index))
-            executor = (undone_row.origin_run_id if undone_row is not None else None) or other
-            if executed_by.get((target.node_id, target.fan_index)) != executor:
-                continue
-            if row.status == NodeStatus.COMPLETED:
-                found.add((target.step, target.fan_index))
-                settled.add((target.node_id, target.fan_index))
-            else:  # its undo failed or never finished: the effect may well stand, and may yet be undone
-                unsettled.append((other, row))
-    # an undo that failed in one run and completed in another (the same node, so the same key: the
-    # provider refunded once) is settled: the effect no longer stands, a retry of the failed one is deduped
-    return found, [(run, r) for run, r in unsettled if _undone_target(r) not in settled]
-
-
-def _undone_target(row: NodeRecord) -> tuple[str, int]:
-    """The node a compensation row undoes, exactly (an agent's one tool call, not the agent)."""
-    target = NodeKey.parse(row.node_id, row.fan_index).undone()
-    return target.node_id, target.fan_index
-
-
-def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tuple[str, int]]:
-    """``(step, item)`` of the parent's rows whose execution another run undid: the run that
-    executed it, or any of its forks (every fork of a run undoes an inherited node under that
-    run's key). A node refunded by a sibling fork is no longer in force, however the parent's own
-    rows read: a fork that inherited it would ship an order whose payment was given back. Only a
-    compensation that completed undid anything (a failed one is refused by ``fork``)."""
-    return _lineage_undos(st, run_id, rows)[0]
-
-
-def _rerun_by_choice(wf: Workflow, at: NodeKey) -> Callable[[NodeKey], bool]:
-    """Whether a fork from ``at`` runs the node again by its own choice: ``at``'s step (or, forked
-    from an item, that item only) and everything downstream of it. An agent forked at a turn keeps
-    the turns before it and asks that turn and the later ones again (their tool calls with them)."""
-    below = set(nx.descendants(wf.graph, at.step))
-
-    def chosen(key: NodeKey) -> bool:
-        same = key.step == at.step and (at.fan_index < 0 or key.fan_index == at.fan_index)
-        # forked at a turn: that turn and the later ones (their tool calls) run again
-        return key.step in below or (same and (at.turn is None or (key.turn is not None and key.turn >= at.turn)))
-
-    return chosen
-
-
-def _refuse_unsettled(wf: Workflow, st: Store, unsettled: list[tuple[str, NodeRecord]], at: NodeKey,
-                      parent: RunRecord) -> None:
-    """``ForkError`` when a compensation of a node the fork would inherit failed or never finished
-    (a ``compensation_failed`` parent, say): the effect it undoes may still stand, and a retry of
-    that rollback may undo it later. Counted as undone, the fork would make the effect again while
-    the first one stands; inherited, the fork would build on an effect its run is still undoing."""
-    chosen = _rerun_by_choice(wf, at)
-    left = [(run, r) for run, r in unsettled if not chosen(NodeKey.parse(r.node_id, r.fan_index).undone())]
-    if not left:
-        return
-    shown = ", ".join(f"{node_label(r.node_id, r.fan_index)} ({r.status.value}"
-                      + ("" if run == parent.run_id else f" in run {run!r}") + ")" for run, r in left[:5])
-    ways = []
-    for run in sorted({run for run, _ in left}, key=lambda run: (run != parent.run_id, run)):
-        status = (parent if run == parent.run_id else st.get_run(run, lenient=True)).status
-        if status == RunStatus.COMPENSATION_FAILED:  # only such a rollback can be retried
-            ways.append(f"`raysaga retry {shlex.quote(run)} --compensations` finishes its rollback")
-        elif status not in PRUNABLE:
-            ways.append(f"run {run!r} is {status.value}: wait for it")
-        else:  # a run cancelled while it was compensating, say: its undo is the operator's
-            ways.append(f"undo run {run!r}'s with the provider")
-    way = "; ".join(ways)
-    first = min((NodeKey.parse(r.node_id, r.fan_index).step for _, r in left), key=wf.order.index)
-    raise ForkError(f"run {parent.run_id!r} has {len(left)} compensation(s) that did not complete: {shown}. The "
-                    f"effects they undo may still stand, so a fork from {at.label!r} can neither inherit them nor "
-                    f"make them again. {way[0].upper() + way[1:]} (then fork); or fork from {first!r} to run it again "
-                    "on purpose")
-
-
-def _refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord,
-                     inherited: AbstractSet[tuple[str, int]] = frozenset()) -> None:
-    """``ForkError`` when a node the fork would run again *before* ``at`` (not inherited) has an
-    effect whose outcome is unknown in the parent (ledger ``pending`` or ``abandoned``: the call
-    may have happened; a cancel mid-charge, say). The fork's keys are its own, so the provider could
-    not dedupe it: the card would be charged twice. Forking from that node (or before it) re-runs it
-    on purpose. An inherited node (an agent's tool call the model was told failed) is not called again."""
-    below = set(nx.descendants(wf.graph, at.step))  # re-run by the fork's own choice, with ``at``:
-
-    def chosen(e: EffectRecord) -> bool:  # the step, or (forked from an item) that item only
-        step = NodeKey.parse(e.node_id, e.fan_index).step
-        return step in below or (step == at.step and (at.fan_index < 0 or e.fan_index == at.fan_index))
-
-    doubtful = [e for e in effects if e.status in (EffectStatus.PENDING, EffectStatus.ABANDONED)
-                and not is_compensation(e.node_id) and not chosen(e) and (e.node_id, e.fan_index) not in inherited]
-    if not doubtful:
-        return
-    shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"
-                      for e in doubtful[:5])
-    first = min((NodeKey.parse(e.node_id, e.fan_index).step for e in doubtful), key=wf.order.index)
-    quoted = shlex.quote(parent.run_id)
-    late = parent.deadline_at is not None and time.time() >= parent.deadline_at and parent.status == RunStatus.FAILED
-    retry = f"`raysaga retry {quoted}` settles them under their keys; or check "
-    way = (f"A retry of it is refused past its deadline: `raysaga cancel {quoted} --compensate` undoes them "
-           "under their keys; or check " if late else retry
-           if parent.status in (RunStatus.FAILED, RunStatus.COMPENSATION_FAILED) else "Check ")
-    raise ForkError(f"run {parent.run_id!r} left {len(doubtful)} effect(s) whose outcome is unknown (the call may "
-                    f"have happened): {shown}. A fork from {at.label!r} would call them again under new keys, "
-                    f"which the provider cannot dedupe. {way}them with the provider, then fork from "
-                    f"{first!r} to run it again on purpose")
 
 
 def _takes_input(fn: Callable[..., Any]) -> bool:
@@ -457,12 +332,12 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
             raise ForkError(f"run {run_id!r} was recorded without per-step hashes and its workflow's definition "
                             f"changed since: fork it with the code it started with ({diff.describe()})")
         checked, input_changed = _fork_input(workflow, parent, input_patch)
-        undone, unsettled = _lineage_undos(st, run_id, rows)
+        undos = lineage_undos(st, run_id, rows, workflow, parent.status)
         inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
-                                   input_changed=input_changed, undone_elsewhere=undone)
+                                   input_changed=input_changed, undone_elsewhere=undos.undone)
         keys = [(r.node_id, r.fan_index) for r in inherited]
-        _refuse_in_doubt(workflow, st.effects(run_id), at, parent, set(keys))
-        _refuse_unsettled(workflow, st, unsettled, at, parent)
+        refuse_in_doubt(workflow, st.effects(run_id), at, parent, set(keys), undos.settled)
+        refuse_unsettled(workflow, st, undos.unsettled, at, parent)
         if new_run_id is not None:
             check_run_id(new_run_id, "--run-id")
         opts = options or RunOptions()

@@ -305,10 +305,50 @@ def undos(of_runs: ColumnElement[bool],
 
 def undone_in(conn: Connection, origin: str, run_ids: Sequence[str]) -> list[tuple[str, str, int, str]]:
     """Compensation rows in ``run_ids`` (forks of ``origin``'s tree) that undid a node ``origin``
-    executed, as ``(run, undone node_id, fan_index, the compensation's status)`` (``undos``)."""
+    executed, as ``(run, undone node_id, fan_index, the compensation's status)`` (``undos``).
+
+    Every run that undid the node did so under one key (``origin``'s), so the provider was called
+    once: by the run that owns the key's ledger row (``ledger_rows``: a committed row never moves;
+    a failed one moves to the run that takes it up); the others were answered from that row. A
+    node is told as undone by that run alone when its compensation completed, and failed tries of
+    a node some run undid are dropped (the effect no longer stands). When the owner is no undoer
+    here (``origin`` itself, say), every run whose compensation completed is kept."""
     if not run_ids:
         return []
-    found = conn.execute(undos(runs.c.run_id.in_(list(run_ids)), lambda executed: executed == origin)).all()
-    return [(str(r), str(n), int(i), st or "completed")  # NULL is 'completed' (schema 9)
-            for r, n, i, st, _ in found]
+    found = [(str(r), str(n), int(i), st or "completed")  # NULL is 'completed' (schema 9)
+             for r, n, i, st, _ in conn.execute(undos(runs.c.run_id.in_(list(run_ids)),
+                                                       lambda executed: executed == origin)).all()]
+    return _by_caller(conn, origin, found)
 
+
+def _by_caller(conn: Connection, origin: str, found: list[tuple[str, str, int, str]]
+               ) -> list[tuple[str, str, int, str]]:
+    """``found`` (``undone_in``'s rows) with each node's undo told by the run that made the call."""
+    from raysaga.types import COMPENSATE_SUFFIX
+
+    done: dict[tuple[str, int], set[str]] = {}
+    for run, node_id, index, status in found:
+        if status == "completed":
+            done.setdefault((node_id, index), set()).add(run)
+    shared = {key: runs_ for key, runs_ in done.items() if len(runs_) > 1}
+    writer: dict[tuple[str, int], str] = {}
+    if shared:
+        callers = sorted({run for runs_ in shared.values() for run in runs_} | {origin})
+        ledger = conn.execute(select(effects.c.run_id, effects.c.node_id, effects.c.fan_index)
+                              .where(effects.c.run_id.in_(callers),
+                                     effects.c.node_id.in_(sorted({n + COMPENSATE_SUFFIX for n, _ in shared})))
+                              .order_by(effects.c.created_at)).all()
+        for run, comp, index in ledger:
+            key = (str(comp)[:-len(COMPENSATE_SUFFIX)], int(index))
+            # a run of the node's undoers (they share the origin's key): not a run that undid its own execution
+            if key in shared and (run in shared[key] or run == origin):
+                writer.setdefault(key, str(run))
+    kept = []
+    for run, node_id, index, status in found:
+        key = (node_id, index)
+        if status != "completed" and key in done:
+            continue  # another run undid it: the effect no longer stands
+        if status == "completed" and writer.get(key, run) != run and writer[key] in done[key]:
+            continue  # answered from the row another run's call wrote
+        kept.append((run, node_id, index, status))
+    return kept

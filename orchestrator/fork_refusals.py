@@ -1,0 +1,229 @@
+"""What a fork must not inherit nor make again, read from its lineage's rollbacks (``fork`` asks).
+
+A node a fork would inherit may have been undone by another run of its lineage (then it runs
+again), or its undo may be owed and not done: a compensation that failed, is under way, or never
+started because the rollback stopped before it (a ``compensation_failed`` run leaves everything
+upstream of its failed undo waiting, with no row). Such an effect may still stand and may be
+undone later by ``raysaga retry RUN --compensations``, under the key of the run that executed it:
+a fork that inherited it would lose it after completing; one that made it again would stand on
+two. So the fork is refused, naming the undos and the way to finish them. A node whose outcome the
+parent left unknown is refused too, unless a rollback undid it (then it is re-run, like any undone node).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from raysaga.errors import ForkError, RunNotFoundError
+from raysaga.node_key import NodeKey
+from raysaga.orchestrator.workflow import Workflow
+from raysaga.state import EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunStatus, Store
+from raysaga.state.models import PRUNABLE, node_label
+from raysaga.types import compensation_node, is_compensation
+
+__all__ = ["LineageUndos", "Unsettled", "lineage_undos", "refuse_in_doubt", "refuse_unsettled", "undone_elsewhere"]
+
+#: Runs whose rollback owes the undo of every node it has not undone yet (row or no row).
+_OWING = frozenset({RunStatus.COMPENSATING, RunStatus.COMPENSATION_FAILED})
+
+
+@dataclass(frozen=True)
+class Unsettled:
+    """An undo of a node the parent holds that did not complete in ``run``: its compensation node
+    (``charge:compensate``), item, and state (a row's status, or ``not started``: owed, no row)."""
+
+    run: str
+    node_id: str
+    fan_index: int
+    state: str
+
+    @property
+    def target(self) -> NodeKey:
+        return NodeKey.parse(self.node_id, self.fan_index).undone()
+
+
+@dataclass
+class LineageUndos:
+    """The lineage's rollbacks as they bear on the parent's completed nodes."""
+
+    undone: set[tuple[str, int]] = field(default_factory=set)
+    """``(step, item)`` undone by another run of the lineage (``undone_elsewhere``)."""
+    settled: set[tuple[str, int]] = field(default_factory=set)
+    """``(node_id, item)`` whose compensation completed, in the parent or any run of its lineage."""
+    unsettled: list[Unsettled] = field(default_factory=list)
+    """Undos of the parent's nodes that did not complete anywhere."""
+
+
+def _has_undo(wf: Workflow, key: NodeKey) -> bool:
+    """Whether a rollback undoes the completed node ``key``: an item (or a plain step) of a step
+    with a compensation, or an agent's tool call of an agent one of whose tools has an undo (which
+    tool a call made is in its turn's output, not read here: counted as owed, to be safe)."""
+    spec = wf.steps.get(key.step)
+    if spec is None:
+        return False
+    if key.is_agent_call:
+        tools = getattr(spec.options.get("agent"), "tools", ()) if spec.kind == "agent" else ()
+        return key.call is not None and any(getattr(t, "compensate", None) is not None for t in tools)
+    return wf.compensation_for(key.step) is not None and (spec.map_over is None or key.fan_index >= 0)
+
+
+def _owed(wf: Workflow, run: str, rows: list[NodeRecord], executed_by: dict[tuple[str, int], str]
+          ) -> list[Unsettled]:
+    """The undos ``run``'s rollback (compensating, or stopped: ``compensation_failed``) owes and has
+    not started, of the nodes the parent holds from the same execution: no compensation row yet."""
+    started = {_undone_target(r) for r in rows if is_compensation(r.node_id)}
+    owed = []
+    for row in rows:
+        key = (row.node_id, row.fan_index)
+        if row.status != NodeStatus.COMPLETED or is_compensation(row.node_id) or key in started:
+            continue
+        if executed_by.get(key) == (row.origin_run_id or run) and _has_undo(wf, NodeKey.parse(*key)):
+            owed.append(Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started"))
+    return owed
+
+
+def lineage_undos(st: Store, run_id: str, rows: list[NodeRecord], wf: Workflow | None = None,
+                  status: RunStatus | None = None) -> LineageUndos:
+    """The undos, in any run of the lineage (the parent ``run_id``, of ``status``, included), of the
+    parent's completed nodes: which completed, and which did not (failed, under way, or, given the
+    workflow ``wf``, owed by a rollback that has not reached them). An undo that failed in one run
+    and completed in another (the same node, so the same key: the provider refunded once) is
+    settled: a retry of the failed one is deduped."""
+    executed_by = {(r.node_id, r.fan_index): r.origin_run_id or run_id for r in rows
+                   if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
+    found = LineageUndos()
+    unsettled = [Unsettled(run_id, r.node_id, r.fan_index, r.status.value) for r in rows
+                 if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
+    if wf is not None and status in _OWING:
+        unsettled += _owed(wf, run_id, rows, executed_by)
+    found.settled = {_undone_target(r) for r in rows if is_compensation(r.node_id) and r.status == NodeStatus.COMPLETED}
+    for other in st.lineage(set(executed_by.values())):
+        if other == run_id:
+            continue  # the parent's own compensations are in ``rows``
+        theirs = st.node_states(other)
+        by_key = {(r.node_id, r.fan_index): r for r in theirs}
+        for row in theirs:
+            if not is_compensation(row.node_id):
+                continue
+            target = NodeKey.parse(row.node_id, row.fan_index).undone()
+            undone_row = by_key.get((target.node_id, target.fan_index))
+            executor = (undone_row.origin_run_id if undone_row is not None else None) or other
+            if executed_by.get((target.node_id, target.fan_index)) != executor:
+                continue
+            if row.status == NodeStatus.COMPLETED:
+                found.undone.add((target.step, target.fan_index))
+                found.settled.add((target.node_id, target.fan_index))
+            else:  # its undo failed or never finished: the effect may well stand, and may yet be undone
+                unsettled.append(Unsettled(other, row.node_id, row.fan_index, row.status.value))
+        if wf is not None and theirs and _status(st, other) in _OWING:
+            unsettled += _owed(wf, other, theirs, executed_by)
+    found.unsettled = [u for u in unsettled if (u.target.node_id, u.target.fan_index) not in found.settled]
+    return found
+
+
+def _status(st: Store, run_id: str) -> RunStatus | None:
+    """A lineage run's status; None once pruned (a run that executed a node a fork holds may be gone)."""
+    try:
+        return st.get_run(run_id, lenient=True).status
+    except RunNotFoundError:
+        return None
+
+
+def _undone_target(row: NodeRecord) -> tuple[str, int]:
+    """The node a compensation row undoes, exactly (an agent's one tool call, not the agent)."""
+    target = NodeKey.parse(row.node_id, row.fan_index).undone()
+    return target.node_id, target.fan_index
+
+
+def undone_elsewhere(st: Store, run_id: str, rows: list[NodeRecord]) -> set[tuple[str, int]]:
+    """``(step, item)`` of the parent's rows whose execution another run undid: the run that
+    executed it, or any of its forks (every fork of a run undoes an inherited node under that
+    run's key). A node refunded by a sibling fork is no longer in force, however the parent's own
+    rows read: a fork that inherited it would ship an order whose payment was given back. Only a
+    compensation that completed undid anything (one that did not is refused by ``fork``)."""
+    return lineage_undos(st, run_id, rows).undone
+
+
+def _rerun_by_choice(wf: Workflow, at: NodeKey) -> Callable[[NodeKey], bool]:
+    """Whether a fork from ``at`` runs the node again by its own choice: ``at``'s step (or, forked
+    from an item, that item only) and everything downstream of it. An agent forked at a turn keeps
+    the turns before it and asks that turn and the later ones again (their tool calls with them)."""
+    below = set(nx.descendants(wf.graph, at.step))
+
+    def chosen(key: NodeKey) -> bool:
+        same = key.step == at.step and (at.fan_index < 0 or key.fan_index == at.fan_index)
+        # forked at a turn: that turn and the later ones (their tool calls) run again
+        return key.step in below or (same and (at.turn is None or (key.turn is not None and key.turn >= at.turn)))
+
+    return chosen
+
+
+def refuse_unsettled(wf: Workflow, st: Store, unsettled: list[Unsettled], at: NodeKey, parent: RunRecord) -> None:
+    """``ForkError`` when an undo of a node the fork would not run again by choice did not complete
+    (failed, under way, or owed by a stopped rollback): the effect it undoes may still stand, and a
+    retry of that rollback may undo it later, under the key a fork would inherit it with. Counted
+    as undone, the fork would make the effect again while the first one stands; inherited, the
+    fork would build on an effect its lineage is still undoing."""
+    chosen = _rerun_by_choice(wf, at)
+    left = [u for u in unsettled if not chosen(u.target)]
+    if not left:
+        return
+    shown = ", ".join(f"{node_label(u.node_id, u.fan_index)} ({u.state}"
+                      + ("" if u.run == parent.run_id else f" in run {u.run!r}") + ")" for u in left[:5])
+    ways = []
+    for run in sorted({u.run for u in left}, key=lambda run: (run != parent.run_id, run)):
+        status = (parent if run == parent.run_id else st.get_run(run, lenient=True)).status
+        if status == RunStatus.COMPENSATION_FAILED:  # only such a rollback can be retried
+            ways.append(f"`raysaga retry {shlex.quote(run)} --compensations` finishes its rollback")
+        elif status not in PRUNABLE:
+            ways.append(f"run {run!r} is {status.value}: wait for it")
+        else:  # a run cancelled while it was compensating, say: its undo is the operator's
+            ways.append(f"undo run {run!r}'s with the provider")
+    way = "; ".join(ways)
+    first = min((u.target.step for u in left), key=wf.order.index)
+    raise ForkError(f"run {parent.run_id!r} has {len(left)} compensation(s) that did not complete: {shown}. The "
+                    f"effects they undo may still stand, so a fork from {at.label!r} can neither inherit them nor "
+                    f"make them again. {way[0].upper() + way[1:]} (then fork); or fork from {first!r} to run it again "
+                    "on purpose")
+
+
+def refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord,
+                    inherited: AbstractSet[tuple[str, int]] = frozenset(),
+                    undone: AbstractSet[tuple[str, int]] = frozenset()) -> None:
+    """``ForkError`` when a node the fork would run again *before* ``at`` (not inherited) has an
+    effect whose outcome is unknown in the parent (ledger ``pending`` or ``abandoned``: the call
+    may have happened; a cancel mid-charge, say). The fork's keys are its own, so the provider could
+    not dedupe it: the card would be charged twice. Forking from that node (or before it) re-runs it
+    on purpose. An inherited node (an agent's tool call the model was told failed) is not called
+    again; one a rollback undid (``undone``: ``(node_id, item)`` whose compensation completed, under
+    its key) no longer stands, so running it again is what forking a compensated run means."""
+    below = set(nx.descendants(wf.graph, at.step))  # re-run by the fork's own choice, with ``at``:
+
+    def chosen(e: EffectRecord) -> bool:  # the step, or (forked from an item) that item only
+        step = NodeKey.parse(e.node_id, e.fan_index).step
+        return step in below or (step == at.step and (at.fan_index < 0 or e.fan_index == at.fan_index))
+
+    doubtful = [e for e in effects if e.status in (EffectStatus.PENDING, EffectStatus.ABANDONED)
+                and not is_compensation(e.node_id) and not chosen(e) and (e.node_id, e.fan_index) not in inherited
+                and (e.node_id, e.fan_index) not in undone]
+    if not doubtful:
+        return
+    shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"
+                      for e in doubtful[:5])
+    first = min((NodeKey.parse(e.node_id, e.fan_index).step for e in doubtful), key=wf.order.index)
+    quoted = shlex.quote(parent.run_id)
+    late = parent.deadline_at is not None and time.time() >= parent.deadline_at and parent.status == RunStatus.FAILED
+    retry = f"`raysaga retry {quoted}` settles them under their keys; or check "
+    way = (f"A retry of it is refused past its deadline: `raysaga cancel {quoted} --compensate` undoes them "
+           "under their keys; or check " if late else retry
+           if parent.status in (RunStatus.FAILED, RunStatus.COMPENSATION_FAILED) else "Check ")
+    raise ForkError(f"run {parent.run_id!r} left {len(doubtful)} effect(s) whose outcome is unknown (the call may "
+                    f"have happened): {shown}. A fork from {at.label!r} would call them again under new keys, "
+                    f"which the provider cannot dedupe. {way}them with the provider, then fork from "
+                    f"{first!r} to run it again on purpose")
