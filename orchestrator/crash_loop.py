@@ -8,7 +8,9 @@ run up and dies. (On Ray the step dies in a Ray worker, which the driver sees as
 so its retry policy ends it.)
 
 The store's events tell it: a claim whose previous driver still held the lease (it never let go:
-no release, pause, rest or hand-back) says ``abandoned_by``; an attempt's outcome (a node
+no release, pause, rest or hand-back) says ``abandoned_by``, unless that driver's process provably
+still ran on this host (``taken_from_live``: its lease expired while it was silent, a step holding
+the GIL; it did not die, and ends the count as a plain claim does); an attempt's outcome (a node
 completed, failed, retried or skipped) is progress. When the last ``RunOptions.max_driver_deaths``
 drivers (the run's own, recorded when it was created with one, else its driver's) all died
 without progress, the run is parked as ``failed`` (``compensation_failed`` in a rollback) naming
@@ -96,7 +98,10 @@ def _count(events: Sequence[EventRecord]) -> tuple[int, bool]:
         if event.kind == "lease_claimed":
             if abandoned and started:
                 deaths += 1  # that driver's time, from this claim to the newer one, made no progress
-            abandoned = isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
+            # a take-over of a driver whose process still ran (``taken_from_live``: silent past its
+            # lease, holding the GIL) is no death: it ends the count as a plain claim does
+            abandoned = (isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
+                         and not event.data.get("taken_from_live"))
             started, alone = True, False
             if not abandoned:
                 return deaths, True
@@ -167,7 +172,8 @@ def _names(found: list[str]) -> str:
 
 
 def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *,
-            running: list[str] | None = None, started: bool = True, cause: object = None) -> tuple[bool, Batch]:
+            running: list[str] | None = None, started: bool = True, cause: object = None,
+            nodes: Iterable[NodeRecord] = ()) -> tuple[bool, Batch]:
     """``blob_parking.parked`` for a crash loop: the reason names the steps and the way out.
 
     ``running`` (of ``suspected``) were recorded in flight; the others were ready to start (one may
@@ -177,7 +183,9 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *
     ``"started": False`` (its ``suspects`` stay the steps that were to start, as the field always
     listed in-flight-or-ready steps, for the readers of it). In a rollback (``compensating``) the
     way out is ``retry --compensations``, and the error keeps the run's forward failure as its
-    ``cause`` (``sagas.rollback.forward_cause``: a compensated run ends with it)."""
+    ``cause`` (``sagas.rollback.forward_cause``: a compensated run ends with it). ``nodes``: the
+    run's rows; those left ``running`` or ``retrying`` are settled ``cancelled`` in the batch
+    (``blob_parking.settled``): a parked run showed the step that killed its drivers under way."""
     drivers = "its last driver" if deaths == 1 else f"the last {deaths} drivers of this run"
     retry = f"raysaga retry {shlex.quote(run_id)}" + (" --compensations" if status == RunStatus.COMPENSATING else "")
     if not started:
@@ -188,7 +196,7 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *
         error = {"type": "CrashLoop", "message": reason, "deaths": deaths, "suspects": suspected[:50],
                  "started": False}
         return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
-                                                                              "suspects": suspected[:50]}))
+                                                                              "suspects": suspected[:50]}), nodes)
     flying = [name for name in suspected if name in set(running or [])]
     ready = [name for name in suspected if name not in set(flying)]
     where = "; ".join([*([f"in flight: {_names(flying)}"] if flying else []),
@@ -200,20 +208,22 @@ def parking(status: RunStatus, deaths: int, suspected: list[str], run_id: str, *
     if cause is not None and status == RunStatus.COMPENSATING:
         error["cause"] = cause
     return parked(status, reason, error, NewEvent(kind="crash_loop", data={"deaths": deaths,
-                                                                          "suspects": suspected[:50]}))
+                                                                          "suspects": suspected[:50]}), nodes)
 
 
-def failing_parking(status: RunStatus, failures: int, error: str, run_id: str) -> tuple[bool, Batch]:
+def failing_parking(status: RunStatus, failures: int, error: str, run_id: str,
+                    nodes: Iterable[NodeRecord] = ()) -> tuple[bool, Batch]:
     """``blob_parking.parked`` for a run whose last ``failures`` drives all ended in the same kind of
     error before it could be driven (a run row no driver can read, a bug): the driver let go each
     time, so no death is counted, and without this a worker claimed it again at once, for ever.
-    A long error is cut at a sentence (else a word) and says so; the way out after it stays whole."""
+    A long error is cut at a sentence (else a word) and says so; the way out after it stays whole.
+    ``nodes``: the run's rows, those in flight settled as ``parking`` does."""
     error = scrub_text(error)  # before it is cut: a cut secret is a piece no scrub finds whole
     head, advice = f"parked after {failures} drives in a row failed: ", \
         f"; fix what it names, then `raysaga retry {shlex.quote(run_id)}`"
     reason = head + cut(error, 1000 - len(head) - len(advice)) + advice
     return parked(status, reason, {"type": "DriveFailed", "message": reason, "failures": failures},
-                  NewEvent(kind="drive_failed", data={"failures": failures, "error": cut(error, 500)}))
+                  NewEvent(kind="drive_failed", data={"failures": failures, "error": cut(error, 500)}), nodes)
 
 
 def cut(text: str, limit: int) -> str:
@@ -253,7 +263,8 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
         return None
     resume_first, batch = parking(run.status, deaths, blamed, run.run_id,
                                   running=in_flight(rows), started=started,
-                                  cause=run.error.as_dict() if rolling_back and run.error is not None else None)
+                                  cause=run.error.as_dict() if rolling_back and run.error is not None else None,
+                                  nodes=rows)
     # before the driver has a tracer: the park's ``run`` span (its trace's root) is written here
     commit = tracing.traced(store, run.run_id, lease.owner, lambda b: store.commit(lease, b), wf)
     if resume_first:

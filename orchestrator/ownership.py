@@ -15,68 +15,46 @@ process that started at another time (a reused pid). Only then may a resume or c
 lease before it expires. Anything else — another host, another container, a process merely
 stopped (SIGSTOP), an owner string written by an older raysaga — is treated as alive until its
 lease expires: a lease cannot be proven dead from elsewhere.
+
+**Provably alive** (``alive_because``, in ``raysaga.state.owner_identity``: a claim asks it) is the
+converse: this kernel, this namespace, the pid running with the start time the owner recorded.
+Such an owner whose lease expired went silent (a step holding the GIL in C code starves its
+heartbeat thread; a stopped process): a take-over of it is no death (``state.claims.abandonment``),
+and ``status`` says it is alive.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import socket
 import time
 import uuid
-from dataclasses import dataclass
 
 from raysaga.errors import LeaseHeldError
 from raysaga.state import Lease, RunRecord, Store
+from raysaga.state.owner_identity import (
+    EXITED,
+    Owner,
+    alive_because,
+    boot_id,
+    checkable_here,
+    host_name,
+    parse_owner,
+    pid_namespace,
+    proc_stat,
+    read_text,
+)
 
-_FIELDS = 6
+__all__ = ["Owner", "alive_because", "boot_id", "claim", "describe_lease", "gone_because", "let_go", "new_owner",
+           "owner_is_gone", "parse_owner", "pid_namespace", "process_start"]
 
-
-@dataclass(frozen=True)
-class Owner:
-    host: str
-    pid: int
-    start: int | None
-    boot: str | None
-    pidns: str | None
-    tag: str
-
-    def label(self) -> str:
-        return f"pid {self.pid} on {self.host}"
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def boot_id() -> str | None:
-    """This kernel's boot id (hex, no dashes), or None where there is no /proc."""
-    raw = _read("/proc/sys/kernel/random/boot_id")
-    return raw.replace("-", "") if raw else None
-
-
-def pid_namespace() -> str | None:
-    try:
-        link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
-    except OSError:
-        return None
-    return link.partition("[")[2].rstrip("]") or None
+_read = read_text  # (module attributes: a test hides /proc/<pid>/ from this module's reads)
+_host = host_name
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
     """(state letter, start time in ticks) of a live process of this namespace, else None."""
-    raw = _read(f"/proc/{pid}/stat")
-    if not raw:
-        return None
-    fields = raw.rpartition(")")[2].split()  # after "pid (comm)": the comm may hold spaces and ')'
-    try:
-        return fields[0], int(fields[19])
-    except (IndexError, ValueError):
-        return None
+    return proc_stat(pid, _read)
 
 
 def _exists(pid: int) -> bool:
@@ -97,10 +75,6 @@ def process_start(pid: int) -> int | None:
     return found[1] if found else None
 
 
-def _host() -> str:
-    return (socket.gethostname() or "unknown").replace(":", "_")[:64]
-
-
 def new_owner() -> str:
     """The lease owner string of a driver in this process (see the module doc)."""
     pid = os.getpid()
@@ -109,32 +83,11 @@ def new_owner() -> str:
                      pid_namespace() or "", uuid.uuid4().hex[:8]])
 
 
-def parse_owner(owner: str) -> Owner | None:
-    """The parts of an owner string; None for one this module did not write. An older
-    ``host:pid:random`` string parses with no start, boot or namespace (never provably gone)."""
-    parts = owner.split(":")
-    if len(parts) >= _FIELDS:
-        host = ":".join(parts[: len(parts) - _FIELDS + 1])
-        pid, start, boot, pidns, tag = parts[len(parts) - _FIELDS + 1:]
-    elif len(parts) >= 3:
-        host, pid, tag = ":".join(parts[:-2]), parts[-2], parts[-1]
-        start = boot = pidns = ""
-    else:
-        return None
-    try:
-        return Owner(host=host, pid=int(pid), start=int(start) if start else None, boot=boot or None,
-                     pidns=pidns or None, tag=tag)
-    except ValueError:
-        return None
-
-
 def gone_because(owner: str) -> str | None:
     """Why the owner is provably gone ("process not running", "zombie", "pid reused"), or None
     when it may be alive (or cannot be checked from here)."""
     parsed = parse_owner(owner)
-    if parsed is None or parsed.boot is None or parsed.pidns is None or parsed.start is None:
-        return None
-    if parsed.host != _host() or parsed.boot != boot_id() or parsed.pidns != pid_namespace():
+    if parsed is None or not checkable_here(parsed):
         return None
     if parsed.pid == os.getpid():  # this process: alive, unless that driver stopped holding it
         return "its driver in this process stopped" if owner in _STOPPED else None
@@ -144,7 +97,7 @@ def gone_because(owner: str) -> str | None:
         # other users' processes): the kernel's answer to signal 0 tells them apart
         return "process not running" if not _exists(parsed.pid) else None
     state, start = found
-    if state in ("Z", "X", "x"):
+    if state in EXITED:
         return "process exited (zombie)"
     if start != parsed.start:
         return "its pid now belongs to a newer process"
@@ -178,7 +131,8 @@ def _utc(at: float) -> str:
 def describe_lease(run: RunRecord, now: float) -> str:
     """One human line about who drives the run, e.g. "live driver pid 4242 on host-a (lease renews;
     expires in 12s)", "driver pid 4242 on host-a is gone (process not running); `raysaga resume`
-    takes over at once" or "no live driver since 2026-11-23 10:51:02 UTC"."""
+    takes over at once" or "no live driver since 2026-11-23 10:51:02 UTC". A driver whose lease expired
+    while its process provably still runs here is "alive but silent", never "no live driver"."""
     if run.lease_owner is None:
         # A release clears the lease; the run's last write is when its last driver was active.
         return f"no live driver since {_utc(run.updated_at)}"
@@ -188,6 +142,10 @@ def describe_lease(run: RunRecord, now: float) -> str:
     # a run that records no workflow module (started from Python where none was found) needs it named
     resume = f"`raysaga resume {shlex.quote(run.run_id)}{'' if run.workflow_ref else ' --workflow MODULE:WF'}`"
     if expires is not None and expires < now:
+        if alive_because(run.lease_owner, _read) is not None:  # silent, not dead: it computes on, unaware
+            return (f"driver {who} is alive but silent: its lease expired at {_utc(expires)} (it renews no more: a "
+                    f"step holding the GIL, or a stopped process); a worker or {resume} may take the run over, "
+                    "and that driver then stops at its next write")
         return f"no live driver since {_utc(expires)} (the lease of driver {who} expired; {resume} takes over)"
     why = gone_because(run.lease_owner)
     if why is not None:

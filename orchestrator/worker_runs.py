@@ -144,7 +144,12 @@ class FailedDrives:
                 status = claimed.status
             if status in PRUNABLE:  # ended or parked meanwhile: nothing to park
                 return
-            resume_first, batch = failing_parking(status, failures, f"{type(exc).__name__}: {first_line}", run_id)
+            try:  # its rows in flight are settled with the park (none left ``running`` on a parked run)
+                nodes = self.store.nodes(run_id)
+            except CorruptRecordError:
+                nodes = []
+            resume_first, batch = failing_parking(status, failures, f"{type(exc).__name__}: {first_line}", run_id,
+                                                  nodes=nodes)
             # no driver, so no tracer: the park's ``run`` span (its trace's root) is written here
             commit = tracing.traced(self.store, run_id, lease.owner, lambda b: self.store.commit(lease, b))
             if resume_first:

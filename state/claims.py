@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import ColumnElement, Connection, Engine, Text, and_, cast, func, insert, or_, select, text, update
 
 from raysaga.state.models import Lease, RunStatus
+from raysaga.state.owner_identity import alive_because
 from raysaga.state.schema import events, runs
 
 ClaimReason = Literal["new", "takeover", "due"]
@@ -44,7 +45,7 @@ _ACTIVE = (RunStatus.RUNNING.value, RunStatus.COMPENSATING.value)
 #: its process provably gone) was abandoned: that driver died mid-run, or before the run's first
 #: commit (``pending``: every way out of a drive of a pending run lets go of it, or moves it on).
 #: The claim's event says so (``abandoned_by``), which is how a crash loop is told apart from runs
-#: that rest or are handed back.
+#: that rest or are handed back. Unless its process provably still runs (``abandonment``).
 ABANDONABLE = frozenset({*_ACTIVE, RunStatus.PENDING.value})
 _RESTING = (RunStatus.WAITING_HUMAN.value, RunStatus.WAITING_TIMER.value, RunStatus.PAUSED.value)
 
@@ -64,6 +65,26 @@ class Claim(BaseModel):
     abandoned_by: str | None = None
     """The lease owner whose driver died holding the run (this claim took its lease): the run is a
     suspect of a crash loop, which a worker drives alone (``raysaga.orchestrator.crash_loop``)."""
+    taken_from_live: str | None = None
+    """The lease owner whose lease expired while its process provably still runs on this host (a
+    driver gone silent, not dead: ``abandonment``): no suspect, no death counted."""
+
+
+def abandonment(held_by: str | None, status: str | None, owner: str) -> dict[str, str]:
+    """What a claim's ``lease_claimed`` event says of the owner whose lease it took: nothing when
+    there was none (or it is ``owner``) or the run was not being driven; ``abandoned_by`` when that
+    driver stopped without letting go (it died: a crash loop counts it); ``taken_from_live`` with
+    ``why`` when its process provably still runs here: its lease expired because it went silent (a
+    step holding the GIL in C code starves the heartbeat thread; a stopped process). Counted as a
+    death, such take-overs parked a healthy run as a crash loop while its first driver computed on."""
+    if held_by is None or held_by == owner or status not in ABANDONABLE:
+        return {}
+    alive = alive_because(held_by)
+    if alive is None:
+        return {"abandoned_by": held_by}  # its driver stopped without letting go: it died
+    return {"taken_from_live": held_by,
+            "why": f"its lease expired while {alive}: a live driver gone silent (a step holding the GIL, a "
+                   "stopped process), not a death; it stops at its next write, its fence stale"}
 
 
 def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, Digests], *,
@@ -111,12 +132,12 @@ def claim_next(engine: Engine, owner: str, ttl: float, workflows: Mapping[str, D
                 reason, since = "due", wake_at if wake_at is not None else updated_at
             latency = max(0.0, now - since)
             data = {"owner": owner, "fence": fence, "worker": True, "reason": reason, "latency": round(latency, 4)}
-            if held_by is not None and status in ABANDONABLE:
-                data["abandoned_by"] = held_by  # its driver stopped without letting go: it died
+            taken = abandonment(held_by, status, owner)
+            data.update(taken)
             conn.execute(insert(events).values(run_id=run_id, seq=seq, at=now, kind="lease_claimed", data=data))
             return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl),
                          workflow=workflow, reason=reason, latency=latency, status=RunStatus(status),
-                         abandoned_by=held_by if "abandoned_by" in data else None)
+                         abandoned_by=taken.get("abandoned_by"), taken_from_live=taken.get("taken_from_live"))
     return None
 
 
@@ -143,7 +164,8 @@ def claim_of(engine: Engine, owner: str, ttl: float, now: float | None = None) -
     taken_from = data.get("abandoned_by") or data.get("taken_from")
     return Claim(lease=Lease(run_id=run_id, owner=owner, fence=fence, expires_at=expires_at, ttl=ttl),
                  workflow=workflow, reason=data.get("reason") or ("takeover" if taken_from else "new"),
-                 latency=float(data.get("latency", 0.0)), status=RunStatus(status), abandoned_by=taken_from)
+                 latency=float(data.get("latency", 0.0)), status=RunStatus(status), abandoned_by=taken_from,
+                 taken_from_live=data.get("taken_from_live"))
 
 
 def _lease_free(now: float) -> ColumnElement[bool]:

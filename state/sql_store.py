@@ -27,7 +27,7 @@ from raysaga.errors import (
     UserError,
 )
 from raysaga.state import blob_rows, claims, decisions, jsoncodec, migrate, shared_rows, stats
-from raysaga.state.claims import ABANDONABLE, Claim
+from raysaga.state.claims import Claim
 from raysaga.state.dashboard_reads import DashboardReads
 from raysaga.state.decisions import Decision, Verdict, WaitingApproval, decided_after
 from raysaga.state.decoding import (
@@ -262,8 +262,8 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, WorkerRows, Stor
             data: dict[str, Any] = {"owner": owner, "fence": fence}
             if take_from is not None:
                 data["taken_from"] = take_from
-            if before is not None and before[0] not in (None, owner) and before[1] in ABANDONABLE:
-                data["abandoned_by"] = before[0]  # its driver stopped without letting go: it died
+            if before is not None:  # died (abandoned_by), or provably alive but silent (taken_from_live)
+                data.update(claims.abandonment(before[0], before[1], owner))
             hot.many(driver_sql(conn.dialect.name).events,
                      [(run_id, seq, now, "lease_claimed", None, None, json_param(data))])
         return Lease(run_id=run_id, owner=owner, fence=fence, expires_at=now + ttl, ttl=ttl)

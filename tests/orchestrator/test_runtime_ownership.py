@@ -97,8 +97,12 @@ def test_describe_lease(child: subprocess.Popen[bytes]) -> None:
     assert live == f"live driver pid {child.pid} on {ownership._host()} (lease renews; expires in 12s)"
     elsewhere = describe_lease(_run(owner_of(child.pid, host="host-b"), now + 5), now)
     assert elsewhere.startswith(f"driver pid {child.pid} on host-b holds the lease")
-    expired = describe_lease(_run(owner_of(child.pid), 1795000061.0), now)
+    expired = describe_lease(_run(owner_of(child.pid, host="host-b"), 1795000061.0), now)
     assert expired.startswith("no live driver since 2026-11-18 ") and "expired" in expired, expired
+    # its process provably still runs here: silent (a step holding the GIL), not "no live driver"
+    silent = describe_lease(_run(owner_of(child.pid), 1795000061.0), now)
+    assert silent.startswith(f"driver pid {child.pid} on {ownership._host()} is alive but silent: its lease "
+                             "expired at 2026-11-18 "), silent
     assert describe_lease(_run(None, None), now) == "no live driver since 2026-11-18 11:06:40 UTC"
     owner = owner_of(child.pid)
     child.kill()
