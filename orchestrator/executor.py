@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 import math
 import os
-import sys
 import time
 from collections import deque
 from collections.abc import Collection
 from typing import Any
 
 from raysaga.errors import UserError
+from raysaga.orchestrator import ray_start
 from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, InlineExecutor, items_task_name, task_name
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
 from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
-from raysaga.orchestrator.ray_address import check_cluster, host_port, same_cluster, unreachable
-from raysaga.orchestrator.ray_auth import check_gcs
+from raysaga.orchestrator.ray_address import same_cluster
 from raysaga.orchestrator.ray_lanes import (
     Chunk,
     Lane,
@@ -37,7 +35,6 @@ from raysaga.orchestrator.ray_lanes import (
 )
 from raysaga.orchestrator.resources import Feasibility
 from raysaga.orchestrator.spec import StepSpec
-from raysaga.orchestrator.step_env import forwarded
 from raysaga.orchestrator.task import NodeCall, NodeOutcome
 from raysaga.orchestrator.wire import SpecPacker, unpack_items, unpack_outcomes
 
@@ -47,12 +44,15 @@ __all__ = ["Executor", "Handle", "InlineExecutor", "RayExecutor", "make_executor
 class RayExecutor(Executor):
     """Each attempt is a Ray task named ``<run_id>:<node>`` (readable in Ray's dashboard).
 
-    Fan-out items (of a ``map_over`` step without ``effect=`` or ``timeout=``) go through a lane
-    per step: at most ``LANE_TASKS_PER_CPU`` tasks per cluster CPU in flight, and once items are
-    measured to be short, several per task (``<run_id>:<step>[i..j]``), sized so a chunk runs
-    ~``CHUNK_SECONDS``. A Ray task costs ~0.4 ms of cluster CPU, more than a cheap item; a slow
-    item keeps a task of its own, so a failure or a cancel is seen as soon as that item's own
-    attempt ends. What a task carries, either way, is one packed ``bytes`` (see ``wire``).
+    Fan-out items (of a ``map_over`` step without ``timeout=``) go through a lane per step: at
+    most ``LANE_TASKS_PER_CPU`` tasks per cluster CPU in flight, and once items are measured to be
+    short, several per task (``<run_id>:<step>[i..j]``), sized so a chunk runs ~``CHUNK_SECONDS``.
+    A Ray task costs ~0.4 ms of cluster CPU, more than a cheap item; a slow item keeps a task of
+    its own, so a failure or a cancel is seen as soon as that item's own attempt ends. What a task
+    carries, either way, is one packed ``bytes`` (see ``wire``). An effect step's items go one a
+    task, at most as many as the cluster runs at once: those still in the lane when the run stops
+    were never sent, and are not compensated (sent all at once, each was "handed to Ray": a failed
+    20-item fan-out refunded 19 charges never made).
 
     An attempt with a timeout waits in the driver for a CPU (at most one such task per cluster
     CPU in flight): its timeout starts when it is sent, not while it would sit in Ray's queue.
@@ -80,33 +80,25 @@ class RayExecutor(Executor):
     def __init__(self, address: str | None = None, num_cpus: int | None = None, *,
                  io_concurrency: int | None = None) -> None:
         io_limit = io_concurrency_limit(io_concurrency)  # a bad value is refused before Ray starts
-        import ray
+        self._ray = ray = ray_start.imported()
+        with ray_start.LOCK:  # runs in threads start Ray once, and share it (``ray_start``)
+            if not ray.is_initialized():
+                ray_start.start_ray(ray, address or os.environ.get("RAY_ADDRESS") or None, num_cpus)
+            elif address and not same_cluster(address, ray.get_runtime_context().gcs_address,
+                                               ray.util.get_node_ip_address()):
+                # one process joins one cluster: running on another than the one asked for would be silent
+                raise UserError(f"this process is already connected to the Ray cluster at "
+                                f"{ray.get_runtime_context().gcs_address}, not {address}: drive runs on {address} "
+                                "from another process, or drop --address")
+            self._started_here = ray_start.join(ray)  # a Ray raysaga started: the last executor shuts it down
+        try:
+            self._setup(io_limit)
+        except BaseException:
+            self.shutdown()
+            raise
 
-        self._ray = ray
-        self._started_here = False
-        if not ray.is_initialized():
-            address = address or os.environ.get("RAY_ADDRESS") or None
-            check_cluster(address)
-            if address and host_port(address) is not None:
-                check_gcs(address)  # token authentication settled first: a refusal is one line, at once
-            # workers must import the user's workflow module as the driver does
-            pythonpath = os.pathsep.join(p for p in [os.getcwd(), *sys.path] if p and os.path.isdir(p))
-            env_vars = {"PYTHONPATH": pythonpath, **forwarded(os.environ)}  # RAYSAGA_ENV: what steps need
-            try:
-                ray.init(address=address, num_cpus=None if address else num_cpus, include_dashboard=False,
-                         logging_level=logging.ERROR, log_to_driver=False, configure_logging=True,
-                         runtime_env={"env_vars": env_vars})
-            except (ConnectionError, TimeoutError) as exc:  # "auto" with no cluster running, a GCS gone...
-                if not address:
-                    raise  # starting a local Ray failed: not a cluster to reach
-                raise unreachable(address, str(exc).splitlines()[0] if str(exc) else "") from None
-            self._started_here = True
-        elif address and not same_cluster(address, ray.get_runtime_context().gcs_address,
-                                           ray.util.get_node_ip_address()):  # type: ignore[no-untyped-call]
-            # one process joins one cluster: running on another than the one asked for would be silent
-            raise UserError(f"this process is already connected to the Ray cluster at "
-                            f"{ray.get_runtime_context().gcs_address}, not {address}: drive runs on {address} "
-                            "from another process, or drop --address")
+    def _setup(self, io_limit: int) -> None:
+        ray = self._ray
         self._tasks = TaskSubmitter(remote_run_packed())
         self._packer = SpecPacker()
         cpus = cluster_cpus(ray)
@@ -160,11 +152,15 @@ class RayExecutor(Executor):
             return self._io  # sent while the pool has a free thread: a timeout starts with the call
         if spec.timeout is not None:
             return self._timed
-        if call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step" and not spec.effect:
+        if call.fan_index >= 0 and spec.map_over is not None and spec.kind == "step":
             lane = self._lanes.get(spec.name)
             if lane is None or lane.spec is not spec:
-                lane = self._lanes[spec.name] = Lane(limit=self._lane_tasks, chunked=True, spec=spec,
-                                                     probes=self._probes(spec), prior=remembered_item_seconds(spec))
+                lane = self._lanes[spec.name] = (
+                    # an effect's items: one a task (each its own ledgered call), as many as run at once;
+                    # the rest wait here, so a run that stops never sent them, and undoes none of them
+                    Lane(limit=self._probes(spec), chunked=False, spec=spec) if spec.effect else
+                    Lane(limit=self._lane_tasks, chunked=True, spec=spec, probes=self._probes(spec),
+                         prior=remembered_item_seconds(spec)))
             return lane
         return None
 
@@ -476,8 +472,9 @@ class RayExecutor(Executor):
         return len(self._cancelled)
 
     def shutdown(self) -> None:
-        if self._started_here:
-            self._ray.shutdown()
+        if self._started_here:  # only the last executor using a Ray raysaga started shuts it down
+            self._started_here = False
+            ray_start.leave(self._ray)
 
 
 def make_executor(kind: str, address: str | None = None, num_cpus: int | None = None, *,
