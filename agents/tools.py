@@ -21,6 +21,7 @@ from typing import Any, TypeGuard, overload
 
 from pydantic import BaseModel, ValidationError, create_model
 
+from raysaga.agents.awaiting import awaited
 from raysaga.errors import NotJSONableError, RaySagaError, WorkflowDefinitionError
 from raysaga.state import jsoncodec
 from raysaga.state.redact import scrub_secret_values, scrub_text
@@ -369,7 +370,7 @@ def run_compensation(tool: Tool, args: dict[str, Any], output: Any, ctx: Any) ->
         kwargs = available
     else:
         kwargs = {name: available[name] for name in params if name in available}
-    return tool.compensate(**kwargs)
+    return awaited(tool.compensate(**kwargs))  # an ``async def`` undo's coroutine, run to its end
 
 
 def took_no_effect(result: Any) -> TypeGuard[dict[str, Any]]:
@@ -384,13 +385,17 @@ def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> d
     ``args`` are the JSON form ``Tool.validate`` gave; the function gets them ``typed``. A result
     with no JSON form is returned as it is, for the task to refuse as the output it cannot store
     (``task._refused``): the function *returned*, so an effect tool's error says ``took_effect``
-    and its key is not run again. (Raised here, it read as a failure of the call itself.)"""
+    and its key is not run again. (Raised here, it read as a failure of the call itself.)
+
+    An ``async def`` tool is awaited here, in the call's task (``awaiting.awaited``): its body runs,
+    with the call's timeout and retries as a plain tool's. (Its coroutine was once taken for the
+    result: never run, refused as unstorable, and an effect tool's call recorded as done.)"""
     try:
         valid = tool.typed(args)
         fn_params = inspect.signature(tool.fn).parameters
         if "idempotency_key" in fn_params and "idempotency_key" not in valid:
             valid["idempotency_key"] = idempotency_key
-        result = tool.fn(**valid)
+        result = awaited(tool.fn(**valid))  # an ``async def`` tool's coroutine, run to its end
     except ToolError as exc:
         # an error: shown to the model, stored; never blank (the Messages API refuses an is_error
         # tool_result with empty content: 400, failing the agent's next model call for good)

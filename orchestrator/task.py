@@ -7,6 +7,8 @@ The store is never touched here: the driver is the single writer.
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -15,11 +17,13 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ValidationError
 
+from raysaga.agents.awaiting import run_to_end
 from raysaga.errors import NotJSONableError, OutputTypeError, Permanent
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.output_types import EXACT, check_json_form, check_output_type, input_type_error
 from raysaga.orchestrator.retry import is_transient, message_of, retry_after, without_colours
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
+from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.workflow import coerce
 from raysaga.state import jsoncodec
 from raysaga.state.jsoncodec import printable
@@ -151,9 +155,10 @@ class Aside:
 
 
 def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeOutcome:
-    """Run one attempt of ``spec``. Never raises: every failure comes back classified, but a
-    ``KeyboardInterrupt`` or ``SystemExit`` in the driver's own process (the inline executor, not
-    ``on_worker``: a Ray task or pool actor, ``wire.run_packed``), which ends it as it would any program."""
+    """Run one attempt of ``spec``. Never raises: every failure comes back classified, a step's
+    own ``sys.exit()`` or ``KeyboardInterrupt`` too (``_exited``); only one a stop signal may have
+    raised in the driver's own process (the inline executor, not ``on_worker``: a Ray task or pool
+    actor, ``wire.run_packed``) is let through, to end it as it would any program (``_signalled``)."""
     started = time.time()
     try:
         kwargs = _inputs(spec, call.kwargs)
@@ -331,7 +336,7 @@ def _failed(spec: StepSpec, exc: BaseException, label: str, started: float, on_w
     if isinstance(exc, NotJSONableError):
         return NodeOutcome.failure(exc, transient=False, started_at=started)
     if isinstance(exc, KeyboardInterrupt | SystemExit):
-        if not on_worker:
+        if not on_worker and _signalled():
             raise exc
         return NodeOutcome.failure(_exited(exc, label), transient=False, started_at=started)
     transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
@@ -349,11 +354,13 @@ def _refused(spec: StepSpec, exc: Exception, started: float) -> NodeOutcome:
 
 
 def _exited(exc: KeyboardInterrupt | SystemExit, label: str) -> Permanent:
-    """A step's ``sys.exit()`` or ``KeyboardInterrupt`` on Ray, as the permanent failure it is
-    (raysaga cancels a Ray task by killing it, never by interrupting it). Let through, an exit ended
+    """A step's ``sys.exit()`` or ``KeyboardInterrupt``, as the permanent failure it is (raysaga
+    cancels a Ray task by killing it, never by interrupting it). Let through on Ray, an exit ended
     the worker (Ray: ``WorkerCrashedError``) and an interrupt became Ray's ``TaskCancelledError``,
     both retried as transient: the step failed after all its attempts as "the worker died" or
-    "cancelled", and a compensation, retried without limit, left its run ``compensating`` for ever."""
+    "cancelled", and a compensation, retried without limit, left its run ``compensating`` for ever.
+    Let through inline, it left the host program (an exit it never asked for) with its run
+    ``running``, and every resume ran the exit again."""
     what = f"SystemExit({exc.code!r}) (sys.exit())" if isinstance(exc, SystemExit) else "KeyboardInterrupt"
     failure = Permanent(f"step {label!r} raised {what}: a step returns or raises an Exception; it must not "
                         "end or interrupt the process that runs it")
@@ -370,8 +377,21 @@ def _guarded(classify: Callable[..., Any], exc: BaseException, *args: Any) -> An
         return None
 
 
+def _signalled() -> bool:
+    """Whether a ``KeyboardInterrupt`` or ``SystemExit`` met inline may be a stop signal's, not the
+    step's own: Python raises a signal handler's exception in the main thread only, and while a
+    driver takes SIGINT and SIGTERM itself (``StopSignals``, installed for its ``drive`` in the main
+    thread) no signal raises one: the first sets a flag, the second ends the process or calls the
+    application's own handler, which it puts back first. So only in the main thread, when no
+    driver's handler is in place (after a second signal, or outside a drive), is one let through."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    return not any(isinstance(getattr(signal.getsignal(signum), "__self__", None), StopSignals)
+                   for signum in STOP_SIGNALS)
+
+
 def _call(fn: Any, kwargs: dict[str, Any]) -> Any:
     result = fn(**kwargs)
-    if result is not None and asyncio.iscoroutine(result):
-        result = asyncio.run(result)
+    if result is not None and asyncio.iscoroutine(result):  # an ``async def`` step's: also under a running loop
+        result = run_to_end(result)
     return result

@@ -20,7 +20,7 @@ from raysaga.agents.breaker import admit, after_call
 from raysaga.agents.tools import Tool, tool
 from raysaga.orchestrator import Driver, InlineExecutor
 from raysaga.state import BreakerRecord, BreakerState, RunRecord, SqlStore
-from raysaga.testing import RecordingModel
+from raysaga.testing import CrashAt, RecordingModel, SimulatedCrash
 from tests.support.models import RecordedByConversation
 
 POLICY = BreakerPolicy(threshold=3, cooldown=30.0)
@@ -98,7 +98,7 @@ def test_a_lost_probe_does_not_hold_the_breaker_half_open_forever() -> None:
 
 #: Tool calls that actually ran; the service's health (the inline executor runs tools here).
 CALLS: list[str] = []
-SERVICE = {"up": False, "die": False}
+SERVICE = {"up": False}
 #: The journal every RecordingModel of this module records into, and its requests by conversation.
 JOURNAL = "test_agent_breaker"
 SEEN = RecordedByConversation(JOURNAL)
@@ -108,14 +108,12 @@ SEEN = RecordedByConversation(JOURNAL)
 def _reset() -> None:
     CALLS.clear()
     SEEN.clear()
-    SERVICE.update(up=False, die=False)
+    SERVICE.update(up=False)
 
 
 def fetch_page(url: str) -> str:
     """Fetch a page from the flaky service."""
     CALLS.append(url)
-    if SERVICE["die"]:
-        raise SystemExit("the driver's process dies mid-call")  # execute() lets it through
     if url.startswith("missing"):
         raise LookupError(f"no page {url}")  # a permanent error: the service may be up or down
     if not SERVICE["up"]:
@@ -157,10 +155,10 @@ class Fleet:
     def run(self, name: str) -> RunRecord:
         return self.resume(raysaga.create_run(self.wf, name, store=self.url).run_id)
 
-    def resume(self, run_id: str) -> RunRecord:
+    def resume(self, run_id: str, faults: CrashAt | None = None) -> RunRecord:
         store = SqlStore(self.url)
         try:
-            return Driver(self.wf, store, InlineExecutor(), run_id, clock=self.clock).drive()
+            return Driver(self.wf, store, InlineExecutor(), run_id, clock=self.clock, faults=faults).drive()
         finally:
             store.close()
 
@@ -288,12 +286,11 @@ def test_a_probe_lost_with_its_driver_does_not_block_the_fleet_forever(store_url
     fleet = Fleet(store_url, {"r1": fetches("a", "b", "c"), "r2": fetches("p"), "r3": fetches("z")})
     fleet.run("r1")
     fleet.clock.now = T0 + 30
-    SERVICE["die"] = True
     r2 = raysaga.create_run(fleet.wf, "r2", store=store_url).run_id
-    with pytest.raises(SystemExit):
-        fleet.resume(r2)  # the probe was admitted, then its driver died: no verdict
+    with pytest.raises(SimulatedCrash):  # the probe was admitted, then its driver died before its verdict
+        fleet.resume(r2, CrashAt("before_commit", "solve@0.0"))
     assert fleet.breaker().state == "half_open"
-    SERVICE.update(die=False, up=True)
+    SERVICE.update(up=True)
 
     fleet.clock.now = T0 + 40  # the probe could still be out: others wait
     assert fleet.run("r3").status == RunStatus.COMPLETED

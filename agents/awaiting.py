@@ -1,0 +1,73 @@
+"""An ``async def`` step's or tool's coroutine run to its end from raysaga's synchronous code.
+
+A step (``task.execute``) and a tool (``tools.run_tool``) are called from plain functions, on a
+Ray worker or, inline, in the caller's own thread. ``asyncio.run`` refuses to start inside a
+running event loop, and an inline run is often called from one (an async web handler,
+``asyncio.run(main())``, a Jupyter cell): the step failed for good ("asyncio.run() cannot be
+called from a running event loop"), a critical one rolled back what had gone through, and a tool's
+coroutine was never awaited at all (its body never ran, the call was recorded as done). Where a
+loop runs, the coroutine runs on a fresh loop of its own in a helper thread, the caller waiting:
+the same result, the same exception raised, the caller's context variables seen, as
+``asyncio.run`` gives in a thread without a loop. (The caller's loop is blocked meanwhile, as
+it is by any synchronous call of raysaga's: ``run`` drives a whole run before it returns.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def awaited(value: Any) -> Any:
+    """``value`` itself, or, when it is a coroutine (what an ``async def`` returns), what that
+    coroutine returns, run to its end (``run_to_end``)."""
+    if value is None or not asyncio.iscoroutine(value):
+        return value
+    return run_to_end(value)
+
+
+def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end on a fresh event loop and return its result (or raise its
+    exception): in this thread when no loop runs in it, else in a helper thread (module doc)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    return _in_helper_thread(coro)
+
+
+class _Ended:
+    """What the helper thread's loop ended with: a result, or the exception to raise."""
+
+    __slots__ = ("error", "result")
+
+    def __init__(self) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+def _in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
+    # a copy of the caller's context: the coroutine's task copies it again, as asyncio.run's would
+    # copy the caller's own; what the coroutine sets stays its own on either path
+    context = contextvars.copy_context()
+    ended = _Ended()
+
+    def main() -> None:
+        try:
+            ended.result = context.run(asyncio.run, coro)
+        except BaseException as exc:  # raised in the caller's thread, whatever it is (KeyboardInterrupt too)
+            ended.error = exc
+
+    helper = threading.Thread(target=main, name="raysaga-coroutine", daemon=True)
+    helper.start()
+    helper.join()
+    if ended.error is not None:
+        error, ended.error = ended.error, None  # (no cycle through this frame)
+        raise error
+    result: T = ended.result
+    return result

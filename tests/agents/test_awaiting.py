@@ -1,0 +1,71 @@
+"""``awaiting.run_to_end`` gives a coroutine's result or exception as ``asyncio.run`` does, also in a
+thread that already runs an event loop (where ``asyncio.run`` refuses to start): on a loop of its
+own, the caller waiting, the caller's context variables seen, what the coroutine sets kept its own."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+import pytest
+
+from raysaga.agents.awaiting import awaited, run_to_end
+
+T = TypeVar("T")
+
+REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="none")
+
+
+class Refused(Exception):
+    pass
+
+
+async def _seen() -> dict[str, Any]:
+    """What the coroutine sees of where it runs; it sets the context variable for itself."""
+    await asyncio.sleep(0)
+    seen = {"request_id": REQUEST_ID.get(), "loop": asyncio.get_running_loop(), "thread": threading.get_ident()}
+    REQUEST_ID.set("changed by the coroutine")
+    return seen
+
+
+def _from(where: str, call: Callable[[], T]) -> tuple[T, asyncio.AbstractEventLoop | None]:
+    """``call()`` with ``REQUEST_ID`` set, from a plain function or from inside a running loop (which
+    is returned, to tell it from the coroutine's)."""
+    REQUEST_ID.set("r-1")
+    if where == "no loop":
+        return call(), None
+
+    async def handler() -> tuple[T, asyncio.AbstractEventLoop | None]:
+        return call(), asyncio.get_running_loop()
+    return asyncio.run(handler())
+
+
+@pytest.mark.parametrize("where", ["no loop", "in a running loop"])
+def test_the_result_and_context_are_asyncio_runs(where: str) -> None:
+    seen, outer = _from(where, lambda: run_to_end(_seen()))
+    assert seen["request_id"] == "r-1"
+    assert REQUEST_ID.get() == "r-1", "what the coroutine set stays its own"
+    assert seen["loop"] is not outer, "a loop of its own, never the caller's (blocked in the call)"
+    assert (seen["thread"] == threading.get_ident()) is (where == "no loop")
+
+
+@pytest.mark.parametrize("where", ["no loop", "in a running loop"])
+@pytest.mark.parametrize("error", [Refused("no"), KeyboardInterrupt(), SystemExit(3)], ids=repr)
+def test_its_exception_is_raised_as_itself(where: str, error: BaseException) -> None:
+    async def failing() -> None:
+        await asyncio.sleep(0)
+        raise error
+
+    with pytest.raises(type(error)) as raised:
+        _from(where, lambda: run_to_end(failing()))
+    assert raised.value is error
+
+
+def test_awaited_leaves_any_other_value_as_it_is() -> None:
+    value = {"a": 1}
+    assert awaited(value) is value
+    assert awaited(None) is None
+    assert _from("in a running loop", lambda: awaited(_seen()))[0]["request_id"] == "r-1"
