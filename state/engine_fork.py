@@ -10,7 +10,9 @@ child gives every engine a new, empty pool at the fork (``os.register_at_fork``,
 referenced in the child (``_INHERITED``) and never used nor closed: no collection may finalise a
 connection the parent still uses.
 
-SQLite needs one step more. SQLite keeps one lock state per file and process (which locks the
+SQLite needs one step more, taken at the child's first connection of its own, never inside the
+fork (a handle another parent thread was in blocked the child there, store or no store). SQLite
+keeps one lock state per file and process (which locks the
 process holds, counted over its connections); the child inherits that state without the kernel's
 locks behind it (POSIX locks are per process). A connection the child opens beside an inherited
 one shares the state, believes the file's shared lock held, and never takes it: the parent's
@@ -50,6 +52,10 @@ def fork_safe(engine: Engine) -> Engine:
     _ENGINES.add(engine)
     if engine.dialect.name == "sqlite":
 
+        @event.listens_for(engine, "do_connect")
+        def _close_inherited_first(*_: Any) -> None:
+            _close_inherited()  # (a child's first own connection: the inherited handles go before it opens)
+
         @event.listens_for(engine, "connect")
         def _remember(_dbapi_conn: Any, entry: ConnectionPoolEntry) -> None:
             _SQLITE_ENTRIES.add(entry)
@@ -57,8 +63,27 @@ def fork_safe(engine: Engine) -> Engine:
     return engine
 
 
+#: In a child: the inherited idle SQLite handles, closed before its first connection of its own.
+_TO_CLOSE: list[ConnectionPoolEntry] = []
+
+
+def _close_inherited() -> None:
+    """Close the SQLite handles the child inherited, when it first opens a connection of its own:
+    never inside ``os.fork()``, where a handle another parent thread was using (the driver's
+    heartbeat) blocked the child for ever on a mutex no thread of its would release, though the
+    child never used the store."""
+    entries, _TO_CLOSE[:] = list(_TO_CLOSE), []
+    for entry in entries:
+        handle = entry.dbapi_connection
+        # one in use is a call in flight in a thread the child does not have: left alone
+        with contextlib.suppress(sqlite3.Error):  # a handle closed already
+            if isinstance(handle, sqlite3.Connection) and not entry.in_use and not handle.in_transaction:
+                handle.close()
+
+
 def _in_child() -> None:
-    """After a fork, in the child: new pools; the idle inherited SQLite handles closed.
+    """After a fork, in the child: new pools; the idle inherited SQLite handles noted, to be closed
+    at the child's first connection of its own (``_close_inherited``).
 
     Runs inside ``os.fork()``: it never raises (a failure here would be printed and ignored,
     leaving a pool half replaced), each engine and handle on its own."""
@@ -66,14 +91,8 @@ def _in_child() -> None:
         _INHERITED.append(engine.pool)
         with contextlib.suppress(Exception):  # the engine keeps the inherited pool: nothing better to do here
             engine.dispose(close=False)
-    entries = list(_SQLITE_ENTRIES)
+    _TO_CLOSE[:] = list(_SQLITE_ENTRIES)  # closed at the child's first own connection, not here
     _SQLITE_ENTRIES.clear()  # the child's own connections register again on connect
-    for entry in entries:
-        handle = entry.dbapi_connection
-        # one in use is a call in flight in a thread the child does not have: left alone
-        with contextlib.suppress(sqlite3.Error):  # a handle closed already
-            if isinstance(handle, sqlite3.Connection) and not entry.in_use and not handle.in_transaction:
-                handle.close()
 
 
 if hasattr(os, "register_at_fork"):  # POSIX
