@@ -36,9 +36,12 @@ def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
     exception): in this thread when no loop runs in it, else in a helper thread (module doc)."""
     try:
         asyncio.get_running_loop()
+        running = True
     except RuntimeError:
-        return asyncio.run(coro)
-    return _in_helper_thread(coro)
+        running = False
+    # (run outside the ``except``: inside it, the step ran with "no running event loop" as the
+    # current exception, chained into every failure's traceback and picked up by a bare ``raise``)
+    return _in_helper_thread(coro) if running else asyncio.run(coro)
 
 
 class _Ended:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any
@@ -36,23 +35,19 @@ from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
 from raysaga.orchestrator.status_text import error_line as error_line
 from raysaga.orchestrator.status_text import flat as flat
+from raysaga.orchestrator.status_text import one_line as one_line
+from raysaga.orchestrator.status_text import output_line as output_line
 from raysaga.orchestrator.status_text import (
-    inherited_from,
     run_times,
     run_wake,
     undone_by_forks,
     undone_note,
-    waiting_lines,
-    when,
 )
-from raysaga.orchestrator.status_text import one_line as one_line
-from raysaga.orchestrator.status_text import output_line as output_line
 from raysaga.orchestrator.status_text import seconds as seconds
 from raysaga.orchestrator.status_text import utc as utc
-from raysaga.state import EffectStatus, EventRecord, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
-from raysaga.state.decisions import node_history
+from raysaga.state import EffectStatus, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
 from raysaga.state.models import PARKED, TERMINAL
-from raysaga.state.redact import scrub, scrub_data, scrub_text
+from raysaga.state.redact import scrub, scrub_data
 
 if TYPE_CHECKING:
     from raysaga.orchestrator.workflow import Workflow
@@ -131,7 +126,7 @@ def _pending_json(step: str, status: str = "pending") -> dict[str, Any]:
             "inherited_from": None}
 
 
-def _dumps(value: Any) -> str:
+def dumps(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
@@ -164,15 +159,18 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         **({} if (fleet := fleet_view.fleet(store, run, time.time())) is None else {"fleet": fleet}),
         **lineage(store, run),
     }
-    stream.write(_dumps(head)[:-1])
+    stream.write(dumps(head)[:-1])
     next_after: str | None = None
     if summary:
         steps = [{"step": s.node_id, "nodes": s.rows, "counts": s.counts, "first_started_at": s.first_started}
                  for s in infos]
-        stream.write(', "steps": ' + _dumps(steps))
+        stream.write(', "steps": ' + dumps(steps))
         failures = [{"node": node_label(f["node_id"], f["fan_index"]), "attempts": f["attempt"],
-                     "error": error_line(f["error"], None)} for f in queries.failed_nodes(store, run.run_id, 1000)]
-        stream.write(', "failures": ' + _dumps(failures))
+                     "error": error_line(f["error"], None)}
+                    for f in queries.failed_nodes(store, run.run_id, SUMMARY_FAILURES)]
+        stream.write(', "failures": ' + dumps(failures))
+        # the list is bounded; a reader is told it was (3,000 failed nodes listed 1,000, silently)
+        stream.write(', "failures_left_out": ' + dumps(max(counts.get("failed", 0) - len(failures), 0)))
     else:
         stream.write(', "nodes": [')
         first = True
@@ -180,7 +178,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         shown = 0
         flying = _flying(store, run, wf)
         for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, after_key, nodes_limit, flying):
-            stream.write(("\n" if first else ",\n") + _dumps(item))
+            stream.write(("\n" if first else ",\n") + dumps(item))
             first, last, shown = False, item["node"], shown + 1
         stream.write("]")
         if nodes_limit is not None and shown == nodes_limit and last is not None:
@@ -193,8 +191,8 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
                 "status": e.status.value}
         if e.run_id != run.run_id:  # a fork's inherited effect: the ledger row of the run that executed it
             item["inherited_from"] = e.run_id
-        stream.write(("\n" if i == 0 else ",\n") + _dumps(item))
-    stream.write('], "next_nodes_after": ' + _dumps(next_after) + "}\n")
+        stream.write(("\n" if i == 0 else ",\n") + dumps(item))
+    stream.write('], "next_nodes_after": ' + dumps(next_after) + "}\n")
     stream.flush()
 
 
@@ -260,7 +258,7 @@ def columns(rows: list[list[str]]) -> list[str]:
     return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
 
 
-def _styled(status: str) -> Text:
+def styled(status: str) -> Text:
     return Text(status, style=STATUS_COLOURS.get(status, ""))
 
 
@@ -400,89 +398,6 @@ def _problem_items(store: SqlStore, run_id: str, step: str) -> Iterable[dict[str
     return queries.unfinished_items(store, run_id, step, ITEMS_SHOWN)
 
 
-def print_errors(console: Console, store: SqlStore, run: RunRecord, node: str | None, *,
-                 as_json: bool = False) -> None:
-    """Every failed attempt from the event log, and the latest traceback of each failed node; for
-    one node (``node``), also an approval's requests and decisions (who, when, the comment).
-    ``as_json``: one JSON object per node, a line each."""
-    if node is not None:
-        node_id, index = parse_label(node, "--node")
-        found = queries.node_error(store, run.run_id, node_id, index)
-        if found is None:
-            raise UserError(f"run {run.run_id!r} has no node {node!r} "
-                            f"(`raysaga status {shlex.quote(run.run_id)}` lists them)")
-        targets = [(node_id, index, found[0], found[1])]
-    else:
-        targets = [(f["node_id"], f["fan_index"], "failed", f["error"])
-                   for f in queries.failed_nodes(store, run.run_id)]
-        if not targets and not as_json:
-            console.print(Text(f"run {run.run_id}: no failed nodes"))
-    for node_id, index, state, error in targets:
-        attempts = queries.attempt_failures(store, run.run_id, node_id, index)
-        # a fork's inherited node: its approval was asked and decided in the run that executed it
-        origin = inherited_from(store, run.run_id, node_id, index) if node is not None else None
-        history = node_history(store.reader, origin or run.run_id, node_id, index) if node is not None else []
-        if as_json:
-            story = _node_story(run.run_id, node_label(node_id, index), state, error, attempts, history)
-            sys.stdout.write(_dumps({**story, "inherited_from": origin} if node is not None else story) + "\n")
-            continue
-        decided = ": as decided there" if history else ""  # (an approval's decisions, read from there)
-        console.print(Text.assemble((node_label(node_id, index), "bold"), ": ", _styled(state),
-                                    f" (inherited from {origin}, not run again{decided})" if origin else ""))
-        for event in history:
-            console.print(Text("  " + _history_line(event)))
-        if node is not None:  # what it waits for: an approval's payload, a sleep's or a retry's time
-            for text in waiting_lines(store, run, node_id, index, time.time()):
-                console.print(Text("  " + text))
-        for event in attempts:
-            data = event.data if isinstance(event.data, dict) else {}
-            what = "retried" if event.kind == "retry_scheduled" else "failed for good"
-            delay = f" after {seconds(data['delay'])}" if isinstance(data.get("delay"), int | float) else ""
-            which = f"attempt {data['attempt']} " if isinstance(data.get("attempt"), int) else ""  # none: an approval's
-            console.print(Text(f"  {which}at {utc(event.at)}: {error_line(data.get('error'), 300)} — {what}{delay}"))
-            trace = data.get("error", {}).get("traceback") if isinstance(data.get("error"), dict) else None
-            if trace:
-                console.print(Text("    " + scrub_text(str(trace)).rstrip().replace("\n", "\n    ")))
-        if error:
-            if not attempts:
-                console.print(Text(f"  {error_line(error, 300)}"))
-            trace = error.get("traceback") if isinstance(error, dict) else None
-            if trace:
-                console.print(Text("  latest traceback:"))
-                console.print(Text("    " + scrub_text(str(trace)).rstrip().replace("\n", "\n    ")))
+#: Failed nodes ``--json --summary`` lists (``failures_left_out`` counts the rest).
+SUMMARY_FAILURES = 1000
 
-
-def _history_line(event: EventRecord) -> str:
-    """An approval's request, escalation or decision, one line (scrubbed, printable)."""
-    data = event.data if isinstance(event.data, dict) else {}
-    if event.kind == "decision":
-        comment = data.get("comment")
-        return flat(scrub_text(f"{data.get('verdict')} by {data.get('by')} at {utc(event.at)} "
-                               f"(decision {data.get('decision_id')})" + (f": {comment}" if comment else "")))
-    who, until = data.get("approvers"), data.get("timeout_at")
-    deciders = f", approvers {', '.join(map(str, who))}" if isinstance(who, list) else ", anyone decides"
-    return flat(scrub_text(f"{'escalated' if event.kind == 'approval_escalated' else 'asked'} at {utc(event.at)}"
-                           + deciders
-                           + (f", quorum {data['quorum']}" if data.get("quorum", 1) != 1 else "")
-                           + (f", times out {when(until, time.time())}" if isinstance(until, int | float) else "")))
-
-
-def _node_story(run_id: str, label: str, state: str, error: Any, attempts: list[EventRecord],
-                history: list[EventRecord]) -> dict[str, Any]:
-    """``status --node NODE --json`` (and ``--errors --json``, a line per failed node)."""
-    def data(e: EventRecord) -> dict[str, Any]:
-        return e.data if isinstance(e.data, dict) else {}
-
-    story: dict[str, Any] = scrub({
-        "run_id": run_id, "node": label, "status": state,
-        "error": None if error is None else error_line(error, None),
-        "attempts": [{"attempt": data(e).get("attempt"), "at": e.at, "error": error_line(data(e).get("error"), None),
-                      "retried": e.kind == "retry_scheduled", "delay": data(e).get("delay")} for e in attempts],
-        "decisions": [{"verdict": data(e).get("verdict"), "by": data(e).get("by"), "at": e.at,
-                       "comment": data(e).get("comment"), "decision_id": data(e).get("decision_id")}
-                      for e in history if e.kind == "decision"],
-        "requests": [{"kind": e.kind, "at": e.at, "approvers": data(e).get("approvers"),
-                      "quorum": data(e).get("quorum"), "timeout_at": data(e).get("timeout_at")}
-                     for e in history if e.kind != "decision"],
-    })
-    return story

@@ -105,7 +105,9 @@ def status(
             raise UserError(f"run {run_id!r} belongs to workflow {record.workflow_name!r}, not {wf.name!r}: "
                             "drop --workflow, or name that run's workflow")
         if errors_ or node is not None:
-            _status().print_errors(out, store, record, node, as_json=as_json)
+            from raysaga.orchestrator.status_errors import print_errors
+
+            print_errors(out, store, record, node, as_json=as_json)
         elif as_json:
             _status().stream_json(store, record, sys.stdout, wf=wf, summary=summary, nodes_limit=nodes_limit,
                                    nodes_after=nodes_after)

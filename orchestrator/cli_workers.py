@@ -52,8 +52,9 @@ def rows(found: list[WorkerRecord], now: float, *, with_state: bool) -> list[str
         state: str = w.state(now)
         if state == "stopped" and w.stopped_at is not None:
             state = f"stopped {_ago(w.stopped_at, now)}"
+        until = w.stopped_at or (w.beat_at if w.state(now) == "silent" else now)  # (a silent one: its last beat)
         table.append([flat(w.host), str(w.pid), *([state] if with_state else []),
-                      seconds(max(0.0, (w.stopped_at or now) - w.started_at)), _ago(w.beat_at, now),
+                      seconds(max(0.0, until - w.started_at)), _ago(w.beat_at, now),
                       f"{w.busy}/{w.slots} busy", flat(_queues(w)), flat(_served(w))])
     return columns(table)
 

@@ -96,12 +96,14 @@ def _count(events: Sequence[EventRecord]) -> tuple[int, bool]:
     alone = False  # an ALONE seen in that driver's time (events are read newest first)
     for event in reversed(events):
         if event.kind == "lease_claimed":
+            if isinstance(event.data, dict) and event.data.get("taken_from_live"):
+                # a take-over of a driver whose process still ran (silent past its lease, holding the
+                # GIL) is no death, and no progress either: neutral. Ending the count there let a real
+                # crash loop (each dying driver first taken over while it froze) run for ever
+                continue
             if abandoned and started:
                 deaths += 1  # that driver's time, from this claim to the newer one, made no progress
-            # a take-over of a driver whose process still ran (``taken_from_live``: silent past its
-            # lease, holding the GIL) is no death: it ends the count as a plain claim does
-            abandoned = (isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
-                         and not event.data.get("taken_from_live"))
+            abandoned = isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
             started, alone = True, False
             if not abandoned:
                 return deaths, True

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from raysaga.orchestrator.versions import SCHEME_KEY
 from raysaga.state import RunRecord, RunStatus, Store
 from raysaga.state.worker_rows import WorkerRecord
 
@@ -51,16 +52,18 @@ def fleet(store: Store, run: RunRecord, now: float) -> dict[str, Any] | None:
     if not waits_for_fleet(run, now):
         return None
     live = live_workers(store, now)
-    serving = [w for w in live if w.serves(run.workflow_name, run.definition_hash, run.queue)]
+    legacy = SCHEME_KEY not in (run.step_hashes or {})  # recorded by an earlier raysaga: its old hash counts
+    serving = [w for w in live if w.serves(run.workflow_name, run.definition_hash, run.queue, legacy)]
     what = f"{run.workflow_name} v{run.workflow_version} (hash {short(run.definition_hash)}) on queue {run.queue!r}"
     if serving:
         count = "1 live worker serves" if len(serving) == 1 else f"{len(serving)} live workers serve"
-        note = f"{count} {what}: it is claimed once one has a free slot"
+        note = (f"{count} {what}: it is claimed once one has a free slot (unless that worker's code cannot "
+                "read the run's stored values: its log then says it left the run for another)")
         return {"live_workers": len(live), "serving": len(serving), "queue": run.queue, "note": note, "command": None}
     cmd = command(run)
     if not live:
-        note = f"no live worker serves {what}: no worker is live (`raysaga workers --all` shows recent ones); " \
-               f"start one: {cmd}"
+        note = f"no live worker serves {what}: no registered worker is live (`raysaga workers --all` shows " \
+               f"recent ones; workers of raysaga before 0.3.0 do not register); start one: {cmd}"
     else:
         others = "the one live worker serves" if len(live) == 1 else f"the {len(live)} live workers serve"
         note = f"no live worker serves {what}: {others} {served(live, run.queue)}; start one that does: {cmd}"

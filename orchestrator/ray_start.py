@@ -47,6 +47,13 @@ def _set_hook(name: str, value: Any) -> None:
         threading.excepthook = value
 
 
+#: The variables Ray's import and ``ray.init`` set in the host's environment: the only ones put
+#: back. Every difference was taken for Ray's: a variable the host set (another thread) while Ray
+#: started was deleted at the last shutdown.
+RAYS_OWN_ENV = frozenset({"PYTHONBREAKPOINT", "RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED", "RAY_CLIENT_MODE",
+                          "RAY_ADDRESS", "RAY_JOB_ID", "RAY_RAYLET_PID", "RAY_NODE_ID"})
+
+
 @dataclass
 class HostState:
     """What ``ray.init`` may change in the process: signal handlers (only readable and settable
@@ -79,7 +86,7 @@ class HostState:
         for name, before in self.hooks.items():
             if now[name] is not before and now[name] is self.after_hooks.get(name, now[name]):
                 _set_hook(name, before)
-        for name in set(self.env) | set(self.after_env):
+        for name in (set(self.env) | set(self.after_env)) & RAYS_OWN_ENV:
             before, after, current = self.env.get(name), self.after_env.get(name), os.environ.get(name)
             if before == after or current != after:
                 continue  # ray.init left it alone, or it was changed since
@@ -109,7 +116,7 @@ def imported() -> Any:
                 import ray  # what it changes is noted below
 
                 _import_hooks.update({k: (v, now) for k, v in hooks.items() if (now := _hooks()[k]) is not v})
-                _import_env.update({k: (env.get(k), os.environ.get(k)) for k in {*env, *os.environ}
+                _import_env.update({k: (env.get(k), os.environ.get(k)) for k in {*env, *os.environ} & RAYS_OWN_ENV
                                     if env.get(k) != os.environ.get(k)})
     import ray
 

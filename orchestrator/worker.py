@@ -169,7 +169,7 @@ class Worker:
                 for slot in slots:
                     while slot.is_alive():
                         slot.join(timeout=min(0.5, self.presence.every))  # (lets signal handlers run)
-                        self.presence.beat(self._running)  # at most once per interval; never raises
+                        self.presence.beat(self._running, stopping=self._stop.is_set())  # never raises
         finally:
             self.presence.stop()
             if self._primary is not None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from importlib import metadata
 
+from raysaga.orchestrator import versions
 from raysaga.orchestrator.ownership import new_owner
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import Store
@@ -64,12 +65,14 @@ class Presence:
         self._record = WorkerRecord(
             worker_id=self.worker_id, host=socket.gethostname(), pid=os.getpid(), started_at=time.time(),
             beat_at=time.time(), beat_every=self.every, queues=[ANY_QUEUE],  # its claims take every queue
-            workflows=[ServedWorkflow(name=wf.name, version=str(wf.version), definition_hash=wf.definition_hash)
+            workflows=[ServedWorkflow(name=wf.name, version=str(wf.version), definition_hash=wf.definition_hash,
+                                      legacy_hash=versions.legacy_hash(wf))  # (its claims take those runs too)
                        for _, wf in sorted(workflows.items())],
             slots=slots, busy=0, raysaga_version=_version())
         self._next = 0.0  # no beat before then
         self._registered = False
         self._failing = False  # a failure was logged: the next success says the registry answers again
+        self._stopping = False  # its stop was recorded when it stopped claiming
 
     def register(self) -> None:
         now = time.time()
@@ -77,8 +80,13 @@ class Presence:
         self._try(lambda: self.store.worker_register(self._record.model_copy(update={"beat_at": now})), "register")
         self._registered = not self._failing
 
-    def beat(self, busy: int) -> None:
-        """Beat if an interval has passed since the last one (or register, when that failed or the row is gone)."""
+    def beat(self, busy: int, stopping: bool = False) -> None:
+        """Beat if an interval has passed since the last one (or register, when that failed or the row is gone).
+        ``stopping``: it claims no more (SIGTERM) while its runs finish: its stop is recorded at once, so
+        no ``status`` counts it as serving a run it will never claim."""
+        if stopping and not self._stopping:
+            self._stopping = True
+            self.stop()
         now = time.time()
         if now < self._next:
             return

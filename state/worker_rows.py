@@ -34,6 +34,9 @@ class ServedWorkflow(BaseModel):
     name: str
     version: str
     definition_hash: str
+    #: The same code's hash under the earlier scheme: a run an earlier raysaga recorded under it (no
+    #: ``:scheme`` mark among its step hashes) is claimed too (``claims.Served``). None: not recorded.
+    legacy_hash: str | None = None
 
 
 class WorkerRecord(BaseModel):
@@ -68,10 +71,13 @@ class WorkerRecord(BaseModel):
     def serves_queue(self, queue: str | None) -> bool:
         return ANY_QUEUE in self.queues or (queue or "default") in self.queues
 
-    def serves(self, workflow: str, definition_hash: str, queue: str | None) -> bool:
-        """Whether its claims take a submitted run of this workflow, definition and queue."""
-        return self.serves_queue(queue) and any(w.name == workflow and w.definition_hash == definition_hash
-                                                for w in self.workflows)
+    def serves(self, workflow: str, definition_hash: str, queue: str | None, legacy: bool = False) -> bool:
+        """Whether its claims take a submitted run of this workflow, definition and queue; ``legacy``:
+        the run was recorded by an earlier raysaga (its hash may be the code's earlier-scheme one)."""
+        return self.serves_queue(queue) and any(
+            w.name == workflow and (w.definition_hash == definition_hash
+                                    or (legacy and w.legacy_hash is not None and w.legacy_hash == definition_hash))
+            for w in self.workflows)
 
 
 def _values(record: WorkerRecord) -> dict[str, object]:

@@ -69,3 +69,23 @@ def test_awaited_leaves_any_other_value_as_it_is() -> None:
     assert awaited(value) is value
     assert awaited(None) is None
     assert _from("in a running loop", lambda: awaited(_seen()))[0]["request_id"] == "r-1"
+
+
+def test_a_coroutine_run_with_no_loop_has_no_stale_exception_in_hand() -> None:
+    """Stop 47's diff review: ``asyncio.run`` was called inside ``except RuntimeError`` (the "no
+    running event loop" probe), so every async step ran with that as ``sys.exc_info()`` and its
+    own failure chained to it ("During handling of the above exception ...")."""
+    import sys
+
+    async def look() -> object:
+        return sys.exc_info()[1]
+
+    assert run_to_end(look()) is None
+
+    async def boom() -> None:
+        raise ValueError("boom")
+
+    try:
+        run_to_end(boom())
+    except ValueError as exc:
+        assert exc.__context__ is None, repr(exc.__context__)

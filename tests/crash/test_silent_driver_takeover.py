@@ -171,3 +171,22 @@ def test_workers_that_go_silent_in_a_step_are_no_crash_loop(tmp_path: Path) -> N
             proc.kill()  # (a stopped process is killed all the same)
             proc.communicate()
         store.close()
+
+
+def test_deaths_that_follow_live_takeovers_still_make_a_crash_loop() -> None:
+    """Stop 47's diff review: each driver froze (holding the GIL), was taken over while alive, then
+    died (its step's ``os._exit``); a ``taken_from_live`` claim ended the count, so at most one death
+    was ever counted and the loop ran for ever (12 worker processes killed in 45 s). Such a claim is
+    neutral now: neither a death nor progress."""
+    from raysaga.orchestrator.crash_loop import _count
+    from raysaga.state import EventRecord
+
+    def claim(seq: int, **data: str) -> EventRecord:
+        return EventRecord(run_id="r", seq=seq, at=float(seq), kind="lease_claimed", data={"owner": f"o{seq}", **data})
+
+    events = [claim(1), claim(2, taken_from_live="o1"), claim(3, abandoned_by="o1"), claim(4, taken_from_live="o3"),
+              claim(5, abandoned_by="o3"), claim(6, taken_from_live="o5"), claim(7, abandoned_by="o5")]
+    deaths, _ = _count(events)
+    assert deaths >= 3, deaths
+    # live take-overs alone (a step holding the GIL past the lease) count no death
+    assert _count([claim(1), claim(2, taken_from_live="o1"), claim(3, taken_from_live="o2")])[0] == 0

@@ -24,6 +24,7 @@ import jsonschema
 import pytest
 
 from raysaga import Client
+from raysaga.orchestrator import versions
 from raysaga.orchestrator.dashboard import views
 from raysaga.state import RunStatus, ServedWorkflow, WorkerRecord
 from tests.support.cli import invoke
@@ -74,7 +75,8 @@ def _status_json(db: str, run_id: str) -> dict[str, Any]:
 
 
 def _served(wf: Any) -> ServedWorkflow:
-    return ServedWorkflow(name=wf.name, version=wf.version, definition_hash=wf.definition_hash)
+    return ServedWorkflow(name=wf.name, version=wf.version, definition_hash=wf.definition_hash,
+                          legacy_hash=versions.legacy_hash(wf))
 
 
 def test_two_workers_serving_different_workflows_are_both_listed_with_what_they_serve(
@@ -146,8 +148,9 @@ def test_status_of_a_submitted_run_no_live_worker_serves_says_so_and_names_the_c
         command = f"raysaga worker -w {FLOWS}:alpha_v2"
         what = f"view_alpha v2 (hash {alpha_v2.definition_hash[:12]}) on queue 'default'"
         fleet = [line for line in _status(fleet_url, run.run_id).splitlines() if line.startswith("fleet: ")]
-        assert fleet == [f"fleet: no live worker serves {what}: no worker is live (`raysaga workers --all` shows "
-                         f"recent ones); start one: {command}"]
+        assert fleet == [f"fleet: no live worker serves {what}: no registered worker is live (`raysaga workers "
+                         "--all` shows recent ones; workers of raysaga before 0.3.0 do not register); start one: "
+                         f"{command}"]
         procs += [start_registered(fleet_url, "alpha"), start_registered(fleet_url, "beta")]  # v1 of alpha: not it
         _live(client, *procs)
         out = _status(fleet_url, run.run_id)
