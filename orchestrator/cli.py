@@ -456,7 +456,7 @@ def list_runs(
             again = " ".join(a for a in (f"--status {status}" if status else "",
                                          f"--workflow {shlex.quote(workflow)}" if workflow else "",
                                          *(f"--label {shlex.quote(f'{k}={v}')}" for k, v in tags.items()),
-                                         f"--limit {limit}" if limit != 50 else "") if a)
+                                         f"--limit {limit}" if limit != 50 else "", _stores().db_option(db)) if a)
             say(out, f"more: raysaga list --before {shlex.quote(rows[-1].run_id)}" + (f" {again}" if again else ""))
 
 

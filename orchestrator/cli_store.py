@@ -6,6 +6,8 @@ a directory or a schema, so a typo in ``--db`` is a clean error that leaves noth
 
 from __future__ import annotations
 
+import shlex
+
 from raysaga.errors import StoreUnavailableError
 from raysaga.state import SqlStore, describe_store, open_store
 from raysaga.state import engine as _engine
@@ -59,3 +61,18 @@ def open_for_writes(db: str | None, run_id: str | None = None, *, must_exist: bo
     if run_id is not None or must_exist:
         _require_existing(url, run_id)
     return open_store(url)
+
+
+def db_option(db: str | None) -> str:
+    """``--db DB`` for a command line this one prints for the user to run next (``list``'s "more:"
+    line dropped it and its paste listed the default store); none when the store is the default,
+    and the option's name alone when ``db`` holds a password (never printed)."""
+    if not db:
+        return ""
+    from sqlalchemy.engine import make_url
+
+    try:
+        secret = make_url(db).password is not None
+    except Exception:  # a plain file path
+        secret = False
+    return "--db ..." if secret else f"--db {shlex.quote(db)}"

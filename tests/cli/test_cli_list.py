@@ -90,10 +90,20 @@ def test_list_pages_with_before_and_prints_the_next_page_hint(filled: tuple[str,
         hint = [line for line in out.splitlines() if line.startswith("more: raysaga list --before ")]
         if not hint:
             break
-        assert hint[0].endswith("--limit 3")
-        # the hint is a shell command line (a run id is shell-quoted: ``'a]b[/c-1'``): split as a shell would
-        argv = ["list", "--db", url, *shlex.split(hint[0].removeprefix("more: raysaga list "))]
+        assert "--limit 3" in hint[0] and hint[0].endswith(f"--db {shlex.quote(url)}")
+        # the hint is a shell command line (a run id is shell-quoted: ``'a]b[/c-1'``): split as a shell would;
+        # pasted as it is, it lists the same store (it dropped --db: the paste listed the default store)
+        argv = ["list", *shlex.split(hint[0].removeprefix("more: raysaga list "))]
     assert seen == ids
+
+
+def test_the_next_page_hint_never_prints_a_password() -> None:
+    from raysaga.orchestrator.cli_store import db_option
+
+    assert db_option("postgresql://ada:s3cret@db.example/runs") == "--db ..."
+    assert db_option("postgresql://ada@db.example/runs") == "--db postgresql://ada@db.example/runs"
+    assert db_option("runs/my store.db") == "--db 'runs/my store.db'"
+    assert db_option(None) == ""
 
 
 def test_list_filters_by_workflow_and_status(filled: tuple[str, list[str]]) -> None:
