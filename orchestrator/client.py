@@ -153,7 +153,8 @@ class Client:
         by = _actor(by)
         run = self.get_run(run_id)
         if run.status != RunStatus.PAUSED:
-            pending = any(s.kind == "pause" for s in self.store.pending_signals(run_id))
+            # (an ended run's pause never comes: a cancel beside it won, it said so to a cancelled run)
+            pending = run.status not in TERMINAL and any(s.kind == "pause" for s in self.store.pending_signals(run_id))
             hint = " (its pause is still on its way to the driver: unpause once it is paused)" if pending else ""
             raise UserError(f"run {run_id!r} is {run.status.value}, not paused{hint}")
         if (run.status_reason or "").startswith("budget:") and spent_budget(run) is not None:  # it pauses again

@@ -118,3 +118,27 @@ def test_a_retry_is_not_cancelled_by_a_cancel_that_came_as_the_run_ended(tmp_pat
         assert store.pending_signals("r1") == [], store.pending_signals("r1")
     finally:
         store.close()
+
+
+def test_an_unpause_of_an_ended_run_does_not_promise_a_pause(tmp_path: Path) -> None:
+    """A pause beside a cancel that won stayed queued; ``unpause`` of the cancelled run said "its
+    pause is still on its way to the driver: unpause once it is paused", which never comes."""
+    from raysaga.errors import UserError
+
+    calls: list[str] = []
+    flow = _approval_flow("unpause_ended", calls)
+    store = SqlStore(f"sqlite:///{tmp_path / 'run.db'}")
+    try:
+        assert raysaga.run(flow, {}, store=store, run_id="r1", executor="inline",
+                           options=OPTIONS).status == RunStatus.WAITING_HUMAN
+        client = Client(store)
+        client.cancel("r1", reason="done with it")
+        store.send_signal("r1", "pause", payload={"reason": "late", "by": "ops"})  # came as it ended
+        try:
+            client.unpause("r1")
+        except UserError as exc:
+            assert "cancelled, not paused" in str(exc) and "on its way" not in str(exc), str(exc)
+        else:
+            raise AssertionError("an unpause of a cancelled run was taken")
+    finally:
+        store.close()
