@@ -438,7 +438,10 @@ _pools_lock = threading.Lock()
 
 def shared_pool(ray: Any, concurrency: int) -> IoPool:
     """This process's pool for the connected Ray job and this size (created on first use)."""
-    key = (str(ray.get_runtime_context().get_job_id()), concurrency)
+    context = ray.get_runtime_context()
+    # a new local Ray gives its first driver the same job id (01000000): the cluster's address tells
+    # the sessions apart (a second run in a process reused the first's dead pool: "Can't find actor")
+    key = (f"{getattr(context, 'gcs_address', '')}/{context.get_job_id()}", concurrency)
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
@@ -448,6 +451,12 @@ def shared_pool(ray: Any, concurrency: int) -> IoPool:
         return pool
 
 
+def forget_pools() -> None:
+    """Drop this process's pools: the Ray they ran on was shut down (``ray_start.leave``)."""
+    with _pools_lock:
+        _pools.clear()
+
+
 __all__ = ["CANCEL_GRACE_S", "CONTROL_GROUP", "IO_CONCURRENCY_ENV", "THREADS_PER_ACTOR", "IoPool", "IoStream",
-           "IoWorker", "NotStarted", "ProcessIdentity", "_kill_local", "_reported", "io_concurrency_limit",
-           "is_actor_death", "process_identity", "shared_pool"]
+           "IoWorker", "NotStarted", "ProcessIdentity", "_kill_local", "_reported", "forget_pools",
+           "io_concurrency_limit", "is_actor_death", "process_identity", "shared_pool"]

@@ -200,6 +200,9 @@ def leave(ray: Any) -> None:
             return
         _users, host, _host, keeper, _keeper = 0, _host, None, _keeper, None
         ray.shutdown()
+        from raysaga.orchestrator.io_pool import forget_pools
+
+        forget_pools()  # their actors went with it
         if keeper is not None:
             keeper.release.set()
         if host is not None:
