@@ -16,7 +16,7 @@ from raysaga.state.schema import SCHEMA_VERSION as SCHEMA_VERSION  # (`raysaga -
 
 
 def store_url(db: str | None) -> str:
-    return db or _engine.default_url()
+    return _engine.given_url(db, "--db (or RAYSAGA_DB)")
 
 
 def describe(url: str) -> str:

@@ -72,10 +72,10 @@ def open_store(url: str | None = None, *, create: bool = True) -> "SqlStore":
     raises ``StoreUnavailableError`` (or ``SchemaVersionError``) here.
     """
     from raysaga.state import migrate
-    from raysaga.state.engine import default_url, normalize_url, probe_sqlite_store, refuse_foreign_sqlite
+    from raysaga.state.engine import given_url, normalize_url, probe_sqlite_store, refuse_foreign_sqlite
     from raysaga.state.sql_store import SqlStore
 
-    url = normalize_url(url or default_url())
+    url = normalize_url(given_url(url))
     if create:
         refuse_foreign_sqlite(url)  # another program's SQLite file never gets raysaga's tables
         return SqlStore(url)

@@ -97,6 +97,15 @@ def store_home() -> Path:
     return Path(os.path.abspath(folder))
 
 
+def given_url(url: str | None, what: str = "--db (or RAYSAGA_DB, or store=)") -> str:
+    """``url``, else ``default_url()``; an empty one is refused: ``--db "$DB"`` with ``DB`` unset
+    silently meant the default store, and a prune or cancel went to the wrong one."""
+    if url is not None and not url.strip():
+        raise StoreUnavailableError(f"{what} is empty: give a store's URL or path, or leave it out for the "
+                                    f"default store ({describe_store()})")
+    return url or default_url()
+
+
 def default_url() -> str:
     """The store used when none is given, the same from every folder: ``RAYSAGA_DB`` (a URL or a
     path) when set, else ``$RAYSAGA_HOME/raysaga.db``, else ``~/.raysaga/raysaga.db``."""
