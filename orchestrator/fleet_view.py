@@ -11,7 +11,6 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from raysaga.orchestrator.versions import SCHEME_KEY
 from raysaga.state import RunRecord, RunStatus, Store
 from raysaga.state.worker_rows import WorkerRecord
 
@@ -23,6 +22,9 @@ SERVED_SHOWN = 8
 _RESTING = (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED)
 _ACTIVE = (RunStatus.RUNNING, RunStatus.COMPENSATING)
 
+
+#: ``versions.SCHEME_KEY``, not imported: ``raysaga status`` loads neither the DSL nor networkx.
+SCHEME_KEY = ":scheme"
 
 def live_workers(store: Store, now: float) -> list[WorkerRecord]:
     return [w for w in store.workers(now - RECENT) if w.state(now) == "live"]
