@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, inspect, text
 
-from raysaga.state import RunStatus, SqlStore, WorkerRecord, migrate
+from raysaga.state import RunStatus, SqlStore, WorkerRecord
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION
-from tests.support.old_schema import store_at
+from tests.support.old_schema import downgrade, store_at
 from tests.support.postgres import drop_pg_database, make_pg_database
 
 _INSERT_RUN = ("INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, version, "
@@ -62,21 +62,6 @@ def _schema_14_store(url: str) -> list[tuple[str, str, str | None, str]]:
         return _runs(engine)
 
 
-def _downgrade(url: str, revision: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, revision)
-    finally:
-        engine.dispose()
-
-
 def _record(worker_id: str) -> WorkerRecord:
     now = time.time()
     return WorkerRecord(worker_id=worker_id, host="h", pid=1, started_at=now, beat_at=now, beat_every=1.0,
@@ -103,7 +88,7 @@ def test_the_downgrade_drops_the_table_and_keeps_the_runs(empty: str) -> None:
     store = SqlStore(empty)
     store.worker_register(_record("w1"))
     store.close()
-    _downgrade(empty, "0014")
+    downgrade(empty, "0014")
     engine = make_engine(empty)
     try:
         assert _state(engine) == (14, ["0014"], False) and _runs(engine) == before

@@ -11,10 +11,10 @@ import uuid
 
 from sqlalchemy import Engine, inspect, text
 
-from raysaga.state import NewRun, SqlStore, migrate
+from raysaga.state import NewRun, SqlStore
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION, runs
-from tests.support.old_schema import store_at
+from tests.support.old_schema import downgrade, store_at
 
 _INSERT_RUN = ("INSERT INTO raysaga_runs (run_id, workflow_name, workflow_version, definition_hash, status, version, "
                "fence, event_seq, input, retries_used, tokens_used, cost_used, trace_id, created_at, updated_at, "
@@ -43,22 +43,6 @@ def _state(engine: Engine) -> tuple[int, list[str]]:
     with engine.connect() as conn:
         version = conn.execute(text("SELECT version FROM raysaga_schema WHERE id = 1")).scalar_one()
         return version, [r[0] for r in conn.execute(text("SELECT version_num FROM alembic_version"))]
-
-
-def _downgrade(url: str, revision: str) -> None:
-    """alembic's downgrade of the store at ``url`` to ``revision`` (raysaga never downgrades by itself)."""
-    from alembic import command
-    from alembic.config import Config
-
-    engine = make_engine(url)
-    try:
-        with engine.begin() as conn:
-            cfg = Config()
-            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, revision)
-    finally:
-        engine.dispose()
 
 
 def _schema_12(engine: Engine) -> None:
@@ -103,7 +87,7 @@ def test_the_downgrade_drops_the_column_and_keeps_the_runs(empty_url: str) -> No
     finally:
         store.close()
 
-    _downgrade(empty_url, "0012")
+    downgrade(empty_url, "0012")
     engine = make_engine(empty_url)
     try:
         assert _state(engine) == (12, ["0012"])

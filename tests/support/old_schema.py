@@ -32,3 +32,19 @@ def store_at(url: str, revision: str) -> Iterator[Engine]:
         yield engine
     finally:
         engine.dispose()
+
+
+def downgrade(url: str, revision: str) -> None:
+    """alembic's downgrade of the store at ``url`` to ``revision`` (raysaga never downgrades by itself)."""
+    from alembic import command
+    from alembic.config import Config
+
+    engine = make_engine(url)
+    try:
+        with engine.begin() as conn:
+            cfg = Config()
+            cfg.set_main_option("script_location", str(migrate.MIGRATIONS_DIR))
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+    finally:
+        engine.dispose()
