@@ -12,6 +12,7 @@ import shlex
 from typing import Any
 
 from raysaga.state import RunRecord, RunStatus, Store
+from raysaga.state.claims import SCHEME_KEY
 from raysaga.state.worker_rows import WorkerRecord
 
 #: ``raysaga workers --all`` and this view read the rows that beat or stopped in this window.
@@ -22,9 +23,6 @@ SERVED_SHOWN = 8
 _RESTING = (RunStatus.WAITING_HUMAN, RunStatus.WAITING_TIMER, RunStatus.PAUSED)
 _ACTIVE = (RunStatus.RUNNING, RunStatus.COMPENSATING)
 
-
-#: ``versions.SCHEME_KEY``, not imported: ``raysaga status`` loads neither the DSL nor networkx.
-SCHEME_KEY = ":scheme"
 
 def live_workers(store: Store, now: float) -> list[WorkerRecord]:
     return [w for w in store.workers(now - RECENT) if w.state(now) == "live"]

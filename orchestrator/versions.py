@@ -33,6 +33,7 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.machine.doubt import REPINNED_KEY, may_have_happened
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import EffectStatus, Lease, NodeStatus, NodeWrite, RunRecord, Store
+from raysaga.state.claims import SCHEME_KEY
 
 __all__ = ["Changes", "changes", "check", "definition_known", "legacy_hash", "pin", "step_hashes", "types_digest",
            "types_may_differ"]
@@ -78,7 +79,7 @@ def types_may_differ(run: RunRecord, wf: Workflow) -> bool:
 #: only such a run may be taken for this code by ``legacy_hash`` (a scheme-2 hash of code without
 #: the new fields equals a scheme-1 hash of code that has them: without the mark, a deploy adding
 #: ``input`` to an effect step would pass for an upgrade).
-SCHEME_KEY, SCHEME = ":scheme", "2"
+SCHEME = "2"
 #: Where ``step_hashes`` keeps ``types_digest``; like ``SCHEME_KEY``, no step's name.
 TYPES_KEY = ":types"
 

@@ -172,6 +172,12 @@ def _lease_free(now: float) -> ColumnElement[bool]:
     return or_(runs.c.lease_owner.is_(None), runs.c.lease_expires_at < now)
 
 
+#: The key among a run's ``step_hashes`` that marks the hash scheme it was recorded under (its
+#: value: ``versions.SCHEME``): a run without it was recorded by an earlier raysaga (scheme 1). Kept
+#: here, the lowest layer that reads it: ``versions``, claims and ``fleet_view`` (which ``raysaga
+#: status`` loads without the DSL or networkx) share this one.
+SCHEME_KEY = ":scheme"
+
 #: Digests a worker drives a workflow's runs under: its definition hash, or (hash, earlier scheme's
 #: hash of the same code): a run an earlier raysaga recorded (no ``:scheme`` among its step hashes)
 #: under the latter is this code's too (``versions.legacy_hash``), and the driver repins it.
@@ -208,7 +214,7 @@ def _of(name: str, digests: Digests) -> ColumnElement[bool]:
     current, legacy = (digests, None) if isinstance(digests, str) else digests
     hashed = runs.c.definition_hash == current
     if legacy is not None and legacy != current:  # (a scheme-2 hash of other code may equal it: the mark tells)
-        unmarked = or_(runs.c.step_hashes.is_(None), cast(runs.c.step_hashes, Text).not_like('%":scheme"%'))
+        unmarked = or_(runs.c.step_hashes.is_(None), cast(runs.c.step_hashes, Text).not_like(f'%"{SCHEME_KEY}"%'))
         hashed = or_(hashed, and_(runs.c.definition_hash == legacy, unmarked))
     if isinstance(digests, Served) and digests.skip:
         hashed = and_(hashed, runs.c.run_id.not_in(sorted(digests.skip)))

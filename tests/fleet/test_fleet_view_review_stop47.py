@@ -52,7 +52,3 @@ def test_a_worker_that_stopped_claiming_serves_no_run(store_url: str) -> None:
         [row] = [w for w in client.workers(include_gone=True) if w.worker_id == presence.worker_id]
         assert row.stopped_at is not None
 
-
-def test_the_fleet_views_scheme_mark_is_the_definitions() -> None:
-    """(``fleet_view`` keeps its own copy: importing ``versions`` made ``raysaga status`` load networkx.)"""
-    assert fleet_view.SCHEME_KEY == versions.SCHEME_KEY
