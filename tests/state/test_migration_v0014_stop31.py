@@ -12,8 +12,8 @@ from sqlalchemy import Engine, text
 from raysaga.state import SqlStore
 from raysaga.state.engine import make_engine
 from raysaga.state.schema import SCHEMA_VERSION
-from tests.state.test_migration_v0013_stop30 import _downgrade, _insert, _state
-from tests.support.old_schema import store_at
+from tests.state.test_migration_v0013_stop30 import _insert, _state
+from tests.support.old_schema import downgrade, store_at
 
 INDEX = "ix_raysaga_nodes_waiting"
 
@@ -75,7 +75,7 @@ def test_a_schema_13_store_with_waiting_rows_is_upgraded_and_its_inbox_read_by_t
 def test_the_downgrade_drops_the_index_and_keeps_the_rows(empty_url: str) -> None:
     before = _schema_13_store(empty_url)
     SqlStore(empty_url).close()  # upgraded to 14
-    _downgrade(empty_url, "0013")
+    downgrade(empty_url, "0013")
     engine = make_engine(empty_url)
     try:
         assert _state(engine) == (13, ["0013"]) and _index_sql(engine) is None
