@@ -324,9 +324,10 @@ def raysaga_chain(n: int, executor: str, tmp: Path) -> tuple[Timing, Path]:
     return timing, path
 
 
-def raysaga_fanout(n: int, tmp: Path) -> tuple[Timing, Path]:
-    with fresh_store(tmp, f"fanout-{n}") as (store, path):
-        timing = run_raysaga(store, flows.fanout(), n, "ray")
+def raysaga_fanout(n: int, tmp: Path, *, local_glue: bool = False) -> tuple[Timing, Path]:
+    """The fan-out on Ray; ``local_glue``: its planner and join run in the driver (``local=True``)."""
+    with fresh_store(tmp, f"fanout-{n}{'-local' if local_glue else ''}") as (store, path):
+        timing = run_raysaga(store, flows.fanout(local_glue), n, "ray")
     return timing, path
 
 

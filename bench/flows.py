@@ -60,12 +60,14 @@ def chain(n: int) -> Workflow:
 
 
 @cache
-def fanout() -> Workflow:
-    """``plan -> item[0..N-1] -> sink`` where N is the run's input."""
-    wf = Workflow("bench-fanout")
-    wf.step(plan)
+def fanout(local_glue: bool = False) -> Workflow:
+    """``plan -> item[0..N-1] -> sink`` where N is the run's input. ``local_glue``: ``plan`` and
+    ``sink`` declared ``local=True`` (run in the driver, as the raw Ray baselines run their own
+    planning and gathering), the items on Ray either way."""
+    wf = Workflow("bench-fanout-local-glue" if local_glue else "bench-fanout")
+    wf.step(plan, local=local_glue)
     wf.map("plan")(item)
-    wf.step(sink)
+    wf.step(sink, local=local_glue)
     return wf.validate()
 
 

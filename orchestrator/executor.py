@@ -22,6 +22,7 @@ from raysaga.orchestrator.executor_base import CANCELLED, Executor, Handle, Inli
 from raysaga.orchestrator.io_pool import IoPool, io_concurrency_limit, shared_pool
 from raysaga.orchestrator.item_block import ItemBlock, ItemOutcomes, ItemsDone
 from raysaga.orchestrator.keys import is_compensation
+from raysaga.orchestrator.local_steps import LocalSteps
 from raysaga.orchestrator.ray_address import same_cluster
 from raysaga.orchestrator.ray_lanes import (
     Chunk,
@@ -63,7 +64,8 @@ class RayExecutor(Executor):
     at once (``RAYSAGA_IO_CONCURRENCY``, default 64); beyond that, one more wave waits in the
     actors' queues (so a thread that frees starts the next call at once) and the rest here. A step's resource
     request (``num_cpus``, ``num_gpus``, ``memory``, ``resources``) goes with its tasks, and one no
-    node can ever hold fails the attempt permanently (``resources``). See docs/execution.md.
+    node can ever hold fails the attempt permanently (``resources``). A ``local=True`` step runs
+    in this process once the round's tasks are sent (``local_steps``). See docs/execution.md.
     """
 
     name = "ray"
@@ -115,6 +117,7 @@ class RayExecutor(Executor):
         self._io = Lane(limit=io_limit, chunked=False)  # I/O-bound attempts, queued for the pool
         self._pool: IoPool | None = None  # this process's, taken at the first I/O-bound attempt
         self._feasible = Feasibility(ray)
+        self._local = LocalSteps()  # ``local=True`` attempts, run at the next pump
 
     @property
     def io_pool(self) -> IoPool:
@@ -133,6 +136,9 @@ class RayExecutor(Executor):
 
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
         handle = Handle(key=(call.node_id, call.fan_index))
+        if spec.local:
+            self._local.add(handle, call, spec)
+            return handle
         if spec.resources is not None and (refused := self._tasks.refusal(spec, self._feasible)) is not None:
             # it would wait in Ray's queue forever, or Ray refuses it: fail it, permanently
             handle.outcome, handle.sent = NodeOutcome.failure(refused, transient=False, started_at=time.time()), True
@@ -208,6 +214,7 @@ class RayExecutor(Executor):
                 self._send(items[0][2], [(handle, call) for handle, call, _ in items], lane)
             while lane.blocks and lane.tasks < lane.room():
                 self._send_block(lane, lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
+        self._local.run(self._finished)  # (the tasks sent above run meanwhile)
 
     def _io_ready(self) -> list[tuple[Handle, NodeCall, StepSpec]]:
         """The queued I/O-bound attempts to send now, in order: while the pool has a free thread,
@@ -405,7 +412,8 @@ class RayExecutor(Executor):
         if handle.outcome is not None:
             return
         handle.outcome = CANCELLED  # wait() never returns it
-        if handle.ref is None:  # queued in a lane, not sent
+        if handle.ref is None:  # queued in a lane, or a local step's, not sent
+            self._local.drop(handle)
             for lane in self._all_lanes():
                 if any(item[0] is handle for item in lane.queue):
                     lane.queue = deque(item for item in lane.queue if item[0] is not handle)

@@ -216,8 +216,11 @@ PLACEMENT_OPTIONS = ("io_bound", "num_cpus", "num_gpus", "memory", "resources")
 
 
 def placement(step: str, *, io_bound: Any = None, num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
-              resources: Any = None) -> tuple[bool | None, ResourceRequest | None]:
-    """A step's ``io_bound`` flag and resource request, validated (``WorkflowDefinitionError`` naming it)."""
+              resources: Any = None, local: tuple[Any, float | None, str | None] = (False, None, None),
+              ) -> tuple[bool | None, ResourceRequest | None, bool]:
+    """A step's ``io_bound`` flag, resource request and ``local`` flag (given with the step's
+    ``timeout`` and ``map_over``, which it cannot go with), validated (``WorkflowDefinitionError``
+    naming the step)."""
     if io_bound is not None and not isinstance(io_bound, bool):
         raise WorkflowDefinitionError(f"step {step!r}: io_bound must be True or False, got {io_bound!r}")
     request = resource_request(step, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, resources=resources)
@@ -225,7 +228,27 @@ def placement(step: str, *, io_bound: Any = None, num_cpus: Any = None, num_gpus
         raise WorkflowDefinitionError(
             f"step {step!r}: io_bound=True runs it in a thread of the shared I/O pool, which reserves no "
             f"resources, so it cannot also ask for {request.describe()}: drop io_bound, or the resources")
-    return io_bound, request
+    flag, timeout, map_over = local
+    return io_bound, request, check_local(step, flag, io_bound=io_bound, request=request, timeout=timeout,
+                                          map_over=map_over)
+
+
+def check_local(step: str, local: Any, *, io_bound: bool | None, request: ResourceRequest | None,
+                timeout: float | None, map_over: str | None) -> bool:
+    """A step's ``local=`` flag (``local_steps``), checked against the options it cannot go with."""
+    if not isinstance(local, bool):
+        raise WorkflowDefinitionError(f"step {step!r}: local= takes True or False, got {local!r}")
+    if not local:
+        return False
+    clash = ("io_bound=True, which runs it in the I/O pool" if io_bound else
+             f"{request.describe()}, which only a Ray task can hold" if request is not None else
+             f"timeout={timeout:g}, which nothing can enforce on the driver's own thread" if timeout is not None else
+             f"map_over={map_over!r}: a fan-out's items run on Ray, in chunks" if map_over is not None else None)
+    if clash is not None:
+        raise WorkflowDefinitionError(
+            f"step {step!r}: local=True runs it in the driver's process, so it cannot also take {clash}: "
+            "drop local=True, or that option")
+    return True
 
 
 def unknown_options(step: str, unknown: Any, known: Any) -> WorkflowDefinitionError:

@@ -53,6 +53,9 @@ class StepSpec:
     optional_params: dict[str, Any] = field(default_factory=dict)
     """Parameters with a default named after no step when the step was declared: each becomes a
     dependency if such a step exists once the workflow is complete (``Workflow.validate``)."""
+    local: bool = False
+    """Runs in the driver's own process, not as a Ray task (``local_steps``): cheap glue, a
+    planner or a join, spared a Ray round trip. Left out of the hash, like ``io_bound``."""
     rate_limit: RateLimit | None = None
     """A fleet-wide limit each attempt is admitted through before it is sent (an agent's model
     calls, a tool's calls): left out of the hash, like ``resources``."""
@@ -68,7 +71,7 @@ class StepSpec:
     def signature_for_hash(self, *, legacy: bool = False) -> dict[str, Any]:
         """What identifies the step's place and contract in the DAG (not its body).
 
-        ``io_bound`` and ``resources`` are left out on purpose: they say where an attempt runs, not
+        ``io_bound``, ``local`` and ``resources`` are left out on purpose: they say where an attempt runs, not
         what the step means or what its checkpoints hold, so a run resumes after they change (a
         step moved to a GPU node, given more memory, or to the I/O pool). See docs/execution.md.
 

@@ -58,7 +58,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 OnFailure = Literal["skip", "pass"]
 
 
-
 class Workflow:
     """A DAG definition. Validated (networkx) the first time it is used or ``validate()`` is called."""
 
@@ -113,6 +112,7 @@ class Workflow:
         policy: FanOutPolicy | None = None,
         on_failure: OnFailure = "skip",
         io_bound: bool | None = None,
+        local: bool = False,
         num_cpus: float | None = None,
         num_gpus: float | None = None,
         memory: int | None = None,
@@ -138,6 +138,7 @@ class Workflow:
         policy: FanOutPolicy | None = None,
         on_failure: OnFailure = "skip",
         io_bound: bool | None = None,
+        local: bool = False,
         num_cpus: float | None = None,
         num_gpus: float | None = None,
         memory: int | None = None,
@@ -163,6 +164,7 @@ class Workflow:
         policy: FanOutPolicy | None = None,
         on_failure: OnFailure = "skip",
         io_bound: bool | None = None,
+        local: bool = False,
         num_cpus: float | None = None,
         num_gpus: float | None = None,
         memory: int | None = None,
@@ -195,6 +197,7 @@ class Workflow:
             num_cpus, num_gpus, memory, resources: what each attempt asks Ray for (default: one
                 CPU); ``resources`` names custom resources, ``{"special": 1}``. Checked here, and
                 against the cluster's nodes when an attempt is sent.
+            local: run it in the driver's process, not as a Ray task: cheap glue only (docs/execution.md).
 
         Raises:
             WorkflowDefinitionError: an option of the wrong type or out of range, an unknown
@@ -212,9 +215,9 @@ class Workflow:
             spec = self._make_spec(func, name=name, after=upstream, critical=critical, effect=effect,
                                    effect_name=effect_name, retry=retry, timeout=timeout, compensate=compensate,
                                    reconcile=reconcile, map_over=map_over, policy=policy, on_failure=on_failure)
-            io, request = placement(spec.name, io_bound=io_bound, num_cpus=num_cpus, num_gpus=num_gpus,
-                                    memory=memory, resources=resources)
-            self._add(dataclasses.replace(spec, io_bound=io, resources=request))
+            io, request, here = placement(spec.name, io_bound=io_bound, num_cpus=num_cpus, num_gpus=num_gpus,
+                                          memory=memory, resources=resources, local=(local, timeout, map_over))
+            self._add(dataclasses.replace(spec, io_bound=io, resources=request, local=here))
             return func
 
         if fn is not None:
