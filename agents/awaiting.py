@@ -10,11 +10,14 @@ loop runs, the coroutine runs on a fresh loop of its own in a helper thread, the
 the same result, the same exception raised, the caller's context variables seen, as
 ``asyncio.run`` gives in a thread without a loop. (The caller's loop is blocked meanwhile, as
 it is by any synchronous call of raysaga's: ``run`` drives a whole run before it returns.)
+A caller stopped while it waits (Ctrl-C in a host that catches ``KeyboardInterrupt``) cancels the
+coroutine before it re-raises: left running, its effect landed with nothing recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from collections.abc import Coroutine
@@ -45,13 +48,22 @@ def run_to_end(coro: Coroutine[Any, Any, T]) -> T:
 
 
 class _Ended:
-    """What the helper thread's loop ended with: a result, or the exception to raise."""
+    """What the helper thread's loop ended with: a result, or the exception to raise; and, while it
+    runs, the coroutine's task, for the caller to cancel (``_stop``)."""
 
-    __slots__ = ("error", "result")
+    __slots__ = ("error", "lock", "loop", "result", "stopped", "task")
 
     def __init__(self) -> None:
         self.result: Any = None
         self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.task: asyncio.Task[Any] | None = None
+        self.stopped = False
+
+
+#: Seconds the caller waits for a cancelled coroutine to unwind before it raises what stopped it.
+UNWIND_S = 5.0
 
 
 def _in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
@@ -60,17 +72,42 @@ def _in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
     context = contextvars.copy_context()
     ended = _Ended()
 
+    async def tracked() -> T:
+        with ended.lock:
+            if ended.stopped:  # the caller was stopped before this started: never run the coroutine
+                coro.close()
+                raise asyncio.CancelledError
+            ended.loop, ended.task = asyncio.get_running_loop(), asyncio.current_task()
+        return await coro
+
     def main() -> None:
         try:
-            ended.result = context.run(asyncio.run, coro)
+            ended.result = context.run(asyncio.run, tracked())
         except BaseException as exc:  # raised in the caller's thread, whatever it is (KeyboardInterrupt too)
             ended.error = exc
 
     helper = threading.Thread(target=main, name="raysaga-coroutine", daemon=True)
     helper.start()
-    helper.join()
+    try:
+        helper.join()
+    except BaseException:
+        # the caller stopped waiting (Ctrl-C in a host that catches KeyboardInterrupt): the coroutine
+        # must not run on behind it, its effect landing with nothing recorded; cancel it, let it unwind
+        _stop(ended)
+        helper.join(UNWIND_S)
+        raise
     if ended.error is not None:
         error, ended.error = ended.error, None  # (no cycle through this frame)
         raise error
     result: T = ended.result
     return result
+
+
+def _stop(ended: _Ended) -> None:
+    """Cancel the helper's coroutine, or keep it from starting."""
+    with ended.lock:
+        ended.stopped = True
+        loop, task = ended.loop, ended.task
+    if loop is not None and task is not None:
+        with contextlib.suppress(RuntimeError):  # its loop has closed: it ended meanwhile
+            loop.call_soon_threadsafe(task.cancel)

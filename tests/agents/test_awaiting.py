@@ -89,3 +89,46 @@ def test_a_coroutine_run_with_no_loop_has_no_stale_exception_in_hand() -> None:
         run_to_end(boom())
     except ValueError as exc:
         assert exc.__context__ is None, repr(exc.__context__)
+
+
+_STOPPED_HOST = r"""
+import asyncio, signal, sys, threading
+from raysaga.agents.awaiting import run_to_end
+
+started, cancelled, finished = threading.Event(), threading.Event(), threading.Event()
+
+async def step():
+    started.set()
+    try:
+        await asyncio.sleep(60)
+        finished.set()  # the effect the caller no longer waits for
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+async def handler():
+    return run_to_end(step())  # a running loop: the coroutine goes to a helper thread
+
+def ctrl_c():
+    started.wait(30)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+threading.Thread(target=ctrl_c, daemon=True).start()
+loop = asyncio.new_event_loop()  # (not asyncio.run: its own SIGINT handler would only cancel handler())
+try:
+    loop.run_until_complete(handler())
+    print("not interrupted")
+except KeyboardInterrupt:
+    print("cancelled" if cancelled.wait(30) else "still running", "finished" if finished.is_set() else "")
+"""
+
+
+def test_a_caller_stopped_while_waiting_cancels_the_coroutine() -> None:
+    """Ctrl-C while a host's loop waits on a coroutine in the helper thread: the KeyboardInterrupt
+    reaches the host, and the coroutine is cancelled, not left to run on (its effect landing with
+    nothing recorded). A real SIGINT to the main thread of a process of its own."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _STOPPED_HOST], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["cancelled"], done.stdout + done.stderr
