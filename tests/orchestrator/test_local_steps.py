@@ -118,7 +118,7 @@ def test_a_local_attempt_cancelled_before_the_pump_never_runs(ray_session: str, 
     spec = wf.validate().steps["touch"]
     executor = RayExecutor()
     try:
-        call = NodeCall(fields=("r-1", "touch", -1, 1, None, None, False), kwargs={}, max_output_bytes=1 << 20)
+        call = NodeCall(fields=("r-1", "touch", -1, 1, "t-1", None, False), kwargs={}, max_output_bytes=1 << 20)
         handle = executor.submit(spec, call)
         assert not handle.sent and handle.outcome is None  # queued until the round's pump
         executor.cancel(handle)
