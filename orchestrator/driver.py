@@ -160,7 +160,7 @@ class Driver:
 
     def _restore(self, snap: RunSnapshot) -> RunMachine:
         assert self._hb is not None
-        m, outputs = driver_io.restored(self.wf, snap, self.options, self.rng, self.blobs)
+        m, outputs = driver_io.restored(self.wf, snap, self.options, self.rng, self.blobs, self.executor.effect_window)
         self.tracing = tracing.for_run(self.wf, snap, outputs, self.owner, self.store)  # None: no receiver
         self._hb.signals.extend(snap.signals)
         self.progress.total = len(self.wf.steps)

@@ -47,8 +47,9 @@ EVENTS_WINDOW = 200
 
 
 def restored(wf: Workflow, snap: RunSnapshot, options: RunOptions, rng: random.Random,
-             blobs: BlobReader) -> tuple[RunMachine, dict[str, Any]]:
-    """The run's machine restored from ``snap``, and its rows' output blobs (by digest)."""
+             blobs: BlobReader, effect_window: int | None = None) -> tuple[RunMachine, dict[str, Any]]:
+    """The run's machine restored from ``snap``, and its rows' output blobs (by digest);
+    ``effect_window``: the executor's, an effect fan-out's items in flight at most (``Forward``)."""
     outputs = blobs({n.output_digest: f"node {n.label}" for n in snap.nodes if n.output_digest})
     completed = {(n.node_id, n.fan_index) for n in snap.nodes if n.status == NodeStatus.COMPLETED}
     ledger = blobs({  # results a resume may hand out from the ledger instead of a call
@@ -56,6 +57,7 @@ def restored(wf: Workflow, snap: RunSnapshot, options: RunOptions, rng: random.R
         if e.status == EffectStatus.COMMITTED and isinstance(e.result, dict) and set(e.result) == {"blob"}
         and (e.node_id, e.fan_index) not in completed})
     m = RunMachine(wf, snap.run, options, rng)
+    m.forward.window.window = effect_window
     m.restore(snap, outputs, ledger)
     return m, outputs
 

@@ -104,7 +104,7 @@ class RayExecutor(Executor):
         self._tasks = TaskSubmitter(remote_run_packed())
         self._packer = SpecPacker()
         cpus = cluster_cpus(ray)
-        self._lane_tasks = self.LANE_TASKS_PER_CPU * cpus
+        self._lane_tasks = self.effect_window = self.LANE_TASKS_PER_CPU * cpus  # (an effect lane's bound too)
         self._cpus = cpus
         self._inflight: dict[Any, tuple[list[Handle] | Chunk, Lane | None]] = {}  # task ref -> its attempts, lane
         self._items_done: list[ItemsDone] = []  # blocks' items back, not taken yet (``take_items``)

@@ -49,6 +49,10 @@ class Executor(ABC):
     #: The attempt runs inside ``submit``: nothing overlaps the caller, so the driver commits what
     #: finished before it sends the next attempt (else a death in that one would lose both).
     runs_at_submit: bool = False
+    #: An effect fan-out's items issued at most at once (``Forward.effect_window``): an item's
+    #: pending ledger row is written when it is issued, so a driver that dies leaves at most these
+    #: in doubt (a rollback refunds each, a resume reconciles each), not every item of the step.
+    effect_window: int | None = 8
 
     @abstractmethod
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
@@ -137,6 +141,9 @@ class InlineExecutor(Executor):
 
     name = "inline"
     runs_at_submit = True
+    #: No window: a round's attempts all run in ``submit`` before any is committed (the inline
+    #: executor's crash window, docs/execution.md), so a window would only cut the round short.
+    effect_window = None
     #: Runs and steps warned about their ignored ``timeout=`` (kept at most this many).
     WARNED_KEPT = 4096
 

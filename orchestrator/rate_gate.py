@@ -112,6 +112,7 @@ class RateGate(Executor):
         self.inner = inner
         self.name = inner.name
         self.runs_at_submit = inner.runs_at_submit
+        self.effect_window = inner.effect_window
         self.store = store
         self.clock = clock
         self._queues: dict[str, deque[_Held]] = {}  # per limit: attempts waiting, first come first served

@@ -17,6 +17,7 @@ from raysaga.node_key import NodeKey, item_fields, item_keys
 from raysaga.orchestrator.fanout import FanOutBook
 from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
+from raysaga.orchestrator.machine.effect_window import EffectWindow
 from raysaga.orchestrator.machine.outbox import Outbox
 from raysaga.orchestrator.records import cancelled_row, merge_run, short_error, step_failed_record
 from raysaga.orchestrator.scheduler import Scheduler
@@ -75,6 +76,7 @@ class Forward:
         self.counts = Counts(total=len(wf.steps))
         self._item_inputs: dict[str, list[tuple[str, Any, bool]]] = {}  # map step -> (param, value, mapped)
         self._plain_items: dict[str, bool] = {}  # step -> its items are sent as a group (``prepare_all``)
+        self.window = EffectWindow()  # an effect fan-out's items beyond the executor's bound, held back
 
     # ------------------------------------------------------------------ restore
 
@@ -132,6 +134,9 @@ class Forward:
             if group:
                 self._issue_items(group_step, group)
                 group = []
+            if (index >= 0 and key not in restored and self._effect_map(step)
+                    and self.window.hold(key, self.calls.inflight)):
+                continue
             start = self.prepare(key)
             if start is not None:
                 starts.append(start)
@@ -146,6 +151,15 @@ class Forward:
             plain = self._plain_items[step] = (spec.kind == "step" and spec.map_over is not None and not spec.effect
                                                and not self.calls.records_first(spec))
         return plain
+
+    def _effect_map(self, step: str) -> bool:
+        spec = self.wf.steps[step]
+        return spec.effect and spec.map_over is not None and spec.kind == "step"
+
+    def release_held(self) -> None:
+        """Make the held effect items that fit in their window ready again (``EffectWindow``)."""
+        for key in self.window.release(self.calls.inflight):
+            self.sched.push((key.step, key.fan_index))
 
     def _issue_items(self, step: str, keys: list[NodeKey], *, whole: bool = False) -> None:
         """``whole``: ``keys`` are every item of the step, in order."""
@@ -349,6 +363,7 @@ class Forward:
         to its end (its calls are the agent's)."""
         def plain(k: NodeKey) -> bool:
             return k.step in steps and not k.is_agent_call and not k.compensates
+        self.window.drop(steps)  # (effect items never issued: no row, no key, nothing to undo)
         self.calls.drain([k for k in self.calls.inflight if plain(k)], "its step failed")
         # (a plain step's or item's own retries: an agent's calls and a wait's timeout are theirs)
         self.calls.drop_timers(lambda k: plain(k) and self.wf.steps[k.step].kind == "step", "its step failed",

@@ -154,6 +154,7 @@ class RunMachine:
             return
         self.forward.decide_early()  # (an agent item's failure, settled outside ``absorb``)
         while True:
+            self.forward.release_held()  # (effect items that wait for room in their window)
             while ready := self.forward.sched.pop_ready():  # settling a node can make more ready
                 for start in self.forward.prepare_all(ready):
                     if isinstance(start, AgentStart):
@@ -297,7 +298,7 @@ class RunMachine:
         """Something is ready to issue (more may start at the next ``advance``)."""
         if self.rollback is not None:
             return not self.rollback.plan.settled()
-        return self.forward.sched.has_ready() or bool(self.agents.due_nodes)
+        return self.forward.sched.has_ready() or bool(self.agents.due_nodes) or self.forward.window.holding()
 
     def done(self) -> bool:
         """Every step settled, no agent item asking a human (forward), or every compensation (rollback)."""
