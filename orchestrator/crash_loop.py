@@ -38,16 +38,28 @@ A wait runs no code of the workflow: a sleep, an approval whose request is built
 ``waiting``). A run whose drivers died while only waits were pending (a driver killed by a deploy,
 an operator or its host while it held a sleep) is not parked, and a wait is never blamed: it would
 have parked a healthy run naming its sleep (``waits_only``).
+
+A take-over of a live driver is neutral in the death count, so a step that *always* holds the GIL
+past the lease (run in the driver's process: ``--executor inline``, or ``local=True``) passed from
+driver to driver for ever, each running it again under its key. It is bounded beside the deaths
+(``live_takeovers_in_a_row``): when the run was taken from a live-but-silent driver more than the
+same limit times in a row with no attempt's outcome committed between them (the same ``PROGRESS``),
+the claimer parks it as a crash loop is parked, its reason naming the step and the way out (run it
+on Ray, or raise ``--lease-ttl``). Any other claim (a released lease, a death) ends that count:
+deaths are the crash loop's to count, exactly as before. The claim that parks is one past the
+limit (the limit's take-overs each got their chance to run the step to the end). A ``pending`` run
+is not parked so: no step of it had started (a driver commits ``running`` first).
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from raysaga.orchestrator import tracing
-from raysaga.orchestrator.blob_parking import parked
+from raysaga.orchestrator.blob_parking import parked, settled
 from raysaga.orchestrator.status_text import flat
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
@@ -64,8 +76,9 @@ from raysaga.state import (
 )
 from raysaga.state.redact import scrub_text
 
-__all__ = ["ALONE", "PROGRESS", "WAITS", "WINDOW", "deaths_in_a_row", "failing_parking", "in_flight",
-           "park_if_looping", "parking", "recent_deaths", "suspects", "waits_only"]
+__all__ = ["ALONE", "LIVE_LOOP", "PROGRESS", "WAITS", "WINDOW", "deaths_in_a_row", "failing_parking", "in_flight",
+           "live_takeovers_in_a_row", "park_if_looping", "parking", "recent_deaths", "recent_live_takeovers",
+           "silent_parking", "suspects", "waits_only"]
 
 log = logging.getLogger("raysaga.driver")
 
@@ -116,19 +129,65 @@ def _count(events: Sequence[EventRecord]) -> tuple[int, bool]:
     return deaths, False
 
 
+def live_takeovers_in_a_row(events: Sequence[EventRecord]) -> int:
+    """How many claims in a row took the run from a live-but-silent driver (``taken_from_live``)
+    with no attempt's outcome committed between them, counted back from the newest claim in
+    ``events`` (ascending by seq)."""
+    return _count_live(events)[0]
+
+
+def _count_live(events: Sequence[EventRecord]) -> tuple[int, bool]:
+    """(live take-overs in a row, whether the count is settled: progress or any other claim — a
+    released lease, a death — ended it within ``events``)."""
+    takeovers = 0
+    for event in reversed(events):
+        if event.kind == "lease_claimed":
+            if not (isinstance(event.data, dict) and event.data.get("taken_from_live")):
+                return takeovers, True
+            takeovers += 1
+        elif event.kind in PROGRESS:
+            return takeovers, True
+    return takeovers, False
+
+
+class _Back:
+    """A run's events, read back a ``WINDOW`` at a time (newest first) and shared by both counts:
+    a resume reads one page for the two in the common case."""
+
+    def __init__(self, store: Store, run: RunRecord) -> None:
+        self.store, self.run_id, self.newest = store, run.run_id, run.event_seq
+        self.events: list[EventRecord] = []
+        self.read_all = False
+
+    def more(self) -> bool:
+        """Read the next older window; False when every event was read already."""
+        if self.read_all:
+            return False
+        oldest = max(0, self.newest - WINDOW)
+        self.events = self.store.events(self.run_id, after_seq=oldest, limit=self.newest - oldest) + self.events
+        self.newest, self.read_all = oldest, oldest == 0
+        return True
+
+    def count(self, counter: Callable[[Sequence[EventRecord]], tuple[int, bool]], enough: int) -> int:
+        """``counter`` over the events, read back until it is settled or reaches ``enough``: a fixed
+        window never counted more than it holds, so a ``max_driver_deaths`` above ~33 (100 events)
+        never parked anything."""
+        if not self.events:
+            self.more()
+        while True:
+            found, done = counter(self.events)
+            if done or found >= enough or not self.more():
+                return found
+
+
 def recent_deaths(store: Store, run: RunRecord, limit: int) -> int:
-    """``deaths_in_a_row`` of the run's events, read back a ``WINDOW`` at a time until the count is
-    settled or reaches ``limit``: a fixed window never counted more deaths than it holds, so a
-    ``max_driver_deaths`` above ~33 (100 events) never parked anything."""
-    newest = run.event_seq
-    events: list[EventRecord] = []
-    while True:
-        oldest = max(0, newest - WINDOW)
-        events = store.events(run.run_id, after_seq=oldest, limit=newest - oldest) + events
-        deaths, settled = _count(events)
-        if settled or deaths >= limit or oldest == 0:
-            return deaths
-        newest = oldest
+    """``deaths_in_a_row`` of the run's events, read back until the count is settled or reaches ``limit``."""
+    return _Back(store, run).count(_count, limit)
+
+
+def recent_live_takeovers(store: Store, run: RunRecord, limit: int) -> int:
+    """``live_takeovers_in_a_row`` of the run's events, read back until settled or past ``limit``."""
+    return _Back(store, run).count(_count_live, limit + 1)
 
 
 #: A step's own row in one of these states is settled: it is not ready to start.
@@ -228,6 +287,41 @@ def failing_parking(status: RunStatus, failures: int, error: str, run_id: str,
                   NewEvent(kind="drive_failed", data={"failures": failures, "error": cut(error, 500)}), nodes)
 
 
+#: The ``crash_loop`` field of a parking's error and the kind of its event when live take-overs looped.
+LIVE_LOOP = "live_takeover_loop"
+
+
+def silent_parking(status: RunStatus, takeovers: int, suspected: list[str], run_id: str, ttl: float, *,
+                   running: list[str] | None = None, cause: object = None,
+                   nodes: Iterable[NodeRecord] = ()) -> tuple[bool, Batch]:
+    """``blob_parking.parked`` for a run taken from live-but-silent drivers ``takeovers`` times in a
+    row without progress: a step holding the GIL past the lease (``ttl``: this driver's) in the
+    driver's process. The error's type stays ``CrashLoop`` (a parking, not the run's own failure:
+    ``sagas.rollback.PARKING_ERRORS`` unwraps its ``cause`` in a rollback, as ``parking``'s), its
+    ``crash_loop`` field ``LIVE_LOOP``; its reason, its event and the rows it leaves in flight
+    (settled ``cancelled``, as ``parking`` does) say what happened, not "a crash loop"."""
+    flying = [name for name in suspected if name in set(running or [])]
+    ready = [name for name in suspected if name not in set(flying)]
+    where = "; ".join([*([f"running: {_names(flying)}"] if flying else []),
+                       *([f"ready to start, perhaps started: {_names(ready)}"] if ready else [])])
+    retry = f"raysaga retry {shlex.quote(run_id)}" + (" --compensations" if status == RunStatus.COMPENSATING else "")
+    reason = (f"live takeover loop: this run was taken over {takeovers} times in a row from drivers alive but "
+              f"silent (their lease expired while their process still ran), with no step's outcome committed in "
+              f"between ({where or 'no step was recorded running'}): a step holding the GIL longer than the lease "
+              f"starves the driver's heartbeat, and each driver ran it again under the same key (with "
+              f"--concurrency, the step may be another run's in the same worker). Run that step on Ray "
+              f"(--executor ray, and not local=True), or raise --lease-ttl (this driver's: {ttl:g}s) above its "
+              f"longest GIL-holding stretch, then `{retry}`")[:1000]
+    error = {"type": "CrashLoop", "crash_loop": LIVE_LOOP, "message": reason, "deaths": 0,
+             "live_takeovers": takeovers, "suspects": suspected[:50]}
+    if cause is not None and status == RunStatus.COMPENSATING:
+        error["cause"] = cause
+    resume_first, batch = parked(status, reason, error, NewEvent(kind=LIVE_LOOP, data={
+        "live_takeovers": takeovers, "suspects": suspected[:50], "lease_ttl": ttl}))
+    # settled as a crash loop's rows are, but named for what happened (``PARKED_FOR`` would say "a crash loop")
+    return resume_first, batch.model_copy(update={"nodes": settled(nodes, {"type": LIVE_LOOP}, time.time())})
+
+
 def cut(text: str, limit: int) -> str:
     """``text`` in at most ``limit`` characters: whole, or cut after its last sentence (or word)
     that fits, then `` (...)``. Cut at a fixed length, a reason ended mid-word, its advice half said."""
@@ -242,9 +336,10 @@ def cut(text: str, limit: int) -> str:
 
 def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[NodeRecord], wf: Workflow,
                     limit: int) -> RunRecord | None:
-    """Park the run (and return it) when its last ``limit`` drivers died without progress; else
-    None. A run claimed once (fence 1: this driver's own claim) has had no driver to lose: nothing
-    is read for it. A ``pending`` one is counted like any other (see the module doc).
+    """Park the run (and return it) when its last ``limit`` drivers died without progress, or when
+    it was taken from live-but-silent drivers more than ``limit`` times in a row without progress;
+    else None. A run claimed once (fence 1: this driver's own claim) has had no driver to lose:
+    nothing is read for it. A ``pending`` one is counted like any other for deaths (see the module doc).
 
     ``limit`` is the driving process's (a worker's ``--max-driver-deaths``); the run's own
     ``max_driver_deaths``, recorded when it was created with one, wins over it: a run submitted
@@ -252,21 +347,42 @@ def park_if_looping(store: Store, lease: Lease, run: RunRecord, nodes: Iterable[
     if run.fence <= 1:
         return None
     limit = run.max_driver_deaths or limit
-    deaths = recent_deaths(store, run, limit)
-    if deaths < limit:
+    back, rows = _Back(store, run), list(nodes)
+    deaths = back.count(_count, limit)
+    rolling_back = run.status == RunStatus.COMPENSATING
+    cause = run.error.as_dict() if rolling_back and run.error is not None else None
+    if deaths >= limit:
+        def crash(blamed: list[str], running: list[str]) -> tuple[bool, Batch]:
+            return parking(run.status, deaths, blamed, run.run_id, running=running,
+                           started=run.status != RunStatus.PENDING, cause=cause, nodes=rows)
+
+        return _park(store, lease, run, rows, wf, deaths, crash)
+    if run.status == RunStatus.PENDING:
+        return None  # no step had started: a driver commits ``running`` before it starts one
+    takeovers = back.count(_count_live, limit + 1)
+    if takeovers <= limit:
         return None
-    rows = list(nodes)
+
+    def silent(blamed: list[str], running: list[str]) -> tuple[bool, Batch]:
+        return silent_parking(run.status, takeovers, blamed, run.run_id, lease.ttl, running=running, cause=cause,
+                              nodes=rows)
+
+    return _park(store, lease, run, rows, wf, takeovers, silent)
+
+
+def _park(store: Store, lease: Lease, run: RunRecord, rows: list[NodeRecord], wf: Workflow, count: int,
+          batch_of: Callable[[list[str], list[str]], tuple[bool, Batch]]) -> RunRecord | None:
+    """Commit the parking ``batch_of`` builds (given the steps blamed and those recorded running),
+    blaming the steps in flight or ready, never a wait: a run whose last ``count`` drivers were lost
+    while it only waited is not parked, it goes on (None)."""
     rolling_back, started = run.status == RunStatus.COMPENSATING, run.status != RunStatus.PENDING
     suspected = suspects(rows, wf, rolling_back=rolling_back)
     blamed = suspected if rolling_back or not started else sorted(set(suspected) - waits_only(rows, wf))
-    if suspected and not blamed:  # only waits pending: no code of the run was running when they died
-        log.warning("run %s: its last %d drivers died while it only waited (%s): not a crash loop, it goes on",
-                    run.run_id, deaths, _names(suspected))
+    if suspected and not blamed:  # only waits pending: no code of the run was running when they were lost
+        log.warning("run %s: its last %d drivers were lost while it only waited (%s): not a loop, it goes on",
+                    run.run_id, count, _names(suspected))
         return None
-    resume_first, batch = parking(run.status, deaths, blamed, run.run_id,
-                                  running=in_flight(rows), started=started,
-                                  cause=run.error.as_dict() if rolling_back and run.error is not None else None,
-                                  nodes=rows)
+    resume_first, batch = batch_of(blamed, in_flight(rows))
     # before the driver has a tracer: the park's ``run`` span (its trace's root) is written here
     commit = tracing.traced(store, run.run_id, lease.owner, lambda b: store.commit(lease, b), wf)
     if resume_first:

@@ -20,7 +20,8 @@ lease expires: a lease cannot be proven dead from elsewhere.
 converse: this kernel, this namespace, the pid running with the start time the owner recorded.
 Such an owner whose lease expired went silent (a step holding the GIL in C code starves its
 heartbeat thread; a stopped process): a take-over of it is no death (``state.claims.abandonment``),
-and ``status`` says it is alive.
+and ``status`` says it is alive. Such take-overs are bounded all the same: too many in a row with no
+progress between them park the run, naming its step (``crash_loop.live_takeovers_in_a_row``).
 """
 
 from __future__ import annotations
