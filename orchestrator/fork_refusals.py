@@ -19,8 +19,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import networkx as nx
+from pydantic import ValidationError
 
-from raysaga.errors import ForkError, RunNotFoundError
+from raysaga.agents.agent import MEMORY_TOOLS
+from raysaga.agents.messages import ModelResponse
+from raysaga.errors import BlobIntegrityError, ForkError, RunNotFoundError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunStatus, Store
@@ -60,30 +63,77 @@ class LineageUndos:
     """Undos of the parent's nodes that did not complete anywhere."""
 
 
-def _has_undo(wf: Workflow, key: NodeKey) -> bool:
+def _has_undo(wf: Workflow, key: NodeKey, tool_named: Callable[[NodeKey], str | None]) -> bool:
     """Whether a rollback undoes the completed node ``key``: an item (or a plain step) of a step
-    with a compensation, or an agent's tool call of an agent one of whose tools has an undo (which
-    tool a call made is in its turn's output, not read here: counted as owed, to be safe)."""
+    with a compensation, or an agent's tool call of a tool with an undo. Which tool a call made is
+    read as the rollback reads it (``machine.rollback``: the name the call's turn asked for, looked up
+    in the agent's tools), by ``tool_named``, only for an agent one of whose tools has an undo. A
+    call whose tool cannot be read, or names a tool the agent no longer has, is counted as owed: the
+    rollback stops on such a call when it took effect, so a fork must not inherit it either."""
     spec = wf.steps.get(key.step)
     if spec is None:
         return False
     if key.is_agent_call:
-        tools = getattr(spec.options.get("agent"), "tools", ()) if spec.kind == "agent" else ()
-        return key.call is not None and any(getattr(t, "compensate", None) is not None for t in tools)
+        agent = spec.options.get("agent") if spec.kind == "agent" else None
+        tools = getattr(agent, "tools", ())
+        if agent is None or key.call is None or not any(getattr(t, "compensate", None) is not None for t in tools):
+            return False
+        name = tool_named(key)
+        if name is None:
+            return True  # unknown: owed, to be safe
+        if name in MEMORY_TOOLS:
+            return False  # the blackboard's compare-and-set: never undone
+        tool = agent.tool(name)
+        return tool is None or tool.compensate is not None
     return wf.compensation_for(key.step) is not None and (spec.map_over is None or key.fan_index >= 0)
 
 
-def _owed(wf: Workflow, run: str, rows: list[NodeRecord], executed_by: dict[tuple[str, int], str]
+def _tool_names(st: Store, run: str) -> Callable[[NodeKey], str | None]:
+    """The name of the tool an agent's call ``key`` of ``run`` made, from its turn's recorded model
+    response (the turn row's output: the source the rollback reads); None when that turn did not
+    complete, its output cannot be read, or it asked for fewer calls. One read per turn asked."""
+    turns: dict[tuple[str, int], list[str] | None] = {}
+
+    def named(key: NodeKey) -> str | None:
+        if key.turn is None or key.call is None:
+            return None
+        turn = key.owner.with_turn(key.turn)
+        where = (turn.node_id, turn.fan_index)
+        if where not in turns:
+            turns[where] = _asked(st, run, turn)
+        names = turns[where]
+        return names[key.call] if names is not None and key.call < len(names) else None
+
+    return named
+
+
+def _asked(st: Store, run: str, turn: NodeKey) -> list[str] | None:
+    """The tool names turn ``turn`` of ``run`` asked for, in call order (None: not readable)."""
+    row = st.node_row(run, turn.node_id, turn.fan_index)
+    if row is None or row.get("status") != NodeStatus.COMPLETED:
+        return None
+    output, digest = row.get("output"), row.get("output_digest")
+    try:
+        if digest:
+            output = st.load_blobs({digest: f"node {turn.label} of run {run!r}"})[digest]
+        uses = ModelResponse.model_validate(output).tool_uses()
+    except (BlobIntegrityError, ValidationError):
+        return None
+    return [str(use.get("name", "")) for use in uses]
+
+
+def _owed(wf: Workflow, st: Store, run: str, rows: list[NodeRecord], executed_by: dict[tuple[str, int], str]
           ) -> list[Unsettled]:
     """The undos ``run``'s rollback (compensating, or stopped: ``compensation_failed``) owes and has
     not started, of the nodes the parent holds from the same execution: no compensation row yet."""
     started = {_undone_target(r) for r in rows if is_compensation(r.node_id)}
+    tool_named = _tool_names(st, run)
     owed = []
     for row in rows:
         key = (row.node_id, row.fan_index)
         if row.status != NodeStatus.COMPLETED or is_compensation(row.node_id) or key in started:
             continue
-        if executed_by.get(key) == (row.origin_run_id or run) and _has_undo(wf, NodeKey.parse(*key)):
+        if executed_by.get(key) == (row.origin_run_id or run) and _has_undo(wf, NodeKey.parse(*key), tool_named):
             owed.append(Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started"))
     return owed
 
@@ -101,7 +151,7 @@ def lineage_undos(st: Store, run_id: str, rows: list[NodeRecord], wf: Workflow |
     unsettled = [Unsettled(run_id, r.node_id, r.fan_index, r.status.value) for r in rows
                  if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
     if wf is not None and status in _OWING:
-        unsettled += _owed(wf, run_id, rows, executed_by)
+        unsettled += _owed(wf, st, run_id, rows, executed_by)
     found.settled = {_undone_target(r) for r in rows if is_compensation(r.node_id) and r.status == NodeStatus.COMPLETED}
     for other in st.lineage(set(executed_by.values())):
         if other == run_id:
@@ -122,7 +172,7 @@ def lineage_undos(st: Store, run_id: str, rows: list[NodeRecord], wf: Workflow |
             else:  # its undo failed or never finished: the effect may well stand, and may yet be undone
                 unsettled.append(Unsettled(other, row.node_id, row.fan_index, row.status.value))
         if wf is not None and theirs and _status(st, other) in _OWING:
-            unsettled += _owed(wf, other, theirs, executed_by)
+            unsettled += _owed(wf, st, other, theirs, executed_by)
     found.unsettled = [u for u in unsettled if (u.target.node_id, u.target.fan_index) not in found.settled]
     return found
 

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from raysaga.orchestrator.cli import app
+from raysaga.state import SqlStore
 
 HOSTILE_IDS = ["bad[/]", "[bold]x[/bold]", "[red]", "a]b[/c", ":smile:[/]", "x\\[/]"]
 MESSAGE = "cannot open [/data/in.csv] [bold]boom[/] :warning:"
@@ -86,7 +87,10 @@ def test_every_command_prints_hostile_ids_and_messages_verbatim(flow: str, store
 
 
 @pytest.mark.parametrize("run_id", HOSTILE_IDS)
-def test_errors_naming_a_hostile_id_are_verbatim(store_url: str, run_id: str) -> None:
+def test_errors_naming_a_hostile_id_are_verbatim(store: SqlStore, store_url: str, run_id: str) -> None:
+    # ``store`` opens (so migrates) the store first: the session's PostgreSQL database is shared and
+    # migrated by whichever test opens it first, and "no run with id" needs raysaga tables; on an
+    # empty database the CLI rightly says "no raysaga store" (a pytest-xdist worker may run these first)
     for command in ("status", "events", "resume", "cancel", "retry"):
         code, out, err = invoke(command, run_id, "--db", store_url)
         assert code == 2, (command, out, err)
