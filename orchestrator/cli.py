@@ -38,6 +38,7 @@ from raysaga.orchestrator.cli_options import (
     RunIdArg,
     WorkflowOpt,
 )
+from raysaga.orchestrator.cli_options import check_address as _check_address
 from raysaga.orchestrator.cli_watch import events, status
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 from raysaga.state.redact import scrub, scrub_text
@@ -132,15 +133,6 @@ def _run_id(value: str) -> str:
     return checked
 
 
-def _check_address(executor: str, address: str | None) -> None:
-    """A malformed ``--address`` / ``RAY_ADDRESS`` is refused before anything is opened or imported
-    (the executor checks it again, and probes it, before Ray starts)."""
-    if executor == "ray" and address:
-        from raysaga.orchestrator.ray_address import host_port
-
-        host_port(address)
-
-
 def _options(lease_ttl: float, deadline: float | None = None, retry_budget: int | None = None,
              allow_changed: bool = False, labels: list[str] | None = None,
              max_driver_deaths: int | None = None, budgets: dict[str, Any] | None = None) -> RunOptions:
@@ -190,6 +182,7 @@ def _exit_for(run: RunRecord, success: RunStatus = RunStatus.COMPLETED) -> None:
 
 @app.command()
 def run(
+    ctx: typer.Context,
     workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW",
                                             help="e.g. examples.order.workflow:wf or flows.py:wf")],
     input: Annotated[str | None, typer.Option(
@@ -211,7 +204,7 @@ def run(
     with errors(current):
         cli_input.check_run_id(run_id, "--run-id")
         options = _options(lease_ttl, deadline, retry_budget, labels=label, max_driver_deaths=max_driver_deaths)
-        _check_address(executor, address)
+        _check_address(executor, address, ctx)
         value = cli_input.parse_input(input)
         wf = _load_workflow(workflow)
         if input is not None or run_id is None or not _run_exists(db, run_id):  # no --input: resume as is
@@ -272,6 +265,7 @@ AllowChangedOpt = Annotated[bool, typer.Option(
 
 @app.command()
 def resume(
+    ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run to continue.")],
     workflow: WorkflowOpt = None,
     db: DbOpt = None,
@@ -288,7 +282,7 @@ def resume(
     with errors(_Current(run_id)):
         _run_id(run_id)
         options = _options(lease_ttl, allow_changed=allow_changed, budgets=cli_ops.budgets(token_budget, cost_budget))
-        _check_address(executor, address)
+        _check_address(executor, address, ctx)
         store = _stores().open_for_writes(db, run_id)
         before = store.get_run(run_id)
         if before.status in TERMINAL or before.status in PARKED:  # at rest: no code is imported
@@ -310,6 +304,7 @@ def resume(
 
 @app.command()
 def retry(
+    ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="A failed run to retry with the same idempotency keys.")],
     workflow: WorkflowOpt = None,
     db: DbOpt = None,
@@ -331,7 +326,7 @@ def retry(
     with errors(_Current(run_id)):
         _run_id(run_id)
         options = _options(lease_ttl, allow_changed=allow_changed, budgets=cli_ops.budgets(token_budget, cost_budget))
-        _check_address(executor, address)
+        _check_address(executor, address, ctx)
         store = _stores().open_for_writes(db, run_id)
         _runner().check_retryable(store.get_run(run_id), compensations, options)  # before any workflow code is imported
         wf = _workflow_for(store, run_id, workflow)
@@ -346,6 +341,7 @@ def retry(
 
 @app.command()
 def cancel(
+    ctx: typer.Context,
     run_id: RunIdArg,
     reason: Annotated[str, typer.Option(help="Recorded with the cancellation.")] = "cancelled by operator",
     compensate: Annotated[bool, typer.Option(
@@ -362,7 +358,7 @@ def cancel(
     with errors(_Current(run_id)):
         _run_id(run_id)
         cli_input.check_reason(reason, "--reason")
-        _check_address(executor, address)
+        _check_address(executor, address, ctx)
         store = _stores().open_for_writes(db, run_id)
         # lenient: a run whose input blob was damaged outside raysaga must still be cancellable
         before = store.get_run(run_id, lenient=True)
@@ -422,7 +418,7 @@ def list_runs(
         store = _stores().open_for_reads(db)
         from raysaga.state import queries
 
-        cursor = queries.run_cursor(store, before) if before is not None else None
+        cursor = _stores().page_cursor(store, before) if before is not None else None
         rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor, labels=tags)
         if as_json:
             tagged = queries.labels_of(store, [r.run_id for r in rows])

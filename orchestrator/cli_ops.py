@@ -371,6 +371,13 @@ def _worker_settings(config: Path | None, workflows: list[str] | None, concurren
     slots = checked_concurrency(concurrency if concurrency is not None else loaded.get("concurrency", 4))
     kind = checked_executor(executor) if executor is not None else \
         checked_executor(loaded.get("executor", "ray"), f"--config {config}: executor")
+    # an address joins a Ray cluster, inline joins none: refused where one option set both (a flag
+    # --executor inline over a file's executor = "ray" leaves that file's address aside)
+    if kind == "inline" and (address or (executor is None and loaded.get("address"))):
+        given, drop = ("--address", "--address") if address else \
+            (f"the address in --config {config}", f"the address from {config}")
+        raise UserError(f"{given} names a Ray cluster to join, and the inline executor joins none (its runs are "
+                        f"driven in this process): drop {drop}, or use the ray executor")
     return {"workflows": refs, "concurrency": slots, "limits": checked_limits(table),
             # the environment last: a RAY_ADDRESS left over (a Ray job's) beat the file's address
             "executor": kind, "address": address or loaded.get("address") or os.environ.get("RAY_ADDRESS") or None}

@@ -1,10 +1,13 @@
-"""The options several ``raysaga`` commands share (typer annotations)."""
+"""The options several ``raysaga`` commands share (typer annotations), and the checks of them
+that several commands make."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+from raysaga.errors import UserError
 
 DbOpt = Annotated[str | None, typer.Option(
     "--db", envvar="RAYSAGA_DB",
@@ -23,3 +26,24 @@ LabelOpt = Annotated[list[str] | None, typer.Option(
     "by it.")]
 LabelFilterOpt = Annotated[list[str] | None, typer.Option(
     "--label", help="KEY=VALUE: only runs with this label (repeatable: runs with every one).")]
+
+
+def check_address(executor: str, address: str | None, ctx: typer.Context | None = None) -> None:
+    """Refuse ``--address`` given on the command line with ``--executor inline`` (it joins no Ray
+    cluster: the option was silently ignored, and a typo in it went unnoticed); a ``RAY_ADDRESS``
+    in the environment (a Ray job's) is left alone. A malformed address for the Ray executor is
+    refused before anything is opened or imported (the executor checks it again, and probes it,
+    before Ray starts). ``ctx``: the command's, telling the command line from the environment."""
+    if executor == "inline" and address and given_on_command_line(ctx, "address"):
+        raise UserError("--address names a Ray cluster to join, and --executor inline joins none (its steps run in "
+                        "this process): drop --address, or use --executor ray to run on that cluster")
+    if executor == "ray" and address:
+        from raysaga.orchestrator.ray_address import host_port
+
+        host_port(address)
+
+
+def given_on_command_line(ctx: typer.Context | None, name: str) -> bool:
+    """Whether the parameter ``name`` of the command came from its command line (not from its
+    environment variable, nor its default); True when there is no context to tell."""
+    return ctx is None or getattr(ctx.get_parameter_source(name), "name", None) == "COMMANDLINE"

@@ -162,8 +162,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     stream.write(dumps(head)[:-1])
     next_after: str | None = None
     if summary:
-        steps = [{"step": s.node_id, "nodes": s.rows, "counts": s.counts, "first_started_at": s.first_started}
-                 for s in infos]
+        steps = summary_steps(infos)
         stream.write(', "steps": ' + dumps(steps))
         failures = [{"node": node_label(f["node_id"], f["fan_index"]), "attempts": f["attempt"],
                      "error": error_line(f["error"], None)}
@@ -194,6 +193,27 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         stream.write(("\n" if i == 0 else ",\n") + dumps(item))
     stream.write('], "next_nodes_after": ' + dumps(next_after) + "}\n")
     stream.flush()
+
+
+def summary_steps(infos: list[queries.StepInfo]) -> list[dict[str, Any]]:
+    """``--summary``'s steps: the workflow's steps only, by first start. An agent's turns
+    (``plan@2``) and tool calls (``plan@2.0``) are node rows of their own, and were listed as steps;
+    they are counted under their agent step's ``agent`` (turns, tool_calls, and the calls not
+    completed by status), which starts with its first turn (its own row has no start)."""
+    kept, calls = fold_agent_calls(infos, [s.node_id for s in infos], by_start=True)
+    by_id = {s.node_id: s for s in infos}
+    steps: list[dict[str, Any]] = [
+        {"step": name, "nodes": by_id[name].rows, "counts": by_id[name].counts,
+         "first_started_at": by_id[name].first_started} for name in kept]
+    steps += [{"step": name, "nodes": 0, "counts": {}, "first_started_at": None}  # turns with no agent row yet
+              for name in calls if name not in by_id]
+    for step in steps:
+        found = calls.get(step["step"])
+        if found is not None:
+            step["first_started_at"] = step["first_started_at"] or found.first_started
+            step["agent"] = {"turns": found.turns, "tool_calls": found.tool_calls, "unfinished": found.unfinished}
+    steps.sort(key=lambda st: (st["first_started_at"] is None, st["first_started_at"] or 0.0))  # stable
+    return steps
 
 
 def _launch_json(store: SqlStore, run: RunRecord) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from raysaga.errors import StoreUnavailableError
+from raysaga.errors import RunNotFoundError, StoreUnavailableError, UserError
 from raysaga.state import SqlStore, describe_store, open_store
 from raysaga.state import engine as _engine
 from raysaga.state.redact import scrub_text
@@ -66,13 +66,32 @@ def open_for_writes(db: str | None, run_id: str | None = None, *, must_exist: bo
 def db_option(db: str | None) -> str:
     """``--db DB`` for a command line this one prints for the user to run next (``list``'s "more:"
     line dropped it and its paste listed the default store); none when the store is the default,
-    and the option's name alone when ``db`` holds a password (never printed)."""
+    and the option's name alone when ``db`` holds a password, in its userinfo or query (never printed)."""
     if not db:
         return ""
     from sqlalchemy.engine import make_url
 
-    try:
-        secret = make_url(db).password is not None
+    from raysaga.state.url_checks import SECRET_QUERY
+
+    try:  # a password in the userinfo, or in the query (``?password=``, ``?sslpassword=``)
+        parsed = make_url(db)
+        secret = parsed.password is not None or any(SECRET_QUERY.search(name) for name in parsed.query)
     except Exception:  # a plain file path
         secret = False
     return "--db ..." if secret else f"--db {shlex.quote(db)}"
+
+
+def page_cursor(store: SqlStore, before: str) -> tuple[float, str]:
+    """``list --before RUN``'s paging key. A run not in the store (pruned since the page that named
+    it, or never there) is refused with how to page on: a run id does not say when its run was
+    created (a generated one is the workflow's name and a random suffix), so there is no place to
+    page on from (it failed with ``RunNotFoundError``'s advice: run ``raysaga list``)."""
+    from raysaga.state import queries
+
+    try:
+        return queries.run_cursor(store, before)
+    except RunNotFoundError:
+        raise UserError(f"--before {before!r}: there is no run with that id in {describe(store.url)}: it was deleted "
+                        "(`raysaga prune` deletes finished runs) or never existed, and a run id does not say when its "
+                        "run was created, so there is no place to page on from: pass --before the run listed just "
+                        "above it, or list from the newest again (`raysaga list`)") from None

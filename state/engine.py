@@ -12,7 +12,8 @@ timeout so an unreachable server fails in seconds, and a pool a worker sizes to 
 Every engine hides SQL parameters from its errors (``hide_parameters``): a crash's traceback
 must not print a run's input. Errors of opening a store (a file that is not a database, a
 directory, a read-only location, an unknown database, role or host, a missing driver) are
-translated here into one-line ``StoreUnavailableError``s naming the store and the fix. Every engine
+translated here into one-line ``StoreUnavailableError``s naming the store and the fix, and a path or URL
+is checked first (``url_checks``: a ``~user`` naming no user, PostgreSQL query options). Every engine
 may be used across ``os.fork()`` (``engine_fork``): a child gets its own connections.
 """
 
@@ -34,6 +35,8 @@ from sqlalchemy.engine import URL, make_url
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
 from raysaga.state import jsoncodec, text_match
 from raysaga.state.engine_fork import fork_safe
+from raysaga.state.url_checks import check_pg_options, expand_user
+from raysaga.state.url_checks import redact as redact  # (imported from here before the split)
 
 #: The folder of the default store under the home directory, when ``RAYSAGA_HOME`` is not set.
 DEFAULT_DIR = ".raysaga"
@@ -89,7 +92,7 @@ def store_home() -> Path:
     store depend on the current folder, and the default store is the same from every folder.
     ``~`` is expanded first, so ``RAYSAGA_HOME=~/ops/raysaga`` is fine."""
     home = os.environ.get("RAYSAGA_HOME")
-    folder = Path(home).expanduser() if home else Path.home() / DEFAULT_DIR
+    folder = expand_user(home, "RAYSAGA_HOME") if home else Path.home() / DEFAULT_DIR
     if home and not folder.is_absolute():
         raise StoreUnavailableError(
             f"RAYSAGA_HOME={home!r} is a relative path, so the default store would change with the current "
@@ -135,7 +138,7 @@ def sqlite_path(url: str) -> Path | None:
         return None
     if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
         return None
-    return Path(os.path.abspath(Path(parsed.database).expanduser()))
+    return Path(os.path.abspath(expand_user(parsed.database, url)))
 
 
 def normalize_url(url: str) -> str:
@@ -144,7 +147,7 @@ def normalize_url(url: str) -> str:
     ``run?1.db`` and ``a%20b.db`` are file names, not a query or an escape). A URL is kept as its
     user wrote it: ``sqlite:///...`` is URL syntax (``%20`` is a space there)."""
     if "://" not in url:
-        return sqlite_url(os.path.abspath(Path(url).expanduser()))
+        return sqlite_url(os.path.abspath(expand_user(url)))
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://"):
@@ -156,23 +159,6 @@ def sqlite_url(path: str | Path) -> str:
     """The ``sqlite:///`` URL of the file at ``path``, its characters escaped where a URL would
     read them otherwise (``?`` starts a query, ``%`` an escape, ``#`` a fragment)."""
     return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
-
-
-#: Query parameters of a database URL that hold a secret (libpq and SQLAlchemy take a password
-#: there too: ``?password=``, ``?sslpassword=``), matched in their names.
-_SECRET_QUERY = re.compile(r"pass|pwd|secret|token", re.IGNORECASE)
-
-
-def redact(url: str) -> str:
-    """The URL with any password hidden (in its userinfo and in its query), for messages and logs."""
-    try:
-        parsed = make_url(url)
-        if any(_SECRET_QUERY.search(name) for name in parsed.query):
-            parsed = parsed.set(query={name: "***" if _SECRET_QUERY.search(name) else value
-                                       for name, value in parsed.query.items()})
-        return parsed.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
-    except Exception:
-        return "<unparseable database URL>"
 
 
 def _json_serializer(value: Any) -> str:
@@ -194,6 +180,7 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
         return fork_safe(_unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads,
                                                             create=create)))
     if backend == "postgresql":
+        check_pg_options(parsed)
         connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
         try:
             engine = create_engine(url, json_serializer=_json_serializer, json_deserializer=jsoncodec.loads,
@@ -201,6 +188,9 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
                                    max_overflow=10, hide_parameters=True, connect_args=connect_args)
         except (ImportError, sa_exc.NoSuchModuleError):
             raise StoreUnavailableError(_missing_driver(url, parsed.get_driver_name())) from None
+        except sa_exc.ArgumentError as exc:  # its hosts and ports (?host=h1:p1&host=h2:p2, or h1,h2&port=p1,p2)
+            raise StoreUnavailableError(f"the hosts and ports of the PostgreSQL URL {describe_store(url)} cannot be "
+                                        f"read ({str(exc).splitlines()[0][:200]}): fix them") from None
         return fork_safe(_unwrap_json_errors(engine))
     raise UserError(f"database {redact(url)} is not supported: use a sqlite:/// file or postgresql:// URL")
 
@@ -224,7 +214,7 @@ DEFERRED_BEGIN = "raysaga_deferred_begin"
 def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: bool) -> Engine:
     if not database or database == ":memory:":
         raise UserError("an in-memory SQLite database cannot be shared by a driver and its tools: use a file")
-    path = Path(os.path.abspath(Path(database).expanduser()))
+    path = Path(os.path.abspath(expand_user(database, url)))
     if path.is_dir():
         raise StoreUnavailableError(f"the store {path} is a directory, not a database file: "
                                     f"give a file path, such as {path / DEFAULT_FILE}")
