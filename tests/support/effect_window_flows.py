@@ -1,0 +1,60 @@
+"""A wide effect fan-out whose items hold until the test releases them, for
+``tests/crash/test_effect_window.py`` (a ``crash_driver`` flows module).
+
+Each item charges the fake provider under its idempotency key, marks that it ran, then waits for
+the ``release`` file: the test kills the driver while the first items hold, and reads how many
+ledger rows the run had written."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from raysaga import Permanent, RetryPolicy, StepContext, Workflow
+from tests.support import services as fake_services
+
+#: Seconds an item waits for the release file before it gives up (never reached when the test passes).
+HOLD_LIMIT = 120.0
+
+
+class WideCharge(BaseModel):
+    services_url: str
+    control_dir: str
+    count: int
+
+
+wide = Workflow("effect-window")
+
+
+@wide.step
+def orders(input: WideCharge) -> list[int]:
+    return list(range(input.count))
+
+
+@wide.map("orders", effect=True, retry=RetryPolicy(max_attempts=3, base=0.05, cap=0.2))
+def charge(ctx: StepContext, input: WideCharge, orders: int) -> str:
+    assert ctx.idempotency_key is not None
+    reply = fake_services.post(input.services_url, "charge", ctx.idempotency_key, {"order_id": f"o-{orders}"})
+    control = Path(input.control_dir)
+    (control / f"ran-{orders}-{ctx.attempt}").touch()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not (control / "release").exists():
+        if time.monotonic() > deadline:
+            raise Permanent(f"item {orders}: never released")
+        time.sleep(0.02)
+    return str(reply["id"])
+
+
+@wide.step
+def total(charge: list[str]) -> int:
+    return len(set(charge))
+
+
+def sample(services_url: str, control_dir: str, count: int) -> dict[str, Any]:
+    return {"services_url": services_url, "control_dir": control_dir, "count": count}
+
+
+FLOWS: dict[str, Workflow] = {"wide": wide}
