@@ -22,6 +22,7 @@ from raysaga.orchestrator.cli_options import (
     MaxDeathsOpt,
     RunIdArg,
     WorkflowOpt,
+    check_address,
 )
 
 if TYPE_CHECKING:
@@ -61,6 +62,7 @@ def _fork_options(lease_ttl: float, max_driver_deaths: int | None) -> RunOptions
 
 
 def fork(
+    ctx: typer.Context,
     run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run at rest to fork.")],
     from_node: Annotated[str, typer.Option(
         "--from", help="The node to re-run from (with everything downstream): STEP, STEP[ITEM] or AGENT@TURN[ITEM].")],
@@ -80,6 +82,7 @@ def fork(
     outputs (no step, model call or effect repeated), the node and everything downstream run afresh."""
     with errors():
         cli_input.check_run_id(run_id)
+        check_address(executor, address, ctx)
         if run_id_new is not None:
             cli_input.check_run_id(run_id_new)
         cli_input.positive_seconds("--lease-ttl", lease_ttl)

@@ -124,7 +124,7 @@ def test_b_address_with_the_inline_executor_is_refused(tmp_path: Path, monkeypat
     code, _, err = invoke("run", "papercut_keep:wf", "--input", "1", "--executor", "inline", "--db", db,
                           "--run-id", "b1", "-q")
     assert code == 0, err
-    for command in (["resume", "b1"], ["retry", "b1"], ["cancel", "b1"]):
+    for command in (["resume", "b1"], ["retry", "b1"], ["cancel", "b1"], ["fork", "b1", "--from", "one"]):
         code, _, err = invoke(*command, "--executor", "inline", "--address", "10.0.0.1:6379", "--db", db)
         one_line_error(code, err, "drop --address")
     code, _, err = invoke("worker", "-w", "papercut_keep:wf", "--executor", "inline", "--address", "garbage",
