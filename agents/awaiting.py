@@ -80,21 +80,26 @@ def _in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
             ended.loop, ended.task = asyncio.get_running_loop(), asyncio.current_task()
         return await coro
 
+    done = threading.Event()  # (not ``join``: on 3.11-3.12 a join a KeyboardInterrupt cut short
+    # marks the thread stopped, and joining it again returns at once, before the coroutine unwound)
+
     def main() -> None:
         try:
             ended.result = context.run(asyncio.run, tracked())
         except BaseException as exc:  # raised in the caller's thread, whatever it is (KeyboardInterrupt too)
             ended.error = exc
+        finally:
+            done.set()
 
     helper = threading.Thread(target=main, name="raysaga-coroutine", daemon=True)
-    helper.start()
     try:
-        helper.join()
+        helper.start()  # (inside: ``start`` waits for the thread, and a Ctrl-C can land there too)
+        done.wait()
     except BaseException:
         # the caller stopped waiting (Ctrl-C in a host that catches KeyboardInterrupt): the coroutine
         # must not run on behind it, its effect landing with nothing recorded; cancel it, let it unwind
         _stop(ended)
-        helper.join(UNWIND_S)
+        done.wait(UNWIND_S)
         raise
     if ended.error is not None:
         error, ended.error = ended.error, None  # (no cycle through this frame)

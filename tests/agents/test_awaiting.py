@@ -92,43 +92,58 @@ def test_a_coroutine_run_with_no_loop_has_no_stale_exception_in_hand() -> None:
 
 
 _STOPPED_HOST = r"""
-import asyncio, signal, sys, threading
+import asyncio, collections, random, signal, sys, threading
 from raysaga.agents.awaiting import run_to_end
 
-started, cancelled, finished = threading.Event(), threading.Event(), threading.Event()
+main = threading.main_thread().ident
+seen = collections.Counter()
 
-async def step():
-    started.set()
+def state(s):
+    return ("cancelled" if "cancelled" in s else "effect landed" if "finished" in s
+            else "running" if "started" in s else "not started")
+
+def trial():
+    s = set()
+    async def step():
+        s.add("started")
+        try:
+            await asyncio.sleep(0.3)
+            s.add("finished")  # the effect the caller no longer waits for
+        except asyncio.CancelledError:
+            s.add("cancelled")
+            raise
+    async def handler():
+        return run_to_end(step())  # a running loop: the coroutine goes to a helper thread
+    ctrl_c = threading.Timer(random.uniform(0, 0.003), signal.pthread_kill, (main, signal.SIGINT))
+    loop = asyncio.new_event_loop()  # (not asyncio.run: its own SIGINT handler would only cancel handler())
+    ctrl_c.start()
     try:
-        await asyncio.sleep(60)
-        finished.set()  # the effect the caller no longer waits for
-    except asyncio.CancelledError:
-        cancelled.set()
-        raise
+        loop.run_until_complete(handler())
+        seen["not interrupted"] += 1
+    except KeyboardInterrupt:
+        seen[state(s)] += 1  # what the coroutine is when the caller gets the interrupt
+    ctrl_c.join()
+    loop.close()
 
-async def handler():
-    return run_to_end(step())  # a running loop: the coroutine goes to a helper thread
-
-def ctrl_c():
-    started.wait(30)
-    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
-
-threading.Thread(target=ctrl_c, daemon=True).start()
-loop = asyncio.new_event_loop()  # (not asyncio.run: its own SIGINT handler would only cancel handler())
-try:
-    loop.run_until_complete(handler())
-    print("not interrupted")
-except KeyboardInterrupt:
-    print("cancelled" if cancelled.wait(30) else "still running", "finished" if finished.is_set() else "")
+for _ in range(int(sys.argv[1])):
+    try:
+        trial()
+    except KeyboardInterrupt:  # landed outside run_to_end (before the coroutine existed)
+        seen["not started"] += 1
+print(" ".join(f"{k.replace(' ', '_')}={v}" for k, v in sorted(seen.items())))
 """
 
 
 def test_a_caller_stopped_while_waiting_cancels_the_coroutine() -> None:
-    """Ctrl-C while a host's loop waits on a coroutine in the helper thread: the KeyboardInterrupt
-    reaches the host, and the coroutine is cancelled, not left to run on (its effect landing with
-    nothing recorded). A real SIGINT to the main thread of a process of its own."""
+    """Ctrl-C while a host's loop waits on a coroutine in the helper thread, at any instant of
+    ``run_to_end`` (a real SIGINT to the main thread of a process of its own, 0-3 ms after the
+    call, 150 times): the KeyboardInterrupt reaches the host only once the coroutine was cancelled
+    and unwound, or never started: never while it still runs, its effect about to land with
+    nothing recorded. (Interrupted in ``Thread.start``, or in a join that 3.11 then marked done,
+    it ran on in 1 trial of 3.)"""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", _STOPPED_HOST], capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["cancelled"], done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-c", _STOPPED_HOST, "150"], capture_output=True, text=True, timeout=300)
+    counts = dict(pair.split("=") for pair in done.stdout.split())
+    assert counts and set(counts) <= {"cancelled", "not_started"}, done.stdout + done.stderr
