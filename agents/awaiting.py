@@ -64,6 +64,8 @@ class _Ended:
 
 #: Seconds the caller waits for a cancelled coroutine to unwind before it raises what stopped it.
 UNWIND_S = 5.0
+#: Seconds between the caller's looks at its pending signals while it waits (``_in_helper_thread``).
+SIGNAL_LOOK_S = 0.05
 
 
 def _in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
@@ -94,7 +96,8 @@ def _in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
     helper = threading.Thread(target=main, name="raysaga-coroutine", daemon=True)
     try:
         helper.start()  # (inside: ``start`` waits for the thread, and a Ctrl-C can land there too)
-        done.wait()
+        while not done.wait(SIGNAL_LOOK_S):
+            pass  # (in slices: a signal landing just before a blocking wait began went unseen until it ended)
     except BaseException:
         # the caller stopped waiting (Ctrl-C in a host that catches KeyboardInterrupt): the coroutine
         # must not run on behind it, its effect landing with nothing recorded; cancel it, let it unwind
