@@ -171,8 +171,10 @@ def commits_first(batch: Batch, sends: Sequence[Send]) -> bool:
     """Whether ``batch`` must be durable before ``sends`` leave: its ledger 'pending' rows and
     compensated steps' 'running' rows (a rollback after a crash must know the call may have
     happened), and other nodes' 'waiting' rows (an approval asked in this round is decidable while
-    an inline sibling runs at submit, not only once that returned, its timeout maybe passed)."""
-    if batch.effects:
+    an inline sibling runs at submit, not only once that returned, its timeout maybe passed).
+    And anything before a ``local=True`` step (``local_steps``): it runs in this thread, maybe for
+    a while, and what finished before it is durable (and serialized) before it starts."""
+    if batch.effects or (not batch.empty() and any(isinstance(d, Dispatch) and d.spec.local for d in sends)):
         return True
     sent = {(d.key.node_id, d.key.fan_index) for d in sends if isinstance(d, Dispatch)}
     return any(n.status == NodeStatus.RUNNING

@@ -65,7 +65,7 @@ class RayExecutor(Executor):
     actors' queues (so a thread that frees starts the next call at once) and the rest here. A step's resource
     request (``num_cpus``, ``num_gpus``, ``memory``, ``resources``) goes with its tasks, and one no
     node can ever hold fails the attempt permanently (``resources``). A ``local=True`` step runs
-    in this process once the round's tasks are sent (``local_steps``). See docs/execution.md.
+    in this process at the next ``wait`` (``local_steps``). See docs/execution.md.
     """
 
     name = "ray"
@@ -117,7 +117,7 @@ class RayExecutor(Executor):
         self._io = Lane(limit=io_limit, chunked=False)  # I/O-bound attempts, queued for the pool
         self._pool: IoPool | None = None  # this process's, taken at the first I/O-bound attempt
         self._feasible = Feasibility(ray)
-        self._local = LocalSteps()  # ``local=True`` attempts, run at the next pump
+        self._local = LocalSteps()  # ``local=True`` attempts, run at the next wait
 
     @property
     def io_pool(self) -> IoPool:
@@ -214,7 +214,6 @@ class RayExecutor(Executor):
                 self._send(items[0][2], [(handle, call) for handle, call, _ in items], lane)
             while lane.blocks and lane.tasks < lane.room():
                 self._send_block(lane, lane.chunk_size(self.CHUNK_SECONDS, self.MAX_CHUNK))
-        self._local.run(self._finished)  # (the tasks sent above run meanwhile)
 
     def _io_ready(self) -> list[tuple[Handle, NodeCall, StepSpec]]:
         """The queued I/O-bound attempts to send now, in order: while the pool has a free thread,
@@ -338,6 +337,7 @@ class RayExecutor(Executor):
 
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         self._pump()
+        self._local.run(self._finished)  # (returned by this very wait: no stop signal between end and absorb)
         if self._io_held:  # a call with a timeout waits for a pool actor to start: look again soon
             timeout = min(timeout, self.STARTING_POLL)
         if (self._cancelled or (self._pool and self._pool.retiring())) and time.monotonic() >= self._recancel_at:

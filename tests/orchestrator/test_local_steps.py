@@ -8,12 +8,17 @@
 - a queued local attempt cancelled before the executor's pump never runs;
 - a local effect that SIGKILLs its driver right after its call (tests/support/local_flows.py): the
   ledger's pending row was committed before it ran, so the resume asks ``reconcile=`` and the
-  provider is called once.
+  provider is called once;
+- a pause asked while a local effect runs: the effect's outcome is absorbed and committed before
+  the pause (it was dropped, and the resume charged again), and what finished before the local
+  step is committed before it starts;
+- a local step that mutates its input gets a private copy: the upstream output stays as stored.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +27,7 @@ from typing import Any
 import pytest
 
 import raysaga
-from raysaga import RunStatus, Workflow, WorkflowDefinitionError
+from raysaga import Client, RunStatus, Workflow, WorkflowDefinitionError
 from raysaga.orchestrator.executor import RayExecutor
 from raysaga.orchestrator.task import NodeCall
 from raysaga.state import EffectStatus, NodeStatus, SqlStore
@@ -167,3 +172,82 @@ def test_a_local_effect_killing_its_driver_is_reconciled_not_repeated(ray_addres
         store.close()
     assert effects == [(key, EffectStatus.COMMITTED)]
     assert nodes == {"pay": NodeStatus.COMPLETED, "receipt": NodeStatus.COMPLETED}
+
+
+def _heartbeat_read_signals(client: Client, run_id: str) -> None:
+    """Return once the driver's heartbeat has read the run's signals since now: it renews the lease,
+    then reads them, each beat; two renewals seen means a read after the first."""
+    def renewed_after(after: float) -> float | None:
+        expires = client.store.get_run(run_id).lease_expires_at
+        return expires if expires is not None and expires > after else None
+
+    base = client.store.get_run(run_id).lease_expires_at or 0.0
+    first = harness.wait_until(lambda: renewed_after(base), timeout=60, what="a lease renewal")
+    harness.wait_until(lambda: renewed_after(first), timeout=60, what="a second lease renewal")
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("_by_value")
+def test_a_pause_while_a_local_effect_runs_keeps_its_outcome(ray_session: str, sqlite_url: str,
+                                                             tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    control.mkdir()
+    run_id = f"lh-{uuid.uuid4().hex[:8]}"
+    ended: list[Any] = []
+    with FakeServices() as services:
+        run_input = {"services_url": services.url, "control_dir": str(control)}
+        driver = threading.Thread(target=lambda: ended.append(raysaga.run(
+            lf.held, run_input, store=sqlite_url, run_id=run_id, executor="ray")), daemon=True)
+        driver.start()
+        try:
+            harness.wait_until(lambda: (control / "paid-1").exists() or not driver.is_alive(), timeout=120,
+                               what="the local effect to charge")
+            assert driver.is_alive(), ended
+            store = SqlStore(sqlite_url)
+            try:  # what finished before the local step is durable before it runs
+                assert {n.node_id: n.status for n in store.nodes(run_id)}["first"] == NodeStatus.COMPLETED
+            finally:
+                store.close()
+            client = Client(sqlite_url)
+            try:
+                client.pause(run_id)
+                _heartbeat_read_signals(client, run_id)  # the driver knows of the pause before the step ends
+            finally:
+                client.close()
+        finally:
+            (control / "release").touch()
+            driver.join(120)
+        assert ended and ended[0].status == RunStatus.PAUSED, ended
+        store = SqlStore(sqlite_url)
+        try:
+            nodes = {n.node_id: n for n in store.nodes(run_id)}
+            effects = [(e.node_id, e.status) for e in store.effects(run_id)]
+        finally:
+            store.close()
+        assert nodes["slow_pay"].status == NodeStatus.COMPLETED and nodes["slow_pay"].attempt == 1
+        assert effects == [("slow_pay", EffectStatus.COMMITTED)]
+
+        client = Client(sqlite_url)
+        try:
+            client.unpause(run_id)
+        finally:
+            client.close()
+        record = raysaga.resume(lf.held, run_id, store=sqlite_url, executor="ray")
+        log = services.log()
+    assert record.status == RunStatus.COMPLETED, record.error
+    assert list(log["raw"].values()) == [1]  # charged once: the resume did not run it again
+    assert not (control / "paid-2").exists()
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("_by_value")
+def test_a_local_step_mutating_its_input_leaves_the_upstream_output_alone(ray_session: str, sqlite_url: str) -> None:
+    record = raysaga.run(lf.mutating, None, store=sqlite_url, executor="ray")
+    assert record.status == RunStatus.COMPLETED, record.error
+    assert record.output == {"later": {"a": [1, 2]}}
+    store = SqlStore(sqlite_url)
+    try:
+        outputs = {n.node_id: n.output for n in store.nodes(record.run_id)}
+    finally:
+        store.close()
+    assert outputs["src"] == {"a": [1, 2]} and outputs["mutate"] == 3

@@ -5,17 +5,21 @@
 - ``flaky``: a local step that fails transiently on its first attempt.
 - ``charge``: a local effect that calls the fake provider, then, on its first attempt, SIGKILLs
   its own process: the driver's, since a local step runs there.
+- ``held``: a Ray step, then a local effect that charges and holds until the test releases it.
+- ``mutating``: a local step that appends to the upstream output it was given.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from raysaga import NOT_APPLIED, RetryPolicy, StepContext, Transient, Workflow
+from raysaga import NOT_APPLIED, Permanent, RetryPolicy, StepContext, Transient, Workflow
 from tests.support import services as fake_services
 
 FAST_RETRY = RetryPolicy(max_attempts=3, base=0.01, cap=0.05)
@@ -83,6 +87,65 @@ def pay(ctx: StepContext, input: ChargeIn) -> str:
 @charge.step(local=True)
 def receipt(pay: str) -> str:
     return f"receipt:{pay}"
+
+
+# ---------------------------------------------------------------------- a local effect held by the test
+
+HOLD_LIMIT = 120.0
+
+
+class HeldIn(BaseModel):
+    services_url: str
+    control_dir: str
+
+
+held = Workflow("local-held")
+
+
+@held.step
+def first(input: HeldIn) -> str:
+    return "ok"
+
+
+@held.step(local=True, effect=True)
+def slow_pay(ctx: StepContext, input: HeldIn, first: str) -> str:
+    """Charges, says so, then holds until the test writes ``release`` (the test pauses the run meanwhile)."""
+    assert ctx.idempotency_key is not None
+    reply = fake_services.post(input.services_url, "charge", ctx.idempotency_key, {"order_id": "held-1"})
+    control = Path(input.control_dir)
+    (control / f"paid-{ctx.attempt}").touch()
+    deadline = time.monotonic() + HOLD_LIMIT
+    while not (control / "release").exists():
+        if time.monotonic() > deadline:
+            raise Permanent("never released")
+        time.sleep(0.01)
+    return str(reply["id"])
+
+
+@held.step
+def after(slow_pay: str) -> str:
+    return f"after:{slow_pay}"
+
+
+# ---------------------------------------------------------------------- a local step mutating its input
+
+mutating = Workflow("local-mutating")
+
+
+@mutating.step
+def src() -> dict[str, list[int]]:
+    return {"a": [1, 2]}
+
+
+@mutating.step(local=True)
+def mutate(src: Any) -> int:  # (Any: no validation makes a new object on the way in)
+    src["a"].append(99)
+    return len(src["a"])
+
+
+@mutating.step(local=True)
+def later(src: Any, mutate: int) -> Any:
+    return src
 
 
 FLOWS: dict[str, Workflow] = {"where": where, "flaky": flaky, "charge": charge}
