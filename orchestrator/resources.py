@@ -211,8 +211,8 @@ class Feasibility:
         return "; ".join(shown[:8]) + (f"; ... ({len(shown)} nodes)" if len(shown) > 8 else "")
 
 
-#: The step options this module reads (``@wf.step`` / ``@wf.map``).
-PLACEMENT_OPTIONS = ("io_bound", "num_cpus", "num_gpus", "memory", "resources")
+#: The step options that say where an attempt runs (``@wf.step`` / ``@wf.map``; ``local`` on ``@wf.step`` only).
+PLACEMENT_OPTIONS = ("io_bound", "num_cpus", "num_gpus", "memory", "resources", "local")
 
 
 def placement(step: str, *, io_bound: Any = None, num_cpus: Any = None, num_gpus: Any = None, memory: Any = None,
