@@ -25,9 +25,8 @@ log = logging.getLogger("raysaga.driver")
 
 #: What a node a parked run left in flight is told the run was parked for, by the parking's error.
 PARKED_FOR = {"CrashLoop": "a crash loop", "BlobIntegrityError": "a missing or altered blob",
-              "DriveFailed": "drives that kept failing", "NotJSONableError": "a write the store cannot keep"}
-#: A run parked by ``crash_loop``'s bound on live takeovers (its error's ``crash_loop`` field).
-LIVE_TAKEOVERS = "a live takeover loop (a step holding the GIL past the lease)"
+              "DriveFailed": "drives that kept failing", "NotJSONableError": "a write the store cannot keep",
+              "live_takeover_loop": "a live takeover loop (a step holding the GIL past the lease)"}
 
 
 def parked(status: RunStatus, reason: str, error: dict[str, Any], event: NewEvent,
@@ -47,8 +46,7 @@ def settled(nodes: Iterable[NodeRecord], error: Mapping[str, Any], now: float) -
     settles them (``cancelled_row``, as ``Machine.cancel`` writes a row a dead driver left
     ``running``; ``not retried: ...`` as ``Calls.stop_retries`` writes a backoff's): its drivers died
     or stopped, so none will come back. ``raysaga retry`` runs them again under the same keys."""
-    why = (LIVE_TAKEOVERS if error.get("crash_loop") == "live_takeover_loop"
-           else PARKED_FOR.get(str(error.get("type")), "what its reason names"))
+    why = PARKED_FOR.get(str(error.get("type")), "what its reason names")
     rows: list[NodeWrite] = []
     for row in nodes:
         if row.status == NodeStatus.RUNNING:
