@@ -134,12 +134,15 @@ class Forward:
             if group:
                 self._issue_items(group_step, group)
                 group = []
-            if (index >= 0 and key not in restored and self._effect_map(step)
-                    and self.window.hold(key, self.calls.inflight)):
-                continue
+            windowed = (index >= 0 and self.window.window is not None  # an effect fan-out's item
+                        and (spec := self.wf.steps[step]).effect and spec.map_over is not None and spec.kind == "step")
+            if windowed and self.calls.attempts.get(key, 0) == 0 and self.window.hold(key):
+                continue  # (fresh: a retry or a resumed call, already in doubt, goes out at once)
             start = self.prepare(key)
             if start is not None:
                 starts.append(start)
+            if windowed and key in self.calls.inflight:
+                self.window.opened(key)
         if group:
             self._issue_items(group_step, group)
         return starts
@@ -152,13 +155,9 @@ class Forward:
                                                and not self.calls.records_first(spec))
         return plain
 
-    def _effect_map(self, step: str) -> bool:
-        spec = self.wf.steps[step]
-        return spec.effect and spec.map_over is not None and spec.kind == "step"
-
-    def release_held(self) -> None:
+    def release_held(self, stuck: bool) -> None:
         """Make the held effect items that fit in their window ready again (``EffectWindow``)."""
-        for key in self.window.release(self.calls.inflight):
+        for key in self.window.release(stuck):
             self.sched.push((key.step, key.fan_index))
 
     def _issue_items(self, step: str, keys: list[NodeKey], *, whole: bool = False) -> None:
@@ -270,6 +269,7 @@ class Forward:
 
     def settle_completed(self, key: NodeKey) -> None:
         step, index = key.step, key.fan_index
+        self.window.settled(key)
         done = self.sched.complete((step, index))
         for finished in done:
             if finished != step or index >= 0:  # a fan-out parent finished with its last item
@@ -305,6 +305,7 @@ class Forward:
         anything else fails its step."""
         step, index = key.step, key.fan_index
         spec = self.wf.steps[step]
+        self.window.settled(key)
         if write:
             self.out.batch.nodes.append(NodeWrite(node_id=key.node_id, fan_index=index, status=NodeStatus.FAILED,
                                                   error=error, attempt=attempts, finished_at=self.out.now))

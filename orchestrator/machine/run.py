@@ -154,7 +154,8 @@ class RunMachine:
             return
         self.forward.decide_early()  # (an agent item's failure, settled outside ``absorb``)
         while True:
-            self.forward.release_held()  # (effect items that wait for room in their window)
+            self.forward.release_held(  # (effect items that wait for room in their window)
+                not self.calls.inflight and self.calls.timers.next() is None and not self.forward.sched.has_ready())
             while ready := self.forward.sched.pop_ready():  # settling a node can make more ready
                 for start in self.forward.prepare_all(ready):
                     if isinstance(start, AgentStart):

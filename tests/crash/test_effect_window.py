@@ -69,3 +69,26 @@ def test_a_killed_driver_leaves_only_the_window_in_doubt(ray_session: str, sqlit
         assert sorted(e.status.value for e in store.effects(run_id)) == ["committed"] * COUNT
     finally:
         store.close()
+
+
+def test_items_waiting_out_a_backoff_keep_their_place(ray_session: str, sqlite_url: str, tmp_path: Path) -> None:
+    import ray
+
+    import raysaga
+
+    window = RayExecutor.LANE_TASKS_PER_CPU * int(ray.cluster_resources()["CPU"])  # type: ignore[no-untyped-call]
+    control = tmp_path / "control"
+    control.mkdir()
+    db_file = sqlite_url.removeprefix("sqlite:///")
+    with FakeServices() as services:
+        record = raysaga.run(flows.flaky, {"services_url": services.url, "control_dir": str(control),
+                                           "db_file": db_file, "count": COUNT}, store=sqlite_url, executor="ray")
+        log = services.log()
+    assert record.status.value == "completed", record.error
+    assert record.output == {"flaky_total": COUNT}
+    seen = [name.split("-")[1:] for name in os.listdir(control) if name.startswith("seen-")]
+    assert len(seen) == 2 * COUNT  # every item: a failed first attempt, then its retry
+    most = max(int(pending) for _, _, pending in seen)
+    # at each start, the pending rows were the window's at most (every item's row before it)
+    assert most <= window, f"{most} pending ledger rows when an item started, for a window of {window}"
+    assert len(log["effective"]) == COUNT and set(log["effective"].values()) == {1}

@@ -7,13 +7,14 @@ ledger rows the run had written."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from raysaga import Permanent, RetryPolicy, StepContext, Workflow
+from raysaga import Permanent, RetryPolicy, StepContext, Transient, Workflow
 from tests.support import services as fake_services
 
 #: Seconds an item waits for the release file before it gives up (never reached when the test passes).
@@ -57,4 +58,42 @@ def sample(services_url: str, control_dir: str, count: int) -> dict[str, Any]:
     return {"services_url": services_url, "control_dir": control_dir, "count": count}
 
 
-FLOWS: dict[str, Workflow] = {"wide": wide}
+# ---------------------------------------------------------------------- every first attempt fails
+
+
+class FlakyCharge(BaseModel):
+    services_url: str
+    control_dir: str
+    db_file: str
+    count: int
+
+
+flaky = Workflow("effect-window-flaky")
+
+
+@flaky.step
+def flaky_orders(input: FlakyCharge) -> list[int]:
+    return list(range(input.count))
+
+
+@flaky.map("flaky_orders", effect=True, retry=RetryPolicy(max_attempts=3, base=0.3, cap=0.3))
+def flaky_charge(ctx: StepContext, input: FlakyCharge, flaky_orders: int) -> str:
+    """Counts the run's pending ledger rows as it starts (what a crash now would leave in doubt),
+    charges, then fails its first attempt transiently: it waits out a backoff, its row pending."""
+    assert ctx.idempotency_key is not None
+    with sqlite3.connect(input.db_file, timeout=30) as db:
+        (pending,) = db.execute("SELECT count(*) FROM raysaga_effects WHERE run_id = ? AND status = 'pending'",
+                                (ctx.run_id,)).fetchone()
+    Path(input.control_dir, f"seen-{flaky_orders}-{ctx.attempt}-{pending}").touch()
+    reply = fake_services.post(input.services_url, "charge", ctx.idempotency_key, {"order_id": f"f-{flaky_orders}"})
+    if ctx.attempt == 1:
+        raise Transient("the provider timed out (the charge went through)")
+    return str(reply["id"])
+
+
+@flaky.step
+def flaky_total(flaky_charge: list[str]) -> int:
+    return len(set(flaky_charge))
+
+
+FLOWS: dict[str, Workflow] = {"wide": wide, "flaky": flaky}
