@@ -37,6 +37,10 @@ def unknown_option(kind: str) -> Callable[[str, list[str], list[str]], WorkflowD
                 return WorkflowDefinitionError(
                     f"agent {where!r}: {placed} do not apply to an agent node: its model and tool calls run in "
                     "the executor's I/O pool (see docs/execution.md)")
+        if kind == "map" and "local" in unknown:
+            return WorkflowDefinitionError(
+                f"step {where!r}: local=True does not apply to a fan-out's items: they run on Ray, in chunks. "
+                "Declare local=True on the glue around it instead (the planner it maps over, the join)")
         return WorkflowDefinitionError(unknown_option_message(f"step {where!r}", unknown, options))
 
     return error

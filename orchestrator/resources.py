@@ -250,7 +250,3 @@ def check_local(step: str, local: Any, *, io_bound: bool | None, request: Resour
             "drop local=True, or that option")
     return True
 
-
-def unknown_options(step: str, unknown: Any, known: Any) -> WorkflowDefinitionError:
-    return WorkflowDefinitionError(
-        f"step {step!r}: unknown option(s) {sorted(unknown)}; the options are {sorted(known)}")

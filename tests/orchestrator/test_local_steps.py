@@ -71,6 +71,24 @@ def test_what_a_local_step_cannot_take_is_a_definition_error(options: dict[str, 
     assert "step 'glue'" in str(caught.value) and said in str(caught.value), str(caught.value)
 
 
+def test_wf_map_refuses_local_naming_the_glue_to_mark_instead() -> None:
+    """``@wf.map`` has no ``local=``: its refusal says why and where local=True goes, not only
+    that the option is unknown."""
+    wf = Workflow("local-map")
+
+    @wf.step
+    def source() -> list[int]:
+        return [1]
+
+    with pytest.raises(WorkflowDefinitionError) as caught:
+        @wf.map("source", local=True)  # type: ignore[call-arg]
+        def each(source: int) -> int:
+            return source
+
+    said = str(caught.value)
+    assert "step 'each'" in said and "fan-out's items" in said and "the planner it maps over" in said, said
+
+
 def test_local_is_placement_not_contract() -> None:
     """A run started before a step was made local resumes after (as for ``io_bound``)."""
     def build(local: bool) -> Workflow:
