@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import Any
 
 import networkx as nx
-from pydantic import ValidationError
 
-from raysaga.agents.agent import MEMORY_TOOLS
-from raysaga.agents.messages import ModelResponse
 from raysaga.errors import BlobIntegrityError, ForkError, RunNotFoundError
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.machine.doubt import InDoubt
+from raysaga.orchestrator.machine.undo_targets import call_undo, can_owe, turn_uses
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunStatus, Store
 from raysaga.state.models import PRUNABLE, node_label
@@ -63,63 +63,77 @@ class LineageUndos:
     """Undos of the parent's nodes that did not complete anywhere."""
 
 
-def _has_undo(wf: Workflow, key: NodeKey, tool_named: Callable[[NodeKey], str | None]) -> bool:
-    """Whether a rollback undoes the completed node ``key``: an item (or a plain step) of a step
-    with a compensation, or an agent's tool call of a tool with an undo. Which tool a call made is
-    read as the rollback reads it (``machine.rollback``: the name the call's turn asked for, looked up
-    in the agent's tools), by ``tool_named``, only for an agent one of whose tools has an undo. A
-    call whose tool cannot be read, or names a tool the agent no longer has, is counted as owed: the
-    rollback stops on such a call when it took effect, so a fork must not inherit it either."""
+def _has_undo(wf: Workflow, row: NodeRecord, calls: _Calls) -> bool:
+    """Whether a rollback undoes the completed node ``row``: an item (or a plain step) of a step
+    with a compensation, or an agent's tool call that owes an undo by ``machine.undo_targets``, the
+    rule the rollback itself follows (from the same facts: the tool the call's turn asked for, its
+    result, the run's ledger). A call whose tool cannot be told (its turn unreadable, the tool gone)
+    is owed when the ledger says it took effect: the rollback stops on it, so a fork must not
+    inherit it either; with no such ledger row it owes nothing, as the rollback skips it."""
+    key = NodeKey.parse(row.node_id, row.fan_index)
     spec = wf.steps.get(key.step)
     if spec is None:
         return False
     if key.is_agent_call:
-        agent = spec.options.get("agent") if spec.kind == "agent" else None
-        tools = getattr(agent, "tools", ())
-        if agent is None or key.call is None or not any(getattr(t, "compensate", None) is not None for t in tools):
+        if spec.kind != "agent" or key.call is None:
             return False
-        name = tool_named(key)
-        if name is None:
-            return True  # unknown: owed, to be safe
-        if name in MEMORY_TOOLS:
-            return False  # the blackboard's compare-and-set: never undone
-        tool = agent.tool(name)
-        return tool is None or tool.compensate is not None
+        agent, took = spec.options["agent"], calls.took(row)
+        if not can_owe(agent, took):
+            return False  # (call_undo's first question: its turn need not be read)
+        try:
+            undo = call_undo(agent, calls.use(key), row, lambda: calls.result(row), took=took)
+        except BlobIntegrityError:
+            return True  # its result cannot be read: owed (the rollback parks the run on it, never skips it)
+        return undo is not None
     return wf.compensation_for(key.step) is not None and (spec.map_over is None or key.fan_index >= 0)
 
 
-def _tool_names(st: Store, run: str) -> Callable[[NodeKey], str | None]:
-    """The name of the tool an agent's call ``key`` of ``run`` made, from its turn's recorded model
-    response (the turn row's output: the source the rollback reads); None when that turn did not
-    complete, its output cannot be read, or it asked for fewer calls. One read per turn asked."""
-    turns: dict[tuple[str, int], list[str] | None] = {}
+class _Calls:
+    """What ``call_undo`` reads of ``run``'s agent tool calls, read when first asked: the tool use
+    each call's turn asked for (one read per turn), a call's result, and the run's ledger (once:
+    the rows the rollback of ``run`` reads, ``machine.doubt.InDoubt.took``)."""
 
-    def named(key: NodeKey) -> str | None:
-        if key.turn is None or key.call is None:
-            return None
+    def __init__(self, st: Store, run: str) -> None:
+        self.st, self.run = st, run
+        self._turns: dict[tuple[str, int], list[dict[str, Any]] | None] = {}
+        self._took: set[tuple[str, int]] | None = None
+
+    def use(self, key: NodeKey) -> dict[str, Any] | None:
+        """The ``tool_use`` block of call ``key`` (None: its turn cannot be read, or asked fewer)."""
+        assert key.turn is not None and key.call is not None
         turn = key.owner.with_turn(key.turn)
         where = (turn.node_id, turn.fan_index)
-        if where not in turns:
-            turns[where] = _asked(st, run, turn)
-        names = turns[where]
-        return names[key.call] if names is not None and key.call < len(names) else None
+        if where not in self._turns:
+            self._turns[where] = self._asked(turn)
+        uses = self._turns[where]
+        return uses[key.call] if uses is not None and key.call < len(uses) else None
 
-    return named
+    def _asked(self, turn: NodeKey) -> list[dict[str, Any]] | None:
+        found = self.st.node_row(self.run, turn.node_id, turn.fan_index)
+        if found is None or found.get("status") != NodeStatus.COMPLETED:
+            return None
+        try:
+            return turn_uses(self._output(found, turn))
+        except BlobIntegrityError:
+            return None
 
+    def result(self, row: NodeRecord) -> Any:
+        """The recorded result of call ``row`` (``BlobIntegrityError`` when its blob cannot be read)."""
+        found = self.st.node_row(self.run, row.node_id, row.fan_index)
+        return None if found is None else self._output(found, NodeKey.parse(row.node_id, row.fan_index))
 
-def _asked(st: Store, run: str, turn: NodeKey) -> list[str] | None:
-    """The tool names turn ``turn`` of ``run`` asked for, in call order (None: not readable)."""
-    row = st.node_row(run, turn.node_id, turn.fan_index)
-    if row is None or row.get("status") != NodeStatus.COMPLETED:
-        return None
-    output, digest = row.get("output"), row.get("output_digest")
-    try:
+    def _output(self, found: dict[str, Any], key: NodeKey) -> Any:
+        digest = found.get("output_digest")
         if digest:
-            output = st.load_blobs({digest: f"node {turn.label} of run {run!r}"})[digest]
-        uses = ModelResponse.model_validate(output).tool_uses()
-    except (BlobIntegrityError, ValidationError):
-        return None
-    return [str(use.get("name", "")) for use in uses]
+            return self.st.load_blobs({digest: f"node {key.label} of run {self.run!r}"})[digest]
+        return found.get("output")
+
+    def took(self, row: NodeRecord) -> bool:
+        if self._took is None:
+            doubt = InDoubt()
+            doubt.restore(self.st.effects(self.run))
+            self._took = set(doubt.took)
+        return (row.node_id, row.fan_index) in self._took
 
 
 def _owed(wf: Workflow, st: Store, run: str, rows: list[NodeRecord], executed_by: dict[tuple[str, int], str]
@@ -127,13 +141,13 @@ def _owed(wf: Workflow, st: Store, run: str, rows: list[NodeRecord], executed_by
     """The undos ``run``'s rollback (compensating, or stopped: ``compensation_failed``) owes and has
     not started, of the nodes the parent holds from the same execution: no compensation row yet."""
     started = {_undone_target(r) for r in rows if is_compensation(r.node_id)}
-    tool_named = _tool_names(st, run)
+    calls = _Calls(st, run)
     owed = []
     for row in rows:
         key = (row.node_id, row.fan_index)
         if row.status != NodeStatus.COMPLETED or is_compensation(row.node_id) or key in started:
             continue
-        if executed_by.get(key) == (row.origin_run_id or run) and _has_undo(wf, NodeKey.parse(*key), tool_named):
+        if executed_by.get(key) == (row.origin_run_id or run) and _has_undo(wf, row, calls):
             owed.append(Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started"))
     return owed
 

@@ -10,6 +10,10 @@ rollback ends. Each compensation is an effect with its own idempotency key, the 
 An agent's effect tools may register an undo too (``tool(compensate=...)``): each call of such a
 tool that took effect (or may have) is a target of its own, node ``<step>@<turn>.<k>``, undone
 latest first and before anything upstream of the agent, under the call's key + ``:compensate``.
+Which calls owe one is ``machine.undo_targets.call_undo``'s answer, the one ``raysaga fork``
+refuses by: a call answered with an error or whose arguments failed the tool's schema owes none;
+one whose tool cannot be told (its turn unreadable, the tool gone) stops the rollback when the
+ledger says it took effect, and owes nothing when it holds no such row.
 """
 
 from __future__ import annotations
@@ -20,14 +24,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysaga.agents.messages import ModelResponse
 from raysaga.agents.runtime import tool_undo
-from raysaga.agents.tools import Tool, ToolError, tool_output
+from raysaga.agents.tools import Tool
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key
-from raysaga.orchestrator.machine.agent_limits import RAN_KEY
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import Forward
+from raysaga.orchestrator.machine.undo_targets import ToolLost, call_undo, turn_uses
 from raysaga.orchestrator.options import compensation_retry
 from raysaga.orchestrator.records import cancelled_row
 from raysaga.orchestrator.spec import StepSpec
@@ -36,7 +39,6 @@ from raysaga.sagas.plan import CompensationTarget, RollbackPlan
 from raysaga.sagas.rollback import (
     UNKNOWN_OUTCOME,
     compensation_rows,
-    effect_time,
     restore_rollback,
     rollback_outcome,
     step_targets,
@@ -110,12 +112,19 @@ class _ToolCall:
 
 def missing_tool(call: NodeKey, name: str, key: str, run_id: str) -> dict[str, Any]:
     """The error of a rollback target: an effect call (ledger key ``key``) of tool ``name``, which
-    the code the run is resumed with no longer has (its undo, if it had one, cannot run)."""
+    the code the run is resumed with no longer has (its undo, if it had one, cannot run); ``name``
+    "": its turn's recorded response cannot be read, so which tool it made is unknown."""
+    retry = f"`raysaga retry {shlex.quote(run_id)} --compensations`"
+    if not name:
+        turn = call.owner.with_turn(call.turn).label if call.turn is not None else call.step
+        return {"type": "CompensationMissing", "transient": False,
+                "message": f"tool call {call.label} took effect (ledger key {key}), but which tool it made cannot "
+                           f"be read from its turn {turn} (its recorded model response is not readable or asks "
+                           "for fewer calls): its undo cannot run; undo it by hand"}
     return {"type": "CompensationMissing", "transient": False,
             "message": f"tool call {call.label} of tool {name!r} took effect (ledger key {key}), but the agent "
                        f"of step {call.step!r} no longer has a tool {name!r}: its undo cannot run; restore the "
-                       f"tool (with its compensate=) and `raysaga retry {shlex.quote(run_id)} --compensations`, "
-                       "or undo it by hand"}
+                       f"tool (with its compensate=) and {retry}, or undo it by hand"}
 
 
 #: What a node whose outcome was unknown says once its compensation undid it.
@@ -196,52 +205,36 @@ class Rollback:
 
         calls = [(NodeKey.parse(r.node_id, r.fan_index), r) for r in rows]
         calls = [(k, r) for k, r in calls if k.is_agent_call]
-        uses_of = {(k.step, k.turn, k.fan_index): ModelResponse.model_validate(output(r)).tool_uses()
-                   for k, r in calls if k.call is None and r.status == NodeStatus.COMPLETED}
+        uses_of = {(k.step, k.turn, k.fan_index): turn_uses(output(r)) for k, r in calls
+                   if k.call is None and r.status == NodeStatus.COMPLETED}
         found: list[tuple[NodeKey, int, int, CompensationTarget]] = []  # (agent node, turn, k, target)
         for sub, row in calls:
             spec = self.wf.steps.get(sub.step)
+            if sub.call is None or sub.turn is None or spec is None or spec.kind != "agent":
+                continue
             uses = uses_of.get((sub.step, sub.turn, sub.fan_index))
-            if sub.call is None or sub.turn is None or spec is None or spec.kind != "agent" or uses is None:
-                continue
-            use = uses[sub.call] if sub.call < len(uses) else {}
-            tool = spec.options["agent"].tool(str(use.get("name", "")))
-            if tool is None and (finished := effect_time(row)) is not None \
-                    and (took := self.calls.in_doubt.took.get((row.node_id, row.fan_index))) is not None:
-                # an effect the code no longer has the tool of: whether it had an undo is unknown,
-                # so the rollback stops on it (compensation_failed, naming it), never skips it
-                self._missing[(row.node_id, row.fan_index)] = missing_tool(sub, str(use.get("name", "")), took,
-                                                                           self.run_id)
-                found.append((sub.owner, sub.turn, sub.call, CompensationTarget((row.node_id, row.fan_index),
-                                                                                finished, step=sub.step)))
-                continue
-            if tool is None or tool.compensate is None:
-                continue
             key = (row.node_id, row.fan_index)
-            finished = effect_time(row)
-            if finished is None:
+            took = self.calls.in_doubt.took.get(key)
+            undo = call_undo(spec.options["agent"], uses[sub.call] if uses is not None and sub.call < len(uses)
+                             else None, row, functools.partial(output, row), took=took is not None,
+                             approved=approved.get(key))
+            if undo is None:
                 continue
-            ran: Any = approved.get(key)  # the arguments a human approved it with (maybe edited)
-            if row.status == NodeStatus.COMPLETED:
-                result = output(row)
-                if not isinstance(result, dict) or result.get("is_error"):
-                    continue  # answered without an effect: a refusal, a breaker, a loop stop
-                edited = result.get(RAN_KEY)  # a call a human edited: the model read another text
-                if isinstance(edited, dict):
-                    ran, result = edited.get("args"), {"content": edited.get("content")}
-                self._outputs[key] = tool_output(result)
+            if isinstance(undo, ToolLost):
+                # an effect the code no longer has the tool of (or whose turn cannot be read):
+                # whether it had an undo is unknown, so the rollback stops on it
+                # (compensation_failed, naming it), never skips it
+                assert took is not None
+                self._missing[key] = missing_tool(sub, undo.name, took, self.run_id)
             else:
-                self._outputs[key] = None  # it may have taken effect: undone as the latest
-            try:
-                args = tool.validate(use.get("input") if ran is None else ran)
-            except ToolError:
-                continue  # refused before any call
-            call_key = self.calls.keys.get(sub) or effect_key(
-                row.origin_run_id or self.run_id, sub.step, row.fan_index, f"tool:{tool.name}", tool.key_args(args))
-            self._tool_calls[key] = _ToolCall(tool, args, call_key)
-            if row.status in UNKNOWN_OUTCOME:
-                self._unsettled[key] = row
-            found.append((sub.owner, sub.turn, sub.call, CompensationTarget(key, finished, step=sub.step)))
+                self._outputs[key] = undo.output
+                call_key = self.calls.keys.get(sub) or effect_key(
+                    row.origin_run_id or self.run_id, sub.step, row.fan_index, f"tool:{undo.tool.name}",
+                    undo.tool.key_args(undo.args))
+                self._tool_calls[key] = _ToolCall(undo.tool, undo.args, call_key)
+                if row.status in UNKNOWN_OUTCOME:
+                    self._unsettled[key] = row
+            found.append((sub.owner, sub.turn, sub.call, CompensationTarget(key, undo.finished_at, step=sub.step)))
         found.sort(key=lambda f: (f[0], f[1], f[2]))
         targets = []
         for i, (agent, _, _, target) in enumerate(found):  # one by one per agent node, the latest call first

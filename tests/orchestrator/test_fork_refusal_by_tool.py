@@ -82,8 +82,11 @@ def test_only_the_undoable_call_of_a_turn_is_owed(store_url: str) -> None:
 
 
 def test_a_call_whose_tool_cannot_be_read_is_counted_as_owed(store_url: str) -> None:
+    """A call of ``pay`` (its ledger row says it took effect) whose turn no longer reads: owed, as
+    the rollback owes it (machine/undo_targets). The same with ``look``, which has no ledger row, is
+    owed by neither (tests/orchestrator/test_undo_targets_stop49.py)."""
     provider = FakeProvider()
-    wf, parent = _stopped(store_url, provider, ("look",))
+    wf, parent = _stopped(store_url, provider, ("pay",))
     store = SqlStore(store_url)
     try:  # the turn's recorded response no longer says which tool its call made
         with store.engine.begin() as conn:
