@@ -10,8 +10,10 @@ seconds and a bounded amount of memory. Its keys (``schema_version`` 1): run_id,
 status, reason, trace_id, labels, created_at, updated_at, wake_at (when a resting run is due),
 deadline_at, lease_owner, lease_expires_at, retries_used, retry_budget, tokens_used, cost_used, input,
 output, error, node_counts, nodes, effects, next_nodes_after (and steps/failures with ``--summary``,
-which leaves nodes out); a pending run ``raysaga launch`` launched also has launch (its latest
-job: job, address, at, and not_started, what ``status`` says when no driver has taken it, or null);
+which leaves nodes out); a fan-out's items with no row yet (``queries.StepInfo.no_row``: held back
+by an effect step's window, or in flight and not recorded yet) are counted ``pending``, not listed;
+a pending run ``raysaga launch`` launched also has launch (its latest job: job, address, at, and
+not_started, what ``status`` says when no driver has taken it, or null);
 a submitted run waiting for the worker fleet has fleet (``fleet_view.fleet``: live_workers,
 serving, queue, note, command).
 """
@@ -46,7 +48,7 @@ from raysaga.orchestrator.status_text import (
 from raysaga.orchestrator.status_text import seconds as seconds
 from raysaga.orchestrator.status_text import utc as utc
 from raysaga.state import EffectStatus, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
-from raysaga.state.models import PARKED, TERMINAL
+from raysaga.state.models import PARKED, TERMINAL, RunStatus
 from raysaga.state.redact import scrub, scrub_data
 
 if TYPE_CHECKING:
@@ -175,13 +177,14 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         first = True
         last: str | None = None
         shown = 0
-        flying = _flying(store, run, wf)
-        for item in _nodes(store, run.run_id, order, {s.node_id for s in infos}, after_key, nodes_limit, flying):
+        flying = _flying(store, run, wf) | _expanded(infos, run)
+        with_rows = {s.node_id for s in infos if s.rows}
+        for item in _nodes(store, run.run_id, order, with_rows, after_key, nodes_limit, flying):
             stream.write(("\n" if first else ",\n") + dumps(item))
             first, last, shown = False, item["node"], shown + 1
         stream.write("]")
         if nodes_limit is not None and shown == nodes_limit and last is not None:
-            more = list(_nodes(store, run.run_id, order, {s.node_id for s in infos}, parse_label(last), 1))
+            more = list(_nodes(store, run.run_id, order, with_rows, parse_label(last), 1))
             next_after = last if more else None
     stream.write(', "effects": [')
     inherited = store.inherited_effects(run.run_id) if run.parent_run_id else []
@@ -199,11 +202,12 @@ def summary_steps(infos: list[queries.StepInfo]) -> list[dict[str, Any]]:
     """``--summary``'s steps: the workflow's steps only, by first start. An agent's turns
     (``plan@2``) and tool calls (``plan@2.0``) are node rows of their own, and were listed as steps;
     they are counted under their agent step's ``agent`` (turns, tool_calls, and the calls not
-    completed by status), which starts with its first turn (its own row has no start)."""
+    completed by status), which starts with its first turn (its own row has no start). A step's
+    ``nodes`` are its rows and its items with no row yet (``pending`` in its counts)."""
     kept, calls = fold_agent_calls(infos, [s.node_id for s in infos], by_start=True)
     by_id = {s.node_id: s for s in infos}
     steps: list[dict[str, Any]] = [
-        {"step": name, "nodes": by_id[name].rows, "counts": by_id[name].counts,
+        {"step": name, "nodes": by_id[name].rows + by_id[name].no_row, "counts": by_id[name].counts,
          "first_started_at": by_id[name].first_started} for name in kept]
     steps += [{"step": name, "nodes": 0, "counts": {}, "first_started_at": None}  # turns with no agent row yet
               for name in calls if name not in by_id]
@@ -236,6 +240,13 @@ def _after_key(after: str | None, order: list[str]) -> tuple[str, int] | None:
         raise UserError(f"--nodes-after {after!r} is not a node of this run (use a label from the listing, "
                         "e.g. plan or square[41])")
     return key
+
+
+def _expanded(infos: list[queries.StepInfo], run: RunRecord) -> set[str]:
+    """The fan-outs of a running run expanded with no row yet, parent or item: in flight."""
+    if run.status.value != "running":
+        return set()
+    return {s.node_id for s in infos if not s.rows and s.no_row}
 
 
 def _flying(store: SqlStore, run: RunRecord, wf: Workflow | None) -> set[str]:
@@ -323,6 +334,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
     order, agent_calls = fold_agent_calls(infos, order, by_start=wf is None)
     by_step = {s.node_id: s for s in infos}
     flying = _flying(store, run, wf)
+    expanded = _expanded(infos, run)
     table = [["node", "status", "attempts", "started", "took", "note"]]
     fan_notes: list[str] = []
 
@@ -342,6 +354,9 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
             table.append([flat(step), "running", "0", "", "", "inputs complete, no row yet"] if step in flying
                          else [flat(step), "pending", "0", "", "", "not started"])
             continue
+        if not info.rows:  # a fan-out expanded, none of its items recorded yet
+            table.append([flat(step), "running" if step in expanded else "pending", "0", "", "",
+                          "fan-out expanded, no row yet"])
         plain = [r for r in queries.iter_nodes(store, run.run_id, [step], limit=1) if r["fan_index"] < 0]
         for row in plain:
             add(step, row)
@@ -351,8 +366,8 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         total = sum(items.values())
         if total > 0:
             parts = ", ".join(f"{n} {state}" for state, n in sorted(items.items()) if n)
-            fan_notes.append(f"{step}: {total} items — {parts}")
-            unfinished = total - items.get("completed", 0)
+            fan_notes.append(f"{step}: {total} items — {parts}" + _no_row_note(info.no_row, run))
+            unfinished = total - items.get("completed", 0) - info.no_row  # rows: the ones to list
             if unfinished:
                 for row in _problem_items(store, run.run_id, step):
                     add(node_label(step, row["fan_index"]), row)
@@ -412,6 +427,20 @@ def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str |
     views = run_views.step_views(store, run.run_id, graph, running=run.status.value == "running")
     for head, style, detail in run_views.layered_lines(graph, views):
         console.print(Text.assemble((flat(head), style), "  ", flat(detail)))
+
+
+def _no_row_note(count: int, run: RunRecord) -> str:
+    """What a fan-out's items with no row yet are (``StepInfo.no_row``): in a running run, not
+    issued yet (an effect step issues a window of items at a time) or in flight and not recorded
+    yet; in a resting one, not issued yet (a resume issues them); in an ended or rolling back one,
+    never issued."""
+    if not count:
+        return ""
+    if run.status in TERMINAL or run.status == RunStatus.COMPENSATING:
+        return f" ({count} never issued)"
+    if run.status == RunStatus.RUNNING:
+        return f" ({count} with no row yet: not issued yet, or in flight and not recorded yet)"
+    return f" ({count} with no row yet: not issued yet)"
 
 
 def _problem_items(store: SqlStore, run_id: str, step: str) -> Iterable[dict[str, Any]]:

@@ -187,6 +187,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     fanBox.append(h("div", { class: "toolbar" }, h("h2", {}, `${step}: items`), filter,
       h("button", { onclick: () => { fanBox.hidden = true; } }, "collapse")), grid);
     let after = -1;
+    let listed = 0;
     const more = h("button", {}, "more items");
     const page = async (): Promise<void> => {
       let got: { items: Row[]; next: number | null };
@@ -199,8 +200,16 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
         return;
       }
       for (const r of got.items) grid.append(itemCell(r));
+      listed += got.items.length;
       more.remove();
-      if (got.next !== null) { after = got.next; fanBox.append(more); }
+      if (got.next !== null) { after = got.next; fanBox.append(more); return; }
+      // items counted pending with no row to list: held back by an effect step's window (no row,
+      // no key until issued), or in flight and not recorded yet; an empty list said nothing of them
+      const wanted = status ? (counts[status] ?? 0) : Object.values(counts).reduce((a, b) => a + b, 0);
+      if ((!status || status === "pending") && wanted > listed)
+        fanBox.append(h("p", { class: "muted note", "data-no-row": String(wanted - listed) },
+          `${wanted - listed} more pending with no row yet: not issued yet (an effect step issues a few at a ` +
+          "time), or in flight and not recorded yet"));
     };
     more.addEventListener("click", () => void page());
     await page();
