@@ -31,10 +31,16 @@ def dashboard(
     users_file: Annotated[str | None, typer.Option(
         "--users-file", envvar="RAYSAGA_DASHBOARD_USERS", show_envvar=True,
         help="A file of NAME=TOKEN lines, one person each (# comments): kept out of the process list.")] = None,
+    workflow: Annotated[list[str] | None, typer.Option(
+        "--workflow", "-w", help="MODULE:WORKFLOW (or a path like flows.py:wf) to draw the DAGs of its runs from, "
+        "when the module a run records does not import here (repeatable; imports that code).")] = None,
 ) -> None:
     """Serve the web dashboard over the store: runs, their live DAG, nodes, events, /metrics."""
     with errors():
         cli_input.int_in_range("--port", port, 0, 65535)
+        from raysaga.orchestrator.loader import load_workflow
+
+        given = [load_workflow(ref) for ref in dict.fromkeys(workflow or [])]  # a bad one: exit 2, before serving
         import importlib.util
 
         if any(importlib.util.find_spec(m) is None for m in ("fastapi", "sse_starlette", "uvicorn")):
@@ -44,7 +50,7 @@ def dashboard(
 
         store = cli_store.open_for_reads(db)
         app, guard = build(store, host=host, token=token, allow_hosts=allow_host or (), user_pairs=user or (),
-                           users_file=users_file)
+                           users_file=users_file, workflows=given)
         from raysaga.orchestrator.dashboard.security import users_file_warning
 
         loose = users_file_warning(users_file)  # the file holds every token: say so when others may read it
@@ -55,7 +61,9 @@ def dashboard(
         shown = f"[{host}]" if ":" in host else host
         say(err, f"raysaga dashboard on http://{shown}:{port}/ over {cli_store.describe(cli_store.store_url(db))}"
             + (" (token required: open /?token=TOKEN once)" if guard.token else "")
-            + (f" ({len(guard.users)} users: each opens /?token=THEIR_TOKEN once)" if guard.users else ""))
+            + (f" ({len(guard.users)} users: each opens /?token=THEIR_TOKEN once)" if guard.users else "")
+            + (f"; DAGs of {', '.join(sorted({f'{w.name} v{w.version}' for w in given}))} drawn from --workflow"
+               if given else ""))
         import uvicorn
 
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", proxy_headers=False,

@@ -24,6 +24,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from raysaga.errors import DriverInterrupted, LeaseHeldError, LeaseLostError, RaySagaError, StoreOutageError
+from raysaga.orchestrator.unrecorded import InterruptedBeforeRecorded, abandon_ray
 from raysaga.state.redact import scrub_text
 
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_USAGE, EXIT_LEASE_HELD, EXIT_LEASE_LOST = 0, 1, 2, 3, 4
@@ -115,8 +116,12 @@ def _silence_stdout() -> None:
         pass
 
 
-def interrupted_message(signal_name: str | None, run_id: str | None) -> str:
-    """``signal_name`` given: the driver settled and released its lease (DriverInterrupted)."""
+def interrupted_message(signal_name: str | None, run_id: str | None, recorded: bool = True) -> str:
+    """``signal_name`` given: the driver settled and released its lease (DriverInterrupted).
+    Not ``recorded``: the run did not exist yet (``unrecorded``), there is nothing to resume."""
+    if not recorded:
+        return (f"interrupted before run {run_id} was recorded: nothing ran; run the command again" if run_id
+                else "interrupted before the run was recorded: nothing ran; run the command again")
     head = f"interrupted by {signal_name}: lease released" if signal_name else "interrupted"
     if run_id:
         return f"{head}; `raysaga resume {shlex.quote(run_id)}` continues it" if signal_name \
@@ -141,6 +146,10 @@ def errors(current: object = None) -> Iterator[None]:
         run_id = getattr(current, "run_id", None)
         code = EXIT_SIGTERM if exc.signal_name == "SIGTERM" else EXIT_SIGINT
         raise _fail("", "yellow", interrupted_message(exc.signal_name, exc.run_id or run_id), code) from None
+    except InterruptedBeforeRecorded as exc:  # Ray still starting: the run never existed
+        abandon_ray()  # this process exits now: its Ray, which ran nothing, goes at once
+        run_id = exc.run_id or getattr(current, "run_id", None)
+        raise _fail("", "yellow", interrupted_message(None, run_id, recorded=False), EXIT_SIGINT) from None
     except KeyboardInterrupt:
         run_id = getattr(current, "run_id", None)
         raise _fail("", "yellow", interrupted_message(None, run_id), EXIT_SIGINT) from None

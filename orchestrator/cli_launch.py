@@ -20,6 +20,7 @@ from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
 from raysaga.orchestrator.cli_options import DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
+from raysaga.state.run_creation import check_new_run_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +38,7 @@ FOLLOW_EVERY = 0.5
 
 
 def launch(
+    ctx: typer.Context,
     workflow: Annotated[str, typer.Argument(metavar="MODULE:WORKFLOW", help="e.g. flows:wf, importable from here.")],
     address: Annotated[str, typer.Option(
         "--address", envvar="RAY_API_SERVER_ADDRESS",
@@ -104,6 +106,8 @@ def launch(
                 _same_identity(record, deadline, retry_budget, deaths, labels=tags)
             else:
                 cli_input.check_input(wf, value, input is not None)
+                if run_id is not None:  # a new run's: refused before any upload (one recorded with it is launched)
+                    check_new_run_id(run_id)
                 _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
                 record = recorded = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget,
                                             deaths, labels=tags, given=input is not None)
@@ -119,7 +123,10 @@ def launch(
             restore()
         if job is None:
             return
-        _note_launch(store, record.run_id, job.job.submission_id, url, os.environ.get("RAY_AUTH_MODE") == "token")
+        from raysaga.orchestrator.ray_auth import cluster_uses_token
+
+        token = cluster_uses_token(url)  # the cluster's own mode, not this shell's RAY_AUTH_MODE
+        _note_launch(store, record.run_id, job.job.submission_id, url, token)
         took = time.monotonic() - started
         say(out, record.run_id)
         verb = "launched as" if job.started else "already launched:"
@@ -129,10 +136,9 @@ def launch(
             say(err, f"note: the store is the SQLite file {where}: only a cluster on this machine can reach it "
                      "(use --db postgresql://... for a cluster of several machines)")
         if not wait:
-            token = "RAY_AUTH_MODE=token " if os.environ.get("RAY_AUTH_MODE") == "token" else ""
-            say(err, f"follow it: raysaga status {shlex.quote(record.run_id)}"
-                + ("" if db is None else f" --db {where}")
-                + f"  (the driver's log: {token}ray job logs {job.job.submission_id} --address {url})")
+            option, hidden = _db_hint(ctx, db, where)
+            say(err, f"follow it: raysaga status {shlex.quote(record.run_id)}{option}  ({hidden}the driver's log: "
+                     f"{'RAY_AUTH_MODE=token ' if token else ''}ray job logs {job.job.submission_id} --address {url})")
             return
         final = _follow(store, client, record.run_id, job.job.submission_id, url)
         from raysaga.orchestrator import cli_status
@@ -140,6 +146,21 @@ def launch(
         cli_status.print_status(out, store, final, store_text=where)
     if final.status != RunStatus.COMPLETED:
         raise typer.Exit(EXIT_NOT_COMPLETED)
+
+
+def _db_hint(ctx: typer.Context, db: str | None, where: str) -> tuple[str, str]:
+    """`` --db DB`` for the command a launch prints to follow the run, and a note on it: none when
+    the store is the default or came from ``RAYSAGA_DB`` (the shell that follows has it too; shown
+    with its password hidden, the line pasted failed to authenticate), a placeholder when the URL
+    given holds a password (never printed), else the store as ``where`` names it."""
+    from raysaga.orchestrator import cli_store
+    from raysaga.orchestrator.cli_options import given_on_command_line
+
+    if db is None or not given_on_command_line(ctx, "db"):
+        return "", ""
+    if cli_store.db_option(db) == "--db ...":  # (its password, in the userinfo or the query)
+        return " --db <your store URL>", "the store URL is not printed: it holds a password; "
+    return f" --db {shlex.quote(where)}", ""
 
 
 def _same_module_as_loaded(workflow: str, ref: str) -> None:

@@ -9,9 +9,11 @@ operator names) steps that never started are listed too, as pending, in the work
 seconds and a bounded amount of memory. Its keys (``schema_version`` 1): run_id, workflow, version,
 status, reason, trace_id, labels, created_at, updated_at, wake_at (when a resting run is due),
 deadline_at, lease_owner, lease_expires_at, retries_used, retry_budget, tokens_used, cost_used, input,
-output, error, node_counts, nodes, effects, next_nodes_after (and steps/failures with ``--summary``,
-which leaves nodes out); a fan-out's items with no row yet (``queries.StepInfo.no_row``: held back
-by an effect step's window, or in flight and not recorded yet) are counted ``pending``, not listed;
+output, error, node_counts, no_driver (``undriven.NoDriver.as_json``: why nobody drives a run still
+running or compensating, since when, the command that continues it; null otherwise), nodes, effects,
+next_nodes_after (and steps/failures with ``--summary``, which leaves nodes out); a fan-out's items
+with no row yet (``queries.StepInfo.no_row``: held back by an effect step's window, or in flight and
+not recorded yet) are counted ``pending``, not listed;
 a pending run ``raysaga launch`` launched also has launch (its latest job: job, address, at, and
 not_started, what ``status`` says when no driver has taken it, or null);
 a submitted run waiting for the worker fleet has fleet (``fleet_view.fleet``: live_workers,
@@ -31,20 +33,21 @@ from rich.text import Text
 
 from raysaga.errors import UserError
 from raysaga.node_key import NodeKey
-from raysaga.orchestrator import fleet_view, launch_marks
+from raysaga.orchestrator import fleet_view, launch_marks, undriven
 from raysaga.orchestrator.ownership import describe_lease
 from raysaga.orchestrator.status_agents import fold_agent_calls
 from raysaga.orchestrator.status_text import clock as clock  # re-exported: the other commands' views use them
 from raysaga.orchestrator.status_text import error_line as error_line
-from raysaga.orchestrator.status_text import flat as flat
-from raysaga.orchestrator.status_text import one_line as one_line
-from raysaga.orchestrator.status_text import output_line as output_line
 from raysaga.orchestrator.status_text import (
+    fan_state,
     run_times,
     run_wake,
     undone_by_forks,
     undone_note,
 )
+from raysaga.orchestrator.status_text import flat as flat
+from raysaga.orchestrator.status_text import one_line as one_line
+from raysaga.orchestrator.status_text import output_line as output_line
 from raysaga.orchestrator.status_text import seconds as seconds
 from raysaga.orchestrator.status_text import utc as utc
 from raysaga.state import EffectStatus, RunRecord, SqlStore, node_label, queries  # reads: SQLAlchemy
@@ -59,7 +62,7 @@ SCHEMA_VERSION = 1
 ITEMS_SHOWN = 20
 STATUS_COLOURS = {"completed": "green", "failed": "red", "cancelled": "yellow", "compensated": "yellow",
                   "compensation_failed": "red", "running": "cyan", "retrying": "yellow", "skipped": "dim",
-                  "pending": "dim"}
+                  "pending": "dim", "interrupted": "dark_orange"}
 
 
 #: Largest fan-out index a node row can hold (a 32-bit column).
@@ -139,6 +142,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     (``CorruptRecordError``) midway ends the stream early (the CLI exits 2 after a partial document)."""
     infos, order = step_order(store, run.run_id, wf)
     after_key = _after_key(nodes_after, order)
+    none = undriven.of_run(store, run)
     counts: dict[str, int] = {}
     for info in infos:
         for state, n in info.counts.items():
@@ -157,6 +161,8 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         "input": scrub_data(run.input), "output": scrub_data(run.output),
         "error": None if run.error is None else scrub(run.error.as_dict()),
         "node_counts": counts,
+        # an active run nobody drives (interrupted, its driver dead): why, since when, what continues it
+        "no_driver": None if none is None else none.as_json(),
         **_launch_json(store, run),
         **({} if (fleet := fleet_view.fleet(store, run, time.time())) is None else {"fleet": fleet}),
         **lineage(store, run),
@@ -177,7 +183,8 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         first = True
         last: str | None = None
         shown = 0
-        flying = _flying(store, run, wf) | _expanded(infos, run)
+        # in flight with no row yet: listed running, unless nobody drives the run (then as stored: pending)
+        flying = set() if none is not None else _flying(store, run, wf) | _expanded(infos, run)
         with_rows = {s.node_id for s in infos if s.rows}
         for item in _nodes(store, run.run_id, order, with_rows, after_key, nodes_limit, flying):
             stream.write(("\n" if first else ",\n") + dumps(item))
@@ -297,11 +304,14 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
                  wf: Workflow | None = None, now: Callable[[], float] = time.time) -> None:
     """The human view: header, store, driver, one row per step, fan-outs counted, output, error.
     The header's length is the run's whole life once it rests (ended or parked), else its age."""
-    colour = STATUS_COLOURS.get(run.status.value, "cyan")
+    none = undriven.of_run(store, run, now())
+    colour = STATUS_COLOURS.get(run.status.value, "cyan") if none is None else STATUS_COLOURS[undriven.INTERRUPTED]
     line = Text.assemble("run ", (run.run_id, "bold"), f" ({run.workflow_name} v{run.workflow_version}): ",
-                         (run.status.value, colour))
+                         (run.status.value if none is None else none.headline(), colour))
     if run.status_reason:
         line.append(" — " + one_line(run.status_reason))  # one line: a newline in it would fake a line
+    if none is not None:  # nobody drives it: since when, why, and what continues it (not "running" alone)
+        line.append(f" — {none.cause()}; {none.advice()}")
     console.print(line)
     at = now()
     life = (f"{seconds(max(0.0, run.updated_at - run.created_at))} in all" if run.status in TERMINAL | PARKED
@@ -345,17 +355,21 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         note = " · ".join(n for n in (note, undone.get(label, "")) if n)
         if row["fan_index"] < 0 and row["node_id"] in agent_calls and not note:
             note = agent_calls[row["node_id"]].note()
-        table.append([flat(label), row["status"], str(row["attempt"]), clock(row["started_at"]),
+        state = undriven.shown_state(row["status"], none)
+        if state != row["status"] and not note:
+            note = "recorded running; nobody runs it: a resume runs it again"
+        table.append([flat(label), state, str(row["attempt"]), clock(row["started_at"]),
                       seconds(row["duration"]), flat(note)])
 
+    in_flight = "running" if none is None else none.in_flight
     for step in order:
         info = by_step.get(step)
         if info is None:
-            table.append([flat(step), "running", "0", "", "", "inputs complete, no row yet"] if step in flying
+            table.append([flat(step), in_flight, "0", "", "", "inputs complete, no row yet"] if step in flying
                          else [flat(step), "pending", "0", "", "", "not started"])
             continue
         if not info.rows:  # a fan-out expanded, none of its items recorded yet
-            table.append([flat(step), "running" if step in expanded else "pending", "0", "", "",
+            table.append([flat(step), in_flight if step in expanded else "pending", "0", "", "",
                           "fan-out expanded, no row yet"])
         plain = [r for r in queries.iter_nodes(store, run.run_id, [step], limit=1) if r["fan_index"] < 0]
         for row in plain:
@@ -364,9 +378,12 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         for row in plain:
             items[row["status"]] -= 1
         total = sum(items.values())
+        if info.rows and not plain and total > 0:  # a fan-out under way: its own row is written when it ends
+            table.append([flat(step), undriven.shown_state(fan_state(items), none), "", "", "",
+                          f"fan-out: {total} items, counted below"])
         if total > 0:
             parts = ", ".join(f"{n} {state}" for state, n in sorted(items.items()) if n)
-            fan_notes.append(f"{step}: {total} items — {parts}" + _no_row_note(info.no_row, run))
+            fan_notes.append(f"{step}: {total} items — {parts}" + _no_row_note(info.no_row, run, none))
             unfinished = total - items.get("completed", 0) - info.no_row  # rows: the ones to list
             if unfinished:
                 for row in _problem_items(store, run.run_id, step):
@@ -424,20 +441,23 @@ def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str |
     if graph.get("note"):
         console.print(Text(f"dag: {graph['note']}", style="dim"))
     console.print(Text("dag (by generation):"))
-    views = run_views.step_views(store, run.run_id, graph, running=run.status.value == "running")
+    views = run_views.step_views(store, run.run_id, graph, running=run.status.value == "running",
+                                 no_driver=undriven.of_run(store, run))
     for head, style, detail in run_views.layered_lines(graph, views):
         console.print(Text.assemble((flat(head), style), "  ", flat(detail)))
 
 
-def _no_row_note(count: int, run: RunRecord) -> str:
+def _no_row_note(count: int, run: RunRecord, none: undriven.NoDriver | None = None) -> str:
     """What a fan-out's items with no row yet are (``StepInfo.no_row``): in a running run, not
     issued yet (an effect step issues a window of items at a time) or in flight and not recorded
-    yet; in a resting one, not issued yet (a resume issues them); in an ended or rolling back one,
-    never issued."""
+    yet; in one no driver drives (``none``), not issued or cut short when it stopped; in a resting
+    one, not issued yet (a resume issues them); in an ended or rolling back one, never issued."""
     if not count:
         return ""
     if run.status in TERMINAL or run.status == RunStatus.COMPENSATING:
         return f" ({count} never issued)"
+    if none is not None:
+        return f" ({count} with no row: not issued, or in flight when its driver stopped; a resume issues them)"
     if run.status == RunStatus.RUNNING:
         return f" ({count} with no row yet: not issued yet, or in flight and not recorded yet)"
     return f" ({count} with no row yet: not issued yet)"

@@ -1,7 +1,9 @@
 """How the CLI opens and describes the store.
 
 Read commands (status, list, events) open it with ``create=False``: they never create a file,
-a directory or a schema, so a typo in ``--db`` is a clean error that leaves nothing behind.
+a directory or a schema, so a typo in ``--db`` is a clean error that leaves nothing behind. A SQLite
+store they cannot write (a read-only folder or file) they read through read-only connections
+(``state.sqlite_readonly``); the commands that write refuse it, with the fix.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def _require_existing(url: str, run_id: str | None) -> None:
 
 
 def open_for_reads(db: str | None, run_id: str | None = None) -> SqlStore:
-    """The store, never created nor migrated (``StoreUnavailableError`` if it is not there).
-    ``run_id``: the run the command is about, named when there is no store at all."""
+    """The store, never created nor migrated (``StoreUnavailableError`` if it is not there), and
+    read-only when this process cannot write it (``SqlStore.read_only``). ``run_id``: the run the
+    command is about, named when there is no store at all."""
     url = store_url(db)
     _require_existing(url, run_id)
     return open_store(url, create=False)

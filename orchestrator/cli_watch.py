@@ -122,16 +122,18 @@ def status(
 
 
 def _export(store: SqlStore, record: RunRecord, format: str, workflow: str | None) -> None:
-    from raysaga.orchestrator import run_views
+    from raysaga.orchestrator import run_views, undriven
 
     graph = run_views.run_graph(store, record, workflow)
-    views = run_views.step_views(store, record.run_id, graph)
+    none = undriven.of_run(store, record)  # nobody drives it: what the store records running is interrupted
+    views = run_views.step_views(store, record.run_id, graph, no_driver=none)
     if format == "mermaid":
         sys.stdout.write(run_views.mermaid(graph, views))
     elif format == "dot":
         sys.stdout.write(run_views.dot(graph, views, record.run_id))
     else:
-        sys.stdout.write(run_views.svg(graph, views, f"{record.run_id} ({record.workflow_name}): {record.status}"))
+        state = record.status.value if none is None else none.headline()
+        sys.stdout.write(run_views.svg(graph, views, f"{record.run_id} ({record.workflow_name}): {state}"))
 
 
 def _watch(store: SqlStore, record: RunRecord, *, wf: Any, workflow: str | None, dag: bool, interval: float) -> None:
@@ -324,7 +326,11 @@ def _render(store: SqlStore, run: RunRecord, where: str, wf: Any, workflow: str 
             _status().print_dag(capture, store, run, workflow)
     shown = Text.from_ansi(got.get())
     if run.status.value not in RESTING:
-        shown.append(f"watching: redrawn every {interval:g}s until the run rests (Ctrl-C stops)\n", style="dim")
+        from raysaga.orchestrator import undriven
+
+        idle = "" if undriven.of_run(store, run) is None else \
+            "; nobody drives it: it changes once a resume or a worker takes it up"
+        shown.append(f"watching: redrawn every {interval:g}s until the run rests (Ctrl-C stops){idle}\n", style="dim")
     return shown
 
 

@@ -32,23 +32,32 @@ outcome or its drive ends, so a second death is its own. A suspect that had to w
 says so (``drive_waits``, then ``drive_alone`` as it starts): a driver that died while its run was
 still waiting never ran it, and is not counted (nor does it end the count). So a neighbour is
 counted at most the one death that made it a suspect, and the culprit's next deaths are its own.
-(Only with steps inline: on Ray a step dies in a Ray worker, and a suspect is driven beside others.)
+(On Ray too: a step dies in a Ray worker there, but workflow code still runs in the driver's process.)
 
 A wait runs no code of the workflow: a sleep, an approval whose request is built (its row
 ``waiting``). A run whose drivers died while only waits were pending (a driver killed by a deploy,
 an operator or its host while it held a sleep) is not parked, and a wait is never blamed: it would
 have parked a healthy run naming its sleep (``waits_only``).
 
-A take-over of a live driver is neutral in the death count, so a step that *always* holds the GIL
+A take-over of a live driver is neutral in the death count: the driver it took the run from did not
+die (the driver that made it may have: it is counted as any other), so a step that *always* holds the GIL
 past the lease (run in the driver's process: ``--executor inline``, or ``local=True``) passed from
 driver to driver for ever, each running it again under its key. It is bounded beside the deaths
 (``live_takeovers_in_a_row``): when the run was taken from a live-but-silent driver more than the
 same limit times in a row with no attempt's outcome committed between them (the same ``PROGRESS``),
 the claimer parks it as a crash loop is parked, its reason naming the step and the way out (run it
-on Ray, or raise ``--lease-ttl``). Any other claim (a released lease, a death) ends that count:
+on Ray, or raise ``--lease-ttl``). A take-over of a driver still waiting for its turn alone (see
+below) is not counted, nor does it end the count: that driver never ran the step, as one that dies
+waiting is no death. Any other claim (a released lease, a death) ends that count:
 deaths are the crash loop's to count, exactly as before. The claim that parks is one past the
 limit (the limit's take-overs each got their chance to run the step to the end). A ``pending`` run
 is not parked so: no step of it had started (a driver commits ``running`` first).
+
+Such a step freezes its driver's whole process, and every run a ``--concurrency`` worker drove in
+it was taken over live with it, again wherever the step went: a healthy neighbour would be parked
+beside the culprit for a loop it did not cause. So a run taken from a live driver is a suspect too,
+driven alone as a dead driver's is (``WAITS``, ``ALONE``, naming ``taken_from_live``): after its
+first freeze the step freezes no neighbour, and a neighbour's live count ends at its next outcome.
 """
 
 from __future__ import annotations
@@ -85,8 +94,9 @@ log = logging.getLogger("raysaga.driver")
 #: Events that mean an attempt's outcome was committed: the driver before got somewhere.
 PROGRESS = frozenset({"node_completed", "items_completed", "node_failed", "node_skipped", "retry_scheduled",
                       "compensation_retry", "approval_requested", "sleep_started", "fanout_expanded", "run_created"})
-#: Written by a worker for a suspect run (its last driver died): ``WAITS`` when it must wait for
-#: its turn to be driven alone, ``ALONE`` as its drive starts with no other run in the process.
+#: Written by a worker for a suspect run (its last driver died, or was taken over alive but silent):
+#: ``WAITS`` when it must wait for its turn to be driven alone, ``ALONE`` as its drive starts with no
+#: other run in the process.
 WAITS, ALONE = "drive_waits", "drive_alone"
 #: How many of the run's events are read at a time, newest first, to count the deaths (a death
 #: without progress writes one to three: its successor's claim, a transition, a take-over note).
@@ -109,15 +119,19 @@ def _count(events: Sequence[EventRecord]) -> tuple[int, bool]:
     alone = False  # an ALONE seen in that driver's time (events are read newest first)
     for event in reversed(events):
         if event.kind == "lease_claimed":
-            if isinstance(event.data, dict) and event.data.get("taken_from_live"):
-                # a take-over of a driver whose process still ran (silent past its lease, holding the
-                # GIL) is no death, and no progress either: neutral. Ending the count there let a real
-                # crash loop (each dying driver first taken over while it froze) run for ever
-                continue
+            data = event.data if isinstance(event.data, dict) else {}
             if abandoned and started:
-                deaths += 1  # that driver's time, from this claim to the newer one, made no progress
-            abandoned = isinstance(event.data, dict) and bool(event.data.get("abandoned_by"))
+                deaths += 1  # this claim's driver died (the newer claim took its lease) and made no progress
             started, alone = True, False
+            if data.get("taken_from_live"):
+                # a take-over of a driver whose process still ran (silent past its lease, holding the
+                # GIL): that driver did not die, and made no progress either: neutral, the count goes
+                # on before it. Ending the count there let a real crash loop (each dying driver first
+                # taken over while it froze) run for ever; skipping the claim whole lost the death of
+                # the driver that made it when only progress lay before it
+                abandoned = False
+                continue
+            abandoned = bool(data.get("abandoned_by"))
             if not abandoned:
                 return deaths, True
         elif event.kind in PROGRESS:
@@ -138,16 +152,28 @@ def live_takeovers_in_a_row(events: Sequence[EventRecord]) -> int:
 
 def _count_live(events: Sequence[EventRecord]) -> tuple[int, bool]:
     """(live take-overs in a row, whether the count is settled: progress or any other claim — a
-    released lease, a death — ended it within ``events``)."""
+    released lease, a death — ended it within ``events``). A take-over of a driver that was still
+    waiting for its turn alone (``WAITS``, no ``ALONE``) is not counted, nor does it end the count:
+    that driver never ran the run (as ``_count`` does not count it dying so)."""
     takeovers = 0
+    taken = False  # the newer claim seen last took the run from a live driver: counted once its time is read
+    started = True  # that driver drove the run (it was not taken over still waiting for its turn alone)
+    alone = False  # an ALONE seen in that driver's time (events are read newest first)
     for event in reversed(events):
         if event.kind == "lease_claimed":
-            if not (isinstance(event.data, dict) and event.data.get("taken_from_live")):
+            if taken and started:
+                takeovers += 1
+            taken = isinstance(event.data, dict) and bool(event.data.get("taken_from_live"))
+            started, alone = True, False
+            if not taken:
                 return takeovers, True
-            takeovers += 1
-        elif event.kind in PROGRESS:
-            return takeovers, True
-    return takeovers, False
+        elif event.kind in PROGRESS:  # (that driver committed an outcome: it drove the run)
+            return takeovers + taken, True
+        elif event.kind == ALONE:
+            alone = True
+        elif event.kind == WAITS and not alone:
+            started = False
+    return takeovers, False  # (a lower bound: the time of the driver taken over is not read whole)
 
 
 class _Back:

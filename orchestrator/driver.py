@@ -24,7 +24,7 @@ from raysaga.errors import BlobIntegrityError, DriverInterrupted, LeaseLostError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator import agent_io, crash_loop, driver_io, tracing, versions
 from raysaga.orchestrator.commit_pacing import CommitPacer
-from raysaga.orchestrator.driver_signals import chosen_cancel, paused_wake, spent_rest
+from raysaga.orchestrator.driver_signals import chosen_cancel, never_started, paused_wake, spent_rest
 from raysaga.orchestrator.executor import Executor, Handle
 from raysaga.orchestrator.faults import Faults, commit_labels
 from raysaga.orchestrator.gc_pacing import paced_gc
@@ -99,7 +99,7 @@ class Driver:
     def drive(self) -> RunRecord:
         lease, taken_from = (self._claimed, None) if self._claimed is not None else \
             claim(self.store, self.run_id, self.owner, self.options.lease_ttl)
-        self._hb = Heartbeat(self.store, lease, period=min(1.0, self.options.lease_ttl / 3))
+        self._hb = Heartbeat(self.store, lease, min(1.0, self.options.lease_ttl / 3), self.executor.inner)  # hold_new
         lost = False
         self._stops.install()
         try:
@@ -322,7 +322,7 @@ class Driver:
         """Cancel what the machine decided (those that never left the driver say so: ``driver_io``)."""
         assert self.machine is not None
         keys = self.machine.out.take_cancel()
-        self.machine.not_sent(driver_io.never_sent(self._attempts, self.executor, self.wf, keys))
+        self.machine.not_sent(never_started(self._attempts, self.executor, self.wf, keys))
         self._attempts.cancel(keys)
 
     def _settle_cancelled(self, then: str, timeout: float) -> None:

@@ -9,7 +9,9 @@ returns, the machine decides:
   other runs of the lineage wrote (a fork undoes an inherited node under the key of the run that
   executed it, so parent and forks share the key: ``machine.rollback.Elsewhere``), and, for a run
   parked mid-rollback (a crash loop, a damaged blob: its error overwritten by the parking's), the
-  forward cause its rollback kept (``rollback_cause``, beside ``rollback_started``);
+  forward cause its rollback kept (``rollback_cause``, beside ``rollback_started``), and the
+  ledger rows of the agent tool calls a fork inherited (``inherited_calls``: whether they took
+  effect, which the rollback asks as it does of the run's own calls);
 - ``never_sent``: of the attempts about to be cancelled, those still queued in the driver (a Ray
   lane, never handed to Ray), so the machine can say they took no effect (``Calls.not_sent``).
 """
@@ -21,7 +23,7 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from raysaga.node_key import NodeKey
+from raysaga.node_key import AGENT_SEP, NodeKey
 from raysaga.orchestrator.executor import Executor, Handle, RayExecutor
 from raysaga.orchestrator.in_flight import InFlight
 from raysaga.orchestrator.machine.agent_limits import APPROVED_EVENT
@@ -36,8 +38,8 @@ from raysaga.sagas.rollback import PARKING_ERRORS, effect_time
 from raysaga.state import Batch, EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunSnapshot, Store
 from raysaga.types import is_compensation
 
-__all__ = ["EVENTS_WINDOW", "approved_args", "at_gate", "commits_first", "lineage_undos", "never_sent", "read",
-           "restored", "rollback_inputs", "started_cause", "types_fit"]
+__all__ = ["EVENTS_WINDOW", "approved_args", "at_gate", "commits_first", "inherited_calls", "lineage_undos",
+           "never_sent", "read", "restored", "rollback_inputs", "started_cause", "types_fit"]
 
 #: Reads blobs by digest, each mapped to what reads it (``Driver.blobs``: verified, or it parks).
 BlobReader = Callable[[dict[str, str]], dict[str, Any]]
@@ -88,7 +90,18 @@ def read(store: Store, run: RunRecord, rows: list[NodeRecord]) -> RollbackReads:
     if error is not None and error.get("type") in PARKING_ERRORS:
         cause = started_cause(store, run)
     return RollbackReads(elsewhere=tuple(lineage_undos(store, run.run_id, rows)), cause=cause,
-                         approved=approved_args(store, run.run_id, rows))
+                         approved=approved_args(store, run.run_id, rows),
+                         inherited=tuple(inherited_calls(store, run.run_id, rows)))
+
+
+def inherited_calls(store: Store, run_id: str, rows: Iterable[NodeRecord]) -> list[EffectRecord]:
+    """The ledger rows of the agent tool calls (``step@turn.call``) among the run's inherited rows
+    ``rows``: they stay with the run that executed them (``Store.inherited_effects``), so the run's
+    own ledger (the snapshot's) cannot say whether such a call took effect. No query when the run
+    inherited no agent's call (not a fork, or one that ran its agents again)."""
+    if not any(row.origin_run_id and AGENT_SEP in row.node_id for row in rows):
+        return []
+    return [e for e in store.inherited_effects(run_id) if AGENT_SEP in e.node_id and not is_compensation(e.node_id)]
 
 
 def approved_args(store: Store, run_id: str, rows: Iterable[NodeRecord]) -> dict[tuple[str, int], dict[str, Any]]:

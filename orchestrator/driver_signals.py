@@ -1,15 +1,22 @@
-"""How the driver reads the cancels it finds, when a run paused on its spent budget is due, and
-what an operator is told of a spent budget (apart from ``driver``, which is at its size cap)."""
+"""How the driver reads the cancels it finds, what a cancel finds never started, when a run paused
+on its spent budget is due, and what an operator is told of a spent budget (apart from ``driver``,
+which is at its size cap)."""
 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from raysaga.orchestrator.driver_io import never_sent
 from raysaga.state import Batch, RunRecord, RunUpdate, SignalRecord
 
 if TYPE_CHECKING:
+    from raysaga.node_key import NodeKey
+    from raysaga.orchestrator.executor_base import Executor
+    from raysaga.orchestrator.in_flight import InFlight
     from raysaga.orchestrator.options import RunOptions
+    from raysaga.orchestrator.workflow import Workflow
 
 
 def chosen_cancel(signals: list[SignalRecord]) -> SignalRecord | None:
@@ -19,6 +26,19 @@ def chosen_cancel(signals: list[SignalRecord]) -> SignalRecord | None:
     cancels = [s for s in signals if s.kind == "cancel"]
     compensating = (s for s in cancels if isinstance(s.payload, dict) and s.payload.get("compensate"))
     return next(compensating, cancels[0] if cancels else None)
+
+
+def never_started(attempts: InFlight, executor: Executor, wf: Workflow, keys: Sequence[NodeKey]) -> list[NodeKey]:
+    """Of ``keys`` (attempts about to be cancelled), those that never left the driver
+    (``driver_io.never_sent``: a Ray lane's queue, a rate gate's), and those the inline executor
+    held back once a cancel or pause was seen (``Executor.hold_new``): the run machine says they
+    took no effect, and an effect's ledger row, written ``pending`` before its round, ends
+    ``failed`` (``Calls.not_sent``), not left in doubt on a cancelled run for a rollback to undo."""
+    if not keys:
+        return []
+    found = never_sent(attempts, executor, wf, keys)
+    sent, seen = attempts.sent, set(found)
+    return found + [k for k in keys if (s := sent.get(k)) is not None and s.handle.held and k not in seen]
 
 
 def spent_rest(run: RunRecord, why: str) -> Batch | None:
@@ -60,4 +80,4 @@ def budget_advice(run: RunRecord, verb: str = "resume") -> str:
             f"raysaga.{call}(wf, {run.run_id!r}, options=RunOptions({spent}_budget=N)))")
 
 
-__all__ = ["budget_advice", "chosen_cancel", "paused_wake", "spent_budget", "spent_rest"]
+__all__ = ["budget_advice", "chosen_cancel", "never_started", "paused_wake", "spent_budget", "spent_rest"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,8 @@ class Handle:
     outcome: NodeOutcome | None = None
     sent: bool = False
     """Handed to the engine. A queued attempt has not started: its timeout does not run yet."""
+    held: bool = False
+    """Held back by the inline executor, never started: a cancel or a pause came (``hold_new``)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,15 @@ class Executor(ABC):
 
     def cancel_item(self, block: ItemBlock, position: int) -> None:  # noqa: B027 - nothing taken, nothing to cancel
         """Cancel one item of a taken block (its task is cancelled once none of its items is wanted)."""
+
+    def hold_new(self, run_id: str, asked: Callable[[], bool]) -> None:  # noqa: B027 - nothing to hold by default
+        """``asked()``: whether an operator's cancel or pause waits for run ``run_id`` (its driver's
+        heartbeat saw it; the driver obeys it at its loop's next turn). An executor that runs a
+        round's attempts one by one in ``submit`` (inline) starts no more of them meanwhile: it holds
+        them back (``Handle.held``), and the cancel settles them as never sent
+        (``driver_signals.never_started``). Nothing by default: a Ray round leaves at once, and what a
+        lane still queues is dropped by the cancel (the one ``wait`` before the driver takes it may
+        still send some)."""
 
     def pump(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Send what ``submit`` queued. The driver calls it once a round's attempts are all
@@ -150,6 +161,25 @@ class InlineExecutor(Executor):
     def __init__(self) -> None:
         self._done: list[Handle] = []
         self._warned: dict[tuple[str, str], None] = {}
+        self._asked: tuple[str, Callable[[], bool]] | None = None  # (run, a cancel or pause waits?): hold_new
+        self._held: dict[Handle, tuple[StepSpec, NodeCall]] = {}  # held back, in the order they came
+
+    def hold_new(self, run_id: str, asked: Callable[[], bool]) -> None:
+        """A round's attempts run one by one in ``submit``: with a cancel or pause waiting, the
+        rest of the round is held back, not run (an operator's cancel let every item of an inline
+        fan-out run first, effects included: 8 s for 8 one-second items, where Ctrl-C stopped
+        after the item in progress). Not a compensation (the rollback's: an operator's cancel does
+        not stop it), an agent's turn or tool call (a pause keeps a model's answer; its rows are the
+        agent's), nor a rate-limited call (the gate's handle stands for it): those run as before."""
+        self._asked = (run_id, asked)
+        self._held.clear()  # (a previous drive's: cancelled with it)
+
+    def _holds(self, spec: StepSpec, call: NodeCall) -> bool:
+        asked = self._asked
+        if asked is None or asked[0] != call.fields[0] or spec.rate_limit is not None or not asked[1]():
+            return False
+        key = NodeKey.parse(call.node_id, call.fan_index)
+        return not (key.compensates or key.is_agent_call)
 
     def _warn_timeout(self, spec: StepSpec, call: NodeCall) -> None:
         """Say once per run and step that its ``timeout=`` does not apply here: silently ignored, a
@@ -167,12 +197,29 @@ class InlineExecutor(Executor):
     def submit(self, spec: StepSpec, call: NodeCall) -> Handle:
         if spec.timeout is not None:
             self._warn_timeout(spec, call)
+        if self._holds(spec, call):
+            handle = Handle(key=(call.node_id, call.fan_index), held=True)
+            self._held[handle] = (spec, call)
+            return handle
         handle = Handle(key=(call.node_id, call.fan_index), outcome=execute(spec, call), sent=True)
         self._done.append(handle)
         return handle
 
+    def _run_held(self) -> None:
+        """Run what was held back if no cancel or pause waits any more: the driver cancels what it
+        held when it obeys one, so this only happens if the signal went without being obeyed
+        (taken by another process): held for ever, the run would hang."""
+        asked = self._asked
+        while self._held and not (asked is not None and asked[1]()):
+            handle, (spec, call) = next(iter(self._held.items()))
+            del self._held[handle]
+            handle.held, handle.sent, handle.outcome = False, True, execute(spec, call)
+            self._done.append(handle)
+
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         if handles is None:
+            if self._held:
+                self._run_held()
             done, self._done = self._done, []
         else:
             wanted = set(handles)
@@ -184,5 +231,6 @@ class InlineExecutor(Executor):
 
     def cancel(self, handle: Handle) -> None:
         handle.outcome = handle.outcome or CANCELLED
+        self._held.pop(handle, None)
         if handle in self._done:
             self._done.remove(handle)

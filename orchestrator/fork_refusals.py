@@ -22,11 +22,13 @@ from typing import Any
 import networkx as nx
 
 from raysaga.errors import BlobIntegrityError, ForkError, RunNotFoundError
-from raysaga.node_key import NodeKey
-from raysaga.orchestrator.machine.doubt import InDoubt
+from raysaga.node_key import AGENT_SEP, NodeKey
+from raysaga.orchestrator.machine.doubt import InDoubt, may_have_happened
 from raysaga.orchestrator.machine.undo_targets import call_undo, can_owe, turn_uses
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import EffectRecord, EffectStatus, NodeRecord, NodeStatus, RunRecord, RunStatus, Store
+from raysaga.sagas.rollback import effect_time
+from raysaga.state import EffectRecord, NodeRecord, NodeStatus, RunRecord, RunStatus, Store
+from raysaga.state.fork_rows import ForkRows
 from raysaga.state.models import PRUNABLE, node_label
 from raysaga.types import compensation_node, is_compensation
 
@@ -63,14 +65,16 @@ class LineageUndos:
     """Undos of the parent's nodes that did not complete anywhere."""
 
 
-def _has_undo(wf: Workflow, row: NodeRecord, calls: _Calls) -> bool:
-    """Whether a rollback undoes the completed node ``row``: an item (or a plain step) of a step
-    with a compensation, or an agent's tool call that owes an undo by ``machine.undo_targets``, the
-    rule the rollback itself follows (from the same facts: the tool the call's turn asked for, its
-    result, the run's ledger). A call whose tool cannot be told (its turn unreadable, the tool gone)
-    is owed when the ledger says it took effect: the rollback stops on it, so a fork must not
-    inherit it either; with no such ledger row it owes nothing, as the rollback skips it."""
-    key = NodeKey.parse(row.node_id, row.fan_index)
+def _has_undo(wf: Workflow, key: NodeKey, row: NodeRecord, calls: _Calls) -> bool:
+    """Whether a rollback undoes (or stops on) the node ``row`` (``key``), which took effect or may have
+    (``sagas.rollback.effect_time``: completed; in flight, cancelled or failed on a transient error;
+    failed after its value was refused): an item (or a plain step) of a step with a compensation,
+    or an agent's tool call that owes an undo by ``machine.undo_targets``, the rule the rollback
+    itself follows (from the same facts: the tool the call's turn asked for, its result, its ledger
+    rows, the run's own and those of the run it was inherited from). A call whose undo cannot be
+    called (``ToolLost``: its turn unreadable, the tool gone, its arguments no longer fitting the
+    tool's schema) is owed when its ledger says it took effect: the rollback stops on it, so a fork
+    must not inherit it either; with no such ledger row it owes nothing, as the rollback skips it."""
     spec = wf.steps.get(key.step)
     if spec is None:
         return False
@@ -89,49 +93,94 @@ def _has_undo(wf: Workflow, row: NodeRecord, calls: _Calls) -> bool:
 
 
 class _Calls:
-    """What ``call_undo`` reads of ``run``'s agent tool calls, read when first asked: the tool use
-    each call's turn asked for (one read per turn), a call's result, and the run's ledger (once:
-    the rows the rollback of ``run`` reads, ``machine.doubt.InDoubt.took``)."""
+    """What ``call_undo`` reads of ``run``'s agent tool calls, read in bulk (``read``) before it is
+    asked: the tool use each call's turn asked for (the turns' rows, one query per 400), the results
+    of the completed calls of tools with an undo (likewise: those of a read-only tool are never
+    read), and the ledger (once: the run's rows and those of the calls it inherited, the rows the
+    rollback of ``run`` reads, ``machine.doubt.InDoubt.took``). The cost is a few queries per run,
+    not one per call (2,000 calls read one by one: 10-30 s)."""
 
-    def __init__(self, st: Store, run: str) -> None:
+    def __init__(self, st: Store, run: str, rows: list[NodeRecord]) -> None:
         self.st, self.run = st, run
+        self._inherits = any(r.origin_run_id and AGENT_SEP in r.node_id for r in rows)
         self._turns: dict[tuple[str, int], list[dict[str, Any]] | None] = {}
+        self._results: dict[tuple[str, int], Any] = {}
+        self._broken: dict[tuple[str, int], BlobIntegrityError] = {}  # outputs whose blob cannot be read
         self._took: set[tuple[str, int]] | None = None
+
+    def read(self, wf: Workflow, calls: list[tuple[NodeKey, NodeRecord]]) -> None:
+        """Read what ``_has_undo`` will ask of ``calls`` (agent tool calls that may owe an undo)."""
+        turns = {(k.owner.with_turn(k.turn)) for k, _ in calls if k.turn is not None}
+        found = self._rows([(t.node_id, t.fan_index) for t in turns])
+        outputs = self._outputs({where: row for where, row in found.items()
+                                 if row[0] == NodeStatus.COMPLETED.value})
+        for turn in turns:
+            where = (turn.node_id, turn.fan_index)
+            self._turns[where] = turn_uses(outputs[where]) if where in outputs else None
+        wanted = []
+        for key, row in calls:
+            spec = wf.steps[key.step]
+            use = self.use(key) or {}
+            tool = spec.options["agent"].tool(str(use.get("name", "")))
+            if row.status == NodeStatus.COMPLETED and tool is not None and tool.compensate is not None:
+                wanted.append((row.node_id, row.fan_index))  # (call_undo reads the result of no other)
+        self._results = self._outputs(self._rows(wanted))
+
+    def _rows(self, keys: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[str, Any, str | None]]:
+        """``(status, output, digest)`` of the rows ``keys``: in bulk from the store's one
+        implementation (``ForkRows.node_outputs``), else row by row."""
+        if not keys:
+            return {}
+        if isinstance(self.st, ForkRows):
+            return self.st.node_outputs(self.run, keys)
+        found = {}
+        for node_id, index in keys:
+            row = self.st.node_row(self.run, node_id, index)
+            if row is not None:
+                found[(node_id, index)] = (str(row.get("status")), row.get("output"), row.get("output_digest"))
+        return found
+
+    def _outputs(self, rows: dict[tuple[str, int], tuple[str, Any, str | None]]) -> dict[tuple[str, int], Any]:
+        """The outputs of ``rows``, their blobs loaded at once; a row whose blob cannot be read is
+        left out and its error kept in ``_broken``."""
+        def what(where: tuple[str, int]) -> str:
+            return f"node {NodeKey.parse(*where).label} of run {self.run!r}"
+
+        blobbed = {where: digest for where, (_, _, digest) in rows.items() if digest}
+        try:
+            blobs = self.st.load_blobs({digest: what(where) for where, digest in blobbed.items()})
+        except BlobIntegrityError:  # one of them: tell which, one at a time (a damaged store, rare)
+            blobs = {}
+            for where, digest in blobbed.items():
+                try:
+                    blobs.update(self.st.load_blobs({digest: what(where)}))
+                except BlobIntegrityError as exc:
+                    self._broken[where] = exc
+        return {where: (blobs[digest] if digest else output) for where, (_, output, digest) in rows.items()
+                if not digest or digest in blobs}
 
     def use(self, key: NodeKey) -> dict[str, Any] | None:
         """The ``tool_use`` block of call ``key`` (None: its turn cannot be read, or asked fewer)."""
         assert key.turn is not None and key.call is not None
         turn = key.owner.with_turn(key.turn)
-        where = (turn.node_id, turn.fan_index)
-        if where not in self._turns:
-            self._turns[where] = self._asked(turn)
-        uses = self._turns[where]
+        uses = self._turns.get((turn.node_id, turn.fan_index))
         return uses[key.call] if uses is not None and key.call < len(uses) else None
-
-    def _asked(self, turn: NodeKey) -> list[dict[str, Any]] | None:
-        found = self.st.node_row(self.run, turn.node_id, turn.fan_index)
-        if found is None or found.get("status") != NodeStatus.COMPLETED:
-            return None
-        try:
-            return turn_uses(self._output(found, turn))
-        except BlobIntegrityError:
-            return None
 
     def result(self, row: NodeRecord) -> Any:
         """The recorded result of call ``row`` (``BlobIntegrityError`` when its blob cannot be read)."""
-        found = self.st.node_row(self.run, row.node_id, row.fan_index)
-        return None if found is None else self._output(found, NodeKey.parse(row.node_id, row.fan_index))
-
-    def _output(self, found: dict[str, Any], key: NodeKey) -> Any:
-        digest = found.get("output_digest")
-        if digest:
-            return self.st.load_blobs({digest: f"node {key.label} of run {self.run!r}"})[digest]
-        return found.get("output")
+        where = (row.node_id, row.fan_index)
+        if where in self._broken:
+            raise self._broken[where]
+        return self._results.get(where)
 
     def took(self, row: NodeRecord) -> bool:
+        """Whether a ledger row of call ``row`` says it took effect or may have: the run's own, or
+        the row of the run that executed it when ``run`` inherited it (``Store.inherited_effects``)."""
         if self._took is None:
             doubt = InDoubt()
             doubt.restore(self.st.effects(self.run))
+            if self._inherits:
+                doubt.restore(e for e in self.st.inherited_effects(self.run) if not is_compensation(e.node_id))
             self._took = set(doubt.took)
         return (row.node_id, row.fan_index) in self._took
 
@@ -139,17 +188,23 @@ class _Calls:
 def _owed(wf: Workflow, st: Store, run: str, rows: list[NodeRecord], executed_by: dict[tuple[str, int], str]
           ) -> list[Unsettled]:
     """The undos ``run``'s rollback (compensating, or stopped: ``compensation_failed``) owes and has
-    not started, of the nodes the parent holds from the same execution: no compensation row yet."""
+    not started, of the nodes the parent holds from the same execution: no compensation row yet.
+    As the rollback's targets (``sagas.rollback.effect_time``): a completed node, and one whose
+    outcome is unknown or that failed having taken effect (or maybe: a transient error, a value
+    refused after the call), an agent's tool call among them."""
     started = {_undone_target(r) for r in rows if is_compensation(r.node_id)}
-    calls = _Calls(st, run)
-    owed = []
+    found = []
     for row in rows:
         key = (row.node_id, row.fan_index)
-        if row.status != NodeStatus.COMPLETED or is_compensation(row.node_id) or key in started:
+        if is_compensation(row.node_id) or key in started or executed_by.get(key) != (row.origin_run_id or run):
             continue
-        if executed_by.get(key) == (row.origin_run_id or run) and _has_undo(wf, row, calls):
-            owed.append(Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started"))
-    return owed
+        if effect_time(row) is not None:
+            found.append((NodeKey.parse(row.node_id, row.fan_index), row))
+    calls = _Calls(st, run, rows)
+    calls.read(wf, [(k, r) for k, r in found if k.call is not None and k.turn is not None
+                    and (spec := wf.steps.get(k.step)) is not None and spec.kind == "agent"])
+    return [Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started") for key, row in found
+            if _has_undo(wf, key, row, calls)]
 
 
 def lineage_undos(st: Store, run_id: str, rows: list[NodeRecord], wf: Workflow | None = None,
@@ -160,7 +215,7 @@ def lineage_undos(st: Store, run_id: str, rows: list[NodeRecord], wf: Workflow |
     and completed in another (the same node, so the same key: the provider refunded once) is
     settled: a retry of the failed one is deduped."""
     executed_by = {(r.node_id, r.fan_index): r.origin_run_id or run_id for r in rows
-                   if r.status == NodeStatus.COMPLETED and not is_compensation(r.node_id)}
+                   if effect_time(r) is not None and not is_compensation(r.node_id)}
     found = LineageUndos()
     unsettled = [Unsettled(run_id, r.node_id, r.fan_index, r.status.value) for r in rows
                  if is_compensation(r.node_id) and r.status != NodeStatus.COMPLETED]
@@ -262,18 +317,21 @@ def refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, pare
                     undone: AbstractSet[tuple[str, int]] = frozenset()) -> None:
     """``ForkError`` when a node the fork would run again *before* ``at`` (not inherited) has an
     effect whose outcome is unknown in the parent (ledger ``pending`` or ``abandoned``: the call
-    may have happened; a cancel mid-charge, say). The fork's keys are its own, so the provider could
-    not dedupe it: the card would be charged twice. Forking from that node (or before it) re-runs it
-    on purpose. An inherited node (an agent's tool call the model was told failed) is not called
-    again; one a rollback undid (``undone``: ``(node_id, item)`` whose compensation completed, under
-    its key) no longer stands, so running it again is what forking a compensated run means."""
+    may have happened; a cancel mid-charge, say), or that failed having taken effect (``failed``
+    with ``took_effect``: its value was refused after the call, ``machine.doubt.may_have_happened``).
+    The fork's keys are its own, so the provider could not dedupe it: the card would be charged
+    twice. Forking from that node (or before it) re-runs it on purpose. An inherited node (an
+    agent's tool call the model was told failed) is not called again (whether the parent's rollback
+    still owes its undo is ``lineage_undos``'s question); one a rollback undid (``undone``:
+    ``(node_id, item)`` whose compensation completed, under its key) no longer stands, so running it
+    again is what forking a compensated run means."""
     below = set(nx.descendants(wf.graph, at.step))  # re-run by the fork's own choice, with ``at``:
 
     def chosen(e: EffectRecord) -> bool:  # the step, or (forked from an item) that item only
         step = NodeKey.parse(e.node_id, e.fan_index).step
         return step in below or (step == at.step and (at.fan_index < 0 or e.fan_index == at.fan_index))
 
-    doubtful = [e for e in effects if e.status in (EffectStatus.PENDING, EffectStatus.ABANDONED)
+    doubtful = [e for e in effects if may_have_happened(e.status, e.result)
                 and not is_compensation(e.node_id) and not chosen(e) and (e.node_id, e.fan_index) not in inherited
                 and (e.node_id, e.fan_index) not in undone]
     if not doubtful:
@@ -288,6 +346,6 @@ def refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, pare
            "under their keys; or check " if late else retry
            if parent.status in (RunStatus.FAILED, RunStatus.COMPENSATION_FAILED) else "Check ")
     raise ForkError(f"run {parent.run_id!r} left {len(doubtful)} effect(s) whose outcome is unknown (the call may "
-                    f"have happened): {shown}. A fork from {at.label!r} would call them again under new keys, "
-                    f"which the provider cannot dedupe. {way}them with the provider, then fork from "
-                    f"{first!r} to run it again on purpose")
+                    f"have happened, or did and its value was refused): {shown}. A fork from {at.label!r} would "
+                    f"call them again under new keys, which the provider cannot dedupe. {way}them with the provider, "
+                    f"then fork from {first!r} to run it again on purpose")

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from raysaga.errors import LeaseLostError
 from raysaga.state import Lease, SignalRecord, Store
 from raysaga.state.engine import outage_cause
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.executor_base import Executor
 
 log = logging.getLogger("raysaga.driver")
 
@@ -20,7 +24,7 @@ class Heartbeat:
     about to expire (a process stopped for longer than the TTL wakes up to a stale lease).
     """
 
-    def __init__(self, store: Store, lease: Lease, period: float) -> None:
+    def __init__(self, store: Store, lease: Lease, period: float, executor: Executor | None = None) -> None:
         self._store = store
         self.lease = lease
         self._period = period
@@ -29,6 +33,8 @@ class Heartbeat:
         self.signals: list[SignalRecord] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"raysaga-heartbeat-{lease.run_id}", daemon=True)
+        if executor is not None:  # an inline round starts nothing more once a cancel or pause is seen
+            executor.hold_new(lease.run_id, self.stop_asked)
 
     def start(self) -> None:
         self._thread.start()
@@ -65,6 +71,12 @@ class Heartbeat:
         start nothing new before obeying it)."""
         with self._lock:
             return any(s.kind in kinds for s in self.signals)
+
+    def stop_asked(self) -> bool:
+        """``waiting("cancel", "pause")`` without the lock, asked before each inline attempt: a
+        renewal holds the lock over a store round trip, and the list is only ever replaced whole
+        by another thread (extended in place by the driver's own, before its loop)."""
+        return any(s.kind in ("cancel", "pause") for s in self.signals)
 
     def poll_decisions(self, handled: set[int], obeys: bool = False) -> bool:
         """Poll the signals now (its driver is about to let the run rest): whether a decision it has

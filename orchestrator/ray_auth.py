@@ -158,3 +158,30 @@ def check_gcs(address: str) -> None:
         from raysaga.orchestrator.ray_address import unreachable
 
         raise unreachable(address, str(exc).strip().splitlines()[0] if str(exc).strip() else "") from None
+
+
+#: Seconds a dashboard has to say its authentication mode (``cluster_uses_token``).
+MODE_ASK_TIMEOUT = 3.0
+
+
+def cluster_uses_token(dashboard: str) -> bool:
+    """Whether the cluster whose dashboard (Job API) is at ``dashboard`` requires Ray's token, as
+    it says itself (``/api/authentication_mode``, asked without one), for a command printed for the
+    user to run: a launch in a shell with ``RAY_AUTH_MODE=token`` against a cluster without token
+    auth named ``RAY_AUTH_MODE=token ray job logs``. A Ray without that page (before token auth,
+    2.52) has none; a dashboard that cannot be asked leaves this process's own mode to decide."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(dashboard.rstrip("/") + "/api/authentication_mode",
+                                    timeout=MODE_ASK_TIMEOUT) as answer:
+            mode = json.loads(answer.read(4096)).get("authentication_mode")
+    except urllib.error.HTTPError as exc:
+        mode = "disabled" if exc.code == 404 else None
+    except (OSError, ValueError, AttributeError):
+        mode = None
+    if not isinstance(mode, str):
+        return chosen_mode() == "token"
+    return mode.strip().lower() == "token"

@@ -11,6 +11,8 @@ from pydantic.fields import FieldInfo
 
 from raysaga.errors import InvalidInputError, NotJSONableError, WorkflowDefinitionError
 from raysaga.orchestrator.input_errors import mismatch, type_name
+from raysaga.orchestrator.input_keys import message as unknown_message
+from raysaga.orchestrator.input_keys import unknown_keys
 from raysaga.orchestrator.output_types import read_back_needed
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.type_adapters import type_adapter
@@ -88,7 +90,8 @@ def same_type(a: Any, b: Any) -> bool:
 
 
 def check_input(wf: Workflow, value: Any) -> Any:
-    """Validate a run input against the declared input type; return its JSON form."""
+    """Validate a run input against the declared input type; return its JSON form. A key an object
+    of it does not declare, which pydantic would drop, is refused (``input_keys``)."""
     tp = input_type(wf)
     given = value
     if tp is not Any:
@@ -99,6 +102,9 @@ def check_input(wf: Workflow, value: Any) -> Any:
             value = type_adapter(tp).validate_python(value)
         except ValidationError as exc:
             raise InvalidInputError(mismatch(wf.name, tp, exc)) from None
+        unknown = unknown_keys(tp, given, value)
+        if unknown:  # pydantic dropped them: a misspelt field kept its default
+            raise InvalidInputError(unknown_message(wf.name, tp, unknown))
     try:
         form = jsoncodec.to_jsonable(value, "input")
     except NotJSONableError as exc:

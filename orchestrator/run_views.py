@@ -13,30 +13,30 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from raysaga.node_key import NodeKey, NodeKind
-from raysaga.orchestrator.dag_svg import (
-    COLOURS,
-    STYLES,
-    SYMBOL,
-    StepView,
-    fan_state,
-    generations,
-    layered_lines,
-    svg,
-    workflow_graph,
-)
+from raysaga.orchestrator import dag_svg
+from raysaga.orchestrator.dag_svg import StepView, fan_state, generations, svg, workflow_graph
 from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, fan_counts, steps_of
 from raysaga.orchestrator.render import dot_string, mermaid_ids, mermaid_label
+from raysaga.orchestrator.undriven import INTERRUPTED, NoDriver, of_run, shown_state
 from raysaga.state import RunRecord, Store
 from raysaga.state.dashboard_reads import DashboardReads
 
 #: A fan-out's states from its items that say more than its completed row: items still at work.
 IN_FLIGHT = frozenset({"running", "waiting"})
+#: dag_svg's symbols, colours and terminal styles, and ``interrupted``'s: a step in flight in a run
+#: no driver drives (``undriven``). ``svg`` (dag_svg's own) does not know it yet: it draws it with
+#: "?" in pending's colours.
+SYMBOL = {**dag_svg.SYMBOL, "interrupted": "◌"}
+COLOURS = {**dag_svg.COLOURS, "interrupted": ("#fff1e5", "#bc4c00")}
+STYLES = {**dag_svg.STYLES, "interrupted": "dark_orange"}
 
 
-def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False) -> list[StepView]:
+def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False,
+               no_driver: NoDriver | None = None) -> list[StepView]:
     """The graph's steps in topological order, each with its state from the run's rows. In a
     ``running`` run a step with no row whose inputs are all complete is in flight (the engine
-    writes most rows when a step ends), so it shows as running."""
+    writes most rows when a step ends), so it shows as running; in one that no driver drives
+    (``no_driver``) what would show running shows as ``NoDriver.in_flight`` (``interrupted``)."""
     rows = store.step_rows(run_id, ITEMS_SHOWN)
     fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
     steps = steps_of(rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id))))
@@ -64,7 +64,24 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
         for v in out:
             if v.step in flying:
                 v.state = "running"
+    for v in out:
+        v.state = shown_state(v.state, no_driver)
     return out
+
+
+def layered_lines(graph: dict[str, Any], views: list[StepView]) -> list[tuple[str, str, str]]:
+    """(indent + symbol + name, style, detail) per step, generation by generation (dag_svg's, with
+    ``interrupted``'s symbol and style)."""
+    by_id = {v.step: v for v in views}
+    lines = []
+    for level, gen in enumerate(generations(graph)):
+        for i, step in enumerate(gen):
+            v = by_id[step]
+            head = f"{level:>2} " if i == 0 else "   "
+            after = f"  ← {', '.join(v.deps)}" if v.deps else ""
+            lines.append((f"{head}{SYMBOL.get(v.state, '?')} {step}", STYLES.get(v.state, ""),
+                          f"{v.state}{', ' + v.detail() if v.detail() else ''}{after}"))
+    return lines
 
 
 def in_flight(deps: Mapping[str, Iterable[str]], state: Mapping[str, str]) -> set[str]:
@@ -168,8 +185,11 @@ class RunView:
     def _repr_html_(self) -> str:
         run = self.run()
         graph = run_graph(self._store, run, self.workflow)
-        title = f"{run.run_id} ({run.workflow_name} v{run.workflow_version}): {run.status.value}"
-        return svg(graph, step_views(self._store, run.run_id, graph, running=run.status.value == "running"), title)
+        none = of_run(self._store, run)
+        title = f"{run.run_id} ({run.workflow_name} v{run.workflow_version}): " + \
+            (none.headline() if none else run.status.value)
+        return svg(graph, step_views(self._store, run.run_id, graph, running=run.status.value == "running",
+                                     no_driver=none), title)
 
     def _repr_svg_(self) -> str:
         return self._repr_html_()
@@ -195,5 +215,5 @@ _RESTING = frozenset({"completed", "failed", "compensated", "compensation_failed
                       "waiting_human", "waiting_timer"})
 
 
-__all__ = ["COLOURS", "STYLES", "SYMBOL", "RunView", "StepView", "dot", "fan_state", "generations", "in_flight",
-           "layered_lines", "mermaid", "run_graph", "running_without_rows", "step_views", "svg"]
+__all__ = ["COLOURS", "INTERRUPTED", "STYLES", "SYMBOL", "RunView", "StepView", "dot", "fan_state", "generations",
+           "in_flight", "layered_lines", "mermaid", "run_graph", "running_without_rows", "step_views", "svg"]

@@ -25,6 +25,7 @@ from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.ray_address import host_port
 from raysaga.orchestrator.run_identity import own_limit, same_options
 from raysaga.orchestrator.secrets import comparable
+from raysaga.orchestrator.unrecorded import before_recording
 from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
@@ -191,8 +192,8 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
             input = None
         workflow.check_input(input)  # a bad input is refused before Ray starts
         Faults()  # a bad RAYSAGA_FAULTS too: its driver refused it with the run recorded and claimed
-        # The executor first: a cluster that cannot be reached leaves no 'pending' run behind.
-        ex = _executor(executor, address)
+        with before_recording(run_id):  # first: an unreachable cluster leaves no 'pending' run, a Ctrl-C no run
+            ex = _executor(executor, address)
         try:
             lease: Lease | None = None
             new = new_run(workflow, input, run_id=run_id, options=options, workflow_ref=workflow_ref)

@@ -14,9 +14,9 @@ from raysaga.state.item_pages import rows_at
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
 from raysaga.state.redact import scrub_data, scrub_text
 
-__all__ = ["FAR", "clock", "error_line", "flat", "inherited_from", "one_line", "output_line", "payload_line",
-           "relative", "run_times", "run_wake", "seconds", "span", "undone_by_forks", "undone_note", "utc",
-           "waiting_lines", "when"]
+__all__ = ["FAR", "clock", "error_line", "fan_state", "flat", "inherited_from", "one_line", "output_line",
+           "payload_line", "relative", "run_times", "run_wake", "seconds", "span", "undone_by_forks", "undone_note",
+           "utc", "waiting_lines", "when"]
 
 #: The states a run rests in until its ``wake_at`` (a timer, a retry's backoff, an approval's
 #: timeout or the deadline; a decision or an unpause makes it now): a worker then takes it up.
@@ -137,6 +137,18 @@ def run_times(run: RunRecord, now: float) -> list[str]:
     if run.deadline_at is not None and (not ended or run.status_reason == "deadline"):
         lines.append(f"deadline {when(run.deadline_at, now)}" + ("" if run.deadline_at > now else ": passed"))
     return lines
+
+
+def fan_state(counts: dict[str, int]) -> str:
+    """A fan-out's state from its items' counts, as ``dag_svg.fan_state`` (whose module loads
+    networkx, which ``status`` does not import) and the dashboard's ``fanState`` read it."""
+    if counts.get("running") or counts.get("retrying"):
+        return "running"
+    for state in ("waiting", "failed"):
+        if counts.get(state):
+            return state
+    total = sum(counts.values())
+    return "completed" if total and counts.get("completed") == total else "running" if total else "pending"
 
 
 def flat(text: str) -> str:

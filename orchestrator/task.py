@@ -269,7 +269,9 @@ def _output(result: Any, node_id: str, index: int, max_output_bytes: int, return
         if size > max_output_bytes:
             raise Permanent(
                 f"output of step {_label(node_id, index)!r} is {size} bytes, above the cap of {max_output_bytes}: "
-                "return a reference (a path, an id) instead, or raise RunOptions.max_output_bytes"
+                "return a reference (a path, an id) instead, or raise the cap where the run is driven, in Python "
+                "(the raysaga command has no option for it): options=RunOptions(max_output_bytes=N) of "
+                "raysaga.run / resume / retry, or of the raysaga.Worker that drives it"
             )
     return text, aside
 

@@ -17,14 +17,19 @@ loop is still counted). An owner on another host cannot be proven gone from here
 for their lease to expire, as before.
 
 A run whose last driver died (its claim took the lease of a dead owner: ``Claim.abandoned_by``) is a
-suspect of a crash loop, and an inline worker drives it alone: it claims nothing else meanwhile,
-asks its other drivers to hand their runs back at their next step boundary, and starts the suspect
-once no other run is driven in the process; it is no longer alone once its driver commits an
-attempt's outcome of its own (``worker_runs.outcome_since``: it proved it does not kill its process
-right away) or its drive ends. A process killed by one step would otherwise count a death for every
-run it drove, and park a healthy neighbour beside the culprit (``raysaga.orchestrator.crash_loop``).
-On Ray a step runs in a Ray worker, and its death is a failed attempt: a suspect is driven beside
-the other runs, which keep their steps in flight.
+suspect of a crash loop, and so is one taken from a driver alive but silent past its lease
+(``Claim.taken_from_live``: a step holding the GIL froze that driver's whole process). The worker
+drives a suspect alone: it claims nothing else meanwhile, asks its other drivers to hand their runs
+back at their next step boundary, and starts the suspect once no other run is driven in the
+process; it is no longer alone once its driver commits an attempt's outcome of its own
+(``worker_runs.outcome_since``: it proved it does not kill or freeze its process right away) or its
+drive ends. A process killed by one step would otherwise count a death for every run it drove, and
+one frozen by a step would have every run it drove taken over live, again wherever the step went:
+either way a healthy neighbour was parked beside the culprit (``raysaga.orchestrator.crash_loop``). Claims
+are made one at a time in a process, and a suspect is counted as waiting for its turn as it is
+claimed: two slots claiming at once took a second suspect (or a plain run) into a process the
+first was about to freeze. This holds on Ray too: workflow code still runs in the driver's process
+there (a prompt builder, a ``local=True`` step).
 
 A run this code cannot drive is left for a worker that can (``worker_runs.Skips``): one whose
 stored outputs do not read as this code's types is let go and not claimed again; runs of a
@@ -69,6 +74,7 @@ from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and te
     checked_max_driver_deaths,
     checked_poll,
 )
+from raysaga.orchestrator.worker_outages import lease_after_outage
 from raysaga.orchestrator.worker_presence import Presence
 from raysaga.orchestrator.worker_runs import FailedDrives, Skips, WorkerCounts, event_seq, outcome_since
 from raysaga.orchestrator.workflow import Workflow
@@ -143,6 +149,7 @@ class Worker:
         self._running = 0  # drives in progress in this process
         self._alone: str | None = None  # the suspect run driven alone, until its first outcome
         self._queued = 0  # suspects claimed, waiting for their turn to be driven alone
+        self._claiming = threading.Lock()  # one claim at a time: see ``_reserve``
         self.failure: Exception | None = None  # what killed a slot: the worker stops, and ``run`` raises it
         self._claim_errors: set[str] = set()  # causes of unexpected claim errors logged in full: once each
         self.presence = Presence(store, by_name, concurrency)  # its row in raysaga_workers (raysaga workers)
@@ -205,7 +212,11 @@ class Worker:
                     continue
                 owner = unanswered or new_owner()
                 try:
-                    claim = self._claim(owner, answered=unanswered is None)
+                    with self._claiming:  # (checked again: another slot's claim may have taken a suspect)
+                        if self._stop.is_set() or not self._may_claim(wait=False):
+                            continue
+                        claim = self._claim(owner, answered=unanswered is None)
+                        self._reserve(claim)
                     unanswered = None
                     if down_since is not None:
                         log.warning("worker: the store answers again (after %.1f s)", time.time() - down_since)
@@ -258,14 +269,28 @@ class Worker:
         return (self.store.claim_next(owner, ttl, self.skips.served(self.hashes), limits=self.limits)
                 or self.claim_orphan(owner))
 
-    def _may_claim(self) -> bool:
+    def _may_claim(self, *, wait: bool = True) -> bool:
         """Whether a slot may claim a run now: not while a suspect waits for its turn or is driven
-        alone (then False after waiting up to ``poll`` for that to change)."""
+        alone (then False, after waiting up to ``poll`` for that to change if ``wait``)."""
         with self._turns:
             if self._alone is None and self._queued == 0:
                 return True
-            self._turns.wait(self.poll)
+            if wait:
+                self._turns.wait(self.poll)
             return False
+
+    def _reserve(self, claim: Claim | None) -> None:
+        """Count the claimed run in, under ``_claiming``: a suspect as waiting for its turn alone
+        (no slot claims again until it is proven), any other as driven (a suspect claimed next
+        waits for it). Counted only as its slot began to drive it, a run another slot claimed at the
+        same moment went into the process beside a suspect starting alone."""
+        if claim is None:
+            return
+        with self._lock:
+            if suspect_of(claim):
+                self._queued += 1
+            else:
+                self._running += 1
 
     def claim_orphan(self, owner: str | None = None) -> Claim | None:
         """A run of ours whose driver is provably gone (see the module doc), its lease taken from
@@ -305,14 +330,12 @@ class Worker:
             self.counts.by_reason[reason] = self.counts.by_reason.get(reason, 0) + 1
         # a suspect is driven alone on Ray too: workflow code still runs in this process there (a
         # prompt builder, reading a large output), and its neighbours would count every death it caused
-        alone, driving = claim.abandoned_by is not None, False
+        alone = bool(suspect_of(claim))
+        driving = not alone  # (a plain run was counted driven as it was claimed: ``_reserve``)
         try:
             if alone:
                 lease = self._turn_alone(claim)
-            else:
-                with self._lock:
-                    self._running += 1
-            driving = True
+                driving = True
             record = self._drive_through_outages(lease, workflow, executor, alone=alone)
             with self._lock:
                 self.counts.drove(record.status)
@@ -344,14 +367,13 @@ class Worker:
 
     def _turn_alone(self, claim: Claim) -> Lease:
         """Wait until no other run is driven in this process, then make the claimed (suspect) run
-        the one driven alone; its lease, renewed meanwhile. While it waits the worker claims
-        nothing and its other drivers are asked to hand their runs back at their next boundary; the
-        run's events say it waited (``WAITS``: a death meanwhile is not its own) and when it starts
-        (``ALONE``). ``DriverInterrupted``, the lease released, when the worker stops first."""
-        lease, run_id, since = claim.lease, claim.lease.run_id, time.time()
+        the one driven alone; its lease, renewed meanwhile. While it waits (counted in ``_queued``
+        by ``_reserve`` as it was claimed) the worker claims nothing and its other drivers are asked
+        to hand their runs back at their next boundary; the run's events say it waited (``WAITS``: a
+        death meanwhile is not its own) and when it starts (``ALONE``), each naming the owner it was
+        taken from (``suspect_of``). ``DriverInterrupted``, the lease released, when the worker stops first."""
+        lease, run_id, since, taken = claim.lease, claim.lease.run_id, time.time(), suspect_of(claim)
         waits = False
-        with self._lock:
-            self._queued += 1
         try:
             while True:
                 with self._lock:
@@ -363,7 +385,7 @@ class Worker:
                     others = [d for d in self._drivers if d.run_id != self._alone]
                 if not waits:
                     self.store.commit(lease, Batch(events=[NewEvent(kind=WAITS, data={
-                        "abandoned_by": claim.abandoned_by, "driving": sorted(d.run_id for d in others)[:20]})]))
+                        **taken, "driving": sorted(d.run_id for d in others)[:20]})]))
                     waits = True
                 for driver in others:  # proven or plain runs: another worker (or this one, later) goes on
                     driver.interrupt(HAND_BACK)
@@ -387,7 +409,7 @@ class Worker:
             raise DriverInterrupted(run_id, self._stop_name)
         try:
             self.store.commit(lease, Batch(events=[NewEvent(kind=ALONE, data={
-                "abandoned_by": claim.abandoned_by, "waited": round(time.time() - since, 3)})]))
+                **taken, "waited": round(time.time() - since, 3)})]))
         except BaseException:
             self._proven(run_id)
             with self._lock:
@@ -448,43 +470,15 @@ class Worker:
             finally:
                 with self._lock:
                     self._drivers.discard(driver)
-            lease = self._after_outage(lease)
+            lease = lease_after_outage(self.store, lease, self.options.lease_ttl, self._stop, lambda: self._stop_name)
 
-    def _after_outage(self, lease: Lease) -> Lease:
-        """Wait until the store answers, then take the run's lease up again (the store may drop
-        out again meanwhile: then wait again, longer: a standby answers reads but refuses the lease)."""
-        delay = 0.05
-        while True:
-            delay = self._wait_for_store(lease.run_id, delay)
-            if self._stop.is_set():  # the worker stops during the outage: the run's lease expires
-                raise DriverInterrupted(lease.run_id, self._stop_name)
-            try:
-                return self._lease_again(lease)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
 
-    def _lease_again(self, lease: Lease) -> Lease:
-        """The run's lease after an outage: still ours (renewed), or claimed again when the failed
-        driver managed to release it; ``LeaseLostError`` when another worker has the run now."""
-        try:
-            return self.store.renew(lease)
-        except LeaseLostError:
-            pass
-        try:
-            return self.store.claim(lease.run_id, lease.owner, self.options.lease_ttl)
-        except LeaseHeldError:
-            raise LeaseLostError(f"run {lease.run_id!r}: another driver took it up during the outage") from None
-
-    def _wait_for_store(self, run_id: str, delay: float = 0.05) -> float:
-        """Poll the store (jittered, from ``delay`` to 2 s apart) until it answers, or the worker
-        stops; the delay to wait after a next outage."""
-        while not self._stop.wait(delay * (0.5 + random.random())):
-            delay = min(2.0, delay * 2)
-            try:
-                self.store.get_run(run_id)
-                break
-            except Exception as exc:  # still down: wait longer
-                if not is_outage(exc):
-                    raise
-        return delay
+def suspect_of(claim: Claim) -> dict[str, str]:
+    """What makes a claimed run a suspect, driven alone (see the module doc), as its ``WAITS`` and
+    ``ALONE`` events say it: the owner whose driver died holding it (``abandoned_by``), or the owner
+    alive but silent it was taken from (``taken_from_live``); empty for any other claim."""
+    if claim.abandoned_by is not None:
+        return {"abandoned_by": claim.abandoned_by}
+    if claim.taken_from_live is not None:
+        return {"taken_from_live": claim.taken_from_live}
+    return {}

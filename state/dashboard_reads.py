@@ -20,6 +20,7 @@ from raysaga.errors import BlobIntegrityError
 from raysaga.node_key import AGENT_SEP
 from raysaga.state import blob_rows, jsoncodec
 from raysaga.state.decoding import reading
+from raysaga.state.driver_stops import DriverStop, count_undriven, latest_stops
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.item_pages import counts as item_counts
 from raysaga.state.item_pages import first_items, rows_at
@@ -56,6 +57,8 @@ _RUN_COLUMNS = (runs.c.run_id, runs.c.workflow_name, runs.c.workflow_version, ru
                 runs.c.created_at, runs.c.updated_at, runs.c.deadline_at, runs.c.lease_owner,
                 runs.c.lease_expires_at, runs.c.retries_used, runs.c.retry_budget, runs.c.tokens_used,
                 runs.c.token_budget, runs.c.cost_used, runs.c.cost_budget, runs.c.parent_run_id,
+                # what a run no driver drives needs to say how to go on (``orchestrator.undriven``)
+                runs.c.workflow_ref, runs.c.queue,
                 # as text, decoded by `_summary`: one damaged labels value shows as {}, never a failed page
                 cast(runs.c.labels, Text).label("labels"))
 
@@ -108,6 +111,25 @@ def run_counts(engine: Engine, f: RunFilter | None = None) -> dict[str, int]:
         query = _filtered(query, f, engine.dialect.name, with_status=False)
     with engine.connect() as conn:
         return {str(s): int(n) for s, n in conn.execute(query).all()}
+
+
+def undriven_count(engine: Engine, f: RunFilter | None, now: float) -> int:
+    """Active runs under the filter (its status and cursor ignored, as ``run_counts``) that no
+    driver drives (``driver_stops.count_undriven``): the list's "no driver" count."""
+    scope = select(runs.c.run_id)
+    if f is not None:
+        scope = _filtered(scope, f, engine.dialect.name, with_status=False)
+    with engine.connect() as conn:
+        return count_undriven(conn, scope, now)
+
+
+def driver_stops(engine: Engine, run_ids: Iterable[str]) -> dict[str, DriverStop]:
+    """Of each run, its driver's last ``driver_interrupted`` when none claimed it since (``driver_stops``)."""
+    wanted = list(run_ids)
+    if not wanted:
+        return {}
+    with engine.connect() as conn:
+        return latest_stops(conn, wanted)
 
 
 def run_row(engine: Engine, run_id: str) -> dict[str, Any] | None:
@@ -327,6 +349,12 @@ class DashboardReads:
     def run_row(self, run_id: str) -> dict[str, Any] | None:
         return run_row(self.reader, run_id)
 
+    def undriven_count(self, f: RunFilter | None, now: float) -> int:
+        return undriven_count(self.reader, f, now)
+
+    def driver_stops(self, run_ids: Iterable[str]) -> dict[str, DriverStop]:
+        return driver_stops(self.reader, run_ids)
+
     def step_rows(self, run_id: str, items_cap: int) -> list[dict[str, Any]]:
         return step_rows(self.reader, run_id, items_cap)
 
@@ -365,6 +393,6 @@ class DashboardReads:
         return metrics(self.reader)
 
 
-__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "agent_counts", "agent_tokens", "fanout_sizes", "items",
-           "metrics", "node_effects", "node_events", "node_row", "node_rows", "run_counts", "run_page", "run_row",
-           "step_counts", "step_rows", "sub_rows"]
+__all__ = ["COUNTED_EVENTS", "DashboardReads", "RunFilter", "agent_counts", "agent_tokens", "driver_stops",
+           "fanout_sizes", "items", "metrics", "node_effects", "node_events", "node_row", "node_rows", "run_counts",
+           "run_page", "run_row", "step_counts", "step_rows", "sub_rows", "undriven_count"]

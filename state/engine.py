@@ -9,6 +9,8 @@ PostgreSQL: psycopg 3; plain ``postgresql://`` URLs are mapped to it, with a sho
 timeout so an unreachable server fails in seconds, and a pool a worker sizes to its slots
 (``pool_fit.fit_pool``) or ``RAYSAGA_DB_POOL_SIZE`` sets.
 
+A store this process cannot write is read through read-only connections (``sqlite_readonly``).
+
 Every engine hides SQL parameters from its errors (``hide_parameters``): a crash's traceback
 must not print a run's input. Errors of opening a store (a file that is not a database, a
 directory, a read-only location, an unknown database, role or host, a missing driver) are
@@ -31,9 +33,10 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import NullPool
 
 from raysaga.errors import NotJSONableError, StoreUnavailableError, UserError
-from raysaga.state import jsoncodec, text_match
+from raysaga.state import jsoncodec, sqlite_readonly, text_match
 from raysaga.state.engine_fork import fork_safe
 from raysaga.state.url_checks import check_pg_options, expand_user
 from raysaga.state.url_checks import redact as redact  # (imported from here before the split)
@@ -165,10 +168,12 @@ def _json_serializer(value: Any) -> str:
     return jsoncodec.dumps(value)
 
 
-def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> Engine:
+def make_engine(url: str, *, for_reads: bool = False, create: bool = True, read_only: bool = False) -> Engine:
     """An engine for ``url``. ``for_reads``: on SQLite, transactions start deferred (read-only use).
     ``create``: a SQLite file's folder is created if missing (else a missing file is an error and
-    nothing is created). Raises ``StoreUnavailableError`` for what can be told before connecting."""
+    nothing is created). ``read_only``: a SQLite store this process cannot write, read through
+    read-only connections (``sqlite_readonly``). Raises ``StoreUnavailableError`` for what can be told
+    before connecting."""
     url = normalize_url(url)
     try:
         parsed = make_url(url)
@@ -177,8 +182,11 @@ def make_engine(url: str, *, for_reads: bool = False, create: bool = True) -> En
                         "sqlite:///PATH or postgresql://USER@HOST/DATABASE") from None
     backend = parsed.get_backend_name()
     if backend == "sqlite":
-        return fork_safe(_unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads,
-                                                            create=create)))
+        engine = fork_safe(_unwrap_json_errors(_sqlite_engine(url, parsed.database, immediate=not for_reads,
+                                                              create=create, read_only=read_only)))
+        path = sqlite_path(url) if read_only else None
+        return engine if path is None else sqlite_readonly.read_only(engine, path, BUSY_TIMEOUT_MS / 1000, lambda: (
+            StoreUnavailableError(_explain_sqlite(path, "attempt to write a readonly database"))))
     if backend == "postgresql":
         check_pg_options(parsed)
         connect_args = {} if "connect_timeout" in parsed.query else {"connect_timeout": PG_CONNECT_TIMEOUT_S}
@@ -211,7 +219,7 @@ def _missing_driver(url: str, driver: str) -> str:
 DEFERRED_BEGIN = "raysaga_deferred_begin"
 
 
-def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: bool) -> Engine:
+def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: bool, read_only: bool) -> Engine:
     if not database or database == ":memory:":
         raise UserError("an in-memory SQLite database cannot be shared by a driver and its tools: use a file")
     path = Path(os.path.abspath(expand_user(database, url)))
@@ -231,7 +239,7 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
     url = make_url(url).set(database=str(path)).render_as_string(hide_password=False)
     page_size = new_file_page_size()
     engine = create_engine(url, json_serializer=_json_serializer, json_deserializer=jsoncodec.loads,
-                           hide_parameters=True,
+                           hide_parameters=True, poolclass=NullPool if read_only else None,
                            connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
 
     @event.listens_for(engine, "connect")
@@ -240,17 +248,18 @@ def _sqlite_engine(url: str, database: str | None, *, immediate: bool, create: b
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
         cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        # before the first table and before WAL: then it is the file's for good; on a file that
-        # has pages already (any existing store) SQLite ignores it
-        cur.execute(f"PRAGMA page_size={page_size}")
-        _enable_wal(cur)
-        cur.execute("PRAGMA synchronous=FULL")
+        if not read_only:  # (a read-only connection writes nothing, the WAL switch included)
+            # before the first table and before WAL: then it is the file's for good; on a file
+            # that has pages already (any existing store) SQLite ignores it
+            cur.execute(f"PRAGMA page_size={page_size}")
+            _enable_wal(cur)
+            cur.execute("PRAGMA synchronous=FULL")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
         # lower() as PostgreSQL's, for the dashboard's search (SQLite's folds ASCII only)
         text_match.register(dbapi_conn)
 
-    write_begin = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+    write_begin = "BEGIN IMMEDIATE" if immediate and not read_only else "BEGIN"
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:

@@ -18,7 +18,8 @@ from sqlalchemy import Connection, Engine, inspect, select, text
 from sqlalchemy import exc as sa_exc
 
 from raysaga.errors import SchemaVersionError, StoreUnavailableError
-from raysaga.state.engine import DEFERRED_BEGIN, WHERE_ADVICE, check_writable, describe_store, opening
+from raysaga.state import sqlite_readonly
+from raysaga.state.engine import DEFERRED_BEGIN, WHERE_ADVICE, check_writable, describe_store, opening, sqlite_path
 from raysaga.state.schema import SCHEMA_VERSION, schema_info
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -83,6 +84,13 @@ def require_current(engine: Engine) -> int:
                                     f"nothing has run with this --db yet ({WHERE_ADVICE})")
     check_version(found)
     check_revisions(engine)
+    path = sqlite_path(_url(engine))
+    locked = sqlite_readonly.unwritable(path) if path is not None and found < SCHEMA_VERSION else None
+    if locked is not None:  # read-only: it cannot be migrated here, and `db upgrade` would fail
+        raise SchemaVersionError(
+            f"the store {where} has schema version {found}, older than this raysaga's ({SCHEMA_VERSION}), and "
+            f"cannot be migrated here: {locked} is read-only. Read it with the raysaga that wrote it, or copy its "
+            "folder somewhere writable and run `raysaga db upgrade --db COPY` on the copy")
     if found < SCHEMA_VERSION:
         raise SchemaVersionError(
             f"the store {where} has schema version {found}, older than this raysaga's ({SCHEMA_VERSION}): "

@@ -15,12 +15,22 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from raysaga.errors import RunExistsError
+from raysaga.errors import RunExistsError, UserError
 from raysaga.state.models import Lease, NewRun, RunRecord, RunStatus
 from raysaga.state.redact import scrub
 from raysaga.state.run_labels import stored_labels
 from raysaga.state.run_sql import insert_run_sql, run_of, run_params
 from raysaga.state.statements import HotSql, driver_sql, json_param
+
+
+def check_new_run_id(run_id: str) -> str:
+    """A new run's id must not start with ``-`` (``UserError``): every command line naming the run
+    (``raysaga status -dash``, the hints printed after a launch, a failure, a Ctrl-C) would have it
+    read as an option. A run recorded with one before stays reachable (``raysaga status -- -dash``)."""
+    if run_id.startswith("-"):
+        raise UserError(f"run id {run_id!r} starts with '-', which a command line reads as an option (`raysaga status "
+                        f"{run_id}` would not find the run): choose a run id that starts with another character")
+    return run_id
 
 
 class RunCreation:
@@ -41,6 +51,7 @@ class RunCreation:
                              ttl=ttl)
 
     def _insert_run(self, new: NewRun, claim: tuple[str, float] | None) -> RunRecord:
+        check_new_run_id(new.run_id)  # here, where every new run but a fork is recorded (API, CLI, launch)
         now = time.time()
         values = new.model_dump(exclude={"input", "labels"})  # the input is not copied: it may be large
         values["labels"] = stored_labels(new.labels)

@@ -26,7 +26,7 @@ from raysaga.errors import (
     RunNotFoundError,
     UserError,
 )
-from raysaga.state import blob_rows, claims, decisions, jsoncodec, migrate, shared_rows, stats
+from raysaga.state import blob_rows, claims, decisions, jsoncodec, migrate, shared_rows, sqlite_readonly, stats
 from raysaga.state.claims import Claim
 from raysaga.state.dashboard_reads import DashboardReads
 from raysaga.state.decisions import Decision, Verdict, WaitingApproval, decided_after
@@ -43,7 +43,7 @@ from raysaga.state.decoding import (
     undecodable,
 )
 from raysaga.state.decoding import reading as _reading  # noqa: F401  # imported from here before the split
-from raysaga.state.engine import make_engine, normalize_url, redact
+from raysaga.state.engine import make_engine, normalize_url, redact, sqlite_path
 from raysaga.state.error_record import stored_error
 from raysaga.state.fork_rows import ForkRows
 from raysaga.state.ledger_rows import write_effects
@@ -111,12 +111,16 @@ class SqlStore(RunCreation, ForkRows, DashboardReads, RateRows, WorkerRows, Stor
         self.url = normalize_url(url)
         self.run_value_inline_limit = run_value_inline_limit
         self.max_input_bytes = input_cap(max_input_bytes)
-        self.engine: Engine = make_engine(self.url)
-        # reads on their own engine: on SQLite they then never take the write lock
-        self.reader: Engine = make_engine(self.url, for_reads=True) if self.dialect_of(self.url) == "sqlite" \
-            else self.engine
+        path = sqlite_path(self.url)
+        #: Opened to read a SQLite store this process cannot write (a read-only folder or file): its
+        #: connections are read-only, and a write raises the store's read-only error (``sqlite_readonly``).
+        self.read_only = not migrate_schema and path is not None and sqlite_readonly.unwritable(path) is not None
+        self.engine: Engine = make_engine(self.url, read_only=self.read_only, create=not self.read_only)
+        # reads on their own engine: on SQLite they then never take the write lock (a read-only one takes none)
+        writable_sqlite = self.dialect_of(self.url) == "sqlite" and not self.read_only
+        self.reader: Engine = make_engine(self.url, for_reads=True) if writable_sqlite else self.engine
         # commits of plain SQL only skip SQLAlchemy's Connection on SQLite (statements.sqlite_write)
-        self._plain_commits = self.dialect_of(self.url) == "sqlite"
+        self._plain_commits = writable_sqlite
         try:
             if migrate_schema:
                 migrate.upgrade(self.engine)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, Text, cast, func, select
 
 from raysaga.state.breakers import BreakerPolicy
+from raysaga.state.driver_stops import count_undriven
 from raysaga.state.models import RunStatus
 from raysaga.state.schema import breakers, events, runs
 
@@ -34,6 +35,11 @@ class Stats(BaseModel):
     at: float
     since: float | None = None
     runs_by_state: dict[str, int] = Field(default_factory=dict)
+    runs_without_driver: int = 0
+    """Of the runs ``running`` or ``compensating`` in ``runs_by_state``, those no driver drives:
+    interrupted (lease released) or whose driver died (lease expired, its process not provably
+    alive). They stay in that state on purpose, until a worker or ``raysaga resume`` takes them up
+    (``driver_stops.count_undriven``)."""
     waiting_human_seconds: Quantiles = Quantiles()
     """How long runs rested in ``waiting_human`` (finished waits; a wait under way counts up to now)."""
     resumes: int = 0
@@ -73,6 +79,7 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
         if since is not None:
             by_state_query = by_state_query.where(runs.c.created_at >= since)
         by_state = {str(s): int(n) for s, n in conn.execute(by_state_query).all()}
+        undriven = count_undriven(conn, scope, now)
         retries = int(conn.execute(select(func.count()).select_from(events)
                                    .where(in_scope, events.c.kind == "retry_scheduled")).scalar_one())
         status_of = dict(conn.execute(select(runs.c.run_id, runs.c.status)
@@ -124,7 +131,8 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
     resumed_at_rest = [r for r in resumed if status_of.get(r) in _AT_REST]
     completed = sum(1 for r in resumed_at_rest if status_of.get(r) == RunStatus.COMPLETED.value)
     return Stats(
-        at=now, since=since, runs_by_state=by_state, waiting_human_seconds=_quantiles(waits),
+        at=now, since=since, runs_by_state=by_state, runs_without_driver=undriven,
+        waiting_human_seconds=_quantiles(waits),
         resumes=sum(resumes.values()), resumed_runs=len(resumed),
         resumed_completed=completed,
         resume_success_rate=completed / len(resumed_at_rest) if resumed_at_rest else None,
@@ -172,6 +180,8 @@ def prometheus(stats: Stats) -> str:
     states = known + sorted(set(stats.runs_by_state) - set(known))
     metric("raysaga_runs", "Runs in the store by state.",
            [(f'{{status="{label_value(n)}"}}', stats.runs_by_state.get(n, 0)) for n in states])
+    metric("raysaga_runs_without_driver", "Runs running or compensating that no driver drives (interrupted, or "
+           "their driver died): a resume or a worker takes them up.", [("", stats.runs_without_driver)])
     for name, q, text in (
             ("raysaga_waiting_human_seconds", stats.waiting_human_seconds,
              "How long runs waited for a human (finished waits, and ongoing ones up to now)."),

@@ -149,8 +149,11 @@ const attr = (el: Element, name: string, value: string): void => {
   if (el.getAttribute(name) !== value) el.setAttribute(name, value);
 };
 
+// ``undriven``: when nobody drives the run (the store still records it running), the state what
+// would show running shows (`interrupted` where its driver stopped); else null
 export function drawDag(graph: Graph, byId: Nodes, steps: Steps, hide: (id: string) => boolean,
-  onPick: (id: string) => void, selected: () => string | null, running: () => boolean, ended: () => boolean): DagView {
+  onPick: (id: string) => void, selected: () => string | null, running: () => boolean, ended: () => boolean,
+  undriven: () => string | null = () => null): DagView {
   const ids = graph.nodes.map((n) => n.id).filter((id) => !hide(id));
   const laid = place(graph, ids, byId);
   const width = Math.max(laid.width, W + 24);
@@ -169,7 +172,8 @@ export function drawDag(graph: Graph, byId: Nodes, steps: Steps, hide: (id: stri
     const node = byId.get(id);
     if (!grp || !node) return;
     const st = steps.get(id);
-    const state = liveState(byId, steps, id, running());
+    const live = liveState(byId, steps, id, running());
+    const state = live === "running" ? undriven() ?? live : live;
     attr(grp, "class", `node ${cls(state)}${node.map_over ? " fan" : ""}${id === selected() ? " selected" : ""}`);
     attr(grp, "data-state", state);
     put(grp.querySelector(".state"), `${symbol(state)} ${state}`);
@@ -204,7 +208,8 @@ export function drawDag(graph: Graph, byId: Nodes, steps: Steps, hide: (id: stri
 }
 
 export function legend(): HTMLElement {
-  const states = ["pending", "running", "retrying", "waiting", "completed", "failed", "skipped", "cancelled"];
+  const states = ["pending", "running", "retrying", "waiting", "completed", "failed", "skipped", "cancelled",
+    "interrupted"];
   return h("div", { class: "legend" }, ...states.map((st) => h("span", { class: `badge ${cls(st)}` },
     `${symbol(st)} ${st}`)));
 }

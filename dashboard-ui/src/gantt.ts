@@ -10,8 +10,10 @@ const MAX_ROWS = 80;
 
 // ``claims``: when each driver took the run (lease_claimed events): a resume starts a new segment,
 // drawn as a dashed line; ``segment`` (1-based) keeps the attempts that started in that one only.
+// ``stopped``: nobody drives the run (``now`` is then when its driver stopped): an attempt left
+// running is drawn in this state (`interrupted`), up to then, not growing with the clock.
 export function drawGantt(rows: Row[], now: number, onPick: (label: string) => void, claims: number[] = [],
-  segment = 0): HTMLElement {
+  segment = 0, stopped: string | null = null): HTMLElement {
   const bounds = segment > 0 ? [claims[segment - 1] ?? 0, claims[segment] ?? Infinity] : [-Infinity, Infinity];
   const timed = rows.filter((r) => r.started_at !== null || r.not_before !== null)
     .filter((r) => { const t = r.started_at ?? r.not_before ?? 0; return t >= bounds[0]! && t < bounds[1]!; })
@@ -29,14 +31,16 @@ export function drawGantt(rows: Row[], now: number, onPick: (label: string) => v
   s("line", { x1: 0, y1: 0, x2: 0, y2: 6, class: "hatch-line" }))));
   timed.forEach((r, i) => {
     const y = i * ROW + 4;
-    const g = s("g", { class: `bar ${cls(r.status)}`, "data-node": r.node });
+    const shown = stopped !== null && r.status === "running" ? stopped : r.status;
+    const g = s("g", { class: `bar ${cls(shown)}`, "data-node": r.node, "data-state": shown });
     g.append(s("text", { x: LEFT - 6, y: y + 12, "text-anchor": "end", class: "label" },
       r.node.length > 26 ? r.node.slice(0, 25) + "…" : r.node));
     if (r.started_at !== null) {
       const stop = r.finished_at ?? (["running", "waiting"].includes(r.status) ? now : r.started_at);
       const x = scale(r.started_at);
       g.append(s("rect", { x, y, width: Math.max(2, scale(stop) - x), height: ROW - 6, rx: 2, class: "run" },
-        s("title", {}, `${r.node}: ${r.status}, attempt ${r.attempt}, ${secs(r.duration ?? stop - r.started_at)}`)));
+        s("title", {}, `${r.node}: ${shown !== r.status ? `${shown} (recorded running; nobody runs it)` :
+          r.status}, attempt ${r.attempt}, ${secs(r.duration ?? stop - r.started_at)}`)));
     }
     const waitFrom = r.status === "waiting" ? r.started_at : r.finished_at ?? r.started_at;
     const waitTo = r.status === "waiting" ? now : r.not_before;

@@ -1,9 +1,10 @@
 // The run list: filters, counts by state, keyset paging, the inbox of runs waiting for a human.
 import { actor, clear, getJSON, h, secs, utc } from "./dom";
 import { cls, RUN_STATES, symbol } from "./status";
-import type { RunList, Waiting } from "./types";
+import type { RunList, RunSummary, Waiting } from "./types";
 
 interface Stats {
+  runs_without_driver?: number;
   waiting_human_seconds: { count: number; p50: number | null; p95: number | null };
   duplicates_prevented: number; retries: number; breaker_trips: number; resumed_runs: number;
   resume_success_rate: number | null;
@@ -24,6 +25,14 @@ export function labelChips(labels: Record<string, string> | undefined, href: (pa
 
 export function badge(state: string): HTMLElement {
   return h("span", { class: `badge ${cls(state)}`, title: state }, `${symbol(state)} ${state}`);
+}
+
+// A run's state badge: "running, no driver" (its own colour and symbol, the note as its title) when
+// nobody drives it, which the store still records running: a `running` badge said it was at work.
+export function runBadge(run: RunSummary): HTMLElement {
+  if (!run.no_driver) return badge(run.status);
+  return h("span", { class: `badge ${cls("interrupted")}`, title: run.no_driver.note, "data-no-driver": run.no_driver.why },
+    `${symbol("interrupted")} ${run.status}, no driver`);
 }
 
 export function renderList(root: HTMLElement, params: URLSearchParams): () => void {
@@ -86,15 +95,18 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
         if (n) chips.append(h("a", { class: `chip ${cls(st)}` + (f.status === st ? " on" : ""),
           href: "#/?" + filterParams(st, labels) }, `${symbol(st)} ${st} ${n}`));
       }
+      if (page.no_driver) chips.append(h("span", { class: `chip ${cls("interrupted")}`, id: "no-driver-count",
+        title: "runs still running (or compensating) that no driver drives: interrupted, or their driver died; " +
+          "`raysaga resume RUN` (or a worker) takes each up" }, `${symbol("interrupted")} no driver ${page.no_driver}`));
     }
     for (const r of page.runs) {
       table.append(h("tr", { "data-run": r.run_id },
         h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(r.run_id)}` }, r.run_id)),
-        h("td", {}, `${r.workflow_name} v${r.workflow_version}`), h("td", {}, badge(r.status)),
+        h("td", {}, `${r.workflow_name} v${r.workflow_version}`), h("td", {}, runBadge(r)),
         h("td", {}, utc(r.created_at)), h("td", {}, secs(page.now - r.created_at)),
         h("td", { class: "labels" }, ...labelChips(r.labels, (pair) => labels.includes(pair) ? null
           : "#/?" + filterParams(f.status, [...labels, pair]))),
-        h("td", { class: "reason" }, r.status_reason ?? "")));
+        h("td", { class: "reason", title: r.no_driver?.note ?? "" }, r.status_reason ?? r.no_driver?.note ?? "")));
     }
     if (!page.runs.length && !append) table.append(h("tr", {}, h("td", { colspan: 7 }, "no runs match")));
     clear(more);
@@ -127,7 +139,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
     const pairs: [string, string][] = [
       ["waiting for a human p50 / p95", `${q(st.waiting_human_seconds.p50)} / ${q(st.waiting_human_seconds.p95)}`],
       ["duplicates prevented", String(st.duplicates_prevented)], ["retries", String(st.retries)],
-      ["breakers open", String(st.breaker_trips)],
+      ["breakers open", String(st.breaker_trips)], ["running, no driver", String(st.runs_without_driver ?? 0)],
       ["resumed runs that completed", st.resume_success_rate === null ? "–" :
         `${Math.round(st.resume_success_rate * 100)}% of ${st.resumed_runs}`],
     ];

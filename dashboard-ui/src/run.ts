@@ -10,7 +10,7 @@
 import { actor, clear, clock, getJSON, h, postJSON, secs, utc } from "./dom";
 import { dependentsOf, drawDag, legend, liveState, nodesOf, type DagView, type Nodes, type Steps } from "./dag";
 import { drawGantt } from "./gantt";
-import { badge, labelChips } from "./list";
+import { labelChips, runBadge } from "./list";
 import { renderPanel } from "./panel";
 import { cls, symbol } from "./status";
 import type { Change, EventJSON, Row, RunDoc, RunSummary, StepState } from "./types";
@@ -102,9 +102,12 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
           .catch((e: Error) => window.alert(e.message));
       } }, label);
     for (const [verb, label, danger] of runActions(run.status)) actions.append(act(verb, label, danger));
-    head.append(h("div", { class: "title" }, h("h1", {}, run.run_id), badge(run.status),
+    head.append(h("div", { class: "title" }, h("h1", {}, run.run_id), runBadge(run),
         h("span", { class: "muted" }, `${run.workflow_name} v${run.workflow_version}`)));
     if (run.status_reason) head.append(h("p", { class: "reason" }, run.status_reason));
+    // nobody drives it: since when, why, and the command that continues it (the store says running)
+    if (run.no_driver) head.append(h("p", { class: "no-driver", id: "no-driver", "data-why": run.no_driver.why },
+      run.no_driver.note));
     head.append(h("dl", { class: "facts" },
         h("dt", {}, "age"), h("dd", {}, `${secs(now - run.created_at)} (since ${utc(run.created_at)})`),
         h("dt", {}, "updated"), h("dd", {}, utc(run.updated_at)),
@@ -114,8 +117,9 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
         h("dt", {}, "tokens"), h("dd", {}, budget(run.tokens_used, run.token_budget)),
         h("dt", {}, "cost"), h("dd", {}, run.cost_budget ? `$${run.cost_used.toFixed(4)} of $${run.cost_budget}` :
           `$${run.cost_used.toFixed(4)}`),
-        h("dt", {}, "driver"), h("dd", {}, run.lease_owner && (run.lease_expires_at ?? 0) > now ?
-          run.lease_owner.split(":").slice(0, 3).join(":") : "none"),
+        h("dt", {}, "driver"), h("dd", { id: "driver" }, run.no_driver ? `none (${run.no_driver.why}` +
+          `${run.no_driver.since ? " at " + utc(run.no_driver.since) : ""})` : run.lease_owner &&
+          (run.lease_expires_at ?? 0) > now ? run.lease_owner.split(":").slice(0, 3).join(":") : "none"),
         ...(Object.keys(run.labels ?? {}).length ? [h("dt", {}, "labels"), h("dd", { class: "labels", id: "run-labels" },
           ...labelChips(run.labels, (pair) => "#/?" + new URLSearchParams([["label", pair]]).toString()))] : []),
         ...lineage(run)),
@@ -154,8 +158,11 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
         drawGanttNow(); });
       ganttBox.append(h("label", { class: "muted" }, "resume segment ", pickSegment));
     }
-    ganttBox.append(drawGantt(allRows(), resting && doc ? doc.run.updated_at : Date.now() / 1000, pick, claims,
-      segment));
+    // a run nobody drives is drawn up to when its driver stopped: its bars do not grow with the clock
+    const stopped = doc?.run.no_driver ?? null;
+    const until = resting && doc ? doc.run.updated_at : stopped ? stopped.since ?? doc?.run.updated_at ?? 0 :
+      Date.now() / 1000;
+    ganttBox.append(drawGantt(allRows(), until, pick, claims, segment, stopped?.in_flight ?? null));
   };
 
   const layout = (): void => {
@@ -171,7 +178,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       if (node?.map_over || Object.keys(st?.counts ?? {}).length) void expand(id);
       pick(id);
     }, () => selected, () => doc?.run.status === "running",
-    () => ["completed", "cancelled", "compensated", "failed", "compensation_failed"].includes(doc?.run.status ?? ""));
+    () => ["completed", "cancelled", "compensated", "failed", "compensation_failed"].includes(doc?.run.status ?? ""),
+    () => doc?.run.no_driver?.in_flight ?? null);
     if (view.note) dagBox.append(h("p", { class: "muted note", id: "dag-grid-note" }, view.note));
     dagBox.append(view.svg);
   };
@@ -250,6 +258,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     if (!doc) return;
     let relayout = false;
     const was = doc.run.status;
+    const wasDriven = !doc.run.no_driver;
     const touched = new Set<string>();
     for (const r of change.nodes) {
       const { step, turn, comp } = baseStep(r.node_id);
@@ -286,7 +295,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     // a step's completion makes its dependents in flight: repaint the touched steps and their
     // dependents (text only, no layout); a change of the run's status, every step
     if (relayout || hide.checked) layout();
-    else if (doc.run.status !== was) for (const id of view?.ids ?? []) view?.update(id);
+    else if (doc.run.status !== was || wasDriven !== !doc.run.no_driver) for (const id of view?.ids ?? []) view?.update(id);
     else {
       const again = new Set(touched);
       for (const step of touched) for (const d of dependents.get(step) ?? []) again.add(d);

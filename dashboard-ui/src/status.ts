@@ -4,6 +4,8 @@ export const SYMBOL: Record<string, string> = {
   completed: "✓", running: "●", retrying: "↻", failed: "✗", pending: "○", skipped: "⊘",
   cancelled: "⊗", waiting: "◷", compensating: "↺", compensated: "↺", compensation_failed: "✗",
   waiting_human: "◷", waiting_timer: "◷", paused: "‖", committed: "✓",
+  // a node in flight (or a run) that no driver drives: interrupted, its driver dead
+  interrupted: "◌",
 };
 
 export const RUN_STATES = ["pending", "running", "waiting_human", "waiting_timer", "paused", "compensating",

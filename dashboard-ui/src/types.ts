@@ -6,9 +6,21 @@ export interface RunSummary {
   lease_owner: string | null; lease_expires_at: number | null; retries_used: number;
   retry_budget: number | null; tokens_used: number; token_budget: number | null; cost_used: number;
   cost_budget: number | null; parent_run_id: string | null; labels?: Record<string, string>;
+  workflow_ref?: string | null; queue?: string | null;
+  /** Why nobody drives a run still running or compensating (orchestrator/undriven.py), else null. */
+  no_driver?: NoDriver | null;
 }
 
-export interface RunList { runs: RunSummary[]; counts: Record<string, number>; next: string | null; now: number }
+export interface NoDriver {
+  why: "interrupted" | "released" | "expired" | "gone"; since: number | null; signal: string | null;
+  driver: string | null; command: string; note: string;
+  /** What shows running shows instead: `interrupted` where a driver stopped, `pending` when handed on. */
+  in_flight: string;
+}
+
+/** ``no_driver``: how many of the active runs under the filter nobody drives. */
+export interface RunList { runs: RunSummary[]; counts: Record<string, number>; no_driver?: number; next: string | null;
+  now: number }
 
 export interface Waiting {
   run_id: string; workflow: string; node: string; since: number | null; reason: string | null;

@@ -10,13 +10,17 @@ Routes (all behind ``security.Guard``: Host check, token, CSRF on anything but G
   ``label=KEY=VALUE`` (repeatable: every one must hold), ``before``, ``limit``) with counts by
   state; ``GET /api/inbox`` nodes waiting for a human.
 - ``GET /api/runs/RUN`` the run, its DAG and its nodes' states, and ``cursor``, the event seq
-  they were read at; ``/items/STEP`` a fan-out's items; ``/nodes/NODE`` a node's panel;
-  ``/nodes/NODE/output`` its whole output; ``/events`` the event log.
+  they were read at; ``/items/STEP`` a fan-out's items; ``/nodes/NODE`` a node's panel (a 404 for
+  a label that names no node of the run); ``/nodes/NODE/output`` its whole output; ``/events`` the
+  event log. A run's summary (in a page of runs, the run, a live change) has ``no_driver``: why
+  nobody drives a run still running or compensating (``undriven``), else null.
 - ``GET /api/runs/RUN/stream?after=SEQ`` server-sent events from the event log: one ``change``
   per page of new events (the events, the rows of the nodes they name, the counts of the
   fan-outs they touch, the run's summary), with ``id: SEQ``; a browser reconnecting sends
   ``Last-Event-ID`` and catches up from there. One ``gone`` message ends it when the run is
   deleted or another run now has its id (its event seq behind the cursor, or another creation).
+  A ``change`` with no events carries the run's summary alone when its ``no_driver`` changed with
+  no event (a killed driver's lease expired; its process is found gone), checked with its identity.
 - ``POST /api/runs/RUN/actions/VERB`` approve, reject, cancel, compensate, pause, unpause, retry.
 - ``GET /api/csrf`` the CSRF value this process expects (a page open across a restart asks it again).
 - ``GET /api/me`` who is signed in (``--user``: every action is done as them), else null; and whether
@@ -30,9 +34,9 @@ from __future__ import annotations
 import html
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, quote, urlsplit
 
 import anyio
@@ -49,6 +53,9 @@ from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, FOREIGN
 from raysaga.state import Store
 from raysaga.state.dashboard_reads import RunFilter
 from raysaga.state.redact import scrub_text
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.workflow import Workflow
 
 # resolved: an editable install links each file, and StaticFiles follows no link out of its folder
 STATIC = Path(__file__).resolve().parent / "static"
@@ -69,8 +76,11 @@ _HEADERS = {
 
 
 def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
-               actor: str | None = None) -> FastAPI:
-    """The application over ``store``; ``actor`` names who acts when a request does not say."""
+               actor: str | None = None, workflows: Sequence[Workflow] = ()) -> FastAPI:
+    """The application over ``store``; ``actor`` names who acts when a request does not say;
+    ``workflows`` (``--workflow``) draw the DAGs of their runs whose recorded module is not
+    importable here (``graph.graph_for``)."""
+    given = tuple(workflows)
     app = FastAPI(title="raysaga dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     state: dict[str, int] = {"streams": 0}
 
@@ -120,6 +130,10 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
         answer = _refusal(str(exc.detail), exc.status_code)
         answer.headers.update(exc.headers or {})
         return answer
+
+    @app.exception_handler(views.NodeNotFoundError)
+    async def node_not_found(request: Request, exc: views.NodeNotFoundError) -> JSONResponse:
+        return _refusal(str(exc), 404)
 
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
@@ -180,7 +194,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     # a run id may hold a '/' (the page sends it as %2F), which routing on the decoded path split.
     @app.get("/api/runs/{run_id}")
     def run(run_id: str) -> dict[str, Any]:
-        return views.run_page(store, _run_id(run_id))
+        return views.run_page(store, _run_id(run_id), given)
 
     @app.get("/api/runs/{run_id}/items/{step}")
     def items(run_id: str, step: str, after: int = -1, limit: int = 200, status: str | None = None
@@ -190,7 +204,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.get("/api/runs/{run_id}/nodes/{label}")
     def node(run_id: str, label: str) -> dict[str, Any]:
-        return views.node_page(store, _run_id(run_id), params.label_param(_id(label), "node"))
+        return views.node_page(store, _run_id(run_id), params.label_param(_id(label), "node"), given)
 
     @app.get("/api/runs/{run_id}/nodes/{label}/output")
     def node_output(run_id: str, label: str) -> JSONResponse:
@@ -225,6 +239,7 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
             nonlocal cursor
             state["streams"] += 1
             checked = time.monotonic()
+            driven = (await anyio.to_thread.run_sync(views.summary, store, run_id)).get("no_driver")
             try:
                 why = first
                 while why is None and not await request.is_disconnected():
@@ -232,14 +247,19 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
                     if change is not None:
                         why = views.gone(run_id, change["run"], born)
                         if why is None:
-                            cursor = seq
+                            cursor, driven = seq, change["run"].get("no_driver")
                             yield {"id": str(seq), "event": "change", "data": json.dumps(change, default=str)}
                         continue
                     if time.monotonic() - checked >= IDENTITY_SECONDS:
                         checked = time.monotonic()
-                        why = views.gone(run_id, await anyio.to_thread.run_sync(store.run_row, run_id), born)
+                        now = await anyio.to_thread.run_sync(views.summary, store, run_id)
+                        why = views.gone(run_id, now, born)
                         if why is not None:
                             continue
+                        if now.get("no_driver") != driven:  # no event says a killed driver's lease expired
+                            driven = now.get("no_driver")
+                            alone = {"events": [], "nodes": [], "counts": {}, "run": now}
+                            yield {"id": str(cursor), "event": "change", "data": json.dumps(alone, default=str)}
                     await anyio.sleep(poll)
                 if why is not None:  # the page reloads (another run) or says the run was deleted
                     yield {"event": "gone", "data": json.dumps(why)}

@@ -8,6 +8,13 @@ cannot be imported here (the dashboard runs where the workflow's code is not ins
 is built from the run's node rows: every step that has a row, without edges, and the page says why.
 A run whose definition is not the one imported here is drawn from that import plus the steps of
 its rows the import lacks, and the note says so (that the import is older only when it is known).
+
+The workflows the dashboard was started with (``raysaga dashboard --workflow MODULE:WF``, repeatable;
+a file path such as ``flows/order.py:wf`` too) come first: a run of one of them (by name) at its
+definition hash is drawn from it, whatever its recorded module; one of another definition is drawn
+from it when its recorded module cannot be imported here. A run started from another folder
+records a module only that folder imports: the note said "pass --workflow", which the dashboard
+did not take.
 """
 
 from __future__ import annotations
@@ -16,12 +23,19 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from raysaga.errors import RaySagaError
 from raysaga.node_key import NodeKey
 from raysaga.state import RunRecord
 from raysaga.state.redact import scrub_text
+
+if TYPE_CHECKING:
+    from raysaga.orchestrator.workflow import Workflow
+
+#: The workflows a dashboard was given to draw runs' DAGs from (``--workflow``), or None.
+Given: TypeAlias = "Sequence[Workflow] | None"
 
 _cache: dict[tuple[str, str], dict[str, Any]] = {}
 #: The note of a (ref, definition hash) whose import failed: not imported again by this process.
@@ -40,7 +54,11 @@ def workflow_graph(ref: str, run_id: str) -> dict[str, Any]:
     """Nodes and edges of a recorded workflow (``WorkflowLoadError`` when it cannot be imported)."""
     from raysaga.orchestrator.loader import load_recorded_workflow
 
-    wf = load_recorded_workflow(ref, run_id)
+    return graph_of(load_recorded_workflow(ref, run_id))
+
+
+def graph_of(wf: Workflow) -> dict[str, Any]:
+    """A workflow's nodes and edges, as the run page draws them."""
     out_nodes = []
     for step in wf.order:
         spec = wf.steps[step]
@@ -53,8 +71,14 @@ def workflow_graph(ref: str, run_id: str) -> dict[str, Any]:
     return {"source": "workflow", "definition_hash": wf.definition_hash, "nodes": out_nodes, "edges": edges}
 
 
-def graph_for(run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
-    """The run's DAG: its workflow's when it can be imported here, else the steps it has rows for."""
+def graph_for(run: RunRecord, step_ids: list[str], given: Given = None) -> dict[str, Any]:
+    """The run's DAG: of a ``given`` workflow of its name and definition, else of its workflow when
+    it can be imported here, else of a ``given`` workflow of its name (another definition), else
+    the steps it has rows for."""
+    named = [wf for wf in given or () if wf.name == run.workflow_name]
+    for wf in named:
+        if wf.definition_hash == run.definition_hash:
+            return graph_of(wf)
     ref = run.workflow_ref
     note: str | None = None
     if ref:
@@ -65,8 +89,13 @@ def graph_for(run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
             try:
                 cached = workflow_graph(ref, run.run_id)
             except (RaySagaError, ImportError, SyntaxError, AttributeError) as exc:
-                note = scrub_text(f"the workflow {ref!r} cannot be imported here ({exc}); steps are drawn from the "
-                                  "run's rows, without edges")
+                module = ref.partition(":")[0]
+                why = str(exc).split(": pass --workflow ")[0]  # (the loader's advice is the CLI's: said below)
+                note = scrub_text(f"the workflow {ref!r} cannot be imported here ({why}); steps are drawn from the "
+                                  f"run's rows, without edges: start the dashboard with --workflow {ref} (repeatable; "
+                                  "a file path such as flows/order.py:wf too), or where module "
+                                  f"{module} imports (the folder the run was started from, or with that folder "
+                                  "on PYTHONPATH)")
             with _lock:  # a failure too: importing again ran the module's top level (its side effects) per read
                 if cached is None:
                     _failed[key] = note or ""
@@ -81,7 +110,14 @@ def graph_for(run: RunRecord, step_ids: list[str]) -> dict[str, Any]:
     else:
         note = ("the run does not record its workflow's module (`raysaga run MODULE:WF` records it; "
                 "raysaga.run(..., workflow_ref=...) too): steps are drawn from its rows, in the order they "
-                "started, without edges")
+                "started, without edges; `raysaga dashboard --workflow MODULE:WF` draws its DAG")
+    if named:
+        wf = named[0]
+        graph, missing = _plus_rows(graph_of(wf), step_ids)
+        extra = f" (steps {', '.join(missing)} are drawn from the run's rows, without edges)" if missing else ""
+        graph["note"] = (f"drawn from the workflow {wf.name} v{wf.version} this dashboard was given (--workflow), "
+                         f"whose definition differs from the one the run started with{extra}")
+        return graph
     steps = list(dict.fromkeys(base_step(s) for s in step_ids))
     return {"source": "rows", "definition_hash": None, "note": note, "edges": [],
             "nodes": [_row_node(s) for s in steps]}
@@ -104,9 +140,7 @@ def _other_definition(graph: dict[str, Any], run: RunRecord, step_ids: list[str]
     module = ref.partition(":")[0]
     with _lock:
         loaded_at = _imported.get(module, 0.0)
-    known = {n["id"] for n in graph["nodes"]}
-    missing = [s for s in dict.fromkeys(base_step(s) for s in step_ids) if s not in known]
-    graph = {**graph, "nodes": [*graph["nodes"], *(_row_node(s) for s in missing)]}
+    graph, missing = _plus_rows(graph, step_ids)
     changed = _written_at(module)
     if changed is not None and loaded_at < changed < run.created_at:
         extra = f" (steps {', '.join(missing)} are drawn from the run's rows, without edges)" if missing else ""
@@ -116,6 +150,13 @@ def _other_definition(graph: dict[str, Any], run: RunRecord, step_ids: list[str]
         graph["note"] = (f"the run's definition differs from the code this dashboard imported ({module}): steps it "
                          "does not know are drawn without edges")
     return graph
+
+
+def _plus_rows(graph: dict[str, Any], step_ids: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """``graph`` with the steps of the run's rows it lacks (without edges), and those steps."""
+    known = {n["id"] for n in graph["nodes"]}
+    missing = [s for s in dict.fromkeys(base_step(s) for s in step_ids) if s not in known]
+    return {**graph, "nodes": [*graph["nodes"], *(_row_node(s) for s in missing)]}, missing
 
 
 def _written_at(module: str) -> float | None:
@@ -128,4 +169,4 @@ def _written_at(module: str) -> float | None:
         return None
 
 
-__all__ = ["base_step", "graph_for", "workflow_graph"]
+__all__ = ["Given", "base_step", "graph_for", "graph_of", "workflow_graph"]

@@ -13,10 +13,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from raysaga.errors import BlobIntegrityError, RunNotFoundError, UserError
+from raysaga.errors import BlobIntegrityError, RunNotFoundError
 from raysaga.node_key import AGENT_SEP, NodeKey
-from raysaga.orchestrator import fleet_view
-from raysaga.orchestrator.dashboard.graph import base_step, graph_for
+from raysaga.orchestrator import fleet_view, undriven
+from raysaga.orchestrator.dashboard.graph import Given, base_step, graph_for
 from raysaga.orchestrator.dashboard.params import MAX_INDEX, MAX_SEQ, bounded, node_param
 from raysaga.state import Store, node_label
 from raysaga.state.dashboard_reads import DashboardReads, RunFilter
@@ -67,15 +67,37 @@ def _run_json(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def summaries(store: Store, rows: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """Run summary rows as the page gets them, each with ``no_driver``: why nobody drives a run
+    still running or compensating (``undriven.NoDriver.as_json``), else null. The driver stops of
+    the runs whose lease is free are read in one pass."""
+    stops = undriven.stops(store, [r["run_id"] for r in rows if undriven.needs_stop(r.get("status"),
+                                                                                      r.get("lease_owner"))])
+    out = []
+    for row in rows:
+        none = undriven.derive(row, stops.get(row["run_id"]), now)
+        out.append({**_run_json(row), "no_driver": None if none is None else none.as_json()})
+    return out
+
+
+def summary(store: Store, run_id: str, now: float | None = None) -> dict[str, Any]:
+    """One run's summary as ``summaries`` gives it ({} for a run not in the store)."""
+    row = store.run_row(run_id)
+    return summaries(store, [row], time.time() if now is None else now)[0] if row else {}
+
+
 def run_list(store: Store, f: RunFilter) -> dict[str, Any]:
-    """One page of runs, the counts by state under the same filter, the next page's cursor."""
+    """One page of runs, the counts by state under the same filter (and ``no_driver``, how many of
+    the active ones nobody drives), the next page's cursor."""
     rows = store.run_page(f)
     last = rows[-1] if len(rows) == f.limit else None
+    now = time.time()
     return {
-        "runs": [_run_json(r) for r in rows],
+        "runs": summaries(store, rows, now),
         "counts": store.run_counts(f),
+        "no_driver": store.undriven_count(f, now) if isinstance(store, DashboardReads) else 0,
         "next": None if last is None else f"{last['created_at']!r}|{last['run_id']}",
-        "now": time.time(),
+        "now": now,
     }
 
 
@@ -167,15 +189,15 @@ def _every_step(store: Store, run_id: str) -> tuple[list[dict[str, Any]], dict[s
     return rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id)))
 
 
-def run_page(store: Store, run_id: str) -> dict[str, Any]:
+def run_page(store: Store, run_id: str, given: Given = None) -> dict[str, Any]:
     """Everything a run page first draws. ``cursor`` is the event seq read *before* the rows, so
-    the live stream from it replays whatever changed while they were read (updates are idempotent)."""
+    the live stream from it replays whatever changed while they were read (updates are idempotent).
+    ``given``: the workflows the dashboard was started with (``--workflow``) to draw DAGs from."""
     run = store.get_run(run_id, lenient=True)
     cursor = run.event_seq
     rows, counts = _every_step(store, run_id)
-    summary = store.run_row(run_id) or {}
     return {
-        "run": {**_run_json(summary), "trace_id": run.trace_id, "workflow_ref": run.workflow_ref,
+        "run": {**summary(store, run_id), "trace_id": run.trace_id, "workflow_ref": run.workflow_ref,
                 "input": shown(run.input), "output": shown(run.output),
                 "error": None if run.error is None else scrub(run.error.as_dict()),
                 "forked_from": run.forked_from, "wake_at": run.wake_at, "event_seq": run.event_seq,
@@ -183,7 +205,7 @@ def run_page(store: Store, run_id: str) -> dict[str, Any]:
                              for c in store.children(run_id)],
                 # a submitted run waiting for workers: do live ones serve it (``status``'s fleet line)
                 "fleet": fleet_view.fleet(store, run, time.time())},
-        "graph": graph_for(run, started_order(rows)),
+        "graph": graph_for(run, started_order(rows), given),
         "steps": _sent_once(_with_agent_counts(steps_of(rows, counts), _agent_counts(store, run_id, None))),
         "rows": [_row(r) for r in rows],
         "cursor": cursor,
@@ -270,15 +292,41 @@ def approval_form(output: Any) -> dict[str, Any] | None:
     }
 
 
-def node_page(store: Store, run_id: str, label: str) -> dict[str, Any]:
+class NodeNotFoundError(LookupError):
+    """A well-formed node label that names no node of the run (the app answers 404)."""
+
+
+def _known(store: Store, run_id: str, node_id: str, index: int, given: Given) -> bool:
+    """Whether a node with no row, event or ledger row is still one of the run's: a step of its
+    graph (its workflow's, or the steps its rows name: a step not started yet has no row), or an
+    item of a fan-out it expanded. A turn, tool call or compensation with none of those is not."""
+    step = base_step(node_id)
+    if step != node_id:
+        return False
+    sizes = store.fanout_sizes(run_id)
+    if index >= 0:
+        return index < sizes.get(step, 0)
+    run = store.get_run(run_id, lenient=True)
+    graph = graph_for(run, started_order(store.step_rows(run_id, 1)), given)
+    return step in sizes or any(n["id"] == step for n in graph["nodes"])
+
+
+def node_page(store: Store, run_id: str, label: str, given: Given = None) -> dict[str, Any]:
     """A node's panel: its row, output (or digest), error, attempts from the event log, ledger rows,
-    its compensation and, for an agent, its turns and tool calls."""
+    its compensation and, for an agent, its turns and tool calls. A label that names no node of
+    the run (``_known``) is a ``NodeNotFoundError``: it answered 200 with every part empty, as a
+    step not started yet does."""
     node_id, index = parse_node(label)
     row = store.node_row(run_id, node_id, index)
     if row is None and store.run_row(run_id) is None:
         raise RunNotFoundError(run_id)
     events = store.node_events(run_id, node_id, index)
     subs = store.sub_rows(run_id, node_id, index) if NodeKey.parse(node_id).turn is None else []
+    ledger = store.node_effects(run_id, node_id, index)
+    if row is None and not events and not subs and not ledger and not _known(store, run_id, node_id, index, given):
+        raise NodeNotFoundError(f"run {run_id!r} has no node {label!r}: no row, event or ledger row names it, and "
+                                "it is neither a step of the run's DAG as drawn here nor an item of a fan-out it "
+                                "expanded")
     comp = [r for r in subs if r["node_id"].endswith(":compensate") and "@" not in r["node_id"]]
     turns = [r for r in subs if "@" in r["node_id"]]
     output: dict[str, Any] | None = None
@@ -303,8 +351,7 @@ def node_page(store: Store, run_id: str, label: str) -> dict[str, Any]:
         "attempts": [_event_json(e) for e in events],
         "effects": [{"key": e.idempotency_key, "node": node_label(e.node_id, e.fan_index), "effect": e.effect_name,
                      "status": e.status.value, "result": shown(e.result, 4000), "external_id": e.external_id,
-                     "created_at": e.created_at, "updated_at": e.updated_at} for e in store.node_effects(
-                         run_id, node_id, index)],
+                     "created_at": e.created_at, "updated_at": e.updated_at} for e in ledger],
         "compensation": [{**_row(r), "error": scrub(r["error"])} for r in comp],
         "turns": [_turn(r) for r in turns],
     }
@@ -316,8 +363,9 @@ def node_output(store: Store, run_id: str, label: str) -> Any:
     row = store.node_row(run_id, node_id, index)
     if row is None and store.run_row(run_id) is None:
         raise RunNotFoundError(run_id)
-    if row is None:
-        raise UserError(f"run {run_id!r} has no node {label!r}")
+    if row is None:  # (a node not started yet has no output either: its label is known or not, no matter)
+        raise NodeNotFoundError(f"run {run_id!r} has no output of node {label!r}: no row of it (not started, "
+                                "or no such node)")
     if row["output_digest"] and row["output"] is None:
         return scrub_data(store.load_blobs({row["output_digest"]: f"output of {label}"})[row["output_digest"]])
     return scrub_data(row["output"])
@@ -348,7 +396,7 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
             "nodes": [_row(r) for r in rows],
             "counts": counts,
             "agents": _agent_counts(store, run_id, None),
-            "run": _run_json(store.run_row(run_id) or {}),
+            "run": summary(store, run_id),
             "full": True,
         }
     keys = sorted({(e.node_id, -1 if e.fan_index is None else e.fan_index) for e in page if e.node_id}
@@ -372,7 +420,7 @@ def live_change(store: Store, run_id: str, after: int, limit: int = 500) -> tupl
         "counts": fan_counts(store, run_id, fanned),
         "agents": _agent_counts(store, run_id, {e.node_id.partition(AGENT_SEP)[0] for e in page
                                                 if e.node_id and AGENT_SEP in e.node_id}),
-        "run": _run_json(store.run_row(run_id) or {}),
+        "run": summary(store, run_id),
     }
 
 
@@ -389,6 +437,6 @@ def gone(run_id: str, row: dict[str, Any] | None, born: float) -> dict[str, str]
     return None
 
 
-__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "REQUEST_BYTES", "approval_form", "events_page", "fan_items", "gone",
-           "inbox", "live_change", "node_output", "node_page", "parse_node", "run_list", "run_page", "shown",
-           "steps_of"]
+__all__ = ["ITEMS_SHOWN", "PREVIEW_BYTES", "REQUEST_BYTES", "NodeNotFoundError", "approval_form", "events_page",
+           "fan_items", "gone", "inbox", "live_change", "node_output", "node_page", "parse_node", "run_list",
+           "run_page", "shown", "steps_of", "summaries", "summary"]

@@ -11,9 +11,10 @@ An agent's effect tools may register an undo too (``tool(compensate=...)``): eac
 tool that took effect (or may have) is a target of its own, node ``<step>@<turn>.<k>``, undone
 latest first and before anything upstream of the agent, under the call's key + ``:compensate``.
 Which calls owe one is ``machine.undo_targets.call_undo``'s answer, the one ``raysaga fork``
-refuses by: a call answered with an error or whose arguments failed the tool's schema owes none;
-one whose tool cannot be told (its turn unreadable, the tool gone) stops the rollback when the
-ledger says it took effect, and owes nothing when it holds no such row.
+refuses by: a call answered with an error owes none; one whose tool cannot be told (its turn
+unreadable, the tool gone) or whose arguments fail the tool's schema now stops the rollback when
+a ledger row of it says it took effect (the run's own, or, for an inherited call, the row of the
+run that executed it: ``RollbackReads.inherited``), and owes nothing when there is no such row.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from raysaga.agents.tools import Tool
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import COMPENSATE_SUFFIX, compensation_node, effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
+from raysaga.orchestrator.machine.doubt import InDoubt, may_have_happened
 from raysaga.orchestrator.machine.forward import Forward
 from raysaga.orchestrator.machine.undo_targets import ToolLost, call_undo, turn_uses
 from raysaga.orchestrator.options import compensation_retry
@@ -60,6 +62,10 @@ class RollbackReads:
     approved: Mapping[PlanKey, dict[str, Any]] = field(default_factory=dict)
     """The arguments a human approved a tool call with (maybe edited), of the calls whose outcome
     is unknown (``driver_io.approved_args``): their undo is of the call that ran."""
+    inherited: tuple[EffectRecord, ...] = ()
+    """Ledger rows of the agent tool calls the run inherited (a fork's: they stay with the run that
+    executed them, ``Store.inherited_effects``): whether such a call took effect, as its own
+    ledger says for a call the run made."""
 
 
 class Elsewhere:
@@ -110,11 +116,17 @@ class _ToolCall:
     key: str  # the call's idempotency key
 
 
-def missing_tool(call: NodeKey, name: str, key: str, run_id: str) -> dict[str, Any]:
+def missing_tool(call: NodeKey, name: str, key: str, run_id: str, why: str = "") -> dict[str, Any]:
     """The error of a rollback target: an effect call (ledger key ``key``) of tool ``name``, which
     the code the run is resumed with no longer has (its undo, if it had one, cannot run); ``name``
-    "": its turn's recorded response cannot be read, so which tool it made is unknown."""
+    "": its turn's recorded response cannot be read, so which tool it made is unknown; ``why``: the
+    tool is there but its undo cannot be called (``undo_targets.ToolLost.why``)."""
     retry = f"`raysaga retry {shlex.quote(run_id)} --compensations`"
+    if why:
+        return {"type": "CompensationMissing", "transient": False,
+                "message": f"tool call {call.label} of tool {name!r} took effect (ledger key {key}), but {why}: "
+                           f"its undo cannot be called with them; restore the schema the call was made under "
+                           f"and {retry}, or undo it by hand"}
     if not name:
         turn = call.owner.with_turn(call.turn).label if call.turn is not None else call.step
         return {"type": "CompensationMissing", "transient": False,
@@ -168,6 +180,8 @@ class Rollback:
                                          else row.output) if completed else None
         self._tool_calls: dict[PlanKey, _ToolCall] = {}
         self._missing: dict[PlanKey, dict[str, Any]] = {}  # effect calls whose tool the code lost
+        self._inherited = InDoubt()  # whether an inherited call took effect: its executor's ledger says
+        self._inherited.restore(reads.inherited)
         targets += self._tool_targets(rows, blobs, reads.approved)
         self._settle_stale(rows, reason)
         restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
@@ -214,7 +228,7 @@ class Rollback:
                 continue
             uses = uses_of.get((sub.step, sub.turn, sub.fan_index))
             key = (row.node_id, row.fan_index)
-            took = self.calls.in_doubt.took.get(key)
+            took = self._took(sub, key)
             undo = call_undo(spec.options["agent"], uses[sub.call] if uses is not None and sub.call < len(uses)
                              else None, row, functools.partial(output, row), took=took is not None,
                              approved=approved.get(key))
@@ -225,7 +239,7 @@ class Rollback:
                 # whether it had an undo is unknown, so the rollback stops on it
                 # (compensation_failed, naming it), never skips it
                 assert took is not None
-                self._missing[key] = missing_tool(sub, undo.name, took, self.run_id)
+                self._missing[key] = missing_tool(sub, undo.name, took, self.run_id, undo.why)
             else:
                 self._outputs[key] = undo.output
                 call_key = self.calls.keys.get(sub) or effect_key(
@@ -242,6 +256,18 @@ class Rollback:
             targets.append(CompensationTarget(target.key, target.finished_at, step=target.step,
                                               after=(later[3].key,) if later else ()))
         return targets
+
+    def _took(self, call: NodeKey, key: PlanKey) -> str | None:
+        """The ledger key of ``call``'s row that took effect or may have (None: no such row): the
+        run's ledger as restored, the rows of the calls it inherited, and what this driver wrote
+        since (a call it made and committed before the rollback began)."""
+        found = self.calls.in_doubt.took.get(key) or self._inherited.took.get(key)
+        ekey = self.calls.keys.get(call) if found is None else None
+        if ekey is not None:
+            status, result = self.calls.ledger.get(ekey, (None, None))
+            if status == EffectStatus.COMMITTED or may_have_happened(status, result):
+                found = ekey
+        return found
 
     # ------------------------------------------------------------------ dispatch
 

@@ -11,13 +11,19 @@ undo (or stop on), never for one it would skip:
   tools now; a shared-memory read or write (a compare-and-set on the blackboard) is never undone;
 - a call of a tool without ``compensate=`` owes nothing;
 - a completed call whose result is an error (a ``ToolError``, arguments failing the tool's schema,
-  an open breaker, a loop stop, a human's rejection) took no effect: nothing to undo; nor does a
-  call whose arguments (as it ran: a human's edit, if any) fail the tool's schema;
+  an open breaker, a loop stop, a human's rejection) took no effect: nothing to undo;
 - a call whose tool cannot be told (its turn cannot be read, asks for fewer calls, or names a tool
   the agent no longer has) owes an undo that cannot run when the ledger says it took effect (or
   may have): the rollback stops on it (``ToolLost``: ``compensation_failed``, naming it) and a fork
   is refused; with no such ledger row, no effect was made from it (an effect tool's call writes
-  its row ``pending`` before it is sent) and it owes nothing.
+  its row ``pending`` before it is sent) and it owes nothing;
+- likewise a call whose arguments (as it ran: a human's edit, if any) fail the tool's schema as the
+  code has it now: with no ledger row saying it took effect it was refused before any call (owes
+  nothing); with one, the schema changed since (a deploy), the call is owed and its undo cannot be
+  called with those arguments (``ToolLost``, saying why), never skipped as if nothing happened.
+
+"Took effect" is read from every ledger row of the call: the run's own and, for a call the run
+inherited (a fork's), the row of the run that executed it (``Store.inherited_effects``).
 
 Pure: the caller reads the rows, the turn and the ledger; this only decides.
 """
@@ -54,11 +60,14 @@ class ToolUndo:
 
 @dataclass(frozen=True)
 class ToolLost:
-    """The call took effect (its ledger says so) but which tool it made, and so its undo, cannot be
-    found: ``name`` is what its turn asked for ("" when the turn cannot be read)."""
+    """The call took effect (its ledger says so) but its undo cannot be called: which tool it made
+    cannot be found (``name``: what its turn asked for, "" when the turn cannot be read), or, when
+    ``why`` says so, its arguments no longer fit that tool's schema."""
 
     name: str
     finished_at: float
+    why: str = ""
+    """Empty: the tool is unknown; else why the known tool's undo cannot be called."""
 
 
 def call_undo(agent: Agent, use: Mapping[str, Any] | None, row: NodeRecord, result: Callable[[], Any], *,
@@ -72,8 +81,8 @@ def call_undo(agent: Agent, use: Mapping[str, Any] | None, row: NodeRecord, resu
             response, or it asked for fewer calls).
         row: the call's node row.
         result: the call's recorded result (a completed row's output); called only when needed.
-        took: whether the run's ledger holds a row of this call that took effect or may have
-            (``machine.doubt.InDoubt.took``).
+        took: whether a ledger row of this call (the run's own, or the one of the run it was
+            inherited from) says it took effect or may have (``machine.doubt.InDoubt.took``).
         approved: the arguments a human approved the call with, when its outcome is unknown.
     """
     finished = effect_time(row)
@@ -100,8 +109,12 @@ def call_undo(agent: Agent, use: Mapping[str, Any] | None, row: NodeRecord, resu
         output = tool_output(recorded)
     try:
         args = tool.validate(use.get("input") if ran is None else ran)
-    except ToolError:
-        return None  # refused before any call
+    except ToolError as exc:
+        if not took:
+            return None  # refused before any call: no ledger row says it ran
+        # it ran (the ledger says so) with arguments the schema took then: the schema changed since
+        return ToolLost(name, finished, f"the arguments it ran with no longer fit the tool's schema "
+                                        f"({str(exc)[:300]})")
     return ToolUndo(tool, args, output, finished)
 
 

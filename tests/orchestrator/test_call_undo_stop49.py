@@ -61,9 +61,21 @@ def test_a_call_answered_with_an_error_owes_nothing(result: Any) -> None:
 
 def test_a_call_whose_arguments_fail_the_tools_schema_owes_nothing() -> None:
     bad = {**PAY, "input": {"colour": "red"}}
-    # answered by the engine (an error result), or its outcome unknown: never a call that ran
+    # answered by the engine (an error result), or no ledger row says it ran: never a call that ran
     assert call_undo(AGENT, bad, _row(), _result({"content": "missing item", "is_error": True}), took=False) is None
-    assert call_undo(AGENT, bad, _row(NodeStatus.RUNNING), _unread, took=True) is None
+    assert call_undo(AGENT, bad, _row(NodeStatus.RUNNING), _unread, took=False) is None
+
+
+@pytest.mark.parametrize("status", [NodeStatus.COMPLETED, NodeStatus.RUNNING])
+def test_a_call_that_took_effect_with_arguments_the_schema_no_longer_takes_is_owed_and_lost(
+        status: NodeStatus) -> None:
+    """The ledger says it ran: the schema took its arguments then, a deploy changed it since. It
+    is owed, and its undo cannot be called with them (the rollback stops on it, a fork is refused)."""
+    bad = {**PAY, "input": {"colour": "red"}}
+    undo = call_undo(AGENT, bad, _row(status), _result({"content": "p1", "is_error": False}), took=True)
+    assert isinstance(undo, ToolLost) and (undo.name, undo.finished_at) == \
+        ("pay", 12.5 if status == NodeStatus.COMPLETED else math.inf), undo
+    assert "no longer fit the tool's schema" in undo.why and "invalid arguments for pay" in undo.why, undo.why
 
 
 def test_a_call_whose_outcome_is_unknown_is_undone_as_the_latest() -> None:
