@@ -416,10 +416,12 @@ def list_runs(
         cli_input.check_run_id(before, "--before run id")
         tags = cli_input.labels("--label", label)
         store = _stores().open_for_reads(db)
+        from raysaga.orchestrator import undriven
         from raysaga.state import queries
 
         cursor = _stores().page_cursor(store, before) if before is not None else None
         rows = store.list_runs(wanted, limit, workflow=workflow, before=cursor, labels=tags)
+        nobody = undriven.of_summaries(store, [r for r in rows if not r.corrupt])  # as status tells them
         if as_json:
             tagged = queries.labels_of(store, [r.run_id for r in rows])
             sys.stdout.write(json.dumps([{
@@ -427,7 +429,7 @@ def list_runs(
                 "status": r.status.value if r.status is not None else None,
                 "reason": scrub(r.status_reason), "created_at": r.created_at, "updated_at": r.updated_at,
                 "lease_owner": r.lease_owner, "lease_expires_at": r.lease_expires_at, "corrupt": r.corrupt,
-                "labels": tagged.get(r.run_id, {}),
+                "labels": tagged.get(r.run_id, {}), "no_driver": (n := nobody.get(r.run_id)) and n.as_json(),
             } for r in rows]) + "\n")
             return
         if not rows:
@@ -439,13 +441,14 @@ def list_runs(
                 + f" in {_stores().describe(store.url)}")
             return
         table = [["run", "workflow", "status", "created (UTC)", "updated (UTC)", "reason"]]
+        flat = _status().flat
         for r in rows:
-            state = f"corrupt: {r.corrupt}" if r.corrupt or r.status is None else r.status.value
-            flat = _status().flat
+            n = nobody.get(r.run_id)  # `running, no driver`; after its reason, why and what continues it
+            state = f"corrupt: {r.corrupt}" if r.corrupt or r.status is None else n.headline() if n else r.status.value
+            why = [flat(scrub_text(r.status_reason or ""))[:120], flat(f"{n.cause()}; {n.advice()}") if n else ""]
             table.append([flat(r.run_id), flat(f"{r.workflow_name} v{r.workflow_version}"), flat(state),
                           _status().utc(r.created_at).removesuffix(" UTC"),
-                          _status().utc(r.updated_at).removesuffix(" UTC"),
-                          flat(scrub_text(r.status_reason or ""))[:120]])
+                          _status().utc(r.updated_at).removesuffix(" UTC"), " — ".join(w for w in why if w)])
         for line in _status().columns(table):
             say(out, line)
         if len(rows) == limit:

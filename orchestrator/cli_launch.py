@@ -20,7 +20,6 @@ from raysaga.orchestrator import cli_input
 from raysaga.orchestrator.cli_errors import EXIT_NOT_COMPLETED, err, errors, out, say
 from raysaga.orchestrator.cli_options import DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt
 from raysaga.state.models import PARKED, TERMINAL, RunRecord, RunStatus
-from raysaga.state.run_creation import check_new_run_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -107,6 +106,8 @@ def launch(
             else:
                 cli_input.check_input(wf, value, input is not None)
                 if run_id is not None:  # a new run's: refused before any upload (one recorded with it is launched)
+                    from raysaga.state.run_creation import check_new_run_id
+
                     check_new_run_id(run_id)
                 _upload_code(client, cluster_env)  # before the run is recorded: a refused upload leaves none
                 record = recorded = _record(store, wf, value, run_id, ref, lease_ttl, deadline, retry_budget,

@@ -57,8 +57,10 @@ def prune(
                  f"{report.signals} signals, {report.memory} memory keys, {report.blobs} blobs "
                  f"({report.blob_bytes} bytes)")
         if report.kept:
-            say(out, f"  kept {len(report.kept)} fork(s) whose rollback undid nodes of runs still in the store, "
-                     "and the forks between (pruned, a later fork would inherit an effect they gave back): "
+            say(out, f"  kept {len(report.kept)} run(s) that runs still in the store need: runs a fork that stays "
+                     "was made from (it reads their ledger to roll back), forks whose rollback undid nodes of runs "
+                     "still in the store and the forks between (pruned, a later fork would inherit an effect they "
+                     "gave back): "
                      f"{', '.join(report.kept[:20])}{' ...' if len(report.kept) > 20 else ''}")
 
 

@@ -318,7 +318,11 @@ def stats(
             w = figures.waiting_human_seconds
             c = figures.claim_latency_seconds
             rate = "-" if figures.resume_success_rate is None else f"{figures.resume_success_rate:.0%}"
+            nobody = figures.runs_without_driver  # active, no driver holds their lease: none goes on alone
             for line in (f"runs: {by_state}",
+                         *([f"runs no driver drives: {nobody} (running or compensating, their lease released or "
+                            "expired: `raysaga resume RUN` continues each, a worker serving its queue a submitted one; "
+                            "`raysaga list` marks them, `raysaga status RUN` says why)"] if nobody else []),
                          f"waiting for a human: {w.count} waits, p50 {_secs(w.p50)}, p95 {_secs(w.p95)}",
                          f"resumes: {figures.resumes} of {figures.resumed_runs} runs; of those at rest, "
                          f"{rate} completed",

@@ -143,10 +143,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     infos, order = step_order(store, run.run_id, wf)
     after_key = _after_key(nodes_after, order)
     none = undriven.of_run(store, run)
-    counts: dict[str, int] = {}
-    for info in infos:
-        for state, n in info.counts.items():
-            counts[state] = counts.get(state, 0) + n
+    counts = shown_counts([c for info in infos for c in info.counts.items()], none)
     head = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id, "workflow": run.workflow_name, "version": run.workflow_version,
@@ -170,7 +167,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     stream.write(dumps(head)[:-1])
     next_after: str | None = None
     if summary:
-        steps = summary_steps(infos)
+        steps = summary_steps(infos, none)
         stream.write(', "steps": ' + dumps(steps))
         failures = [{"node": node_label(f["node_id"], f["fan_index"]), "attempts": f["attempt"],
                      "error": error_line(f["error"], None)}
@@ -187,6 +184,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         flying = set() if none is not None else _flying(store, run, wf) | _expanded(infos, run)
         with_rows = {s.node_id for s in infos if s.rows}
         for item in _nodes(store, run.run_id, order, with_rows, after_key, nodes_limit, flying):
+            item["status"] = undriven.shown_state(item["status"], none)  # what the text table lists
             stream.write(("\n" if first else ",\n") + dumps(item))
             first, last, shown = False, item["node"], shown + 1
         stream.write("]")
@@ -205,16 +203,27 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     stream.flush()
 
 
-def summary_steps(infos: list[queries.StepInfo]) -> list[dict[str, Any]]:
+def shown_counts(counts: Iterable[tuple[str, int]], none: undriven.NoDriver | None) -> dict[str, int]:
+    """(state, count) pairs summed by state as the views show it (``undriven.shown_state``)."""
+    out: dict[str, int] = {}
+    for state, n in counts:
+        shown = undriven.shown_state(state, none)
+        out[shown] = out.get(shown, 0) + n
+    return out
+
+
+def summary_steps(infos: list[queries.StepInfo], none: undriven.NoDriver | None = None) -> list[dict[str, Any]]:
     """``--summary``'s steps: the workflow's steps only, by first start. An agent's turns
     (``plan@2``) and tool calls (``plan@2.0``) are node rows of their own, and were listed as steps;
     they are counted under their agent step's ``agent`` (turns, tool_calls, and the calls not
     completed by status), which starts with its first turn (its own row has no start). A step's
-    ``nodes`` are its rows and its items with no row yet (``pending`` in its counts)."""
+    ``nodes`` are its rows and its items with no row yet (``pending`` in its counts); counts by
+    state as shown (``shown_counts``: in a run no driver drives, ``running`` is ``none.in_flight``)."""
     kept, calls = fold_agent_calls(infos, [s.node_id for s in infos], by_start=True)
     by_id = {s.node_id: s for s in infos}
     steps: list[dict[str, Any]] = [
-        {"step": name, "nodes": by_id[name].rows + by_id[name].no_row, "counts": by_id[name].counts,
+        {"step": name, "nodes": by_id[name].rows + by_id[name].no_row,
+         "counts": shown_counts(by_id[name].counts.items(), none),
          "first_started_at": by_id[name].first_started} for name in kept]
     steps += [{"step": name, "nodes": 0, "counts": {}, "first_started_at": None}  # turns with no agent row yet
               for name in calls if name not in by_id]
@@ -222,7 +231,8 @@ def summary_steps(infos: list[queries.StepInfo]) -> list[dict[str, Any]]:
         found = calls.get(step["step"])
         if found is not None:
             step["first_started_at"] = step["first_started_at"] or found.first_started
-            step["agent"] = {"turns": found.turns, "tool_calls": found.tool_calls, "unfinished": found.unfinished}
+            step["agent"] = {"turns": found.turns, "tool_calls": found.tool_calls,
+                             "unfinished": shown_counts(found.unfinished.items(), none)}
     steps.sort(key=lambda st: (st["first_started_at"] is None, st["first_started_at"] or 0.0))  # stable
     return steps
 
@@ -382,8 +392,9 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
             table.append([flat(step), undriven.shown_state(fan_state(items), none), "", "", "",
                           f"fan-out: {total} items, counted below"])
         if total > 0:
-            parts = ", ".join(f"{n} {state}" for state, n in sorted(items.items()) if n)
-            fan_notes.append(f"{step}: {total} items — {parts}" + _no_row_note(info.no_row, run, none))
+            parts = ", ".join(f"{n} {state}" for state, n in sorted(shown_counts(items.items(), none).items()) if n)
+            closed = any(row["status"] in _CLOSED for row in plain)  # the fan-out ended: what has no row never ran
+            fan_notes.append(f"{step}: {total} items — {parts}" + _no_row_note(info.no_row, run, none, closed))
             unfinished = total - items.get("completed", 0) - info.no_row  # rows: the ones to list
             if unfinished:
                 for row in _problem_items(store, run.run_id, step):
@@ -447,16 +458,22 @@ def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str |
         console.print(Text.assemble((flat(head), style), "  ", flat(detail)))
 
 
-def _no_row_note(count: int, run: RunRecord, none: undriven.NoDriver | None = None) -> str:
+#: A fan-out step's own row in one of these: it ended (``failed``: a policy stopped it), so its items
+#: with no row will not be issued by this run (a retry of the step is ``retrying`` first).
+_CLOSED = frozenset({"completed", "failed", "skipped", "cancelled"})
+
+
+def _no_row_note(count: int, run: RunRecord, none: undriven.NoDriver | None = None, closed: bool = False) -> str:
     """What a fan-out's items with no row yet are (``StepInfo.no_row``): in a running run, not
     issued yet (an effect step issues a window of items at a time) or in flight and not recorded
     yet; in one no driver drives (``none``), not issued or cut short when it stopped; in a resting
-    one, not issued yet (a resume issues them); in an ended or rolling back one, never issued."""
+    one, not issued yet (a resume issues them); in an ended or rolling back one, or of a fan-out
+    that ended (``closed``: a failure policy stopped it), never issued."""
     if not count:
         return ""
-    if run.status in TERMINAL or run.status == RunStatus.COMPENSATING:
+    if closed or run.status in TERMINAL or run.status in (RunStatus.COMPENSATING, RunStatus.COMPENSATION_FAILED):
         return f" ({count} never issued)"
-    if none is not None:
+    if none is not None and none.why != "silent":  # (a silent driver, on another machine, may be at work)
         return f" ({count} with no row: not issued, or in flight when its driver stopped; a resume issues them)"
     if run.status == RunStatus.RUNNING:
         return f" ({count} with no row yet: not issued yet, or in flight and not recorded yet)"

@@ -258,7 +258,7 @@ def _fork_input(wf: Workflow, parent: RunRecord, patch: Any) -> tuple[Any, bool]
     accepts is refused. With one, it differs when the patched input, checked, differs from the
     parent's input checked by the same code, or the parent's no longer fits it (the patch made it fit)."""
     try:
-        before: Any = wf.check_input(parent.input)
+        before: Any = wf.check_input(parent.input, stored=True)  # (field names, computed fields: as stored)
     except InvalidInputError as exc:
         if patch is NO_PATCH:
             raise ForkError(f"run {parent.run_id!r}'s input does not fit the input type of the code you fork with "
@@ -271,7 +271,7 @@ def _fork_input(wf: Workflow, parent: RunRecord, patch: Any) -> tuple[Any, bool]
         jsoncodec.to_jsonable(patch, "input_patch")
     except (NotJSONableError, RecursionError) as exc:
         raise InvalidInputError(str(exc)) from None
-    checked = wf.check_input(merge_patch(parent.input, patch))
+    checked = wf.check_input(merge_patch(parent.input, patch), stored=True)
     return checked, before is NO_PATCH or jsoncodec.dumps(checked, "input") != jsoncodec.dumps(before, "input")
 
 

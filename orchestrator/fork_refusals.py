@@ -8,10 +8,14 @@ undone later by ``raysaga retry RUN --compensations``, under the key of the run 
 a fork that inherited it would lose it after completing; one that made it again would stand on
 two. So the fork is refused, naming the undos and the way to finish them. A node whose outcome the
 parent left unknown is refused too, unless a rollback undid it (then it is re-run, like any undone node).
+An owed undo that cannot be called (``undo_targets.ToolLost``: its tool gone, or its arguments no
+longer fitting the tool's schema) is named with why: a retry of that rollback stops on it again
+until the code can call it, so the refusal says what to restore first (``refuse_unsettled``).
 """
 
 from __future__ import annotations
 
+import functools
 import shlex
 import time
 from collections.abc import Callable
@@ -24,7 +28,7 @@ import networkx as nx
 from raysaga.errors import BlobIntegrityError, ForkError, RunNotFoundError
 from raysaga.node_key import AGENT_SEP, NodeKey
 from raysaga.orchestrator.machine.doubt import InDoubt, may_have_happened
-from raysaga.orchestrator.machine.undo_targets import call_undo, can_owe, turn_uses
+from raysaga.orchestrator.machine.undo_targets import ToolLost, ToolUndo, call_undo, can_owe, turn_uses
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.sagas.rollback import effect_time
 from raysaga.state import EffectRecord, NodeRecord, NodeStatus, RunRecord, RunStatus, Store
@@ -32,7 +36,8 @@ from raysaga.state.fork_rows import ForkRows
 from raysaga.state.models import PRUNABLE, node_label
 from raysaga.types import compensation_node, is_compensation
 
-__all__ = ["LineageUndos", "Unsettled", "lineage_undos", "refuse_in_doubt", "refuse_unsettled", "undone_elsewhere"]
+__all__ = ["LineageUndos", "Unsettled", "lineage_undos", "lost_reason", "refuse_in_doubt", "refuse_unsettled",
+           "tool_call_undos", "undone_elsewhere"]
 
 #: Runs whose rollback owes the undo of every node it has not undone yet (row or no row).
 _OWING = frozenset({RunStatus.COMPENSATING, RunStatus.COMPENSATION_FAILED})
@@ -47,6 +52,8 @@ class Unsettled:
     node_id: str
     fan_index: int
     state: str
+    lost: ToolLost | None = None
+    """Owed, but its undo cannot be called (an agent's tool call: ``undo_targets.ToolLost``)."""
 
     @property
     def target(self) -> NodeKey:
@@ -65,7 +72,7 @@ class LineageUndos:
     """Undos of the parent's nodes that did not complete anywhere."""
 
 
-def _has_undo(wf: Workflow, key: NodeKey, row: NodeRecord, calls: _Calls) -> bool:
+def _owes(wf: Workflow, key: NodeKey, row: NodeRecord, calls: _Calls) -> bool | ToolLost:
     """Whether a rollback undoes (or stops on) the node ``row`` (``key``), which took effect or may have
     (``sagas.rollback.effect_time``: completed; in flight, cancelled or failed on a transient error;
     failed after its value was refused): an item (or a plain step) of a step with a compensation,
@@ -74,7 +81,8 @@ def _has_undo(wf: Workflow, key: NodeKey, row: NodeRecord, calls: _Calls) -> boo
     rows, the run's own and those of the run it was inherited from). A call whose undo cannot be
     called (``ToolLost``: its turn unreadable, the tool gone, its arguments no longer fitting the
     tool's schema) is owed when its ledger says it took effect: the rollback stops on it, so a fork
-    must not inherit it either; with no such ledger row it owes nothing, as the rollback skips it."""
+    must not inherit it either; with no such ledger row it owes nothing, as the rollback skips it.
+    Such a call's answer is its ``ToolLost`` (why its undo cannot be called)."""
     spec = wf.steps.get(key.step)
     if spec is None:
         return False
@@ -88,7 +96,7 @@ def _has_undo(wf: Workflow, key: NodeKey, row: NodeRecord, calls: _Calls) -> boo
             undo = call_undo(agent, calls.use(key), row, lambda: calls.result(row), took=took)
         except BlobIntegrityError:
             return True  # its result cannot be read: owed (the rollback parks the run on it, never skips it)
-        return undo is not None
+        return undo if isinstance(undo, ToolLost) else undo is not None
     return wf.compensation_for(key.step) is not None and (spec.map_over is None or key.fan_index >= 0)
 
 
@@ -109,7 +117,7 @@ class _Calls:
         self._took: set[tuple[str, int]] | None = None
 
     def read(self, wf: Workflow, calls: list[tuple[NodeKey, NodeRecord]]) -> None:
-        """Read what ``_has_undo`` will ask of ``calls`` (agent tool calls that may owe an undo)."""
+        """Read what ``_owes`` will ask of ``calls`` (agent tool calls that may owe an undo)."""
         turns = {(k.owner.with_turn(k.turn)) for k, _ in calls if k.turn is not None}
         found = self._rows([(t.node_id, t.fan_index) for t in turns])
         outputs = self._outputs({where: row for where, row in found.items()
@@ -201,10 +209,64 @@ def _owed(wf: Workflow, st: Store, run: str, rows: list[NodeRecord], executed_by
         if effect_time(row) is not None:
             found.append((NodeKey.parse(row.node_id, row.fan_index), row))
     calls = _Calls(st, run, rows)
-    calls.read(wf, [(k, r) for k, r in found if k.call is not None and k.turn is not None
-                    and (spec := wf.steps.get(k.step)) is not None and spec.kind == "agent"])
-    return [Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started") for key, row in found
-            if _has_undo(wf, key, row, calls)]
+    calls.read(wf, _agent_calls(wf, found))
+    owed = [(row, _owes(wf, key, row, calls)) for key, row in found]
+    return [Unsettled(run, compensation_node(row.node_id), row.fan_index, "not started",
+                      answer if isinstance(answer, ToolLost) else None) for row, answer in owed if answer]
+
+
+def _agent_calls(wf: Workflow, found: list[tuple[NodeKey, NodeRecord]]) -> list[tuple[NodeKey, NodeRecord]]:
+    return [(k, r) for k, r in found if k.call is not None and k.turn is not None
+            and (spec := wf.steps.get(k.step)) is not None and spec.kind == "agent"]
+
+
+def tool_call_undos(wf: Workflow, st: Store, run: str, rows: list[NodeRecord]
+                    ) -> dict[NodeKey, ToolUndo | ToolLost]:
+    """What ``call_undo`` answers, under the code of ``wf``, for each agent tool call of ``run`` that
+    took effect or may have and whose undo is not done (``rows``: the run's node rows, inherited
+    ones included), from the facts a rollback of ``run`` reads (``_Calls``): the undo it owes, or
+    why that undo cannot be called (the rollback stops on it). A call that owes nothing, or whose
+    recorded result cannot be read, is left out (``versions.changes`` asks, for a deploy's warning)."""
+    done = {_undone_target(r) for r in rows if is_compensation(r.node_id) and r.status == NodeStatus.COMPLETED}
+    found = _agent_calls(wf, [(NodeKey.parse(r.node_id, r.fan_index), r) for r in rows
+                              if not is_compensation(r.node_id) and (r.node_id, r.fan_index) not in done
+                              and effect_time(r) is not None])
+    calls = _Calls(st, run, rows)
+    calls.read(wf, found)
+    answers: dict[NodeKey, ToolUndo | ToolLost] = {}
+    for key, row in found:
+        agent, took = wf.steps[key.step].options["agent"], calls.took(row)
+        if not can_owe(agent, took):
+            continue
+        try:
+            undo = call_undo(agent, calls.use(key), row, functools.partial(calls.result, row), took=took)
+        except BlobIntegrityError:
+            continue
+        if undo is not None:
+            answers[key] = undo
+    return answers
+
+
+def lost_reason(key: NodeKey, lost: ToolLost) -> str:
+    """Why the undo of call ``key`` cannot be called (as ``machine.rollback.missing_tool`` says it)."""
+    if lost.why:
+        return f"tool {lost.name!r} is there, but {lost.why}"
+    if not lost.name:
+        turn = key.owner.with_turn(key.turn).label if key.turn is not None else key.step
+        return f"which tool it made cannot be read from its turn {turn}"
+    return f"the agent of step {key.step!r} no longer has a tool {lost.name!r}"
+
+
+def _restore(key: NodeKey, lost: ToolLost) -> str | None:
+    """What the code needs back so that the undo of ``key`` can be called; None: no code can call it
+    (its turn cannot be read, or its recorded result is not a tool result)."""
+    if not lost.name:
+        return None
+    if not lost.why:
+        return f"tool {lost.name!r} (with its compensate=)"
+    if "schema" in lost.why:
+        return f"tool {lost.name!r}'s old schema (the one {key.label} ran with)"
+    return None
 
 
 def lineage_undos(st: Store, run_id: str, rows: list[NodeRecord], wf: Workflow | None = None,
@@ -295,21 +357,37 @@ def refuse_unsettled(wf: Workflow, st: Store, unsettled: list[Unsettled], at: No
         return
     shown = ", ".join(f"{node_label(u.node_id, u.fan_index)} ({u.state}"
                       + ("" if u.run == parent.run_id else f" in run {u.run!r}") + ")" for u in left[:5])
-    ways = []
+    lost = [(u, u.lost) for u in left if u.lost is not None]
+    why = "".join(f" The undo of {u.target.label} cannot be called: {lost_reason(u.target, x)}." for u, x in lost[:5])
+    ways, stuck = [], False
     for run in sorted({u.run for u in left}, key=lambda run: (run != parent.run_id, run)):
         status = (parent if run == parent.run_id else st.get_run(run, lenient=True)).status
-        if status == RunStatus.COMPENSATION_FAILED:  # only such a rollback can be retried
-            ways.append(f"`raysaga retry {shlex.quote(run)} --compensations` finishes its rollback")
+        retry = f"`raysaga retry {shlex.quote(run)} --compensations`"
+        theirs = [(u.target, x) for u, x in lost if u.run == run]
+        restore = sorted({r for k, x in theirs if (r := _restore(k, x)) is not None})
+        labels = ", ".join(k.label for k, _ in theirs[:5])
+        if any(_restore(k, x) is None for k, x in theirs):  # no code can call it: the fork can only run it again
+            stuck = True
+            ways.append(f"no retry of run {run!r} can undo {labels}: undo {'it' if len(theirs) == 1 else 'them'} "
+                        "by hand with the provider")
+        elif restore:  # a retry stops on it again until the code can call its undo
+            now = (f"with the code as it is, {retry} stops on {labels} again" if status == RunStatus.COMPENSATION_FAILED
+                   else f"run {run!r} is {status.value} and will stop on {labels}")
+            ways.append(f"{now}: in the code, restore {' and '.join(restore)}, then {retry} finishes its rollback")
+        elif status == RunStatus.COMPENSATION_FAILED:  # only such a rollback can be retried
+            ways.append(f"{retry} finishes its rollback")
         elif status not in PRUNABLE:
             ways.append(f"run {run!r} is {status.value}: wait for it")
         else:  # a run cancelled while it was compensating, say: its undo is the operator's
             ways.append(f"undo run {run!r}'s with the provider")
     way = "; ".join(ways)
+    way = way[0].upper() + way[1:]
     first = min((u.target.step for u in left), key=wf.order.index)
-    raise ForkError(f"run {parent.run_id!r} has {len(left)} compensation(s) that did not complete: {shown}. The "
+    end = (f"{way}; a fork from {at.label!r} stays refused while it is owed: fork from {first!r} to run it again on "
+           "purpose") if stuck else f"{way} (then fork); or fork from {first!r} to run it again on purpose"
+    raise ForkError(f"run {parent.run_id!r} has {len(left)} compensation(s) that did not complete: {shown}.{why} The "
                     f"effects they undo may still stand, so a fork from {at.label!r} can neither inherit them nor "
-                    f"make them again. {way[0].upper() + way[1:]} (then fork); or fork from {first!r} to run it again "
-                    "on purpose")
+                    f"make them again. {end}")
 
 
 def refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, parent: RunRecord,

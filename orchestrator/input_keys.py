@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import functools
 import typing
 from dataclasses import dataclass
 from typing import Any
@@ -91,8 +92,26 @@ def _key(key: Any, fields: tuple[str, ...]) -> str:
     return f"{shown} (did you mean {lowered[close[0]]!r}?)" if close else shown
 
 
+#: Types whose values hold no key to check: a list of them is not walked item by item (a review:
+#: ``list[int]`` of 1M items took 2.2 s to walk, 0.5 s to validate).
+_KEYLESS = frozenset({int, float, str, bool, bytes, type(None), Any})
+
+
+def _keyless(tp: Any) -> bool:
+    """Whether no value of ``tp`` can hold a key (a scalar, or a list, tuple or set of scalars)."""
+    try:
+        if tp in _KEYLESS:
+            return True
+    except TypeError:  # (an unhashable annotation)
+        return False
+    origin = typing.get_origin(tp)
+    if origin in (list, tuple, set, frozenset, collections.abc.Sequence):
+        return all(a is Ellipsis or _keyless(a) for a in typing.get_args(tp))
+    return origin is typing.Literal
+
+
 def _walk(tp: Any, given: Any, made: Any, where: tuple[Any, ...], found: list[Unknown], depth: int) -> None:
-    if depth > MAX_DEPTH or len(found) > MAX_PROBLEMS or given is None:
+    if depth > MAX_DEPTH or len(found) > MAX_PROBLEMS or given is None or _keyless(tp):
         return
     origin = typing.get_origin(tp)
     if origin is typing.Annotated:
@@ -146,25 +165,36 @@ def _model(cls: type[BaseModel], given: Any, made: BaseModel, where: tuple[Any, 
         return
     if not isinstance(given, collections.abc.Mapping):
         return  # a model instance given as it is: it holds no key it does not declare
+    taken, walked = _model_keys(cls)
+    if "extra" not in cls.model_config:
+        _note(cls, given, taken, where, found)
+    for key, value in given.items():
+        own = taken.get(key) if isinstance(key, str) else None
+        if own is not None and own in walked:
+            _walk(cls.model_fields[own].annotation, value, getattr(made, own, None), (*where, key), found,
+                  depth + 1)
+
+
+@functools.lru_cache(maxsize=256)
+def _model_keys(cls: type[BaseModel]) -> tuple[dict[str, str], frozenset[str]]:
+    """Each key the model takes with its field, and the fields whose values are walked (none a
+    validator may rewrite, none that holds no key): once per model, not once per object of it."""
     config = cls.model_config
     by_alias = config.get("validate_by_alias", True)
     by_name = config.get("validate_by_name", config.get("populate_by_name", False))
-    taken: dict[str, str] = {}  # each key the model takes, and its field
+    taken: dict[str, str] = {}
     for name, field in cls.model_fields.items():
         aliases = _aliases(field)
         if not aliases or by_name:
             taken[name] = name
         if by_alias:
             taken.update(dict.fromkeys(aliases, name))
-    if "extra" not in config:
-        _note(cls, given, taken, where, found)
+    decorators = cls.__pydantic_decorators__
     rewritten = {f for d in decorators.field_validators.values() if d.info.mode != "after" for f in d.info.fields}
-    for key, value in given.items():
-        own = taken.get(key) if isinstance(key, str) else None
-        if own is not None and own not in rewritten and "*" not in rewritten \
-                and not any(isinstance(m, _REWRITES) for m in cls.model_fields[own].metadata):
-            _walk(cls.model_fields[own].annotation, value, getattr(made, own, None), (*where, key), found,
-                  depth + 1)
+    walked = frozenset() if "*" in rewritten else frozenset(
+        name for name, field in cls.model_fields.items() if name not in rewritten
+        and not any(isinstance(m, _REWRITES) for m in field.metadata) and not _keyless(field.annotation))
+    return taken, walked
 
 
 def _dataclass(cls: type, given: Any, made: Any, where: tuple[Any, ...], found: list[Unknown], depth: int) -> None:
@@ -196,11 +226,28 @@ def _typeddict(tp: Any, given: Any, made: Any, where: tuple[Any, ...], found: li
         hints = typing.get_type_hints(tp, include_extras=True)
     except Exception:
         return
-    if "extra" not in (getattr(tp, "__pydantic_config__", None) or {}):
-        _note(tp, given, {k: k for k in hints}, where, found)
+    config = getattr(tp, "__pydantic_config__", None) or {}
+    if config.get("alias_generator") is not None:
+        return  # its keys are what the generator makes of its fields': left to pydantic
+    taken: dict[str, str] = {}  # by name and by alias (the lenient side), as a model's
+    for name, hint in hints.items():
+        taken[name] = name
+        info = _field_info(_required_stripped(hint))
+        if info is not None:
+            taken.update(dict.fromkeys(_aliases(info), name))
+    if "extra" not in config:
+        _note(tp, given, taken, where, found)
     for key, value in given.items():
-        if isinstance(key, str) and key in hints:
-            _walk(_required_stripped(hints[key]), value, made.get(key), (*where, key), found, depth + 1)
+        own = taken.get(key) if isinstance(key, str) else None
+        if own is not None:
+            _walk(_required_stripped(hints[own]), value, made.get(own), (*where, key), found, depth + 1)
+
+
+def _field_info(hint: Any) -> FieldInfo | None:
+    """The ``Field(...)`` of an ``Annotated`` TypedDict key (its alias), if any."""
+    if typing.get_origin(hint) is typing.Annotated:
+        return next((m for m in typing.get_args(hint)[1:] if isinstance(m, FieldInfo)), None)
+    return None
 
 
 def _required_stripped(hint: Any) -> Any:

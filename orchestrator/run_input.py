@@ -89,9 +89,12 @@ def same_type(a: Any, b: Any) -> bool:
     return all(same_type(x, y) for x, y in zip(args_a, args_b, strict=True))
 
 
-def check_input(wf: Workflow, value: Any) -> Any:
+def check_input(wf: Workflow, value: Any, *, stored: bool = False) -> Any:
     """Validate a run input against the declared input type; return its JSON form. A key an object
-    of it does not declare, which pydantic would drop, is refused (``input_keys``)."""
+    of it does not declare, which pydantic would drop, is refused (``input_keys``). ``stored``: an
+    input as the store keeps it (a fork's parent's; one an older raysaga accepted), read as the steps
+    read it (by field name or alias) with no key refused: the stored form holds field names and a
+    model's computed fields, and what an older raysaga accepted is not refused afterwards."""
     tp = input_type(wf)
     given = value
     if tp is not Any:
@@ -99,10 +102,11 @@ def check_input(wf: Workflow, value: Any) -> Any:
         if problem:
             raise WorkflowDefinitionError(f"workflow {wf.name!r}: input type {tp} is not JSON-able ({problem})")
         try:
-            value = type_adapter(tp).validate_python(value)
+            value = type_adapter(tp).validate_python(value, by_alias=True, by_name=True) if stored \
+                else type_adapter(tp).validate_python(value)
         except ValidationError as exc:
             raise InvalidInputError(mismatch(wf.name, tp, exc)) from None
-        unknown = unknown_keys(tp, given, value)
+        unknown = [] if stored else unknown_keys(tp, given, value)
         if unknown:  # pydantic dropped them: a misspelt field kept its default
             raise InvalidInputError(unknown_message(wf.name, tp, unknown))
     try:

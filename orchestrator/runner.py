@@ -235,7 +235,7 @@ def existing_run(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunR
         raise UserError(f"run {run_id!r} belongs to workflow {existing.workflow_name!r}, not {workflow.name!r}")
     if input is not NO_INPUT:
         # secrets compare by reference: a literal is never stored, so any literal equals any other
-        given = jsoncodec.dumps(comparable(workflow.check_input(input)), "input")
+        given = jsoncodec.dumps(comparable(workflow.check_input(input, stored=True)), "input")  # (as recorded)
         stored = jsoncodec.dumps(comparable(existing.input), "input")
         if given != stored:
             raise UserError(f"run {run_id!r} exists with a different input: resume it without --input "

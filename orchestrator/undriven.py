@@ -13,8 +13,10 @@ with no driver (an operator's retry or unpause: nothing was cut, it waits to be 
 
 No driver: the lease is released (``interrupted``: its driver's event says by which signal;
 ``released``: no such event), or expired with its owner not provably alive (``expired``: the
-driver died; one alive but silent still drives: its next write stops it), or still valid with
-its owner provably gone on this host (``gone``: a resume takes over at once).
+driver died; one alive but silent still drives: its next write stops it), or expired with its
+owner on another machine (``silent``: this one cannot tell a dead driver from one busy past its
+lease, so it says so, and what shows running still shows ``running``), or still valid with its
+owner provably gone on this host (``gone``: a resume takes over at once).
 """
 
 from __future__ import annotations
@@ -29,19 +31,21 @@ from raysaga.orchestrator.ownership import gone_because
 from raysaga.state import RunRecord, Store
 from raysaga.state.dashboard_reads import DashboardReads
 from raysaga.state.driver_stops import ACTIVE, DriverStop
-from raysaga.state.owner_identity import alive_because, parse_owner
+from raysaga.state.owner_identity import alive_because, host_name, parse_owner
 
 #: The state a node the store records running (or the views infer in flight) shows in a run whose
 #: driver stopped (interrupted, died): nothing runs it until the run is taken up again.
 INTERRUPTED = "interrupted"
 #: The same in a run handed on with its lease free (``released``: nothing was cut short).
 WAITING = "pending"
+#: The same when its driver, on another machine, may still be at work (``silent``): as stored.
+RUNNING = "running"
 
 
 @dataclass(frozen=True)
 class NoDriver:
-    """Why nobody drives an active run: ``why`` is ``interrupted``, ``released``, ``expired`` or
-    ``gone``; ``since`` when its driver stopped (None: not known); ``signal`` the signal that
+    """Why nobody drives an active run: ``why`` is ``interrupted``, ``released``, ``expired``,
+    ``silent`` or ``gone``; ``since`` when its driver stopped (None: not known); ``signal`` the signal that
     stopped it; ``driver`` who it was (``pid N on HOST``)."""
 
     run_id: str
@@ -64,11 +68,16 @@ class NoDriver:
             return f"none has taken it up since {_utc(self.since)}"
         if self.why == "expired":
             return f"{who} died: its lease expired at {_utc(self.since)}"
+        if self.why == "silent":  # a reviewer's live driver on another host was called dead
+            return (f"{who} has not renewed its lease since it expired at {_utc(self.since)}: it runs on another "
+                    "machine, where it died or is busy past its lease (this one cannot tell)")
         return f"{who} is gone ({self.detail or 'process not running'})"
 
     def advice(self) -> str:
         """How it goes on: the resume command, and a worker for a submitted run."""
-        verb = "takes it over at once" if self.why == "gone" else "continues it"
+        verb = {"gone": "takes it over at once",
+                "silent": "takes it over (a driver still at work then loses it: fenced, no effect twice)"}.get(
+                    self.why, "continues it")
         worker = f", or a worker serving queue {self.queue!r} takes it up" if self.queue else ""
         return f"`{self.command}` {verb}{worker}"
 
@@ -79,7 +88,7 @@ class NoDriver:
     @property
     def in_flight(self) -> str:
         """The state what would show running shows: ``interrupted`` where a driver stopped under it."""
-        return WAITING if self.why == "released" else INTERRUPTED
+        return WAITING if self.why == "released" else RUNNING if self.why == "silent" else INTERRUPTED
 
     def headline(self) -> str:
         """The run's state as the views head it: ``running, no driver``."""
@@ -132,7 +141,9 @@ def derive(row: Mapping[str, Any], stop: DriverStop | None, now: float) -> NoDri
     if expires is not None and expires < now:
         if alive_because(str(owner)) is not None:
             return None  # alive but silent: it still drives (``status``'s driver line says so)
-        return stopped("expired", float(expires), _who(owner))
+        parsed = parse_owner(str(owner))  # another host's pid names nothing here; this host's, before a
+        elsewhere = parsed is not None and parsed.host != host_name()  # reboot or in the old format: dead
+        return stopped("silent" if elsewhere else "expired", float(expires), _who(owner))
     why = gone_because(str(owner))
     return None if why is None else stopped("gone", None, _who(owner), detail=why)
 

@@ -7,7 +7,9 @@ changed named (``DefinitionChangedError``); with ``RunOptions(allow_changed=True
 (``raysaga resume RUN --allow-changed``) it goes on with the new code: the changes are written
 in a ``definition_changed`` event and the run is pinned to the new definition (hashes, name,
 version, module ref), so a later resume (or a worker) takes it as it now is; rows of removed steps
-still open are closed, and effects no rollback will undo any more are named (``Changes.standing``).
+still open are closed, and effects no rollback will undo any more are named (``Changes.standing``),
+apart from agent tool calls whose undo is owed but cannot be called any more, on which a rollback
+stops (``Changes.blocked``, by ``machine.undo_targets.call_undo``, the rule the rollback follows).
 An operator's ``retry`` or ``cancel --compensate`` asks ``check`` before it writes anything.
 
 A run recorded by an earlier raysaga under hash scheme 1 (``legacy_hash``) with the same code is
@@ -30,9 +32,11 @@ from typing import Any
 
 from raysaga.errors import DefinitionChangedError
 from raysaga.node_key import NodeKey
+from raysaga.orchestrator.fork_refusals import lost_reason, tool_call_undos
 from raysaga.orchestrator.machine.doubt import REPINNED_KEY, may_have_happened
+from raysaga.orchestrator.machine.undo_targets import ToolLost
 from raysaga.orchestrator.workflow import Workflow
-from raysaga.state import EffectStatus, Lease, NodeStatus, NodeWrite, RunRecord, Store
+from raysaga.state import EffectStatus, Lease, NodeRecord, NodeStatus, NodeWrite, RunRecord, Store
 from raysaga.state.claims import SCHEME_KEY
 
 __all__ = ["Changes", "changes", "check", "definition_known", "legacy_hash", "pin", "step_hashes", "types_digest",
@@ -147,8 +151,12 @@ class Changes:
     renamed: tuple[str, str] | None = None
     """(the run's, the code's) workflow name when it differs."""
     standing: list[str] = field(default_factory=list)
-    """Effects of removed steps that took effect (or may have): no rollback of the new code undoes
-    them (``effects_left``)."""
+    """Effects of removed steps (or of steps, or tools, whose undo was removed) that took effect (or
+    may have): no rollback of the new code undoes them (``effects_left``)."""
+    blocked: list[str] = field(default_factory=list)
+    """Agent tool calls that took effect (or may have) whose undo is owed but cannot be called under
+    the new code (its tool gone, its arguments no longer fitting the tool's schema), each with why:
+    a rollback stops on them, ``compensation_failed`` (``undo_blocked``)."""
 
     def steps(self) -> set[str]:
         """Steps whose recorded rows may not fit the code: changed, added or removed."""
@@ -165,6 +173,9 @@ class Changes:
                 parts.append(f"steps {what}: {', '.join(names)}")
         if self.standing:
             parts.append(f"completed effects that will not be compensated: {', '.join(self.standing)}")
+        if self.blocked:
+            parts.append("completed tool calls whose undo cannot be called, on which a rollback will stop "
+                         f"(compensation_failed): {', '.join(self.blocked)}")
         if not self.known:
             parts.append("the run was recorded without per-step hashes, so the changed steps cannot be named")
         elif not parts:
@@ -174,7 +185,8 @@ class Changes:
     def as_data(self) -> dict[str, Any]:
         return {"changed": self.changed, "added": self.added, "removed": self.removed, "known": self.known,
                 "version": list(self.version) if self.version else None,
-                "renamed": list(self.renamed) if self.renamed else None, "not_compensated": self.standing}
+                "renamed": list(self.renamed) if self.renamed else None, "not_compensated": self.standing,
+                "undo_blocked": self.blocked}
 
 
 def changes(run: RunRecord, wf: Workflow, store: Store | None = None) -> Changes | None:
@@ -194,9 +206,27 @@ def changes(run: RunRecord, wf: Workflow, store: Store | None = None) -> Changes
     changed = [s for s in now if s in before and before[s] not in (now[s], legacy[s])]
     undone = {*removed, *(s for s in changed if _undo_removed(wf, s, before[s]))}  # rollbacks skip these now
     agents = {s: wf.steps[s].options["agent"] for s in changed if wf.steps[s].kind == "agent"}  # (their tools')
+    nodes = store.nodes(run.run_id) if store and (undone or agents or _has_agents(wf)) else []
+    blocked = undo_blocked(store, run.run_id, wf, nodes) if store and _has_agents(wf) else {}
+    standing = effects_left(store, run.run_id, undone, agents, nodes) if store and (undone or agents) else []
     return Changes(changed=changed, added=[s for s in now if s not in before], removed=removed, version=version,
-                   renamed=renamed, standing=effects_left(store, run.run_id, undone, agents)
-                   if store and (undone or agents) else [])
+                   renamed=renamed, standing=[s for s in standing if s not in blocked],
+                   blocked=[f"{label} ({why})" for label, why in sorted(blocked.items())])
+
+
+def _has_agents(wf: Workflow) -> bool:
+    return any(spec.kind == "agent" for spec in wf.steps.values())
+
+
+def undo_blocked(store: Store, run_id: str, wf: Workflow, nodes: list[NodeRecord]) -> dict[str, str]:
+    """The agent tool calls of ``run_id`` (``nodes``: its rows, its own and those it inherited)
+    whose undo a rollback under ``wf`` owes and cannot call, by label, each with why: the calls
+    ``call_undo`` answers ``ToolLost`` for, from the facts the rollback reads
+    (``fork_refusals.tool_call_undos``: the calls' turns and results, their ledger rows, an
+    inherited call's those of the run that made it). Every agent step counts, changed or not: a
+    tool's schema is not in the definition hash."""
+    answers = tool_call_undos(wf, store, run_id, nodes)
+    return {key.label: lost_reason(key, undo) for key, undo in answers.items() if isinstance(undo, ToolLost)}
 
 
 def _undo_removed(wf: Workflow, name: str, recorded: str) -> bool:
@@ -214,12 +244,16 @@ def _undo_removed(wf: Workflow, name: str, recorded: str) -> bool:
     return False
 
 
-def effects_left(store: Store, run_id: str, removed: set[str], agents: dict[str, Any] | None = None) -> list[str]:
+def effects_left(store: Store, run_id: str, removed: set[str], agents: dict[str, Any] | None = None,
+                 nodes: list[NodeRecord] | None = None) -> list[str]:
     """The nodes of ``removed`` steps whose ledger rows say their effect took place (or may have);
     and of the tool calls of changed agent steps (``agents``: step -> its ``Agent`` now) whose tool
-    is gone or has no ``compensate=`` now, which a rollback leaves standing."""
+    has no ``compensate=`` now: a rollback leaves them standing. (A call whose tool is gone is
+    ``undo_blocked``'s: the rollback stops on it.) The ledger rows are the run's own and, when
+    its rows (``nodes``) say it inherited some (a fork), those of the run that made them."""
     found = []
-    for row in store.effects(run_id):
+    inherits = any(n.origin_run_id for n in (store.nodes(run_id) if nodes is None else nodes))
+    for row in [*store.effects(run_id), *(store.inherited_effects(run_id) if inherits else [])]:
         key = NodeKey.parse(row.node_id, row.fan_index)
         if key.compensates or not (row.status == EffectStatus.COMMITTED or may_have_happened(row.status, row.result)):
             continue
@@ -228,7 +262,7 @@ def effects_left(store: Store, run_id: str, removed: set[str], agents: dict[str,
             found.append(key.label)
         elif agent is not None and key.call is not None and row.effect_name.startswith("tool:"):
             tool = agent.tool(row.effect_name.removeprefix("tool:"))
-            if tool is None or tool.compensate is None:
+            if tool is not None and tool.compensate is None:
                 found.append(key.label)
     return sorted(set(found))
 
@@ -250,8 +284,6 @@ def check(store: Store, run: RunRecord, wf: Workflow, *, allow_changed: bool) ->
             "the code it started with, or go on with the new code with `raysaga resume RUN --allow-changed` "
             "(RunOptions(allow_changed=True))")
     return found
-
-
 
 
 def pin(store: Store, lease: Lease, run: RunRecord, wf: Workflow, *, allow_changed: bool) -> RunRecord:

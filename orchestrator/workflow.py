@@ -482,9 +482,9 @@ class Workflow:
         """The annotation of the ``input`` parameters (they must agree), or Any."""
         return run_input.input_type(self)
 
-    def check_input(self, value: Any) -> Any:
+    def check_input(self, value: Any, *, stored: bool = False) -> Any:
         """Validate a run input against the declared input type; return its JSON form."""
-        return run_input.check_input(self, value)
+        return run_input.check_input(self, value, stored=stored)
 
 
 #: Declared types a JSON value of exactly that type already is (no validation to run).

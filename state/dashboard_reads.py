@@ -181,10 +181,16 @@ def step_counts(engine: Engine, run_id: str, node_ids: Iterable[str]) -> dict[st
 def fanout_sizes(engine: Engine, run_id: str) -> dict[str, int]:
     """How many items each fan-out of the run expanded into (its latest ``fanout_expanded`` event):
     items in flight have no row yet, so this is what tells "3 of 2,000 done" from "3 of 3"."""
+    with engine.connect() as conn:
+        return fanout_sizes_in(conn, run_id)
+
+
+def fanout_sizes_in(conn: Connection, run_id: str) -> dict[str, int]:
+    """``fanout_sizes`` on an open connection: read in the same snapshot as the rows it is set against."""
     query = (select(events.c.node_id, events.c.data)
              .where(events.c.run_id == run_id, events.c.kind == "fanout_expanded").order_by(events.c.seq))
     sizes: dict[str, int] = {}
-    with reading(run_id, events.name), engine.connect() as conn:
+    with reading(run_id, events.name):
         for node_id, data in conn.execute(query).all():
             if node_id and isinstance(data, dict) and isinstance(data.get("items"), int):
                 sizes[str(node_id)] = int(data["items"])

@@ -67,7 +67,8 @@ def lapsed(query: Select[Any], now: float) -> Select[Any]:
 def count_undriven(conn: Connection, scope: Select[Any] | None, now: float) -> int:
     """Active runs (``scope``: a select of the runs table narrowed as the caller's view is; None:
     every run) that no driver drives: their lease released, or expired with its owner not
-    provably alive here (a driver gone silent, its process still running, still drives). A driver
+    provably alive here (a driver gone silent, its process still running, still drives; one on
+    another machine, whose process this one cannot check, counts: dead, or busy past its lease). A driver
     killed a moment ago counts once its lease expires (``--lease-ttl``, 15 s by default);
     ``raysaga status`` tells it at once on its own host."""
     query = lapsed(scope if scope is not None else select(runs.c.run_id), now)

@@ -54,6 +54,7 @@ from raysaga.state.models import (
 )
 from raysaga.state.node_reads import node_records
 from raysaga.state.redact import scrub
+from raysaga.state.run_creation import check_new_run_id
 from raysaga.state.run_labels import stored_labels
 from raysaga.state.schema import effects, events, item_chunks, memory, nodes, runs
 from raysaga.state.schema import nodes as node_rows
@@ -209,6 +210,7 @@ class ForkRows:
         the whole fork or nothing. The rows are copied inside the database (``INSERT ... SELECT``),
         so their outputs never pass through this process; blobs are referenced by digest."""
         assert new.parent_run_id is not None, "a fork has a parent"
+        check_new_run_id(new.run_id)  # as every new run's (``run_creation``): a fork's too
         now = time.time()
         values = new.model_dump(exclude={"input", "labels"})
         # the parent's labels, copied inside the database, unless the fork was given its own

@@ -22,7 +22,7 @@ build on the refunded charge. The report names the runs kept so (``kept``).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -81,7 +81,8 @@ class PruneReport(BaseModel):
     blobs: int = 0
     blob_bytes: int = 0
     #: Runs left although they qualified: their rollback undid nodes of a run still kept (or of
-    #: its forks), which would otherwise inherit an effect that was given back.
+    #: its forks), which would otherwise inherit an effect that was given back; or a fork that
+    #: stays inherits from them (it reads their ledger rows).
     kept: list[str] = []
 
 
@@ -109,9 +110,17 @@ def prune(store: PrunableStore | str, older_than: float, statuses: Iterable[RunS
     wanted = _statuses(statuses)
     cutoff = (time.time() if now is None else now) - float(older_than)
     report = PruneReport(cutoff=cutoff, statuses=sorted(wanted), dry_run=dry_run)
-    prunable = and_(runs.c.status.in_(wanted), runs.c.updated_at < cutoff)
+    def due(table: Any) -> ColumnElement[bool]:  # (``runs`` or an alias of it)
+        return and_(table.c.status.in_(wanted), table.c.updated_at < cutoff)
+
+    prunable = due(runs)
     with store.reader.connect() as conn:
         held, undoers = _kept(conn, prunable)
+        while True:  # each rule keeps runs the other must count as staying: until neither adds one
+            more = _inherited_from(conn, due, held) - held
+            if not more:
+                break
+            held, undoers = _kept(conn, prunable, held | more)
     report.kept = sorted(held)
     if dry_run:
         with store.reader.connect() as conn:
@@ -154,6 +163,24 @@ def _undoers(conn: Connection, prunable: ColumnElement[bool]) -> dict[str, set[s
     return found
 
 
+def _inherited_from(conn: Connection, due: Callable[[Any], ColumnElement[bool]], held: set[str]) -> set[str]:
+    """The prunable runs (``due``) a run that stays (not prunable now, or ``held``) was forked from,
+    its parent's parent and so on: a fork reads the ledger rows of the runs it inherits from (their
+    calls' keys, whether a call took effect) to roll back or fork again. Pruned before it, an
+    inherited payment read as never sent and its refund was skipped. A run and its forks pruned in
+    the same call go together. One join of the runs table with itself: no list of ids."""
+    child, parent = runs.alias("child"), runs.alias("parent")
+    pairs = conn.execute(select(child.c.run_id, due(child), parent.c.run_id).select_from(
+        child.join(parent, child.c.parent_run_id == parent.c.run_id)).where(due(parent))).all()
+    going = {r for r, child_due, _ in pairs if child_due} - held  # (the rest of the forks stay)
+    kept: set[str] = set()
+    while True:  # up the fork trees: a parent kept keeps its own parent
+        more = {p for r, _, p in pairs if p not in held and p not in kept and (r not in going or r in kept)}
+        if not more:
+            return kept
+        kept |= more
+
+
 def _tree(conn: Connection, root: str) -> dict[str, str | None]:
     """The runs of ``root``'s fork tree that exist, ``root`` itself included if it does, each with
     its parent: those that may hold a node ``root`` executed (a fork of a fork keeps the row's
@@ -168,7 +195,8 @@ def _tree(conn: Connection, root: str) -> dict[str, str | None]:
     return found
 
 
-def _kept(conn: Connection, prunable: ColumnElement[bool]) -> tuple[set[str], set[str]]:
+def _kept(conn: Connection, prunable: ColumnElement[bool], also: set[str] | None = None
+          ) -> tuple[set[str], set[str]]:
     """The prunable runs to keep, and the prunable undoers (``_undoers``). An undoer of a node of
     ``o`` is kept while a run that may still inherit that node stays: a run of ``o``'s tree that
     is no undoer of ``o`` (whose copy of the node was not given back), not pruned now, or kept
@@ -177,7 +205,7 @@ def _kept(conn: Connection, prunable: ColumnElement[bool]) -> tuple[set[str], se
     that both rolled back the parent's charge went for ever)."""
     undoers = _undoers(conn, prunable)
     if not undoers:
-        return set(), set()
+        return set(also or ()), set()
     every = _undoers(conn, runs.c.parent_run_id.is_not(None))  # undoers of an origin, prunable or not
     of_origin: dict[str, set[str]] = {}
     for run, origins in every.items():
@@ -186,7 +214,7 @@ def _kept(conn: Connection, prunable: ColumnElement[bool]) -> tuple[set[str], se
     trees = {origin: _tree(conn, origin) for origins in undoers.values() for origin in origins}
     members = {r for tree in trees.values() for r in tree}
     going = {r for (r,) in conn.execute(select(runs.c.run_id).where(prunable, runs.c.run_id.in_(sorted(members))))}
-    kept: set[str] = set()
+    kept: set[str] = set(also or ())  # (kept for another reason: ``_inherited_from``)
     while True:  # the least fixed point: a run is kept only through a run that stays
         now = set(kept)
         for run, origins in undoers.items():

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, cast, or_, select
+from sqlalchemy import Connection, Text, cast, or_, select
 
 from raysaga.errors import RunNotFoundError
-from raysaga.state.dashboard_reads import fanout_sizes
+from raysaga.state.dashboard_reads import fanout_sizes_in
 from raysaga.state.decoding import reading as _reading
 from raysaga.state.fork_rows import run_key_of
 from raysaga.state.item_pages import counts as item_counts
@@ -60,13 +60,22 @@ class StepInfo:
     40-item effect fan-out on 2 CPUs read "8 running", and its 32 held items were nowhere."""
 
 
+def snapshot(conn: Connection) -> Connection:
+    """``conn`` reading one snapshot for the whole of its transaction: SQLite's read transaction
+    already does (``state/engine.py``); PostgreSQL's READ COMMITTED gives each statement its own."""
+    return conn.execution_options(isolation_level="REPEATABLE READ") if conn.dialect.name == "postgresql" else conn
+
+
 def steps(store: SqlStore, run_id: str) -> list[StepInfo]:
     """Every step that has node rows, and every fan-out expanded (``no_row``), in the order the run
     started them (a step starts only once what it depends on has completed, so this is a
     topological order of what ran); steps never started (skipped, pending) last, by name. One
-    GROUP BY of the rows, the item chunks counted, the fan-outs' sizes read from their events."""
-    sizes = fanout_sizes(store.reader, run_id)  # before the rows: rows read after it only grow in number
+    GROUP BY of the rows, the item chunks counted, the fan-outs' sizes read from their events, all
+    in one snapshot (``snapshot``): a fan-out's own row committed between two reads made a phantom
+    pending item on PostgreSQL."""
     with _reading(run_id, "nodes"), store.reader.connect() as conn:
+        conn = snapshot(conn)
+        sizes = fanout_sizes_in(conn, run_id)
         found = item_counts(conn, run_id, None, items_only=False)  # item chunks counted from their JSON
         parents = set(conn.execute(select(nodes.c.node_id).where(  # a fan-out's own row: not one of its items
             nodes.c.run_key == run_key_of(run_id), nodes.c.fan_index == -1,

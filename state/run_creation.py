@@ -51,7 +51,7 @@ class RunCreation:
                              ttl=ttl)
 
     def _insert_run(self, new: NewRun, claim: tuple[str, float] | None) -> RunRecord:
-        check_new_run_id(new.run_id)  # here, where every new run but a fork is recorded (API, CLI, launch)
+        check_new_run_id(new.run_id)  # here, where every new run is recorded (API, CLI, launch; a fork: fork_rows)
         now = time.time()
         values = new.model_dump(exclude={"input", "labels"})  # the input is not copied: it may be large
         values["labels"] = stored_labels(new.labels)

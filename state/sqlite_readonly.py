@@ -27,6 +27,10 @@ from raysaga.errors import StoreUnavailableError
 
 #: The bytes of a WAL file's header: a longer one holds frames (commits, perhaps not yet checkpointed).
 WAL_HEADER_BYTES = 32
+#: An engine's execution option on a read-only engine: its writes must go through SQLAlchemy's
+#: ``Connection``, whose ``handle_error`` says why they fail (``statements.HotSql`` wrote past it,
+#: and the dashboard's Cancel answered a bare 500 with SQLite's "attempt to write a readonly database").
+READ_ONLY = "raysaga_read_only"
 #: What a read-only connection that cannot reach the WAL's files fails with (extended codes included).
 _CANNOT_OPEN = (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY)
 
@@ -86,4 +90,5 @@ def read_only(engine: Engine, path: Path, timeout: float, refusal: Callable[[], 
         if getattr(ctx.original_exception, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_READONLY:
             raise refusal()
 
+    engine.update_execution_options(**{READ_ONLY: True})  # statements.HotSql then writes through the Connection
     return engine

@@ -26,6 +26,7 @@ from raysaga.state.chunk_codec import elements
 from raysaga.state.engine import as_sqlalchemy_error
 from raysaga.state.models import ItemRow, Lease, NodeStatus
 from raysaga.state.schema import JsonText, effects, events, item_chunks, nodes, runs
+from raysaga.state.sqlite_readonly import READ_ONLY
 
 #: The fence guard as Core: proves the fence, reserves ``g_n`` event seqs, returns the last one.
 GUARD = (update(runs)
@@ -181,7 +182,8 @@ class HotSql:
     def __init__(self, conn: Connection) -> None:
         self.conn: Connection | None = conn
         self.dialect: Dialect = conn.dialect
-        self.raw = conn.connection.driver_connection if conn.dialect.name == "sqlite" else None
+        plain = conn.dialect.name == "sqlite" and not conn.get_execution_options().get(READ_ONLY)
+        self.raw = conn.connection.driver_connection if plain else None
 
     @classmethod
     def on_dbapi(cls, raw: sqlite3.Connection, dialect: Dialect) -> HotSql:

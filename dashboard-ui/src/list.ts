@@ -96,7 +96,7 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
           href: "#/?" + filterParams(st, labels) }, `${symbol(st)} ${st} ${n}`));
       }
       if (page.no_driver) chips.append(h("span", { class: `chip ${cls("interrupted")}`, id: "no-driver-count",
-        title: "runs still running (or compensating) that no driver drives: interrupted, or their driver died; " +
+        title: "runs still running (or compensating) that no driver drives: interrupted, their driver died, or on another machine it is silent past its lease; " +
           "`raysaga resume RUN` (or a worker) takes each up" }, `${symbol("interrupted")} no driver ${page.no_driver}`));
     }
     for (const r of page.runs) {

@@ -159,7 +159,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       ganttBox.append(h("label", { class: "muted" }, "resume segment ", pickSegment));
     }
     // a run nobody drives is drawn up to when its driver stopped: its bars do not grow with the clock
-    const stopped = doc?.run.no_driver ?? null;
+    // (a silent driver, on another machine, may still be at work: drawn as a driven run's)
+    const stopped = doc?.run.no_driver?.why === "silent" ? null : doc?.run.no_driver ?? null;
     const until = resting && doc ? doc.run.updated_at : stopped ? stopped.since ?? doc?.run.updated_at ?? 0 :
       Date.now() / 1000;
     ganttBox.append(drawGantt(allRows(), until, pick, claims, segment, stopped?.in_flight ?? null));
@@ -182,6 +183,20 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     () => doc?.run.no_driver?.in_flight ?? null);
     if (view.note) dagBox.append(h("p", { class: "muted note", id: "dag-grid-note" }, view.note));
     dagBox.append(view.svg);
+  };
+
+  // what a fan-out's items with no row are, as `raysaga status` says it (cli_status._no_row_note):
+  // never issued once the run or the fan-out ended, else not issued yet (or cut short by a driver)
+  const noRowWhy = (step: string): string => {
+    const run = doc?.run;
+    const own = steps.get(step)?.row?.status ?? "";
+    if (["completed", "failed", "skipped", "cancelled"].includes(own) || !run ||
+        ["completed", "cancelled", "compensated", "compensation_failed", "compensating"].includes(run.status))
+      return "with no row: never issued";
+    if (run.no_driver && run.no_driver.why !== "silent") return "with no row: not issued, or in flight when its driver stopped; a resume issues them";
+    if (run.status === "running")
+      return "with no row yet: not issued yet (an effect step issues a few at a time), or in flight and not recorded yet";
+    return "with no row yet: not issued yet";
   };
 
   const expand = async (step: string, status = ""): Promise<void> => {
@@ -216,8 +231,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       const wanted = status ? (counts[status] ?? 0) : Object.values(counts).reduce((a, b) => a + b, 0);
       if ((!status || status === "pending") && wanted > listed)
         fanBox.append(h("p", { class: "muted note", "data-no-row": String(wanted - listed) },
-          `${wanted - listed} more pending with no row yet: not issued yet (an effect step issues a few at a ` +
-          "time), or in flight and not recorded yet"));
+          `${wanted - listed} more pending ${noRowWhy(step)}`));
     };
     more.addEventListener("click", () => void page());
     await page();

@@ -12,7 +12,7 @@ export interface RunSummary {
 }
 
 export interface NoDriver {
-  why: "interrupted" | "released" | "expired" | "gone"; since: number | null; signal: string | null;
+  why: "interrupted" | "released" | "expired" | "silent" | "gone"; since: number | null; signal: string | null;
   driver: string | null; command: string; note: string;
   /** What shows running shows instead: `interrupted` where a driver stopped, `pending` when handed on. */
   in_flight: string;

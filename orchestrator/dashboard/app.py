@@ -47,7 +47,7 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError, UserError
+from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError, StoreUnavailableError, UserError
 from raysaga.orchestrator.dashboard import actions, metrics, params, views
 from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, FOREIGN_SITES, SAFE_METHODS, Guard
 from raysaga.state import Store
@@ -138,6 +138,10 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
     @app.exception_handler(CorruptRecordError)
     async def corrupt(request: Request, exc: CorruptRecordError) -> JSONResponse:
         return _refusal(str(exc), 500)
+
+    @app.exception_handler(StoreUnavailableError)
+    async def store_unavailable(request: Request, exc: StoreUnavailableError) -> JSONResponse:
+        return _refusal(str(exc), 503)  # a store it cannot write (served read-only) or reach, said
 
     @app.exception_handler(BlobIntegrityError)
     async def blob_unreadable(request: Request, exc: BlobIntegrityError) -> JSONResponse:

@@ -122,11 +122,15 @@ def missing_tool(call: NodeKey, name: str, key: str, run_id: str, why: str = "")
     "": its turn's recorded response cannot be read, so which tool it made is unknown; ``why``: the
     tool is there but its undo cannot be called (``undo_targets.ToolLost.why``)."""
     retry = f"`raysaga retry {shlex.quote(run_id)} --compensations`"
-    if why:
+    if why and "schema" in why:  # (ToolLost.why: its arguments no longer fit the tool's schema)
         return {"type": "CompensationMissing", "transient": False,
                 "message": f"tool call {call.label} of tool {name!r} took effect (ledger key {key}), but {why}: "
                            f"its undo cannot be called with them; restore the schema the call was made under "
                            f"and {retry}, or undo it by hand"}
+    if why:  # nothing in the code can call it (its recorded result is not a tool result): by hand
+        return {"type": "CompensationMissing", "transient": False,
+                "message": f"tool call {call.label} of tool {name!r} took effect (ledger key {key}), but {why}: "
+                           "its undo cannot run; undo it by hand"}
     if not name:
         turn = call.owner.with_turn(call.turn).label if call.turn is not None else call.step
         return {"type": "CompensationMissing", "transient": False,

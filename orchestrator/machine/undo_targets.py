@@ -101,7 +101,10 @@ def call_undo(agent: Agent, use: Mapping[str, Any] | None, row: NodeRecord, resu
     output = None
     if row.status == NodeStatus.COMPLETED:
         recorded = result()
-        if not isinstance(recorded, dict) or recorded.get("is_error"):
+        if not isinstance(recorded, dict):  # not a tool result (damaged, or written by another program)
+            return ToolLost(name, finished, "its recorded result is not a tool result, so its undo has no "
+                                            "output to read") if took else None
+        if recorded.get("is_error"):
             return None  # answered without an effect: an error, a refusal, a breaker, a loop stop
         edited = recorded.get(RAN_KEY)  # a call a human edited: the model read another text
         if isinstance(edited, dict):

@@ -98,7 +98,7 @@ def test_an_interrupted_run_says_nobody_drives_it_and_what_continues_it(own_stor
     assert doc["status"] == "running"
     assert doc["no_driver"] == {"why": "interrupted", "since": stop.at, "signal": "SIGINT", "driver":
                                 doc["no_driver"]["driver"], "command": f"raysaga resume {run_id}",
-                                "note": f"no driver: {note}"}
+                                "note": f"no driver: {note}", "in_flight": "interrupted"}
     assert doc["no_driver"]["driver"].startswith("pid ")
     assert {n["status"] for n in doc["nodes"]} <= {"completed", "pending"}  # nothing listed running
     assert doc["node_counts"] == {"completed": 1 + done, "pending": 6 - done}

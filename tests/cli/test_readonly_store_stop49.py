@@ -75,17 +75,27 @@ def test_the_dashboard_serves_a_store_in_a_read_only_folder(tmp_path: Path) -> N
 
     db = tmp_path / "ro" / "s.db"
     _run(db, "r1")
+    code, _, err = invoke("submit", FLOW, "--input", "1", "--db", str(db), "--run-id", "p1")
+    assert code == 0, err  # a pending run the page's Cancel button could act on
+    gc.collect()
     with frozen(db.parent):
         store = cli_store.open_for_reads(str(db))  # as `raysaga dashboard --db` opens it
         try:
-            app, _ = build(store)
+            app, guard = build(store)
             client = TestClient(app, base_url="http://127.0.0.1")
             answer = client.get("/api/runs")
-            assert answer.status_code == 200 and [r["run_id"] for r in answer.json()["runs"]] == ["r1"], answer.text
+            assert answer.status_code == 200 and [r["run_id"] for r in answer.json()["runs"]] == ["p1", "r1"], \
+                answer.text
             answer = client.get("/api/runs/r1")
             assert answer.status_code == 200 and '"completed"' in answer.text, answer.text
+            # an action needs a write: refused saying why (it was a bare 500 "Internal Server Error")
+            answer = client.post("/api/runs/p1/actions/cancel", json={"confirm": True, "by": "ann"},
+                                 headers={"X-Raysaga-CSRF": guard.csrf})
+            assert answer.status_code == 503, answer.text
+            assert f"the folder {db.parent} of the store {db} {READ_ONLY_FOLDER}" in answer.json()["error"]
         finally:
             store.close()
+    assert _listed(db) == ["p1", "r1"] and invoke("status", "p1", "--db", str(db), "--json")[1].count('"pending"')
 
 
 def test_the_commands_that_write_still_refuse_it(tmp_path: Path) -> None:

@@ -162,3 +162,72 @@ def test_status_counts_every_item_of_a_plain_fan_out_in_flight(ray_session: str,
         finished = harness.finish(proc, timeout=180)
     assert finished.returncode == 0, finished.describe()
     assert _status_json(sqlite_url, run_id)["node_counts"] == {"completed": 1 + 1 + COUNT + 1}
+
+
+def _closed_fan_out() -> Any:
+    """A non-critical effect fan-out whose first item fails (policy ALL: the step fails at once, the
+    items its window held never issued), then an approval the run rests at: running-ish, not ended."""
+    import raysaga
+    from raysaga import Permanent, Workflow
+
+    wf = Workflow("stop49_closed_fan_out")
+
+    @wf.step()
+    def numbers() -> list[int]:
+        return list(range(200))
+
+    @wf.map("numbers", critical=False, effect=True)
+    def charge(numbers: int) -> int:
+        if numbers == 0:
+            raise Permanent("card declined")
+        return numbers
+
+    @wf.approval()
+    def ok(numbers: list[int]) -> str:
+        return "go on?"
+
+    del charge, ok
+    return wf, raysaga
+
+
+def _no_row_note_in_browser(store: SqlStore, run_id: str, no_row: int, words: str) -> None:
+    if not Path(CHROMIUM).exists() and os.environ.get("RAYSAGA_REQUIRE_BROWSER") != "1":
+        return
+    require_chromium()
+    from playwright.sync_api import expect
+
+    with headless_chromium() as browser, checked_page(browser) as page, serving(store) as base:
+        page.goto(f"{base}/#/runs/{run_id}")
+        page.locator('svg.dag [data-node="charge"]').click()
+        expect(page.locator(f'[data-no-row="{no_row}"]')).to_have_text(f"{no_row} more pending with no row: {words}")
+
+
+def test_items_of_a_fan_out_that_ended_are_never_issued_in_a_run_that_goes_on(ray_session: str, sqlite_url: str
+                                                                              ) -> None:
+    """The items of a fan-out a failure stopped will not be issued by this run, whatever the run's
+    own state: status and the dashboard said "not issued yet" while the run rested at an approval
+    (the note read only the run's status), and the dashboard said so of an ended run too."""
+    from raysaga.orchestrator.options import RunOptions
+    from raysaga.state.models import RunStatus
+
+    wf, raysaga = _closed_fan_out()
+    run_id = f"closed-{uuid.uuid4().hex[:8]}"
+    record = raysaga.run(wf, None, store=sqlite_url, run_id=run_id, executor="ray", address=ray_session,
+                         options=RunOptions(release_after=0))
+    assert record.status == RunStatus.WAITING_HUMAN, record.status_reason
+    store = SqlStore(sqlite_url)
+    try:
+        counts = store.step_counts(run_id, ["charge"])["charge"]
+        no_row = 200 - sum(counts.values())
+        assert no_row > 0, counts  # the window held items back when the first one failed
+        text = _status(sqlite_url, run_id)
+        assert f"({no_row} never issued)" in text, text
+        assert "not issued yet" not in text, text
+        _no_row_note_in_browser(store, run_id, no_row, "never issued")
+        raysaga.Client(sqlite_url).reject(run_id, "ok", by="ada")
+        ended = raysaga.resume(wf, run_id, store=sqlite_url, executor="ray", address=ray_session)
+        assert ended.status in (RunStatus.FAILED, RunStatus.COMPENSATED, RunStatus.CANCELLED), ended.status
+        assert f"({no_row} never issued)" in _status(sqlite_url, run_id)
+        _no_row_note_in_browser(store, run_id, no_row, "never issued")  # the dashboard said "not issued yet"
+    finally:
+        store.close()

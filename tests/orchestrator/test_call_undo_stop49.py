@@ -127,3 +127,30 @@ def test_an_agent_with_no_undoable_tool_owes_only_what_the_ledger_says_took_effe
     gone = {**PAY, "name": "pay"}  # a tool this agent does not have (any more)
     assert call_undo(readers, gone, _row(), _unread, took=False) is None
     assert call_undo(readers, gone, _row(), _unread, took=True) == ToolLost("pay", 12.5)
+
+
+@pytest.mark.parametrize("result", [None, "paid", ["paid"]])
+def test_a_call_that_took_effect_with_a_result_that_is_no_tool_result_is_owed_and_lost(result: Any) -> None:
+    """Stop 50 (a review): a committed call whose stored result is not a tool result (damaged, or
+    written by another program) was read as answered without an effect: the fork went on and the
+    rollback ended ``compensated`` with the payment standing. The ledger says it ran: owed."""
+    undo = call_undo(AGENT, PAY, _row(), _result(result), took=True)
+    assert isinstance(undo, ToolLost) and undo.name == "pay", undo
+    assert "not a tool result" in undo.why, undo.why
+    assert call_undo(AGENT, PAY, _row(), _result(result), took=False) is None  # no ledger row: never sent
+
+
+def test_the_rollback_says_no_code_can_undo_a_call_whose_result_is_no_tool_result() -> None:
+    """The rollback's error for that call advised restoring the tool's schema and retrying, which
+    cannot get past it (the fork refusal already said to undo it by hand)."""
+    from raysaga.node_key import NodeKey
+    from raysaga.orchestrator.machine.rollback import missing_tool
+
+    undo = call_undo(AGENT, PAY, _row(), _result("paid"), took=True)
+    assert isinstance(undo, ToolLost)
+    error = missing_tool(NodeKey.parse("buyer@0.0", -1), undo.name, "rs-k", "r", undo.why)
+    assert "undo it by hand" in error["message"] and "schema" not in error["message"], error
+    narrowed = call_undo(AGENT, {**PAY, "input": {"colour": "red"}}, _row(), _result({"content": "p1"}), took=True)
+    assert isinstance(narrowed, ToolLost)
+    error = missing_tool(NodeKey.parse("buyer@0.0", -1), narrowed.name, "rs-k", "r", narrowed.why)
+    assert "restore the schema the call was made under" in error["message"], error

@@ -1,6 +1,6 @@
 """The store's fork rows (``raysaga.state.fork_rows``) on SQLite and PostgreSQL: a fork is created
 whole or not at all, its inherited rows reference the parent's blobs (never copies), keep the run
-that executed them through a fork of a fork, and survive the parent being pruned; lineage and
+that executed them through a fork of a fork, and keep the parent from being pruned while they stay; lineage and
 inherited ledger rows read back; a definition re-pin is fenced."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from raysaga.errors import LeaseLostError, RunExistsError
+from raysaga.errors import LeaseLostError, RunExistsError, RunNotFoundError
 from raysaga.state import (
     Batch,
     EffectStatus,
@@ -94,16 +94,44 @@ def test_a_fork_is_created_whole_or_not_at_all(store: SqlStore) -> None:
     assert len(store.nodes(parent)) == 2 and store.children(parent) == []
 
 
-def test_the_forks_rows_survive_the_parents_prune(store: SqlStore) -> None:
+def test_prune_keeps_the_runs_a_fork_that_stays_inherits_from(store: SqlStore) -> None:
+    """A fork reads the ledger rows of the runs it inherits from (a call's key, whether it took
+    effect: ``Store.inherited_effects``) to roll back or be forked again. Stop 50 (a review): a prune
+    deleted the parent while its fork stayed, and the fork's rollback then read an inherited payment
+    as never sent and skipped its refund. The parent, and its own parent, stay while the fork does;
+    pruned in the same call, they all go."""
     parent = f"p-{uuid.uuid4().hex[:6]}"
     digest = _completed_parent(store, parent)
     child = store.fork_run(_new(f"{parent}-c", parent, "b"), _keys(store, parent), {})
+    grandchild = store.fork_run(_new(f"{parent}-g", child.run_id, "b"), _keys(store, child.run_id), {})
+    lone = f"l-{uuid.uuid4().hex[:6]}"
+    _completed_parent(store, lone)  # no fork: pruned
+    for run_id in (child.run_id,):  # the middle run at rest too: the grandchild (pending) keeps both
+        lease = store.claim(run_id, "me", 30)
+        store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+        store.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPLETED)))
+        store.release(lease)
     report = store.prune(older_than=0.0, statuses=[RunStatus.COMPLETED])
-    assert report.runs >= 1
+    assert {parent, child.run_id} <= set(report.kept), report
+    assert store.get_run(parent).status == RunStatus.COMPLETED
+    with pytest.raises(RunNotFoundError):
+        store.get_run(lone)
+    assert [(e.node_id, e.run_id, e.status) for e in store.inherited_effects(grandchild.run_id)] == \
+        [("a", parent, EffectStatus.COMMITTED)]
     with store.engine.connect() as conn:
-        kept = conn.execute(select(func.count()).select_from(node_rows).where(node_rows.c.run_id == child.run_id))
-        assert kept.scalar_one() == 2
-    assert store.load_blobs({digest: "a"})[digest] == BIG  # still referenced by the fork
+        rows = conn.execute(select(func.count()).select_from(node_rows).where(node_rows.c.run_id == child.run_id))
+        assert rows.scalar_one() == 2
+    assert store.load_blobs({digest: "a"})[digest] == BIG
+
+    lease = store.claim(grandchild.run_id, "me", 30)  # the last fork ends: the three go together
+    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.RUNNING)))
+    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPLETED)))
+    store.release(lease)
+    report = store.prune(older_than=0.0, statuses=[RunStatus.COMPLETED])
+    assert not {parent, child.run_id, grandchild.run_id} & set(report.kept), report
+    for run_id in (parent, child.run_id, grandchild.run_id):
+        with pytest.raises(RunNotFoundError):
+            store.get_run(run_id)
 
 
 def test_a_repin_is_fenced_and_recorded(store: SqlStore) -> None:
@@ -118,3 +146,32 @@ def test_a_repin_is_fenced_and_recorded(store: SqlStore) -> None:
     with pytest.raises(LeaseLostError):
         store.repin_definition(lease, "e" * 64, {}, {})
     assert store.get_run(run_id).definition_hash == "f" * 64
+
+
+def test_a_run_kept_for_a_fork_keeps_the_fork_that_records_its_refund(store: SqlStore) -> None:
+    """O ran a and b; U, a fork of O, rolled both back; V, a fork of O from b, undid a and is still
+    compensating. V keeps O (it inherits from it), and O kept keeps U, the only record that O's b
+    was given back: the rule that keeps undoers counted O as going, deleted U, and a later fork of O
+    read b as standing (a review of the rule above)."""
+    from raysaga.orchestrator.fork_refusals import undone_elsewhere
+
+    o = f"o-{uuid.uuid4().hex[:6]}"
+    _completed_parent(store, o)
+    u = store.fork_run(_new(f"{o}-u", o, "c"), [("a", -1), ("b", -1)], {}).run_id
+    lease = store.claim(u, "me", 30)
+    for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):
+        store.commit(lease, Batch(run=RunUpdate(status=status)))
+    store.commit(lease, Batch(nodes=[NodeWrite(node_id="b:compensate", status=NodeStatus.COMPLETED, attempt=1),
+                                     NodeWrite(node_id="a:compensate", status=NodeStatus.COMPLETED, attempt=1)]))
+    store.commit(lease, Batch(run=RunUpdate(status=RunStatus.COMPENSATED)))
+    store.release(lease)
+    v = store.fork_run(_new(f"{o}-v", o, "b"), [("a", -1)], {}).run_id
+    lease = store.claim(v, "me", 30)
+    for status in (RunStatus.RUNNING, RunStatus.COMPENSATING):  # it stays compensating: not prunable
+        store.commit(lease, Batch(run=RunUpdate(status=status)))
+    store.commit(lease, Batch(nodes=[NodeWrite(node_id="a:compensate", status=NodeStatus.COMPLETED, attempt=1)]))
+    before = sorted(undone_elsewhere(store, o, store.nodes(o)))
+    assert before == [("a", -1), ("b", -1)]
+    report = store.prune(older_than=0.0)
+    assert {o, u} <= set(report.kept), report
+    assert sorted(undone_elsewhere(store, o, store.nodes(o))) == before
