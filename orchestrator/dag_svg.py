@@ -13,14 +13,15 @@ from typing import Any
 import networkx as nx
 
 SYMBOL = {"completed": "✓", "running": "●", "retrying": "↻", "failed": "✗", "pending": "○", "skipped": "⊘",
-          "cancelled": "⊗", "waiting": "◷"}
+          "cancelled": "⊗", "waiting": "◷", "interrupted": "◌"}  # interrupted: in flight, no driver (undriven)
 #: (fill, stroke) per node state: light fills, strong strokes (GitHub's palette, as the dashboard).
 COLOURS = {"completed": ("#f0fff4", "#1a7f37"), "running": ("#ddf4ff", "#0969da"), "retrying": ("#fff8c5", "#9a6700"),
            "failed": ("#ffebe9", "#cf222e"), "pending": ("#ffffff", "#6e7781"), "skipped": ("#f6f8fa", "#6e7781"),
-           "cancelled": ("#fff8c5", "#7d4e00"), "waiting": ("#fbefff", "#8250df")}
+           "cancelled": ("#fff8c5", "#7d4e00"), "waiting": ("#fbefff", "#8250df"),
+           "interrupted": ("#fff1e5", "#bc4c00")}
 #: rich styles for the terminal.
 STYLES = {"completed": "green", "running": "cyan", "retrying": "yellow", "failed": "red", "pending": "dim",
-          "skipped": "dim", "cancelled": "yellow", "waiting": "magenta"}
+          "skipped": "dim", "cancelled": "yellow", "waiting": "magenta", "interrupted": "dark_orange"}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 from raysaga.node_key import NodeKey, NodeKind
 from raysaga.orchestrator import dag_svg
-from raysaga.orchestrator.dag_svg import StepView, fan_state, generations, svg, workflow_graph
+from raysaga.orchestrator.dag_svg import StepView, fan_state, generations, layered_lines, svg, workflow_graph
 from raysaga.orchestrator.dashboard.views import ITEMS_SHOWN, fan_counts, steps_of
 from raysaga.orchestrator.render import dot_string, mermaid_ids, mermaid_label
 from raysaga.orchestrator.undriven import INTERRUPTED, NoDriver, of_run, shown_state
@@ -23,12 +23,9 @@ from raysaga.state.dashboard_reads import DashboardReads
 
 #: A fan-out's states from its items that say more than its completed row: items still at work.
 IN_FLIGHT = frozenset({"running", "waiting"})
-#: dag_svg's symbols, colours and terminal styles, and ``interrupted``'s: a step in flight in a run
-#: no driver drives (``undriven``). ``svg`` (dag_svg's own) does not know it yet: it draws it with
-#: "?" in pending's colours.
-SYMBOL = {**dag_svg.SYMBOL, "interrupted": "◌"}
-COLOURS = {**dag_svg.COLOURS, "interrupted": ("#fff1e5", "#bc4c00")}
-STYLES = {**dag_svg.STYLES, "interrupted": "dark_orange"}
+#: dag_svg's symbols, colours and terminal styles (``interrupted`` among them: a step in flight in a
+#: run no driver drives, ``undriven``).
+SYMBOL, COLOURS, STYLES = dag_svg.SYMBOL, dag_svg.COLOURS, dag_svg.STYLES
 
 
 def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False,
@@ -67,21 +64,6 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
     for v in out:
         v.state = shown_state(v.state, no_driver)
     return out
-
-
-def layered_lines(graph: dict[str, Any], views: list[StepView]) -> list[tuple[str, str, str]]:
-    """(indent + symbol + name, style, detail) per step, generation by generation (dag_svg's, with
-    ``interrupted``'s symbol and style)."""
-    by_id = {v.step: v for v in views}
-    lines = []
-    for level, gen in enumerate(generations(graph)):
-        for i, step in enumerate(gen):
-            v = by_id[step]
-            head = f"{level:>2} " if i == 0 else "   "
-            after = f"  ← {', '.join(v.deps)}" if v.deps else ""
-            lines.append((f"{head}{SYMBOL.get(v.state, '?')} {step}", STYLES.get(v.state, ""),
-                          f"{v.state}{', ' + v.detail() if v.detail() else ''}{after}"))
-    return lines
 
 
 def in_flight(deps: Mapping[str, Iterable[str]], state: Mapping[str, str]) -> set[str]:
