@@ -12,6 +12,8 @@ from typing import Any
 
 import networkx as nx
 
+from raysaga.orchestrator.fan_states import fan_state
+
 SYMBOL = {"completed": "✓", "running": "●", "retrying": "↻", "failed": "✗", "pending": "○", "skipped": "⊘",
           "cancelled": "⊗", "waiting": "◷", "interrupted": "◌"}  # interrupted: in flight, no driver (undriven)
 #: (fill, stroke) per node state: light fills, strong strokes (GitHub's palette, as the dashboard).
@@ -63,17 +65,6 @@ class StepView:
 
 def _secs(value: float) -> str:
     return f"{value * 1000:.0f}ms" if value < 1 else f"{value:.1f}s" if value < 120 else f"{value / 60:.1f}m"
-
-
-def fan_state(counts: dict[str, int]) -> str:
-    """A fan-out's state from its items' counts."""
-    if counts.get("running") or counts.get("retrying"):
-        return "running"
-    for state in ("waiting", "failed"):
-        if counts.get(state):
-            return state
-    total = sum(counts.values())
-    return "completed" if total and counts.get("completed") == total else "running" if total else "pending"
 
 
 def generations(graph: dict[str, Any]) -> list[list[str]]:

@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+from raysaga.orchestrator.fan_states import fan_state
 from raysaga.state import NodeStatus, SqlStore, node_label
 from raysaga.state.decisions import ApprovalRequest, request_of
 from raysaga.state.item_pages import rows_at
@@ -137,18 +138,6 @@ def run_times(run: RunRecord, now: float) -> list[str]:
     if run.deadline_at is not None and (not ended or run.status_reason == "deadline"):
         lines.append(f"deadline {when(run.deadline_at, now)}" + ("" if run.deadline_at > now else ": passed"))
     return lines
-
-
-def fan_state(counts: dict[str, int]) -> str:
-    """A fan-out's state from its items' counts, as ``dag_svg.fan_state`` (whose module loads
-    networkx, which ``status`` does not import) and the dashboard's ``fanState`` read it."""
-    if counts.get("running") or counts.get("retrying"):
-        return "running"
-    for state in ("waiting", "failed"):
-        if counts.get(state):
-            return state
-    total = sum(counts.values())
-    return "completed" if total and counts.get("completed") == total else "running" if total else "pending"
 
 
 def flat(text: str) -> str:
