@@ -38,6 +38,7 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.fork_refusals import lineage_undos, refuse_in_doubt, refuse_unsettled, undone_elsewhere
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.run_identity import own_limit
+from raysaga.orchestrator.run_input import check_patched
 from raysaga.orchestrator.secrets import REF_KEY
 from raysaga.orchestrator.signatures import INPUT_PARAM
 from raysaga.orchestrator.tracing_ids import new_trace_id
@@ -271,7 +272,7 @@ def _fork_input(wf: Workflow, parent: RunRecord, patch: Any) -> tuple[Any, bool]
         jsoncodec.to_jsonable(patch, "input_patch")
     except (NotJSONableError, RecursionError) as exc:
         raise InvalidInputError(str(exc)) from None
-    checked = wf.check_input(merge_patch(parent.input, patch), stored=True)
+    checked = check_patched(wf, parent.input, merge_patch(parent.input, patch))
     return checked, before is NO_PATCH or jsoncodec.dumps(checked, "input") != jsoncodec.dumps(before, "input")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -127,6 +128,39 @@ def check_input(wf: Workflow, value: Any, *, stored: bool = False) -> Any:
         if problem:
             raise InvalidInputError(f"workflow {wf.name!r}: the run input is not kept by its JSON form: {problem}")
     return form
+
+
+def check_patched(wf: Workflow, parent_input: Any, patched: Any) -> Any:
+    """``check_input(stored=True)`` of a fork's patched input, refusing a key the patch brings that
+    the type does not declare: a misspelt ``--input-patch`` key (``{"amout": 5}``) was dropped and the
+    fork ran on its parent's amount. A key the parent's stored input holds (a computed field) is its own."""
+    form = check_input(wf, patched, stored=True)
+    tp = input_type(wf)
+    if tp is Any:
+        return form
+    found = unknown_keys(tp, patched, type_adapter(tp).validate_python(patched, by_alias=True, by_name=True))
+    if found:
+        inherited = _key_paths(parent_input)
+        found = [dataclasses.replace(place, keys=keys) for place in found
+                 if (keys := tuple(k for k in place.keys if (*place.where, k) not in inherited))]
+    if found:
+        raise InvalidInputError(f"the input patch: {unknown_message(wf.name, tp, found)}")
+    return form
+
+
+def _key_paths(value: Any) -> set[tuple[Any, ...]]:
+    """The path of every key of a JSON value's objects (keys and list indexes from the top)."""
+    paths: set[tuple[Any, ...]] = set()
+    todo: list[tuple[tuple[Any, ...], Any]] = [((), value)]
+    while todo:
+        where, node = todo.pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                paths.add((*where, key))
+                todo.append(((*where, key), item))
+        elif isinstance(node, list):
+            todo.extend(((*where, i), item) for i, item in enumerate(node))
+    return paths
 
 
 def _own_form(tp: Any, value: Any, exc: NotJSONableError) -> Any:
