@@ -6,8 +6,9 @@ compensation_failed), and not updated for ``older_than`` seconds. A running, wai
 compensating run is never touched, whatever its age.
 
 Deletion goes in batches of ``batch_size`` runs and at most ``ROWS_PER_BATCH`` node and event
-rows (whole runs), each one short transaction, with a pause between two on SQLite (whose lock is
-not fair), so a prune of a large store never holds the write lock for long. A blob is deleted only when no remaining run
+rows (whole runs, with the prunable runs forks link them to), each one short transaction, with a
+pause between two on SQLite (whose lock is not fair), so a prune of a large store never holds the
+write lock for long. A blob is deleted only when no remaining run
 or node row references its digest; that is decided in the DELETE statement itself (NOT EXISTS),
 on PostgreSQL under a lock that makes writers inserting blobs wait, so a concurrent commit that
 re-uses an existing blob either commits first (and keeps it) or re-inserts it after.
@@ -115,20 +116,18 @@ def prune(store: PrunableStore | str, older_than: float, statuses: Iterable[RunS
 
     prunable = due(runs)
     with store.reader.connect() as conn:
-        held, undoers = _kept(conn, prunable)
+        held = _kept(conn, prunable)
         while True:  # each rule keeps runs the other must count as staying: until neither adds one
             more = _inherited_from(conn, due, held) - held
             if not more:
                 break
-            held, undoers = _kept(conn, prunable, held | more)
+            held = _kept(conn, prunable, held | more)
     report.kept = sorted(held)
     if dry_run:
         with store.reader.connect() as conn:
             _count(conn, report, _unless(prunable, held))
         return report
-    # the runs whose nodes were undone before their undoers: a prune cut short never leaves a
-    # charge's run without the record of its refund
-    _delete(store, report, _unless(prunable, held | undoers), batch_size)
+    # (an undoer is a fork of the run it undid: the two go in one transaction, ``_fork_family``)
     _delete(store, report, _unless(prunable, held), batch_size)
     return report
 
@@ -195,17 +194,16 @@ def _tree(conn: Connection, root: str) -> dict[str, str | None]:
     return found
 
 
-def _kept(conn: Connection, prunable: ColumnElement[bool], also: set[str] | None = None
-          ) -> tuple[set[str], set[str]]:
-    """The prunable runs to keep, and the prunable undoers (``_undoers``). An undoer of a node of
-    ``o`` is kept while a run that may still inherit that node stays: a run of ``o``'s tree that
-    is no undoer of ``o`` (whose copy of the node was not given back), not pruned now, or kept
-    itself. With it are kept the runs between ``o`` and it (a later fork finds the undo by walking
-    ``o``'s forks down: a deleted middle run hid it). Undoers never hold one another (two forks
-    that both rolled back the parent's charge went for ever)."""
+def _kept(conn: Connection, prunable: ColumnElement[bool], also: set[str] | None = None) -> set[str]:
+    """The prunable runs to keep. An undoer of a node of ``o`` is kept while a run that may still
+    inherit that node stays: a run of ``o``'s tree that is no undoer of ``o`` (whose copy of the
+    node was not given back), not pruned now, or kept itself. With it are kept the runs between
+    ``o`` and it (a later fork finds the undo by walking ``o``'s forks down: a deleted middle run
+    hid it). Undoers never hold one another (two forks that both rolled back the parent's charge
+    went for ever)."""
     undoers = _undoers(conn, prunable)
     if not undoers:
-        return set(also or ()), set()
+        return set(also or ())
     every = _undoers(conn, runs.c.parent_run_id.is_not(None))  # undoers of an origin, prunable or not
     of_origin: dict[str, set[str]] = {}
     for run, origins in every.items():
@@ -225,7 +223,7 @@ def _kept(conn: Connection, prunable: ColumnElement[bool], also: set[str] | None
                     now.add(run)
                     now.update(_between(tree, origin, run) & going)
         if now == kept:
-            return kept, set(undoers)
+            return kept
         kept = now
 
 
@@ -314,7 +312,8 @@ def _one_batch(conn: Connection, report: PruneReport, prunable: ColumnElement[bo
     selected = conn.execute(query).all()
     if not selected:
         return False
-    rows = _within_rows(conn, selected)
+    taken = _within_rows(conn, selected)
+    rows = [*taken, *_fork_family(conn, [r.run_id for r in taken], prunable)]
     ids = [r.run_id for r in rows]
     candidates = {d for r in rows for d in (r.input_digest, r.output_digest) if d}
     candidates |= {d for (d,) in conn.execute(select(nodes.c.output_digest).distinct()
@@ -337,7 +336,30 @@ def _one_batch(conn: Connection, report: PruneReport, prunable: ColumnElement[bo
             report.blobs += conn.execute(delete(blobs).where(blobs.c.digest.in_(list(sizes)), not_(_referenced())))\
                 .rowcount
             report.blob_bytes += sum(int(v) for v in sizes.values())
-    return len(selected) == batch_size or len(rows) < len(selected)
+    return len(selected) == batch_size or len(taken) < len(selected)
+
+
+def _fork_family(conn: Connection, ids: list[str], prunable: ColumnElement[bool]) -> list[Any]:
+    """The prunable runs, not among ``ids``, linked to them by forks (their parents and forks, and
+    theirs): deleted in the same transaction, so a prune cut short between two batches never leaves
+    a fork whose parent is gone (it reads the ledger rows of the runs it inherits from) nor a run
+    whose refund record, its fork's compensation rows, is gone. Locked on PostgreSQL, as the batch."""
+    family, frontier = set(ids), set(ids)
+    child = runs.alias("child")
+    while frontier:
+        part = sorted(frontier)
+        parents = select(child.c.parent_run_id).where(child.c.run_id.in_(part))
+        linked = select(runs.c.run_id).where(prunable, or_(runs.c.run_id.in_(parents), runs.c.parent_run_id.in_(part)))
+        frontier = {r for (r,) in conn.execute(linked)} - family
+        family |= frontier
+    extra = sorted(family - set(ids))
+    if not extra:
+        return []
+    query = select(runs.c.run_id, runs.c.run_key, runs.c.input_digest, runs.c.output_digest) \
+        .where(runs.c.run_id.in_(extra), prunable).order_by(runs.c.run_id)
+    if conn.dialect.name == "postgresql":
+        query = query.with_for_update()  # (in one order: two prunes at once do not deadlock)
+    return list(conn.execute(query).all())
 
 
 def _within_rows(conn: Connection, selected: Sequence[Any]) -> list[Any]:
