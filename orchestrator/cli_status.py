@@ -143,7 +143,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     infos, order = step_order(store, run.run_id, wf)
     after_key = _after_key(nodes_after, order)
     none = undriven.of_run(store, run)
-    counts = shown_counts([c for info in infos for c in info.counts.items()], none)
+    counts = shown_counts([c for info in infos for c in info.counts.items()], none, run.status.value)
     head = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run.run_id, "workflow": run.workflow_name, "version": run.workflow_version,
@@ -167,7 +167,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     stream.write(dumps(head)[:-1])
     next_after: str | None = None
     if summary:
-        steps = summary_steps(infos, none)
+        steps = summary_steps(infos, none, run.status.value)
         stream.write(', "steps": ' + dumps(steps))
         failures = [{"node": node_label(f["node_id"], f["fan_index"]), "attempts": f["attempt"],
                      "error": error_line(f["error"], None)}
@@ -184,7 +184,7 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
         flying = set() if none is not None else _flying(store, run, wf) | _expanded(infos, run)
         with_rows = {s.node_id for s in infos if s.rows}
         for item in _nodes(store, run.run_id, order, with_rows, after_key, nodes_limit, flying):
-            item["status"] = undriven.shown_state(item["status"], none)  # what the text table lists
+            item["status"] = undriven.shown_state(item["status"], none, run.status.value)  # as the table lists
             stream.write(("\n" if first else ",\n") + dumps(item))
             first, last, shown = False, item["node"], shown + 1
         stream.write("]")
@@ -203,16 +203,18 @@ def stream_json(store: SqlStore, run: RunRecord, stream: IO[str], *, wf: Workflo
     stream.flush()
 
 
-def shown_counts(counts: Iterable[tuple[str, int]], none: undriven.NoDriver | None) -> dict[str, int]:
+def shown_counts(counts: Iterable[tuple[str, int]], none: undriven.NoDriver | None,
+                 status: str | None = None) -> dict[str, int]:
     """(state, count) pairs summed by state as the views show it (``undriven.shown_state``)."""
     out: dict[str, int] = {}
     for state, n in counts:
-        shown = undriven.shown_state(state, none)
+        shown = undriven.shown_state(state, none, status)
         out[shown] = out.get(shown, 0) + n
     return out
 
 
-def summary_steps(infos: list[queries.StepInfo], none: undriven.NoDriver | None = None) -> list[dict[str, Any]]:
+def summary_steps(infos: list[queries.StepInfo], none: undriven.NoDriver | None = None,
+                  status: str | None = None) -> list[dict[str, Any]]:
     """``--summary``'s steps: the workflow's steps only, by first start. An agent's turns
     (``plan@2``) and tool calls (``plan@2.0``) are node rows of their own, and were listed as steps;
     they are counted under their agent step's ``agent`` (turns, tool_calls, and the calls not
@@ -223,7 +225,7 @@ def summary_steps(infos: list[queries.StepInfo], none: undriven.NoDriver | None 
     by_id = {s.node_id: s for s in infos}
     steps: list[dict[str, Any]] = [
         {"step": name, "nodes": by_id[name].rows + by_id[name].no_row,
-         "counts": shown_counts(by_id[name].counts.items(), none),
+         "counts": shown_counts(by_id[name].counts.items(), none, status),
          "first_started_at": by_id[name].first_started} for name in kept]
     steps += [{"step": name, "nodes": 0, "counts": {}, "first_started_at": None}  # turns with no agent row yet
               for name in calls if name not in by_id]
@@ -232,7 +234,7 @@ def summary_steps(infos: list[queries.StepInfo], none: undriven.NoDriver | None 
         if found is not None:
             step["first_started_at"] = step["first_started_at"] or found.first_started
             step["agent"] = {"turns": found.turns, "tool_calls": found.tool_calls,
-                             "unfinished": shown_counts(found.unfinished.items(), none)}
+                             "unfinished": shown_counts(found.unfinished.items(), none, status)}
     steps.sort(key=lambda st: (st["first_started_at"] is None, st["first_started_at"] or 0.0))  # stable
     return steps
 
@@ -365,9 +367,10 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         note = " · ".join(n for n in (note, undone.get(label, "")) if n)
         if row["fan_index"] < 0 and row["node_id"] in agent_calls and not note:
             note = agent_calls[row["node_id"]].note()
-        state = undriven.shown_state(row["status"], none)
+        state = undriven.shown_state(row["status"], none, run.status.value)
         if state != row["status"] and not note:
-            note = "recorded running; nobody runs it: a resume runs it again"
+            again = "a resume runs it again" if none else "it runs again when the run goes on"
+            note = f"recorded running; nobody runs it: {again}"
         table.append([flat(label), state, str(row["attempt"]), clock(row["started_at"]),
                       seconds(row["duration"]), flat(note)])
 
@@ -389,10 +392,11 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
             items[row["status"]] -= 1
         total = sum(items.values())
         if info.rows and not plain and total > 0:  # a fan-out under way: its own row is written when it ends
-            table.append([flat(step), undriven.shown_state(fan_state(items), none), "", "", "",
+            table.append([flat(step), undriven.shown_state(fan_state(items), none, run.status.value), "", "", "",
                           f"fan-out: {total} items, counted below"])
         if total > 0:
-            parts = ", ".join(f"{n} {state}" for state, n in sorted(shown_counts(items.items(), none).items()) if n)
+            shown = shown_counts(items.items(), none, run.status.value)
+            parts = ", ".join(f"{n} {state}" for state, n in sorted(shown.items()) if n)
             closed = any(row["status"] in _CLOSED for row in plain)  # the fan-out ended: what has no row never ran
             fan_notes.append(f"{step}: {total} items — {parts}" + _no_row_note(info.no_row, run, none, closed))
             unfinished = total - items.get("completed", 0) - info.no_row  # rows: the ones to list
@@ -453,7 +457,7 @@ def print_dag(console: Console, store: SqlStore, run: RunRecord, workflow: str |
         console.print(Text(f"dag: {graph['note']}", style="dim"))
     console.print(Text("dag (by generation):"))
     views = run_views.step_views(store, run.run_id, graph, running=run.status.value == "running",
-                                 no_driver=undriven.of_run(store, run))
+                                 no_driver=undriven.of_run(store, run), status=run.status.value)
     for head, style, detail in run_views.layered_lines(graph, views):
         console.print(Text.assemble((flat(head), style), "  ", flat(detail)))
 

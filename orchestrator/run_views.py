@@ -29,11 +29,12 @@ SYMBOL, COLOURS, STYLES = dag_svg.SYMBOL, dag_svg.COLOURS, dag_svg.STYLES
 
 
 def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: bool = False,
-               no_driver: NoDriver | None = None) -> list[StepView]:
+               no_driver: NoDriver | None = None, status: str | None = None) -> list[StepView]:
     """The graph's steps in topological order, each with its state from the run's rows. In a
     ``running`` run a step with no row whose inputs are all complete is in flight (the engine
     writes most rows when a step ends), so it shows as running; in one that no driver drives
-    (``no_driver``) what would show running shows as ``NoDriver.in_flight`` (``interrupted``)."""
+    (``no_driver``) what would show running shows as ``NoDriver.in_flight`` (``interrupted``), as
+    in one at rest (``status``: ``undriven.shown_state``)."""
     rows = store.step_rows(run_id, ITEMS_SHOWN)
     fanned = {r["node_id"] for r in rows if r["fan_index"] >= 0 and "@" not in r["node_id"]}
     steps = steps_of(rows, fan_counts(store, run_id, fanned | set(store.fanout_sizes(run_id))))
@@ -62,7 +63,7 @@ def step_views(store: Store, run_id: str, graph: dict[str, Any], *, running: boo
             if v.step in flying:
                 v.state = "running"
     for v in out:
-        v.state = shown_state(v.state, no_driver)
+        v.state = shown_state(v.state, no_driver, status)
     return out
 
 
@@ -171,7 +172,7 @@ class RunView:
         title = f"{run.run_id} ({run.workflow_name} v{run.workflow_version}): " + \
             (none.headline() if none else run.status.value)
         return svg(graph, step_views(self._store, run.run_id, graph, running=run.status.value == "running",
-                                     no_driver=none), title)
+                                     no_driver=none, status=run.status.value), title)
 
     def _repr_svg_(self) -> str:
         return self._repr_html_()

@@ -189,10 +189,16 @@ def stops(store: Store, run_ids: list[str]) -> dict[str, DriverStop]:
     return store.driver_stops(run_ids) if isinstance(store, DashboardReads) and run_ids else {}
 
 
-def shown_state(state: str, no_driver: NoDriver | None) -> str:
+def shown_state(state: str, no_driver: NoDriver | None, status: str | None = None) -> str:
     """A node's (or step's) state as a view shows it: ``running`` is ``NoDriver.in_flight`` in a run
-    no driver drives; every other state as stored."""
-    return no_driver.in_flight if no_driver is not None and state == "running" else state
+    no driver drives, and ``interrupted`` in a run at rest (``status``: paused, waiting or ended; a
+    pause cancels the calls in flight, their rows stay running until the run goes on and runs them
+    again: a paused run showed "5 running"); every other state as stored."""
+    if state != "running":
+        return state
+    if no_driver is not None:
+        return no_driver.in_flight
+    return INTERRUPTED if status is not None and status not in ACTIVE else state
 
 
 __all__ = ["INTERRUPTED", "WAITING", "NoDriver", "derive", "needs_stop", "of_run", "of_summaries", "shown_state",

@@ -143,11 +143,15 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
   };
 
   const allRows = (): Row[] => [...rows.values()];
+  // what a row the store records running shows in a run at rest (paused, waiting, ended): nobody
+  // runs it, a pause cancelled its call (as `raysaga status` says: undriven.shown_state); else null
+  const atRest = (): string | null =>
+    doc && !["running", "compensating"].includes(doc.run.status) ? "interrupted" : null;
   const claims: number[] = [];
   let segment = 0;
   const drawGanttNow = (): void => {
     clear(ganttBox);
-    const resting = doc && ["completed", "cancelled", "compensated", "failed", "compensation_failed"]
+    const resting = doc && ["completed", "cancelled", "compensated", "failed", "compensation_failed", "paused"]
       .includes(doc.run.status);
     if (claims.length > 1) {
       const pickSegment = h("select", { id: "segment", "aria-label": "driver segment" },
@@ -163,7 +167,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
     const stopped = doc?.run.no_driver?.why === "silent" ? null : doc?.run.no_driver ?? null;
     const until = resting && doc ? doc.run.updated_at : stopped ? stopped.since ?? doc?.run.updated_at ?? 0 :
       Date.now() / 1000;
-    ganttBox.append(drawGantt(allRows(), until, pick, claims, segment, stopped?.in_flight ?? null));
+    ganttBox.append(drawGantt(allRows(), until, pick, claims, segment, stopped?.in_flight ?? atRest()));
   };
 
   const layout = (): void => {
@@ -180,7 +184,7 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
       pick(id);
     }, () => selected, () => doc?.run.status === "running",
     () => ["completed", "cancelled", "compensated", "failed", "compensation_failed"].includes(doc?.run.status ?? ""),
-    () => doc?.run.no_driver?.in_flight ?? null);
+    () => doc?.run.no_driver?.in_flight ?? atRest());
     if (view.note) dagBox.append(h("p", { class: "muted note", id: "dag-grid-note" }, view.note));
     dagBox.append(view.svg);
   };
