@@ -17,7 +17,7 @@ from raysaga.orchestrator.driver import driver_id
 from raysaga.orchestrator.driver_signals import budget_advice, spent_budget
 from raysaga.orchestrator.fleet_view import RECENT
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.ownership import claim
+from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.run_identity import same_deaths, same_labels, same_options
 from raysaga.orchestrator.runner import CANCEL_TTL, SELF_PAUSED, create_run, existing_run, reopen
 from raysaga.orchestrator.runner import cancel as cancel_run
@@ -114,12 +114,16 @@ class Client:
         reason = printable(reason or f"paused by {by or 'operator'}")  # a lone surrogate failed its writes
         if reason.startswith(SELF_PAUSED):  # read as a run's own pause, a resume would drive it on
             reason = f"paused: {reason}"
-        for _ in range(5):
+        for _ in range(5 + _AT_REST_TRIES):
             run = self.get_run(run_id)
             if run.status in TERMINAL or run.status in PARKED or run.status == RunStatus.COMPENSATING:
                 raise UserError(f"run {run_id!r} is {run.status.value}: only a running or waiting run can be paused")
+            self._refuse_if_cancelled(run)
             if run.status == RunStatus.PAUSED:
                 return run
+            if run.status in _RESTING and _live(run):  # another call's lease a moment (a cancel at rest, a
+                time.sleep(_AT_REST_POLL)  # worker taking it up): no driver at work to obey a signal yet
+                continue
             if run.status in _PAUSABLE and not _live(run):
                 paused = self._pause_at_rest(run_id, reason, by)
                 if paused is not None:
@@ -141,11 +145,31 @@ class Client:
             run = self.store.get_run(run_id, lenient=True)
             if run.status not in _PAUSABLE:
                 return None
+            self._refuse_if_cancelled(run)
             # holding the lease, no driver can move the run: the transition's event names the actor
             self.store.transition(run_id, run.version, RunStatus.PAUSED, reason=reason, data={"by": by})
+            if self._cancel_pending(run_id):  # one queued meanwhile (its wake came before the pause cleared
+                # ``wake_at``): due again, a worker (or the waiting cancel) takes the paused run and cancels it
+                self.store.wake(run_id, [RunStatus.PAUSED], "a cancel came while it was being paused",
+                                "cancel_requested", {"by": by})
         finally:
             self.store.release(lease)
         return self.get_run(run_id)
+
+    def _cancel_pending(self, run_id: str) -> bool:
+        return any(s.kind == "cancel" for s in self.store.pending_signals(run_id))
+
+    def _plain_cancel_queued(self, run_id: str) -> bool:
+        """A cancel is queued and none asks a rollback (that one waits for a driver to roll back)."""
+        cancels = [s for s in self.store.pending_signals(run_id) if s.kind == "cancel"]
+        return bool(cancels) and not any(isinstance(s.payload, dict) and s.payload.get("compensate") for s in cancels)
+
+    def _refuse_if_cancelled(self, run: RunRecord) -> None:
+        """A pause of a run with a cancel queued is refused: paused, the run was not due any more
+        and the cancel (a rollback asked for) waited for an unpause that nobody knew was needed."""
+        if self._cancel_pending(run.run_id):
+            raise UserError(f"run {run.run_id!r} has a cancel queued ({run.status_reason or 'cancel requested'}): "
+                            "it is not paused; the cancel goes on (`raysaga status` shows where it is)")
 
     def unpause(self, run_id: str, *, by: str | None = None) -> RunRecord:
         """Let a paused run go on: a worker takes it up at once (or ``raysaga resume RUN``). A run
@@ -173,7 +197,18 @@ class Client:
         by, given = _actor(by), _reason(reason)
         reason = printable(given or f"cancelled by {by or 'operator'}")  # a lone surrogate failed its writes
         if not compensate:
-            return cancel_run(run_id, store=self.store, reason=reason, wait=0)
+            record = cancel_run(run_id, store=self.store, reason=reason, wait=0)
+            for _ in range(_AT_REST_TRIES):
+                # queued on a run at rest whose lease another call held a moment (a pause at rest, a
+                # worker taking it up): no driver at work obeys it; taken here once the lease is free
+                if record.status not in (*_RESTING, RunStatus.PAUSED) or not self._plain_cancel_queued(run_id):
+                    return record
+                if _live(record):
+                    time.sleep(_AT_REST_POLL)  # (polling another process's progress)
+                    record = self.get_run(run_id)
+                else:
+                    record = cancel_run(run_id, store=self.store, reason=reason, wait=0)
+            return record
         run = self.get_run(run_id)
         if run.status in TERMINAL:
             return run
@@ -219,7 +254,16 @@ class Client:
 
 
 def _live(run: RunRecord) -> bool:
-    return run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time()
+    """A driver holds the run: its lease is valid and its owner not provably gone (a SIGKILLed
+    driver's lease outlives it: a pause said "its driver pauses it shortly", and none came)."""
+    return run.lease_owner is not None and (run.lease_expires_at or 0.0) >= time.time() \
+        and not owner_is_gone(run.lease_owner)
+
+
+#: How many times, and how often, a plain cancel looks again at a run at rest whose lease another
+#: operator's call held: a pause at rest holds it for one transition (milliseconds).
+_AT_REST_TRIES = 50
+_AT_REST_POLL = 0.05
 
 
 def _actor(by: str | None) -> str | None:
