@@ -460,6 +460,7 @@ class Forward:
             batch.nodes.append(NodeWrite(node_id=step, fan_index=-1, status=NodeStatus.RUNNING,
                                          attempt=self.fanout.round(step), started_at=self.out.now))
             self.sched.retry_items(step, indexes)
+            self.counts.failed = max(0, self.counts.failed - len(indexes))  # failed no more: retried
         else:
             error = {"type": "FanOutPolicy", "message": decision.reason, "verdict": decision.verdict.value}
             self.running_parents.discard(step)
