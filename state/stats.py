@@ -1,14 +1,18 @@
 """Operational figures of a store, read from the runs and the event log (``raysaga stats``).
 
 Everything here is derived from rows the engine writes anyway: no counter is kept on the side,
-so the figures cannot drift from the history they summarise.
+so the figures cannot drift from the history they summarise. Nor do they outlive it: ``raysaga
+prune`` deletes runs with their events and lowers the counts, so ``prometheus`` types every figure
+a gauge (a counter that goes down reads as a reset: ``rate()`` counted phantom retries).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections import defaultdict
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, Text, cast, func, select
@@ -41,10 +45,12 @@ class Stats(BaseModel):
     alive). They stay in that state on purpose, until a worker or ``raysaga resume`` takes them up
     (``driver_stops.count_undriven``)."""
     waiting_human_seconds: Quantiles = Quantiles()
-    """How long runs rested in ``waiting_human`` (finished waits; a wait under way counts up to now)."""
+    """How long approvals waited for a human: one wait per approval, from when it was asked to when
+    it was decided (else its timeout, or its run's end); a wait under way counts up to now."""
     resumes: int = 0
     """Claims of a run after its first by a driver that goes on with it (a crash, a hand-back, a
-    wake-up); not an operator's cancel, pause or retry, which claim the run for one transition."""
+    wake-up); not an operator's cancel, pause or retry, which claim the run for one transition, nor
+    the drive a retry starts (it starts the run again, as a first claim does)."""
     resumed_runs: int = 0
     resumed_completed: int = 0
     resume_success_rate: float | None = None
@@ -66,6 +72,13 @@ class Stats(BaseModel):
 
 _AT_REST = {RunStatus.COMPLETED.value, RunStatus.FAILED.value, RunStatus.COMPENSATED.value,
             RunStatus.COMPENSATION_FAILED.value, RunStatus.CANCELLED.value}
+#: the events that open, widen and settle an approval (``waiting_human_seconds``)
+_APPROVAL_KINDS = ("approval_requested", "approval_escalated", "decision")
+#: transitions that close whatever the run still asked of a human (its forward part stopped)
+_RUN_ENDS = ("run_completed", "run_failed", "run_cancelled", "run_compensating", "run_compensated",
+             "run_compensation_failed")
+#: an event of the trail: run, at, kind, data (JSON text), (node, fan index or -1)
+Trail = tuple[str, float, str, str | None, tuple[str | None, int]]
 
 
 def compute(engine: Engine, since: float | None = None, now: float | None = None) -> Stats:
@@ -84,12 +97,14 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
                                    .where(in_scope, events.c.kind == "retry_scheduled")).scalar_one())
         status_of = dict(conn.execute(select(runs.c.run_id, runs.c.status)
                                       .where(runs.c.run_id.in_(scope.scalar_subquery()))).all())
-        trail = conn.execute(
-            select(events.c.run_id, events.c.at, events.c.kind, cast(events.c.data, Text))
-            .where(in_scope, events.c.kind.in_(["lease_claimed", "run_waiting_human", "run_running",
-                                                "run_cancelled", "run_compensating", "run_failed",
-                                                "run_completed", "run_paused"]))
+        rows = conn.execute(
+            select(events.c.run_id, events.c.at, events.c.kind, cast(events.c.data, Text), events.c.node_id,
+                   events.c.fan_index)
+            .where(in_scope, events.c.kind.in_(["lease_claimed", "run_waiting_human", "run_running", "run_paused",
+                                                *_RUN_ENDS, *_APPROVAL_KINDS]))
             .order_by(events.c.run_id, events.c.seq)).all()
+        trail: list[Trail] = [(r, at, kind, data, (node, -1 if index is None else index))
+                              for r, at, kind, data, node, index in rows]
         ledger_hits = int(conn.execute(
             select(func.count()).select_from(events)
             .where(in_scope, events.c.kind == "node_completed",
@@ -100,33 +115,10 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
         trips, probing = (int(conn.execute(select(func.count()).select_from(breakers)
                                            .where(breakers.c.state == state, cooling)).scalar_one())
                           for state in ("open", "half_open"))
-    claims: dict[str, int] = defaultdict(int)  # run -> its claims
-    resumes: dict[str, int] = defaultdict(int)  # run -> its claims after the first by a driver
-    unsure: set[str] = set()  # runs whose last claim is not known yet to be a driver's or an operator's
-    waits: list[float] = []
-    latencies: list[float] = []
-    waiting_since: dict[str, float] = {}
-    for run_id, at, kind, data in trail:
-        if kind == "lease_claimed":
-            if run_id in unsure:  # claimed again before any transition: a driver's (it crashed)
-                resumes[run_id] += 1
-            claims[run_id] += 1
-            if claims[run_id] > 1:
-                unsure.add(run_id)
-            if data and '"worker"' in data:
-                latencies.append(_latency(data))
-            continue
-        if run_id in unsure:  # the claim's first transition says whose it was
-            unsure.discard(run_id)
-            if not _operators(kind, data):
-                resumes[run_id] += 1
-        if kind == "run_waiting_human":
-            waiting_since[run_id] = at
-        elif run_id in waiting_since:
-            waits.append(at - waiting_since.pop(run_id))
-    for run_id in unsure:
-        resumes[run_id] += 1
-    waits.extend(now - at for at in waiting_since.values())
+    resumes = _resumes(trail)
+    waits = _approval_waits(trail, now)
+    latencies = [_latency(data) for _, _, kind, data, _ in trail
+                 if kind == "lease_claimed" and data and '"worker"' in data]
     resumed = [r for r, n in resumes.items() if n]
     resumed_at_rest = [r for r in resumed if status_of.get(r) in _AT_REST]
     completed = sum(1 for r in resumed_at_rest if status_of.get(r) == RunStatus.COMPLETED.value)
@@ -140,15 +132,101 @@ def compute(engine: Engine, since: float | None = None, now: float | None = None
         claim_latency_seconds=_quantiles(latencies))
 
 
+def _resumes(trail: list[Trail]) -> dict[str, int]:
+    """Each run's claims after its first by a driver that goes on with it. An operator's claim is
+    told by the transition it makes; the claim of the driver an operator's retry starts (``retry``,
+    or a worker taking the reopened run) starts the run again, as its first claim did: no resume."""
+    claims: dict[str, int] = defaultdict(int)  # run -> its claims (since it was last started)
+    resumes: dict[str, int] = defaultdict(int)  # run -> its claims after the first by a driver
+    unsure: set[str] = set()  # runs whose last claim is not known yet to be a driver's or an operator's
+    for run_id, _, kind, data, _ in trail:
+        if kind in _APPROVAL_KINDS:
+            continue
+        if kind == "lease_claimed":
+            if run_id in unsure:  # claimed again before any transition: a driver's (it crashed)
+                resumes[run_id] += 1
+            claims[run_id] += 1
+            if claims[run_id] > 1:
+                unsure.add(run_id)
+            continue
+        if run_id in unsure:  # the claim's first transition says whose it was
+            unsure.discard(run_id)
+            if not _operators(kind, data):
+                resumes[run_id] += 1
+        if _retried(kind, data):  # the next claim is the retry's own driver's, as a new run's first
+            claims[run_id] = 0
+    for run_id in unsure:
+        resumes[run_id] += 1
+    return resumes
+
+
+class _Asked:
+    """An approval under way: since when, how many approvals settle it, its timeout, approvals so far."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+        self.quorum = 1
+        self.timeout_at: float | None = None
+        self.approvals = 0  # each from another approver: ``decisions.decide`` refuses one twice
+
+    def ended(self, at: float) -> float:
+        """Its length, had it ended at ``at`` undecided: a timeout ended it then (a decision after
+        it is refused)."""
+        end = at if self.timeout_at is None else min(at, self.timeout_at)
+        return max(0.0, end - self.since)
+
+
+def _approval_waits(trail: list[Trail], now: float) -> list[float]:
+    """One wait per approval asked (a step's, an agent's tool call's): from ``approval_requested``
+    to the decision that settles it (a rejection, or its quorum of distinct approvers), else its
+    timeout, else the run's end (cancelled, failed, rolled back); one under way counts up to now.
+    A driver handing the run back and another taking it up (``waiting_human``, ``running``,
+    ``waiting_human`` again) is the same wait: the human was asked once."""
+    waits: list[float] = []
+    asked: dict[str, dict[tuple[str | None, int], _Asked]] = defaultdict(dict)  # run -> approval -> wait
+    for run_id, at, kind, data, key in trail:
+        if kind in ("approval_requested", "approval_escalated"):  # escalated: the same approval, asked of more
+            fields = _fields(data)
+            wait = asked[run_id].setdefault(key, _Asked(at))
+            quorum, timeout_at = fields.get("quorum"), fields.get("timeout_at")
+            wait.quorum = quorum if isinstance(quorum, int) and quorum > 0 else 1
+            wait.timeout_at = float(timeout_at) if isinstance(timeout_at, int | float) else None
+        elif kind == "decision" and key in asked[run_id]:
+            fields, wait = _fields(data), asked[run_id][key]
+            wait.approvals += fields.get("verdict") == "approve"  # (a "by" may read "[redacted]")
+            if fields.get("verdict") != "approve" or wait.approvals >= wait.quorum:
+                waits.append(max(0.0, at - asked[run_id].pop(key).since))
+        elif kind in _RUN_ENDS:  # what still waits is closed with the run (or its rollback)
+            waits.extend(wait.ended(at) for wait in asked.pop(run_id, {}).values())
+    waits.extend(wait.ended(now) for run in asked.values() for wait in run.values())
+    return waits
+
+
+def _retried(kind: str, data: str | None) -> bool:
+    """An operator's retry's transition (``runner.reopen``: of the run, or of its compensations)."""
+    if kind not in ("run_running", "run_compensating") or not data or "operator retry" not in data:
+        return False
+    reason = _fields(data).get("reason")
+    return isinstance(reason, str) and (reason == "operator retry"
+                                        or reason.endswith("operator retry of compensations)")
+                                        or reason == "operator retry of compensations")
+
+
+def _fields(data: str | None) -> dict[str, Any]:
+    try:
+        value = json.loads(data) if data else None
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _operators(kind: str, data: str | None) -> bool:
     """Whether the first transition after a claim is an operator's act, taken under a lease of its
     own (``raysaga cancel``, ``pause``, ``retry``), not a driver's resume."""
-    return kind in ("run_cancelled", "run_paused") or (data is not None and "operator retry" in data)
+    return kind in ("run_cancelled", "run_paused") or _retried(kind, data)
 
 
 def _latency(data: str) -> float:
-    import json
-
     try:
         value = json.loads(data).get("latency", 0.0)
     except (ValueError, AttributeError):
@@ -167,6 +245,10 @@ def _quantiles(values: list[float]) -> Quantiles:
     return Quantiles(count=len(ordered), p50=at(0.5), p95=at(0.95))
 
 
+#: what a count of the event log's rows covers (a HELP text's end): the runs ``raysaga prune`` left
+HELD = ", over the runs the store holds (a gauge: pruning runs lowers it)"
+
+
 def prometheus(stats: Stats) -> str:
     """The figures in Prometheus' text exposition format (0.0.4): ``raysaga stats --prometheus``,
     and the first part of the dashboard's ``/metrics``."""
@@ -182,20 +264,25 @@ def prometheus(stats: Stats) -> str:
            [(f'{{status="{label_value(n)}"}}', stats.runs_by_state.get(n, 0)) for n in states])
     metric("raysaga_runs_without_driver", "Runs running or compensating that no driver drives (interrupted, or "
            "their driver died): a resume or a worker takes them up.", [("", stats.runs_without_driver)])
-    for name, q, text in (
+    # quantiles over the runs held, not a summary's: its _count went down with a prune, as a counter would
+    for name, q, text, count, counted in (
             ("raysaga_waiting_human_seconds", stats.waiting_human_seconds,
-             "How long runs waited for a human (finished waits, and ongoing ones up to now)."),
+             "How long approvals waited for a human, from asked to decided (ongoing ones up to now)",
+             "raysaga_waiting_human_waits", "Approvals asked of a human (waits finished and under way)"),
             ("raysaga_claim_latency_seconds", stats.claim_latency_seconds,
-             "From a run becoming runnable to a worker's claim.")):
-        metric(name, text, [('{quantile="0.5"}', q.p50), ('{quantile="0.95"}', q.p95)], "summary")
-        lines.append(f"{name}_count {q.count}")
-    metric("raysaga_duplicates_prevented_total", "Effects served from the ledger instead of called again.",
-           [("", stats.duplicates_prevented)], "counter")
-    metric("raysaga_retries_total", "Retries scheduled after a failed attempt.", [("", stats.retries)], "counter")
+             "From a run becoming runnable to a worker's claim", "raysaga_worker_claims", "Workers' claims of runs")):
+        metric(name, f"{text}{HELD}.", [('{quantile="0.5"}', q.p50), ('{quantile="0.95"}', q.p95)])
+        metric(count, f"{counted}{HELD}.", [("", q.count)])
+    # gauges, not counters: each is a count of rows the store holds, so ``raysaga prune`` lowers it (a
+    # counter that went down read as a reset: rate() and increase() counted a prune as new retries)
+    metric("raysaga_duplicates_prevented", f"Effects served from the ledger instead of called again{HELD}.",
+           [("", stats.duplicates_prevented)])
+    metric("raysaga_retries", f"Retries scheduled after a failed attempt{HELD}.", [("", stats.retries)])
     metric("raysaga_breakers_open", "Circuit breakers open now (within their cooldown).", [("", stats.breaker_trips)])
     metric("raysaga_breakers_half_open", "Circuit breakers with a probe call out.", [("", stats.breakers_half_open)])
-    metric("raysaga_resumes_total", "Claims of a run after its first by a driver (crash, hand-back, wake-up).",
-           [("", stats.resumes)], "counter")
+    metric("raysaga_resumes", f"Claims of a run after its first by a driver going on with it (crash, hand-back, "
+           f"wake-up; not an operator's act, nor the drive a retry starts){HELD}.",
+           [("", stats.resumes)])
     metric("raysaga_resume_success_ratio", "Of the runs resumed and now at rest, the share that completed.",
            [("", stats.resume_success_rate)])
     return "\n".join(lines) + "\n"

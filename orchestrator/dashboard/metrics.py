@@ -1,11 +1,13 @@
 """``/metrics``: the store's figures in the Prometheus text format (0.0.4), written by hand (a few
-gauges need no client library). One scrape is ``Store.stats`` (the figures ``raysaga stats``
-prints) and two GROUP BY queries of the dashboard's own (``Store.store_metrics``)."""
+gauges need no client library). Every figure is a gauge: each is read from the rows the store
+holds, which ``raysaga prune`` deletes, so none is a counter (one that goes down reads as a
+reset). One scrape is ``Store.stats`` (the figures ``raysaga stats`` prints) and two GROUP BY
+queries of the dashboard's own (``Store.store_metrics``)."""
 
 from __future__ import annotations
 
 from raysaga.state import EffectStatus, Store
-from raysaga.state.stats import label_value, prometheus
+from raysaga.state.stats import HELD, label_value, prometheus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -18,14 +20,15 @@ def render(store: Store, live_streams: int = 0) -> str:
     extra = store.store_metrics()
     lines: list[str] = [prometheus(store.stats()).rstrip("\n")]
 
-    def gauge(name: str, text: str, samples: list[tuple[str, float | int | None]], kind: str = "gauge") -> None:
-        lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+    def gauge(name: str, text: str, samples: list[tuple[str, float | int | None]]) -> None:
+        lines.extend([f"# HELP {name} {text}", f"# TYPE {name} gauge"])
         for labels, value in samples:
             if value is not None:
                 lines.append(f"{name}{labels} {value}")
 
-    gauge("raysaga_events_total", "Events of these kinds in the event log.",
-          [(f'{{kind="{label_value(k)}"}}', n) for k, n in sorted(extra["events"].items())], "counter")
+    # a gauge: ``raysaga prune`` deletes its runs' events (a counter going down read as a reset)
+    gauge("raysaga_events", f"Events of these kinds in the event log{HELD}.",
+          [(f'{{kind="{label_value(k)}"}}', n) for k, n in sorted(extra["events"].items())])
     # every status a ledger row can have (0 when none has it), then any other found in the store
     known = [s.value for s in EffectStatus]
     ledger = known + sorted(set(extra["effects"]) - set(known))

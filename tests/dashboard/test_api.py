@@ -147,9 +147,9 @@ def test_metrics_are_prometheus_text(client: TestClient, demo: tuple[SqlStore, d
     assert 'raysaga_runs{status="completed"} 3' in lines
     assert 'raysaga_runs{status="waiting_human"} 1' in lines
     assert 'raysaga_effects{status="committed"} 7' in lines
-    assert "raysaga_retries_total 0" in lines
+    assert "raysaga_retries 0" in lines
     assert any(line.startswith('raysaga_waiting_human_seconds{quantile="0.95"}') for line in lines)
-    assert "# TYPE raysaga_duplicates_prevented_total counter" in lines
+    assert "# TYPE raysaga_duplicates_prevented gauge" in lines
 
 
 def test_a_fan_out_in_flight_counts_its_items_without_rows(tmp_path: Any) -> None:
