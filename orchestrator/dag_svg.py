@@ -52,8 +52,9 @@ class StepView:
             parts.append(f"{self.attempts} attempt{'s' if self.attempts != 1 else ''}")
         if self.duration is not None:
             parts.append(_secs(self.duration))
-        if self.turns:
-            parts.append(f"{self.turns} turns, {self.tokens} tokens")
+        if self.turns:  # a retried round asks its items' turns again, over their rows: the last round's
+            parts.append(f"{self.turns} turns, {self.tokens} tokens" + (" (last round's)" if self.counts
+                                                                         and self.attempts > 1 else ""))
         if self.effect:
             parts.append("effect")
         if self.compensation:
