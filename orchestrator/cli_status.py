@@ -366,7 +366,7 @@ def print_status(console: Console, store: SqlStore, run: RunRecord, *, store_tex
         note = f"inherited from {row['origin_run_id']}" if row.get("origin_run_id") else error_line(row["error"], 120)
         note = " · ".join(n for n in (note, undone.get(label, "")) if n)
         if row["fan_index"] < 0 and row["node_id"] in agent_calls and not note:
-            note = agent_calls[row["node_id"]].note()
+            note = agent_calls[row["node_id"]].note(lambda s: undriven.shown_state(s, none, run.status.value))
         state = undriven.shown_state(row["status"], none, run.status.value)
         if state != row["status"] and not note:
             again = "a resume runs it again" if none else "it runs again when the run goes on"

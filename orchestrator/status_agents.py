@@ -11,7 +11,7 @@ show every call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from raysaga.node_key import NodeKey
@@ -30,12 +30,17 @@ class AgentCalls:
     unfinished: dict[str, int] = field(default_factory=dict)
     """Calls not completed, by status (a tool call that failed, a turn in flight)."""
 
-    def note(self) -> str:
+    def note(self, shown: Callable[[str], str] = str) -> str:
+        """``3 turns, 2 tool calls (1 running)``; ``shown``: a state as the view shows it (a call
+        recorded running in a run nobody drives, or at rest, is ``interrupted``: ``undriven``)."""
         text = f"{self.turns} turn{'s' if self.turns != 1 else ''}"
         if self.tool_calls:
             text += f", {self.tool_calls} tool call{'s' if self.tool_calls != 1 else ''}"
         if self.unfinished:
-            text += " (" + ", ".join(f"{n} {status}" for status, n in sorted(self.unfinished.items())) + ")"
+            states: dict[str, int] = {}
+            for status, n in self.unfinished.items():
+                states[shown(status)] = states.get(shown(status), 0) + n
+            text += " (" + ", ".join(f"{n} {status}" for status, n in sorted(states.items())) + ")"
         return text
 
 

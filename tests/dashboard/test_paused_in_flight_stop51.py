@@ -114,3 +114,15 @@ def test_the_dashboard_draws_them_interrupted_not_growing(paused: tuple[SqlStore
         expect(page.locator('svg.dag [data-node="plan"]')).to_have_attribute("data-state", "completed")
         page.goto(f"{base}/#/")
         expect(page.locator("#runs")).to_be_visible()
+
+
+def test_an_agent_rows_note_counts_its_calls_as_shown() -> None:
+    """The note of an agent step's own row (``3 turns, 2 tool calls (1 running)``) said running too."""
+    from raysaga.orchestrator import undriven
+    from raysaga.orchestrator.status_agents import AgentCalls
+
+    calls = AgentCalls(turns=3, tool_calls=2, unfinished={"running": 1, "failed": 1})
+    assert calls.note() == "3 turns, 2 tool calls (1 failed, 1 running)"
+    at_rest = calls.note(lambda s: undriven.shown_state(s, None, "paused"))
+    assert at_rest == "3 turns, 2 tool calls (1 failed, 1 interrupted)"
+    assert calls.note(lambda s: undriven.shown_state(s, None, "running")) == calls.note()
