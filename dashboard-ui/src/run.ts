@@ -91,8 +91,9 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
 
   const drawHead = (run: RunSummary & Partial<RunDoc["run"]>, now: number): void => {
     clear(head);
-    const budget = (used: number, cap: number | null, unit = ""): string => cap ? `${used}${unit} of ${cap}${unit}` :
-      `${used}${unit}`;
+    // (a budget of 0 is a budget: no retries at all)
+    const budget = (used: number, cap: number | null, unit = ""): string => cap !== null && cap !== undefined ?
+      `${used}${unit} of ${cap}${unit}` : `${used}${unit}`;
     const actions = h("div", { class: "actions" });
     const act = (verb: string, label: string, danger = false): HTMLElement => h("button", {
       class: danger ? "danger" : "", "data-verb": verb, onclick: () => {
@@ -115,7 +116,8 @@ export function renderRun(root: HTMLElement, runId: string, params: URLSearchPar
           "in " + secs(run.deadline_at - now) : "passed"})` : "none"),
         h("dt", {}, "retries"), h("dd", {}, budget(run.retries_used, run.retry_budget)),
         h("dt", {}, "tokens"), h("dd", {}, budget(run.tokens_used, run.token_budget)),
-        h("dt", {}, "cost"), h("dd", {}, run.cost_budget ? `$${run.cost_used.toFixed(4)} of $${run.cost_budget}` :
+        h("dt", {}, "cost"), h("dd", {}, run.cost_budget !== null && run.cost_budget !== undefined ?
+          `$${run.cost_used.toFixed(4)} of $${run.cost_budget}` :
           `$${run.cost_used.toFixed(4)}`),
         h("dt", {}, "driver"), h("dd", { id: "driver" }, run.no_driver ? `none (${run.no_driver.why}` +
           `${run.no_driver.since ? " at " + utc(run.no_driver.since) : ""})` : run.lease_owner &&

@@ -73,7 +73,7 @@ def paused(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SqlStore,
 
         url = f"sqlite:///{folder / 'raysaga.db'}"
         run = raysaga.run(wf, 5, store=url, run_id=RUN, executor="inline",
-                          options=raysaga.RunOptions(token_budget=5000))
+                          options=raysaga.RunOptions(token_budget=5000, retry_budget=0))
         assert run.status == RunStatus.PAUSED, run.status_reason
         store = SqlStore(url)
         stored = [n.status for n in store.nodes(RUN) if n.node_id == "research" and n.fan_index >= 0]
@@ -112,6 +112,8 @@ def test_the_dashboard_draws_them_interrupted_not_growing(paused: tuple[SqlStore
         expect(page.locator('svg.dag [data-node="research"]')).to_have_attribute("data-state", "interrupted")
         expect(page.locator('svg.gantt [data-node="research[0]"]')).to_have_attribute("data-state", "interrupted")
         expect(page.locator('svg.dag [data-node="plan"]')).to_have_attribute("data-state", "completed")
+        expect(page.locator('dt:text-is("retries") + dd')).to_have_text("0 of 0")  # (a budget of 0 was hidden)
+        expect(page.locator('dt:text-is("tokens") + dd')).to_have_text("7500 of 5000")
         page.goto(f"{base}/#/")
         expect(page.locator("#runs")).to_be_visible()
 
