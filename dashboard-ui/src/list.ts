@@ -51,8 +51,9 @@ export function renderList(root: HTMLElement, params: URLSearchParams): () => vo
   const input = (name: keyof Filters, label: string, type = "text"): HTMLElement =>
     h("label", {}, label, h("input", { name, type, value: f[name], "aria-label": label }));
   const form = h("form", { class: "filters", id: "filters" },
-    input("q", "search"), input("workflow", "workflow"), input("since", "since", "datetime-local"),
-    input("until", "until", "datetime-local"),
+    // the times a run page shows are UTC, and so are these (the server reads a time without a zone as UTC)
+    input("q", "search"), input("workflow", "workflow"), input("since", "since (UTC)", "datetime-local"),
+    input("until", "until (UTC)", "datetime-local"),
     h("label", {}, "state", h("select", { name: "status", "aria-label": "state" }, h("option", { value: "" }, "any"),
       ...RUN_STATES.map((st) => h("option", { value: st, selected: st === f.status }, st)))),
     h("label", {}, "label", h("input", { name: "label", id: "label-filter", placeholder: "key=value", "aria-label": "label" })),

@@ -116,6 +116,8 @@ def test_the_dashboard_draws_them_interrupted_not_growing(paused: tuple[SqlStore
         expect(page.locator('dt:text-is("tokens") + dd')).to_have_text("7500 of 5000")
         page.goto(f"{base}/#/")
         expect(page.locator("#runs")).to_be_visible()
+        # the filter's times are read as UTC, as the pages show every time: the fields say so
+        expect(page.get_by_label("since (UTC)")).to_have_attribute("type", "datetime-local")
 
 
 def test_an_agent_rows_note_counts_its_calls_as_shown() -> None:
