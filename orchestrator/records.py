@@ -45,6 +45,26 @@ def merge_run(old: RunUpdate | None, new: RunUpdate) -> RunUpdate:
     return merged
 
 
+#: What a failure's record says when a secret of the run's input was missing where its step ran.
+SECRET_MISSING = "secret_missing"
+
+
+def parks(error: Any) -> bool:
+    """Whether a failure's record stops the run ``failed``, its committed effects standing, whatever
+    the step's ``critical`` or policy: a secret missing where it ran (``retry.secret_missing``) is
+    fixed by exporting it and retrying; rolled back, the run had ended for good."""
+    return isinstance(error, dict) and (bool(error.get(SECRET_MISSING))
+                                        or error.get("type") == "SecretUnavailableError")
+
+
+def parked_reason(label: str, error: dict[str, Any]) -> str:
+    """The reason of a run ``parks`` stopped: the step, the error (which names the variable), what to do."""
+    said = error.get(SECRET_MISSING)
+    said = said if isinstance(said, str) else str(error.get("message") or "")
+    return (f"step {label!r} failed: {said[:800]} (the run is parked, its committed effects standing: export the "
+            "variable, then `raysaga retry` the run)")
+
+
 def short_error(error: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in error.items() if k != "traceback"}
 

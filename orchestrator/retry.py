@@ -14,7 +14,7 @@ import re
 import socket
 from typing import Any
 
-from raysaga.errors import NotJSONableError, StepFailure, UserError
+from raysaga.errors import NotJSONableError, SecretUnavailableError, StepFailure, UserError
 from raysaga.orchestrator.options import RetryPolicy
 
 TRANSIENT_HTTP = frozenset({408, 425, 429})
@@ -114,6 +114,13 @@ def is_transient(exc: BaseException, policy: RetryPolicy | None = None) -> bool:
     if status is not None:
         return status in TRANSIENT_HTTP or status >= 500
     return any(_transport_failure(link) for link in _chain(exc))
+
+
+def secret_missing(exc: BaseException) -> SecretUnavailableError | None:
+    """The ``SecretUnavailableError`` (raised or wrapped) a step failed with, if any: a secret of the
+    run's input missing where it ran is not the step's fault, so the run is parked, not rolled back
+    (``records.parks``)."""
+    return next((link for link in _chain(exc) if isinstance(link, SecretUnavailableError)), None)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -23,8 +23,9 @@ from raysaga.orchestrator.keys import is_compensation
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, owner_is_gone
 from raysaga.orchestrator.ray_address import host_port
+from raysaga.orchestrator.resumable import SELF_PAUSED, check_resumable, check_run_secrets, held_by_operator
 from raysaga.orchestrator.run_identity import own_limit, same_options
-from raysaga.orchestrator.secrets import comparable
+from raysaga.orchestrator.secrets import adopt, comparable, name_literals
 from raysaga.orchestrator.unrecorded import before_recording
 from raysaga.orchestrator.versions import step_hashes
 from raysaga.orchestrator.workflow import Workflow
@@ -130,7 +131,7 @@ def new_run(workflow: Workflow, input: Any, *, run_id: str | None, options: RunO
     """The checked record of a run to create (``create_run``; ``run`` creates it claimed)."""
     options = options or RunOptions()
     workflow.validate()
-    checked = workflow.check_input(input)
+    checked = name_literals(workflow.check_input(input))  # each literal its own re-supply variable
     if run_id is not None:
         check_run_id(run_id, "--run-id")  # printable: PostgreSQL refuses a NUL in text
     # a run row's text columns: unchecked, a NUL or a longer value was stored on SQLite and raised
@@ -209,6 +210,7 @@ def run(workflow: Workflow, input: Any = NO_INPUT, *, store: Store | str | None 
                 if raced is not None:
                     same_options(raced, options, "run")
                 record = st.get_run(run_id, lenient=True)
+                check_run_secrets(record, ex)
             except Exception as exc:
                 if isinstance(exc, RaySagaError) or not is_outage(exc):
                     raise
@@ -235,11 +237,13 @@ def existing_run(workflow: Workflow, st: Store, run_id: str, input: Any) -> RunR
         raise UserError(f"run {run_id!r} belongs to workflow {existing.workflow_name!r}, not {workflow.name!r}")
     if input is not NO_INPUT:
         # secrets compare by reference: a literal is never stored, so any literal equals any other
-        given = jsoncodec.dumps(comparable(workflow.check_input(input, stored=True)), "input")  # (as recorded)
+        checked = workflow.check_input(input, stored=True)  # (as recorded)
+        given = jsoncodec.dumps(comparable(checked), "input")
         stored = jsoncodec.dumps(comparable(existing.input), "input")
         if given != stored:
             raise UserError(f"run {run_id!r} exists with a different input: resume it without --input "
                             "(`raysaga resume RUN`), or choose another --run-id")
+        adopt(checked, existing.input)  # its literals given again: this process has them for the run
     return existing
 
 
@@ -252,28 +256,8 @@ def resume(workflow: Workflow, run_id: str, *, store: Store | str | None = None,
     with using_store(store) as st:
         current = st.get_run(run_id, lenient=True)  # RunNotFoundError before starting Ray
         check_resumable(current)
+        check_run_secrets(current, executor)  # refused before anything is dispatched, claimed or rolled back
         return _drive(workflow, st, current, executor, address, options, on_progress)
-
-
-#: How a run that paused itself words its reason: an agent's spent budget (``budget: ...``), a loop
-#: with ``LoopPolicy(then="pause")`` (``loop: ...``). Its operator goes on with ``resume`` (a
-#: budget's with a larger budget), not ``unpause``; any other pause is an operator's.
-SELF_PAUSED = ("budget:", "loop:")
-
-
-def held_by_operator(run: RunRecord) -> bool:
-    """Whether an operator's pause holds ``run``: paused, not by itself, and not unpaused since (an
-    unpause sets ``wake_at``: the run is then due for a worker, or a resume)."""
-    return (run.status == RunStatus.PAUSED and run.wake_at is None
-            and not (run.status_reason or "").startswith(SELF_PAUSED))
-
-
-def check_resumable(run: RunRecord) -> None:
-    """A run an operator paused is held until unpaused (docs/operations.md: a pause holds a run; no
-    timer or decision wakes it): a resume refuses it rather than quietly drive it on."""
-    if held_by_operator(run):
-        raise UserError(f"run {run.run_id!r} is paused ({run.status_reason or 'by an operator'}): "
-                        f"`raysaga unpause {shlex.quote(run.run_id)}` lets it go on (Client.unpause in Python)")
 
 
 def _drive(workflow: Workflow, st: Store, current: RunRecord, executor: ExecutorArg, address: str | None,
@@ -491,6 +475,7 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
         versions.check(st, current, workflow, allow_changed=options is not None and options.allow_changed)
         if not compensations:  # an agent its stored turns fail again with this code
             retry_checks.check_agent(st, current, workflow)
+            check_run_secrets(current, executor, reopening=True)  # reopened, then refused: left running, driverless
         reopen(st, run_id, compensations, options, judged=True)
         return resume(workflow, run_id, store=st, executor=executor, address=address, options=options,
                       on_progress=on_progress)

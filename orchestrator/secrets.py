@@ -14,9 +14,13 @@
 The store keeps a reference, never the value: ``{"$secret": {"env": NAME}}`` for an env
 reference (read when a step calls ``get()``, so it works across resumes and on Ray workers,
 which inherit the environment), ``{"$secret": {"memory": ID, "field": NAME}}`` for a literal
-(kept in this process's memory only). ``get()`` of a literal in another process (a resume after
-a crash, a Ray worker) reads ``RAYSAGA_SECRET_<FIELD>`` if it is set, else raises
-``SecretUnavailableError`` naming the field and how to re-supply it: never a wrong value.
+(kept in this process's memory only), ``{"memory": ID, "field": PATH, "resupply": VAR}`` for one
+deeper in the input (``name_literals``: each its own variable, ``RAYSAGA_SECRET_VENDORS_1_TOKEN``;
+a top-level field's is ``RAYSAGA_SECRET_<NAME>``, as it always was). ``get()`` of a literal in
+another process (a resume after a crash, a Ray worker) reads that variable if it is set, else raises
+``SecretUnavailableError`` naming the field and how to re-supply it: never a wrong value. (A run
+stored before literals had a variable each holds ``{"memory": ID, "field": NAME}`` for every one,
+a list's items too: two sharing one variable are refused, ``check_secrets``.)
 Every value seen is registered with ``raysaga.state.redact``, so it is scrubbed from errors,
 events and logs: 8+ characters anywhere, 3 to 7 as a whole word in text only (a PIN ``1234`` in
 "pin 1234", not in "order 912345", never in a run's data: outputs, tool calls, answers, labels);
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import threading
 import uuid
 from collections.abc import Iterator
@@ -57,22 +62,31 @@ class SecretValueError(ValueError):
 
 
 def resupply_env(field: str) -> str:
-    """The environment variable that re-supplies literal secret ``field`` to another process."""
+    """The environment variable that re-supplies literal secret ``field`` (stored without a variable
+    of its own: before ``name_literals``) to another process."""
     return RESUPPLY_PREFIX + re.sub(r"[^A-Za-z0-9_]", "_", field).upper()
+
+
+def path_env(path: str) -> str:
+    """The variable ``name_literals`` gives the literal at ``path`` (``vendors[1].token``:
+    ``RAYSAGA_SECRET_VENDORS_1_TOKEN``; a top-level field's is ``resupply_env``'s, as before)."""
+    return RESUPPLY_PREFIX + (re.sub(r"[^A-Za-z0-9_]+", "_", path).strip("_").upper() or "INPUT")
 
 
 class Secret:
     """A secret input value: stored as a reference, revealed only by ``get()``."""
 
-    __slots__ = ("_env", "_field", "_memory")
+    __slots__ = ("_env", "_field", "_memory", "_resupply")
 
-    def __init__(self, *, env: str | None = None, memory: str | None = None, field: str = "") -> None:
+    def __init__(self, *, env: str | None = None, memory: str | None = None, field: str = "",
+                 resupply: str | None = None) -> None:
         if (env is None) == (memory is None):
             raise InvalidOptionError("a Secret is either an env reference or a literal kept in memory: "
                                      "use Secret.from_env('NAME') or Secret.literal(value)")
         self._env = env
         self._memory = memory
         self._field = field
+        self._resupply = resupply  # a literal's own variable (None: stored before they had one)
 
     @classmethod
     def from_env(cls, name: str, field: str = "") -> Secret:
@@ -96,10 +110,24 @@ class Secret:
     def field(self) -> str:
         return self._field
 
+    @property
+    def resupply(self) -> str | None:
+        """The variable that re-supplies this literal to another process (None: an env reference)."""
+        if self._env is not None:
+            return None
+        return self._resupply or resupply_env(self._field or "input")
+
+    @property
+    def in_memory(self) -> bool:
+        """Whether this process holds this literal's value (it started the run, or was given it again)."""
+        return self._memory is not None and self._memory in _MEMORY
+
     def reference(self) -> dict[str, Any]:
         """The durable form (what the store keeps)."""
         if self._env is not None:
             return {REF_KEY: {"env": self._env}}
+        if self._resupply is not None:
+            return {REF_KEY: {"memory": self._memory, "field": self._field, "resupply": self._resupply}}
         return {REF_KEY: {"memory": self._memory, "field": self._field}}
 
     def available(self) -> bool:
@@ -118,22 +146,23 @@ class Secret:
                 raise SecretUnavailableError(
                     f"secret input field {name!r} reads environment variable {self._env}, which is not set in "
                     f"this process (pid {os.getpid()}): export {self._env} where the driver and every Ray "
-                    "worker run, then resume the run (or retry it, if the run failed)")
+                    f"worker run, then {go_on()}")
             register_secret(value, f"{_what(self._field)} (environment variable {self._env})", env=self._env)
             return value
         assert self._memory is not None
         value = _MEMORY.get(self._memory)
         if value is None:
-            value = os.environ.get(resupply_env(name))
+            var = self.resupply
+            assert var is not None
+            value = os.environ.get(var)
             if value is None:
                 raise SecretUnavailableError(
                     f"secret input field {name!r} was given as a literal value, which raysaga keeps only in the "
                     f"memory of the process that started the run (it is never stored), and this process "
-                    f"(pid {os.getpid()}) does not have it: export {resupply_env(name)}=<the value> here (and on "
-                    f"the Ray workers) and resume the run again (or retry it, if the run failed); to avoid this, "
-                    f"start runs with "
-                    f'{{"{name}": {{"env": "VAR"}}}} so every process reads it from its environment')
-            register_secret(value, f"{_what(name)} (environment variable {resupply_env(name)})")
+                    f"(pid {os.getpid()}) does not have it: export {var}=<the value> where the driver and every "
+                    f"Ray worker run, then {go_on()}; to avoid this, start runs with an environment reference "
+                    f'({{"env": "VAR"}} in place of the value) so every process reads it from its environment')
+            register_secret(value, f"{_what(name)} (environment variable {var})")
         return value
 
     get_secret_value = get  # the name pydantic's SecretStr uses
@@ -152,7 +181,7 @@ class Secret:
         return hash((self._env, self._memory))
 
     def __reduce__(self) -> Any:  # the reference only, never the value
-        return (_rebuild, (self._env, self._memory, self._field))
+        return (_rebuild, (self._env, self._memory, self._field, self._resupply))
 
     # ------------------------------------------------------------------ pydantic
 
@@ -176,12 +205,25 @@ def _what(field: str) -> str:
     return f"secret input field {field!r}" if field else "a Secret input"
 
 
-def _rebuild(env: str | None, memory: str | None, field: str) -> Secret:
-    return Secret(env=env, memory=memory, field=field)
+def _rebuild(env: str | None, memory: str | None, field: str, resupply: str | None = None) -> Secret:
+    return Secret(env=env, memory=memory, field=field, resupply=resupply)
 
 
 def _serialize(value: Any) -> Any:
     return value.reference() if isinstance(value, Secret) else value
+
+
+def _literal(ref: Any) -> tuple[str, str, str | None] | None:
+    """A stored literal reference's memory id, field and own variable (None: stored before literals
+    had one); None when ``ref`` is no literal reference."""
+    if not isinstance(ref, dict) or not isinstance(ref.get("memory"), str) or not isinstance(ref.get("field"), str):
+        return None
+    if set(ref) == {"memory", "field"}:
+        return ref["memory"], ref["field"], None
+    if set(ref) == {"memory", "field", "resupply"} and isinstance(ref["resupply"], str) \
+            and _ENV_NAME.fullmatch(ref["resupply"]):
+        return ref["memory"], ref["field"], ref["resupply"]
+    return None
 
 
 def _validate(value: Any, info: core_schema.ValidationInfo) -> Secret:
@@ -199,10 +241,15 @@ def _validate(value: Any, info: core_schema.ValidationInfo) -> Secret:
         if isinstance(ref, dict):
             if set(ref) == {"env"} and isinstance(ref["env"], str):
                 return Secret.from_env(ref["env"], field)
-            if set(ref) == {"memory", "field"} and isinstance(ref["memory"], str) and isinstance(ref["field"], str):
-                return Secret(memory=ref["memory"], field=ref["field"] or field)
+            if (lit := _literal(ref)) is not None:
+                return Secret(memory=lit[0], field=lit[1] or field, resupply=lit[2])
     raise SecretValueError('a secret is a string (kept in memory only) or {"env": "VARIABLE"} (read from the '
                            "environment when used)")
+
+
+def _shown(path: str) -> str:
+    """A place in the input as messages name it: ``vendors[1].token``, ``input`` for the whole."""
+    return "input" + path if not path or path.startswith("[") else path
 
 
 def _references(node: Any, path: str = "") -> Iterator[tuple[str, Secret]]:
@@ -211,9 +258,9 @@ def _references(node: Any, path: str = "") -> Iterator[tuple[str, Secret]]:
         ref = node.get(REF_KEY) if len(node) == 1 else None
         if isinstance(ref, dict):
             if set(ref) == {"env"} and isinstance(ref["env"], str):
-                yield path or "input", Secret.from_env(ref["env"], path)
-            elif set(ref) == {"memory", "field"} and isinstance(ref["memory"], str):
-                yield path or "input", Secret(memory=ref["memory"], field=str(ref["field"] or path))
+                yield _shown(path), Secret.from_env(ref["env"], path)
+            elif (lit := _literal(ref)) is not None:
+                yield _shown(path), Secret(memory=lit[0], field=lit[1] or path, resupply=lit[2])
             return
         for key, item in node.items():
             yield from _references(item, f"{path}.{key}" if path else str(key))
@@ -222,23 +269,117 @@ def _references(node: Any, path: str = "") -> Iterator[tuple[str, Secret]]:
             yield from _references(item, f"{path}[{i}]")
 
 
+def name_literals(form: Any) -> Any:
+    """A new run's stored input with each literal reference named by its place (``field``:
+    ``vendors[1].token``) and given a variable of its own (``resupply``: ``path_env``; a suffix
+    ``_2``... if two places make one name; a top-level field's is stored as before, its variable
+    being ``resupply_env``'s). Named by field alone, every ``token`` of a list of vendors read one
+    ``RAYSAGA_SECRET_TOKEN`` in another process: one vendor got the other's token."""
+    taken: set[str] = set()
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, dict):
+            lit = _literal(node.get(REF_KEY)) if len(node) == 1 else None
+            if lit is not None:
+                var = base = path_env(path)
+                n = 1
+                while var in taken:
+                    n += 1
+                    var = f"{base}_{n}"
+                taken.add(var)
+                if var == resupply_env(_shown(path)):  # a top-level field's: the form (and variable) it always had
+                    return {REF_KEY: {"memory": lit[0], "field": _shown(path)}}
+                return {REF_KEY: {"memory": lit[0], "field": _shown(path), "resupply": var}}
+            if len(node) == 1 and REF_KEY in node:
+                return node
+            return {k: walk(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(node)]
+        return node
+
+    return walk(form, "")
+
+
+def adopt(given: Any, stored: Any) -> int:
+    """Bind the literals of an input given again for an existing run (``given``: its checked JSON
+    form) to the run's stored references, place by place, in this process: ``raysaga run --run-id RUN
+    --input <the same input>`` then supplies them, as the process that started the run had them. A
+    stored literal this process still holds keeps its value. Returns how many were bound."""
+    values = {place: _MEMORY.get(s._memory) for place, s in _references(given) if s._memory is not None}
+    bound = 0
+    with _LOCK:
+        for place, secret in _references(stored):
+            value = values.get(place)
+            if secret._memory is not None and value is not None and secret._memory not in _MEMORY:
+                _MEMORY[secret._memory] = value
+                bound += 1
+    return bound
+
+
+def go_on(run: str = "RUN") -> str:
+    """What the advice of a missing secret says to do once it is exported: both are refused up front
+    while a secret is missing (``check_secrets``), so doing it again after the export works."""
+    return f"resume the run (`raysaga resume {run}`), or retry it, if the run failed (`raysaga retry {run}`)"
+
+
 def missing_secrets(value: Any) -> list[SecretUnavailableError]:
     """Why each secret of a stored run input is unavailable to this process (``[]``: all are)."""
-    problems: list[SecretUnavailableError] = []
-    for _, secret in _references(value):
+    return [p for _, p, _ in _missing(value, set())]
+
+
+def _missing(value: Any, skip: set[str]) -> list[tuple[str, SecretUnavailableError, bool]]:
+    """Each secret of ``value`` (but the literals ``skip`` names) this process cannot have: its place,
+    why, and whether it is a literal."""
+    problems: list[tuple[str, SecretUnavailableError, bool]] = []
+    for place, secret in _references(value):
+        if secret._memory in skip:
+            continue
         try:
             secret.get()
         except SecretUnavailableError as exc:
-            problems.append(exc)
+            problems.append((place, exc, secret._memory is not None))
     return problems
 
 
-def check_secrets(run_id: str, value: Any) -> None:
-    """Raise ``SecretUnavailableError`` before a resume of ``run_id`` in a process that cannot
-    have one of its input's secrets (a literal given to another process, an unset env var)."""
-    problems = missing_secrets(value)
+def shared_literals(value: Any, *, remote: bool = False) -> dict[str, dict[str, list[str]]]:
+    """Literals of a run stored before each had a variable of its own that share one (two vendors'
+    ``token``: ``RAYSAGA_SECRET_TOKEN``): variable -> memory id -> places. That variable would give
+    one the other's value. Those this process holds are left out, unless ``remote`` (steps run
+    elsewhere: a Ray worker has only the variable)."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for place, secret in _references(value):
+        if secret._memory is None or secret._resupply is not None or (secret.in_memory and not remote):
+            continue
+        var = secret.resupply
+        assert var is not None
+        found.setdefault(var, {}).setdefault(secret._memory, []).append(place)
+    return {var: ids for var, ids in found.items() if len(ids) > 1}
+
+
+def check_secrets(run_id: str, value: Any, *, remote: bool = False) -> None:
+    """Raise ``SecretUnavailableError`` before run ``run_id`` goes on (a resume, a retry, a worker's
+    claim) in a process that cannot have one of its input's secrets (a literal given to another
+    process, an unset env var), or whose old literals share a variable (``shared_literals``).
+    Refused before anything runs, the error's advice (export, then resume again) works; refused by
+    the step, the run's committed effects were rolled back and it ended for good."""
+    quoted = shlex.quote(run_id)
+    shared = shared_literals(value, remote=remote)
+    missing = _missing(value, {m for ids in shared.values() for m in ids})
+    problems = [str(p).replace(go_on(), go_on(quoted)) for _, p, _ in missing]
+    if any(literal for _, _, literal in missing):
+        problems.append(f"a literal can also be given again with the run's input: `raysaga run MODULE:WORKFLOW "
+                        f"--run-id {quoted} --input ...` (raysaga.run(wf, input, run_id=...) in Python) takes each "
+                        "for the run in that process")
+    for var, ids in shared.items():
+        places = ", ".join(repr(p) for ps in ids.values() for p in ps)
+        problems.append(
+            f"secret input fields {places} were given as literal values when raysaga named one variable, {var}, "
+            f"for all of them: it cannot tell them apart, so it is not read for them (one would get another's "
+            f"value); give the same input again in a process that runs the steps itself (`raysaga run WORKFLOW "
+            f"--run-id {quoted} --input ... --executor inline`: each literal is taken for its own place), or "
+            f'cancel the run and start it again with {{"env": "VAR"}} references')
     if problems:
-        raise SecretUnavailableError(f"run {run_id!r}: " + "; ".join(str(p) for p in problems))
+        raise SecretUnavailableError(f"run {run_id!r}: nothing was run or changed: " + "; ".join(problems))
 
 
 def comparable(value: Any) -> Any:
@@ -247,7 +388,7 @@ def comparable(value: Any) -> Any:
     literals compare equal; an env reference compares by the variable's name."""
     if isinstance(value, dict):
         ref = value.get(REF_KEY) if len(value) == 1 else None
-        if isinstance(ref, dict) and set(ref) == {"memory", "field"}:
+        if _literal(ref) is not None:
             return {REF_KEY: {"memory": "*"}}
         return {k: comparable(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -18,10 +18,11 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from raysaga.agents.awaiting import run_to_end
-from raysaga.errors import NotJSONableError, OutputTypeError, Permanent
+from raysaga.errors import NotJSONableError, OutputTypeError, Permanent, SecretUnavailableError
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.output_types import EXACT, check_json_form, check_output_type, input_type_error
-from raysaga.orchestrator.retry import is_transient, message_of, retry_after, without_colours
+from raysaga.orchestrator.records import SECRET_MISSING
+from raysaga.orchestrator.retry import is_transient, message_of, retry_after, secret_missing, without_colours
 from raysaga.orchestrator.spec import NOT_APPLIED, StepSpec
 from raysaga.orchestrator.stop_signals import STOP_SIGNALS, StopSignals
 from raysaga.orchestrator.workflow import coerce
@@ -342,7 +343,11 @@ def _failed(spec: StepSpec, exc: BaseException, label: str, started: float, on_w
             raise exc
         return NodeOutcome.failure(_exited(exc, label), transient=False, started_at=started)
     transient = _guarded(is_transient, exc, spec.retry)  # an attribute that raises: permanent
-    return NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+    outcome = NodeOutcome.failure(exc, transient=bool(transient), started_at=started)
+    missing = _guarded(secret_missing, exc)
+    if outcome.error is not None and isinstance(missing, SecretUnavailableError):  # parks the run (``records.parks``)
+        outcome.error[SECRET_MISSING] = printable(scrub_text(message_of(missing))[:1000])
+    return outcome
 
 
 def _refused(spec: StepSpec, exc: Exception, started: float) -> NodeOutcome:

@@ -58,6 +58,7 @@ from raysaga.errors import (
     LeaseHeldError,
     LeaseLostError,
     RaySagaError,
+    SecretUnavailableError,
     UserError,
 )
 from raysaga.orchestrator import versions
@@ -66,6 +67,7 @@ from raysaga.orchestrator.driver import Driver
 from raysaga.orchestrator.executor import Executor, make_executor
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.ownership import claim, new_owner, owner_is_gone
+from raysaga.orchestrator.resumable import check_run_secrets
 from raysaga.orchestrator.stop_signals import sigint_kept_ignored
 from raysaga.orchestrator.worker_checks import (  # (re-exported: the CLI and tests import them from here)
     checked_concurrency,
@@ -348,6 +350,8 @@ class Worker:
             log.warning("worker: run %s: %s", lease.run_id, exc)
         except DefinitionChangedError as exc:  # started by other code (the driver let it go, writing nothing)
             self.skips.unfit(lease.run_id, workflow, exc)  # left for a worker with that code: not a failure
+        except SecretUnavailableError as exc:  # let go, writing nothing: ``_check_secrets``
+            self.skips.unfit(lease.run_id, workflow, exc, "left for a worker that has its secrets: export the variable")
         except Exception as exc:
             if isinstance(exc, RaySagaError):
                 log.error("worker: run %s: %s", lease.run_id, exc)
@@ -441,6 +445,7 @@ class Worker:
         after a crash), the run does not wait for its lease to expire, and its next claim is not
         counted as a driver's death (``raysaga.orchestrator.crash_loop``)."""
         run_id = lease.run_id
+        self._check_secrets(lease)
         since = event_seq(self.store, run_id) if alone else -1  # (its events after it are this drive's)
 
         def outcome(_: object) -> None:  # counts moved: proven once it committed an outcome of its own
@@ -471,6 +476,16 @@ class Worker:
                 with self._lock:
                     self._drivers.discard(driver)
             lease = lease_after_outage(self.store, lease, self.options.lease_ttl, self._stop, lambda: self._stop_name)
+
+
+    def _check_secrets(self, lease: Lease) -> None:
+        """Let the run go (released, nothing written) with ``SecretUnavailableError`` naming the variable when
+        this process lacks a secret of its input: driven, a step failed on it and the run rolled back."""
+        try:
+            check_run_secrets(self.store.get_run(lease.run_id, lenient=True), self.executor_kind)
+        except SecretUnavailableError:
+            self.store.release(lease)
+            raise
 
 
 def suspect_of(claim: Claim) -> dict[str, str]:

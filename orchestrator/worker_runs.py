@@ -204,10 +204,12 @@ class Skips:
             entry = self._unfit.get(run_id)
             return entry is not None and entry[1] > time.monotonic()
 
-    def unfit(self, run_id: str, workflow: str, exc: Exception) -> None:
-        """This code's types do not fit what the run stored: leave it for a worker whose code does,
-        for ``UNFIT_RECHECK_S``, then look again (a rolling deploy: once the old code ran the steps
-        this code cannot read, the rest may fit; a skip for the process's life left the run alone)."""
+    def unfit(self, run_id: str, workflow: str, exc: Exception,
+              why: str = "left for a worker with the code it started with") -> None:
+        """This code's types do not fit what the run stored (or, ``why`` says, this process lacks a
+        secret of its input): leave it for a worker that can drive it, for ``UNFIT_RECHECK_S``, then
+        look again (a rolling deploy: once the old code ran the steps this code cannot read, the rest
+        may fit; a secret exported meanwhile; a skip for the process's life left the run alone)."""
         with self._lock:
             new = run_id not in self._said
             self._said[run_id] = None
@@ -217,8 +219,8 @@ class Skips:
                     kept.pop(next(iter(kept)))
         if new:
             first = scrub_text((str(exc).splitlines() or [""])[0])
-            log.warning("worker: run %s is left for a worker with the code it started with (looked at again in "
-                        "%.0fs: its next steps may fit): %s", run_id, UNFIT_RECHECK_S, cut(first, 600))
+            log.warning("worker: run %s is %s (looked at again in %.0fs): %s", run_id, why, UNFIT_RECHECK_S,
+                        cut(first, 600 if why.startswith("left for a worker with the code") else 2000))
 
     def look(self, store: Store, rows: Iterable[RunSummary], now: float | None = None) -> None:
         """Of the unleased runs of this worker's workflows in ``rows`` (what its idle scan listed:

@@ -19,7 +19,7 @@ from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.effect_window import EffectWindow
 from raysaga.orchestrator.machine.outbox import Outbox
-from raysaga.orchestrator.records import cancelled_row, merge_run, short_error, step_failed_record
+from raysaga.orchestrator.records import cancelled_row, merge_run, parks, short_error, step_failed_record
 from raysaga.orchestrator.scheduler import Scheduler
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.workflow import Workflow
@@ -314,7 +314,7 @@ class Forward:
         self.counts.failed += 1
         if step in self.sched.closed or step in self.sched.completed:
             return
-        if index >= 0 and spec.fan_out_policy.partial:
+        if index >= 0 and spec.fan_out_policy.partial and not parks(error):
             self.fanout.record_failure(step, index, error, attempts)
             if self.sched.fail_item((step, index)):
                 self._decide(step)
@@ -327,7 +327,7 @@ class Forward:
                      restored: bool = False) -> None:
         """Route a step's final failure: critical (or forced) → stop and roll back; else skip or pass.
         ``restored``: the failure is read back from the step's row, which is not written again."""
-        spec = self.wf.steps[step]
+        spec, force_rollback = self.wf.steps[step], force_rollback or parks(error)  # (parked, not rolled back)
         batch = self.out.batch
         now = self.out.now
         # An item failing a fan-out fails its step: the parent row says so, with the item's index

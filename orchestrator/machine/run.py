@@ -32,7 +32,7 @@ from raysaga.orchestrator.machine.resting import gate_rest, idle_rest
 from raysaga.orchestrator.machine.rollback import Rollback, RollbackReads
 from raysaga.orchestrator.machine.waits import WAIT_KINDS, Waits
 from raysaga.orchestrator.options import RunOptions
-from raysaga.orchestrator.records import cancelled_row, merge_run, short_error, sooner
+from raysaga.orchestrator.records import cancelled_row, merge_run, parked_reason, parks, short_error, sooner
 from raysaga.orchestrator.spec import StepSpec
 from raysaga.orchestrator.task import AllSucceeded, NodeOutcome
 from raysaga.orchestrator.workflow import Workflow
@@ -403,7 +403,8 @@ class RunMachine:
         """A critical node failed for good: stop dispatching and roll back what was done (or fail the run)."""
         assert self.forward.failure is not None
         label, error = self.forward.failure
-        self.stop_forward(failure_reason(label, error), {"node": label, **short_error(error)}, now)
+        reason = parked_reason(label, error) if parks(error) else failure_reason(label, error)
+        self.stop_forward(reason, {"node": label, **short_error(error)}, now)
 
     def begin_rollback(self, rows: list[NodeRecord], blobs: dict[str, Any], now: float,
                        reads: RollbackReads | None = None) -> bool:
@@ -428,7 +429,7 @@ class RunMachine:
                             reads)
         if signal_id is not None:  # consumed with the transition, so a crash in between re-reads it
             batch.consumed_signals.append(signal_id)
-        if final == RunStatus.COMPENSATING or rollback.plan.targets:
+        if final == RunStatus.COMPENSATING or (rollback.plan.targets and not parks(error)):
             batch.run = merge_run(batch.run, RunUpdate(status=RunStatus.COMPENSATING, status_reason=reason,
                                                         error=error, set_error=error is not None))
             batch.events.append(NewEvent(kind="rollback_started",
