@@ -291,6 +291,7 @@ def resume(
             _exit_for(before)
             return
         _runner().check_resumable(before)  # a paused run is held: refused before any code is imported
+        _runner().check_run_secrets(before, executor)  # (and before Ray starts) a secret missing here
         with _runner().executor_started(executor, address) as started:  # Ray joins while the code loads
             wf = _workflow_for(store, run_id, workflow)
             ex = started()

@@ -278,3 +278,30 @@ def test_a_worker_lacking_a_secret_leaves_the_run_alone(sqlite_url: str, monkeyp
         store.close()
     assert any("RAYSAGA_SECRET_VENDOR_TOKEN" in line and "w51" in line for line in said.lines), said.lines
     _untouched(sqlite_url, "w51")
+
+
+def test_the_cli_resume_refuses_before_it_starts_ray(sqlite_url: str, monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Any) -> None:
+    """``raysaga resume`` (Ray by default) refused only after it had started Ray and imported the
+    workflow's code: now first, in a fresh process, with nothing imported (a module that marks its
+    import stays unmarked) and nothing run."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    monkeypatch.setenv("STOP51_VEND_TOK", "EnvTok-88888888")
+    _approved(sqlite_url, comp, {"amount": 5, "vendor_token": {"env": "STOP51_VEND_TOK"}}, "c51", "gate")
+    marker = tmp_path / "imported"
+    (tmp_path / "stop51_marker_flow.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n"
+        "from tests.security.test_secret_resume_stop51 import comp as wf\n")
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in ("STOP51_VEND_TOK", "RAY_ADDRESS")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(repo)])
+    done = subprocess.run([sys.executable, "-m", "raysaga", "resume", "c51", "--db", sqlite_url,
+                           "--workflow", "stop51_marker_flow:wf"], env=env, capture_output=True, text=True,
+                          timeout=120, cwd=repo)
+    assert done.returncode != 0 and "export STOP51_VEND_TOK" in done.stderr, done.stderr
+    assert not marker.exists(), "the workflow's code was imported (and Ray started) before the refusal"
+    _untouched(sqlite_url, "c51")
