@@ -62,8 +62,9 @@ SECRET_INPUT = ("it held the value of a secret (an API key or a password), which
 
 def scrubbed_response(data: dict[str, Any]) -> dict[str, Any]:
     """A model's response as it is stored and acted on, with no known secret value in it (DESIGN
-    invariant 7): in its text, replaced by the marker; in a tool call's input, the whole input
-    replaced by ``INVALID_INPUT`` (the call is answered, never run). So every reader (the store,
+    invariant 7): in its text, replaced by the marker; in a tool call's input (a string or a key:
+    ``{"values": {KEY: "primary"}}``), the whole input replaced by ``INVALID_INPUT`` (the call is
+    answered, never run). So every reader (the store,
     the tools, the next request, a resume replaying the row) sees the same response, and no tool
     runs with arguments the scrub rewrote (``database="[redacted]_analytics"``)."""
     clean: dict[str, Any] = scrub_secret_values(data)

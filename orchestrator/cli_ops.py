@@ -20,6 +20,7 @@ from raysaga.errors import UserError
 from raysaga.orchestrator import cli_input, stop_signals
 from raysaga.orchestrator.cli_errors import EXIT_SIGINT, EXIT_SIGTERM, err, errors, out, say
 from raysaga.orchestrator.cli_options import DbOpt, LabelOpt, LeaseOpt, MaxDeathsOpt, RunIdArg
+from raysaga.state.redact import scrub_text
 from raysaga.types import check_text
 
 NodeArg = Annotated[str, typer.Argument(metavar="NODE",
@@ -131,8 +132,9 @@ def approve(
         client = _client(db, run_id)
         decision = client.approve(run_id, name, by=_who(by), answer=value, comment=comment,
                                   decision_id=decision_id, fan_index=index)
-        say(out, f"{node} of run {run_id}: approved by {decision.by} (decision {decision.decision_id}); "
-                 f"{_still_waiting(client, run_id, name, index) or _next_step(run_id, client)}")
+        # scrubbed as the store has it: ``--by`` holding a secret was recorded "[redacted]", and printed whole
+        say(out, scrub_text(f"{node} of run {run_id}: approved by {decision.by} (decision {decision.decision_id}); "
+                            f"{_still_waiting(client, run_id, name, index) or _next_step(run_id, client)}"))
 
 
 def reject(
@@ -151,8 +153,8 @@ def reject(
         client = _client(db, run_id)
         decision = client.reject(run_id, name, by=_who(by), comment=comment, decision_id=decision_id,
                                  fan_index=index)
-        say(out, f"{node} of run {run_id}: rejected by {decision.by} (decision {decision.decision_id}); "
-                 f"{_next_step(run_id, client)}")
+        say(out, scrub_text(f"{node} of run {run_id}: rejected by {decision.by} (decision {decision.decision_id}); "
+                            f"{_next_step(run_id, client)}"))
 
 
 def pause(run_id: RunIdArg, by: ByOpt = None, db: DbOpt = None) -> None:
@@ -189,7 +191,7 @@ def inbox(
                 sys.stdout.write(json.dumps(shown, separators=(",", ":"), ensure_ascii=False) + "\n")
             return
         if not waiting:
-            say(out, "nothing waits for a decision" + (f" by {approver}" if approver else ""))
+            say(out, "nothing waits for a decision" + (f" by {scrub_text(approver)}" if approver else ""))
             return
         now = time.time()
         for item in waiting:  # a block per approval: the run and node (what approve needs) never cut
@@ -199,7 +201,7 @@ def inbox(
             due = "no timeout" if r.timeout_at is None else f"times out {relative(max(r.timeout_at, now), now)}"
             # "approvers:", not "decided by": it waits, and read so it looked decided already
             say(out, (flat(f"{item.run_id} {label}"), "bold"), f"  asked {relative(min(r.asked_at, now), now)} · "
-                f"approvers: {flat(', '.join(r.deciders() or ['anyone']))}{quorum} · {due}")
+                f"approvers: {flat(scrub_text(', '.join(r.deciders() or ['anyone'])))}{quorum} · {due}")
             # one line, cut: a prompt is a step's output (its newlines would draw fake lines, 20 MB printed whole)
             say(out, f"  {one_line(r.prompt, more=' (`raysaga inbox --json` has it whole)')}")
             payload = payload_line(r)  # what the approver approves: a tool call's arguments, say

@@ -47,8 +47,8 @@ def content_limit() -> int:
 
 
 def content(value: Any) -> str:
-    """Captured content as one attribute: scrubbed, as JSON, cut to ``content_limit()`` characters
-    (ending with ``CUT_MARK``) when longer."""
+    """Captured content as one attribute: scrubbed (keys too: a tool call's ``{KEY: "primary"}``),
+    as JSON, cut to ``content_limit()`` characters (ending with ``CUT_MARK``) when longer."""
     text = json.dumps(scrub(value), default=str)
     limit = content_limit()
     if len(text) <= limit:

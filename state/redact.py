@@ -13,7 +13,8 @@ of a secret-named key such as ``authorization``). What counts as a secret:
   so: ``secret_registry``);
 - each such value also as a URL's query writes it (percent-encoded) and as JSON escapes it;
 - an ``Authorization:``/``x-api-key:`` header value, a ``Bearer <token>``, the password of a
-  ``scheme://user:password@host`` URL (empty user, ``/`` or ``@`` in it) or in its query
+  ``scheme://user:password@host`` URL (empty user, ``/`` or ``@`` in it), a bare token as its user
+  info (``https://TOKEN@host``: 12+ characters, or 8+ with a letter and a digit) or in its query
   (``?password=``, ``&token=``...), a ``password=``/``PGPASSWORD=``/``'password': '...'`` or
   ``aws_secret_access_key`` in free text (a quoted value to its closing quote, escapes included),
   a quoted ``"token"``/``"private_key"`` key's value, a PEM private key's body, and token shapes:
@@ -28,6 +29,7 @@ to the ``raysaga`` loggers (``RedactingFilter``). Clean text costs one precompil
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from typing import Any
@@ -85,6 +87,10 @@ _PATTERNS: list[tuple[str, str, tuple[str, ...]]] = [
     # first past one. Not a port (``https://host:8080/u/ada@x.com``); never across a ``://`` (linear)
     (rf"(?P<k>://[^/\s:@\[\]]{{0,256}}:)(?!\[redacted\]@)(?!\d{{1,5}}(?![^\s/?#]))(?!@){_PW}{{0,1024}}+"
      rf"(?:(?:@{_PW}{{0,1024}}+){{0,8}}(?=@)|[?#][^\s@]{{0,1024}}+(?=@))", r"\g<k>" + MARKER, ("://",)),
+    # a bare token as a URL's user info (``https://TOKEN@host``, a key given as the user): 12+
+    # characters, or 8+ holding a letter and a digit; a user name (``postgres@``, ``git@``) is left
+    (r"(?P<k>://)(?!\[redacted\]@)(?:(?=[^\s/?#@:\[\]]{0,256}[0-9])(?=[^\s/?#@:\[\]]{0,256}[A-Za-z])"
+     r"[^\s/?#@:\[\]]{8,256}+|[^\s/?#@:\[\]]{12,256}+)(?=@)", r"\g<k>" + MARKER, ("://",)),
     # a URL's query (``?password=``: libpq and SQLAlchemy take the password there too) or a form body
     (r"(?P<k>[?&;](?:ssl)?(?:password|passwd|pwd)=|[?&;](?:client_secret|secret|token|access_token|"
      r"refresh_token|id_token|auth_token|api_token|key|api_?key|sig|signature)=)(?!\[redacted\])[^&\s#\"'<>]+",
@@ -166,11 +172,12 @@ def _scrub_text(text: str, literal: re.Pattern[str] | None) -> str:
 
 
 def scrub(value: Any) -> Any:
-    """A JSON value with every string scrubbed (keys kept); returns the same object when clean."""
+    """A JSON value with every string scrubbed, keys too (a model can write an API key as one:
+    ``{"values": {KEY: "primary"}}``); returns the same object when clean."""
     if value is None or isinstance(value, bool | int | float):
         return value
     known = _REGISTRY.current()
-    return _scrub(value, known.regex, known.shortest)
+    return _scrub(value, known.regex, known.shortest, {})
 
 
 def scrub_data(value: Any) -> Any:
@@ -179,33 +186,34 @@ def scrub_data(value: Any) -> Any:
     shown ``[redacted]``, telling its owner it is a secret), as it is not in the stored data."""
     if value is None or isinstance(value, bool | int | float):
         return value
-    return _scrub(value, _REGISTRY.current().value_regex, MIN_SECRET_LEN)
+    return _scrub(value, _REGISTRY.current().value_regex, MIN_SECRET_LEN, {})
 
 
-def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int) -> Any:
-    """``shortest``: a string shorter than every known value (and pattern) is clean."""
+def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int, names: dict[str, str]) -> Any:
+    """``shortest``: a string shorter than every known value (and pattern) is clean. ``names``: the
+    keys scrubbed so far in this value (a list of records repeats its keys: each is scanned once)."""
     if isinstance(value, str):
         return value if len(value) < shortest else _scrub_text(value, literal)
     if isinstance(value, dict):
         out: dict[Any, Any] | None = None
-        for key, item in value.items():
+        for i, (key, item) in enumerate(value.items()):
             if isinstance(item, str):
-                if not item:
-                    continue
-                if isinstance(key, str) and _secret_key(key):
+                if isinstance(key, str) and _secret_key(key) and item:
                     new: Any = MARKER
-                elif len(item) < shortest:
-                    continue
                 else:
-                    new = _scrub_text(item, literal)
+                    new = item if len(item) < shortest else _scrub_text(item, literal)
             elif isinstance(item, dict | list | tuple):
-                new = _scrub(item, literal, shortest)
+                new = _scrub(item, literal, shortest, names)
             else:
-                continue
-            if new is not item and new != item:
-                if out is None:
-                    out = dict(value)
-                out[key] = new
+                new = item
+            name = key
+            if isinstance(key, str) and len(key) >= shortest:
+                name = names.get(key) or names.setdefault(key, _scrub_text(key, literal))
+            if out is None:
+                if name == key and (new is item or new == item):
+                    continue
+                out = dict(itertools.islice(value.items(), i))
+            out[_free(name, out)] = new
         return value if out is None else out
     if isinstance(value, list | tuple):
         # one pass, calling out only for long strings and containers: a fan-out's lists are mostly numbers
@@ -219,7 +227,7 @@ def _scrub(value: Any, literal: re.Pattern[str] | None, shortest: int) -> Any:
                     continue
                 new = _scrub_text(item, literal)
             elif isinstance(item, dict | list | tuple):
-                new = _scrub(item, literal, shortest)
+                new = _scrub(item, literal, shortest, names)
             else:
                 continue
             if new is not item:
@@ -239,7 +247,8 @@ def secret_values_known() -> bool:
 
 
 def scrub_secret_values(value: Any) -> Any:
-    """A JSON value with every known secret *value* replaced by the marker in its strings, and
+    """A JSON value with every known secret *value* replaced by the marker in its strings, keys
+    included (a model's ``{"values": {KEY: "primary"}}`` is a tool call holding the key), and
     nothing else changed (no pattern, no secret-named key): for what a model or a tool said, where
     a word that merely looks like a token stays, but an API key it echoed must not be stored. A
     value under 8 characters (a PIN) is left: it is some run's of this process, and would rewrite
@@ -263,21 +272,34 @@ def refuse_secret_values(value: Any, what: str) -> None:
     for data kept and handed on as given (an approver's answer), which a scrub would change. Values of 8+
     characters only: a short one ("2024") refused another run's answer, and told the caller it is a secret."""
     literal = _REGISTRY.current().value_regex
-    if literal is not None and _replace_values(value, literal, keys=True) != value:
+    if literal is not None and _replace_values(value, literal) != value:
         raise UserError(f"{what} holds the value of a secret (an API key or a password this process knows): "
                         "it is stored and handed on as written; keep secrets out of it (pass a reference)")
 
 
-def _replace_values(value: Any, literal: re.Pattern[str], *, keys: bool = False) -> Any:
-    """``literal``: ``Snapshot.value_regex`` (values of 8+ characters)."""
+def _replace_values(value: Any, literal: re.Pattern[str]) -> Any:
+    """``literal``: ``Snapshot.value_regex`` (values of 8+ characters); keys are replaced in too."""
     if isinstance(value, str):
         return literal.sub(MARKER, value) if len(value) >= MIN_SECRET_LEN and literal.search(value) else value
     if isinstance(value, dict):
-        return {_replace_values(k, literal) if keys else k: _replace_values(v, literal, keys=keys)
-                for k, v in value.items()}
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            out[_free(_replace_values(k, literal), out)] = _replace_values(v, literal)
+        return out
     if isinstance(value, list):
-        return [_replace_values(item, literal, keys=keys) for item in value]
+        return [_replace_values(item, literal) for item in value]
     return value
+
+
+def _free(key: Any, taken: dict[Any, Any]) -> Any:
+    """``key``, or ``key#2``, ``key#3``... when a scrubbed key took it already: two keys that both held a
+    secret stay two entries (``{"[redacted]": 1, "[redacted]#2": 2}``), none silently dropped."""
+    if key not in taken:
+        return key
+    n = 2
+    while f"{key}#{n}" in taken:
+        n += 1
+    return f"{key}#{n}"
 
 
 class RedactingFilter(logging.Filter):
@@ -308,7 +330,10 @@ LOGGERS = ("raysaga", "raysaga.driver", "raysaga.store", "raysaga.agents", "rays
 #: Records of these logger trees are scrubbed when they are made, whichever logger or handler
 #: emits them later (a filter on a logger misses its children's records): raysaga's own, and the
 #: libraries whose messages can quote a request (the SDK, HTTP, SQL, Ray, the dashboard's server).
-SCRUBBED_TREES = ("raysaga", "anthropic", "httpx", "httpcore", "urllib3", "sqlalchemy", "ray", "uvicorn")
+#: ``anthropic`` 2.x sends through ``httpx2``/``httpcore2`` (forks of ``httpx``/``httpcore``, logging
+#: ``HTTP Request: POST <url>`` at INFO): a tree is a prefix and a dot, so each is named.
+SCRUBBED_TREES = ("raysaga", "anthropic", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3", "sqlalchemy",
+                  "ray", "uvicorn")
 
 
 def _in_scrubbed_tree(name: str) -> bool:
