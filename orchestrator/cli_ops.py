@@ -75,6 +75,8 @@ def _node(node: str) -> tuple[str, int]:
 
 #: The states of a run at rest without a driver: a worker takes it up when its ``wake_at`` comes.
 _AT_REST = ("waiting_human", "waiting_timer", "paused")
+#: The states of a run that goes on no more by itself (ended, or parked for an operator).
+_ENDED = ("completed", "cancelled", "compensated", "failed", "compensation_failed")
 
 
 def _next_step(run_id: str, client: Any = None) -> str:
@@ -83,8 +85,18 @@ def _next_step(run_id: str, client: Any = None) -> str:
     takes it up now) from one that is not (it said "now" of a run left resting for 10 minutes)."""
     run = None if client is None else client.get_run(run_id)
     now, quoted = time.time(), shlex.quote(run_id)
+    if run is not None and run.status.value in _ENDED:  # (a decision retried with its --decision-id)
+        parked = run.status.value in ("failed", "compensation_failed")
+        return f"the run is {run.status.value} already: " + (
+            f"it goes on once `raysaga retry {quoted}` reopens it" if parked else "nothing more happens")
     if run is not None and run.lease_owner is not None and (run.lease_expires_at or 0.0) >= now:
-        return "the run's live driver takes the decision at its next heartbeat"
+        from raysaga.orchestrator.ownership import gone_because
+
+        gone = gone_because(run.lease_owner)  # a SIGKILLed driver's lease outlives it
+        if gone is None:
+            return "the run's live driver takes the decision at its next heartbeat"
+        return (f"its driver is gone ({gone}): `raysaga resume {quoted}` takes it over at once, or a worker once "
+                "its lease expires")
     if run is None or run.status.value not in _AT_REST or (run.wake_at is not None and run.wake_at <= now):
         return f"a worker (`raysaga worker`) takes the run up now, or `raysaga resume {quoted}`"
     from raysaga.orchestrator.runner import held_by_operator  # loaded with the Client already
