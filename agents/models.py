@@ -206,6 +206,9 @@ class AnthropicModel:
         if not isinstance(data, dict):
             raise Transient(f"the Messages API answered 200 with a JSON {type(data).__name__}, not a message "
                             f"(starting {body_start(body)!r})")
+        if is_error_body(data):
+            raise Transient(f"the Messages API answered 200 with an error, not a message: {error_of(data)} (a proxy "
+                            "or gateway in between, passing on the API's error?)")
         return response_of(data)
 
     def cost(self, usage: Usage) -> float:
@@ -228,6 +231,25 @@ def body_start(body: bytes | str) -> str:
     are not UTF-8 replaced), on one line, scrubbed of secret values (a page echoing the key)."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes | bytearray) else str(body)
     return scrub_text(" ".join(text[: 4 * BODY_SHOWN].split()))[:BODY_SHOWN]
+
+
+def is_error_body(data: dict[str, Any]) -> bool:
+    """Whether a 200's JSON object is an error, not a message: ``"type": "error"`` (the API's error
+    shape, which a gateway may pass on with a 200), or no ``type`` but an ``error`` and no content.
+    Read as a message, it was an empty reply: the model was told three times its reply was empty,
+    and the node failed ``InvalidOutput``, never retried. Any other object is read as a message."""
+    kind = data.get("type")
+    return kind == "error" or (kind is None and data.get("error") is not None and not data.get("content"))
+
+
+def error_of(data: dict[str, Any]) -> str:
+    """An error body's type and message, for the retry's error: scrubbed, one line, cut."""
+    error = data.get("error")
+    if isinstance(error, dict):
+        said = f"{error.get('type') or 'error'}: {error.get('message') or ''}"
+    else:
+        said = "error" if error is None else f"error: {error}"
+    return body_start(said.strip().rstrip(":"))
 
 
 def response_of(data: dict[str, Any]) -> ModelResponse:

@@ -389,7 +389,11 @@ def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> d
 
     An ``async def`` tool is awaited here, in the call's task (``awaiting.awaited``): its body runs,
     with the call's timeout and retries as a plain tool's. (Its coroutine was once taken for the
-    result: never run, refused as unstorable, and an effect tool's call recorded as done.)"""
+    result: never run, refused as unstorable, and an effect tool's call recorded as done.)
+
+    A ``ToolError``'s message has each lone surrogate replaced with U+FFFD, as the model's own text
+    has: left in, the answer could not be stored, and an effect tool's call that took no effect
+    was recorded as one that did (its retry refused, its undo called in a rollback)."""
     try:
         valid = tool.typed(args)
         fn_params = inspect.signature(tool.fn).parameters
@@ -399,8 +403,8 @@ def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> d
     except ToolError as exc:
         # an error: shown to the model, stored; never blank (the Messages API refuses an is_error
         # tool_result with empty content: 400, failing the agent's next model call for good)
-        message = scrub_text(exc.message) if isinstance(exc.message, str) else ""
-        return {"content": message if message.strip() else empty_error(tool.name), "is_error": True}
+        message = scrub_text(_SURROGATE.sub("\ufffd", exc.message)) if isinstance(exc.message, str) else ""
+        return ToolErrorAnswer(content=message if message.strip() else empty_error(tool.name), is_error=True)
     if isinstance(result, str):
         content = result
     else:
@@ -410,6 +414,34 @@ def run_tool(tool: Tool, args: dict[str, Any], idempotency_key: str | None) -> d
             return {"content": result, "is_error": False}  # refused by the task, which stores none of it
     # a secret value the tool read (a config file, an environment dump) stays out of the store and the model
     return {"content": scrub_secret_values(content), "is_error": False}
+
+
+#: Half of a UTF-16 surrogate pair, alone (an ``os.listdir`` name that is not UTF-8, decoded with
+#: ``surrogateescape``): no UTF-8 text, and so no store, can hold one.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class ToolErrorAnswer(dict[str, Any]):
+    """``run_tool``'s answer to a ``ToolError``, a plain dict to every reader. Its type tells the
+    task running the call (``task.execute``) that the tool took no effect: an answer above the
+    output cap is cut to fit (``fitted``), and one that cannot be stored is never recorded as a
+    result the tool returned, which took effect (its key refused again, its undo called)."""
+
+    def fitted(self, max_bytes: int) -> str | None:
+        """The answer's JSON text with its message cut so the whole is at most ``max_bytes`` bytes,
+        a note saying so; None when not even the note fits (a cap of a few bytes)."""
+        message = str(self.get("content", ""))
+
+        def text(n: int) -> str:
+            note = (f"\n[raysaga: this error message was cut at {n:,} of {len(message):,} characters, to fit "
+                    "the run's output cap (RunOptions.max_output_bytes)]")
+            return jsoncodec.dumps({"content": message[:n] + note, "is_error": True}, "tool error")
+
+        low, high = -1, min(len(message), max_bytes) + 1  # (a character is at least one byte)
+        while high - low > 1:  # the longest cut that fits (low): the size grows with the cut's length
+            mid = (low + high) // 2
+            low, high = (mid, high) if len(text(mid).encode("utf-8")) <= max_bytes else (low, mid)
+        return text(low) if low >= 0 else None
 
 
 def empty_error(tool_name: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ValidationError
 
 from raysaga.agents.awaiting import run_to_end
+from raysaga.agents.tools import ToolErrorAnswer
 from raysaga.errors import NotJSONableError, OutputTypeError, Permanent, SecretUnavailableError
 from raysaga.orchestrator.context import StepContext
 from raysaga.orchestrator.output_types import EXACT, check_json_form, check_output_type, input_type_error
@@ -175,9 +176,12 @@ def execute(spec: StepSpec, call: NodeCall, *, on_worker: bool = False) -> NodeO
     try:
         text, aside = _output(result, call.fields[1], call.fields[2], call.max_output_bytes, spec.checked_return)
     except Exception as exc:
-        if not is_compensation(spec.name):
-            return _refused(spec, exc, started)
-        text, aside = undo_note(result, exc), None  # an undo that returned did its work: never refused
+        if is_compensation(spec.name):
+            text, aside = undo_note(result, exc), None  # an undo that returned did its work: never refused
+        elif isinstance(result, ToolErrorAnswer) and (cut := result.fitted(call.max_output_bytes)) is not None:
+            text, aside = cut, None  # a tool's error message above the cap: the model is shown it cut
+        else:
+            return _refused(spec, exc, started, result)
     return NodeOutcome(True, text, None, False, started, time.time(), aside)  # (positional: per item)
 
 
@@ -350,12 +354,14 @@ def _failed(spec: StepSpec, exc: BaseException, label: str, started: float, on_w
     return outcome
 
 
-def _refused(spec: StepSpec, exc: Exception, started: float) -> NodeOutcome:
+def _refused(spec: StepSpec, exc: Exception, started: float, result: Any = None) -> NodeOutcome:
     """A step that returned, its value refused (no JSON form, not its declared type, above the
     output cap): a permanent failure; an effect step's says ``took_effect``, since its function
-    returned, so a rollback undoes it (with ``output=None``) like one whose outcome is unknown."""
+    returned, so a rollback undoes it (with ``output=None``) like one whose outcome is unknown.
+    Not a tool's ``ToolError`` answer (``ToolErrorAnswer``), which says the tool took no effect:
+    its key may run again and nothing is undone, as for any call failing for good."""
     outcome = NodeOutcome.failure(exc, transient=False, started_at=started)
-    if spec.effect and outcome.error is not None:
+    if spec.effect and outcome.error is not None and not isinstance(result, ToolErrorAnswer):
         outcome.error["took_effect"] = True
     return outcome
 

@@ -15,6 +15,8 @@ Only ``POST /v1/messages`` without streaming is served. Each request is answered
   SDK parses into ``anthropic.types.Message``;
 - ``fault(status)``: an error in Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``
   (429 carries ``retry-after``, 529 is ``overloaded_error``);
+- ``error_200(...)``: a 200 whose JSON is an error, not a message (a gateway passing the API's error
+  on with a 200), in Anthropic's shape or any JSON object given as ``body=``;
 - ``timeout(seconds)``: the server waits before answering, so the client's own timeout fires;
 - ``drop()``: the connection is closed without any response;
 - ``delayed(seconds, r)``: ``r``, sent late (a slow but successful answer).
@@ -61,6 +63,7 @@ __all__ = [
     "conversation_of",
     "delayed",
     "drop",
+    "error_200",
     "fault",
     "render_error",
     "render_message",
@@ -136,6 +139,8 @@ class Reply:
     delay: float = 0.0
     then: Reply | None = None
     reset: bool = False
+    body: Mapping[str, Any] | None = None
+    """A fault's JSON as given, instead of Anthropic's error shape (``error_200(body=...)``)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -237,6 +242,15 @@ def fault(
         message=message or DEFAULT_MESSAGES.get(status, f"Error {status}"),
         headers=tuple(extra.items()),
     )
+
+
+def error_200(
+    error_type: str = "overloaded_error", message: str = "Overloaded", *, body: Mapping[str, Any] | None = None
+) -> Reply:
+    """A 200 whose JSON is an error in Anthropic's shape (or ``body``, any JSON object), not a message:
+    what a gateway passing the API's error on with a 200 sends. Logged as a ``fault``: it answers nothing."""
+    return Reply(kind="fault", status=200, error_type=error_type, message=message,
+                 body=None if body is None else copy.deepcopy(dict(body)))
 
 
 def timeout(seconds: float, then: Reply | None = None) -> Reply:
@@ -352,6 +366,8 @@ def render_message(r: Reply, body: Mapping[str, Any], default_model: str | None 
 
 
 def render_error(r: Reply) -> dict[str, Any]:
+    if r.body is not None:
+        return copy.deepcopy(dict(r.body))
     return {"type": "error", "error": {"type": r.error_type, "message": r.message}}
 
 
