@@ -148,12 +148,16 @@ CANCELLED = NodeOutcome(ok=False, error={"type": "Cancelled", "message": "cancel
 
 class InlineExecutor(Executor):
     """Runs each attempt synchronously at submit. Deterministic; no timeouts (nothing can interrupt
-    it): a step's ``timeout=`` is ignored, with one warning per run and step (``_warn_timeout``)."""
+    it): a step's ``timeout=`` is ignored, with one warning per run and step (``_warn_timeout``).
+    An agent's model turn or tool call runs at the next ``wait`` instead, one per wait
+    (``_one_by_one``): the driver commits each answer before the next call starts. Run at submit, a
+    round of four mapped agents asked the model four times before any answer was committed, and a
+    SIGKILL then asked (and billed) the answered turns again on resume (invariant 3)."""
 
     name = "inline"
     runs_at_submit = True
-    #: No window: a round's attempts all run in ``submit`` before any is committed (the inline
-    #: executor's crash window, docs/execution.md), so a window would only cut the round short.
+    #: No window: a round's plain and effect attempts all run in ``submit`` before any is committed
+    #: (the inline executor's crash window, docs/execution.md), so a window would only cut it short.
     effect_window = None
     #: Runs and steps warned about their ignored ``timeout=`` (kept at most this many).
     WARNED_KEPT = 4096
@@ -163,6 +167,7 @@ class InlineExecutor(Executor):
         self._warned: dict[tuple[str, str], None] = {}
         self._asked: tuple[str, Callable[[], bool]] | None = None  # (run, a cancel or pause waits?): hold_new
         self._held: dict[Handle, tuple[StepSpec, NodeCall]] = {}  # held back, in the order they came
+        self._turns: dict[Handle, tuple[StepSpec, NodeCall]] = {}  # ``_one_by_one``'s, run one per wait
 
     def hold_new(self, run_id: str, asked: Callable[[], bool]) -> None:
         """A round's attempts run one by one in ``submit``: with a cancel or pause waiting, the
@@ -173,6 +178,7 @@ class InlineExecutor(Executor):
         agent's), nor a rate-limited call (the gate's handle stands for it): those run as before."""
         self._asked = (run_id, asked)
         self._held.clear()  # (a previous drive's: cancelled with it)
+        self._turns.clear()
 
     def _holds(self, spec: StepSpec, call: NodeCall) -> bool:
         asked = self._asked
@@ -201,6 +207,10 @@ class InlineExecutor(Executor):
             handle = Handle(key=(call.node_id, call.fan_index), held=True)
             self._held[handle] = (spec, call)
             return handle
+        if self._one_by_one(spec, call):  # (never started until it runs: ``held``)
+            handle = Handle(key=(call.node_id, call.fan_index), held=True)
+            self._turns[handle] = (spec, call)
+            return handle
         handle = Handle(key=(call.node_id, call.fan_index), outcome=execute(spec, call), sent=True)
         self._done.append(handle)
         return handle
@@ -216,15 +226,33 @@ class InlineExecutor(Executor):
             handle.held, handle.sent, handle.outcome = False, True, execute(spec, call)
             self._done.append(handle)
 
+    @staticmethod
+    def _one_by_one(spec: StepSpec, call: NodeCall) -> bool:
+        """Whether an attempt runs at a ``wait`` of its own (an agent's model turn or tool call), its
+        outcome committed before the next starts. A rate-limited call runs at submit, where its
+        gate sees a 429 before it admits the next (``rate_gate``), as plain steps and effects do."""
+        if spec.rate_limit is not None:
+            return False
+        key = NodeKey.parse(call.node_id, call.fan_index)
+        return key.is_agent_call and not key.compensates
+
+    def _run_turn(self, handle: Handle) -> Handle:
+        spec, call = self._turns.pop(handle)
+        handle.held, handle.sent, handle.outcome = False, True, execute(spec, call)
+        return handle
+
     def wait(self, handles: Collection[Handle] | None, timeout: float) -> list[Handle]:
         if handles is None:
             if self._held:
                 self._run_held()
             done, self._done = self._done, []
+            if not done and self._turns:  # one agent call, its outcome committed before the next runs
+                done = [self._run_turn(next(iter(self._turns)))]
         else:
             wanted = set(handles)
             done = [h for h in self._done if h in wanted]
             self._done = [h for h in self._done if h not in wanted]
+            done += [self._run_turn(h) for h in list(self._turns) if h in wanted]
         if not done and timeout > 0:
             time.sleep(timeout)  # nothing in flight can finish: this is a timer wait, not a sync
         return done
@@ -232,5 +260,6 @@ class InlineExecutor(Executor):
     def cancel(self, handle: Handle) -> None:
         handle.outcome = handle.outcome or CANCELLED
         self._held.pop(handle, None)
+        self._turns.pop(handle, None)
         if handle in self._done:
             self._done.remove(handle)
