@@ -12,6 +12,8 @@ def fan_state(counts: dict[str, int]) -> str:
         if counts.get(state):
             return state
     total = sum(counts.values())
+    if total and counts.get("cancelled") and not counts.get("pending"):  # a cancel ended it: none goes on
+        return "cancelled"
     return "completed" if total and counts.get("completed") == total else "running" if total else "pending"
 
 

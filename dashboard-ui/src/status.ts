@@ -27,6 +27,7 @@ export function fanState(counts: Record<string, number>): string {
   if (n("waiting")) return "waiting";
   if (n("failed")) return "failed";
   const total = Object.values(counts).reduce((a, b) => a + b, 0);
+  if (total && n("cancelled") && !n("pending")) return "cancelled";  // a cancel ended it (fan_states.py)
   if (total && n("completed") === total) return "completed";
   if (total) return "running";
   return "pending";
