@@ -93,7 +93,7 @@ def test_status_text_json_summary_and_dag_say_interrupted(paused: tuple[SqlStore
     assert not re.search(r"^\S+ +running ", out, re.M) and "running" not in out.split("fan-out research")[1], out
     code, out, err = invoke("status", RUN, "--json", "--db", url)
     doc = json.loads(out)
-    assert doc["node_counts"] == {"completed": 11, "interrupted": 5}, doc["node_counts"]
+    assert "running" not in doc["node_counts"] and doc["node_counts"]["interrupted"] == 5, doc["node_counts"]
     assert {n["status"] for n in doc["nodes"] if n["node"].startswith("research[")} == {"interrupted"}
     code, out, err = invoke("status", RUN, "--json", "--summary", "--db", url)
     steps = {s["step"]: s for s in json.loads(out)["steps"]}
