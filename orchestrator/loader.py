@@ -304,6 +304,7 @@ def load_workflow(ref: str) -> Workflow:
         found = sorted(k for k, v in vars(module).items() if isinstance(v, Workflow))
         raise WorkflowLoadError(f"module {module_ref!r} has no attribute {attr!r}"
                                 + (f"; workflows there: {', '.join(found)}" if found else ""))
+    workflow = _saga_workflow(workflow) or workflow  # a Saga's: resume, retry and status work the same
     if not isinstance(workflow, Workflow):
         raise WorkflowLoadError(f"{ref!r} is a {type(workflow).__name__}, not a raysaga Workflow")
     return workflow.validate()
@@ -319,11 +320,26 @@ def ref_of(workflow: Workflow) -> str | None:
     names = dict.fromkeys(getattr(getattr(s, "fn", None), "__module__", None) for s in workflow.steps.values())
     for name in names:
         module = sys.modules.get(name) if isinstance(name, str) else None
-        attr = next((k for k, v in list(vars(module).items()) if v is workflow and k.isidentifier()), None) \
+        attr = next((k for k, v in list(vars(module).items()) if k.isidentifier() and _holds(v, workflow)), None) \
             if module is not None else None
         ref = None if module is None or attr is None else _module_ref(name or "", module, attr)
         if ref is not None:
             return ref
+    return None
+
+
+def _holds(value: object, workflow: Workflow) -> bool:
+    """``value`` is ``workflow``, or a ``raysaga.Saga`` built on it (``Saga.run`` recorded no ref)."""
+    return value is workflow or _saga_workflow(value) is workflow
+
+
+def _saga_workflow(value: object) -> Workflow | None:
+    """The workflow of a ``raysaga.Saga`` (told by its class: ``saga`` imports ``runner``, which
+    imports this module), else None."""
+    kind = type(value)
+    if kind.__name__ == "Saga" and kind.__module__ == "raysaga.orchestrator.saga":
+        inner = getattr(value, "workflow", None)
+        return inner if isinstance(inner, Workflow) else None
     return None
 
 
