@@ -332,8 +332,7 @@ def retry(
         _runner().check_retryable(store.get_run(run_id), compensations, options)  # before any workflow code is imported
         wf = _workflow_for(store, run_id, workflow)
         result = _drive(lambda hook: _runner().retry(wf, run_id, store=store, executor=executor, address=address,
-                                                  options=options, on_progress=hook,
-                                                  compensations=compensations),
+                                                  options=options, on_progress=hook, compensations=compensations),
                         len(wf.steps), quiet or as_json)
         _report(store, result, as_json)
         cli_ops.budget_hint(store.get_run(run_id), "resume")
@@ -363,7 +362,8 @@ def cancel(
         store = _stores().open_for_writes(db, run_id)
         # lenient: a run whose input blob was damaged outside raysaga must still be cancellable
         before = store.get_run(run_id, lenient=True)
-        if before.status in TERMINAL or (before.status in PARKED and not compensate):
+        ended = before.status in TERMINAL or before.status == RunStatus.COMPENSATION_FAILED  # retry --compensations
+        if ended or (before.status in PARKED and not compensate):
             say(out, f"run {run_id} is already {before.status.value}: nothing to cancel ", _finished_note(before))
             cli_ops.cancel_outcome(store, before, compensate)  # --compensate of a run a plain cancel ended: what stands
             raise typer.Exit(EXIT_NOT_COMPLETED)

@@ -210,8 +210,8 @@ class Client:
                     record = cancel_run(run_id, store=self.store, reason=reason, wait=0)
             return record
         run = self.get_run(run_id)
-        if run.status in TERMINAL:
-            return run
+        if run.status in TERMINAL or run.status == RunStatus.COMPENSATION_FAILED:  # (``retry(compensations)``
+            return run  # finishes a failed rollback; moved to compensating, it failed on the same row again)
         if run.status in PARKED or run.status == RunStatus.COMPENSATING:
             if run.status != RunStatus.COMPENSATING:
                 self.store.transition(run_id, run.version, RunStatus.COMPENSATING, reason=reason, data={"by": by})

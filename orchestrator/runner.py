@@ -302,8 +302,8 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
     with using_store(store) as st:
         reason = printable(reason)  # an operator's text: a lone surrogate failed every write of the cancel
         run = st.get_run(run_id, lenient=True)  # a damaged input must not stop a cancel
-        if run.status in TERMINAL or (run.status in PARKED and not compensate):
-            return run
+        if run.status in TERMINAL or (run.status in PARKED and not compensate) or run.status == _CF:
+            return run  # (a failed rollback: ``retry --compensations`` finishes it; asked again, it flipped back)
         if compensate and workflow is None:
             raise UserError("cancel with compensation runs the workflow's compensations: pass the workflow "
                             "(CLI: the run's recorded workflow, or --workflow MODULE:WORKFLOW)")
@@ -329,7 +329,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
             lease = found  # its driver's lease lapsed: this call finishes the job; the signal is queued
         try:
             current = st.get_run(run_id, lenient=True)
-            if current.status in TERMINAL or (current.status in PARKED and not compensate):
+            if current.status in TERMINAL or (current.status in PARKED and not compensate) or current.status == _CF:
                 return current
             signals = [s for s in st.pending_signals(run_id) if s.kind == "cancel"]
             # a rollback asked for wins over a plain cancel: ended ``cancelled`` here, it never ran
@@ -368,6 +368,8 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
             return _drive(workflow, st, st.get_run(run_id, lenient=True), executor, address, changed, None)
         return st.get_run(run_id, lenient=True)
 
+
+_CF = RunStatus.COMPENSATION_FAILED
 
 #: The lease a ``cancel`` takes while it records the cancellation (it renews nothing: it is quick).
 CANCEL_TTL = 10.0

@@ -73,3 +73,25 @@ def test_a_saga_run_is_retried_by_the_cli_as_its_advice_says(saga_dir: Path, ref
         store.close()
     code, out, err = invoke("status", "t51", "--dag", "--db", url)  # the DAG drawn from the recorded ref
     assert code == 0 and "charge" in out and "book" in out and "dag:" not in out, out + err
+
+
+def test_cancel_compensate_of_a_failed_rollback_says_how_it_finishes_and_changes_nothing(saga_dir: Path) -> None:
+    """``cancel --compensate`` of a ``compensation_failed`` run flipped it to ``compensating`` and back,
+    retried nothing and said nothing (a review): it now says what finishes the rollback, as a plain
+    cancel does, and writes nothing; ``Client.cancel(compensate=True)`` leaves it as it is."""
+    from trip51_flow import saga
+
+    import raysaga
+
+    url = f"sqlite:///{saga_dir / 'raysaga.db'}"
+    assert saga.run({"t": 1}, store=url, run_id="c51").status == RunStatus.COMPENSATION_FAILED
+    store = SqlStore(url)
+    try:
+        events = len(store.events("c51"))
+        code, out, err = invoke("cancel", "c51", "--compensate", "--executor", "inline", "--db", url)
+        assert code == 1, out + err
+        assert "already compensation_failed: nothing to cancel" in out and "retry c51 --compensations" in out, out
+        assert raysaga.Client(url).cancel("c51", compensate=True, by="ops").status == RunStatus.COMPENSATION_FAILED
+        assert len(store.events("c51")) == events and store.get_run("c51").status == RunStatus.COMPENSATION_FAILED
+    finally:
+        store.close()
