@@ -158,6 +158,8 @@ def next_actions(agent: Agent, conv: Conversation, *, waiting: set[int], budget_
                 return actions
             conv.turns.append(Turn())
             continue
+        if turn.response.stop_reason == REFUSAL:  # no answer, its calls included: none of them runs
+            return [*actions, _refused(agent, turn.response)]
         issued = False
         cut = turn.response.stop_reason in CUT_OFF
         for k, use in enumerate(uses):
@@ -177,9 +179,11 @@ def next_actions(agent: Agent, conv: Conversation, *, waiting: set[int], budget_
         conv.turns.append(Turn())  # every tool answered: the next turn
 
 
-#: Stop reasons of a reply cut off before its end: a ``tool_use`` block in it may hold a truncated
-#: input (the Messages API sends what was written so far), so none of its calls is run.
-CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded"})
+#: Stop reasons of a reply none of whose calls is run. One cut off before its end: a ``tool_use``
+#: block in it may hold a truncated input (the Messages API sends what was written so far); each
+#: call is answered (``_cut_off``). A refusal: no answer, its calls included; the node fails
+#: (``ModelRefused``). Speculation reads it too: no call of such a reply runs in its model call.
+CUT_OFF = frozenset({"max_tokens", "model_context_window_exceeded", REFUSAL})
 
 
 def _cut_off(agent: Agent, t: int, k: int, use: dict[str, Any], stop_reason: str | None) -> Answer:
@@ -316,7 +320,8 @@ def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, arg
     resumed driver, which may know more of them, decides exactly as the crashed one did. A warning
     counts only if it was about this call and lies within the window."""
     policy = agent.loop
-    history: list[tuple[str, dict[str, Any] | None]] = []  # (call, its result: None if unanswered)
+    mine = fingerprint(name, args)
+    history: list[tuple[bool, dict[str, Any] | None]] = []  # this call's? and its result (None: unread)
     for i, turn in enumerate(conv.turns[: t + 1]):
         if turn.response is None:
             break
@@ -328,18 +333,51 @@ def _loop_check(agent: Agent, conv: Conversation, t: int, k: int, name: str, arg
                 continue  # refused (an open circuit breaker): the call did not run, so it repeats nothing
             if i == t and not (result or {}).get("loop"):
                 result = None  # a loop warning of this turn is decided by these rules: read
-            history.append((fingerprint(str(use.get("name", "")), use.get("input")), result))
-    mine = fingerprint(name, args)
-    same = [result for call, result in history[-policy.window:] if call == mine]
-    # a call answered with a warning did not run: it stands for the repeated result (else, in a
-    # window of repeats - 1, the warning pushed a run out and the loop went on after it)
-    recent = [_UNREAD if (r or {}).get("loop") else _result_print(r) for r in same][-(policy.repeats - 1):]
-    if len(recent) < policy.repeats - 1 or len({r for r in recent if r != _UNREAD}) > 1:
+            history.append((fingerprint(str(use.get("name", "")), use.get("input")) == mine, result))
+    stands: dict[int, str | None] = {}  # per warning: the result it stands for (None: a false alarm)
+
+    def runs_before(p: int) -> tuple[list[str], bool]:
+        """This call's results in the window before ``p`` (a warning's: what it stands for), and
+        whether a warning that stands is among them."""
+        prints: list[str] = []
+        warned = False
+        for q in range(max(0, p - policy.window), p):
+            mark, result = history[q]
+            if not mark:
+                continue
+            if (result or {}).get("loop"):
+                stood = stands[q]
+                if stood is None:
+                    continue
+                prints.append(stood)
+                warned = True
+            else:
+                prints.append(_result_print(result))
+        return prints[-(policy.repeats - 1):], warned
+
+    # A call answered with a warning did not run: it stands for the result it was warned about
+    # (else, in a window of repeats - 1, the warning pushed a run out and the loop went on after
+    # it), read again now: a warning given on calls of its own turn, whose results then turned out
+    # to differ, was a false alarm and stands for nothing: neither a repeat nor the warning.
+    for p, (mark, result) in enumerate(history):
+        if mark and (result or {}).get("loop"):
+            stands[p] = _one_result(runs_before(p)[0], policy.repeats)
+    recent, warned = runs_before(len(history))
+    if _one_result(recent, policy.repeats) is None:
         return None
-    if not any((r or {}).get("loop") for r in same):
+    if not warned:
         return _loop_message(agent, name)
     reason = f"loop: agent {agent.name!r} keeps calling {name} with the same arguments and getting the same result"
     return Pause(reason) if policy.then == "pause" else Fail("LoopDetected", reason)
+
+
+def _one_result(recent: list[str], repeats: int) -> str | None:
+    """The one result ``recent`` (the latest runs of a call) got (``_UNREAD`` if none is read yet),
+    or None: fewer than ``repeats - 1`` runs, or differing results."""
+    read = {r for r in recent if r != _UNREAD}
+    if len(recent) < repeats - 1 or len(read) > 1:
+        return None
+    return next(iter(read), _UNREAD)
 
 
 def _result_print(result: dict[str, Any] | None) -> str:
@@ -358,8 +396,7 @@ def _final(agent: Agent, conv: Conversation, t: int) -> Finish | Fail | Feedback
     if problem is None:
         return Finish(final_output(response, agent.output_type))
     if response.stop_reason == REFUSAL:  # not an answer to feed back: the node fails, saying so
-        return Fail("ModelRefused", f"agent {agent.name!r}: the model declined to answer (stop_reason "
-                                    f"'refusal'): {response.text().strip()[:300]!r}")
+        return _refused(agent, response)
     rejected = sum(1 for turn in conv.turns if turn.response is not None and not turn.response.tool_uses()
                    and turn.response.stop_reason != "pause_turn"  # a pause is no bad answer: it goes on
                    and final_answer_problem(turn.response, agent.output_type) is not None)
@@ -367,6 +404,14 @@ def _final(agent: Agent, conv: Conversation, t: int) -> Finish | Fail | Feedback
         return Fail("InvalidOutput", f"agent {agent.name!r} gave no acceptable answer after {rejected} tries: "
                                      f"{problem[:300]}")
     return Feedback(t, problem[:300])
+
+
+def _refused(agent: Agent, response: ModelResponse) -> Fail:
+    """The node's end on a refusal: its text quoted, and the calls it asked for, none of which ran."""
+    uses = response.tool_uses()
+    asked = f" (none of the {len(uses)} tool call(s) it asked for ran)" if uses else ""
+    return Fail("ModelRefused", f"agent {agent.name!r}: the model declined to answer (stop_reason "
+                                f"'refusal'){asked}: {response.text().strip()[:300]!r}")
 
 
 def tool_of(agent: Agent, conv: Conversation, t: int, k: int) -> Tool | None:

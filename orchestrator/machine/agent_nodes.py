@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysaga.agents.agent import Agent
-from raysaga.agents.tools import Tool, ToolError
+from raysaga.agents.tools import ToolError
 from raysaga.agents.turns import (
     Answer,
     CallModel,
@@ -29,13 +29,13 @@ from raysaga.agents.turns import (
     memory_result,
     model_failure,
     next_actions,
-    ran_unstored,
     record_tool_failure,
     tool_of,
 )
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.keys import effect_key
 from raysaga.orchestrator.machine import agent_limits as limits
+from raysaga.orchestrator.machine import tool_keys
 from raysaga.orchestrator.machine.budgets import Budgets, model_cost, unpriced
 from raysaga.orchestrator.machine.calls import Calls, Committed
 from raysaga.orchestrator.machine.forward import AgentStart, Forward
@@ -212,7 +212,8 @@ class AgentNodes:
                 self.speculation.issued_model_call(sub)
             elif isinstance(action, RunTool):
                 sub = node.key.with_turn(action.turn, action.call)
-                ran = self._ran_unstored(sub, action.tool, node.approved.get(sub, action.args))
+                ran = tool_keys.ran_before(self.calls, self.run_id, sub, action.tool,
+                                           node.approved.get(sub, action.args))
                 if ran is not None:  # answered before a human is asked about it, or its breaker
                     self._answered(node, sub, ran)
                     self.due_nodes.add(node.key)
@@ -291,6 +292,11 @@ class AgentNodes:
                 self._answered(node, sub, {"content": f"the approver's edited arguments do not fit: {exc.message}",
                                            "is_error": True})
                 return
+        twin = tool_keys.twin_of(node.agent, node.conv, self.calls, self.run_id, sub, action.tool, args,
+                                 node.pending_tools, node.calls)
+        if twin is not None:  # one effect per key and turn (an edit onto another call's key): the first counts
+            node.waiting.discard(sub)
+            return self._answered(node, sub, tool_keys.twin_answer(action.tool, twin, args, action.args))
         node.approved[sub] = args
         approved = {"args": args, "approval": approval.model_dump(mode="json")}
         self.out.batch.nodes.append(limits.asked_row(sub, node.asked[sub], approved))
@@ -339,26 +345,11 @@ class AgentNodes:
             assert offer is not None
             self._take_offer(node, sub, spec, action.args, offer)
             return
-        ran = self._ran_unstored(sub, tool, action.args)  # (arguments a human edited to an earlier call's)
-        if ran is not None:
+        ran = tool_keys.ran_before(self.calls, self.run_id, sub, tool, action.args)  # (a human's edit onto an
+        if ran is not None:  # earlier turn's call)
             self._answered(node, sub, ran)
             return
-        self._issue(node, sub, spec, {"args": action.args}, self._effect_key(sub, tool, action.args))
-
-    def _effect_key(self, sub: NodeKey, tool: Tool, args: dict[str, Any]) -> str | None:
-        """The idempotency key of a call of ``tool`` (None: it is no effect)."""
-        if not tool.effect:
-            return None
-        return effect_key(self.run_id, sub.step, sub.fan_index, f"tool:{tool.name}", tool.key_args(args))
-
-    def _ran_unstored(self, sub: NodeKey, tool: Tool, args: dict[str, Any]) -> dict[str, Any] | None:
-        """``ran_unstored`` of the call's key in the ledger: issued, such a call went out
-        ``reconciling`` and, with nothing to reconcile it, the function ran a second time."""
-        ekey = self._effect_key(sub, tool, args)
-        if ekey is None:
-            return None
-        ekey = self.calls.in_doubt.key_for(sub.node_id, sub.fan_index, f"tool:{tool.name}", ekey, self.calls.ledger)
-        return ran_unstored(tool, *self.calls.ledger.get(ekey, (None, None)))
+        self._issue(node, sub, spec, {"args": action.args}, tool_keys.tool_key(self.run_id, sub, tool, action.args))
 
     def _take_offer(self, node: _Node, sub: NodeKey, spec: StepSpec, args: dict[str, Any], offer: Offer) -> None:
         """The call just decided ran already, speculatively, in its response's model call: its
