@@ -187,7 +187,7 @@ class Rollback:
         self._inherited = InDoubt()  # whether an inherited call took effect: its executor's ledger says
         self._inherited.restore(reads.inherited)
         targets += self._tool_targets(rows, blobs, reads.approved)
-        self._settle_stale(rows, reason)
+        self._settle_stale(rows, reason, {t.key for t in targets})
         restored = restore_rollback(compensation_rows(rows), (t.key for t in targets))
         self.plan = RollbackPlan(wf.graph, targets, restored.settled)
         self.errors: dict[PlanKey, Any] = dict(restored.failed)
@@ -199,20 +199,26 @@ class Rollback:
         for key in [*restored.failed, *self._missing]:
             self.plan.fail(key)
 
-    def _settle_stale(self, rows: list[NodeRecord], reason: str) -> None:
+    def _settle_stale(self, rows: list[NodeRecord], reason: str, wanted: set[PlanKey]) -> None:
         """Rows that say 'running' when the rollback starts: nothing is in flight once the forward
         DAG stops (its attempts were cancelled, their rows say so), so these were left by a driver
         that died (a step, item, agent or agent call it had under way). They say 'cancelled' now,
         as the attempts in flight did; one with an undo is still undone (its outcome is unknown:
-        ``_unsettled`` keeps the row as read) and says so once undone (``_settle_undone``)."""
+        ``_unsettled`` keeps the row as read) and says so once undone (``_settle_undone``). A
+        compensation's row is the plan's (restored), unless the code no longer undoes its node
+        (``wanted``: a deploy removed the undo while it ran): left so, a compensated run kept it
+        running for ever."""
         written = {(n.node_id, n.fan_index) for n in self.calls.out.batch.nodes}  # one upsert per row
         for row in rows:
             key = (row.node_id, row.fan_index)
             if row.status != NodeStatus.RUNNING or key in written:
                 continue
+            why = reason
             if NodeKey.parse(row.node_id, row.fan_index).compensates:
-                continue  # a compensation's own row: the plan restores it
-            self.calls.out.batch.nodes.append(cancelled_row(row.node_id, row.fan_index, row.attempt, reason,
+                if (row.node_id.removesuffix(COMPENSATE_SUFFIX), row.fan_index) in wanted:
+                    continue  # a compensation's own row: the plan restores it
+                why = "its undo was removed from the code while it ran: whether it took effect is unknown"
+            self.calls.out.batch.nodes.append(cancelled_row(row.node_id, row.fan_index, row.attempt, why,
                                                             self.calls.out.now, row.started_at))
 
     def _tool_targets(self, rows: list[NodeRecord], blobs: dict[str, Any],
