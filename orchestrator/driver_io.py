@@ -72,7 +72,7 @@ def types_fit(wf: Workflow, snap: RunSnapshot, blobs: BlobReader) -> None:
     done = [n for n in snap.nodes if n.status == NodeStatus.COMPLETED and n.node_id in wf.steps]
     values = blobs({n.output_digest: f"node {n.label}" for n in done if n.output_digest})
     check_types(wf, snap.run.run_id, {NodeKey.parse(n.node_id, n.fan_index): values[n.output_digest]
-                                      if n.output_digest else n.output for n in done})
+                                      if n.output_digest else n.output for n in done}, snap.run.input)
 
 
 def rollback_inputs(store: Store, run: RunRecord, blobs: BlobReader

@@ -33,16 +33,17 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from raysaga.errors import ForkError, InvalidInputError, NotJSONableError
+from raysaga.errors import DefinitionChangedError, ForkError, InvalidInputError, NotJSONableError
 from raysaga.node_key import NodeKey
 from raysaga.orchestrator.fork_refusals import lineage_undos, refuse_in_doubt, refuse_unsettled, undone_elsewhere
+from raysaga.orchestrator.machine.type_fit import check_types
 from raysaga.orchestrator.options import RunOptions
 from raysaga.orchestrator.run_identity import own_limit
 from raysaga.orchestrator.run_input import check_patched
 from raysaga.orchestrator.secrets import REF_KEY
 from raysaga.orchestrator.signatures import INPUT_PARAM
 from raysaga.orchestrator.tracing_ids import new_trace_id
-from raysaga.orchestrator.versions import changes, step_hashes
+from raysaga.orchestrator.versions import changes, step_hashes, types_may_differ
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import (
     NewRun,
@@ -276,6 +277,22 @@ def _fork_input(wf: Workflow, parent: RunRecord, patch: Any) -> tuple[Any, bool]
     return checked, before is NO_PATCH or jsoncodec.dumps(checked, "input") != jsoncodec.dumps(before, "input")
 
 
+def _check_inherited_types(wf: Workflow, st: Store, parent: RunRecord, keys: set[tuple[str, int]],
+                           run_input: Any) -> None:
+    """``ForkError`` when an output the fork inherits (or its input) does not read as ``wf``'s types
+    in a step that runs afresh (``machine.type_fit``, a resume's check): not refused, the first reader
+    failed for good and the fork rolled back, refunding its parent's charges under the parent's keys."""
+    done = [n for n in st.nodes(parent.run_id)
+            if (n.node_id, n.fan_index) in keys and n.status == NodeStatus.COMPLETED and n.node_id in wf.steps]
+    blobs = st.load_blobs({n.output_digest: f"node {n.label}" for n in done if n.output_digest})
+    outputs = {NodeKey.parse(n.node_id, n.fan_index): blobs[n.output_digest] if n.output_digest else n.output
+               for n in done}
+    try:
+        check_types(wf, parent.run_id, outputs, run_input)
+    except DefinitionChangedError as exc:
+        raise ForkError(f"the fork would inherit what this code cannot read: {exc}") from None
+
+
 def _fork_limit(given: int | None, opts: RunOptions, parent: RunRecord) -> int | None:
     """The fork's own ``max_driver_deaths``: ``given``, else the options' when not the default,
     else its parent's."""
@@ -337,6 +354,8 @@ def fork(workflow: Workflow, run_id: str, *, from_node: str, input_patch: Any = 
         inherited = inherited_rows(workflow, rows, at, changed=diff.steps() if diff else set(),
                                    input_changed=input_changed, undone_elsewhere=undos.undone)
         keys = [(r.node_id, r.fan_index) for r in inherited]
+        if types_may_differ(parent, workflow):  # what it inherits must read as this code's types
+            _check_inherited_types(workflow, st, parent, set(keys), checked)
         refuse_in_doubt(workflow, st.effects(run_id), at, parent, set(keys), undos.settled)
         refuse_unsettled(workflow, st, undos.unsettled, at, parent)
         if new_run_id is not None:

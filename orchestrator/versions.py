@@ -27,6 +27,7 @@ import json
 import logging
 import re
 import sys
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from raysaga.node_key import NodeKey
 from raysaga.orchestrator.fork_refusals import lost_reason, tool_call_undos
 from raysaga.orchestrator.machine.doubt import REPINNED_KEY, may_have_happened
 from raysaga.orchestrator.machine.undo_targets import ToolLost
+from raysaga.orchestrator.type_adapters import type_adapter
 from raysaga.orchestrator.workflow import Workflow
 from raysaga.state import EffectStatus, Lease, NodeRecord, NodeStatus, NodeWrite, RunRecord, Store
 from raysaga.state.claims import SCHEME_KEY
@@ -61,11 +63,31 @@ def types_digest(wf: Workflow) -> str:
     ``float``, a class moved are no change the stored outputs do not fit): recorded beside it, it
     tells a resume under other types, which must check that the stored outputs still read as them
     (``driver_io.types_fit``), from one under the run's own, which must not (invariant 1)."""
-    shape = {name: [repr(spec.output_type), sorted((k, repr(v)) for k, v in spec.param_types.items()),
-                    repr(getattr(wf.compensation_for(name), "__annotations__", None))]
+    found = _DIGESTS.get(wf)
+    if found is not None and found[0] == wf.definition_hash:
+        return found[1]
+    shape = {name: [_shape(spec.output_type), sorted((k, _shape(v)) for k, v in spec.param_types.items()),
+                    sorted((k, _shape(v)) for k, v in
+                           (getattr(wf.compensation_for(name), "__annotations__", None) or {}).items())]
              for name, spec in wf.steps.items()}
     text = _ADDRESS.sub("", json.dumps(shape, sort_keys=True))  # (a validator's repr: where it sits in memory)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    _DIGESTS[wf] = (wf.definition_hash, digest)
+    return digest
+
+
+def _shape(tp: Any) -> str:
+    """A type as the digest sees it: its JSON Schema (a model's fields: ``repr`` of a model is its name
+    alone, so a required field added to it changed no digest and a resume under it was not checked),
+    else its ``repr``."""
+    try:
+        return repr(tp) + json.dumps(type_adapter(tp).json_schema(), sort_keys=True, default=str)
+    except Exception:  # a type with no JSON Schema (an arbitrary class): its name
+        return repr(tp)
+
+
+#: ``types_digest`` per workflow object (the JSON Schemas cost ~ms a step), kept while its hash is.
+_DIGESTS: weakref.WeakKeyDictionary[Workflow, tuple[str, str]] = weakref.WeakKeyDictionary()
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")

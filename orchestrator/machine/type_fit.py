@@ -34,9 +34,15 @@ __all__ = ["check_types"]
 SAMPLED_ITEMS = 8
 
 
-def check_types(wf: Workflow, run_id: str, outputs: Mapping[NodeKey, Any]) -> None:
+#: ``check_types``'s ``run_input`` when the run's input is not to be checked.
+NO_INPUT: Any = object()
+
+
+def check_types(wf: Workflow, run_id: str, outputs: Mapping[NodeKey, Any], run_input: Any = NO_INPUT) -> None:
     """Raise ``DefinitionChangedError`` if a stored output (``outputs``: the completed nodes'
-    values, as restored) does not read as what ``wf`` declares for it."""
+    values, as restored), or the run's stored input (``run_input``), does not read as what ``wf``
+    declares for it in a step still to run (a new required input field: the step failed for good,
+    and the run rolled back charges that had succeeded)."""
     sample: dict[str, Any] = {}  # step -> one completed node's output (an item's, for a fan-out)
     for step, spec in wf.steps.items():  # (a fan-out: one of its first items; not its parent's policy result)
         for index in (-1,) if spec.map_over is None else range(SAMPLED_ITEMS):
@@ -44,9 +50,17 @@ def check_types(wf: Workflow, run_id: str, outputs: Mapping[NodeKey, Any]) -> No
             if value is not None:
                 sample[step] = value
                 break
-    if not sample:
+    misfits: list[str] = []
+    producers: list[str] = []  # the steps whose stored output misfits: a fork from one runs it again
+    for name, spec in wf.steps.items():
+        if run_input is NO_INPUT or spec.input_param is None or (NodeKey(name) in outputs and spec.map_over is None):
+            continue
+        problem = _misfit(spec.param_types.get(spec.input_param, Any), run_input)
+        if problem:
+            misfits.append(f"step {name!r} cannot read the run's stored input ({problem})")
+            break  # (every step reads the one input type: ``run_input.input_type``)
+    if not sample and not misfits:
         return
-    misfits = []
     for step, value in sample.items():  # what a rollback's undo of it reads
         undo = wf.compensation_for(step)
         if undo is not None and callable(undo):
@@ -57,6 +71,7 @@ def check_types(wf: Workflow, run_id: str, outputs: Mapping[NodeKey, Any]) -> No
             problem = _misfit(declared, value)
             if problem:
                 misfits.append(f"the compensation of step {step!r} cannot read its stored output ({problem})")
+                producers.append(step)
     for name, spec in wf.steps.items():
         if NodeKey(name) in outputs and spec.map_over is None:
             continue  # completed: it reads nothing again
@@ -76,11 +91,15 @@ def check_types(wf: Workflow, run_id: str, outputs: Mapping[NodeKey, Any]) -> No
             problem = _misfit(spec.param_types.get(dep, Any), value)
             if problem:
                 misfits.append(f"step {name!r} cannot read the stored output of step {dep!r} ({problem})")
+                producers.append(dep)
     if misfits:
+        first = min(producers, key=wf.order.index) if producers else None
+        fork = f", or fork it from step {first!r} with this code (it runs again, under the fork's keys)" if first \
+            else ""
         raise DefinitionChangedError(
             f"run {run_id!r}: the types this code of workflow {wf.name!r} declares do not fit what the run stored: "
-            f"{'; '.join(misfits)}. Nothing was sent or written: resume it with the code it started with (or "
-            "declare types its stored outputs fit), or fork it from the first of these steps with this code")
+            f"{'; '.join(misfits)}. Nothing was sent or written: go on with the code it started with (or "
+            f"declare types what it stored fits){fork}")
 
 
 def _misfit(declared: Any, value: Any) -> str | None:
