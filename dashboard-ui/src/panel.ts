@@ -66,6 +66,17 @@ function schemaFields(schema: unknown, payload: unknown): Field[] | null {
   });
 }
 
+// An integer past 2^53 is rounded by the browser's JSON (9007199254740993 reads 9007199254740992):
+// approved from the page, a decision carried another number than the one asked for (an account).
+const UNSAFE = "holds an integer beyond what a browser keeps exactly (±2^53): decide with " +
+  "`raysaga approve RUN NODE --answer JSON` instead";
+
+function unsafe(value: unknown): boolean {
+  if (typeof value === "number") return Number.isInteger(value) && !Number.isSafeInteger(value);
+  if (value && typeof value === "object") return Object.values(value as Record<string, unknown>).some(unsafe);
+  return false;
+}
+
 function readFields(fields: Field[]): Record<string, unknown> | string {
   // no prototype: a field named `__proto__` is the answer's key, not its prototype
   const out = Object.create(null) as Record<string, unknown>;
@@ -77,6 +88,7 @@ function readFields(fields: Field[]): Record<string, unknown> | string {
     else {
       const n = Number(raw);
       if (!Number.isFinite(n) || (f.type === "integer" && !Number.isInteger(n))) return `${f.title} is not ${f.type === "integer" ? "an integer" : "a number"}`;
+      if (Number.isInteger(n) && !Number.isSafeInteger(n)) return `${f.title}: ${UNSAFE}`;
       out[f.name] = n;
     }
   }
@@ -99,6 +111,7 @@ function approvalForm(runId: string, doc: NodeDoc, request: ApprovalDoc, outputU
       parsed = read;
     } else if (verb === "approve" && request.takes_answer && answer.value.trim()) {
       try { parsed = JSON.parse(answer.value); } catch { note.textContent = "the answer is not JSON"; return; }
+      if (unsafe(parsed)) { note.textContent = `the answer: ${UNSAFE}`; return; }
     }
     if (!window.confirm(`${verb} ${doc.node} of run ${runId} as ${actor()}?`)) return;
     void postJSON(`/api/runs/${encodeURIComponent(runId)}/actions/${verb}`, {

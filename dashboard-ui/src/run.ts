@@ -38,8 +38,10 @@ export function runActions(status: string): [string, string, boolean][] {
       return [["cancel", "Cancel", true], ["compensate", "Cancel and compensate", true], ["pause", "Pause", false]];
     case "paused":
       return [["cancel", "Cancel", true], ["compensate", "Cancel and compensate", true], ["unpause", "Unpause", false]];
-    case "failed": case "compensation_failed":  // parked: revived with the same keys, or rolled back
+    case "failed":  // parked: revived with the same keys, or rolled back
       return [["retry", "Retry", false], ["compensate", "Compensate", true]];
+    case "compensation_failed":  // its rollback is finished by a retry of its compensations
+      return [["retry", "Retry", false]];
     default:  // completed, cancelled, compensated; compensating (a rollback is not cancelled half-way)
       return [];
   }

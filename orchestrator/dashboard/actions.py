@@ -20,8 +20,9 @@ from typing import Any
 from raysaga.errors import UserError
 from raysaga.orchestrator.client import Client
 from raysaga.orchestrator.dashboard.params import fits, node_param
-from raysaga.state import Store
+from raysaga.state import RunRecord, RunStatus, Store
 from raysaga.state.decisions import MAX_COMMENT
+from raysaga.state.models import PARKED, TERMINAL
 
 VERBS = ("approve", "reject", "cancel", "compensate", "pause", "unpause", "retry")
 
@@ -109,7 +110,11 @@ def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, An
     if verb == "retry":  # the run is made runnable again; a worker (or `raysaga resume RUN`) drives it
         run = client.retry(run_id, by=by)
     elif verb in ("cancel", "compensate"):
+        _cancellable(client.get_run(run_id), verb)
         run = client.cancel(run_id, compensate=verb == "compensate", by=by, reason=reason)
+        if verb == "compensate" and run.status == RunStatus.CANCELLED:  # (``cli_ops.cancel_outcome``'s case)
+            raise ActionConflict(f"run {run_id!r} ended cancelled without a rollback: a plain cancel reached it "
+                                 "first; its committed effects stand (a cancelled run never changes again)")
     elif verb == "pause":
         run = client.pause(run_id, by=by, reason=reason)
     else:
@@ -117,4 +122,22 @@ def perform(store: Store, run_id: str, verb: str, *, by: str, body: dict[str, An
     return {"ok": True, "verb": verb, "by": by, "status": run.status.value}
 
 
-__all__ = ["VERBS", "perform"]
+class ActionConflict(UserError):
+    """An action that the run's state, changed by another at the same moment, did not let happen as
+    asked (a 409: the page says it, not "sent")."""
+
+
+def _cancellable(run: RunRecord, verb: str) -> None:
+    """A cancel (or compensate) of a run that has ended, or of a failed rollback, refused as the CLI
+    refuses it: it answered ok and changed nothing."""
+    if run.status in TERMINAL:
+        raise UserError(f"run {run.run_id!r} is already {run.status.value}: nothing to {verb}")
+    if run.status == RunStatus.COMPENSATION_FAILED:
+        raise UserError(f"run {run.run_id!r} is compensation_failed: its rollback is finished by Retry once what its "
+                        "failed compensations need is fixed (`raysaga retry RUN --compensations`)")
+    if run.status in PARKED and verb == "cancel":
+        raise UserError(f"run {run.run_id!r} is {run.status.value}: nothing to cancel (Compensate rolls it back, "
+                        "Retry revives it)")
+
+
+__all__ = ["VERBS", "ActionConflict", "perform"]

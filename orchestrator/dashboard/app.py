@@ -47,7 +47,16 @@ from fastapi.staticfiles import StaticFiles
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from raysaga.errors import BlobIntegrityError, CorruptRecordError, RunNotFoundError, StoreUnavailableError, UserError
+from raysaga.errors import (
+    BlobIntegrityError,
+    ConcurrencyConflict,
+    CorruptRecordError,
+    IllegalTransitionError,
+    RaySagaError,
+    RunNotFoundError,
+    StoreUnavailableError,
+    UserError,
+)
 from raysaga.orchestrator.dashboard import actions, metrics, params, views
 from raysaga.orchestrator.dashboard.security import COOKIE, CSRF_HEADER, FOREIGN_SITES, SAFE_METHODS, Guard
 from raysaga.state import Store
@@ -117,7 +126,13 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
 
     @app.exception_handler(UserError)
     async def bad_request(request: Request, exc: UserError) -> JSONResponse:
-        return _refusal(str(exc), 400)
+        return _refusal(str(exc), 409 if isinstance(exc, actions.ActionConflict) else 400)
+
+    @app.exception_handler(ConcurrencyConflict)
+    @app.exception_handler(IllegalTransitionError)
+    async def changed_meanwhile(request: Request, exc: Exception) -> JSONResponse:
+        # two operators at once: the one that lost was a bare 500 (its action was not done)
+        return _refusal(f"the run changed while this action was taken, which was not done: {exc}; look again", 409)
 
     @app.exception_handler(RequestValidationError)
     async def bad_parameter(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -284,7 +299,15 @@ def create_app(store: Store, guard: Guard, *, poll: float = POLL_SECONDS,
             raise UserError(f"{verb}: confirm the action (send \"confirm\": true)")
         signed: str = request.state.user
         by = _signed_actor(signed, body.get("by"), verb) if signed else _actor(body.get("by") or actor or "dashboard")
-        return actions.perform(store, run_id, verb, by=by, body=body)
+        try:
+            return actions.perform(store, run_id, verb, by=by, body=body)
+        except Exception as exc:  # SQLite locked past its busy timeout, a lost connection: a 503 saying so
+            from raysaga.state.engine import is_outage, outage_cause
+
+            if not isinstance(exc, RaySagaError) and is_outage(exc):
+                raise StoreUnavailableError(f"{verb} was not done: the store did not answer "
+                                            f"({outage_cause(exc)}); what was committed is intact: try again") from None
+            raise
 
     app.add_middleware(_RawRunPaths)
     return app
