@@ -382,9 +382,10 @@ def refuse_unsettled(wf: Workflow, st: Store, unsettled: list[Unsettled], at: No
             ways.append(f"undo run {run!r}'s with the provider")
     way = "; ".join(ways)
     way = way[0].upper() + way[1:]
-    first = min((u.target.step for u in left), key=wf.order.index)
-    end = (f"{way}; a fork from {at.label!r} stays refused while it is owed: fork from {first!r} to run it again on "
-           "purpose") if stuck else f"{way} (then fork); or fork from {first!r} to run it again on purpose"
+    first = _earliest(wf, [u.target.step for u in left])
+    again = f"fork from {first!r} to run it again on purpose" if first else _GONE
+    end = (f"{way}; a fork from {at.label!r} stays refused while it is owed: {again}") if stuck \
+        else f"{way} (then fork); or {again}"
     raise ForkError(f"run {parent.run_id!r} has {len(left)} compensation(s) that did not complete: {shown}.{why} The "
                     f"effects they undo may still stand, so a fork from {at.label!r} can neither inherit them nor "
                     f"make them again. {end}")
@@ -416,7 +417,7 @@ def refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, pare
         return
     shown = ", ".join(f"{node_label(e.node_id, e.fan_index)} ({e.effect_name}, key {e.idempotency_key})"
                       for e in doubtful[:5])
-    first = min((NodeKey.parse(e.node_id, e.fan_index).step for e in doubtful), key=wf.order.index)
+    first = _earliest(wf, [NodeKey.parse(e.node_id, e.fan_index).step for e in doubtful])
     quoted = shlex.quote(parent.run_id)
     late = parent.deadline_at is not None and time.time() >= parent.deadline_at and parent.status == RunStatus.FAILED
     retry = f"`raysaga retry {quoted}` settles them under their keys; or check "
@@ -426,4 +427,15 @@ def refuse_in_doubt(wf: Workflow, effects: list[EffectRecord], at: NodeKey, pare
     raise ForkError(f"run {parent.run_id!r} left {len(doubtful)} effect(s) whose outcome is unknown (the call may "
                     f"have happened, or did and its value was refused): {shown}. A fork from {at.label!r} would "
                     f"call them again under new keys, which the provider cannot dedupe. {way}them with the provider, "
-                    f"then fork from {first!r} to run it again on purpose")
+                    f"then " + (f"fork from {first!r} to run it again on purpose" if first else _GONE))
+
+
+#: What a refusal says when the step to fork from is not in the code forked with (renamed, removed).
+_GONE = "fork with the code the run started with (the step that made them is not in this code)"
+
+
+def _earliest(wf: Workflow, steps: list[str]) -> str | None:
+    """The earliest of ``steps`` in ``wf``'s order that ``wf`` still has (a deploy may have renamed or
+    removed them: ``min(key=order.index)`` raised a bare ValueError), else None."""
+    known = [s for s in steps if s in wf.steps]
+    return min(known, key=wf.order.index) if known else None

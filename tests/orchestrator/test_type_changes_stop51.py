@@ -12,6 +12,7 @@ Each is refused now before anything is sent or written. Real inline runs on a re
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,35 @@ def test_a_fork_inheriting_what_the_code_cannot_read_is_refused(url: str) -> Non
         assert [r.run_id for r in store.list_runs()] == ["p"]
     finally:
         store.close()
+
+
+def _parked(name: str, step: str) -> Workflow:
+    wf = Workflow("park51")
+
+    def effect(input: int) -> int:
+        return input
+
+    effect.__name__ = step
+    wf.step(effect=True)(effect)
+
+    def undo(output: int) -> None:
+        raise raysaga.Permanent("the refund service is down")
+
+    wf.compensation(step)(undo)
+
+    def finish(**kwargs: int) -> int:
+        raise raysaga.Permanent("closed")
+
+    finish.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(step, inspect.Parameter.KEYWORD_ONLY, annotation=int)], return_annotation=int)
+    wf.step(name="finish")(finish)
+    return wf
+
+
+def test_a_fork_under_code_that_renamed_the_owing_step_is_refused_with_advice(url: str) -> None:
+    """A fork of a run whose rollback is owed, under code that renamed the step, raised a bare
+    ``ValueError: 'charge' is not in list`` (a review): refused now, saying which code forks it."""
+    parked = raysaga.run(_parked("park51", "charge"), 1, store=url, run_id="c", executor="inline")
+    assert parked.status == RunStatus.COMPENSATION_FAILED
+    with pytest.raises(ForkError, match="fork with the code the run started with"):
+        raysaga.fork(_parked("park51", "pay"), "c", from_node="finish", store=url, new_run_id="f", executor="inline")
