@@ -310,7 +310,7 @@ def cancel(run_id: str, *, store: Store | str | None = None, reason: str = "canc
         changed = RunOptions(allow_changed=True) if allow_changed else None
         if compensate:
             assert workflow is not None
-            versions.check(st, run, workflow, allow_changed=allow_changed)
+            versions.check(st, run, workflow, allow_changed=allow_changed, verb="cancel --compensate")
         if run.status == RunStatus.COMPENSATING:  # a rollback is under way: cancelling it would half-undo
             if not compensate:
                 raise UserError(f"run {run_id!r} is rolling back (compensating): it cannot be cancelled half-way; "
@@ -474,7 +474,8 @@ def retry(workflow: Workflow, run_id: str, *, store: Store | str | None = None, 
         # running with no driver (or compensating); allowed, the resume's driver pins it
         current = st.get_run(run_id, lenient=True)
         check_retryable(current, compensations, options)
-        versions.check(st, current, workflow, allow_changed=options is not None and options.allow_changed)
+        versions.check(st, current, workflow, allow_changed=options is not None and options.allow_changed,
+                       verb="retry --compensations" if compensations else "retry")
         if not compensations:  # an agent its stored turns fail again with this code
             retry_checks.check_agent(st, current, workflow)
             check_run_secrets(current, executor, reopening=True)  # reopened, then refused: left running, driverless

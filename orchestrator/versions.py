@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import re
+import shlex
 import sys
 import weakref
 from dataclasses import dataclass, field
@@ -294,17 +295,19 @@ def definition_known(run: RunRecord, wf: Workflow) -> bool:
     return run.workflow_name == wf.name and (run.definition_hash == wf.definition_hash or _legacy_run(run, wf))
 
 
-def check(store: Store, run: RunRecord, wf: Workflow, *, allow_changed: bool) -> Changes | None:
+def check(store: Store, run: RunRecord, wf: Workflow, *, allow_changed: bool, verb: str = "resume") -> Changes | None:
     """Raise ``DefinitionChangedError`` when ``wf`` is not the definition ``run`` started with and
     ``allow_changed`` is off; else what changed (None: nothing). Writes nothing: an operator's
-    retry or cancel asks this before it reopens the run (``runner``)."""
+    retry or cancel asks this before it reopens the run (``runner``). ``verb``: the command the
+    advice repeats with ``--allow-changed`` (a cancel's was advised ``resume``, which went forward)."""
     found = changes(run, wf, store)
     if found is not None and not allow_changed:
+        head, _, rest = verb.partition(" ")
+        again = " ".join(p for p in ("raysaga", head, shlex.quote(run.run_id), rest, "--allow-changed") if p)
         raise DefinitionChangedError(
             f"run {run.run_id!r} was started by another definition of workflow {run.workflow_name!r} "
-            f"({found.describe()}; hash {run.definition_hash[:12]} != {wf.definition_hash[:12]}): resume it with "
-            "the code it started with, or go on with the new code with `raysaga resume RUN --allow-changed` "
-            "(RunOptions(allow_changed=True))")
+            f"({found.describe()}; hash {run.definition_hash[:12]} != {wf.definition_hash[:12]}): {head} it with "
+            f"the code it started with, or with the new code: `{again}` (RunOptions(allow_changed=True))")
     return found
 
 

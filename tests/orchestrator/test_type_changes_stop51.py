@@ -154,3 +154,21 @@ def test_a_fork_under_code_that_renamed_the_owing_step_is_refused_with_advice(ur
     assert parked.status == RunStatus.COMPENSATION_FAILED
     with pytest.raises(ForkError, match="fork with the code the run started with"):
         raysaga.fork(_parked("park51", "pay"), "c", from_node="finish", store=url, new_run_id="f", executor="inline")
+
+
+def test_a_changed_definitions_refusal_repeats_the_command_refused(url: str) -> None:
+    """``cancel --compensate`` under changed code was advised ``raysaga resume RUN --allow-changed``
+    (a review): followed, the run went on forward, charging more. Each refusal names its own verb
+    and the run."""
+    _waiting(url)
+    v2 = _shop(Charge, Order, gate=True)  # and a step added
+
+    @v2.step(after=["notify"])
+    def audit(notify: str) -> str:
+        return notify
+
+    with pytest.raises(DefinitionChangedError, match=r"`raysaga cancel r --compensate --allow-changed`"):
+        raysaga.cancel("r", store=url, compensate=True, workflow=v2, executor="inline")
+    with pytest.raises(DefinitionChangedError, match=r"`raysaga resume r --allow-changed`"):
+        raysaga.resume(v2, "r", store=url, executor="inline")
+    assert SENT == ["charge"]
