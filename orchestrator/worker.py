@@ -483,7 +483,7 @@ class Worker:
         this process lacks a secret of its input: driven, a step failed on it and the run rolled back."""
         try:
             check_run_secrets(self.store.get_run(lease.run_id, lenient=True), self.executor_kind)
-        except SecretUnavailableError:
+        except Exception:  # (a row that does not read: a failed drive, counted, its lease let go as a driver's)
             self.store.release(lease)
             raise
 
