@@ -114,16 +114,13 @@ class Client:
         reason = printable(reason or f"paused by {by or 'operator'}")  # a lone surrogate failed its writes
         if reason.startswith(SELF_PAUSED):  # read as a run's own pause, a resume would drive it on
             reason = f"paused: {reason}"
-        for _ in range(5 + _AT_REST_TRIES):
+        for _ in range(5):
             run = self.get_run(run_id)
             if run.status in TERMINAL or run.status in PARKED or run.status == RunStatus.COMPENSATING:
                 raise UserError(f"run {run_id!r} is {run.status.value}: only a running or waiting run can be paused")
             self._refuse_if_cancelled(run)
             if run.status == RunStatus.PAUSED:
                 return run
-            if run.status in _RESTING and _live(run):  # another call's lease a moment (a cancel at rest, a
-                time.sleep(_AT_REST_POLL)  # worker taking it up): no driver at work to obey a signal yet
-                continue
             if run.status in _PAUSABLE and not _live(run):
                 paused = self._pause_at_rest(run_id, reason, by)
                 if paused is not None:
@@ -261,8 +258,9 @@ def _live(run: RunRecord) -> bool:
 
 
 #: How many times, and how often, a plain cancel looks again at a run at rest whose lease another
-#: operator's call held: a pause at rest holds it for one transition (milliseconds).
-_AT_REST_TRIES = 50
+#: call held: a pause at rest holds it for one transition (milliseconds); a driver holding a waiting
+#: run obeys the signal at its next heartbeat, or the cancel returns queued after this second.
+_AT_REST_TRIES = 20
 _AT_REST_POLL = 0.05
 
 
