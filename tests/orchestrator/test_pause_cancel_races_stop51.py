@@ -115,3 +115,21 @@ def test_a_pause_of_a_run_whose_driver_was_killed_pauses_it_at_once(tmp_path: Pa
     paused = client.pause("k", by="ops")
     assert paused.status == RunStatus.PAUSED, paused.status_reason
     assert [s for s in client.store.pending_signals("k") if s.kind == "pause"] == []
+
+
+def test_a_pause_of_a_waiting_run_its_live_driver_holds_is_signalled(tmp_path: Path) -> None:
+    """A driver may hold a run while it waits (an approval with a timeout near): the pause goes to
+    it as a signal at once (a first version of the fix above waited on that lease, then said the
+    run "kept changing")."""
+    from raysaga.orchestrator.ownership import new_owner
+
+    _, url, _ = _waiting(tmp_path)
+    store = SqlStore(url)
+    lease = store.claim("r", new_owner(), 30)  # this process: alive
+    try:
+        held = Client(url).pause("r", by="ops")
+        assert held.status == RunStatus.WAITING_HUMAN
+        assert [s.kind for s in store.pending_signals("r")] == ["pause"]
+    finally:
+        store.release(lease)
+        store.close()
